@@ -1,0 +1,209 @@
+"""The workload: FFN stack dimensions, precision policy, remat policy and mesh shape.
+
+Pure Python; the single source of the model presets, the precision policy, the remat policy names and
+the mesh axis names that the closed forms (``scaling``), the meshes (``mesh``) and the model
+(``ffn_model``) all use.
+
+Notation (Scaling Book, "How to Scale Your Model", jax-ml.github.io/scaling-book/training/):
+D = d_model, F = d_ff, L = blocks; a block is two bias-free linear layers D -> F -> D, so the
+parameter count is P = 2·D·F·L.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+MESH_AXES = ("data", "fsdp", "tensor")
+REMAT_POLICIES = ("none", "every-second", "full")
+
+
+def positive_int(name: str, value) -> int:
+    """Return ``value`` as an int if it is a positive integer, else raise ValueError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        else:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def positive_float(name: str, value) -> float:
+    """Return ``value`` as a float if it is a finite positive number, else raise ValueError naming ``name``."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a positive number, got {value!r}") from None
+    if not (v > 0 and v != float("inf")):
+        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+    return v
+
+
+@dataclass(frozen=True)
+class FFNConfig:
+    """An FFN stack: ``blocks`` blocks of x·W_in (D×F) then ·W_out (F×D), no biases.
+
+    P = 2·D·F·L parameters (questions-4d.md, "The model").
+    ``activation`` is None (the question's model: no nonlinearity) or a jax.nn function name.
+    """
+
+    d_model: int
+    d_ff: int
+    blocks: int
+    activation: str | None = None
+
+    def __post_init__(self):
+        for name in ("d_model", "d_ff", "blocks"):
+            positive_int(name, getattr(self, name))
+
+    @property
+    def params(self) -> int:
+        """P = 2·D·F·L."""
+        return 2 * self.d_model * self.d_ff * self.blocks
+
+    @property
+    def params_per_block(self) -> int:
+        """2·D·F."""
+        return 2 * self.d_model * self.d_ff
+
+    def replace(self, **kw) -> "FFNConfig":
+        return dataclasses.replace(self, **{k: v for k, v in kw.items() if v is not None})
+
+
+PRESETS: dict[str, FFNConfig] = {
+    # The question's model (questions-4d.md): D=16384, F=53248, L=126 -> P = 219,848,638,464.
+    "xxl": FFNConfig(d_model=16384, d_ff=53248, blocks=126),
+    # XXL width, two blocks: the GPU benchmark configuration.
+    "xxl-2": FFNConfig(d_model=16384, d_ff=53248, blocks=2),
+    # Small configurations for emulated-device tests; dims divisible by 8 shards.
+    "small": FFNConfig(d_model=256, d_ff=1024, blocks=4),
+    "tiny": FFNConfig(d_model=64, d_ff=256, blocks=3),
+}
+
+
+def get_preset(name: str) -> FFNConfig:
+    """The preset named ``name``; ValueError listing the valid names otherwise."""
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(PRESETS)}") from None
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Bytes per element of each kind of state (questions-4d.md: FP32 master weights, gradients and
+    Adam moments; BF16 activations and gradient communication)."""
+
+    master: int = 4
+    grad: int = 4
+    adam_moment: int = 4
+    adam_moments: int = 2
+    compute: int = 2
+    grad_comm: int = 2
+    weight_comm: int = 2
+
+    @property
+    def state_bytes_per_param(self) -> int:
+        """master + grad + moments·moment = 4 + 4 + 2·4 = 16 bytes/param (training page)."""
+        return self.master + self.grad + self.adam_moments * self.adam_moment
+
+    @property
+    def stored_bytes_per_param(self) -> int:
+        """What persists between steps: master + moments = 12 bytes/param (gradients are transient)."""
+        return self.master + self.adam_moments * self.adam_moment
+
+
+DEFAULT_PRECISION = Precision()
+
+
+def check_remat(remat: str) -> str:
+    """Validate a remat policy name: none, every-second (keep every second block's activations,
+    recompute the others), full (keep only each block's input)."""
+    if remat not in REMAT_POLICIES:
+        raise ValueError(f"unknown remat policy {remat!r}; valid: {', '.join(REMAT_POLICIES)}")
+    return remat
+
+
+@dataclass(frozen=True)
+class MeshShape:
+    """Sizes of the mesh axes (data, fsdp, tensor); N = data·fsdp·tensor devices."""
+
+    data: int = 1
+    fsdp: int = 1
+    tensor: int = 1
+
+    def __post_init__(self):
+        for name in MESH_AXES:
+            positive_int(f"mesh axis {name!r}", getattr(self, name))
+
+    @property
+    def devices(self) -> int:
+        return self.data * self.fsdp * self.tensor
+
+    @property
+    def batch_shards(self) -> int:
+        """The batch is split over data and fsdp (sharding table: batch -> data+fsdp)."""
+        return self.data * self.fsdp
+
+    def as_dict(self) -> dict[str, int]:
+        return {a: getattr(self, a) for a in MESH_AXES}
+
+    def __str__(self) -> str:
+        return ",".join(f"{a}={getattr(self, a)}" for a in MESH_AXES if getattr(self, a) > 1) or "1 device"
+
+
+def parse_mesh_spec(spec: str, devices: int | None = None) -> MeshShape:
+    """Parse ``"fsdp=16,tensor=4"`` into a MeshShape. Axes not named have size 1.
+
+    If ``devices`` is given the product of the axis sizes must equal it. A single axis may be
+    given as ``-1`` to take the remaining devices.
+    """
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"mesh spec must look like 'fsdp=4,tensor=2', got {spec!r}")
+    sizes: dict[str, int] = {}
+    for part in spec.split(","):
+        key, sep, val = part.partition("=")
+        key = key.strip()
+        if not sep:
+            raise ValueError(f"mesh spec item {part!r} must be axis=size (axes: {', '.join(MESH_AXES)})")
+        if key not in MESH_AXES:
+            raise ValueError(f"unknown mesh axis {key!r} in {spec!r}; valid axes: {', '.join(MESH_AXES)}")
+        if key in sizes:
+            raise ValueError(f"mesh axis {key!r} given twice in {spec!r}")
+        try:
+            n = int(val)
+        except ValueError:
+            raise ValueError(f"mesh axis {key!r} size must be an integer, got {val!r}") from None
+        if n == -1:
+            if devices is None or -1 in sizes.values():
+                raise ValueError(f"mesh axis {key!r} = -1 needs a device count and only one -1 axis")
+        elif n <= 0:
+            raise ValueError(f"mesh axis {key!r} size must be positive, got {n}")
+        sizes[key] = n
+    if -1 in sizes.values():
+        rest = 1
+        for n in sizes.values():
+            rest *= n if n > 0 else 1
+        if devices % rest:
+            raise ValueError(f"mesh {spec!r}: {devices} devices are not divisible by {rest}")
+        sizes = {k: (devices // rest if v == -1 else v) for k, v in sizes.items()}
+    shape = MeshShape(**sizes)
+    if devices is not None and shape.devices != devices:
+        raise ValueError(
+            f"mesh {spec!r} has {shape.devices} devices (product of axis sizes) but {devices} devices are given"
+        )
+    return shape
+
+
+def check_divisible(cfg: FFNConfig, mesh: MeshShape, batch_tokens: int | None = None) -> None:
+    """Every sharded dimension must divide by its shard count (sharding table: embed/D -> fsdp,
+    mlp/F -> tensor, batch -> data·fsdp)."""
+    checks = [("d_model", cfg.d_model, "fsdp", mesh.fsdp), ("d_ff", cfg.d_ff, "tensor", mesh.tensor)]
+    if batch_tokens is not None:
+        positive_int("batch_tokens", batch_tokens)
+        checks.append(("batch_tokens", batch_tokens, "data·fsdp", mesh.batch_shards))
+    for name, dim, axis, n in checks:
+        if dim % n:
+            raise ValueError(f"{name}={dim} is not divisible by the {axis} shard count {n}")

@@ -1,0 +1,27 @@
+"""Tests run on 8 emulated CPU devices; TPU-topology tests compile ahead of time with libtpu."""
+
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+jax.config.update("jax_num_cpu_devices", 8)
+
+
+def _has_libtpu() -> bool:
+    try:
+        import libtpu  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def pytest_collection_modifyitems(config, items):
+    if _has_libtpu():
+        return
+    skip = pytest.mark.skip(reason="libtpu not installed (pip install -e '.[tpu]')")
+    for item in items:
+        if "tpu" in item.keywords:
+            item.add_marker(skip)
