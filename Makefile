@@ -1,0 +1,26 @@
+# make answer: create .venv, install, print the 4D answers.   make test: install dev+tpu extras, run pytest.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: answer test clean
+
+$(VENV)/.base: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e .
+	touch $@
+
+$(VENV)/.dev: $(VENV)/.base
+	$(PY) -m pip install -q -e ".[dev,tpu]"
+	$(PY) -m ipykernel install --sys-prefix --name python3 > /dev/null
+	touch $@
+
+answer: $(VENV)/.base
+	$(PY) -m scaling answer
+
+test: $(VENV)/.dev
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -1,0 +1,176 @@
+"""The 4D-parallelism questions (a)-(d) of questions-4d.md, each number with its formula.
+
+``answers(...)`` returns a nested dict (the JSON of ``python -m scaling answer --json``);
+``render(ans)`` turns it into the printed derivation. Every input is a parameter: the defaults are
+the question's (XXL model, X=16, Y=4, M_X=2, M_Y=1, C=4.6e14, W_ici=1.8e11, 95 GB HBM, 80 GB GPUs).
+"""
+
+from __future__ import annotations
+
+import math
+
+from scaling import memory, roofline
+from scaling.config import DEFAULT_PRECISION, FFNConfig, check_divisible, MeshShape, positive_float, positive_int
+
+QUESTION = dict(d_model=16384, d_ff=53248, blocks=126, fsdp=16, tensor=4, mx=2, my=1, flops=4.6e14, w_ici=1.8e11,
+                hbm=95e9, gpu_hbm=80e9, batch_tokens=25600, int8_bytes=1, stages=4)
+
+
+def answers(
+    d_model: int = 16384,
+    d_ff: int = 53248,
+    blocks: int = 126,
+    fsdp: int = 16,
+    tensor: int = 4,
+    mx: int = 2,
+    my: int = 1,
+    flops: float = 4.6e14,
+    w_ici: float = 1.8e11,
+    hbm: float = 95e9,
+    gpu_hbm: float = 80e9,
+    batch_tokens: int = 25600,
+    stages: int = 4,
+) -> dict:
+    """All the numbers of (a)-(d). Raises ValueError naming any bad input."""
+    cfg = FFNConfig(d_model, d_ff, blocks)
+    for name, v in (("fsdp", fsdp), ("tensor", tensor), ("mx", mx), ("my", my), ("batch_tokens", batch_tokens), ("stages", stages)):
+        positive_int(name, v)
+    for name, v in (("flops", flops), ("w_ici", w_ici), ("hbm", hbm), ("gpu_hbm", gpu_hbm)):
+        positive_float(name, v)
+    check_divisible(cfg, MeshShape(fsdp=fsdp, tensor=tensor))
+    P = cfg.params
+    prec = DEFAULT_PRECISION
+    D, F, L, X, Y, N = d_model, d_ff, blocks, fsdp, tensor, fsdp * tensor
+
+    # (a)
+    state = memory.state_bytes(cfg, prec)
+    act_tok = memory.activation_bytes_per_token(cfg, prec)
+    a = {
+        "params": P,
+        "fp32_state_bytes": state,
+        "bytes_per_param": prec.state_bytes_per_param,
+        "gpu_equivalent": state / gpu_hbm,
+        "gpu_count": math.ceil(state / gpu_hbm),
+        "activation_bytes_per_token": act_tok,
+        "activation_bytes_at_batch": act_tok * batch_tokens,
+        "gpu_count_with_activations_at_batch": math.ceil((state + act_tok * batch_tokens) / gpu_hbm),
+        "batch_tokens": batch_tokens,
+    }
+    # (b)
+    b = {
+        "min_n_fsdp_without_activations": memory.min_shards_for_state(cfg, hbm, prec),
+        "min_n_fsdp_with_half_activations_at_batch": memory.min_shards_with_activations(cfg, hbm, batch_tokens, 0.5, prec),
+        "batch_tokens": batch_tokens,
+        "hbm": hbm,
+    }
+    # (c)
+    al = roofline.alpha(flops, w_ici)
+    c = {"alpha": al, "N": N, "X": X, "Y": Y, "M_X": mx, "M_Y": my}
+    t_fsdp_per_token = F / (Y * mx)
+    for form in roofline.FORMS:
+        B = roofline.critical_batch(F, X, Y, al, mx, my, form)
+        c[form] = {
+            "overall_batch": B,
+            "per_device_batch": None if B is None else B / N,
+            "per_fsdp_shard_batch": None if B is None else B / X,
+        }
+    c["tp_never_bound"] = c["sum"]["overall_batch"] is None
+    c["tp_limit_Y"] = my * F / al  # compute bound possible only for Y below this
+    c["fsdp_term"] = t_fsdp_per_token
+    for form in roofline.FORMS:
+        per_dev = roofline.xopt_threshold_per_device(al, F, mx, my, form)
+        c[f"x_opt_{form}"] = {"per_device_batch": per_dev, "overall_batch": per_dev * N,
+                              "x_opt": roofline.x_opt(per_dev * N, F, N, mx, my)}
+    # (d)
+    d = {}
+    for form in roofline.FORMS:
+        split = roofline.best_split(N, F, al, mx, my, form)
+        d[form] = {
+            "baseline": c[form]["overall_batch"],
+            "int8_weight_gathers": roofline.critical_batch(F, X, Y, al, mx, my, form, weight_bytes=1),
+            "fsdp_over_3_axes": roofline.critical_batch(F, X, Y, al, 3, my, form) if mx < 3 else None,
+            "best_split": None if split is None else {"X": split[0], "Y": split[1], "overall_batch": split[2]},
+            "pipeline": (roofline.pipeline_critical_batch(F, X, Y, al, stages, mx, my, form) if X % stages == 0 else None),
+            "pipeline_stages": stages,
+        }
+    d["fsdp_only_per_device"] = al / mx  # pure FSDP: B/X > alpha/M_X
+    return {"inputs": dict(d_model=D, d_ff=F, blocks=L, fsdp=X, tensor=Y, mx=mx, my=my, flops=flops, w_ici=w_ici,
+                           hbm=hbm, gpu_hbm=gpu_hbm, batch_tokens=batch_tokens, stages=stages),
+            "a": a, "b": b, "c": c, "d": d}
+
+
+def _k(x) -> str:
+    return "none (never compute bound)" if x is None else f"{x:,.0f} tokens ({x / 1e3:.1f}k)"
+
+
+def render(ans: dict) -> str:
+    """The derivation as text: each number with its formula, inputs and units."""
+    i, a, b, c, d = ans["inputs"], ans["a"], ans["b"], ans["c"], ans["d"]
+    D, F, L, X, Y, N = i["d_model"], i["d_ff"], i["blocks"], i["fsdp"], i["tensor"], c["N"]
+    B0 = i["batch_tokens"]
+    out = []
+    w = out.append
+    w(f"Model: D={D:,}  F={F:,}  L={L} blocks of two bias-free linears (D->F->D).")
+    w("")
+    w("(a) Memory on one device")
+    w(f"  P = 2·D·F·L = 2·{D}·{F}·{L} = {a['params']:,} parameters")
+    w(f"  FP32 master + FP32 grads + 2 FP32 Adam moments = 4+4+8 = {a['bytes_per_param']} bytes/param")
+    w(f"  state = 16·P = {a['fp32_state_bytes']:.4e} bytes = {a['fp32_state_bytes'] / 1e12:.3f} TB")
+    w(f"  = {a['gpu_equivalent']:.2f} H100s of {i['gpu_hbm'] / 1e9:g} GB -> {a['gpu_count']} GPUs (state alone)")
+    w(f"  activations saved for backward (BF16, no remat): each block keeps its input (D) and hidden (F)")
+    w(f"  = 2·(D+F)·L = 2·({D}+{F})·{L} = {a['activation_bytes_per_token']:,} bytes per token")
+    w(f"  at B = {B0:,} tokens: {a['activation_bytes_at_batch'] / 1e9:,.1f} GB; state + activations = "
+      f"{a['gpu_count_with_activations_at_batch']} GPUs")
+    w("")
+    w("(b) Sharding state and half the activations over N_FSDP devices")
+    w("  M(N) = [16·P + (1/2)·2·(D+F)·L·B] / N  bytes per device   (B tokens in the global batch)")
+    w(f"  without activations: 16·P/N <= {i['hbm'] / 1e9:g} GB  =>  N >= {a['fp32_state_bytes']:.4e}/{i['hbm']:.3g}"
+      f" = {a['fp32_state_bytes'] / i['hbm']:.2f}  =>  N_FSDP >= {b['min_n_fsdp_without_activations']}")
+    w(f"  with half the activations at B = {B0:,} tokens: N_FSDP >= {b['min_n_fsdp_with_half_activations_at_batch']}")
+    w("")
+    w("(c) Forward pass, FSDP+TP: when is it compute bound?")
+    w(f"  alpha = C/W_ici = {i['flops']:.3g}/{i['w_ici']:.3g} = {c['alpha']:.1f} FLOPs/byte")
+    w(f"  X={X} (FSDP), Y={Y} (TP), N=X·Y={N}, M_X={c['M_X']}, M_Y={c['M_Y']}")
+    w("  per block: T_math = 4BDF/(N·C), T_FSDP = 4DF/(Y·M_X·W_ici), T_TP = 4BD/(X·M_Y·W_ici)")
+    if c["tp_never_bound"]:
+        w(f"  The TP term alone grows with B as fast as the math: Y={Y} >= M_Y·F/alpha = {c['tp_limit_Y']:.1f}, "
+          "so no batch makes this mesh compute bound.")
+    else:
+        w(f"  sum form (spring-2025 text: T_FSDP + T_TP < T_math):")
+        w(f"    F/(Y·M_X) + B/(X·M_Y) < B·F/(N·alpha)  =>  B > [F/(Y·M_X)] / [F/(N·alpha) - 1/(X·M_Y)]")
+        w(f"    = {c['fsdp_term']:.0f} / ({F / (N * c['alpha']):.5f} - {1 / (X * c['M_Y']):.5f})")
+        w(f"    overall B > {_k(c['sum']['overall_batch'])}")
+        w(f"    B/N (per chip, the book's convention) > {c['sum']['per_device_batch']:.0f};"
+          f"  B/X (per FSDP shard) > {c['sum']['per_fsdp_shard_batch']:.0f}")
+        w(f"  max form (August-2025 text: max(T_FSDP, T_TP) < T_math, the two overlap):")
+        w(f"    F/(Y·M_X) < B·F/(N·alpha)  =>  B > N·alpha/(Y·M_X) = X·alpha/M_X;  TP holds since "
+          f"1/(X·M_Y) = {1 / (X * c['M_Y']):.4f} < F/(N·alpha) = {F / (N * c['alpha']):.4f}")
+        w(f"    overall B > {_k(c['max']['overall_batch'])}")
+        w(f"    B/N > {c['max']['per_device_batch']:.0f};  B/X > {c['max']['per_fsdp_shard_batch']:.0f}")
+    for form, k in (("sum", 4), ("max", 1)):
+        xo = c[f"x_opt_{form}"]
+        w(f"  at X_opt = sqrt((B/F)·(M_X/M_Y)·N) instead of the given X ({form} form): B/N > {k}·alpha²/(M_X·M_Y·F)"
+          f" = {xo['per_device_batch']:.0f}, overall {_k(xo['overall_batch'])} (X_opt = {xo['x_opt']:.1f})")
+    w("")
+    w("(d) Smaller batch, never communication bound: what helps (overall batch thresholds, this mesh)")
+    for form in roofline.FORMS:
+        e = d[form]
+        w(f"  [{form} form]  baseline {_k(e['baseline'])}")
+        w(f"    int8 weight all-gathers (FSDP bytes halved: 2DF instead of 4DF per block): {_k(e['int8_weight_gathers'])}")
+        if e["fsdp_over_3_axes"] is not None:
+            w(f"    FSDP spread over 3 ICI axes (M_X=3: more links per gather): {_k(e['fsdp_over_3_axes'])}")
+        if e["best_split"]:
+            s = e["best_split"]
+            w(f"    re-split the same {N} chips near X_opt: X={s['X']}, Y={s['Y']}: {_k(s['overall_batch'])}")
+        if e["pipeline"] is not None:
+            w(f"    {e['pipeline_stages']} pipeline stages of N/{e['pipeline_stages']} chips, weights gathered once per "
+              f"step: {_k(e['pipeline'])} (plus the bubble (P-1)/(m+P-1))")
+    w(f"  Why: the FSDP term F/(Y·M_X) is a fixed cost per block that the batch must amortise; halving its bytes")
+    w(f"  (int8/fp8 gathers), spreading it over more links (M_X), overlapping it with the TP term (max form:")
+    w(f"  {_k(d['max']['baseline'])} vs {_k(d['sum']['baseline'])}), or cutting the FSDP group that shares a")
+    w(f"  weight gather (pipeline stages, a smaller X at X_opt) all lower the batch at which the math hides it.")
+    w(f"  Data parallelism across slices does not help: it multiplies the batch by the number of replicas, and")
+    w(f"  pure FSDP alone needs B/X > alpha/M_X = {d['fsdp_only_per_device']:.0f} tokens per chip.")
+    w("  Sources: Scaling Book, training page (FSDP+TP rooflines, X_opt, both text versions), sharding page")
+    w("  (collective times), applied-training page (pipelining).")
+    return "\n".join(out)

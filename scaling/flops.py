@@ -1,0 +1,60 @@
+"""Matmul FLOPs of the FFN stack per step and per device, forward and backward.
+
+A matmul [B,D]x[D,F] costs 2·B·D·F FLOPs (Scaling Book, "All the Transformer Math You Need";
+training page: 6·P·tokens per training step, 2 forward + 4 backward). One block is two matmuls
+(D->F, F->D): forward 4·B·D·F. Backward: weight gradients 4·B·D·F, input gradients 4·B·D·F, except
+the first block, whose input is data and needs no gradient (it saves 2·B·D·F: the dx = dh·W_in^T
+product). Remat recomputes h = x·W_in of the checkpointed blocks.
+"""
+
+from __future__ import annotations
+
+from scaling.config import FFNConfig, MeshShape, positive_int
+from scaling.memory import saved_blocks
+
+
+def block_forward_flops(cfg: FFNConfig, batch_tokens: int) -> float:
+    """4·B·D·F: the two matmuls of one block."""
+    return 4.0 * batch_tokens * cfg.d_model * cfg.d_ff
+
+
+def step_flops(
+    cfg: FFNConfig,
+    batch_tokens: int,
+    step: str = "train",
+    remat: str = "none",
+    first_block_input_grad: bool = False,
+) -> dict[str, float]:
+    """Global matmul FLOPs of one step, term by term.
+
+    forward           = 4·B·D·F·L                     (= 2·P·B)
+    backward_weights  = 4·B·D·F·L                     (dW_in, dW_out)
+    backward_inputs   = 4·B·D·F·L − 2·B·D·F           (dx of every block but the first's W_in)
+    first_block_input_grad = 2·B·D·F if the program computes it anyway (a scan runs the same body
+                        for every block, so the unused dx of block 0 is computed and dropped)
+    recompute         = 2·B·D·F × (blocks recomputed under remat: full L, every-second ceil(L/2)):
+                        backward needs only h = x·W_in again, not the block output, so of the
+                        block's forward only the first matmul is redone (the book's 8·P·B for
+                        block remat is the upper bound that recomputes the whole forward)
+    total = 6·P·B − 2·B·D·F (+ recompute, + the unused first-block dx when computed).
+    ``step="forward"``: the forward term only.
+    """
+    positive_int("batch_tokens", batch_tokens)
+    if step not in ("train", "forward"):
+        raise ValueError(f"step must be 'train' or 'forward', got {step!r}")
+    blk = block_forward_flops(cfg, batch_tokens)
+    one_matmul = blk / 2
+    terms = {"forward": blk * cfg.blocks}
+    if step == "train":
+        _, recomputed = saved_blocks(cfg.blocks, remat)
+        terms["backward_weights"] = blk * cfg.blocks
+        terms["backward_inputs"] = blk * cfg.blocks - one_matmul
+        terms["first_block_input_grad"] = one_matmul if first_block_input_grad else 0.0
+        terms["recompute"] = one_matmul * recomputed
+    terms["total"] = sum(terms.values())
+    return terms
+
+
+def flops_per_device(flops: float, mesh: MeshShape) -> float:
+    """The work divides evenly over N = data·fsdp·tensor devices: FLOPs / N."""
+    return flops / mesh.devices

@@ -1,0 +1,235 @@
+"""Closed forms against the Scaling Book's own worked numbers and hand derivations.
+
+Expected values are written out by hand from the book (training, sharding pages) or derived in the
+comments; none is copied from the code under test.
+"""
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scaling import collectives, flops, memory, roofline
+from scaling.answers import answers
+from scaling.config import FFNConfig, MeshShape, parse_mesh_spec, PRESETS
+from scaling.hardware import get_chip, parse_v5p_slice, v5p_topology
+
+XXL = PRESETS["xxl"]
+
+
+# --- The Scaling Book's worked numbers -------------------------------------------------------------
+
+def test_alpha_v5p_about_2550():
+    # Book, training page: alpha = C / W_ici = 4.59e14 / 1.8e11 ~ 2550 for TPU v5p.
+    v5p = get_chip("v5p")
+    assert roofline.alpha(v5p.bf16_flops, v5p.ici_bidi) == pytest.approx(2550, rel=1e-3)
+    assert v5p.alpha == pytest.approx(2550, rel=1e-3)
+
+
+def test_dp_threshold_about_850_per_chip_over_three_axes():
+    # Book, training page: data parallelism is compute bound when B/N > alpha/M; with all three
+    # v5p axes, ~2550/3 = 850 tokens per chip. Solve T_math = T_comms with the roofline's own times.
+    v5p = get_chip("v5p")
+    D, F, N = 8192, 32768, 64
+    per_chip = 850.0
+    t = roofline.dp_times(per_chip * N, D, F, N, v5p.bf16_flops, v5p.ici_bidi, M=3)
+    assert t["math"] / t["comms"] == pytest.approx(1.0, rel=1e-3)
+
+
+def test_x_opt_book_example():
+    # Book example: N=64, B=48k (49,152), F=32768, M_X/M_Y=2: sqrt(49152/32768·2·64) = sqrt(192) = 13.86.
+    assert roofline.x_opt(48 * 1024, 32768, 64, M_X=2, M_Y=1) == pytest.approx(13.86, abs=0.01)
+
+
+def test_xopt_threshold_about_400():
+    # Book (spring-2025): B/N > 4·alpha²/(M_X·M_Y·F) = 4·2550²/(2·32768) = 396.9, "about 400".
+    assert roofline.xopt_threshold_per_device(2550, 32768, 2, 1, "sum") == pytest.approx(396.9, abs=0.1)
+    # August-2025 max form drops the factor 4.
+    assert roofline.xopt_threshold_per_device(2550, 32768, 2, 1, "max") == pytest.approx(99.2, abs=0.1)
+
+
+def test_llama70b_params_and_moments():
+    # Book, applied-training / training page: LLaMA-70B: 140 GB bf16 params, 560 GB fp32 Adam moments.
+    m = memory.param_memory(70_000_000_000)
+    assert m["weights_compute"] == 140e9
+    assert m["optimizer"] == 560e9
+
+
+def test_collective_times_book_rules():
+    # Sharding page: AG of V over one axis with wraparound ~ V/W_ici; over 2 axes V/(2·W_ici);
+    # without wraparound twice as long; AR = 2·AG; all-to-all = AG/4; latency floor 1 us per hop.
+    V, W = 1e9, 1.8e11
+    assert collectives.allgather_time(V, [16], W) == pytest.approx(V / W)
+    assert collectives.allgather_time(V, [16, 4], W) == pytest.approx(V / (2 * W))
+    assert collectives.allgather_time(V, [8], W, wraparound=False) == pytest.approx(2 * V / W)
+    assert collectives.collective_time("all-reduce", V, [16], W) == pytest.approx(2 * V / W)
+    assert collectives.collective_time("all-to-all", V, [16], W) == pytest.approx(V / W / 4)
+    assert collectives.allgather_time(1.0, [16], W) == pytest.approx(8e-6)  # 16/2 hops x 1 us
+    assert collectives.allgather_time(V, [1, 1], W) == 0.0
+
+
+# --- The question's XXL model, derived by hand -------------------------------------------------------
+# (a) P = 2·D·F·L = 2 · 16384 · 53248 · 126. 16384·53248 = 872,415,232; ×2 = 1,744,830,464;
+#     ×126 = 219,848,638,464. State: (4 master + 4 grad + 2·4 Adam) = 16 B/param
+#     -> 3,517,578,215,424 B = 3.5176e12; / 80e9 = 43.97 H100s -> 44.
+#     Activations per token: 2 bytes · (16384 + 53248) · 126 = 2 · 69,632 · 126 = 17,547,264.
+# (b) 3.5176e12 / 95e9 = 37.03 -> N_FSDP >= 38 without activations.
+# (c) alpha = 4.6e14/1.8e11 = 2555.56. N = 64. F/(Y·M_X) = 53248/8 = 6656.
+#     F/(N·alpha) = 53248/(64·2555.56) = 0.325565; 1/(X·M_Y) = 1/16 = 0.0625.
+#     sum: B > 6656/(0.325565 − 0.0625) = 25,301.7 -> 395.3 per chip (B/N), 1581.4 per FSDP shard (B/X).
+#     max: B > 6656/0.325565 = 20,444.4 -> 319.4 per chip, 1277.8 per FSDP shard.
+
+def test_xxl_answers_by_hand():
+    ans = answers()
+    a, b, c = ans["a"], ans["b"], ans["c"]
+    assert a["params"] == 219_848_638_464
+    assert a["fp32_state_bytes"] == 3_517_578_215_424
+    assert a["gpu_equivalent"] == pytest.approx(43.97, abs=0.005)
+    assert a["gpu_count"] == 44
+    assert a["activation_bytes_per_token"] == 17_547_264
+    assert b["min_n_fsdp_without_activations"] == 38
+    assert c["alpha"] == pytest.approx(2555.56, abs=0.01)
+    assert c["sum"]["overall_batch"] == pytest.approx(25_301.7, abs=0.5)
+    assert c["sum"]["per_device_batch"] == pytest.approx(395.3, abs=0.05)
+    assert c["sum"]["per_fsdp_shard_batch"] == pytest.approx(1581.4, abs=0.1)
+    assert c["max"]["overall_batch"] == pytest.approx(20_444.4, abs=0.5)
+    assert c["max"]["per_device_batch"] == pytest.approx(319.4, abs=0.05)
+    assert c["max"]["per_fsdp_shard_batch"] == pytest.approx(1277.8, abs=0.1)
+
+
+def test_other_inputs_by_hand():
+    # A different model and mesh: D=8192, F=32768, L=10, X=8, Y=8, M_X=M_Y=1, alpha=2550.
+    # P = 2·8192·32768·10 = 5,368,709,120. F/(Y·M_X) = 4096; F/(N·alpha) = 32768/(64·2550) = 0.200784;
+    # 1/(X·M_Y) = 0.125. sum: B > 4096/0.075784 = 54,048; max: B > 4096/0.200784 = 20,400.
+    ans = answers(d_model=8192, d_ff=32768, blocks=10, fsdp=8, tensor=8, mx=1, my=1, flops=4.59e14, w_ici=1.8e11)
+    assert ans["a"]["params"] == 5_368_709_120
+    assert ans["c"]["sum"]["overall_batch"] == pytest.approx(54_048, rel=1e-3)
+    assert ans["c"]["max"]["overall_batch"] == pytest.approx(20_400, rel=1e-3)
+
+
+def test_tp_alone_exceeds_math_gives_null():
+    # Y = 32 >= M_Y·F/alpha = 53248/2555.6 = 20.8: the TP term B/(X·M_Y) = B/2 grows faster than the
+    # math B·F/(N·alpha) = B·0.3256: no batch is compute bound.
+    ans = answers(fsdp=2, tensor=32)
+    assert ans["c"]["sum"]["overall_batch"] is None and ans["c"]["max"]["overall_batch"] is None
+
+
+def test_first_block_needs_no_input_gradient():
+    # Train FLOPs = 6·P·B − 2·B·D·F (the first block's dx = dh·W_in^T is not needed).
+    cfg = FFNConfig(64, 256, 3)
+    B = 128
+    f = flops.step_flops(cfg, B, "train")
+    assert f["total"] == 6 * cfg.params * B - 2 * B * 64 * 256
+    assert flops.step_flops(cfg, B, "forward")["total"] == 2 * cfg.params * B
+
+
+# --- Property tests ---------------------------------------------------------------------------------
+
+dims = st.sampled_from([64, 128, 256, 512])
+shards = st.sampled_from([1, 2, 4, 8])
+
+
+@settings(max_examples=200, deadline=None)
+@given(dims, dims, st.integers(1, 8), shards, shards, shards, st.sampled_from(["none", "every-second", "full"]))
+def test_memory_sharded_covers_unsharded(D, F, L, data, fsdp, tensor, remat):
+    # Memory per device × devices >= the unsharded state + activations (sharding never loses bytes).
+    cfg = FFNConfig(D, F, L)
+    mesh = MeshShape(data, fsdp, tensor)
+    B = 1024
+    per_dev = memory.memory_per_device(cfg, mesh, B, remat)
+    unsharded = memory.memory_per_device(cfg, MeshShape(), B, remat)
+    assert per_dev["total"] * mesh.devices >= unsharded["total"] - unsharded["transient_weights"] - 1e-6
+
+
+@settings(max_examples=200, deadline=None)
+@given(dims, dims, st.integers(1, 8), shards, shards, shards)
+def test_memory_monotone_in_shards(D, F, L, data, fsdp, tensor):
+    cfg = FFNConfig(D, F, L)
+    B = 1024
+    base = memory.memory_per_device(cfg, MeshShape(data, fsdp, tensor), B)["total"]
+    for bigger in (MeshShape(2 * data, fsdp, tensor), MeshShape(data, 2 * fsdp, tensor), MeshShape(data, fsdp, 2 * tensor)):
+        assert memory.memory_per_device(cfg, bigger, B)["total"] <= base
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from([4096, 16384, 53248]), st.sampled_from([1, 2, 4, 8, 16, 32]), st.sampled_from([1, 2, 4, 8, 16]),
+       st.floats(500, 5000), st.integers(1, 3), st.integers(1, 3))
+def test_sum_form_never_below_max_form(F, X, Y, alpha_, mx, my):
+    s = roofline.critical_batch(F, X, Y, alpha_, mx, my, "sum")
+    m = roofline.critical_batch(F, X, Y, alpha_, mx, my, "max")
+    assert (s is None) == (m is None)
+    if s is not None:
+        assert s >= m
+
+
+# --- Bad input --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs, word", [
+    (dict(d_model=0), "d_model"), (dict(d_ff=-5), "d_ff"), (dict(blocks=0), "blocks"),
+    (dict(fsdp=0), "fsdp"), (dict(tensor=-1), "tensor"), (dict(flops=0), "flops"), (dict(w_ici=-1.0), "w_ici"),
+    (dict(d_model=1000, fsdp=16), "d_model"), (dict(d_ff=1001, tensor=4), "d_ff"),
+])
+def test_bad_input_raises_valueerror_naming_it(kwargs, word):
+    with pytest.raises(ValueError, match=word):
+        answers(**kwargs)
+
+
+def test_bad_mesh_and_chip():
+    with pytest.raises(ValueError, match="product|devices"):
+        parse_mesh_spec("fsdp=16,tensor=4", devices=32)
+    with pytest.raises(ValueError, match="unknown mesh axis"):
+        parse_mesh_spec("pipe=4")
+    with pytest.raises(ValueError, match="unknown chip"):
+        get_chip("v9z")
+    with pytest.raises(ValueError, match="v5p"):
+        parse_v5p_slice("v5p-7")
+
+
+def test_v5p_topologies():
+    # Google Cloud v5p docs: v5p-128 = 64 chips = 4x4x4; v5p-8 = 4 chips = 2x2x1.
+    assert parse_v5p_slice("v5p-128") == (4, 4, 4)
+    assert parse_v5p_slice("v5p-8") == (2, 2, 1)
+    dims = v5p_topology(8960)  # the full pod: whole cubes
+    assert math.prod(dims) == 8960 and all(d % 4 == 0 for d in dims)
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "scaling", *args], capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("args", [
+    ["--d-model", "0"], ["--fsdp", "-2"], ["--d-model", "1000"], ["--flops", "0"], ["--tensor", "3"],
+])
+def test_cli_bad_input_exit_2_one_line(args):
+    r = _cli("answer", *args)
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert r.stdout == ""
+
+
+def test_cli_json_fields():
+    r = _cli("answer", "--json")
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    assert isinstance(j["a"]["gpu_count"], int) and isinstance(j["a"]["gpu_equivalent"], float)
+    for form in ("sum", "max"):
+        for k in ("overall_batch", "per_device_batch", "per_fsdp_shard_batch"):
+            assert j["c"][form][k] > 0
+    assert j["b"]["min_n_fsdp_without_activations"] == 38
+
+
+def test_cli_text_shows_both_conventions():
+    r = _cli("answer")
+    assert r.returncode == 0
+    for needle in ("sum form", "max form", "B/N", "B/X", "25,302", "20,444", "int8", "pipeline"):
+        assert needle in r.stdout
+
+
+def test_import_scaling_does_not_import_jax():
+    code = "import sys, scaling, scaling.answers, scaling.roofline, scaling.memory; sys.exit('jax' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
