@@ -22,6 +22,47 @@ def _answer(args) -> int:
     return 0
 
 
+def _plan(args) -> int:
+    import time
+
+    from scaling.config import get_preset
+    from scaling.hardware import get_chip
+    from scaling.plan import plan
+
+    cfg = get_preset(args.preset).replace(d_model=args.d_model, d_ff=args.d_ff, blocks=args.blocks)
+    chip = get_chip(args.chip)
+    if args.top <= 0:
+        raise ValueError(f"--top must be a positive integer, got {args.top}")
+    t0 = time.perf_counter()
+    plans = plan(cfg, chip, args.chips, args.batch_tokens, hbm=args.hbm, remat=args.remat, form=args.form)
+    seconds = time.perf_counter() - t0
+    if not plans:
+        raise ValueError(f"no mesh of {args.chips} chips fits {cfg} in --hbm {args.hbm or chip.hbm_bytes:.3g} bytes")
+    if args.verify_top:
+        from scaling.check import verify_plans
+
+        verify_plans(plans[: args.verify_top], cfg, chip, args.chips, args.batch_tokens, args.remat, args.hbm)
+    if args.json:
+        print(json.dumps({"plans": plans[: args.top], "count": len(plans), "enumerate_seconds": seconds}, indent=2))
+        return 0
+    print(f"{len(plans)} meshes of {args.chips} {chip.name} chips fit; {args.form} form; "
+          f"B = {args.batch_tokens:,} tokens ({seconds * 1e3:.1f} ms)")
+    hdr = f"{'#':>2} {'data':>4} {'fsdp':>5} {'tensor':>6} {'M_X':>3} {'M_Y':>3} {'step s':>8} {'MFU':>5} {'bound':>10} {'GB/dev':>7} {'crit B':>8}"
+    if args.verify_top:
+        hdr += f" {'compiled GB':>11} {'fits':>4}"
+    print(hdr)
+    for k, r in enumerate(plans[: args.top], 1):
+        m = r["mesh"]
+        crit = "never" if r["critical_batch"] is None else f"{r['critical_batch']:,.0f}"
+        line = (f"{k:>2} {m['data']:>4} {m['fsdp']:>5} {m['tensor']:>6} {r['M_X']:>3} {r['M_Y']:>3} "
+                f"{r['step_seconds']:>8.3f} {r['mfu']:>5.2f} {r['bound']:>10} {r['memory_bytes'] / 1e9:>7.1f} {crit:>8}")
+        if "compiled_peak_bytes" in r:
+            peak = r["compiled_peak_bytes"]
+            line += f" {peak / 1e9 if peak else float('nan'):>11.1f} {'yes' if r['compiled_fits'] else 'no':>4}"
+        print(line)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from scaling.answers import QUESTION as Q
 
@@ -44,6 +85,23 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--stages", type=int, default=Q["stages"], help="pipeline stages for (d) (default %(default)s)")
     a.add_argument("--json", action="store_true", help="one JSON object instead of the text")
     a.set_defaults(func=_answer)
+
+    p_ = sub.add_parser("plan", help="rank every (data, fsdp, tensor) mesh of a slice by predicted step time")
+    p_.add_argument("--chip", default="v5p", help="chip from the hardware table (default %(default)s)")
+    p_.add_argument("--chips", type=int, default=64, help="chip count (default %(default)s)")
+    p_.add_argument("--preset", default="xxl", help="model preset (default %(default)s)")
+    p_.add_argument("--d-model", type=int, help="override the preset's D")
+    p_.add_argument("--d-ff", type=int, help="override the preset's F")
+    p_.add_argument("--blocks", type=int, help="override the preset's L")
+    p_.add_argument("--batch-tokens", type=int, default=25600, help="global batch in tokens (default %(default)s)")
+    p_.add_argument("--hbm", type=float, help="HBM budget per chip in bytes (default: 95e9 for v5p, else the table's)")
+    p_.add_argument("--remat", default="none", help="none | every-second | full (default %(default)s)")
+    p_.add_argument("--form", default="max", help="max (overlapped comms) or sum (default %(default)s)")
+    p_.add_argument("--top", type=int, default=10, help="rows to show (default %(default)s)")
+    p_.add_argument("--verify-top", type=int, default=0, metavar="K",
+                    help="compile the top K plans ahead of time for the real TPU topology and add their peak")
+    p_.add_argument("--json", action="store_true")
+    p_.set_defaults(func=_plan)
     return p
 
 
