@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from scaling.config import positive_float, positive_int
 
 FORMS = ("sum", "max")
@@ -64,7 +66,7 @@ def mixed_times(
         "tp": 4 * B * D / (X * M_Y * w_ici),
     }
     t["comms_sum"] = t["fsdp"] + t["tp"]
-    t["comms_max"] = max(t["fsdp"], t["tp"])
+    t["comms_max"] = np.maximum(t["fsdp"], t["tp"])  # works on scalars and arrays
     return t
 
 

@@ -1,0 +1,167 @@
+"""Closed forms against the compiled program, term by term: ``python -m scaling check``.
+
+The closed-form side is ``scaling.program.predict``; the compiled side compiles the same step with
+``ffn_model.compile.abstract_compile`` for the chosen devices (emulated CPU or a TPU topology, ahead
+of time) and reads it back with ``scaling.hlo``. This module imports jax (through ffn_model and
+mesh) only inside its functions, so ``import scaling`` stays free of jax.
+
+A compiled figure is never adjusted: where the two differ, the note says which modelled term covers
+the difference or what the program does that the closed form does not.
+"""
+
+from __future__ import annotations
+
+import math
+
+from scaling import program
+from scaling.config import FFNConfig, MeshShape
+from scaling.hardware import Chip, get_chip
+
+
+def ici_layout(mesh, chip: Chip) -> dict[str, tuple[list[int], list[bool]]]:
+    """For each mesh axis, the physical ICI axes it spans (from the devices' ``coords``): lengths and
+    whether each ring closes (the mesh axis covers the whole physical dimension and the chip's
+    wraparound rule holds). Devices without coords (CPU, GPU): one ring of the axis length."""
+    import numpy as np
+
+    devs = np.asarray(mesh.devices)
+    coords = [getattr(d, "coords", None) for d in devs.flat]
+    out = {}
+    if any(c is None for c in coords):
+        return {name: ([size], [True]) for name, size in mesh.shape.items() if size > 1}
+    allc = np.array(coords)
+    full = allc.max(axis=0) - allc.min(axis=0) + 1
+    cube = bool(np.all(full % 4 == 0))
+    for k, name in enumerate(mesh.axis_names):
+        if devs.shape[k] == 1:
+            continue
+        idx = [0] * devs.ndim
+        line = []
+        for i in range(devs.shape[k]):
+            idx[k] = i
+            line.append(devs[tuple(idx)].coords)
+        line = np.array(line)
+        lens, wraps = [], []
+        for p in range(line.shape[1]):
+            n = len(set(line[:, p]))
+            if n > 1:
+                lens.append(n)
+                wraps.append(cube and n == full[p] and chip.has_wraparound(int(full[p])))
+        out[name] = (lens, wraps)
+    return out
+
+
+def _ratio(closed, compiled):
+    if closed is None or compiled is None:
+        return None
+    if closed == 0:
+        return 1.0 if compiled == 0 else math.inf
+    return compiled / closed
+
+
+def _row(closed, compiled, note=""):
+    return {"closed_form": closed, "compiled": compiled, "ratio": _ratio(closed, compiled), "note": note}
+
+
+def check(
+    cfg: FFNConfig,
+    devices: str,
+    mesh_spec: str,
+    batch_tokens: int,
+    remat: str = "none",
+    step: str = "train",
+    chip: str | None = None,
+) -> dict:
+    """Compile one step for ``devices`` and compare it with the closed forms. Returns
+    {"config", "flops": {"matmul": row}, "memory": {...rows}, "collectives": {"total_bytes": row,
+    "by_axis": {axis: row}, "by_kind": {...}, "async": ...}, "times": {...}} where each row is
+    {closed_form, compiled, ratio, note}."""
+    from ffn_model.compile import abstract_compile
+    from mesh import make_mesh
+    from scaling import hlo
+
+    mesh = make_mesh(mesh_spec, devices)
+    shape = MeshShape(**{a: int(mesh.shape[a]) for a in ("data", "fsdp", "tensor")})
+    is_tpu = str(devices).startswith("tpu") or str(devices).startswith("v5p")
+    chip_ = get_chip(chip or ("v5p" if is_tpu else "v5p"))
+    layout = ici_layout(mesh, chip_)
+    pred = program.predict(cfg, shape, batch_tokens, remat, step, chip_, layout)
+
+    res = abstract_compile(cfg, mesh, batch_tokens, remat=remat, step=step)
+    got = hlo.read_compiled(res.compiled, {a: int(mesh.shape[a]) for a in mesh.axis_names})
+    cb = hlo.collective_bytes(got["collectives"])
+
+    out = {"config": {"model": vars(cfg), "devices": devices, "mesh": shape.as_dict(), "batch_tokens": batch_tokens,
+                      "remat": remat, "step": step, "chip": chip_.name, "compile_seconds": res.compile_seconds,
+                      "ici_layout": layout}}
+    f = pred["flops"]
+    out["flops"] = {
+        "matmul": _row(f["total"], got["dot_flops"],
+                       "dot/convolution FLOPs × loop trip counts; closed form includes the first block's unused "
+                       "input gradient (the scan body is the same for every block)" if step == "train" else
+                       "dot/convolution FLOPs × loop trip counts"),
+        "cost_analysis": _row(f["total"], got["cost"].get("flops"),
+                              "XLA's cost_analysis counts a while-loop body once, not per trip"),
+    }
+    m, gm = pred["memory"], got["memory"]
+    args_cf = m["master"] + m.get("optimizer", 0.0) + m["inputs"] + (4 if step == "train" else 0)
+    out["memory"] = {
+        "arguments": _row(args_cf, gm["arguments"],
+                          "fp32 master (+ Adam mu, nu and the int32 step count) + the batch (bf16 x, fp32 y)"),
+        "peak": _row(m["total"], gm["peak"],
+                     "16 B/param/N + saved activations + gathered bf16 weights of two blocks + the batch"
+                     if step == "train" else "master weights + gathered bf16 weights + the batch"),
+        "temp": _row(None, gm["temp"]),
+        "outputs": _row(None, gm["outputs"]),
+        "aliases": _row(None, gm["aliases"]),
+    }
+    cf_axes = pred["collective_bytes"]
+    by_axis = {}
+    for axis in sorted(set(cf_axes) | set(cb["by_axis"])):
+        by_axis[axis] = _row(cf_axes.get(axis, 0.0), cb["by_axis"].get(axis, 0.0))
+    out["collectives"] = {
+        "total_bytes": _row(sum(cf_axes.values()), cb["total"], "Scaling Book volume V: the full array each collective spans"),
+        "by_axis": by_axis,
+        "by_kind": cb["by_kind"],
+        "closed_form_by_kind": pred["collectives"],
+        "async": sum(1 for c in got["collectives"] if getattr(c, "async_", False)),
+        "count": len(got["collectives"]),
+    }
+    t = pred["times"]
+    out["times"] = {"math": t["math"], "comms": t["comms"], "step_sum": t["step_sum"], "step_max": t["step_max"],
+                    "bound": t["bound"], "xla_optimal_seconds": got["cost"].get("optimal_seconds")}
+    return out
+
+
+ROW_ORDER = [("flops", "matmul"), ("flops", "cost_analysis"), ("memory", "arguments"), ("memory", "peak"),
+             ("collectives", "total_bytes")]
+
+
+def _fmt(x):
+    if x is None:
+        return "-"
+    return f"{x:.4g}" if abs(x) < 1e4 else f"{x:.4e}"
+
+
+def render(rep: dict) -> str:
+    """The side-by-side table: quantity, closed form, compiled, ratio, note."""
+    cfgd = rep["config"]
+    lines = [f"{cfgd['step']} step, {cfgd['model']}, mesh {cfgd['mesh']}, B={cfgd['batch_tokens']:,} tokens, "
+             f"remat {cfgd['remat']}, devices {cfgd['devices']} (compiled in {cfgd['compile_seconds']:.1f} s)",
+             f"{'quantity':<28} {'closed form':>12} {'compiled':>12} {'ratio':>7}  note"]
+    rows = [(f"{a}.{b}", rep[a][b]) for a, b in ROW_ORDER]
+    rows += [(f"collectives.by_axis.{k}", v) for k, v in rep["collectives"]["by_axis"].items()]
+    rows += [(f"memory.{k}", rep["memory"][k]) for k in ("temp", "outputs", "aliases")]
+    for name, r in rows:
+        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.4f}"
+        lines.append(f"{name:<28} {_fmt(r['closed_form']):>12} {_fmt(r['compiled']):>12} {ratio:>7}  {r['note']}")
+    c = rep["collectives"]
+    lines.append(f"collectives: {c['count']} in the program, {c['async']} asynchronous (start/done); by kind: "
+                 + ", ".join(f"{k} {v:.4g}" for k, v in c["by_kind"].items()))
+    t = rep["times"]
+    lines.append(f"times (chip {cfgd['chip']}): T_math {t['math']:.4g} s; T_comms " +
+                 ", ".join(f"{k} {v:.4g} s" for k, v in t["comms"].items()) +
+                 f"; step sum {t['step_sum']:.4g} s, max {t['step_max']:.4g} s; bound: {t['bound']}")
+    if t["xla_optimal_seconds"] is not None:
+        lines.append(f"XLA's own estimate (cost_analysis optimal_seconds): {t['xla_optimal_seconds']:.4g} s")
+    return "\n".join(lines)
