@@ -41,7 +41,7 @@ def _plan(args) -> int:
     if args.verify_top:
         from scaling.check import verify_plans
 
-        verify_plans(plans[: args.verify_top], cfg, chip, args.chips, args.batch_tokens, args.remat, args.hbm)
+        verify_plans(plans[: args.verify_top], cfg, chip, args.chips, args.remat, args.hbm)
     if args.json:
         print(json.dumps({"plans": plans[: args.top], "count": len(plans), "enumerate_seconds": seconds}, indent=2))
         return 0
@@ -60,6 +60,17 @@ def _plan(args) -> int:
             peak = r["compiled_peak_bytes"]
             line += f" {peak / 1e9 if peak else float('nan'):>11.1f} {'yes' if r['compiled_fits'] else 'no':>4}"
         print(line)
+    return 0
+
+
+def _check(args) -> int:
+    from scaling.check import check, render
+    from scaling.config import get_preset
+
+    cfg = get_preset(args.preset).replace(d_model=args.d_model, d_ff=args.d_ff, blocks=args.blocks)
+    print(f"compiling the {args.step} step for {args.devices} ...", file=sys.stderr, flush=True)
+    rep = check(cfg, args.devices, args.mesh, args.batch_tokens, args.remat, args.step, args.chip)
+    print(json.dumps(rep, indent=2, default=str) if args.json else render(rep))
     return 0
 
 
@@ -102,6 +113,20 @@ def build_parser() -> argparse.ArgumentParser:
                     help="compile the top K plans ahead of time for the real TPU topology and add their peak")
     p_.add_argument("--json", action="store_true")
     p_.set_defaults(func=_plan)
+
+    c = sub.add_parser("check", help="closed forms against the compiled program, term by term")
+    c.add_argument("--devices", default="cpu:8", help="cpu:N (emulated), tpu:v5p:4x4x4 or v5p-128 (ahead of time)")
+    c.add_argument("--mesh", default="data=2,fsdp=2,tensor=2", help="mesh spec (default %(default)s)")
+    c.add_argument("--preset", default="small", help="model preset (default %(default)s)")
+    c.add_argument("--d-model", type=int, help="override the preset's D")
+    c.add_argument("--d-ff", type=int, help="override the preset's F")
+    c.add_argument("--blocks", type=int, help="override the preset's L")
+    c.add_argument("--batch-tokens", type=int, default=4096, help="global batch in tokens (default %(default)s)")
+    c.add_argument("--remat", default="none", help="none | every-second | full (default %(default)s)")
+    c.add_argument("--step", default="train", choices=["train", "forward"], help="(default %(default)s)")
+    c.add_argument("--chip", help="chip for the time estimates (default v5p)")
+    c.add_argument("--json", action="store_true")
+    c.set_defaults(func=_check)
     return p
 
 

@@ -165,3 +165,27 @@ def render(rep: dict) -> str:
     if t["xla_optimal_seconds"] is not None:
         lines.append(f"XLA's own estimate (cost_analysis optimal_seconds): {t['xla_optimal_seconds']:.4g} s")
     return "\n".join(lines)
+
+
+def verify_plans(plans: list[dict], cfg: FFNConfig, chip: Chip, chips: int, remat: str = "none",
+                 hbm: float | None = None) -> list[dict]:
+    """Compile each plan's train step ahead of time for the real v5p topology of ``chips`` chips and
+    add ``compiled_peak_bytes``, ``compiled_fits`` (peak <= hbm) and the compiled ``compiled_ici_layout``
+    (the physical axes mesh.make_mesh gave each mesh axis) to the plan dicts, in place."""
+    from ffn_model.compile import abstract_compile
+    from mesh import make_mesh
+    from scaling.hardware import V5P_USABLE_HBM, v5p_topology
+
+    if chip.name != "v5p":
+        raise ValueError(f"--verify-top compiles for TPU v5p topologies only, not {chip.name}")
+    hbm = hbm or V5P_USABLE_HBM
+    topo = "x".join(str(d) for d in v5p_topology(chips))
+    for p in plans:
+        mesh = make_mesh(MeshShape(**p["mesh"]), f"tpu:v5p:{topo}")
+        res = abstract_compile(cfg, mesh, p["batch_tokens"], remat=remat, step="train")
+        peak = res.memory.get("peak_bytes")
+        p["compiled_peak_bytes"] = peak
+        p["compiled_fits"] = peak is not None and peak <= hbm
+        p["compiled_ici_layout"] = ici_layout(mesh, chip)
+        p["compile_seconds"] = res.compile_seconds
+    return plans
