@@ -1,0 +1,572 @@
+"""Reading a compiled XLA program: matmul FLOPs, collectives and memory, with loop trip counts.
+
+Why: XLA's ``cost_analysis()`` counts a while-loop body (``lax.scan``, ``nnx.scan``) once, not once
+per trip, and reports no collectives. So the compiled program's text (``compiled.as_text()``) is
+parsed here, as plain text, and every dot/convolution and every collective is multiplied by the
+trip counts of the while loops around it.
+
+What is parsed (verified on jax 0.10.2 / libtpu 0.0.42.1, CPU and TPU v5p HLO):
+- computations (``%name (...) -> ... {`` ... ``}``, ``ENTRY`` marks the entry) and their
+  instructions ``[ROOT] %name = SHAPE opcode(operands), attributes``;
+- calls between computations: any ``key=%comp`` or ``key={%a, %b}`` attribute (while
+  ``condition=``/``body=``, fusion ``calls=``, ``to_apply=``, conditional branches, async-start
+  ``calls=``). A computation's multiplier is the sum over its call sites of the caller's
+  multiplier, times the trip count where the call site is a while loop's body or condition
+  (each branch of a conditional counts as taken; async-done is not a second call);
+- while trip counts: ``backend_config={..."known_trip_count":{"n":"5"}}`` (CPU), else the bound in
+  the condition ``compare(iv, constant(n)), direction=LT`` (TPU; also through a wrapped
+  compare fusion), minus the loop's initial induction value when that is a constant;
+- replica groups in three spellings: ``{{0,1},{2,3}}``, iota ``[4,2]<=[4,2]T(1,0)``, and
+  ``mesh['axis_0'=2,'axis_1'=4] {'axis_1'}`` (a mesh the compiler made, with its own axis names and
+  optional ``device_ids=(...)`` and sub-axes ``'a':(1)2``); ``source_target_pairs`` for permutes.
+  Group members are partition ids, numbered row-major over the user's mesh (jit's device
+  assignment is ``mesh.devices.flat``), so ``numpy.unravel_index`` gives their mesh coordinates.
+
+This module imports numpy only; it never imports jax (``read_compiled`` only calls methods on the
+compiled object it is given).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+COLLECTIVE_KINDS = {"all-gather": "all-gather", "reduce-scatter": "reduce-scatter", "all-reduce": "all-reduce",
+                    "all-to-all": "all-to-all", "ragged-all-to-all": "all-to-all",
+                    "collective-permute": "collective-permute"}
+_PASS_THROUGH = {"convert", "bitcast", "copy", "transpose", "reshape", "fusion"}
+_ARRAY = re.compile(r"\b([a-z][a-z0-9]*)\[([0-9,]*)\]")
+_NAME = re.compile(r"%([\w.\-]+)")
+
+
+def dtype_bytes(dtype: str) -> float:
+    """Bytes per element of an HLO element type: the bit width in its name / 8 (bf16 -> 2, f8e4m3fn
+    -> 1, s4 -> 0.5, c64 -> 8); pred -> 1; token and other non-numeric types -> 0."""
+    if dtype == "pred":
+        return 1.0
+    m = re.match(r"[a-z]+(\d+)", dtype)
+    return int(m.group(1)) / 8 if m else 0.0
+
+
+def arrays(shape: str) -> list[tuple[str, tuple[int, ...]]]:
+    """The (dtype, dims) of every array in an HLO shape string; a tuple shape gives several.
+    Layouts (``{1,0:T(8,128)(2,1)}``) and ``/*index=5*/`` comments are skipped."""
+    return [(dt, tuple(int(d) for d in dims.split(",") if d)) for dt, dims in _ARRAY.findall(shape)]
+
+
+def shape_bytes(shape: str) -> float:
+    """Total bytes of an HLO shape string (tuple parts summed)."""
+    return sum(dtype_bytes(dt) * math.prod(dims) for dt, dims in arrays(shape))
+
+
+def _close(s: str, i: int) -> int:
+    """Index just past the bracket that closes the one at s[i] (any of (), [], {} nest)."""
+    depth = 0
+    for j in range(i, len(s)):
+        if s[j] in "([{":
+            depth += 1
+        elif s[j] in ")]}":
+            depth -= 1
+            if depth == 0:
+                return j + 1
+    return len(s)
+
+
+def _split_top(s: str) -> list[str]:
+    """Split on commas that are outside any brackets."""
+    parts, depth, start = [], 0, 0
+    for j, ch in enumerate(s):
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(s[start:j])
+            start = j + 1
+    parts.append(s[start:])
+    return [p.strip() for p in parts if p.strip()]
+
+
+@dataclass
+class Instruction:
+    """One HLO instruction: ``[ROOT] %name = shape opcode(args), attrs``. ``operands`` are the
+    operand names; ``inline_shapes`` the operand shapes where printed inline (else None)."""
+    name: str
+    shape: str
+    opcode: str
+    args: str
+    attrs: str
+    computation: str
+    operands: list[str] = field(default_factory=list)
+    inline_shapes: list[str | None] = field(default_factory=list)
+    is_root: bool = False
+
+
+@dataclass
+class Computation:
+    name: str
+    instructions: list[Instruction] = field(default_factory=list)
+    is_entry: bool = False
+
+    @property
+    def root(self) -> Instruction | None:
+        return next((i for i in self.instructions if i.is_root), self.instructions[-1] if self.instructions else None)
+
+
+@dataclass
+class Collective:
+    """One collective as the program runs it, per device. ``volume`` is the Scaling Book's V, the
+    full array the collective spans on each device; ``count`` is how many times it runs (loop trip
+    counts); ``async_`` is True for start/done pairs and async-start wrappers."""
+    kind: str
+    dtype: str
+    operand_bytes: float
+    result_bytes: float
+    group_size: int
+    axes: tuple[str, ...]
+    count: float
+    name: str
+    async_: bool = False
+    note: str = ""
+
+    @property
+    def volume(self) -> float:
+        """V: all-gather -> result bytes (the gathered array); every other kind -> operand bytes."""
+        return self.result_bytes if self.kind == "all-gather" else self.operand_bytes
+
+
+class HloProgram:
+    """A parsed HLO module: ``computations`` (name -> Computation), ``instructions`` (name ->
+    Instruction, module-wide: HLO names are unique in a module), ``multiplier`` (computation name
+    -> how many times it runs per program execution) and ``trip_counts`` (while name ->
+    (trips, source) with source "known_trip_count", "condition" or "unknown"; unknown counts as 1)."""
+
+    def __init__(self, computations: dict[str, Computation], num_partitions: int | None = None):
+        self.computations = computations
+        self.num_partitions = num_partitions  # from the HloModule line; None if not printed
+        self.instructions = {i.name: i for c in computations.values() for i in c.instructions}
+        self.entry = next((c.name for c in computations.values() if c.is_entry), None)
+        self.users: dict[str, list[Instruction]] = {}
+        for ins in self.instructions.values():
+            for op in ins.operands:
+                self.users.setdefault(op, []).append(ins)
+        self.callers: dict[str, list[tuple[Instruction, str]]] = {}  # computation -> [(call site, attr key)]
+        for ins in self.instructions.values():
+            for key, callee in _callees(ins.attrs):
+                if callee in computations and ins.opcode not in ("async-done", "async-update"):  # run once, at start
+                    self.callers.setdefault(callee, []).append((ins, key))
+        self.trip_counts = {i.name: self._trip_count(i) for i in self.instructions.values() if i.opcode == "while"}
+        self.multiplier: dict[str, float] = {}
+        for name in computations:
+            self._mult(name)
+        self.async_computations = {c for c, sites in self.callers.items() if any(s.opcode == "async-start" for s, _ in sites)}
+
+    # --- structure -------------------------------------------------------------------------
+    def _mult(self, comp: str) -> float:
+        """Runs of ``comp`` per program run: 1 for the entry, else the sum over its call sites of
+        the caller's runs, times the trip count at a while's body/condition. 0 if never called."""
+        if comp not in self.multiplier:
+            self.multiplier[comp] = 0.0  # guards against cycles, which valid HLO does not have
+            if comp == self.entry:
+                total = 1.0
+            else:
+                total = 0.0
+                for site, key in self.callers.get(comp, []):
+                    factor = self.trip_counts[site.name][0] if site.opcode == "while" and key in ("body", "condition") else 1
+                    total += self._mult(site.computation) * factor
+            self.multiplier[comp] = total
+        return self.multiplier[comp]
+
+    def operand_shape(self, ins: Instruction, k: int) -> str:
+        """Shape of operand k: printed inline, else that of the instruction it names."""
+        s = ins.inline_shapes[k] if k < len(ins.inline_shapes) else None
+        if s is None and ins.operands[k] not in self.instructions:
+            raise ValueError(f"HLO: operand %{ins.operands[k]} of %{ins.name} is not defined in the module")
+        return s if s is not None else self.instructions[ins.operands[k]].shape
+
+    def _const(self, name: str, depth: int = 0) -> int | None:
+        """The integer value of ``name`` if it is a scalar constant, seen through copies, bitcasts,
+        converts and fusion parameters (mapped to the fusion's operands)."""
+        ins = self.instructions.get(name)
+        if ins is None or depth > 8:
+            return None
+        if ins.opcode == "constant":
+            try:
+                return int(ins.args.strip())
+            except ValueError:
+                return None
+        if ins.opcode in ("copy", "bitcast", "convert") and ins.operands:
+            return self._const(ins.operands[0], depth + 1)
+        if ins.opcode == "parameter":
+            sites = [s for s, _ in self.callers.get(ins.computation, []) if s.opcode == "fusion"]
+            if len(sites) == 1:
+                return self._const(sites[0].operands[int(ins.args)], depth + 1)
+        return None
+
+    def _trip_count(self, loop: Instruction) -> tuple[int, str]:
+        """Trips of a while loop: backend_config known_trip_count (CPU), else the condition's
+        ``compare(iv, constant(n)), direction=LT`` (LE: n+1; GT/GE with the constant on the left),
+        less the induction variable's initial value when the loop's init tuple gives a constant."""
+        m = re.search(r'"known_trip_count":\{"n":"(\d+)"', loop.attrs)
+        if m:
+            return int(m.group(1)), "known_trip_count"
+        cond = dict(_callees(loop.attrs)).get("condition")
+        root = self.computations[cond].root if cond in self.computations else None
+        if root is not None and root.opcode == "fusion":
+            sub = dict(_callees(root.attrs)).get("calls")
+            root = self.computations[sub].root if sub in self.computations else None
+        if root is None or root.opcode != "compare" or len(root.operands) != 2:
+            return 1, "unknown"
+        direction = (re.search(r"direction=(\w+)", root.attrs) or [None, ""])[1]
+        a, b = (self._const(o) for o in root.operands)
+        if direction in ("LT", "LE") and b is not None:
+            n, iv = b + (direction == "LE"), root.operands[0]
+        elif direction in ("GT", "GE") and a is not None:
+            n, iv = a + (direction == "GE"), root.operands[1]
+        else:
+            return 1, "unknown"
+        return max(n - self._init_value(loop, iv), 0), "condition"
+
+    def _init_value(self, loop: Instruction, iv: str) -> int:
+        """Initial value of the loop's induction variable: the constant at its tuple index in the
+        while's init tuple; 0 when it cannot be read (lax.scan starts at 0)."""
+        ins = self.instructions.get(iv)
+        if ins is not None and ins.opcode == "parameter":  # iv passed into a wrapped compare fusion
+            sites = [s for s, _ in self.callers.get(ins.computation, []) if s.opcode == "fusion"]
+            ins = self.instructions.get(sites[0].operands[int(ins.args)]) if len(sites) == 1 else None
+        m = re.search(r"index=(\d+)", ins.attrs) if ins is not None and ins.opcode == "get-tuple-element" else None
+        init = self.instructions.get(loop.operands[0]) if loop.operands else None
+        if m and init is not None and init.opcode == "tuple" and int(m.group(1)) < len(init.operands):
+            v = self._const(init.operands[int(m.group(1))])
+            return v if v is not None else 0
+        return 0
+
+    # --- FLOPs -------------------------------------------------------------------------------
+    def dot_flops(self) -> float:
+        """Sum over dot and convolution instructions of their FLOPs times their computation's
+        multiplier. dot: 2 x prod(result dims) x prod(lhs contracting dims). convolution: see
+        ``conv_flops``."""
+        total = 0.0
+        for comp in self.computations.values():
+            m = self.multiplier.get(comp.name, 0.0)
+            for ins in comp.instructions:
+                if m and ins.opcode == "dot":
+                    total += m * self.dot_instruction_flops(ins)
+                elif m and ins.opcode == "convolution":
+                    total += m * self.conv_flops(ins)
+        return total
+
+    def dot_instruction_flops(self, ins: Instruction) -> float:
+        """2 x prod(result dims) x prod(sizes of the lhs contracting dims)."""
+        out = arrays(ins.shape)[0][1]
+        lhs = arrays(self.operand_shape(ins, 0))[0][1]
+        m = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", ins.attrs)
+        k = math.prod(lhs[int(d)] for d in m.group(1).split(",") if d) if m else 1
+        return 2.0 * math.prod(out) * k
+
+    def conv_flops(self, ins: Instruction) -> float:
+        """2 x (output elements / output spatial elements) x kernel input features x the number of
+        (output position, window position) pairs that land on real input, per spatial dim.
+
+        TPU prints matmuls as convolutions: ``dim_labels=bf_io->bf`` (no spatial dims) gives
+        2 x prod(out) x i. A batched matmul may appear as a spatial dim with a window and
+        ``lhs_dilate`` (e.g. ``window={size=4 stride=3 lhs_dilate=4}, dim_labels=0bf_0io->0bf``):
+        only taps that hit an undilated, unpadded input element count, as in XLA's HloCostAnalysis.
+        The kernel's ``i`` is already input features / feature_group_count; with batch_group_count
+        the output batch is already divided, so the same formula holds for grouped convolutions."""
+        out = arrays(ins.shape)[0][1]
+        lhs = arrays(self.operand_shape(ins, 0))[0][1]
+        rhs = arrays(self.operand_shape(ins, 1))[0][1]
+        m = re.search(r"dim_labels=(\w+)_(\w+)->(\w+)", ins.attrs)
+        if not m:
+            return 0.0
+        lhs_l, rhs_l, out_l = m.groups()
+        flops = 2.0 * math.prod(out) * rhs[rhs_l.index("i")]
+        spatial = sorted(ch for ch in rhs_l if ch.isdigit())
+        win = _window(ins.attrs, len(spatial))
+        for k, ch in enumerate(spatial):
+            n_in, n_out, size = lhs[lhs_l.index(ch)], out[out_l.index(ch)], rhs[rhs_l.index(ch)]
+            stride, (lo, _), ld, rd = win["stride"][k], win["pad"][k], win["lhs_dilate"][k], win["rhs_dilate"][k]
+            pos = np.arange(n_out)[:, None] * stride + np.arange(size)[None, :] * rd - lo
+            taps = np.count_nonzero((pos >= 0) & (pos <= (n_in - 1) * ld) & (pos % ld == 0))
+            flops *= taps / n_out
+        return flops
+
+    # --- collectives ---------------------------------------------------------------------------
+    def collectives(self, mesh_axes: dict[str, int]) -> list[Collective]:
+        """Every collective in the program, once per instruction (async start/done pairs once, at
+        the start), with its mesh axes and count (the multiplier of its computation). A full-size
+        all-reduce whose result is dynamic-sliced to 1/group_size by partition id is reported as the
+        reduce-scatter it implements."""
+        sizes = tuple(int(s) for s in mesh_axes.values())
+        names = tuple(mesh_axes)
+        n_dev = math.prod(sizes)
+        if self.num_partitions not in (None, n_dev):
+            raise ValueError(f"mesh_axes {mesh_axes} has {n_dev} devices but the program has "
+                             f"num_partitions={self.num_partitions}; pass the mesh it was compiled for")
+        done_of = {i.operands[0]: i for i in self.instructions.values() if i.opcode.endswith("-done") and i.operands}
+        out = []
+        for comp in self.computations.values():
+            for ins in comp.instructions:
+                op, is_async = ins.opcode, comp.name in self.async_computations
+                if op.endswith("-start"):
+                    op, is_async = op[: -len("-start")], True
+                kind = COLLECTIVE_KINDS.get(op)
+                if kind is None:
+                    continue
+                n_ops = len(ins.operands)
+                operand_shapes = [self.operand_shape(ins, k) for k in range(n_ops)]
+                if ins.opcode.endswith("-start"):
+                    if ins.name in done_of:
+                        result = arrays(done_of[ins.name].shape)
+                    else:  # the start's tuple holds (operands..., results..., u32 contexts)
+                        result = [a for a in arrays(ins.shape)[n_ops:] if a[1]]
+                else:
+                    result = arrays(ins.shape)
+                operand_bytes = sum(shape_bytes(s) for s in operand_shapes)
+                result_bytes = sum(dtype_bytes(dt) * math.prod(d) for dt, d in result)
+                if kind == "collective-permute":
+                    groups = _source_target_pairs(ins.attrs)
+                else:
+                    groups = replica_groups(ins.attrs, n_dev)
+                axes, group_size = _axes_of(groups, sizes, names, kind == "collective-permute")
+                c = Collective(kind=kind, dtype=(result or arrays(ins.shape))[0][0], operand_bytes=operand_bytes,
+                               result_bytes=result_bytes, group_size=group_size, axes=axes,
+                               count=self.multiplier.get(comp.name, 0.0), name=ins.name, async_=is_async)
+                if kind == "all-reduce" and group_size > 1 and len(result) == 1:
+                    sliced = self._sliced_elements(ins.name, math.prod(result[0][1]) // group_size)
+                    if sliced:
+                        c.kind, c.result_bytes = "reduce-scatter", dtype_bytes(c.dtype) * sliced
+                        c.note = "all-reduce followed by a dynamic-slice by partition id: the reduce-scatter it implements"
+                out.append(c)
+        return out
+
+    def _sliced_elements(self, name: str, want: int, depth: int = 0) -> int | None:
+        """If the value ``name`` flows (through converts, bitcasts, copies, transposes, reshapes and
+        into fusions) into a dynamic-slice of ``want`` elements indexed by partition id, return
+        ``want``."""
+        if depth > 6:
+            return None
+        for user in self.users.get(name, []):
+            if user.opcode == "dynamic-slice" and user.operands[0] == name:
+                if math.prod(arrays(user.shape)[0][1]) == want and any(self._from_partition_id(o) for o in user.operands[1:]):
+                    return want
+                continue
+            if user.opcode == "fusion":  # look inside, at the parameters this value feeds
+                callee = self.computations.get(dict(_callees(user.attrs)).get("calls"))
+                ks = {str(k) for k, op in enumerate(user.operands) if op == name}
+                params = [i.name for i in (callee.instructions if callee else []) if i.opcode == "parameter" and i.args.strip() in ks]
+                if any(self._sliced_elements(p, want, depth + 1) for p in params):
+                    return want
+            if user.opcode in _PASS_THROUGH and self._sliced_elements(user.name, want, depth + 1):
+                return want
+        return None
+
+    def _from_partition_id(self, name: str, seen: set | None = None) -> bool:
+        """Whether the value ``name`` is computed from partition-id (or replica-id), following
+        operands backwards and fusion parameters out to the fusion's operands."""
+        seen = set() if seen is None else seen
+        ins = self.instructions.get(name)
+        if ins is None or name in seen or len(seen) > 64:
+            return False
+        seen.add(name)
+        if ins.opcode in ("partition-id", "replica-id"):
+            return True
+        if ins.opcode == "parameter":
+            sites = [s for s, _ in self.callers.get(ins.computation, []) if s.opcode == "fusion"]
+            return any(self._from_partition_id(s.operands[int(ins.args)], seen) for s in sites)
+        return any(self._from_partition_id(o, seen) for o in ins.operands)
+
+
+def _callees(attrs: str) -> list[tuple[str, str]]:
+    """(attribute key, computation name) for ``key=%comp`` and ``key={%a, %b}`` attributes."""
+    out = [(k, v) for k, v in re.findall(r"(\w+)=%([\w.\-]+)", attrs)]
+    for k, lst in re.findall(r"(\w+)=\{(%[^}]*)\}", attrs):
+        out += [(k, v) for v in _NAME.findall(lst)]
+    return out
+
+
+def _window(attrs: str, n: int) -> dict:
+    """Parse ``window={size=4x4 stride=2x2 pad=0_1x0_1 lhs_dilate=.. rhs_dilate=..}``; missing
+    fields default to stride 1, pad 0_0, dilation 1."""
+    w = {"stride": [1] * n, "pad": [(0, 0)] * n, "lhs_dilate": [1] * n, "rhs_dilate": [1] * n}
+    m = re.search(r"window=\{([^}]*)\}", attrs)
+    for key, val in re.findall(r"(\w+)=([\d_x\-]+)", m.group(1) if m else ""):
+        if key == "pad":
+            w["pad"] = [tuple(int(v) for v in p.split("_")) for p in val.split("x")]
+        elif key in w:
+            w[key] = [int(v) for v in val.split("x")]
+    return w
+
+
+def replica_groups(attrs: str, n_devices: int) -> list[list[int]]:
+    """The replica groups of a collective's attributes, as lists of partition ids. Spellings:
+    ``{{0,1},{2,3}}``; iota ``[G,S]<=[dims]`` or ``[G,S]<=[dims]T(perm)`` (arange(prod(dims))
+    reshaped to dims, transposed by perm, reshaped to G groups of S); and
+    ``mesh['a'=2,'b'=4](, device_ids=(...)) {'b'}`` (devices reshaped to the mesh, the named
+    axes, or sub-axes ``'b':(pre)size``, moved last, then rows). Missing or ``{}``: one group of all."""
+    m = re.search(r"replica_groups=", attrs)
+    if not m:
+        return [list(range(n_devices))]
+    s = attrs[m.end():]
+    if s.startswith("{"):
+        inner = s[1:_close(s, 0) - 1]
+        groups = [[int(x) for x in g.split(",") if x.strip()] for g in re.findall(r"\{([\d,\s]*)\}", inner)]
+        return groups or [list(range(n_devices))]
+    m = re.match(r"\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", s)
+    if m:
+        out_dims, dims = [int(x) for x in m.group(1).split(",")], [int(x) for x in m.group(2).split(",")]
+        ids = np.arange(math.prod(dims)).reshape(dims)
+        if m.group(3):
+            ids = ids.transpose([int(x) for x in m.group(3).split(",")])
+        return ids.reshape(-1, out_dims[-1]).tolist()
+    m = re.match(r"mesh\[([^\]]*)\](?:,\s*device_ids=\(([^)]*)\))?\s*\{([^}]*)\}", s)
+    if m:
+        return _mesh_groups(m.group(1), m.group(2), m.group(3))
+    raise ValueError(f"replica_groups: unrecognised spelling {s[:80]!r}")
+
+
+def _mesh_groups(axes_text: str, device_ids: str | None, group_text: str) -> list[list[int]]:
+    """Groups of a ``mesh[...] {axes}`` spelling, following XLA's MeshAxesReplicaGroupList: each
+    mesh dim is split into [pre, size, rest] pieces for its sub-axes, the grouped pieces are
+    transposed to the end, and each row of the result is one group."""
+    mesh = [(n, int(v)) for n, v in re.findall(r"'?([\w.\-]+)'?\s*=\s*(\d+)", axes_text)]
+    names = [n for n, _ in mesh]
+    sizes = [v for _, v in mesh]
+    ids = np.array([int(x) for x in re.findall(r"\d+", device_ids)]) if device_ids else np.arange(math.prod(sizes))
+    refs = []  # (mesh dim, pre, size) in the order written; pre None for a whole axis
+    for ref in _split_top(group_text):
+        r = re.match(r"'?([\w.\-]+)'?(?::\((\d+)\)(\d+))?", ref)
+        d = names.index(r.group(1))
+        refs.append((d, int(r.group(2)), int(r.group(3))) if r.group(2) else (d, None, sizes[d]))
+    dims, pos = [], {}
+    for d, full in enumerate(sizes):
+        subs = sorted((r for r in refs if r[0] == d), key=lambda r: r[1] or 1)
+        if not subs or subs[0][1] is None:
+            if subs:
+                pos[subs[0]] = len(dims)
+            dims.append(full)
+            continue
+        done = 1
+        for r in subs:
+            if r[1] != done:
+                dims.append(r[1] // done)
+                done = r[1]
+            pos[r] = len(dims)
+            dims.append(r[2])
+            done *= r[2]
+        if done != full:
+            dims.append(full // done)
+    grouped = [pos[r] for r in refs]
+    rest = [i for i in range(len(dims)) if i not in grouped]
+    size = math.prod(dims[g] for g in grouped)
+    return ids.reshape(dims).transpose(rest + grouped).reshape(-1, size).tolist()
+
+
+def _source_target_pairs(attrs: str) -> list[list[int]]:
+    m = re.search(r"source_target_pairs=\{(.*?\})\}", attrs)
+    return [[int(a), int(b)] for a, b in re.findall(r"\{(\d+),(\d+)\}", m.group(1))] if m else []
+
+
+def _axes_of(groups: list[list[int]], sizes: tuple[int, ...], names: tuple[str, ...], permute: bool):
+    """(axes, group size): the mesh axes (in mesh order) whose coordinate varies within a group.
+    For a collective-permute the groups are (source, target) pairs, self-pairs ignored, and the
+    group size is the product of the sizes of the axes it moves along."""
+    n = math.prod(sizes)
+    varies = [False] * len(sizes)
+    for g in groups:
+        if any(not 0 <= d < n for d in g):
+            raise ValueError(f"mesh_axes {dict(zip(names, sizes))} has {n} devices; the program names device {max(g)}")
+        coords = np.array(np.unravel_index(g, sizes))
+        for k in range(len(sizes)):
+            varies[k] |= bool(len(set(coords[k].tolist())) > 1)
+    axes = tuple(a for a, v in zip(names, varies) if v)
+    if permute:
+        return axes, math.prod(s for s, v in zip(sizes, varies) if v)
+    return axes, len(groups[0]) if groups else 1
+
+
+def parse_hlo(text: str) -> HloProgram:
+    """Parse ``compiled.as_text()`` into an HloProgram. Only the computation blocks are read; the
+    module header and the FileNames/StackFrames tables are skipped."""
+    comps: dict[str, Computation] = {}
+    cur = None
+    m = re.search(r"^HloModule .*?\bnum_partitions=(\d+)", text, re.M)
+    num_partitions = int(m.group(1)) if m else None
+    for line in text.splitlines():
+        if cur is None:
+            m = re.match(r"(ENTRY\s+)?%([^\s(]+)\s*\(.*\{\s*$", line)
+            if m:
+                cur = Computation(m.group(2), is_entry=bool(m.group(1)))
+                comps[cur.name] = cur
+            continue
+        if line.strip() == "}":
+            cur = None
+            continue
+        m = re.match(r"\s*(ROOT\s+)?%([^\s=]+)\s*=\s*(.*)$", line)
+        if m:
+            cur.instructions.append(_instruction(m.group(2), m.group(3), cur.name, bool(m.group(1))))
+    return HloProgram(comps, num_partitions)
+
+
+def _instruction(name: str, rest: str, comp: str, is_root: bool) -> Instruction:
+    if rest.startswith("("):
+        end = _close(rest, 0)
+    else:
+        end = rest.index(" ") if " " in rest else len(rest)
+    shape, rest = rest[:end], rest[end:].lstrip()
+    m = re.match(r"([\w\-]+)\(", rest)
+    if not m:
+        return Instruction(name, shape, rest.split(",")[0], "", "", comp, is_root=is_root)
+    close = _close(rest, m.end() - 1)
+    args, attrs = rest[m.end():close - 1], rest[close:]
+    ins = Instruction(name, shape, m.group(1), args, attrs, comp, is_root=is_root)
+    for piece in _split_top(args):
+        names = _NAME.findall(piece)
+        if names:
+            ins.operands.append(names[-1])
+            ins.inline_shapes.append(piece[: piece.rfind("%")].strip() if "[" in piece else None)
+    return ins
+
+
+def collective_bytes(collectives: list[Collective]) -> dict:
+    """{"total": sum of volume x count, "by_axis": {"fsdp": .., "data+fsdp": .., ...},
+    "by_kind": {"all-gather": .., ...}}: each collective contributes V x count, keyed by its
+    axes joined with "+" (mesh order; "none" for a group of one device)."""
+    out = {"total": 0.0, "by_axis": {}, "by_kind": {}}
+    for c in collectives:
+        v = c.volume * c.count
+        key = "+".join(c.axes) or "none"
+        out["total"] += v
+        out["by_axis"][key] = out["by_axis"].get(key, 0.0) + v
+        out["by_kind"][c.kind] = out["by_kind"].get(c.kind, 0.0) + v
+    return out
+
+
+def memory_report(compiled) -> dict:
+    """memory_analysis() of a compiled program: {"arguments", "outputs", "aliases", "temp",
+    "peak", "generated_code"} in bytes. peak is ``peak_memory_in_bytes`` where the attribute
+    exists and is > 0 (TPU), else None (arguments + outputs + temp - aliases over-states it)."""
+    ma = compiled.memory_analysis()
+    if isinstance(ma, (list, tuple)):
+        ma = ma[0] if ma else None
+    get = (lambda a: getattr(ma, a, None)) if ma is not None else (lambda a: None)
+    peak = get("peak_memory_in_bytes")
+    return {"arguments": get("argument_size_in_bytes"), "outputs": get("output_size_in_bytes"),
+            "aliases": get("alias_size_in_bytes"), "temp": get("temp_size_in_bytes"),
+            "peak": peak if peak and peak > 0 else None, "generated_code": get("generated_code_size_in_bytes")}
+
+
+def read_compiled(compiled, mesh_axes: dict[str, int]) -> dict:
+    """Everything read from one compiled program: {"dot_flops", "collectives", "memory", "cost"}.
+    cost is cost_analysis() as a dict (jax 0.10 returns a dict; older versions a list of one dict
+    per program, of which the first is taken)."""
+    prog = parse_hlo(compiled.as_text())
+    cost = compiled.cost_analysis()
+    if isinstance(cost, (list, tuple)):
+        cost = cost[0] if cost else {}
+    return {"dot_flops": prog.dot_flops(), "collectives": prog.collectives(mesh_axes),
+            "memory": memory_report(compiled), "cost": dict(cost or {})}
