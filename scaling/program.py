@@ -26,29 +26,37 @@ from scaling.hardware import Chip
 
 
 def collective_volumes(
-    cfg: FFNConfig, mesh: MeshShape, batch_tokens: int, step: str = "train", precision: Precision = DEFAULT_PRECISION
+    cfg: FFNConfig,
+    mesh: MeshShape,
+    batch_tokens: int,
+    step: str = "train",
+    precision: Precision = DEFAULT_PRECISION,
+    min_comm_bytes: int = 0,
 ) -> dict[str, dict[str, float]]:
     """Per device, per mesh axis, per collective kind: the summed volume V (bytes) of one step.
 
     Returns {axis: {kind: bytes}} for the axes of size > 1 (see the module docstring for each term).
+    ``min_comm_bytes`` widens narrower element types on the wire: XLA's CPU backend runs bf16
+    all-gathers and all-reduces in f32 (``min_comm_bytes=4``; seen in every CPU compile with jax
+    0.10.2), while TPU moves bf16 as the precision policy says.
     """
     check_divisible(cfg, mesh, batch_tokens)
     if step not in ("train", "forward"):
         raise ValueError(f"step must be 'train' or 'forward', got {step!r}")
     D, F, L = cfg.d_model, cfg.d_ff, cfg.blocks
     X, Y, d = mesh.fsdp, mesh.tensor, mesh.data
-    c, cw = precision.compute, precision.weight_comm
+    c, cw, cg = (max(b, min_comm_bytes) for b in (precision.compute, precision.weight_comm, precision.grad_comm))
     b_loc = batch_tokens / (d * X)
     passes = 2 if step == "train" else 1  # weight gathers / activation all-reduces: forward (+ backward)
     out: dict[str, dict[str, float]] = {}
     if X > 1:
         out["fsdp"] = {"all-gather": passes * L * 2 * cw * D * F / Y}
         if step == "train":
-            out["fsdp"]["reduce-scatter"] = L * 2 * precision.grad_comm * D * F / Y
+            out["fsdp"]["reduce-scatter"] = L * 2 * cg * D * F / Y
     if Y > 1:
         out["tensor"] = {"all-reduce": passes * L * c * b_loc * D}
     if d > 1 and step == "train":
-        out["data"] = {"all-reduce": L * 2 * precision.grad_comm * D * F / (X * Y)}
+        out["data"] = {"all-reduce": L * 2 * cg * D * F / (X * Y)}
     return out
 
 
@@ -78,6 +86,7 @@ def predict(
     chip: Chip | None = None,
     axis_ici: dict | None = None,
     precision: Precision = DEFAULT_PRECISION,
+    min_comm_bytes: int = 0,
 ) -> dict:
     """Everything the closed forms say about one compiled step, per device:
 
@@ -92,7 +101,7 @@ def predict(
     check_remat(remat)
     f = flops.step_flops(cfg, batch_tokens, step, remat, first_block_input_grad=True)
     f = {k: flops.flops_per_device(v, mesh) for k, v in f.items()}
-    vols = collective_volumes(cfg, mesh, batch_tokens, step, precision)
+    vols = collective_volumes(cfg, mesh, batch_tokens, step, precision, min_comm_bytes)
     mem = memory.memory_per_device(cfg, mesh, batch_tokens, remat, precision)
     if step == "forward":
         mem = {k: mem[k] for k in ("master", "transient_weights", "inputs")}

@@ -1,0 +1,158 @@
+"""The FFN stack as a Flax NNX module: L blocks of x·W_in (D×F) then ·W_out (F×D), no biases, run
+with one ``jax.lax.scan`` over the stacked weights so the XLA program holds the block body once and
+compile time does not grow with depth.
+
+Precision (questions-4d.md; Scaling Book training page): master weights are FP32 and stay sharded
+(D over fsdp, F over tensor). Inside the scan body each block's FP32 weight shard is cast to BF16
+*first* and only then gathered over fsdp (``_gather_bf16``), so the FSDP all-gather moves BF16 bytes;
+its custom backward reduce-scatters the BF16 weight gradient back to the shard and only then casts it
+to FP32, so the gradient reduce-scatter moves BF16 bytes too and the gradients are FP32 from there on.
+
+Saved activations (what backward keeps per block; the gathered BF16 weights are never kept, the
+backward gathers them again as FSDP does):
+  none          x (block input, [B,D]) and h (hidden, [B,F]) of every block
+  full          only x of every block (h recomputed: one more forward matmul pair per block)
+  every-second  blocks taken in pairs: the first keeps only x, the second x and h; an odd last
+                block keeps only x (scaling.memory.saved_blocks)
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
+
+from mesh.rules import H_AXES, W_IN_AXES, W_OUT_AXES, X_AXES, logical_to_spec
+from scaling.config import FFNConfig, check_remat
+
+COMPUTE_DTYPE = jnp.bfloat16
+PARAM_DTYPE = jnp.float32
+
+
+def constrain(x, logical_axes):
+    """with_sharding_constraint through the logical-axis table, when a mesh is set (jax.set_mesh);
+    a no-op without one, so the module also runs unsharded."""
+    if jax.sharding.get_abstract_mesh().empty:
+        return x
+    return jax.lax.with_sharding_constraint(x, logical_to_spec(logical_axes))
+
+
+def _gathered(logical_axes):
+    """The logical axes of a weight slice after the FSDP all-gather: embed (D) unsharded."""
+    return tuple(None if a == "embed" else a for a in logical_axes)
+
+
+def to_bf16(w):
+    """FP32 -> BF16 rounded to nearest even: the same values as ``w.astype(jnp.bfloat16)`` for
+    finite w. The rounding is done with integer ops on purpose, and the final convert is exact:
+    XLA:TPU's bfloat16-propagation pass rewrites a plain ``convert(dynamic-slice(W))`` inside the
+    scan into a BF16 copy of the whole stacked W made before the loop (libtpu 0.0.42.1: +2
+    bytes/param/N, 6.9 GB per device for the XXL on v5p 4x4x4). It cannot narrow through a bitcast,
+    so here only one layer's BF16 weights exist at a time."""
+    u = jax.lax.bitcast_convert_type(w.astype(jnp.float32), jnp.uint32)
+    u = (u + jnp.uint32(0x7FFF) + ((u >> 16) & jnp.uint32(1))) & jnp.uint32(0xFFFF0000)
+    return jax.lax.bitcast_convert_type(u, jnp.float32).astype(COMPUTE_DTYPE)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _gather_bf16(w, logical_axes):
+    """FP32 weight shard -> BF16, then gathered over fsdp (the all-gather moves BF16)."""
+    return constrain(to_bf16(w), _gathered(logical_axes))
+
+
+def _gather_bf16_fwd(w, logical_axes):
+    return _gather_bf16(w, logical_axes), None
+
+
+def _gather_bf16_bwd(logical_axes, _, g):
+    # g: BF16 gradient of the gathered weight (partial sums over data·fsdp). Reduce-scatter it to the
+    # weight's shard in BF16, then cast to the FP32 master dtype.
+    return (constrain(g, logical_axes).astype(PARAM_DTYPE),)
+
+
+_gather_bf16.defvjp(_gather_bf16_fwd, _gather_bf16_bwd)
+
+
+def block(x, w_in, w_out, activation=None, hidden_name="hidden"):
+    """One block on one layer's weight shards: x[B,D] bf16 -> (x·W_in) -> act -> ·W_out -> [B,D] bf16.
+    The hidden (before the activation) is tagged ``hidden_name`` for the remat policies."""
+    x = constrain(x, X_AXES)
+    h = x @ _gather_bf16(w_in, W_IN_AXES[1:])
+    h = checkpoint_name(constrain(h, H_AXES), hidden_name)
+    if activation:
+        h = getattr(jax.nn, activation)(h)
+    return constrain(h @ _gather_bf16(w_out, W_OUT_AXES[1:]), X_AXES)
+
+
+def _pair(x, w_in, w_out, activation=None):
+    """Two blocks (w_* [2, ...]): the first keeps only its input, the second its input and hidden."""
+    y = block(x, w_in[0], w_out[0], activation, hidden_name="hidden_recomputed")
+    y = checkpoint_name(y, "block_in")
+    return block(y, w_in[1], w_out[1], activation)
+
+
+# jax.checkpoint policies. The inputs of the checkpointed function (x and the weight shards, which
+# the scan reads from the stacked parameters) are always available to backward; the policies say
+# which intermediates are kept besides. Unnamed values, the gathered BF16 weights included, are
+# recomputed in backward.
+_KEEP_HIDDEN = jax.checkpoint_policies.save_only_these_names("hidden", "block_in")
+_KEEP_INPUT = jax.checkpoint_policies.nothing_saveable
+
+
+def stack_forward(x, w_in, w_out, activation=None, remat="none"):
+    """Run the L blocks with lax.scan over the stacked weights w_in [L,D,F], w_out [L,F,D]."""
+    check_remat(remat)
+    if remat != "every-second":
+        policy = _KEEP_HIDDEN if remat == "none" else _KEEP_INPUT
+        body = jax.checkpoint(functools.partial(block, activation=activation), policy=policy)
+        x, _ = jax.lax.scan(lambda c, w: (body(c, *w), None), x, (w_in, w_out))
+        return x
+    L = w_in.shape[0]
+    pairs = L // 2
+    if pairs:
+        body = jax.checkpoint(functools.partial(_pair, activation=activation), policy=_KEEP_HIDDEN)
+        # [2k, D, F] -> [k, 2, D, F] is free for even L; odd L slices off the last block first.
+        wi = w_in[: 2 * pairs].reshape(pairs, 2, *w_in.shape[1:])
+        wo = w_out[: 2 * pairs].reshape(pairs, 2, *w_out.shape[1:])
+        x, _ = jax.lax.scan(lambda c, w: (body(c, *w), None), x, (wi, wo))
+    if L % 2:
+        last = jax.checkpoint(functools.partial(block, activation=activation), policy=_KEEP_INPUT)
+        x = last(x, w_in[L - 1], w_out[L - 1])
+    return x
+
+
+def init_normal(key, shape, fan_in):
+    """N(0, 1/fan_in) in FP32: keeps the activation scale through a linear block."""
+    return jax.random.normal(key, shape, PARAM_DTYPE) * (fan_in**-0.5)
+
+
+class FFNStack(nnx.Module):
+    """L scanned blocks; parameters w_in [L,D,F] and w_out [L,F,D] (FP32) carry their logical axes
+    in the ``logical_axes`` metadata (mesh.rules turns them into PartitionSpecs)."""
+
+    def __init__(self, cfg: FFNConfig, *, rngs: nnx.Rngs, remat: str = "none"):
+        D, F, L = cfg.d_model, cfg.d_ff, cfg.blocks
+        self.activation = cfg.activation
+        self.remat = check_remat(remat)
+        self.w_in = nnx.Param(init_normal(rngs.params(), (L, D, F), D), logical_axes=W_IN_AXES)
+        self.w_out = nnx.Param(init_normal(rngs.params(), (L, F, D), F), logical_axes=W_OUT_AXES)
+
+    def __call__(self, x_BxD):
+        x_BxD = x_BxD.astype(COMPUTE_DTYPE)
+        return stack_forward(x_BxD, self.w_in[...], self.w_out[...], self.activation, self.remat)
+
+
+def param_specs(state) -> dict:
+    """PartitionSpecs of an nnx.State of Params, from each Param's logical axes (ValueError for a
+    parameter without logical axes or with an axis missing from the table)."""
+
+    def spec(v):
+        axes = v.get_metadata("logical_axes", None) if hasattr(v, "get_metadata") else None
+        if axes is None:
+            raise ValueError(f"parameter {v!r} has no logical axes: every parameter must name its axes")
+        return logical_to_spec(axes)
+
+    return nnx.to_pure_dict(jax.tree.map(spec, state, is_leaf=lambda x: isinstance(x, nnx.Variable)))

@@ -1,0 +1,172 @@
+"""The sharded train state, train step, synthetic data and training loop.
+
+State (a plain pytree, so optax, jit and orbax all see arrays): {"params": {"w_in", "w_out"} FP32,
+"opt": optax.adamw state (FP32 mu and nu, int32 count)} -> 12 bytes/param + 4 bytes stored between
+steps. Every array is created and kept sharded by the logical-axis table (mesh.rules): the state
+shardings are computed from the parameters' logical axes and pinned as out_shardings.
+
+Data: a synthetic regression task that the linear stack can learn. x ~ N(0, 1) [B,D] (BF16) and
+targets y = x·T/sqrt(D) (FP32) for a fixed teacher T ~ N(0, 1) [D,D]; batch ``step`` of seed ``s``
+is the same on every mesh (partitionable threefry), sharded batch over (data, fsdp).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
+
+from ffn_model.model import COMPUTE_DTYPE, FFNStack, param_specs
+from mesh.devices import mesh_shape
+from mesh.rules import X_AXES, logical_to_spec
+from scaling.config import FFNConfig, check_divisible, check_remat, positive_int
+
+
+def make_optimizer(lr: float = 1e-3, weight_decay: float = 1e-4) -> optax.GradientTransformation:
+    """optax AdamW with FP32 moments (mu_dtype float32; nu follows the FP32 gradients)."""
+    return optax.adamw(lr, b1=0.9, b2=0.95, weight_decay=weight_decay, mu_dtype=jnp.float32)
+
+
+def _abstract_model(cfg: FFNConfig, remat: str = "none"):
+    return nnx.eval_shape(lambda: FFNStack(cfg, rngs=nnx.Rngs(0), remat=remat))
+
+
+def state_shardings(cfg: FFNConfig, mesh, tx=None):
+    """(abstract state with shardings, state shardings): ShapeDtypeStructs carrying NamedShardings
+    for every leaf; Adam's mu and nu follow their parameter, the step count is replicated."""
+    tx = tx or make_optimizer()
+    _, abs_params = nnx.split(_abstract_model(cfg), nnx.Param)
+    pspecs = param_specs(abs_params)
+    params = nnx.to_pure_dict(abs_params)
+    opt = jax.eval_shape(tx.init, params)
+    ns = lambda spec: NamedSharding(mesh, spec)  # noqa: E731
+    pshard = jax.tree.map(ns, pspecs)
+    oshard = optax.tree_map_params(tx, lambda _, s: s, opt, pshard,
+                                   transform_non_params=lambda _: ns(PartitionSpec()))
+    shardings = {"params": pshard, "opt": oshard}
+    abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                            {"params": params, "opt": opt}, shardings)
+    return abstract, shardings
+
+
+def init_state(cfg: FFNConfig, mesh, seed: int = 0, tx=None):
+    """The train state, created directly in its shardings (no device holds a full weight)."""
+    tx = tx or make_optimizer()
+    _, shardings = state_shardings(cfg, mesh, tx)
+
+    @functools.partial(jax.jit, out_shardings=shardings)
+    def init():
+        _, params = nnx.split(FFNStack(cfg, rngs=nnx.Rngs(seed)), nnx.Param)
+        params = nnx.to_pure_dict(params)
+        return {"params": params, "opt": tx.init(params)}
+
+    with jax.set_mesh(mesh):
+        return init()
+
+
+def batch_shardings(mesh) -> dict:
+    s = NamedSharding(mesh, logical_to_spec(X_AXES))
+    return {"x": s, "y": s}
+
+
+def batch_structs(cfg: FFNConfig, mesh, batch_tokens: int) -> dict:
+    """ShapeDtypeStructs of one batch: x [B,D] BF16 and y [B,D] FP32, batch over (data, fsdp)."""
+    sh = batch_shardings(mesh)
+    B, D = batch_tokens, cfg.d_model
+    return {"x": jax.ShapeDtypeStruct((B, D), COMPUTE_DTYPE, sharding=sh["x"]),
+            "y": jax.ShapeDtypeStruct((B, D), jnp.float32, sharding=sh["y"])}
+
+
+def make_batch_fn(cfg: FFNConfig, mesh, batch_tokens: int, seed: int = 0):
+    """step -> batch (jitted, sharded). Deterministic in (seed, step), independent of the mesh."""
+    B, D = batch_tokens, cfg.d_model
+
+    @functools.partial(jax.jit, out_shardings=batch_shardings(mesh))
+    def batch(step):
+        k_teacher, k_data = jax.random.split(jax.random.key(seed))
+        teacher = jax.random.normal(k_teacher, (D, D), jnp.float32)
+        x = jax.random.normal(jax.random.fold_in(k_data, step), (B, D), jnp.float32).astype(COMPUTE_DTYPE)
+        y = jnp.dot(x.astype(jnp.float32), teacher, precision="highest") * D**-0.5
+        return {"x": x, "y": y}
+
+    return batch
+
+
+def _loss(graphdef, params, batch):
+    """Mean squared error in FP32 of the stack's BF16 output against the FP32 targets."""
+    pred = nnx.merge(graphdef, params)(batch["x"])
+    return jnp.mean(jnp.square(pred.astype(jnp.float32) - batch["y"]))
+
+
+def _with_mesh(mesh, fn):
+    """Call ``fn`` with ``mesh`` set, so the model's sharding constraints resolve while tracing."""
+
+    @functools.wraps(fn)
+    def call(*args):
+        with jax.set_mesh(mesh):
+            return fn(*args)
+
+    call.lower = lambda *args: _lower(mesh, fn, *args)
+    return call
+
+
+def _lower(mesh, fn, *args):
+    with jax.set_mesh(mesh):
+        return fn.lower(*args)
+
+
+def make_train_step(cfg: FFNConfig, mesh, remat: str = "none", tx=None):
+    """(state, batch) -> (state, loss): value_and_grad of the loss, AdamW update. Jitted with the
+    state donated and out_shardings pinned to the state shardings (loss replicated)."""
+    check_remat(remat)
+    tx = tx or make_optimizer()
+    graphdef, _ = nnx.split(_abstract_model(cfg, remat), nnx.Param)
+    _, shardings = state_shardings(cfg, mesh, tx)
+
+    def step(state, batch):
+        loss, grads = jax.value_and_grad(functools.partial(_loss, graphdef))(state["params"], batch)
+        updates, opt = tx.update(grads, state["opt"], state["params"])
+        return {"params": optax.apply_updates(state["params"], updates), "opt": opt}, loss
+
+    jitted = jax.jit(step, donate_argnums=(0,),
+                     out_shardings=(shardings, NamedSharding(mesh, PartitionSpec())))
+    return _with_mesh(mesh, jitted)
+
+
+def make_forward_step(cfg: FFNConfig, mesh, remat: str = "none"):
+    """(params, batch) -> loss: the forward pass only (no gradients)."""
+    graphdef, _ = nnx.split(_abstract_model(cfg, remat), nnx.Param)
+    jitted = jax.jit(functools.partial(_loss, graphdef), out_shardings=NamedSharding(mesh, PartitionSpec()))
+    return _with_mesh(mesh, jitted)
+
+
+def train_loop(state, step_fn, batch_fn, steps: int, batch_tokens: int, start_step: int = 0, log=None):
+    """Run ``steps`` steps from ``start_step``; returns (losses, state). ``log(step, loss,
+    tokens_per_s)`` is called after each step (the first step's time includes compilation)."""
+    losses = []
+    for i in range(start_step, start_step + steps):
+        t0 = time.perf_counter()
+        state, loss = step_fn(state, batch_fn(i))
+        loss = float(loss)  # waits for the step
+        losses.append(loss)
+        if log is not None:
+            log(i, loss, batch_tokens / (time.perf_counter() - t0))
+    return losses, state
+
+
+def train(cfg: FFNConfig, mesh, batch_tokens: int, steps: int, lr: float = 1e-3, seed: int = 0,
+          remat: str = "none", log=None, return_state: bool = False):
+    """Create the state, train for ``steps`` steps on the synthetic task and return the per-step
+    losses (and the final state with ``return_state=True``)."""
+    positive_int("steps", steps)
+    check_divisible(cfg, mesh_shape(mesh), batch_tokens)
+    tx = make_optimizer(lr)
+    state = init_state(cfg, mesh, seed, tx)
+    losses, state = train_loop(state, make_train_step(cfg, mesh, remat, tx),
+                               make_batch_fn(cfg, mesh, batch_tokens, seed), steps, batch_tokens, log=log)
+    return (losses, state) if return_state else losses

@@ -1,0 +1,97 @@
+"""mesh: the logical-axis table, meshes over emulated CPU devices and TPU topologies, bad specs."""
+
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import AxisType, PartitionSpec as P
+
+import mesh
+from mesh import devices as mesh_devices
+from scaling.config import MeshShape
+
+
+def test_rules_table_and_specs():
+    assert mesh.LOGICAL_RULES == {"batch": ("data", "fsdp"), "embed": "fsdp", "mlp": "tensor",
+                                  "layers": None, "act_embed": None}
+    assert mesh.logical_to_spec(("layers", "embed", "mlp")) == P(None, "fsdp", "tensor")  # W_in [L,D,F]
+    assert mesh.logical_to_spec(("layers", "mlp", "embed")) == P(None, "tensor", "fsdp")  # W_out [L,F,D]
+    assert mesh.logical_to_spec(("batch", "act_embed")) == P(("data", "fsdp"), None)  # x [B,D]
+    assert mesh.logical_to_spec(("batch", "mlp")) == P(("data", "fsdp"), "tensor")  # h [B,F]
+
+
+def test_unknown_logical_axis_is_an_error():
+    with pytest.raises(ValueError, match="'heads' has no sharding rule"):
+        mesh.logical_to_spec(("batch", "heads"))
+    with pytest.raises(ValueError, match="twice"):
+        mesh.logical_to_spec(("embed", "embed"))
+
+
+def test_import_without_jax():
+    code = "import sys, mesh, mesh.rules; assert 'jax' not in sys.modules, 'mesh imported jax'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("spec, shape", [
+    ("fsdp=8", (1, 8, 1)), ("tensor=8", (1, 1, 8)), ("fsdp=4,tensor=2", (1, 4, 2)),
+    ("data=2,fsdp=2,tensor=2", (2, 2, 2)), ("tensor=2,fsdp=-1", (1, 4, 2)),
+    (MeshShape(data=2, fsdp=4), (2, 4, 1)),
+])
+def test_cpu_meshes(spec, shape):
+    m = mesh.make_mesh(spec, "cpu:8")
+    assert m.axis_names == ("data", "fsdp", "tensor")
+    assert m.devices.shape == shape
+    assert all(t == AxisType.Auto for t in m.axis_types)
+    assert sorted(d.id for d in m.devices.flat) == list(range(8))
+
+
+def test_real_devices_and_device_lists():
+    assert mesh.make_mesh("fsdp=8").devices.size == len(jax.devices()) == 8
+    one = mesh.make_mesh("fsdp=1", jax.devices()[:1])
+    assert one.devices.shape == (1, 1, 1)
+
+
+@pytest.mark.parametrize("spec, devices, match", [
+    ("expert=8", "cpu:8", "unknown mesh axis 'expert'"),
+    ("fsdp=4", "cpu:8", "4 devices .* but 8 devices"),
+    ("fsdp=16", "cpu:8", "16 devices .* but 8 devices"),
+    ("fsdp=0,tensor=8", "cpu:8", "must be positive"),
+    ("fsdp", "cpu:8", "must be axis=size"),
+    ("fsdp=4", "cpu:4", "already running with 8 devices"),  # backend is up with 8 (conftest)
+    ("fsdp=8", "cpu:x", "cpu:N"),
+    ("fsdp=8", "gpu:8", "unknown devices 'gpu:8'"),
+    ("fsdp=8", "tpu:v5p-7", "bad v5p slice name"),
+])
+def test_bad_specs(spec, devices, match):
+    with pytest.raises(ValueError, match=match):
+        mesh.make_mesh(spec, devices)
+
+
+def test_tpu_topology_without_libtpu(monkeypatch):
+    monkeypatch.setattr(mesh_devices, "has_libtpu", lambda: False)
+    with pytest.raises(ValueError, match=r"install the tpu extra"):
+        mesh.make_mesh("fsdp=16,tensor=4", "tpu:v5p:4x4x4")
+
+
+@pytest.mark.tpu
+@pytest.mark.parametrize("devices", ["tpu:v5p:4x4x4", "tpu:v5p-128", "v5p-128", "tpu:4x4x4"])
+def test_tpu_topology_mesh(devices):
+    m = mesh.make_mesh("fsdp=16,tensor=4", devices)
+    assert m.devices.shape == (1, 16, 4)
+    assert {d.platform for d in m.devices.flat} == {"tpu"}
+    # tensor spans one physical axis (a ring of 4), fsdp the other two (4x4 chips).
+    coords = np.array([[d.coords for d in row] for row in m.devices[0]])  # [16, 4, 3]
+    tensor_line, fsdp_line = coords[0, :, :], coords[:, 0, :]
+    assert sum(len(set(tensor_line[:, k])) > 1 for k in range(3)) == 1
+    assert sum(len(set(fsdp_line[:, k])) > 1 for k in range(3)) == 2
+
+
+@pytest.mark.tpu
+@pytest.mark.parametrize("name, chips", [("v5p-8", 4), ("v5p-16", 8), ("v5p-64", 32), ("v5p-256", 128)])
+def test_tpu_slice_names(name, chips):
+    m = mesh.make_mesh(f"fsdp={chips}", f"tpu:{name}")
+    assert m.devices.size == chips
+    with pytest.raises(ValueError, match=f"but {chips} devices"):
+        mesh.make_mesh(f"fsdp={2 * chips}", name)
