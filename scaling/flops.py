@@ -55,6 +55,18 @@ def step_flops(
     return terms
 
 
+def first_block_dx_computed(blocks: int, remat: str = "none") -> bool:
+    """Whether the compiled program computes block 0's unused input gradient (dx = dh·W_in^T).
+
+    The stack is a scan (ffn_model.model.stack_forward): one body for every trip, so the body's dx
+    is computed for block 0 too and dropped. Under every-second remat the scan runs over pairs.
+    A scan of a single trip is inlined by XLA (its while-loop simplifier) and the dead dx removed.
+    So: True iff the scan holding block 0 has more than one trip: L > 1, or L//2 > 1 for
+    every-second. (Observed in the compiled HLO: tiny preset, L=3, every-second: one pair, no dx.)
+    """
+    return (blocks // 2 if remat == "every-second" else blocks) > 1
+
+
 def flops_per_device(flops: float, mesh: MeshShape) -> float:
     """The work divides evenly over N = data·fsdp·tensor devices: FLOPs / N."""
     return flops / mesh.devices

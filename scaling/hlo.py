@@ -15,7 +15,8 @@ What is parsed (verified on jax 0.10.2 / libtpu 0.0.42.1, CPU and TPU v5p HLO):
   (each branch of a conditional counts as taken; async-done is not a second call);
 - while trip counts: ``backend_config={..."known_trip_count":{"n":"5"}}`` (CPU), else the bound in
   the condition ``compare(iv, constant(n)), direction=LT`` (TPU; also through a wrapped
-  compare fusion), minus the loop's initial induction value when that is a constant;
+  compare fusion), minus the loop's initial induction value when that is a constant, divided by
+  the constant the body adds to it (TPU's windowed-einsum loops are unrolled twice: step 2);
 - replica groups in three spellings: ``{{0,1},{2,3}}``, iota ``[4,2]<=[4,2]T(1,0)``, and
   ``mesh['axis_0'=2,'axis_1'=4] {'axis_1'}`` (a mesh the compiler made, with its own axis names and
   optional ``device_ids=(...)`` and sub-axes ``'a':(1)2``); ``source_target_pairs`` for permutes.
@@ -207,9 +208,11 @@ class HloProgram:
         return None
 
     def _trip_count(self, loop: Instruction) -> tuple[int, str]:
-        """Trips of a while loop: backend_config known_trip_count (CPU), else the condition's
-        ``compare(iv, constant(n)), direction=LT`` (LE: n+1; GT/GE with the constant on the left),
-        less the induction variable's initial value when the loop's init tuple gives a constant."""
+        """Trips of a while loop: backend_config known_trip_count (CPU), else from the condition's
+        ``compare(iv, constant(n)), direction=LT`` (LE: n+1; GT/GE with the constant on the left):
+        ceil((n - init) / step), where init is the induction variable's constant in the loop's init
+        tuple (0 when not a constant: lax.scan starts at 0) and step the constant the body adds to it
+        (1 when not read; TPU's windowed-einsum loops are unrolled twice and step by 2)."""
         m = re.search(r'"known_trip_count":\{"n":"(\d+)"', loop.attrs)
         if m:
             return int(m.group(1)), "known_trip_count"
@@ -228,21 +231,55 @@ class HloProgram:
             n, iv = a + (direction == "GE"), root.operands[1]
         else:
             return 1, "unknown"
-        return max(n - self._init_value(loop, iv), 0), "condition"
+        k = self._iv_index(iv)
+        init, step = self._init_value(loop, k), self._step(loop, k)
+        return max(-(-(n - init) // step), 0), "condition"
 
-    def _init_value(self, loop: Instruction, iv: str) -> int:
-        """Initial value of the loop's induction variable: the constant at its tuple index in the
-        while's init tuple; 0 when it cannot be read (lax.scan starts at 0)."""
+    def _iv_index(self, iv: str) -> int | None:
+        """Tuple index of the loop state that the condition compares: ``get-tuple-element(param),
+        index=k``, seen through a wrapped compare fusion's parameter."""
         ins = self.instructions.get(iv)
         if ins is not None and ins.opcode == "parameter":  # iv passed into a wrapped compare fusion
             sites = [s for s, _ in self.callers.get(ins.computation, []) if s.opcode == "fusion"]
             ins = self.instructions.get(sites[0].operands[int(ins.args)]) if len(sites) == 1 else None
         m = re.search(r"index=(\d+)", ins.attrs) if ins is not None and ins.opcode == "get-tuple-element" else None
+        return int(m.group(1)) if m else None
+
+    def _init_value(self, loop: Instruction, k: int | None) -> int:
+        """Initial value of loop-state element k: the constant at index k of the while's init
+        tuple; 0 when it cannot be read (lax.scan starts at 0)."""
         init = self.instructions.get(loop.operands[0]) if loop.operands else None
-        if m and init is not None and init.opcode == "tuple" and int(m.group(1)) < len(init.operands):
-            v = self._const(init.operands[int(m.group(1))])
+        if k is not None and init is not None and init.opcode == "tuple" and k < len(init.operands):
+            v = self._const(init.operands[k])
             return v if v is not None else 0
         return 0
+
+    def _step(self, loop: Instruction, k: int | None) -> int:
+        """What the body adds to loop-state element k per trip: the body's root tuple holds
+        ``add(get-tuple-element(param, index=k), constant(s))`` at index k (the element seen through
+        copies, bitcasts and converts) -> s; else 1."""
+        body = self.computations.get(dict(_callees(loop.attrs)).get("body"))
+        root = body.root if body is not None else None
+        if k is None or root is None or root.opcode != "tuple" or k >= len(root.operands):
+            return 1
+        upd = self.instructions.get(root.operands[k])
+        if upd is None or upd.opcode != "add" or len(upd.operands) != 2:
+            return 1
+        for x, y in (upd.operands, upd.operands[::-1]):
+            src, s = self.instructions.get(x), self._const(y)
+            while src is not None and src.opcode in ("copy", "bitcast", "convert") and src.operands:
+                src = self.instructions.get(src.operands[0])
+            if src is not None and src.opcode == "get-tuple-element" and re.search(rf"index={k}\b", src.attrs) and s and s > 0:
+                return s
+        return 1
+
+    def windowed_einsum_loops(self, kind: str = "rs") -> list[str]:
+        """While loops that XLA's SPMD partitioner made for a windowed einsum (a matmul split into
+        chunks that travel a ring as collective-permutes, overlapping the collective with the
+        math): body computations named ``windowed_dot_general_body_<kind>`` (``rs``: the matmul's
+        result is reduce-scattered; ``ag``: an operand is all-gathered)."""
+        return [name for name in self.trip_counts
+                if f"windowed_dot_general_body_{kind}" in dict(_callees(self.instructions[name].attrs)).get("body", "")]
 
     # --- FLOPs -------------------------------------------------------------------------------
     def dot_flops(self) -> float:
@@ -406,7 +443,7 @@ def replica_groups(attrs: str, n_devices: int) -> list[list[int]]:
     """The replica groups of a collective's attributes, as lists of partition ids. Spellings:
     ``{{0,1},{2,3}}``; iota ``[G,S]<=[dims]`` or ``[G,S]<=[dims]T(perm)`` (arange(prod(dims))
     reshaped to dims, transposed by perm, reshaped to G groups of S); and
-    ``mesh['a'=2,'b'=4](, device_ids=(...)) {'b'}`` (devices reshaped to the mesh, the named
+    ``mesh['a'=2,'b'=4](, device_ids=(...) or ([dims]T(perm))) {'b'}`` (devices reshaped to the mesh, the named
     axes, or sub-axes ``'b':(pre)size``, moved last, then rows). Missing or ``{}``: one group of all."""
     m = re.search(r"replica_groups=", attrs)
     if not m:
@@ -416,17 +453,24 @@ def replica_groups(attrs: str, n_devices: int) -> list[list[int]]:
         inner = s[1:_close(s, 0) - 1]
         groups = [[int(x) for x in g.split(",") if x.strip()] for g in re.findall(r"\{([\d,\s]*)\}", inner)]
         return groups or [list(range(n_devices))]
-    m = re.match(r"\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", s)
+    m = re.match(r"\[([\d,]+)\]<=(\[[\d,]+\](?:T\([\d,]+\))?)", s)
     if m:
-        out_dims, dims = [int(x) for x in m.group(1).split(",")], [int(x) for x in m.group(2).split(",")]
-        ids = np.arange(math.prod(dims)).reshape(dims)
-        if m.group(3):
-            ids = ids.transpose([int(x) for x in m.group(3).split(",")])
-        return ids.reshape(-1, out_dims[-1]).tolist()
-    m = re.match(r"mesh\[([^\]]*)\](?:,\s*device_ids=\(([^)]*)\))?\s*\{([^}]*)\}", s)
+        return _iota(m.group(2)).reshape(-1, int(m.group(1).split(",")[-1])).tolist()
+    m = re.match(r"mesh\[([^\]]*)\](?:,\s*device_ids=\((\[[\d,]+\](?:T\([\d,]+\))?|[^)]*)\))?\s*\{([^}]*)\}", s)
     if m:
         return _mesh_groups(m.group(1), m.group(2), m.group(3))
     raise ValueError(f"replica_groups: unrecognised spelling {s[:80]!r}")
+
+
+def _iota(text: str) -> np.ndarray:
+    """``[dims]`` or ``[dims]T(perm)``: arange(prod(dims)) reshaped to dims, transposed by perm,
+    flattened (XLA's iota tile assignment, used for replica groups and device_ids)."""
+    m = re.match(r"\[([\d,]+)\](?:T\(([\d,]+)\))?", text)
+    dims = [int(x) for x in m.group(1).split(",")]
+    ids = np.arange(math.prod(dims)).reshape(dims)
+    if m.group(2):
+        ids = ids.transpose([int(x) for x in m.group(2).split(",")])
+    return ids.reshape(-1)
 
 
 def _mesh_groups(axes_text: str, device_ids: str | None, group_text: str) -> list[list[int]]:
@@ -436,7 +480,8 @@ def _mesh_groups(axes_text: str, device_ids: str | None, group_text: str) -> lis
     mesh = [(n, int(v)) for n, v in re.findall(r"'?([\w.\-]+)'?\s*=\s*(\d+)", axes_text)]
     names = [n for n, _ in mesh]
     sizes = [v for _, v in mesh]
-    ids = np.array([int(x) for x in re.findall(r"\d+", device_ids)]) if device_ids else np.arange(math.prod(sizes))
+    ids = _iota(device_ids) if device_ids and device_ids.startswith("[") else (
+        np.array([int(x) for x in re.findall(r"\d+", device_ids)]) if device_ids else np.arange(math.prod(sizes)))
     refs = []  # (mesh dim, pre, size) in the order written; pre None for a whole axis
     for ref in _split_top(group_text):
         r = re.match(r"'?([\w.\-]+)'?(?::\((\d+)\)(\d+))?", ref)
@@ -561,7 +606,8 @@ def memory_report(compiled) -> dict:
 
 
 def read_compiled(compiled, mesh_axes: dict[str, int]) -> dict:
-    """Everything read from one compiled program: {"dot_flops", "collectives", "memory", "cost"}.
+    """Everything read from one compiled program: {"dot_flops", "collectives", "windowed_rs_loops",
+    "memory", "cost"}.
     cost is cost_analysis() as a dict (jax 0.10 returns a dict; older versions a list of one dict
     per program, of which the first is taken)."""
     prog = parse_hlo(compiled.as_text())
@@ -569,4 +615,5 @@ def read_compiled(compiled, mesh_axes: dict[str, int]) -> dict:
     if isinstance(cost, (list, tuple)):
         cost = cost[0] if cost else {}
     return {"dot_flops": prog.dot_flops(), "collectives": prog.collectives(mesh_axes),
+            "windowed_rs_loops": prog.windowed_einsum_loops("rs"),
             "memory": memory_report(compiled), "cost": dict(cost or {})}

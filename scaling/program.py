@@ -12,6 +12,13 @@ data·fsdp; block input x[B,D] replicated over tensor; hidden h[B,F] split F ove
             dW_in, dW_out: partial sums over data·fsdp ->
             reduce-scatter (bf16) over fsdp               V = 2·(2·D·F/Y)          [FSDP grads]
             all-reduce of the fsdp shard over data        V = 2·(2·D·F/(X·Y))      [DP grads]
+  loss      all-reduce of the f32 loss over data·fsdp     V = 4                    [loss]
+Block 0's input gradient is dead; the program computes it (and its TP all-reduce) only when block 0
+sits in a scan of more than one trip (scaling.flops.first_block_dx_computed).
+When XLA implements the gradient reduce-scatter as a windowed einsum (TPU, large weights: the dW
+matmul is split into X chunks that travel a bidirectional ring as collective-permutes, X/2 steps
+× 2 directions, then one more hop for the two partial sums to meet), it moves X+1 chunks of V/X:
+                                                  V = 2·(2·D·F/Y)·(X+1)/X  [FSDP grads, windowed]
 V is the Scaling Book's volume (the full array a collective spans on each device; sharding page);
 time = V/(M·W_ici) for AG/RS, 2× for all-reduce (scaling.collectives).
 Sources: Scaling Book training page (FSDP+TP per-layer communication 4·D·F/Y and 4·B·D/X);
@@ -32,6 +39,8 @@ def collective_volumes(
     step: str = "train",
     precision: Precision = DEFAULT_PRECISION,
     min_comm_bytes: int = 0,
+    windowed_grad_rs: bool = False,
+    remat: str = "none",
 ) -> dict[str, dict[str, float]]:
     """Per device, per mesh axis, per collective kind: the summed volume V (bytes) of one step.
 
@@ -51,12 +60,20 @@ def collective_volumes(
     out: dict[str, dict[str, float]] = {}
     if X > 1:
         out["fsdp"] = {"all-gather": passes * L * 2 * cw * D * F / Y}
-        if step == "train":
+        if step == "train" and windowed_grad_rs:
+            out["fsdp"]["collective-permute"] = L * 2 * cg * D * F / Y * (X + 1) / X
+        elif step == "train":
             out["fsdp"]["reduce-scatter"] = L * 2 * cg * D * F / Y
     if Y > 1:
-        out["tensor"] = {"all-reduce": passes * L * c * b_loc * D}
+        # backward skips block 0's dx all-reduce where the program drops that dead dx (flops.first_block_dx_computed)
+        n_ar = passes * L - (step == "train" and not flops.first_block_dx_computed(L, remat))
+        out["tensor"] = {"all-reduce": n_ar * c * b_loc * D}
     if d > 1 and step == "train":
         out["data"] = {"all-reduce": L * 2 * cg * D * F / (X * Y)}
+    if d * X > 1:  # the loss: mean over the batch, an all-reduce of one f32 scalar over data+fsdp
+        key = "+".join(a for a, n in (("data", d), ("fsdp", X)) if n > 1)
+        out.setdefault(key, {})
+        out[key]["all-reduce"] = out[key].get("all-reduce", 0.0) + 4
     return out
 
 
@@ -73,7 +90,9 @@ def comm_times(volumes: dict, chip: Chip, axis_ici: dict[str, tuple[list[int], b
     times = {}
     for axis, kinds in volumes.items():
         lens, wrap = axis_ici.get(axis, ([2], True))
-        times[axis] = sum(collectives.collective_time(k, v, lens, w, wrap, t_hop=0.0) for k, v in kinds.items())
+        # a windowed-einsum reduce-scatter (collective-permutes round a bidirectional ring) is timed as one
+        times[axis] = sum(collectives.collective_time("reduce-scatter" if k == "collective-permute" else k,
+                                                      v, lens, w, wrap, t_hop=0.0) for k, v in kinds.items())
     return times
 
 
@@ -87,25 +106,26 @@ def predict(
     axis_ici: dict | None = None,
     precision: Precision = DEFAULT_PRECISION,
     min_comm_bytes: int = 0,
+    windowed_grad_rs: bool = False,
 ) -> dict:
     """Everything the closed forms say about one compiled step, per device:
 
     flops      matmul FLOPs per device, term by term (scaling.flops; the scan computes the first
                block's unused input gradient, so it is counted here)
-    collectives  V per axis and kind (collective_volumes)
-    memory     bytes per device, term by term (scaling.memory); a forward step keeps only the
-               master weights and the gathered transients
+    collectives  V per axis and kind (collective_volumes; ``windowed_grad_rs`` as there)
+    memory     bytes per device, term by term (scaling.memory.memory_per_device; a forward step:
+               memory.forward_memory_per_device)
     times      T_math = FLOPs/C; T_comms per axis; step time in the sum form (comms after math:
                T_math + Σ T_axis) and the max form (overlapped: max(T_math, T_axis...)); bound
     """
     check_remat(remat)
-    f = flops.step_flops(cfg, batch_tokens, step, remat, first_block_input_grad=True)
+    f = flops.step_flops(cfg, batch_tokens, step, remat, first_block_input_grad=flops.first_block_dx_computed(cfg.blocks, remat))
     f = {k: flops.flops_per_device(v, mesh) for k, v in f.items()}
-    vols = collective_volumes(cfg, mesh, batch_tokens, step, precision, min_comm_bytes)
-    mem = memory.memory_per_device(cfg, mesh, batch_tokens, remat, precision)
+    vols = collective_volumes(cfg, mesh, batch_tokens, step, precision, min_comm_bytes, windowed_grad_rs, remat)
     if step == "forward":
-        mem = {k: mem[k] for k in ("master", "transient_weights", "inputs")}
-        mem["total"] = sum(mem.values())
+        mem = memory.forward_memory_per_device(cfg, mesh, batch_tokens, precision)
+    else:
+        mem = memory.memory_per_device(cfg, mesh, batch_tokens, remat, precision, windowed_grad_rs)
     res = {"flops": f, "collectives": vols, "collective_bytes": axis_bytes(vols), "memory": mem}
     if chip is not None:
         t_math = f["total"] / chip.bf16_flops

@@ -227,6 +227,8 @@ def _one_collective(line, axes=AXES):
     ("mesh['a'=8] {'a':(2)2}", ("fsdp",), 2),                  # sub-axis: [8] -> [2,2,2], middle
     # explicit device order [[0,4,1,5],[2,6,3,7]], grouped over x: {0,2},{4,6},{1,3},{5,7}
     ("mesh['x'=2,'y'=4], device_ids=(0,4,1,5,2,6,3,7) {'x'}", ("fsdp",), 2),
+    # the same device order written as an iota, [2,4]T(1,0) -> 0,4,1,5,2,6,3,7 (seen on CPU, jax 0.10.2)
+    ("mesh['x'=2,'y'=4], device_ids=([2,4]T(1,0)) {'x'}", ("fsdp",), 2),
 ])
 def test_replica_group_spellings(groups, axes, size):
     c = _one_collective(f"%ar = f32[8,16]{{1,0}} all-reduce(f32[8,16]{{1,0}} %p), channel_id=1, "
@@ -313,6 +315,20 @@ def test_async_pairs_counted_once_in_a_loop():
     assert s["by_kind"] == {"all-gather": 6 * 2 * 8 * 16 * 2, "all-reduce": 6 * 8 * 16 * 2}
     with pytest.raises(ValueError, match="num_partitions=8"):
         prog.collectives({"data": 2, "fsdp": 2})  # not the mesh the program was compiled for
+
+
+def test_unrolled_loop_steps_by_two():
+    # XLA:TPU unrolls a windowed-einsum loop twice: the body adds 2 (through a copy) to the
+    # induction variable, so "i < 8" from i = 0 runs 4 trips, not 8 (fsdp=16: 4 trips x 2 unrolled
+    # steps x 2 ring directions = 16 chunks).
+    text = ASYNC_LOOP.replace("%one = s32[] constant(1)", "%one = s32[] constant(2)") \
+        .replace("%j = s32[] add(%i, %one)", "%ic = s32[] copy(%i)\n  %j = s32[] add(%ic, %one)") \
+        .replace("%n = s32[] constant(7)", "%n = s32[] constant(8)").replace("%z = s32[] constant(1)", "%z = s32[] constant(0)")
+    prog = hlo.parse_hlo(text)
+    assert prog.trip_counts == {"loop": (4, "condition")}
+    assert prog.dot_flops() == 2 * 8 * 16 * 16 * 4
+    # an odd bound rounds up: i = 0, 2, 4, 6 < 7 is 4 trips
+    assert hlo.parse_hlo(text.replace("%n = s32[] constant(8)", "%n = s32[] constant(7)")).trip_counts["loop"] == (4, "condition")
 
 
 def test_convolution_flops():
