@@ -114,7 +114,8 @@ def check(
         "arguments": _row(args_cf, gm["arguments"],
                           "fp32 master (+ Adam mu, nu and the int32 step count) + the batch (bf16 x, fp32 y)"),
         "peak": _row(m["total"], gm["peak"],
-                     "16 B/param/N + saved activations + gathered bf16 weights of two blocks + the batch"
+                     "16 B/param/N + saved activations + the batch + gathered bf16 weights: "
+                     + ("one matrix (windowed-einsum backward)" if windowed else "two blocks' W_in, W_out")
                      if step == "train" else "master weights + one gathered bf16 weight matrix + one block's activations + the batch"),
         "temp": _row(None, gm["temp"]),
         "outputs": _row(None, gm["outputs"]),
