@@ -49,6 +49,9 @@ def _tpu_topology_devices(name: str) -> list:
             f"devices 'tpu:{name}' need libtpu to compile for a TPU topology; "
             "install the tpu extra: pip install -e '.[tpu]'"
         )
+    # Ahead-of-time compilation touches no TPU: let several processes (pytest and a notebook kernel,
+    # say) load libtpu at once instead of failing on its /tmp/libtpu_lockfile.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     from jax.experimental import topologies
 
     topo_name = "v5p:" + "x".join(str(d) for d in dims)

@@ -3,6 +3,8 @@
 import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# AOT compiles for TPU topologies load libtpu in this process and in notebook kernels it starts
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

@@ -54,3 +54,22 @@ def test_plan_cli_json():
     r = subprocess.run([sys.executable, "-m", "scaling", "plan", "--json", "--top", "3"], capture_output=True, text=True, timeout=60)
     j = json.loads(r.stdout)
     assert len(j["plans"]) == 3 and j["count"] == 5
+
+
+@pytest.mark.tpu
+def test_verify_top_plan_compiles_and_fits(capsys):
+    """The planner's top plan for the XXL on v5p-64 at the question's batch (25,600 tokens) is
+    fsdp=16, tensor=4 (the question's own split), and the compiler's peak for it on the real
+    v5p:4x4x4 topology fits the 95 GB budget."""
+    import json
+
+    from scaling.__main__ import main
+
+    assert main(["plan", "--chips", "64", "--preset", "xxl", "--batch-tokens", "25600",
+                 "--verify-top", "1", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    top = out["plans"][0]
+    assert (top["mesh"]["data"], top["mesh"]["fsdp"], top["mesh"]["tensor"]) == (1, 16, 4)
+    assert top["compiled_fits"] is True
+    assert top["compiled_peak_bytes"] <= 95e9
+    assert top["bound"] == "compute"
