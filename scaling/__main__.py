@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 
@@ -39,6 +40,7 @@ def _plan(args) -> int:
     if not plans:
         raise ValueError(f"no mesh of {args.chips} chips fits {cfg} in --hbm {args.hbm or chip.hbm_bytes:.3g} bytes")
     if args.verify_top:
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")  # ahead-of-time TPU compiles on this machine
         from scaling.check import verify_plans
 
         verify_plans(plans[: args.verify_top], cfg, chip, args.chips, args.remat, args.hbm)
@@ -68,16 +70,23 @@ def _check(args) -> int:
     from scaling.config import get_preset
 
     cfg = get_preset(args.preset).replace(d_model=args.d_model, d_ff=args.d_ff, blocks=args.blocks)
+    if str(args.devices).strip().lower().startswith(("cpu:", "tpu:", "v5p")):
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")  # emulated or ahead-of-time devices: probe no accelerator
     print(f"compiling the {args.step} step for {args.devices} ...", file=sys.stderr, flush=True)
     rep = check(cfg, args.devices, args.mesh, args.batch_tokens, args.remat, args.step, args.chip)
     print(json.dumps(rep, indent=2, default=str) if args.json else render(rep))
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line on stderr, exit 2 (argparse's own status for bad usage)
+        self.exit(2, f"error: {self.prog}: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from scaling.answers import QUESTION as Q
 
-    p = argparse.ArgumentParser(prog="python -m scaling", description=__doc__)
+    p = _Parser(prog="python -m scaling", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
     a = sub.add_parser("answer", help="answers to the 4D-parallelism questions (a)-(d), derived")
     a.add_argument("--d-model", type=int, default=Q["d_model"], help="D (default %(default)s)")

@@ -99,3 +99,41 @@ def test_tpu_xxl_train_step():
     # XLA:TPU runs the gradient reduce-scatter of these weights as a windowed einsum
     assert rep["config"]["windowed_grad_rs"]
     assert rep["collectives"]["by_kind"]["collective-permute"] > 0
+
+
+def test_check_cli_json():
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    # cpu:8 needs 8 emulated devices in a fresh process: mesh.make_mesh sets jax_num_cpu_devices
+    out = subprocess.run([sys.executable, "-m", "scaling", "check", "--devices", "cpu:8", "--mesh",
+                          "data=2,fsdp=2,tensor=2", "--preset", "small", "--batch-tokens", "4096", "--json"],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rep = json.loads(out.stdout)
+    rows = [rep["flops"]["matmul"], rep["memory"]["arguments"], rep["memory"]["peak"], rep["collectives"]["total_bytes"]]
+    rows += [rep["collectives"]["by_axis"][a] for a in ("data", "fsdp", "tensor")]
+    for row in rows:
+        assert {"closed_form", "compiled", "ratio"} <= set(row)
+    assert rep["memory"]["peak"]["ratio"] is None  # XLA:CPU's peak is shown, not compared
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["--preset", "nope"], "preset"),
+    (["--mesh", "fsdp=3"], "fsdp"),
+    (["--batch-tokens", "0"], "batch"),
+    (["--devices", "cpu:8", "--mesh", "fsdp=16"], "16"),
+    (["--remat", "sometimes"], "remat"),
+    (["--step", "sideways"], "step"),
+])
+def test_check_cli_bad_input(argv, match, capsys):
+    from scaling.__main__ import main
+
+    with pytest.raises(SystemExit) as e:
+        raise SystemExit(main(["check", *argv]))
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) <= 2 and match in err[-1] and "Traceback" not in "\n".join(err)
