@@ -1,13 +1,24 @@
-"""python -m ffn_model {train, compile}
+"""python -m ffn_model {train, compile, bench}
 
   train    train the FFN stack on the synthetic regression task, printing step, loss and tokens/s
-           (--json: one object at the end with the per-step losses). On real devices (GPU, or a TPU
-           slice with the command launched on every host) the same command runs unchanged.
+           (--json: one object at the end with the per-step losses). --checkpoint-dir saves the
+           sharded state (orbax) every --save-every steps and at the end; --resume restores the newest
+           checkpoint onto this run's mesh and continues to --steps steps in all.
   compile  compile the train (or forward) step ahead of time from ShapeDtypeStructs and print the
            per-device memory and cost analysis (--json: one object).
+  bench    time the train step (median of --steps steps after --warmup) and print achieved TFLOP/s,
+           MFU against the chip's peak bf16 FLOP/s and the closed form's predicted step time.
 
-Bad input (an unknown preset, mesh axis or device spec; a mesh whose size is not the device count;
-a dimension not divisible by its shard count) prints one line "error: ..." on stderr and exits 2.
+Several processes (multi-controller JAX): on a TPU slice or a SLURM / Open MPI cluster launch the same
+command on every host with --distributed (jax.distributed.initialize() detects the rest); elsewhere
+give --coordinator HOST:PORT --num-processes N --process-id I to every process, where --devices cpu:K
+means K emulated CPU devices in each process (collectives over gloo). With none of these flags and no
+--devices, jax.distributed is initialized when JAX_COORDINATOR_ADDRESS is set (mesh.devices).
+
+Bad input (a zero, negative or non-numeric number; an unknown preset, remat policy, mesh axis, device
+spec or chip; a mesh whose size is not the device count; a dimension not divisible by its shard count;
+a missing, damaged or already used checkpoint directory) prints one line "error: ..." on stderr and
+exits 2, before anything is created or written.
 """
 
 from __future__ import annotations
@@ -18,7 +29,7 @@ import os
 import statistics
 import sys
 
-from scaling.config import REMAT_POLICIES, get_preset, positive_float, positive_int
+from scaling.config import REMAT_POLICIES, get_preset, parse_mesh_spec, positive_float, positive_int
 
 
 class _Parser(argparse.ArgumentParser):
@@ -26,13 +37,17 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {self.prog}: {message}\n")
 
 
+COMMANDS = {  # name: (default preset, default batch tokens, help)
+    "train": ("small", 512, "train on the synthetic regression task"),
+    "compile": ("xxl", 25600, "compile one step ahead of time and print its memory and cost analysis"),
+    "bench": ("small", 512, "time the train step: step time, TFLOP/s, MFU and the predicted step time"),
+}
+
+
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m ffn_model", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
-    for name, preset, batch, help_ in [
-        ("train", "small", 512, "train on the synthetic regression task"),
-        ("compile", "xxl", 25600, "compile one step ahead of time and print its memory and cost analysis"),
-    ]:
+    for name, (preset, batch, help_) in COMMANDS.items():
         s = sub.add_parser(name, help=help_)
         s.add_argument("--preset", default=preset, help=f"model preset (default {preset})")
         s.add_argument("--d-model", type=int, help="override D")
@@ -41,16 +56,36 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("--mesh", default="fsdp=-1",
                        help="mesh axes, e.g. fsdp=16,tensor=4 (default fsdp=-1: every device on fsdp)")
         s.add_argument("--devices", default=None,
-                       help="cpu:N (emulated), tpu:v5p:4x4x4 or tpu:v5p-128 (compile only); default: real devices")
+                       help="cpu:N (emulated; per process with --coordinator), tpu:v5p:4x4x4 or tpu:v5p-128 "
+                            "(compile only); default: real devices")
         s.add_argument("--batch-tokens", type=int, default=batch, help=f"global batch B in tokens (default {batch})")
         s.add_argument("--remat", default="none", choices=REMAT_POLICIES, help="remat policy (default none)")
-        s.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-        if name == "train":
-            s.add_argument("--steps", type=int, default=20)
-            s.add_argument("--lr", type=float, default=1e-3)
-            s.add_argument("--seed", type=int, default=0)
-        else:
+        s.add_argument("--json", action="store_true", help="print one JSON object on stdout (process 0; "
+                       "gloo adds its own [Gloo] lines with cpu:N over several processes)")
+        if name == "compile":
             s.add_argument("--step", default="train", choices=("train", "forward"), help="which step to compile")
+            continue
+        s.add_argument("--steps", type=int, default=20 if name == "train" else 10,
+                       help="steps in all, resumed ones included (default 20)" if name == "train"
+                       else "timed steps (default 10)")
+        s.add_argument("--seed", type=int, default=0, help="seed of the weights and the data (default 0)")
+        g = s.add_argument_group("several processes")
+        g.add_argument("--distributed", action="store_true",
+                       help="call jax.distributed.initialize() (detects TPU slices, SLURM, Open MPI)")
+        g.add_argument("--coordinator", help="HOST:PORT of process 0's coordinator")
+        g.add_argument("--num-processes", type=int, help="number of processes")
+        g.add_argument("--process-id", type=int, help="this process: 0 .. num-processes-1")
+        if name == "train":
+            s.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (default 1e-3)")
+            c = s.add_argument_group("checkpoints (orbax)")
+            c.add_argument("--checkpoint-dir", help="save the train state here (and at the end)")
+            c.add_argument("--save-every", type=int, help="save after every N steps (default: only at the end)")
+            c.add_argument("--resume", action="store_true",
+                           help="restore the newest checkpoint in --checkpoint-dir and continue to --steps")
+        else:
+            s.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
+            s.add_argument("--chip", help="chip for MFU and the prediction (default: from the devices; "
+                                          "h100, h200, b200, v4p, v5e, v5p, v6e)")
     return p
 
 
@@ -62,33 +97,114 @@ def _config(args):
     return cfg.replace(d_model=args.d_model, d_ff=args.d_ff, blocks=args.blocks)
 
 
+def _cpu_count(devices) -> int | None:
+    """N of a cpu:N device spec (ValueError for a bad N), None for any other spec."""
+    s = (devices or "").strip().lower()
+    if not s.startswith("cpu:"):
+        return None
+    try:
+        n = int(s[4:])
+    except ValueError:
+        raise ValueError(f"--devices {devices!r}: expected cpu:N with N a positive integer") from None
+    return positive_int(f"--devices {devices!r}: N", n)
+
+
+def _processes(args) -> int | None:
+    """Validate the multi-process flags; the process count when given explicitly (else None)."""
+    explicit = {"--coordinator": args.coordinator, "--num-processes": args.num_processes,
+                "--process-id": args.process_id}
+    if all(v is None for v in explicit.values()):
+        return None
+    missing = [k for k, v in explicit.items() if v is None]
+    if missing:
+        raise ValueError(f"--coordinator, --num-processes and --process-id go together; missing {', '.join(missing)} "
+                         "(on a TPU slice or a SLURM cluster use --distributed alone)")
+    host, sep, port = args.coordinator.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"--coordinator {args.coordinator!r} must be HOST:PORT with a port in 1..65535")
+    n = positive_int("--num-processes", args.num_processes)
+    if not 0 <= args.process_id < n:
+        raise ValueError(f"--process-id must be in 0..{n - 1} for --num-processes {n}, got {args.process_id}")
+    return n
+
+
+def _check(args, cfg) -> None:
+    """Every check that needs no devices, so a bad flag fails before jax starts or a file is written."""
+    from scaling.config import check_divisible
+
+    positive_int("--batch-tokens", args.batch_tokens)
+    n_cpu = _cpu_count(args.devices)
+    processes = None
+    if args.command != "compile":
+        positive_int("--steps", args.steps)
+        if args.seed < 0:
+            raise ValueError(f"--seed must be a non-negative integer, got {args.seed}")
+        if args.devices is not None and n_cpu is None:
+            raise ValueError(f"{args.command} runs on real devices or cpu:N, not {args.devices!r} "
+                             "(a TPU topology is compile-only)")
+        processes = _processes(args)
+    if args.command == "bench":
+        if args.warmup < 0:
+            raise ValueError(f"--warmup must be a non-negative integer, got {args.warmup}")
+        if args.chip is not None:
+            from scaling.hardware import get_chip
+
+            get_chip(args.chip)
+    if args.command == "train":
+        positive_float("--lr", args.lr)
+        if args.save_every is not None:
+            positive_int("--save-every", args.save_every)
+        if args.checkpoint_dir is None and (args.save_every is not None or args.resume):
+            raise ValueError("--save-every and --resume need --checkpoint-dir")
+    if n_cpu is not None:  # the device count is known without starting jax: check the mesh now
+        check_divisible(cfg, parse_mesh_spec(args.mesh, n_cpu * (processes or 1)), args.batch_tokens)
+    if args.command == "train" and args.checkpoint_dir is not None:
+        from ffn_model.checkpoint import check_directory
+
+        check_directory(args.checkpoint_dir, args.resume)
+
+
+def _start(args):
+    """Start jax.distributed when asked (before any jax computation); the device spec for make_mesh."""
+    import jax
+
+    from mesh import maybe_initialize_distributed
+
+    if args.distributed or args.coordinator is not None:
+        n_cpu = _cpu_count(args.devices)
+        if n_cpu is not None:  # K emulated CPU devices in each process, collectives over gloo
+            jax.config.update("jax_num_cpu_devices", n_cpu)
+            jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(args.coordinator, args.num_processes, args.process_id)
+        return None  # the global device list: every process's devices
+    if args.devices is None:
+        maybe_initialize_distributed()
+    return args.devices
+
+
 def _train(args, cfg) -> dict:
     import jax
 
     from ffn_model.train import train
-    from mesh import make_mesh, maybe_initialize_distributed, mesh_shape
+    from mesh import make_mesh, mesh_shape
 
-    positive_int("--steps", args.steps)
-    positive_float("--lr", args.lr)
-    if args.devices is None:
-        maybe_initialize_distributed()
-    elif not args.devices.strip().lower().startswith("cpu:"):
-        raise ValueError(f"train runs on real devices or cpu:N, not {args.devices!r} (a TPU topology is compile-only)")
-    mesh = make_mesh(args.mesh, args.devices)
+    mesh = make_mesh(args.mesh, _start(args))
     main = jax.process_index() == 0
     out = sys.stderr if args.json else sys.stdout
+    rates = []
 
     def log(step, loss, tps):
+        rates.append(tps)
         if main:
             print(f"step {step:5d}  loss {loss:.6f}  tokens/s {tps:,.0f}", file=out, flush=True)
 
-    rates = []
     losses = train(cfg, mesh, args.batch_tokens, args.steps, lr=args.lr, seed=args.seed, remat=args.remat,
-                   log=lambda s, l, t: (rates.append(t), log(s, l, t)))
+                   log=log, checkpoint_dir=args.checkpoint_dir, save_every=args.save_every, resume=args.resume)
     return {"command": "train", "model": vars(cfg), "mesh": mesh_shape(mesh).as_dict(), "devices": args.devices,
-            "batch_tokens": args.batch_tokens, "steps": args.steps, "lr": args.lr, "seed": args.seed,
-            "remat": args.remat, "losses": losses,
-            "tokens_per_s": statistics.median(rates[1:]) if len(rates) > 1 else rates[0]}
+            "processes": jax.process_count(), "batch_tokens": args.batch_tokens, "steps": args.steps,
+            "start_step": args.steps - len(losses), "lr": args.lr, "seed": args.seed, "remat": args.remat,
+            "checkpoint_dir": args.checkpoint_dir, "losses": losses,
+            "tokens_per_s": statistics.median(rates[1:] or rates) if rates else None}
 
 
 def _compile(args, cfg) -> dict:
@@ -104,6 +220,20 @@ def _compile(args, cfg) -> dict:
             "cost": {k: v for k, v in res.cost.items() if k in keep}}
 
 
+def _bench(args, cfg) -> dict:
+    from ffn_model.bench import bench, infer_chip
+    from mesh import make_mesh, mesh_shape
+    from scaling.hardware import get_chip
+
+    mesh = make_mesh(args.mesh, _start(args))
+    dev = mesh.devices.flat[0]
+    chip = get_chip(args.chip) if args.chip is not None else infer_chip(dev)
+    rep = bench(cfg, mesh, args.batch_tokens, args.steps, args.warmup, args.remat, chip, args.seed)
+    return {"command": "bench", "model": vars(cfg), "mesh": mesh_shape(mesh).as_dict(), "devices": args.devices,
+            "platform": dev.platform, "device_kind": dev.device_kind, "batch_tokens": args.batch_tokens,
+            "remat": args.remat, "steps": args.steps, "warmup": args.warmup, **rep}
+
+
 def _print_compile(rep: dict) -> None:
     print(f"{rep['step']} step of {rep['model']} on {rep['devices'] or rep['platform']} mesh {rep['mesh']}, "
           f"B={rep['batch_tokens']:,} tokens, remat {rep['remat']}: compiled in {rep['compile_seconds']:.1f} s")
@@ -111,6 +241,24 @@ def _print_compile(rep: dict) -> None:
         print(f"  memory.{k:<15} {'-' if v is None else f'{v:,.0f} B ({v / 1e9:.3f} GB)'}  per device")
     for k, v in rep["cost"].items():
         print(f"  cost.{k:<17} {v:.6g}")
+
+
+def _print_bench(rep: dict) -> None:
+    pct = lambda x: "n/a" if x is None else f"{100 * x:.3g}%"  # noqa: E731
+    ms = lambda t: f"{t * 1e3:.4g} ms"  # noqa: E731
+    print(f"train step of {rep['model']} on {rep['device_kind']} mesh {rep['mesh']}, B={rep['batch_tokens']:,} "
+          f"tokens, remat {rep['remat']}, chip {rep['chip'] or 'n/a'}")
+    print(f"  step time   {ms(rep['step_seconds'])}  (median of {rep['steps']} after {rep['warmup']} warmup)")
+    print(f"  FLOPs/step  {rep['flops']['executed']:.4g} executed, {rep['flops']['model']:.4g} model")
+    print(f"  TFLOP/s     {rep['tflops_per_s']:.4g} ({rep['tflops_per_s_per_device']:.4g} per device)")
+    print(f"  MFU         {pct(rep['mfu'])}  (HFU {pct(rep['hfu'])})")
+    p = rep["predicted"]
+    if p is None:
+        print("  predicted   n/a (no chip: pass --chip)")
+    else:
+        comms = ", ".join(f"{a} {ms(t)}" for a, t in p["comms"].items()) or "none"
+        print(f"  predicted   {ms(p['step_max'])} (max form) .. {ms(p['step_sum'])} (sum form): "
+              f"math {ms(p['math'])}, comms {comms}; {p['bound']} bound")
 
 
 def main(argv=None) -> int:
@@ -121,18 +269,21 @@ def main(argv=None) -> int:
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
     try:
         cfg = _config(args)
-        positive_int("--batch-tokens", args.batch_tokens)
-        rep = _train(args, cfg) if args.command == "train" else _compile(args, cfg)
+        _check(args, cfg)
+        rep = {"train": _train, "compile": _compile, "bench": _bench}[args.command](args, cfg)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if args.json:
-        import jax
+    import jax
 
-        if jax.process_index() == 0:
-            print(json.dumps(rep))
+    if jax.process_index() != 0:
+        return 0
+    if args.json:
+        print(json.dumps(rep))
     elif args.command == "compile":
         _print_compile(rep)
+    elif args.command == "bench":
+        _print_bench(rep)
     return 0
 
 

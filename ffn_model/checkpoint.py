@@ -1,52 +1,185 @@
 """Orbax checkpoints of the sharded train state: saved on one mesh, restored on any other.
 
-Orbax writes each step into a temporary directory and renames it only when every array is on disk
-(``commit_success``), so a save interrupted half-way leaves no step that ``latest_step`` returns:
-the previous complete checkpoint stays the latest. Restoring takes an abstract state (the
-ShapeDtypeStructs of the target mesh, with their shardings), so a state saved on fsdp=4,tensor=2
-restores bit-identically on fsdp=2,tensor=4 or on one device.
+Step ``k`` holds the state after k train steps (so a resumed run starts at step k) and, as orbax step
+metadata, what the data and model depend on: {"model": D, F, L, activation; "seed"; "batch_tokens";
+"lr"}. Resuming checks the model and the seed, so a resumed run sees the same data as an
+uninterrupted one (the batch is a function of (seed, step): ffn_model.train.make_batch_fn).
+
+Orbax writes each step into ``<step>.orbax-checkpoint-tmp`` and renames it to ``<step>`` only when
+every array is on disk, so a save interrupted half-way leaves no step that ``latest_step`` returns:
+the previous complete checkpoint stays the latest (the next run's manager removes the leftover).
+Reading checks the step's metadata and the stored shapes before any array is read, and turns
+whatever orbax raises for damaged files into one ValueError. Restoring takes an abstract state (ShapeDtypeStructs with the target mesh's shardings),
+so a state saved on fsdp=4,tensor=2 restores bit-identically on fsdp=2,tensor=4 or on one device.
+In a multi-process program every process calls these functions; orbax coordinates the writes.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import gc
+import logging
 import os
-from pathlib import Path
+import sys
+import time
 
-import orbax.checkpoint as ocp
+# Metadata keys that must match for a resumed run to continue the same run.
+MUST_MATCH = ("model", "seed")
 
 
-def open_manager(directory, *, create: bool, max_to_keep: int | None = 3) -> ocp.CheckpointManager:
-    """A CheckpointManager over ``directory``. With ``create=False`` the directory must already hold
-    checkpoints (ValueError otherwise, and nothing is created)."""
-    path = Path(directory).absolute()
+def _quiet_unraisable(unraisable, previous):
+    """Drop what orbax's abandoned reads of a damaged checkpoint report after the read has failed
+    (the read's own error is what we report): tensorstore callbacks on the closed event loop, from
+    its own threads, and orbax read coroutines collected unfinished. Pass anything else to
+    ``previous``, the hook that was installed before."""
+    code = getattr(unraisable.object, "cr_code", None)
+    orbax_read = "orbax" in getattr(code, "co_filename", "")
+    closed_loop = unraisable.exc_type is RuntimeError and "Event loop is closed" in str(unraisable.exc_value)
+    if not (orbax_read or closed_loop):
+        previous(unraisable)
+
+
+@contextlib.contextmanager
+def _reading():
+    """While orbax reads a checkpoint that may be damaged, its absl warnings and errors are not logged
+    (the caller turns the failure into one ValueError). Installs, once, _quiet_unraisable in front
+    of the current sys.unraisablehook, for the stray reports that can come later."""
+    absl = logging.getLogger("absl")
+    level = absl.level
+    absl.setLevel(logging.CRITICAL)
+    if getattr(sys.unraisablehook, "func", None) is not _quiet_unraisable:
+        sys.unraisablehook = functools.partial(_quiet_unraisable, previous=sys.unraisablehook)
+    try:
+        yield
+    finally:
+        absl.setLevel(level)
+
+
+def _ocp():
+    try:
+        import orbax.checkpoint as ocp
+    except ImportError:
+        raise ValueError("--checkpoint-dir needs orbax-checkpoint: pip install -e '.[checkpoint]'") from None
+    return ocp
+
+
+def _path(directory):
+    """``directory`` as an etils path (what orbax uses): a local path made absolute, or a URL such as
+    gs://bucket/run (which every host of a slice can reach) as it is."""
+    from etils import epath
+
+    if not isinstance(directory, (str, os.PathLike)) or not str(directory).strip():
+        raise ValueError(f"--checkpoint-dir must be a directory path, got {directory!r}")
+    s = os.fspath(directory)
+    return epath.Path(s) if "://" in s else epath.Path(os.path.abspath(s))
+
+
+def check_directory(directory, resume: bool) -> None:
+    """Validate ``directory`` before anything is written: not a file; with ``resume`` it must exist
+    (restore_latest then says whether it holds a complete checkpoint); without ``resume`` it must not
+    already hold checkpoints (they would be mixed with, or replaced by, a new run's).
+    ValueError naming the directory otherwise. Creates nothing."""
+    path = _path(directory)
     if path.exists() and not path.is_dir():
-        raise ValueError(f"--checkpoint-dir {directory!r} is a file, not a directory")
-    if not create:
-        if not path.is_dir():
-            raise ValueError(f"--checkpoint-dir {directory!r} does not exist: nothing to resume from")
-    opts = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=create)
-    return ocp.CheckpointManager(os.fspath(path), options=opts)
+        raise ValueError(f"--checkpoint-dir {str(directory)!r} is a file, not a directory")
+    if resume and not path.is_dir():
+        raise ValueError(f"--checkpoint-dir {str(directory)!r} does not exist: nothing to resume from")
+    if not resume and path.is_dir():
+        with _reading(), contextlib.closing(open_manager(directory, create=False)) as mngr:
+            step = mngr.latest_step()
+        if step is not None:
+            raise ValueError(f"--checkpoint-dir {str(directory)!r} already holds checkpoints (latest step {step}); "
+                             "pass --resume to continue that run, or give an empty or new directory")
 
 
-def save(mngr: ocp.CheckpointManager, step: int, state, wait: bool = True) -> None:
-    """Save ``state`` (a pytree of jax arrays) as ``step``; block until it is committed if ``wait``."""
-    mngr.save(step, args=ocp.args.StandardSave(state), force=True)
+def open_manager(directory, *, create: bool, max_to_keep: int | None = 3):
+    """An orbax CheckpointManager over ``directory`` keeping the newest ``max_to_keep`` steps. With
+    ``create=True`` it creates the directory and removes unfinished saves (``*.orbax-checkpoint-tmp``);
+    with ``create=False`` the directory must already exist (ValueError otherwise) and nothing is written."""
+    ocp = _ocp()
+    path = _path(directory)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"--checkpoint-dir {str(directory)!r} is a file, not a directory")
+    if not create and not path.is_dir():
+        raise ValueError(f"--checkpoint-dir {str(directory)!r} does not exist: nothing to resume from")
+    # cleanup_tmp_directories: a new run's manager removes what an interrupted save left behind
+    opts = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=create, cleanup_tmp_directories=create)
+    return ocp.CheckpointManager(path, options=opts, item_handlers=ocp.StandardCheckpointHandler())
+
+
+def save(mngr, step: int, state, meta: dict | None = None, wait: bool = True) -> None:
+    """Save ``state`` (a pytree of jax arrays) as ``step`` with ``meta`` as its step metadata. Orbax
+    copies the arrays to host before returning, so the caller may donate them to the next train step;
+    the files are written in the background unless ``wait``."""
+    ocp = _ocp()
+    mngr.save(step, args=ocp.args.StandardSave(state), custom_metadata=meta or {}, force=True)
     if wait:
         mngr.wait_until_finished()
 
 
-def restore_latest(directory, abstract_state):
-    """(step, state) of the newest complete checkpoint in ``directory``, restored onto the shardings
-    of ``abstract_state``. ValueError if there is none or it cannot be read."""
-    mngr = open_manager(directory, create=False)
-    step = mngr.latest_step()
-    if step is None:
-        raise ValueError(f"--checkpoint-dir {directory!r} holds no complete checkpoint")
-    try:
-        state = mngr.restore(step, args=ocp.args.StandardRestore(abstract_state))
-    except Exception as e:  # orbax raises many kinds of errors for damaged or mismatched files
-        raise ValueError(f"checkpoint step {step} in {directory!r} cannot be restored: {type(e).__name__}: "
-                         f"{str(e).splitlines()[0] if str(e) else ''}") from None
-    finally:
-        mngr.close()
+def restore_latest(directory, abstract_state, expect: dict | None = None):
+    """(step, state) of the newest complete checkpoint in ``directory``, restored onto the shardings of
+    ``abstract_state``. ``expect``: metadata the checkpoint must match for the keys in MUST_MATCH
+    (model and seed). ValueError if there is no checkpoint, it was written for another model or
+    seed, its arrays have other shapes or dtypes, or it cannot be read (damaged files). Writes nothing."""
+    ocp = _ocp()
+    where = f"in --checkpoint-dir {str(directory)!r}"
+    with _reading(), contextlib.closing(open_manager(directory, create=False)) as mngr:
+        step = mngr.latest_step()
+        if step is None:
+            raise ValueError(f"no complete checkpoint {where}")
+        md, err = _attempt(lambda: mngr.metadata(step))
+        if err:
+            raise ValueError(f"checkpoint step {step} {where} cannot be read: {err}")
+        meta = md.custom_metadata or {}
+        for key in MUST_MATCH if expect is not None else ():
+            if key not in meta:
+                raise ValueError(f"checkpoint step {step} {where} has no {key!r} in its metadata: "
+                                 "not written by ffn_model train, or damaged")
+            if meta[key] != expect[key]:
+                raise ValueError(f"checkpoint step {step} {where} was written with {key} {meta[key]!r}, "
+                                 f"not {expect[key]!r}; resume with the same {key}")
+        _check_arrays(md.item_metadata, abstract_state, f"checkpoint step {step} {where}")
+        state, err = _attempt(lambda: mngr.restore(step, args=ocp.args.StandardRestore(abstract_state)))
+        if err:  # damaged array files
+            raise ValueError(f"checkpoint step {step} {where} cannot be restored: {err}")
     return step, state
+
+
+def _check_arrays(item_metadata, abstract_state, what: str) -> None:
+    """The stored arrays (orbax's item metadata) have the abstract state's leaves, shapes and dtypes;
+    ValueError naming the first that differs. Checked before restoring, so orbax never starts reads
+    that are bound to fail."""
+    import jax
+    import numpy as np
+
+    want = jax.tree_util.tree_flatten_with_path(abstract_state)[0]
+    have = jax.tree.leaves(getattr(item_metadata, "tree", item_metadata))
+    if len(have) != len(want):
+        raise ValueError(f"{what} holds {len(have)} arrays, this run's state {len(want)}")
+    for (path, a), h in zip(want, have):
+        if tuple(h.shape) != tuple(a.shape) or np.dtype(h.dtype) != np.dtype(a.dtype):
+            raise ValueError(f"{what} holds {jax.tree_util.keystr(path)} as {np.dtype(h.dtype)}{list(h.shape)}, "
+                             f"this run needs {np.dtype(a.dtype)}{list(a.shape)}")
+
+
+def _attempt(read):
+    """(read(), None), or (None, "Type: first line of the error") when orbax fails (it raises many
+    kinds of errors for damaged files). After a failure it waits for the reads orbax abandoned and
+    collects them here, so their late reports (see _quiet_unraisable) come now, not at a random
+    later moment of the program (a garbage collection inside, say, an import)."""
+    try:
+        return read(), None
+    except Exception as e:
+        err = _first_line(e)
+    time.sleep(0.2)
+    gc.collect()
+    return None, err
+
+
+def _first_line(e: Exception, limit: int = 300) -> str:
+    """The error's type and first line, without tensorstore's spec dump, at most ``limit`` characters."""
+    text = str(e).strip()
+    line = text.splitlines()[0].split(" [tensorstore_spec=")[0] if text else ""
+    return f"{type(e).__name__}: {line[:limit]}"

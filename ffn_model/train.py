@@ -7,11 +7,18 @@ shardings are computed from the parameters' logical axes and pinned as out_shard
 
 Data: a synthetic regression task that the linear stack can learn. x ~ N(0, 1) [B,D] (BF16) and
 targets y = x·T/sqrt(D) (FP32) for a fixed teacher T ~ N(0, 1) [D,D]; batch ``step`` of seed ``s``
-is the same on every mesh (partitionable threefry), sharded batch over (data, fsdp).
+is the same on every mesh (partitionable threefry), sharded batch over (data, fsdp). It is a function
+of (seed, step) only, so a run resumed from a checkpoint sees the batches an uninterrupted run would.
+
+Several processes (multi-controller JAX, after jax.distributed.initialize): every process runs this
+same code on the global mesh; the jitted init, batch and train step each compute only the shards
+of the global arrays that the process's devices hold, and the loss is replicated, so every process
+can read it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 
@@ -21,10 +28,11 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
+from ffn_model import checkpoint as ckpt
 from ffn_model.model import COMPUTE_DTYPE, FFNStack, param_specs
 from mesh.devices import mesh_shape
 from mesh.rules import X_AXES, logical_to_spec
-from scaling.config import FFNConfig, check_divisible, check_remat, positive_int
+from scaling.config import FFNConfig, check_divisible, check_remat, positive_float, positive_int
 
 
 def make_optimizer(lr: float = 1e-3, weight_decay: float = 1e-4) -> optax.GradientTransformation:
@@ -83,7 +91,8 @@ def batch_structs(cfg: FFNConfig, mesh, batch_tokens: int) -> dict:
 
 
 def make_batch_fn(cfg: FFNConfig, mesh, batch_tokens: int, seed: int = 0):
-    """step -> batch (jitted, sharded). Deterministic in (seed, step), independent of the mesh."""
+    """step -> batch (jitted, sharded). Deterministic in (seed, step), independent of the mesh; no
+    host data, so in a multi-process program each process computes just its own shards."""
     B, D = batch_tokens, cfg.d_model
 
     @functools.partial(jax.jit, out_shardings=batch_shardings(mesh))
@@ -145,28 +154,72 @@ def make_forward_step(cfg: FFNConfig, mesh, remat: str = "none"):
     return _with_mesh(mesh, jitted)
 
 
-def train_loop(state, step_fn, batch_fn, steps: int, batch_tokens: int, start_step: int = 0, log=None):
+def train_loop(state, step_fn, batch_fn, steps: int, batch_tokens: int, start_step: int = 0, log=None,
+               save=None, save_every: int | None = None):
     """Run ``steps`` steps from ``start_step``; returns (losses, state). ``log(step, loss,
-    tokens_per_s)`` is called after each step (the first step's time includes compilation)."""
+    tokens_per_s)`` is called after each step (the first step's time includes compilation);
+    ``save(k, state)`` after every step that completes a multiple k of ``save_every`` steps."""
     losses = []
     for i in range(start_step, start_step + steps):
         t0 = time.perf_counter()
         state, loss = step_fn(state, batch_fn(i))
-        loss = float(loss)  # waits for the step
+        loss = float(loss)  # waits for the step (the loss is replicated: every process holds it)
         losses.append(loss)
         if log is not None:
             log(i, loss, batch_tokens / (time.perf_counter() - t0))
+        if save is not None and save_every and (i + 1) % save_every == 0:
+            save(i + 1, state)
     return losses, state
 
 
+def check_seed(seed) -> int:
+    """A seed is a non-negative integer (ValueError otherwise)."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    return seed
+
+
 def train(cfg: FFNConfig, mesh, batch_tokens: int, steps: int, lr: float = 1e-3, seed: int = 0,
-          remat: str = "none", log=None, return_state: bool = False):
-    """Create the state, train for ``steps`` steps on the synthetic task and return the per-step
-    losses (and the final state with ``return_state=True``)."""
+          remat: str = "none", log=None, return_state: bool = False, checkpoint_dir=None,
+          save_every: int | None = None, resume: bool = False):
+    """Train on the synthetic task up to ``steps`` steps in all and return the losses of the steps
+    this call ran (and the final state with ``return_state=True``).
+
+    Without ``resume`` the state is created fresh and steps 0..steps-1 run. With ``checkpoint_dir``
+    (ffn_model.checkpoint) the state is saved after every ``save_every`` steps (asynchronously) and
+    after the last step; the directory must not already hold checkpoints. With ``resume`` the newest
+    checkpoint k is restored onto ``mesh`` (any mesh) and steps k..steps-1 run: since batch i is a
+    function of (seed, i), the losses are those of an uninterrupted run. Every input is validated
+    before anything is created or written (ValueError naming the input)."""
     positive_int("steps", steps)
+    positive_float("lr", lr)
+    check_seed(seed)
+    check_remat(remat)
     check_divisible(cfg, mesh_shape(mesh), batch_tokens)
+    if save_every is not None:
+        positive_int("save_every", save_every)
+    if checkpoint_dir is None and (save_every is not None or resume):
+        raise ValueError("save_every and resume need a checkpoint_dir (--checkpoint-dir)")
+    if checkpoint_dir is not None:
+        ckpt.check_directory(checkpoint_dir, resume)
     tx = make_optimizer(lr)
-    state = init_state(cfg, mesh, seed, tx)
+    meta = {"model": dataclasses.asdict(cfg), "seed": seed, "batch_tokens": batch_tokens, "lr": lr}
+    start = 0
+    if resume:
+        start, state = ckpt.restore_latest(checkpoint_dir, state_shardings(cfg, mesh, tx)[0], meta)
+        if start > steps:
+            raise ValueError(f"steps={steps} is fewer than the {start} steps already in the checkpoint "
+                             f"{str(checkpoint_dir)!r}; steps counts all steps, resumed ones included")
+    else:
+        state = init_state(cfg, mesh, seed, tx)
+    mngr = ckpt.open_manager(checkpoint_dir, create=True) if checkpoint_dir is not None else None
+    save = (lambda k, s: ckpt.save(mngr, k, s, meta, wait=False)) if mngr is not None else None
     losses, state = train_loop(state, make_train_step(cfg, mesh, remat, tx),
-                               make_batch_fn(cfg, mesh, batch_tokens, seed), steps, batch_tokens, log=log)
+                               make_batch_fn(cfg, mesh, batch_tokens, seed), steps - start, batch_tokens,
+                               start_step=start, log=log, save=save, save_every=save_every)
+    if mngr is not None:
+        if steps > start and (not save_every or steps % save_every):
+            ckpt.save(mngr, steps, state, meta, wait=False)  # the final state
+        mngr.wait_until_finished()
+        mngr.close()
     return (losses, state) if return_state else losses

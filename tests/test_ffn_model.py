@@ -213,3 +213,32 @@ def test_cli_train_json_subprocess():
     rep = json.loads(out.stdout)
     assert len(rep["losses"]) == 3 and rep["losses"][2] < rep["losses"][0]
     assert len([l for l in out.stderr.splitlines() if l.startswith("step")]) == 3  # progress on stderr
+
+
+def test_bench_reports_step_time_flops_and_mfu(capsys):
+    argv = ["bench", "--preset", "tiny", "--devices", "cpu:8", "--mesh", "fsdp=4,tensor=2", "--batch-tokens", "256",
+            "--steps", "3", "--warmup", "1"]
+    assert main([*argv, "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    # matmul FLOPs from the dims (D=64, F=256, L=3, B=256): the model's 6·P·B − 2·B·D·F (block 0 needs
+    # no dx), and the program executes block 0's dx too (a scan of 3 trips runs the same body)
+    D, F, L, B = 64, 256, 3, 256
+    model = 6 * (2 * D * F * L) * B - 2 * B * D * F
+    assert rep["flops"] == {"model": model, "executed": model + 2 * B * D * F}
+    assert len(rep["step_seconds_all"]) == 3 and rep["step_seconds"] == sorted(rep["step_seconds_all"])[1]
+    assert rep["tflops_per_s"] == pytest.approx((model + 2 * B * D * F) / rep["step_seconds"] / 1e12)
+    assert rep["tflops_per_s_per_device"] == pytest.approx(rep["tflops_per_s"] / 8)
+    assert rep["chip"] is None and rep["mfu"] is None and rep["predicted"] is None  # CPU: no peak FLOP/s
+
+    assert main([*argv, "--chip", "v5p", "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    C = 4.59e14  # v5p bf16 FLOP/s per chip
+    assert rep["chip"] == "v5p" and rep["mfu"] == pytest.approx(model / (rep["step_seconds"] * 8 * C))
+    assert rep["hfu"] == pytest.approx((model + 2 * B * D * F) / (rep["step_seconds"] * 8 * C))
+    p = rep["predicted"]
+    assert p["math"] == pytest.approx((model + 2 * B * D * F) / 8 / C)
+    assert set(p["comms"]) == {"fsdp", "tensor"} and p["step_sum"] >= p["step_max"] >= p["math"]
+
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "MFU         n/a" in text and "predicted   n/a (no chip: pass --chip)" in text

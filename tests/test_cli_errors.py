@@ -1,0 +1,240 @@
+"""Bad input, everywhere a user can type: every flag of python -m ffn_model {train, compile, bench}
+with a bad value gives one line "error: ..." on stderr naming the input, exit code 2, no traceback,
+and nothing written (no checkpoint directory created, no file touched). The public entry points
+raise ValueError for the same inputs."""
+
+import os
+import shutil
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import jax
+import pytest
+
+from ffn_model import checkpoint as ckpt
+from ffn_model.__main__ import main
+from ffn_model.bench import bench, infer_chip
+from ffn_model.train import state_shardings, train
+from mesh import make_mesh
+from scaling.config import PRESETS, get_preset
+
+TINY = PRESETS["tiny"]  # D=64, F=256, L=3
+ENV = {**os.environ, "JAX_PLATFORMS": "cpu"}
+TRAIN = "train --preset tiny --devices cpu:8 --mesh fsdp=4,tensor=2 --batch-tokens 64 --steps 2"
+MP = "--coordinator localhost:1234 --num-processes 2 --process-id 0"  # never reached: validated first
+
+# (arguments, what the one error line must contain). {ck} is a checkpoint directory that does not
+# exist (and must not be created); {file} a regular file; {empty} an empty directory; {full} a
+# complete checkpoint of 2 steps of the tiny model (seed 0); {corrupt} the same with its array files
+# overwritten. argparse keeps the last of a repeated flag, so a row's flags override TRAIN's.
+CASES = [
+    # model
+    (f"{TRAIN} --preset huge", r"unknown preset 'huge'; valid presets: xxl, xxl-2, small, tiny"),
+    (f"{TRAIN} --d-model 0", r"--d-model must be a positive integer, got 0"),
+    (f"{TRAIN} --d-model -64", r"--d-model must be a positive integer, got -64"),
+    (f"{TRAIN} --d-model abc", r"argument --d-model: invalid int value: 'abc'"),
+    (f"{TRAIN} --d-model 62", r"d_model=62 is not divisible by the fsdp shard count 4"),
+    (f"{TRAIN} --d-ff 0", r"--d-ff must be a positive integer, got 0"),
+    (f"{TRAIN} --d-ff 255", r"d_ff=255 is not divisible by the tensor shard count 2"),
+    (f"{TRAIN} --blocks -1", r"--blocks must be a positive integer, got -1"),
+    (f"{TRAIN} --blocks 1.5", r"argument --blocks: invalid int value: '1.5'"),
+    (f"{TRAIN} --remat half", r"argument --remat: invalid choice: 'half'"),
+    # batch, steps, optimizer, seed
+    (f"{TRAIN} --batch-tokens 0", r"--batch-tokens must be a positive integer, got 0"),
+    (f"{TRAIN} --batch-tokens -64", r"--batch-tokens must be a positive integer, got -64"),
+    (f"{TRAIN} --batch-tokens 66", r"batch_tokens=66 is not divisible by the data·fsdp shard count 4"),
+    (f"{TRAIN} --batch-tokens 1e3", r"argument --batch-tokens: invalid int value: '1e3'"),
+    (f"{TRAIN} --steps 0", r"--steps must be a positive integer, got 0"),
+    (f"{TRAIN} --steps -3", r"--steps must be a positive integer, got -3"),
+    (f"{TRAIN} --steps many", r"argument --steps: invalid int value: 'many'"),
+    (f"{TRAIN} --lr 0", r"--lr must be a positive finite number, got 0.0"),
+    (f"{TRAIN} --lr=-1e-3", r"--lr must be a positive finite number, got -0.001"),
+    (f"{TRAIN} --lr nan", r"--lr must be a positive finite number, got nan"),
+    (f"{TRAIN} --lr inf", r"--lr must be a positive finite number, got inf"),
+    (f"{TRAIN} --lr fast", r"argument --lr: invalid float value: 'fast'"),
+    (f"{TRAIN} --seed -1", r"--seed must be a non-negative integer, got -1"),
+    (f"{TRAIN} --seed x", r"argument --seed: invalid int value: 'x'"),
+    # mesh and devices
+    (f"{TRAIN} --mesh expert=8", r"unknown mesh axis 'expert' in 'expert=8'; valid axes: data, fsdp, tensor"),
+    (f"{TRAIN} --mesh fsdp", r"mesh spec item 'fsdp' must be axis=size"),
+    (f"{TRAIN} --mesh fsdp=0", r"mesh axis 'fsdp' size must be positive, got 0"),
+    (f"{TRAIN} --mesh fsdp=x", r"mesh axis 'fsdp' size must be an integer, got 'x'"),
+    (f"{TRAIN} --mesh fsdp=4,fsdp=2", r"mesh axis 'fsdp' given twice"),
+    (f"{TRAIN} --mesh fsdp=16", r"mesh 'fsdp=16' has 16 devices \(product of axis sizes\) but 8 devices are given"),
+    (f"{TRAIN} --mesh fsdp=3", r"has 3 devices .* but 8 devices"),
+    (f"{TRAIN} --mesh fsdp=3,tensor=-1", r"8 devices are not divisible by 3"),
+    (f"{TRAIN} --devices gpu:2", r"train runs on real devices or cpu:N, not 'gpu:2'"),
+    (f"{TRAIN} --devices cpu:0", r"--devices 'cpu:0': N must be a positive integer, got 0"),
+    (f"{TRAIN} --devices cpu:x", r"--devices 'cpu:x': expected cpu:N with N a positive integer"),
+    (f"{TRAIN} --devices tpu:v5p:2x2x2", r"not 'tpu:v5p:2x2x2' \(a TPU topology is compile-only\)"),
+    ("train --preset tiny --batch-tokens 64 --mesh fsdp=16", r"mesh 'fsdp=16' has 16 devices .* but 8 devices are given"),
+    # checkpoints
+    (f"{TRAIN} --checkpoint-dir {{ck}} --save-every 0", r"--save-every must be a positive integer, got 0"),
+    (f"{TRAIN} --checkpoint-dir {{ck}} --save-every -2", r"--save-every must be a positive integer, got -2"),
+    (f"{TRAIN} --checkpoint-dir {{ck}} --save-every x", r"argument --save-every: invalid int value: 'x'"),
+    (f"{TRAIN} --save-every 2", r"--save-every and --resume need --checkpoint-dir"),
+    (f"{TRAIN} --resume", r"--save-every and --resume need --checkpoint-dir"),
+    (f"{TRAIN} --checkpoint-dir {{file}}", r"--checkpoint-dir '.*/file' is a file, not a directory"),
+    (f"{TRAIN} --checkpoint-dir {{ck}} --resume", r"--checkpoint-dir '.*/ck' does not exist: nothing to resume from"),
+    (f"{TRAIN} --checkpoint-dir {{empty}} --resume", r"no complete checkpoint in --checkpoint-dir '.*/empty'"),
+    (f"{TRAIN} --checkpoint-dir {{corrupt}} --resume", r"checkpoint step 2 in --checkpoint-dir '.*/corrupt' cannot be"),
+    (f"{TRAIN} --checkpoint-dir {{full}}", r"'.*/full' already holds checkpoints \(latest step 2\); pass --resume"),
+    (f"{TRAIN} --checkpoint-dir {{full}} --resume --steps 1", r"steps=1 is fewer than the 2 steps already in the checkpoint"),
+    (f"{TRAIN} --checkpoint-dir {{full}} --resume --seed 1", r"was written with seed 0, not 1; resume with the same seed"),
+    (f"{TRAIN} --checkpoint-dir {{full}} --resume --d-ff 512", r"was written with model \{'d_model': 64, 'd_ff': 256"),
+    # several processes (validated before jax.distributed.initialize, which would wait for the others)
+    (f"{TRAIN} --coordinator localhost:1234", r"go together; missing --num-processes, --process-id"),
+    (f"{TRAIN} {MP} --coordinator localhost", r"--coordinator 'localhost' must be HOST:PORT with a port in 1..65535"),
+    (f"{TRAIN} {MP} --coordinator localhost:99999", r"--coordinator 'localhost:99999' must be HOST:PORT"),
+    (f"{TRAIN} {MP} --num-processes 0", r"--num-processes must be a positive integer, got 0"),
+    (f"{TRAIN} {MP} --num-processes x", r"argument --num-processes: invalid int value: 'x'"),
+    (f"{TRAIN} {MP} --process-id 2", r"--process-id must be in 0..1 for --num-processes 2, got 2"),
+    (f"{TRAIN} {MP} --process-id -1", r"--process-id must be in 0..1 for --num-processes 2, got -1"),
+    (f"{TRAIN} {MP} --devices cpu:4 --mesh fsdp=4", r"mesh 'fsdp=4' has 4 devices .* but 8 devices are given"),
+    # compile
+    ("compile --devices cpu:8 --mesh fsdp=8 --preset huge", r"unknown preset 'huge'"),
+    ("compile --devices cpu:8 --mesh fsdp=8 --step backward", r"argument --step: invalid choice: 'backward'"),
+    ("compile --devices cpu:8 --mesh fsdp=8 --batch-tokens 0", r"--batch-tokens must be a positive integer, got 0"),
+    ("compile --devices cpu:8 --mesh fsdp=16", r"mesh 'fsdp=16' has 16 devices .* but 8 devices are given"),
+    ("compile --devices cpu:8 --mesh fsdp=8 --preset tiny --d-model 60", r"d_model=60 is not divisible by the fsdp"),
+    ("compile --devices tpu:v9:2x2 --mesh fsdp=4", r"bad TPU topology 'v9:2x2'"),
+    ("compile --devices abc --mesh fsdp=4", r"unknown devices 'abc'; use cpu:N, tpu:v5p:4x4x4"),
+    ("compile --devices cpu:8 --mesh fsdp=8 --steps 3", r"unrecognized arguments: --steps 3"),
+    # bench
+    ("bench --preset tiny --devices cpu:8 --steps 0", r"--steps must be a positive integer, got 0"),
+    ("bench --preset tiny --devices cpu:8 --warmup -1", r"--warmup must be a non-negative integer, got -1"),
+    ("bench --preset tiny --devices cpu:8 --warmup x", r"argument --warmup: invalid int value: 'x'"),
+    ("bench --preset tiny --devices cpu:8 --chip tpu9", r"unknown chip 'tpu9'; valid chips: v4p, v5e, v5p, v6e, H100"),
+    ("bench --preset tiny --devices cpu:8 --mesh fsdp=8 --d-model 60", r"d_model=60 is not divisible by the fsdp shard count 8"),
+    ("bench --preset tiny --devices cpu:8 --mesh fsdp=16", r"mesh 'fsdp=16' has 16 devices"),
+    ("bench --preset tiny --devices tpu:v5p-8", r"bench runs on real devices or cpu:N"),
+    ("bench --preset tiny --devices cpu:8 --batch-tokens 12", r"batch_tokens=12 is not divisible by the data·fsdp shard count 8"),
+    # the command itself
+    ("", r"the following arguments are required: command"),
+    ("serve", r"argument command: invalid choice: 'serve'"),
+    (f"{TRAIN} --bogus 1", r"unrecognized arguments: --bogus 1"),
+]
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A complete checkpoint (2 steps of the tiny model, seed 0) and a copy with damaged array files."""
+    root = tmp_path_factory.mktemp("saved")
+    train(TINY, make_mesh("fsdp=4,tensor=2", "cpu:8"), 64, 2, checkpoint_dir=root / "full")
+    shutil.copytree(root / "full", root / "corrupt")
+    for dirpath, _, files in os.walk(root / "corrupt" / "2"):
+        for f in files:
+            if "ocdbt" in dirpath or f == "manifest.ocdbt":
+                with open(os.path.join(dirpath, f), "wb") as fh:
+                    fh.write(b"not a checkpoint")
+    return root
+
+
+@pytest.fixture
+def places(saved, tmp_path):
+    shutil.copytree(saved / "full", tmp_path / "full")
+    shutil.copytree(saved / "corrupt", tmp_path / "corrupt")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "file").write_text("not a directory\n")
+    return {k: str(tmp_path / k) for k in ("ck", "file", "empty", "full", "corrupt")}
+
+
+def snapshot(root) -> dict:
+    """Every path under ``root`` with its size and modification time."""
+    out = {}
+    for dirpath, dirs, files in os.walk(root):
+        for name in dirs + files:
+            st = os.stat(os.path.join(dirpath, name))
+            out[os.path.relpath(os.path.join(dirpath, name), root)] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+def assert_one_error_line(code, out, err, match):
+    assert code == 2, (code, out, err)
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert "Traceback" not in err
+    import re
+
+    assert re.search(match, lines[0]), (match, lines[0])
+
+
+@pytest.mark.parametrize("argv, match", CASES, ids=[c[0].replace(TRAIN, "train") or "<none>" for c in CASES])
+def test_bad_flag_gives_one_error_line_and_writes_nothing(argv, match, places, tmp_path, capsys):
+    before = snapshot(tmp_path)
+    try:
+        code = main(argv.format(**places).split())
+    except SystemExit as e:  # argparse's own errors
+        code = e.code
+    out, err = capsys.readouterr()
+    assert_one_error_line(code, out, err, match)
+    assert not os.path.exists(places["ck"])
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("argv, match", [
+    (f"{TRAIN} --checkpoint-dir {{corrupt}} --resume", r"checkpoint step 2 in --checkpoint-dir '.*/corrupt' cannot be"),
+    (f"{TRAIN} --checkpoint-dir {{ck}} --save-every 1.5", r"argument --save-every: invalid int value: '1.5'"),
+    (f"{TRAIN} {MP} --devices cpu:4 --mesh fsdp=4", r"mesh 'fsdp=4' has 4 devices .* but 8 devices are given"),
+], ids=["corrupt-checkpoint", "non-numeric", "multiprocess-mesh"])
+def test_bad_flag_in_a_fresh_process_has_no_traceback(argv, match, places, tmp_path):
+    before = snapshot(tmp_path)
+    out = subprocess.run([sys.executable, "-m", "ffn_model", *argv.format(**places).split()], capture_output=True,
+                         text=True, env=ENV, timeout=120)
+    assert_one_error_line(out.returncode, out.stdout, out.stderr, match)
+    assert not os.path.exists(places["ck"])
+    assert snapshot(tmp_path) == before
+
+
+def test_public_entry_points_raise_value_error(places, tmp_path):
+    m = make_mesh("fsdp=4,tensor=2", "cpu:8")
+    before = snapshot(tmp_path)
+    for spec, devices, match in [("fsdp=16", "cpu:8", "16 devices"), ("expert=8", "cpu:8", "unknown mesh axis"),
+                                 ("fsdp=0", "cpu:8", "must be positive"), ("fsdp=8", "gpu:8", "unknown devices")]:
+        with pytest.raises(ValueError, match=match):
+            make_mesh(spec, devices)
+    with pytest.raises(ValueError, match="unknown preset 'huge'"):
+        get_preset("huge")
+
+    abstract = state_shardings(TINY, m)[0]
+    for where, match in [("ck", "does not exist"), ("file", "is a file"), ("empty", "no complete checkpoint"),
+                         ("corrupt", "cannot be")]:
+        with pytest.raises(ValueError, match=match):
+            ckpt.restore_latest(places[where], abstract)
+    with pytest.raises(ValueError, match=r"holds \['opt'\]\[0\].mu\['w_in'\] as float32\[3, 64, 256\], this run needs float32\[3, 64, 512\]"):
+        ckpt.restore_latest(places["full"], state_shardings(TINY.replace(d_ff=512), m)[0])  # no metadata check
+    with pytest.raises(ValueError, match="written with seed 0, not 3"):
+        ckpt.restore_latest(places["full"], abstract, {"model": vars(TINY), "seed": 3})
+
+    for kw, match in [({"steps": 0}, "steps must be a positive integer"), ({"lr": 0.0}, "lr must be a positive"),
+                      ({"seed": -1}, "seed must be a non-negative integer"), ({"remat": "half"}, "unknown remat"),
+                      ({"batch_tokens": 66}, "batch_tokens=66 is not divisible"),
+                      ({"save_every": 2}, "need a checkpoint_dir"), ({"resume": True}, "need a checkpoint_dir"),
+                      ({"save_every": 0, "checkpoint_dir": places["ck"]}, "save_every must be a positive"),
+                      ({"checkpoint_dir": places["full"]}, "already holds checkpoints"),
+                      ({"checkpoint_dir": places["ck"], "resume": True}, "does not exist"),
+                      ({"checkpoint_dir": places["full"], "resume": True, "seed": 2}, "written with seed 0")]:
+        args = {"batch_tokens": 64, "steps": 2, **kw}
+        with pytest.raises(ValueError, match=match):
+            train(TINY, m, args.pop("batch_tokens"), args.pop("steps"), **args)
+
+    for kw, match in [({"steps": 0}, "steps must be"), ({"warmup": -1}, "warmup must be"),
+                      ({"batch_tokens": 66}, "batch_tokens=66 is not divisible"), ({"seed": -2}, "seed must be")]:
+        args = {"batch_tokens": 64, **kw}
+        with pytest.raises(ValueError, match=match):
+            bench(TINY, m, args.pop("batch_tokens"), **args)
+    assert snapshot(tmp_path) == before and not os.path.exists(places["ck"])
+
+
+def test_chip_from_device_kind():
+    dev = lambda kind, platform="gpu": SimpleNamespace(device_kind=kind, platform=platform)  # noqa: E731
+    assert infer_chip(dev("NVIDIA H100 80GB HBM3")).name == "H100"
+    assert infer_chip(dev("NVIDIA H200")).name == "H200"
+    assert infer_chip(dev("TPU v5p", "tpu")).name == "v5p"
+    assert infer_chip(dev("TPU v5 lite", "tpu")).name == "v5e"
+    assert infer_chip(dev("TPU v6 lite", "tpu")).name == "v6e"
+    assert infer_chip(jax.devices()[0]) is None  # CPU: no peak FLOP/s
+    with pytest.raises(ValueError, match="cannot tell the chip from device kind 'NVIDIA A100-SXM4-40GB'; pass --chip"):
+        infer_chip(dev("NVIDIA A100-SXM4-40GB"))
