@@ -62,7 +62,6 @@ from IPython.display import HTML, display
 
 from mesh import devices as mesh_devices
 from scaling.check import check
-from scaling.config import get_preset
 
 %matplotlib inline
 plt.rcParams.update({"figure.dpi": 110, "font.size": 8})
@@ -70,44 +69,16 @@ print(f"jax {jax.__version__}, {len(jax.devices('cpu'))} CPU devices, libtpu ins
 
 GRID_MD = r"""## The grid
 
-The configurations of `tests/test_check.py`, copied here as data (tests are not a package):
-on 8 CPU devices every data × fsdp × tensor factorisation of 8, then an odd number of blocks, two
-batch sizes, remat none / every-second / full, train and forward; on TPU v5p topologies (2x2x1,
-2x2x2, 4x4x4) a 4096 × 16384 model large enough that XLA:TPU keeps its arrays in HBM, and the XXL
-(D = 16384, F = 53248, L = 126) on 4x4x4 with fsdp = 16, tensor = 4 at 25,600 tokens, including the
-full train step of `test_tpu_xxl_train_step`."""
+The configurations `tests/test_check.py` asserts, from `scaling.check` (`CPU_GRID`, `TPU_GRID`,
+`XXL_TRAIN`): on 8 CPU devices every data × fsdp × tensor factorisation of 8, then an odd number of
+blocks, two batch sizes, remat none / every-second / full, train and forward; on TPU v5p topologies
+(2x2x1, 2x2x2, 4x4x4) a 4096 × 16384 model large enough that XLA:TPU keeps its arrays in HBM, and the
+XXL (D = 16384, F = 53248, L = 126) on 4x4x4 with fsdp = 16, tensor = 4 at 25,600 tokens, including
+the full train step of `test_tpu_xxl_train_step`."""
 
-GRID = r"""SMALL = get_preset("small")   # D=256, F=1024, L=4
-TINY = get_preset("tiny")     # D=64, F=256, L=3 (odd)
-MEDIUM = SMALL.replace(d_model=4096, d_ff=16384, blocks=4)
-XXL = get_preset("xxl")
+GRID = r"""from scaling.check import CPU_GRID, TPU_GRID, XXL_TRAIN
 
-FACTORS = [(8, 1, 1), (1, 8, 1), (1, 1, 8), (2, 4, 1), (4, 2, 1), (2, 1, 4), (4, 1, 2), (1, 2, 4), (1, 4, 2), (2, 2, 2)]
-CPU_GRID = [(SMALL, f"data={d},fsdp={f},tensor={t}", 4096, "none", "train") for d, f, t in FACTORS] + [
-    (TINY, "data=2,fsdp=2,tensor=2", 1024, "none", "train"),
-    (TINY, "data=2,fsdp=2,tensor=2", 4096, "every-second", "train"),
-    (TINY, "fsdp=4,tensor=2", 2048, "every-second", "train"),
-    (SMALL, "fsdp=4,tensor=2", 4096, "none", "forward"),
-    (TINY, "data=2,fsdp=2,tensor=2", 1024, "none", "forward"),
-    (SMALL, "fsdp=8", 8192, "every-second", "train"),
-    (SMALL, "fsdp=2,tensor=4", 2048, "full", "train"),
-]
-TPU_GRID = [
-    ("tpu:v5p:2x2x1", MEDIUM, "data=4", 4096, "none", "train"),
-    ("tpu:v5p:2x2x1", MEDIUM, "data=2,fsdp=2", 4096, "every-second", "train"),
-    ("tpu:v5p:2x2x1", MEDIUM.replace(blocks=5), "fsdp=2,tensor=2", 8192, "full", "train"),
-    ("tpu:v5p:2x2x1", MEDIUM, "fsdp=4", 4096, "none", "forward"),
-    ("tpu:v5p:2x2x2", MEDIUM, "data=2,fsdp=2,tensor=2", 8192, "none", "train"),
-    ("tpu:v5p:2x2x2", MEDIUM.replace(blocks=3), "fsdp=8", 8192, "every-second", "train"),
-    ("tpu:v5p:2x2x2", MEDIUM, "fsdp=4,tensor=2", 8192, "none", "forward"),
-    ("tpu:v5p:2x2x2", MEDIUM.replace(d_model=2048, d_ff=8192), "data=8", 4096, "full", "train"),
-    ("tpu:v5p:4x4x4", MEDIUM, "data=4,fsdp=4,tensor=4", 8192, "every-second", "train"),
-    ("tpu:v5p:4x4x4", XXL, "fsdp=16,tensor=4", 25600, "every-second", "train"),
-    ("tpu:v5p:4x4x4", XXL, "fsdp=16,tensor=4", 25600, "full", "train"),
-    ("tpu:v5p:4x4x4", XXL, "fsdp=16,tensor=4", 25600, "none", "forward"),
-    # test_tpu_xxl_train_step: the full XXL train step
-    ("tpu:v5p:4x4x4", XXL, "fsdp=16,tensor=4", 25600, "none", "train"),
-]
+TPU_GRID = TPU_GRID + [XXL_TRAIN]
 print(f"{len(CPU_GRID)} CPU configurations, {len(TPU_GRID)} TPU configurations")"""
 
 RUN_CPU = r"""t0 = time.perf_counter()

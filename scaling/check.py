@@ -14,8 +14,49 @@ from __future__ import annotations
 import math
 
 from scaling import program
-from scaling.config import FFNConfig, MeshShape
+from scaling.config import FFNConfig, MeshShape, get_preset
 from scaling.hardware import Chip, get_chip
+
+
+# The acceptance grid of ``scaling check`` (tests/test_check.py asserts the bands on it;
+# notebooks/closed_form_vs_compiled.ipynb tabulates and plots it). Rows: (cfg, mesh, batch tokens,
+# remat, step) on 8 emulated CPU devices, and (devices, cfg, mesh, batch, remat, step) on TPU v5p.
+_SMALL = get_preset("small")   # D=256, F=1024, L=4
+_TINY = get_preset("tiny")     # D=64, F=256, L=3 (odd)
+# Arrays large enough that HBM dominates the TPU peak: XLA:TPU's peak_memory_in_bytes also counts
+# on-chip VMEM, which its memory-space assignment fills with whole weight stacks of tiny programs
+# (small preset, data=4, 2x2x1: 33.84 MiB HBM + 28.00 MiB VMEM), and the closed form models HBM.
+_MEDIUM = _SMALL.replace(d_model=4096, d_ff=16384, blocks=4)
+_XXL = get_preset("xxl")
+# every data x fsdp x tensor factorisation of 8 (10 of them), then odd L, two batch sizes, remat
+# none / every-second / full, train and forward.
+_FACTORS = [(8, 1, 1), (1, 8, 1), (1, 1, 8), (2, 4, 1), (4, 2, 1), (2, 1, 4), (4, 1, 2), (1, 2, 4), (1, 4, 2),
+            (2, 2, 2)]
+CPU_GRID = [(_SMALL, f"data={d},fsdp={f},tensor={t}", 4096, "none", "train") for d, f, t in _FACTORS] + [
+    (_TINY, "data=2,fsdp=2,tensor=2", 1024, "none", "train"),
+    (_TINY, "data=2,fsdp=2,tensor=2", 4096, "every-second", "train"),  # one pair + the odd last block
+    (_TINY, "fsdp=4,tensor=2", 2048, "every-second", "train"),
+    (_SMALL, "fsdp=4,tensor=2", 4096, "none", "forward"),
+    (_TINY, "data=2,fsdp=2,tensor=2", 1024, "none", "forward"),
+    (_SMALL, "fsdp=8", 8192, "every-second", "train"),
+    (_SMALL, "fsdp=2,tensor=4", 2048, "full", "train"),
+]
+TPU_GRID = [
+    ("tpu:v5p:2x2x1", _MEDIUM, "data=4", 4096, "none", "train"),
+    ("tpu:v5p:2x2x1", _MEDIUM, "data=2,fsdp=2", 4096, "every-second", "train"),
+    ("tpu:v5p:2x2x1", _MEDIUM.replace(blocks=5), "fsdp=2,tensor=2", 8192, "full", "train"),
+    ("tpu:v5p:2x2x1", _MEDIUM, "fsdp=4", 4096, "none", "forward"),
+    ("tpu:v5p:2x2x2", _MEDIUM, "data=2,fsdp=2,tensor=2", 8192, "none", "train"),
+    ("tpu:v5p:2x2x2", _MEDIUM.replace(blocks=3), "fsdp=8", 8192, "every-second", "train"),
+    ("tpu:v5p:2x2x2", _MEDIUM, "fsdp=4,tensor=2", 8192, "none", "forward"),
+    ("tpu:v5p:2x2x2", _MEDIUM.replace(d_model=2048, d_ff=8192), "data=8", 4096, "full", "train"),
+    ("tpu:v5p:4x4x4", _MEDIUM, "data=4,fsdp=4,tensor=4", 8192, "every-second", "train"),
+    ("tpu:v5p:4x4x4", _XXL, "fsdp=16,tensor=4", 25600, "every-second", "train"),
+    ("tpu:v5p:4x4x4", _XXL, "fsdp=16,tensor=4", 25600, "full", "train"),
+    ("tpu:v5p:4x4x4", _XXL, "fsdp=16,tensor=4", 25600, "none", "forward"),
+]
+# The full XXL train step of the question (tests/test_check.py::test_tpu_xxl_train_step).
+XXL_TRAIN = ("tpu:v5p:4x4x4", _XXL, "fsdp=16,tensor=4", 25600, "none", "train")
 
 
 def ici_layout(mesh, chip: Chip) -> dict[str, tuple[list[int], list[bool]]]:
