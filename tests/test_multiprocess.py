@@ -57,10 +57,12 @@ def test_two_processes_match_one_process(tmp_path):
     assert sorted(os.listdir(d)) == ["2", "3"]
     step, got = ckpt.restore_latest(d, state_shardings(TINY, make_mesh("fsdp=2,tensor=4", "cpu:8"))[0])
     assert step == 3
-    # The states agree to a thousandth of each leaf's scale (measured: <= 1e-6; Adam divides each gradient
-    # by its own magnitude, so an ulp in a near-zero gradient moves its weight a little); a shard in the
-    # wrong place or a step missing would be off by the whole scale.
+    # The states agree to 1e-5 of each leaf's scale: gloo sums the f32 gradient shards in another order,
+    # and Adam divides each gradient by its own magnitude, so an ulp in a near-zero gradient moves its
+    # weight a little (measured: at most 8.1e-7 of the scale; the step counter, several
+    # leaves and the losses bit-identical); a shard in the wrong place or a step missing
+    # would be off by the whole scale.
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(state)):
         g, w = np.asarray(g), np.asarray(w)
         assert g.shape == w.shape and g.dtype == w.dtype
-        assert np.abs(g - w).max() <= 1e-3 * np.abs(w).max(), (np.abs(g - w).max(), np.abs(w).max())
+        assert np.abs(g - w).max() <= 1e-5 * np.abs(w).max(), (np.abs(g - w).max(), np.abs(w).max())
