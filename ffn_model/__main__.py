@@ -29,7 +29,8 @@ import os
 import statistics
 import sys
 
-from scaling.config import REMAT_POLICIES, get_preset, parse_mesh_spec, positive_float, positive_int
+from mesh.devices import cpu_device_count
+from scaling.config import REMAT_POLICIES, get_preset, non_negative_int, parse_mesh_spec, positive_float, positive_int
 
 
 class _Parser(argparse.ArgumentParser):
@@ -97,18 +98,6 @@ def _config(args):
     return cfg.replace(d_model=args.d_model, d_ff=args.d_ff, blocks=args.blocks)
 
 
-def _cpu_count(devices) -> int | None:
-    """N of a cpu:N device spec (ValueError for a bad N), None for any other spec."""
-    s = (devices or "").strip().lower()
-    if not s.startswith("cpu:"):
-        return None
-    try:
-        n = int(s[4:])
-    except ValueError:
-        raise ValueError(f"--devices {devices!r}: expected cpu:N with N a positive integer") from None
-    return positive_int(f"--devices {devices!r}: N", n)
-
-
 def _processes(args) -> int | None:
     """Validate the multi-process flags; the process count when given explicitly (else None)."""
     explicit = {"--coordinator": args.coordinator, "--num-processes": args.num_processes,
@@ -133,19 +122,17 @@ def _check(args, cfg) -> None:
     from scaling.config import check_divisible
 
     positive_int("--batch-tokens", args.batch_tokens)
-    n_cpu = _cpu_count(args.devices)
+    n_cpu = cpu_device_count(args.devices, "--devices")
     processes = None
     if args.command != "compile":
         positive_int("--steps", args.steps)
-        if args.seed < 0:
-            raise ValueError(f"--seed must be a non-negative integer, got {args.seed}")
+        non_negative_int("--seed", args.seed)
         if args.devices is not None and n_cpu is None:
             raise ValueError(f"{args.command} runs on real devices or cpu:N, not {args.devices!r} "
                              "(a TPU topology is compile-only)")
         processes = _processes(args)
     if args.command == "bench":
-        if args.warmup < 0:
-            raise ValueError(f"--warmup must be a non-negative integer, got {args.warmup}")
+        non_negative_int("--warmup", args.warmup)
         if args.chip is not None:
             from scaling.hardware import get_chip
 
@@ -171,7 +158,7 @@ def _start(args):
     from mesh import maybe_initialize_distributed
 
     if args.distributed or args.coordinator is not None:
-        n_cpu = _cpu_count(args.devices)
+        n_cpu = cpu_device_count(args.devices, "--devices")
         if n_cpu is not None:  # K emulated CPU devices in each process, collectives over gloo
             jax.config.update("jax_num_cpu_devices", n_cpu)
             jax.config.update("jax_cpu_collectives_implementation", "gloo")

@@ -21,7 +21,7 @@ import statistics
 import time
 
 from scaling import flops as flops_lib
-from scaling.config import FFNConfig, check_divisible, check_remat, positive_int
+from scaling.config import FFNConfig, check_divisible, check_remat, non_negative_int, positive_int
 from scaling.hardware import CHIPS, Chip
 
 # device_kind substrings (lower case) -> chip name in scaling.hardware.CHIPS, first match wins.
@@ -58,15 +58,14 @@ def bench(cfg: FFNConfig, mesh, batch_tokens: int, steps: int = 10, warmup: int 
     and predicted (scaling.program.predict's times, or None)."""
     import jax
 
-    from ffn_model.train import check_seed, init_state, make_batch_fn, make_optimizer, make_train_step
+    from ffn_model.train import init_state, make_batch_fn, make_optimizer, make_train_step
     from mesh.devices import mesh_shape
     from scaling import program
     from scaling.check import ici_layout
 
     positive_int("steps", steps)
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"warmup must be a non-negative integer, got {warmup!r}")
-    check_seed(seed)
+    non_negative_int("warmup", warmup)
+    non_negative_int("seed", seed)
     check_remat(remat)
     shape = mesh_shape(mesh)
     check_divisible(cfg, shape, batch_tokens)

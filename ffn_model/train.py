@@ -32,7 +32,7 @@ from ffn_model import checkpoint as ckpt
 from ffn_model.model import COMPUTE_DTYPE, FFNStack, param_specs
 from mesh.devices import mesh_shape
 from mesh.rules import X_AXES, logical_to_spec
-from scaling.config import FFNConfig, check_divisible, check_remat, positive_float, positive_int
+from scaling.config import FFNConfig, check_divisible, check_remat, non_negative_int, positive_float, positive_int
 
 
 def make_optimizer(lr: float = 1e-3, weight_decay: float = 1e-4) -> optax.GradientTransformation:
@@ -172,13 +172,6 @@ def train_loop(state, step_fn, batch_fn, steps: int, batch_tokens: int, start_st
     return losses, state
 
 
-def check_seed(seed) -> int:
-    """A seed is a non-negative integer (ValueError otherwise)."""
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
-    return seed
-
-
 def train(cfg: FFNConfig, mesh, batch_tokens: int, steps: int, lr: float = 1e-3, seed: int = 0,
           remat: str = "none", log=None, return_state: bool = False, checkpoint_dir=None,
           save_every: int | None = None, resume: bool = False):
@@ -193,7 +186,7 @@ def train(cfg: FFNConfig, mesh, batch_tokens: int, steps: int, lr: float = 1e-3,
     before anything is created or written (ValueError naming the input)."""
     positive_int("steps", steps)
     positive_float("lr", lr)
-    check_seed(seed)
+    non_negative_int("seed", seed)
     check_remat(remat)
     check_divisible(cfg, mesh_shape(mesh), batch_tokens)
     if save_every is not None:

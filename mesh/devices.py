@@ -61,6 +61,18 @@ def _tpu_topology_devices(name: str) -> list:
         raise ValueError(f"libtpu cannot describe TPU topology {topo_name!r}: {str(e).splitlines()[0]}") from None
 
 
+def cpu_device_count(devices, name: str = "devices") -> int | None:
+    """N of a "cpu:N" spec (ValueError naming ``name`` for an N that is not a positive integer), None
+    for any other spec. Needs no jax, so a command line can check its flags before jax starts."""
+    if not isinstance(devices, str) or not devices.strip().lower().startswith("cpu:"):
+        return None
+    try:
+        n = int(devices.strip()[4:])
+    except ValueError:
+        raise ValueError(f"{name} {devices!r}: expected cpu:N with N a positive integer") from None
+    return positive_int(f"{name} {devices!r}: N", n)
+
+
 def get_devices(devices=None) -> list:
     """The device list for a device spec (see the module docstring)."""
     import jax
@@ -72,11 +84,7 @@ def get_devices(devices=None) -> list:
     s = devices.strip()
     low = s.lower()
     if low.startswith("cpu:"):
-        try:
-            n = int(s[4:])
-        except ValueError:
-            raise ValueError(f"devices {devices!r}: expected cpu:N with N a positive integer") from None
-        return _emulated_cpu_devices(positive_int("cpu device count", n))
+        return _emulated_cpu_devices(cpu_device_count(devices))
     if low.startswith("tpu:"):
         return _tpu_topology_devices(s[4:])
     if low.startswith("v5p"):

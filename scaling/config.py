@@ -30,6 +30,14 @@ def positive_int(name: str, value) -> int:
     return value
 
 
+def non_negative_int(name: str, value) -> int:
+    """Return ``value`` if it is an integer >= 0 (a seed, a count of warm-up steps), else raise
+    ValueError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+    return value
+
+
 def positive_float(name: str, value) -> float:
     """Return ``value`` as a float if it is a finite positive number, else raise ValueError naming ``name``."""
     try:

@@ -29,7 +29,7 @@ import math
 import numpy as np
 
 from scaling import memory, roofline
-from scaling.config import DEFAULT_PRECISION, FFNConfig, MeshShape, check_remat, positive_float, positive_int
+from scaling.config import DEFAULT_PRECISION, FFNConfig, check_remat, positive_float, positive_int
 from scaling.hardware import V5P_USABLE_HBM, Chip, v5p_topology
 
 AXES = ("data", "fsdp", "tensor")
