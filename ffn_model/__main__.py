@@ -31,6 +31,7 @@ import sys
 
 from mesh.devices import cpu_device_count
 from scaling.config import REMAT_POLICIES, get_preset, non_negative_int, parse_mesh_spec, positive_float, positive_int
+from scaling.hardware import get_chip
 
 
 class _Parser(argparse.ArgumentParser):
@@ -65,6 +66,7 @@ def _parser() -> argparse.ArgumentParser:
                        "gloo adds its own [Gloo] lines with cpu:N over several processes)")
         if name == "compile":
             s.add_argument("--step", default="train", choices=("train", "forward"), help="which step to compile")
+            s.add_argument("--verbose", action="store_true", help="let libtpu's start-up lines through to stderr")
             continue
         s.add_argument("--steps", type=int, default=20 if name == "train" else 10,
                        help="steps in all, resumed ones included (default 20)" if name == "train"
@@ -134,8 +136,6 @@ def _check(args, cfg) -> None:
     if args.command == "bench":
         non_negative_int("--warmup", args.warmup)
         if args.chip is not None:
-            from scaling.hardware import get_chip
-
             get_chip(args.chip)
     if args.command == "train":
         positive_float("--lr", args.lr)
@@ -185,8 +185,13 @@ def _train(args, cfg) -> dict:
         if main:
             print(f"step {step:5d}  loss {loss:.6f}  tokens/s {tps:,.0f}", file=out, flush=True)
 
+    def say(line):
+        if main:
+            print(line, file=sys.stderr if args.json or line.startswith("warning:") else sys.stdout, flush=True)
+
     losses = train(cfg, mesh, args.batch_tokens, args.steps, lr=args.lr, seed=args.seed, remat=args.remat,
-                   log=log, checkpoint_dir=args.checkpoint_dir, save_every=args.save_every, resume=args.resume)
+                   log=log, checkpoint_dir=args.checkpoint_dir, save_every=args.save_every, resume=args.resume,
+                   say=say)
     return {"command": "train", "model": vars(cfg), "mesh": mesh_shape(mesh).as_dict(), "devices": args.devices,
             "processes": jax.process_count(), "batch_tokens": args.batch_tokens, "steps": args.steps,
             "start_step": args.steps - len(losses), "lr": args.lr, "seed": args.seed, "remat": args.remat,
@@ -198,7 +203,7 @@ def _compile(args, cfg) -> dict:
     from ffn_model.compile import abstract_compile
     from mesh import make_mesh, mesh_shape
 
-    mesh = make_mesh(args.mesh, args.devices)
+    mesh = make_mesh(args.mesh, args.devices, args.verbose)
     res = abstract_compile(cfg, mesh, args.batch_tokens, remat=args.remat, step=args.step)
     keep = ("flops", "bytes accessed", "transcendentals", "optimal_seconds")
     return {"command": "compile", "model": vars(cfg), "mesh": mesh_shape(mesh).as_dict(), "devices": args.devices,
@@ -210,7 +215,6 @@ def _compile(args, cfg) -> dict:
 def _bench(args, cfg) -> dict:
     from ffn_model.bench import bench, infer_chip
     from mesh import make_mesh, mesh_shape
-    from scaling.hardware import get_chip
 
     mesh = make_mesh(args.mesh, _start(args))
     dev = mesh.devices.flat[0]
@@ -235,6 +239,8 @@ def _print_bench(rep: dict) -> None:
     ms = lambda t: f"{t * 1e3:.4g} ms"  # noqa: E731
     print(f"train step of {rep['model']} on {rep['device_kind']} mesh {rep['mesh']}, B={rep['batch_tokens']:,} "
           f"tokens, remat {rep['remat']}, chip {rep['chip'] or 'n/a'}")
+    if rep["chip"]:
+        print(f"  chip figures: {get_chip(rep['chip']).describe()}")
     print(f"  step time   {ms(rep['step_seconds'])}  (median of {rep['steps']} after {rep['warmup']} warmup)")
     print(f"  FLOPs/step  {rep['flops']['executed']:.4g} executed, {rep['flops']['model']:.4g} model")
     print(f"  TFLOP/s     {rep['tflops_per_s']:.4g} ({rep['tflops_per_s_per_device']:.4g} per device)")

@@ -24,8 +24,17 @@ import os
 import sys
 import time
 
-# Metadata keys that must match for a resumed run to continue the same run.
+# Metadata keys that must match for a resumed run to continue the same run (the data and the model
+# depend on them), and keys that may change but change the run: a resume with another value warns.
 MUST_MATCH = ("model", "seed")
+SHOULD_MATCH = ("batch_tokens", "lr")
+
+
+def changed_settings(meta: dict, expect: dict) -> list[str]:
+    """One line for each SHOULD_MATCH key whose value in ``expect`` (this run) differs from the
+    checkpoint's ``meta``: "batch_tokens 128, the checkpoint was written with 64"."""
+    return [f"{key} {expect[key]!r}, the checkpoint was written with {meta[key]!r}"
+            for key in SHOULD_MATCH if key in meta and key in expect and meta[key] != expect[key]]
 
 
 def _quiet_unraisable(unraisable, previous):
@@ -75,22 +84,52 @@ def _path(directory):
     return epath.Path(s) if "://" in s else epath.Path(os.path.abspath(s))
 
 
+def directory_contents(directory) -> dict:
+    """What a checkpoint directory holds, read from the file system alone (no orbax, no jax, so it is
+    safe before jax's devices are set up): {"steps": complete steps (directories named by an integer:
+    orbax renames ``<k>.orbax-checkpoint-tmp-*`` to ``<k>`` only when the save is complete),
+    "unfinished": interrupted saves (``*.orbax-checkpoint-tmp*``), "other": every other entry}.
+    A directory that does not exist holds nothing."""
+    path = _path(directory)
+    out = {"steps": [], "unfinished": [], "other": []}
+    if not path.is_dir():
+        return out
+    for entry in sorted(path.iterdir(), key=lambda e: e.name):
+        name = entry.name
+        if name.isdigit() and entry.is_dir():
+            out["steps"].append(int(name))
+        elif ".orbax-checkpoint-tmp" in name:
+            out["unfinished"].append(name)
+        else:
+            out["other"].append(name)
+    out["steps"].sort()
+    return out
+
+
 def check_directory(directory, resume: bool) -> None:
     """Validate ``directory`` before anything is written: not a file; with ``resume`` it must exist
-    (restore_latest then says whether it holds a complete checkpoint); without ``resume`` it must not
-    already hold checkpoints (they would be mixed with, or replaced by, a new run's).
-    ValueError naming the directory otherwise. Creates nothing."""
+    (restore_latest then says whether it holds a complete checkpoint); without ``resume`` it must be
+    missing or empty: checkpoints already there would be mixed with, or replaced by, a new run's, and
+    files that are not checkpoints are not this run's to write beside. ValueError naming the
+    directory otherwise. Reads the file system only (directory_contents); creates nothing."""
     path = _path(directory)
     if path.exists() and not path.is_dir():
         raise ValueError(f"--checkpoint-dir {str(directory)!r} is a file, not a directory")
     if resume and not path.is_dir():
         raise ValueError(f"--checkpoint-dir {str(directory)!r} does not exist: nothing to resume from")
-    if not resume and path.is_dir():
-        with _reading(), contextlib.closing(open_manager(directory, create=False)) as mngr:
-            step = mngr.latest_step()
-        if step is not None:
-            raise ValueError(f"--checkpoint-dir {str(directory)!r} already holds checkpoints (latest step {step}); "
-                             "pass --resume to continue that run, or give an empty or new directory")
+    if resume:
+        return
+    held = directory_contents(directory)
+    if held["steps"]:
+        raise ValueError(f"--checkpoint-dir {str(directory)!r} already holds checkpoints (latest step "
+                         f"{held['steps'][-1]}); pass --resume to continue that run, or give an empty or new directory")
+    if held["unfinished"]:
+        raise ValueError(f"--checkpoint-dir {str(directory)!r} holds an unfinished save ({held['unfinished'][0]}) and "
+                         "no complete checkpoint; remove it, or give an empty or new directory")
+    if held["other"]:
+        shown = ", ".join(held["other"][:3]) + (", ..." if len(held["other"]) > 3 else "")
+        raise ValueError(f"--checkpoint-dir {str(directory)!r} holds files that are not checkpoints ({shown}); "
+                         "give an empty or new directory")
 
 
 def open_manager(directory, *, create: bool, max_to_keep: int | None = 3):
@@ -119,8 +158,8 @@ def save(mngr, step: int, state, meta: dict | None = None, wait: bool = True) ->
 
 
 def restore_latest(directory, abstract_state, expect: dict | None = None):
-    """(step, state) of the newest complete checkpoint in ``directory``, restored onto the shardings of
-    ``abstract_state``. ``expect``: metadata the checkpoint must match for the keys in MUST_MATCH
+    """(step, state, metadata) of the newest complete checkpoint in ``directory``, restored onto the
+    shardings of ``abstract_state``. ``expect``: metadata the checkpoint must match for the keys in MUST_MATCH
     (model and seed). ValueError if there is no checkpoint, it was written for another model or
     seed, its arrays have other shapes or dtypes, or it cannot be read (damaged files). Writes nothing."""
     ocp = _ocp()
@@ -144,7 +183,7 @@ def restore_latest(directory, abstract_state, expect: dict | None = None):
         state, err = _attempt(lambda: mngr.restore(step, args=ocp.args.StandardRestore(abstract_state)))
         if err:  # damaged array files
             raise ValueError(f"checkpoint step {step} {where} cannot be restored: {err}")
-    return step, state
+    return step, state, meta
 
 
 def _check_arrays(item_metadata, abstract_state, what: str) -> None:

@@ -77,10 +77,10 @@ _gather_bf16.defvjp(_gather_bf16_fwd, _gather_bf16_bwd)
 
 
 def block(x, w_in, w_out, activation=None, hidden_name="hidden"):
-    """One block on one layer's weight shards: x[B,D] bf16 -> (x·W_in) -> act -> ·W_out -> [B,D] bf16.
+    """One block on one layer's weight shards: x[B,D] bf16 -> x·W_in^T (W_in [F,D]) -> act -> ·W_out ([F,D]) -> [B,D] bf16.
     The hidden (before the activation) is tagged ``hidden_name`` for the remat policies."""
     x = constrain(x, X_AXES)
-    h = x @ _gather_bf16(w_in, W_IN_AXES[1:])
+    h = x @ _gather_bf16(w_in, W_IN_AXES[1:]).T
     h = checkpoint_name(constrain(h, H_AXES), hidden_name)
     if activation:
         h = getattr(jax.nn, activation)(h)
@@ -124,7 +124,7 @@ _KEEP_INPUT = jax.checkpoint_policies.nothing_saveable
 
 
 def stack_forward(x, w_in, w_out, activation=None, remat="none"):
-    """Run the L blocks with lax.scan over the stacked weights w_in [L,D,F], w_out [L,F,D]."""
+    """Run the L blocks with lax.scan over the stacked weights w_in [L,F,D], w_out [L,F,D]."""
     check_remat(remat)
     if remat != "every-second":
         policy = _KEEP_HIDDEN if remat == "none" else _KEEP_INPUT
@@ -150,14 +150,21 @@ def init_normal(key, shape, fan_in):
 
 
 class FFNStack(nnx.Module):
-    """L scanned blocks; parameters w_in [L,D,F] and w_out [L,F,D] (FP32) carry their logical axes
-    in the ``logical_axes`` metadata (mesh.rules turns them into PartitionSpecs)."""
+    """L scanned blocks; parameters w_in [L,F,D] and w_out [L,F,D] (FP32) carry their logical axes
+    in the ``logical_axes`` metadata (mesh.rules turns them into PartitionSpecs).
+
+    W_in is stored transposed, [F, D] per block (h = x·W_in^T), so that both weights keep D, the
+    FSDP-sharded dimension, minor. XLA:TPU's all-reduce-scatter fusion pads a reduce-scatter along a
+    2nd-minor dimension to a multiple of its pipelining spans and fixes the shards up with a
+    collective-permute (libtpu 0.0.42.1, pass tpu-all-reduce-scatter-fusion): with W_in as [D, F]
+    the gradient of a 2048 x 4096 slice on v5p:2x2x2 (fsdp=4) moved 560 rows per shard instead of 512
+    plus a 144-row permute, +2.7% of the step's fsdp bytes. Along the minor dimension it never pads."""
 
     def __init__(self, cfg: FFNConfig, *, rngs: nnx.Rngs, remat: str = "none"):
         D, F, L = cfg.d_model, cfg.d_ff, cfg.blocks
         self.activation = cfg.activation
         self.remat = check_remat(remat)
-        self.w_in = nnx.Param(init_normal(rngs.params(), (L, D, F), D), logical_axes=W_IN_AXES)
+        self.w_in = nnx.Param(init_normal(rngs.params(), (L, F, D), D), logical_axes=W_IN_AXES)
         self.w_out = nnx.Param(init_normal(rngs.params(), (L, F, D), F), logical_axes=W_OUT_AXES)
 
     def __call__(self, x_BxD):

@@ -174,16 +174,20 @@ def train_loop(state, step_fn, batch_fn, steps: int, batch_tokens: int, start_st
 
 def train(cfg: FFNConfig, mesh, batch_tokens: int, steps: int, lr: float = 1e-3, seed: int = 0,
           remat: str = "none", log=None, return_state: bool = False, checkpoint_dir=None,
-          save_every: int | None = None, resume: bool = False):
+          save_every: int | None = None, resume: bool = False, say=None):
     """Train on the synthetic task up to ``steps`` steps in all and return the losses of the steps
     this call ran (and the final state with ``return_state=True``).
 
     Without ``resume`` the state is created fresh and steps 0..steps-1 run. With ``checkpoint_dir``
     (ffn_model.checkpoint) the state is saved after every ``save_every`` steps (asynchronously) and
-    after the last step; the directory must not already hold checkpoints. With ``resume`` the newest
-    checkpoint k is restored onto ``mesh`` (any mesh) and steps k..steps-1 run: since batch i is a
-    function of (seed, i), the losses are those of an uninterrupted run. Every input is validated
-    before anything is created or written (ValueError naming the input)."""
+    after the last step; the directory must be new or empty. With ``resume`` the newest checkpoint k
+    is restored onto ``mesh`` (any mesh) and steps k..steps-1 run: since batch i is a function of
+    (seed, i), the losses are those of an uninterrupted run. Every input is validated before anything
+    is created or written (ValueError naming the input).
+
+    ``say(line)`` receives what a person running this wants to know besides the losses: "saved step
+    k to DIR", "resumed from step k ...", that a checkpoint is already at ``steps``, and a "warning:"
+    line for each setting (batch_tokens, lr) that differs from the checkpoint's."""
     positive_int("steps", steps)
     positive_float("lr", lr)
     non_negative_int("seed", seed)
@@ -195,24 +199,37 @@ def train(cfg: FFNConfig, mesh, batch_tokens: int, steps: int, lr: float = 1e-3,
         raise ValueError("save_every and resume need a checkpoint_dir (--checkpoint-dir)")
     if checkpoint_dir is not None:
         ckpt.check_directory(checkpoint_dir, resume)
+    say = say or (lambda line: None)
     tx = make_optimizer(lr)
-    meta = {"model": dataclasses.asdict(cfg), "seed": seed, "batch_tokens": batch_tokens, "lr": lr}
+    here = str(mesh_shape(mesh))
+    meta = {"model": dataclasses.asdict(cfg), "seed": seed, "batch_tokens": batch_tokens, "lr": lr, "mesh": here}
     start = 0
     if resume:
-        start, state = ckpt.restore_latest(checkpoint_dir, state_shardings(cfg, mesh, tx)[0], meta)
+        start, state, saved = ckpt.restore_latest(checkpoint_dir, state_shardings(cfg, mesh, tx)[0], meta)
         if start > steps:
             raise ValueError(f"steps={steps} is fewer than the {start} steps already in the checkpoint "
                              f"{str(checkpoint_dir)!r}; steps counts all steps, resumed ones included")
+        say(f"resumed from step {start} in {checkpoint_dir} (saved on mesh {saved.get('mesh', '?')}, "
+            f"restored on mesh {here})")
+        for change in ckpt.changed_settings(saved, meta):
+            say(f"warning: resuming with {change}")
+        if start == steps:
+            say(f"the checkpoint is already at step {start} = steps: nothing to train (raise --steps to continue)")
     else:
         state = init_state(cfg, mesh, seed, tx)
     mngr = ckpt.open_manager(checkpoint_dir, create=True) if checkpoint_dir is not None else None
-    save = (lambda k, s: ckpt.save(mngr, k, s, meta, wait=False)) if mngr is not None else None
+
+    def save(k, s):
+        ckpt.save(mngr, k, s, meta, wait=False)
+        say(f"saved step {k} to {checkpoint_dir}")
+
     losses, state = train_loop(state, make_train_step(cfg, mesh, remat, tx),
                                make_batch_fn(cfg, mesh, batch_tokens, seed), steps - start, batch_tokens,
-                               start_step=start, log=log, save=save, save_every=save_every)
+                               start_step=start, log=log, save=save if mngr is not None else None,
+                               save_every=save_every)
     if mngr is not None:
         if steps > start and (not save_every or steps % save_every):
-            ckpt.save(mngr, steps, state, meta, wait=False)  # the final state
+            save(steps, state)  # the final state
         mngr.wait_until_finished()
         mngr.close()
     return (losses, state) if return_state else losses

@@ -12,11 +12,13 @@ Device specs accepted by :func:`make_mesh`:
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
+import tempfile
 
 from scaling.config import MESH_AXES, MeshShape, parse_mesh_spec, positive_int
-from scaling.hardware import parse_v5p_slice
+from scaling.hardware import chips_in, parse_v5p_slice
 
 
 def _emulated_cpu_devices(n: int) -> list:
@@ -39,7 +41,7 @@ def has_libtpu() -> bool:
     return importlib.util.find_spec("libtpu") is not None
 
 
-def _tpu_topology_devices(name: str) -> list:
+def _tpu_topology_devices(name: str, verbose: bool = False) -> list:
     s = name.strip().lower()
     if s.startswith("v5p:"):
         s = s[4:]
@@ -56,9 +58,32 @@ def _tpu_topology_devices(name: str) -> list:
 
     topo_name = "v5p:" + "x".join(str(d) for d in dims)
     try:
-        return list(topologies.get_topology_desc(platform="tpu", topology_name=topo_name).devices)
+        with _native_stderr(verbose):
+            return list(topologies.get_topology_desc(platform="tpu", topology_name=topo_name).devices)
     except Exception as e:  # libtpu rejects unknown shapes with various error types
         raise ValueError(f"libtpu cannot describe TPU topology {topo_name!r}: {str(e).splitlines()[0]}") from None
+
+
+@contextlib.contextmanager
+def _native_stderr(verbose: bool):
+    """Unless ``verbose``, send what native code writes to file descriptor 2 to a temporary file that is
+    then discarded. libtpu, loaded on a machine without TPUs to compile ahead of time, writes lines
+    about TPU hosts it cannot find (``Failed to find host bounds ...``, ``E0000 ... unexpected worker
+    hostname``, a source-location trace) that say nothing about the compile."""
+    if verbose:
+        yield
+        return
+    import sys
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
 
 
 def cpu_device_count(devices, name: str = "devices") -> int | None:
@@ -73,8 +98,35 @@ def cpu_device_count(devices, name: str = "devices") -> int | None:
     return positive_int(f"{name} {devices!r}: N", n)
 
 
-def get_devices(devices=None) -> list:
-    """The device list for a device spec (see the module docstring)."""
+def device_count(devices) -> int | None:
+    """How many devices a device spec names, checked without starting jax (so a command line can
+    reject a bad --devices before it prints or compiles anything): cpu:N -> N; a TPU topology -> its
+    chips (libtpu must be installed); None for the process's real devices (None, or a device list's
+    length). ValueError naming the spec otherwise."""
+    if devices is None:
+        return None
+    if not isinstance(devices, str):
+        return len(devices)
+    s = devices.strip()
+    low = s.lower()
+    if low.startswith("cpu:"):
+        return cpu_device_count(devices, "devices")
+    if low.startswith(("tpu:", "v5p")):
+        name = s[4:] if low.startswith("tpu:") else s
+        dims = parse_v5p_slice(name[4:] if name.lower().startswith("v5p:") else name)
+        if not has_libtpu():
+            raise ValueError(f"devices {devices!r} need libtpu to compile for a TPU topology; "
+                             "install the tpu extra: pip install -e '.[tpu]'")
+        return chips_in(dims)
+    raise ValueError(
+        f"unknown devices {devices!r}; use cpu:N, tpu:v5p:4x4x4, tpu:v5p-128 (TensorCores), "
+        "or leave it out for the process's real devices"
+    )
+
+
+def get_devices(devices=None, verbose: bool = False) -> list:
+    """The device list for a device spec (see the module docstring). ``verbose``: let libtpu's start-up
+    lines through (a TPU topology; they are discarded otherwise)."""
     import jax
 
     if devices is None:
@@ -86,16 +138,16 @@ def get_devices(devices=None) -> list:
     if low.startswith("cpu:"):
         return _emulated_cpu_devices(cpu_device_count(devices))
     if low.startswith("tpu:"):
-        return _tpu_topology_devices(s[4:])
+        return _tpu_topology_devices(s[4:], verbose)
     if low.startswith("v5p"):
-        return _tpu_topology_devices(s)
+        return _tpu_topology_devices(s, verbose)
     raise ValueError(
         f"unknown devices {devices!r}; use cpu:N, tpu:v5p:4x4x4, tpu:v5p-128 (TensorCores), "
         "or leave it out for the process's real devices"
     )
 
 
-def make_mesh(spec, devices=None):
+def make_mesh(spec, devices=None, verbose: bool = False):
     """A jax.sharding.Mesh with axes (data, fsdp, tensor) (Auto axis types) over ``devices``.
 
     ``spec`` is a string such as "fsdp=16,tensor=4" (axes left out have size 1) or a MeshShape.
@@ -112,7 +164,7 @@ def make_mesh(spec, devices=None):
     from jax.experimental import mesh_utils
     from jax.sharding import Mesh
 
-    devs = get_devices(devices)
+    devs = get_devices(devices, verbose)
     shape = spec if isinstance(spec, MeshShape) else parse_mesh_spec(spec, len(devs))
     if shape.devices != len(devs):
         raise ValueError(

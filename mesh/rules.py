@@ -4,7 +4,7 @@ Every parameter and activation of ``ffn_model`` names its dimensions with logica
 says which mesh axes (data, fsdp, tensor) each logical axis is split over:
 
   batch      -> data + fsdp   tokens of the global batch B, split B/(data·fsdp) per device
-  embed      -> fsdp          D of the weights (W_in [L,D,F], W_out [L,F,D]): FSDP shards
+  embed      -> fsdp          D of the weights (W_in and W_out, both [L,F,D]): FSDP shards
   mlp        -> tensor        F of the weights and of the hidden h[B,F]: tensor parallel
   layers     -> (replicated)  the stacked-blocks axis L that the scan runs over
   act_embed  -> (replicated)  D of the block input x[B,D], replicated over tensor
@@ -23,7 +23,7 @@ LOGICAL_RULES: dict[str, str | tuple[str, ...] | None] = {
 }
 
 # Logical axes of each parameter and activation of the FFN stack (shapes in Scaling Book letters).
-W_IN_AXES = ("layers", "embed", "mlp")  # W_in [L, D, F]
+W_IN_AXES = ("layers", "mlp", "embed")  # W_in [L, F, D]
 W_OUT_AXES = ("layers", "mlp", "embed")  # W_out [L, F, D]
 X_AXES = ("batch", "act_embed")  # block input x [B, D]
 H_AXES = ("batch", "mlp")  # hidden h [B, F]

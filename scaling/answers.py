@@ -11,9 +11,20 @@ import math
 
 from scaling import memory, roofline
 from scaling.config import DEFAULT_PRECISION, FFNConfig, check_divisible, MeshShape, positive_float, positive_int
+from scaling.hardware import CHIPS
 
 QUESTION = dict(d_model=16384, d_ff=53248, blocks=126, fsdp=16, tensor=4, mx=2, my=1, flops=4.6e14, w_ici=1.8e11,
                 hbm=95e9, gpu_hbm=80e9, batch_tokens=25600, int8_bytes=1, stages=4)
+# The question's torus is 3D (TPU v5p): the FSDP and TP mesh axes together span at most 3 ICI axes.
+TORUS_AXES = 3
+# Which form of (c) the package recommends, and the compiled program's evidence for it (README,
+# "Finding for question (c)"; notebooks/4d_parallelism.ipynb, last section).
+RECOMMENDED_FORM = "sum"
+RECOMMENDED_WHY = (
+    "the compiled XXL forward step at fsdp=16, tensor=4 on v5p:4x4x4 runs all 4 of its collectives "
+    "synchronously (0 asynchronous start/done pairs): XLA schedules the weight all-gathers and the TP "
+    "all-reduces between the matmuls, not beside them, so their times add (check it: python -m scaling check "
+    "--devices tpu:v5p:4x4x4 --mesh fsdp=16,tensor=4 --preset xxl --batch-tokens 25600 --step forward)")
 
 
 def answers(
@@ -29,15 +40,29 @@ def answers(
     hbm: float = 95e9,
     gpu_hbm: float = 80e9,
     batch_tokens: int = 25600,
-    stages: int = 4,
+    stages: int | None = None,
 ) -> dict:
-    """All the numbers of (a)-(d). Raises ValueError naming any bad input."""
+    """All the numbers of (a)-(d). Raises ValueError naming any bad input. ``stages``: the pipeline
+    stages of (d), which must divide ``fsdp``; None: 4 (QUESTION) where 4 divides fsdp, else the
+    largest divisor of fsdp below 4."""
+    if stages is None:
+        positive_int("fsdp", fsdp)
+        stages = max(k for k in range(1, QUESTION["stages"] + 1) if fsdp % k == 0)
     cfg = FFNConfig(d_model, d_ff, blocks)
     for name, v in (("fsdp", fsdp), ("tensor", tensor), ("mx", mx), ("my", my), ("batch_tokens", batch_tokens), ("stages", stages)):
         positive_int(name, v)
     for name, v in (("flops", flops), ("w_ici", w_ici), ("hbm", hbm), ("gpu_hbm", gpu_hbm)):
         positive_float(name, v)
     check_divisible(cfg, MeshShape(fsdp=fsdp, tensor=tensor))
+    if mx + my > TORUS_AXES:
+        raise ValueError(f"mx={mx} and my={my} span {mx + my} ICI axes; the question's TPU v5p torus has {TORUS_AXES} "
+                         "(mx + my <= 3)")
+    for name, size, m in (("fsdp", fsdp, mx), ("tensor", tensor, my)):
+        if m > 1 and size < 2**m:
+            raise ValueError(f"{name}={size} cannot span {m} ICI axes (each spanned axis needs at least 2 chips)")
+    if stages > fsdp or fsdp % stages:
+        raise ValueError(f"stages={stages} must divide the FSDP size fsdp={fsdp}: each of the stages takes "
+                         f"fsdp/stages of the FSDP shards (valid: {', '.join(str(k) for k in range(1, fsdp + 1) if fsdp % k == 0)})")
     P = cfg.params
     prec = DEFAULT_PRECISION
     D, F, L, X, Y, N = d_model, d_ff, blocks, fsdp, tensor, fsdp * tensor
@@ -75,6 +100,8 @@ def answers(
             "per_fsdp_shard_batch": None if B is None else B / X,
         }
     c["tp_never_bound"] = c["sum"]["overall_batch"] is None
+    c["recommended_form"] = RECOMMENDED_FORM
+    c["recommended_why"] = RECOMMENDED_WHY
     c["tp_limit_Y"] = my * F / al  # compute bound possible only for Y below this
     c["fsdp_term"] = t_fsdp_per_token
     for form in roofline.FORMS:
@@ -90,7 +117,7 @@ def answers(
             "int8_weight_gathers": roofline.critical_batch(F, X, Y, al, mx, my, form, weight_bytes=1),
             "fsdp_over_3_axes": roofline.critical_batch(F, X, Y, al, 3, my, form) if mx < 3 else None,
             "best_split": None if split is None else {"X": split[0], "Y": split[1], "overall_batch": split[2]},
-            "pipeline": (roofline.pipeline_critical_batch(F, X, Y, al, stages, mx, my, form) if X % stages == 0 else None),
+            "pipeline": roofline.pipeline_critical_batch(F, X, Y, al, stages, mx, my, form),
             "pipeline_stages": stages,
         }
     d["fsdp_only_per_device"] = al / mx  # pure FSDP: B/X > alpha/M_X
@@ -100,7 +127,9 @@ def answers(
 
 
 def _k(x) -> str:
-    return "none (never compute bound)" if x is None else f"{x:,.0f} tokens ({x / 1e3:.1f}k)"
+    if x is None:
+        return "none (never compute bound)"
+    return "any batch (no FSDP weight gathers)" if x == 0 else f"{x:,.0f} tokens ({x / 1e3:.1f}k)"
 
 
 def render(ans: dict) -> str:
@@ -111,6 +140,11 @@ def render(ans: dict) -> str:
     out = []
     w = out.append
     w(f"Model: D={D:,}  F={F:,}  L={L} blocks of two bias-free linears (D->F->D).")
+    w(f"Constants (the question's, not the hardware table's): C = {i['flops']:.3g} bf16 FLOP/s and W_ici = "
+      f"{i['w_ici']:.3g} B/s per chip (TPU v5p as the Scaling Book rounds it),")
+    v5p = CHIPS["v5p"]
+    w(f"  {i['hbm'] / 1e9:g} GB HBM per v5p, {i['gpu_hbm'] / 1e9:g} GB per H100. (python -m scaling plan and check use the "
+      f"hardware table: v5p C = {v5p.bf16_flops:.3g}, {v5p.hbm_budget / 1e9:.4g} GB usable of {v5p.hbm_bytes / 1e9:.4g} GB.)")
     w("")
     w("(a) Memory on one device")
     w(f"  P = 2·D·F·L = 2·{D}·{F}·{L} = {a['params']:,} parameters")
@@ -119,14 +153,15 @@ def render(ans: dict) -> str:
     w(f"  = {a['gpu_equivalent']:.2f} H100s of {i['gpu_hbm'] / 1e9:g} GB -> {a['gpu_count']} GPUs (state alone)")
     w(f"  activations saved for backward (BF16, no remat): each block keeps its input (D) and hidden (F)")
     w(f"  = 2·(D+F)·L = 2·({D}+{F})·{L} = {a['activation_bytes_per_token']:,} bytes per token")
-    w(f"  at B = {B0:,} tokens: {a['activation_bytes_at_batch'] / 1e9:,.1f} GB; state + activations = "
-      f"{a['gpu_count_with_activations_at_batch']} GPUs")
+    w(f"  at B = {B0:,} tokens (a batch the question does not state; --batch-tokens): "
+      f"{a['activation_bytes_at_batch'] / 1e9:,.1f} GB; state + activations = {a['gpu_count_with_activations_at_batch']} GPUs")
     w("")
     w("(b) Sharding state and half the activations over N_FSDP devices")
     w("  M(N) = [16·P + (1/2)·2·(D+F)·L·B] / N  bytes per device   (B tokens in the global batch)")
     w(f"  without activations: 16·P/N <= {i['hbm'] / 1e9:g} GB  =>  N >= {a['fp32_state_bytes']:.4e}/{i['hbm']:.3g}"
       f" = {a['fp32_state_bytes'] / i['hbm']:.2f}  =>  N_FSDP >= {b['min_n_fsdp_without_activations']}")
-    w(f"  with half the activations at B = {B0:,} tokens: N_FSDP >= {b['min_n_fsdp_with_half_activations_at_batch']}")
+    w(f"  with half the activations at B = {B0:,} tokens (not stated by the question; --batch-tokens): "
+      f"N_FSDP >= {b['min_n_fsdp_with_half_activations_at_batch']}")
     w("")
     w("(c) Forward pass, FSDP+TP: when is it compute bound?")
     w(f"  alpha = C/W_ici = {i['flops']:.3g}/{i['w_ici']:.3g} = {c['alpha']:.1f} FLOPs/byte")
@@ -147,6 +182,10 @@ def render(ans: dict) -> str:
           f"1/(X·M_Y) = {1 / (X * c['M_Y']):.4f} < F/(N·alpha) = {F / (N * c['alpha']):.4f}")
         w(f"    overall B > {_k(c['max']['overall_batch'])}")
         w(f"    B/N > {c['max']['per_device_batch']:.0f};  B/X > {c['max']['per_fsdp_shard_batch']:.0f}")
+    if not c["tp_never_bound"]:
+        w(f"  Recommended: the {c['recommended_form']} form, overall B > {_k(c[c['recommended_form']]['overall_batch'])}"
+          f" (B/N > {c[c['recommended_form']]['per_device_batch']:.0f} per chip). Why: " + c["recommended_why"] + ".")
+        w(f"  The max form's {_k(c['max']['overall_batch'])} holds only where the two communications overlap.")
     for form, k in (("sum", 4), ("max", 1)):
         xo = c[f"x_opt_{form}"]
         w(f"  at X_opt = sqrt((B/F)·(M_X/M_Y)·N) instead of the given X ({form} form): B/N > {k}·alpha²/(M_X·M_Y·F)"
@@ -162,9 +201,10 @@ def render(ans: dict) -> str:
         if e["best_split"]:
             s = e["best_split"]
             w(f"    re-split the same {N} chips near X_opt: X={s['X']}, Y={s['Y']}: {_k(s['overall_batch'])}")
-        if e["pipeline"] is not None:
-            w(f"    {e['pipeline_stages']} pipeline stages of N/{e['pipeline_stages']} chips, weights gathered once per "
-              f"step: {_k(e['pipeline'])} (plus the bubble (P-1)/(m+P-1))")
+        S = e["pipeline_stages"]
+        if S > 1:
+            w(f"    {S} pipeline stages of N/{S} chips (FSDP X/{S} = {X // S} per stage, M_X kept), weights gathered once "
+              f"per step: {_k(e['pipeline'])} (plus the bubble (S-1)/(m+S-1) of the step with m microbatches)")
     w(f"  Why: the FSDP term F/(Y·M_X) is a fixed cost per block that the batch must amortise; halving its bytes")
     w(f"  (int8/fp8 gathers), spreading it over more links (M_X), overlapping it with the TP term (max form:")
     w(f"  {_k(d['max']['baseline'])} vs {_k(d['sum']['baseline'])}), or cutting the FSDP group that shares a")

@@ -3,8 +3,10 @@
 Sources (abbreviated in the table):
   [SB-tpus]  Scaling Book, "How to Think About TPUs", jax-ml.github.io/scaling-book/tpus/ (spec table)
   [SB-gpus]  Scaling Book, "How to Think About GPUs", jax-ml.github.io/scaling-book/gpus/
-  [GC-v5p]   Google Cloud TPU v5p documentation (cloud.google.com/tpu/docs/v5p): 95 GiB usable HBM,
-             DCN 50 Gbps per chip, slice topologies; full 3D torus (wraparound) from 4x4x4 up.
+  [GC-v5p]   Google Cloud TPU v5p documentation (cloud.google.com/tpu/docs/v5p): 95 GiB usable of 96 GiB
+             HBM, DCN 50 Gbps per chip, slice topologies; full 3D torus (wraparound) from 4x4x4 up.
+  [libtpu]   what libtpu 0.0.42.1 says when it compiles a program ahead of time for the chip: a program
+             too large fails with "exceeds available HBM (95.74G)" (v5p; G = GiB): the usable HBM.
   [GC-v5e], [GC-v6e] Google Cloud TPU v5e / v6e (Trillium) documentation.
   [NV-H100], [NV-H200], [NV-B200] NVIDIA data sheets (dense bf16, no sparsity).
 ICI figures are per link, one-way and bidirectional (bidirectional = 2 × one-way). GPU "ICI" is the
@@ -29,6 +31,22 @@ class Chip:
     wraparound_min: int | None  # an axis has wraparound when its length is a multiple of this (None: never)
     dcn_bw: float  # bytes/s per chip, data-center network
     source: str
+    usable_hbm: float | None = None  # HBM a program may use, where the vendor states less than hbm_bytes
+
+    @property
+    def hbm_budget(self) -> float:
+        """The memory budget per chip that plans are held to: the usable HBM where the table gives it
+        (v5p: 95.74 GiB = 102.8 GB, what the compiler says is available [libtpu], of 96 GiB), else the
+        HBM capacity."""
+        return self.usable_hbm or self.hbm_bytes
+
+    def describe(self) -> str:
+        """One line of the figures a report uses, for its header."""
+        hbm = f"HBM {self.hbm_budget / 1e9:.4g} GB" + (
+            f" usable of {self.hbm_bytes / 1e9:.4g} GB" if self.usable_hbm else "")
+        link = "NVLink per GPU" if self.kind == "gpu" else "per ICI link, bidirectional"
+        return (f"{self.name}: C = {self.bf16_flops:.3g} bf16 FLOP/s, {hbm} at {self.hbm_bw:.3g} B/s, "
+                f"W = {self.ici_bidi:.3g} B/s {link}, alpha = C/W = {self.alpha:.0f} ({self.source})")
 
     @property
     def ici_bidi(self) -> float:
@@ -59,7 +77,9 @@ CHIPS: dict[str, Chip] = {
     for c in [
         Chip("v4p", "tpu", 2.75e14, 32e9, 1.2e12, 4.5e10, 3, 4, 6.25e9, "[SB-tpus] spec table"),
         Chip("v5e", "tpu", 1.97e14, 16e9, 8.1e11, 4.5e10, 2, 16, 3.125e9, "[SB-tpus] spec table; [GC-v5e]"),
-        Chip("v5p", "tpu", 4.59e14, 96e9, 2.8e12, 9e10, 3, 4, 6.25e9, "[SB-tpus] spec table; [GC-v5p] DCN 50 Gb/s"),
+        Chip("v5p", "tpu", 4.59e14, 96 * 2**30, 2.8e12, 9e10, 3, 4, 6.25e9,
+             "[SB-tpus] spec table; [GC-v5p] 96 GiB HBM, DCN 50 Gb/s; [libtpu] 95.74 GiB available",
+             usable_hbm=95.74 * 2**30),
         Chip("v6e", "tpu", 9.2e14, 32e9, 1.6e12, 9e10, 2, 16, 1.25e10, "[SB-tpus] spec table; [GC-v6e]"),
         Chip("H100", "gpu", 9.9e14, 80e9, 3.35e12, 4.5e11, 0, None, 5e10, "[SB-gpus]; [NV-H100] SXM"),
         Chip("H200", "gpu", 9.9e14, 141e9, 4.8e12, 4.5e11, 0, None, 5e10, "[SB-gpus]; [NV-H200]"),
@@ -67,17 +87,29 @@ CHIPS: dict[str, Chip] = {
     ]
 }
 
-# Usable HBM per v5p chip as the question states it (96 GiB physical, 95 reserved-for-runtime
-# adjusted; questions-4d.md uses 95e9).
-V5P_USABLE_HBM = 95e9
-
-
 def get_chip(name: str) -> Chip:
-    """Look a chip up by name (case-insensitive); ValueError listing the valid names otherwise."""
+    """Look a chip up by name (case-insensitive); ValueError listing the valid names otherwise (and
+    pointing a slice name such as v5p-256 to --slice)."""
     for key, chip in CHIPS.items():
         if key.lower() == str(name).lower():
             return chip
-    raise ValueError(f"unknown chip {name!r}; valid chips: {', '.join(CHIPS)}")
+    hint = f" ({name!r} names a slice: use --slice {name})" if str(name).lower().startswith("v5p-") else ""
+    raise ValueError(f"unknown chip {name!r}; valid chips: {', '.join(CHIPS)}{hint}")
+
+
+def parse_slice(name: str) -> tuple[Chip, tuple[int, ...]]:
+    """A Cloud TPU slice name -> (chip, physical shape): ``v5p-256`` counts TensorCores, 2 per chip
+    [GC-v5p], so it is 128 chips, 4x4x8. ValueError naming the valid form otherwise."""
+    s = str(name).strip().lower()
+    if not s.startswith("v5p-"):
+        raise ValueError(f"unknown slice {name!r}; expected v5p-<TensorCores>, e.g. v5p-256 (128 chips)")
+    return CHIPS["v5p"], parse_v5p_slice(s)
+
+
+def slice_name(chip: Chip, chips: int) -> str | None:
+    """The Cloud TPU accelerator type of ``chips`` chips of ``chip`` (v5p: 2 TensorCores per chip,
+    v5p-<2·chips>), None where the chip has no slice names (GPUs)."""
+    return f"v5p-{2 * chips}" if chip.name == "v5p" else None
 
 
 # Slice topologies for v5p [GC-v5p]: accelerator type "v5p-<TensorCores>", 2 TensorCores per chip.

@@ -1,6 +1,6 @@
 """Bytes per device, term by term, for the FFN stack on a (data, fsdp, tensor) mesh.
 
-Sharding (the table in mesh/rules.py): weights W_in [L,D,F] and W_out [L,F,D] are split D over fsdp
+Sharding (the table in mesh/rules.py): weights W_in and W_out (both stored [L,F,D]) are split D over fsdp
 and F over tensor, replicated over data; the batch is split over data·fsdp; the block input x[B,D]
 is replicated over tensor, the hidden h[B,F] is split F over tensor.
 

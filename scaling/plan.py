@@ -14,9 +14,12 @@ Per step and device (scaling.program's collectives, training page rooflines):
   T_dp   = L·2·(4·D·F/(X·Y)) / bw_data  (gradient all-reduce of the fsdp shard)
   T_hbm  = [28·P/N (AdamW: read master, grad, mu, nu; write master, mu, nu)
             + 3·L·4·D·F/Y (bf16 weights read by forward, dX, dW) + 2·activations] / HBM_BW
-  step   = max(T_math, T_fsdp, T_tp, T_dp, T_hbm) (overlapped; "max" form) or
-           T_math + T_fsdp + T_tp + T_dp ("sum" form); MFU = T_math / step (model FLOPs: the matmuls
-           the step needs, 6·P·B − 2·B·D·F).
+  step   = T_math + T_fsdp + T_tp + T_dp ("sum" form, the default: the compiled XXL forward step runs
+           its collectives synchronously, README "Finding for question (c)") or
+           max(T_math, T_fsdp, T_tp, T_dp, T_hbm) (overlapped; "max" form). Both are rooflines: the
+           step times are lower bounds and the utilisations upper bounds.
+  MFU    = model FLOPs / (N·C·step), model FLOPs = 6·P·B − 2·B·D·F (the matmuls the step needs);
+  HFU    = executed FLOPs / (N·C·step), executed = model + the remat recompute (T_math counts these).
 Memory: scaling.memory.memory_per_device (closed-form peak); plans over the HBM budget are dropped.
 Critical batch: scaling.roofline.critical_batch for the layout's X, Y, M_X, M_Y, times the data size.
 """
@@ -30,7 +33,7 @@ import numpy as np
 
 from scaling import memory, roofline
 from scaling.config import DEFAULT_PRECISION, FFNConfig, check_remat, positive_float, positive_int
-from scaling.hardware import V5P_USABLE_HBM, Chip, v5p_topology
+from scaling.hardware import Chip, v5p_topology
 
 AXES = ("data", "fsdp", "tensor")
 
@@ -74,7 +77,7 @@ def plan(
     batch_tokens,
     hbm: float | None = None,
     remat: str = "none",
-    form: str = "max",
+    form: str = "sum",
     dims: tuple[int, int, int] | None = None,
 ) -> list[dict]:
     """Ranked plans (best first) for one or more batch sizes; see the module docstring for the model.
@@ -87,9 +90,7 @@ def plan(
     check_remat(remat)
     if form not in ("max", "sum"):
         raise ValueError(f"form must be 'max' or 'sum', got {form!r}")
-    if hbm is None:
-        hbm = V5P_USABLE_HBM if chip.name == "v5p" else chip.hbm_bytes
-    hbm = positive_float("hbm", hbm)
+    hbm = positive_float("hbm", chip.hbm_budget if hbm is None else hbm)
     batches = [batch_tokens] if isinstance(batch_tokens, int) else list(batch_tokens)
     for b in batches:
         positive_int("batch_tokens", b)
@@ -123,7 +124,8 @@ def plan(
         acts = c * b_loc * (n_full * (D + F / Y) + n_input * D)
         inputs = (c + 4) * D * b_loc
         mem = state + acts + transient + inputs
-        flops = 6 * P * B - 2 * B * D * F + 2 * B * D * F * n_input
+        model_flops = 6 * P * B - 2 * B * D * F
+        flops = model_flops + 2 * B * D * F * n_input  # executed: + h = x·W_in again for remat blocks
         t_math = np.full_like(X, flops / N / C)
         with np.errstate(divide="ignore", invalid="ignore"):
             t_fsdp = np.where(X > 1, 3 * L * 2 * c * D * F / Y / bw["fsdp"], 0.0)
@@ -131,7 +133,8 @@ def plan(
             t_dp = np.where(d > 1, L * 2 * (2 * c * D * F / (X * Y)) / bw["data"], 0.0)
         t_hbm = (28 * P / N + 3 * L * 2 * c * D * F / Y + 2 * acts) / chip.hbm_bw
         terms = np.stack([t_math, t_fsdp, t_tp, t_dp, t_hbm])
-        step = terms.max(axis=0) if form == "max" else t_math + t_fsdp + t_tp + t_dp
+        steps = {"max": terms.max(axis=0), "sum": t_math + t_fsdp + t_tp + t_dp}
+        step = steps[form]
         bound_names = np.array(["compute", "ICI fsdp", "ICI tensor", "ICI data", "HBM"])
         bound = bound_names[terms.argmax(axis=0)]
         keep = np.nonzero(mem <= hbm)[0]
@@ -150,8 +153,15 @@ def plan(
                 "layout": {a: {"lens": l["axes"][a]["lens"], "wrap": l["axes"][a]["wrap"]} for a in AXES},
                 "M_X": l["axes"]["fsdp"]["M"],
                 "M_Y": l["axes"]["tensor"]["M"],
+                "form": form,
                 "step_seconds": float(step[i]),
-                "mfu": float(t_math[i] / step[i]),
+                "step_seconds_sum": float(steps["sum"][i]),
+                "step_seconds_max": float(steps["max"][i]),
+                "mfu": float(model_flops / (N * C * step[i])),
+                "mfu_sum": float(model_flops / (N * C * steps["sum"][i])),
+                "mfu_max": float(model_flops / (N * C * steps["max"][i])),
+                "hfu": float(flops / (N * C * step[i])),
+                "hbm_budget": hbm,
                 "batch_divides": bool(B % (d[i] * X[i]) == 0),
                 "bound": str(bound[i]),
                 "times": {"math": float(t_math[i]), "fsdp": float(t_fsdp[i]), "tensor": float(t_tp[i]),

@@ -1,6 +1,6 @@
 """The closed-form account of one compiled step of the sharded FFN stack, per device.
 
-What ``ffn_model`` compiles (sharding table: W [L,D,F] split D over fsdp and F over tensor; batch over
+What ``ffn_model`` compiles (sharding table: W [L,F,D] split D over fsdp and F over tensor; batch over
 data·fsdp; block input x[B,D] replicated over tensor; hidden h[B,F] split F over tensor), block by block:
 
   forward   all-gather W_in, W_out (bf16) over fsdp      V = 2·(2·D·F/Y)  bytes   [FSDP, forward]
@@ -116,12 +116,15 @@ def predict(
     memory     bytes per device, term by term (scaling.memory.memory_per_device; a forward step:
                memory.forward_memory_per_device)
     times      T_math = FLOPs/C; T_comms per axis; step time in the sum form (comms after math:
-               T_math + Σ T_axis) and the max form (overlapped: max(T_math, T_axis...)); bound
+               T_math + Σ T_axis) and the max form (overlapped: max(T_math, T_axis...)); bound.
+               The times are those of the bytes the precision policy puts on the wire (bf16), also
+               when ``min_comm_bytes`` widens the volumes reported for an XLA:CPU program.
     """
     check_remat(remat)
     f = flops.step_flops(cfg, batch_tokens, step, remat, first_block_input_grad=flops.first_block_dx_computed(cfg.blocks, remat))
     f = {k: flops.flops_per_device(v, mesh) for k, v in f.items()}
     vols = collective_volumes(cfg, mesh, batch_tokens, step, precision, min_comm_bytes, windowed_grad_rs, remat)
+    wire = collective_volumes(cfg, mesh, batch_tokens, step, precision, 0, windowed_grad_rs, remat) if min_comm_bytes else vols
     if step == "forward":
         mem = memory.forward_memory_per_device(cfg, mesh, batch_tokens, precision)
     else:
@@ -129,7 +132,7 @@ def predict(
     res = {"flops": f, "collectives": vols, "collective_bytes": axis_bytes(vols), "memory": mem}
     if chip is not None:
         t_math = f["total"] / chip.bf16_flops
-        t_axes = comm_times(vols, chip, axis_ici or {})
+        t_axes = comm_times(wire, chip, axis_ici or {})
         t_sum = t_math + sum(t_axes.values())
         t_max = max([t_math, *t_axes.values()])
         worst = max(t_axes, key=t_axes.get) if t_axes else None

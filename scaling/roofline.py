@@ -59,11 +59,13 @@ def mixed_times(
 ) -> dict[str, float]:
     """FSDP+TP, forward pass of one block (N = X·Y):
     T_math = 4BDF/(NC), T_FSDP = 2·c_w·DF/(Y·M_X·W_ici), T_TP = 4BD/(X·M_Y·W_ici);
-    comms_sum = T_FSDP + T_TP, comms_max = max(T_FSDP, T_TP)."""
+    comms_sum = T_FSDP + T_TP, comms_max = max(T_FSDP, T_TP). An axis of size 1 moves nothing:
+    T_FSDP = 0 at X = 1, T_TP = 0 at Y = 1."""
+    X, Y = np.asarray(X), np.asarray(Y)
     t = {
         "math": 4 * B * D * F / (X * Y * C),
-        "fsdp": 2 * weight_bytes * D * F / (Y * M_X * w_ici),
-        "tp": 4 * B * D / (X * M_Y * w_ici),
+        "fsdp": np.where(X > 1, 2 * weight_bytes * D * F / (Y * M_X * w_ici), 0.0),
+        "tp": np.where(Y > 1, 4 * B * D / (X * M_Y * w_ici), 0.0),
     }
     t["comms_sum"] = t["fsdp"] + t["tp"]
     t["comms_max"] = np.maximum(t["fsdp"], t["tp"])  # works on scalars and arrays
@@ -79,15 +81,17 @@ def critical_batch(
     max: B > F'/(Y·M_X) · N·alpha/F = X·alpha·(c_w/2)/M_X, and the TP condition F/(N·alpha) > 1/(X·M_Y)
     with F' = F·c_w/2 (the FSDP bytes relative to bf16). The TP term grows with B as fast as the
     math when F/(N·alpha) <= 1/(X·M_Y) (i.e. Y >= M_Y·F/alpha): then no batch is compute bound.
+    An axis of size 1 moves nothing: no FSDP term at X = 1 (then any batch is compute bound, B = 0,
+    when the TP condition holds), no TP term at Y = 1 (pure FSDP: B > X·alpha/M_X).
     """
     _check_form(form)
     for name, v in (("F", F), ("X", X), ("Y", Y), ("M_X", M_X), ("M_Y", M_Y)):
         positive_int(name, v)
     positive_float("alpha", alpha_)
     N = X * Y
-    fsdp_term = F * (weight_bytes / 2) / (Y * M_X)
+    fsdp_term = F * (weight_bytes / 2) / (Y * M_X) if X > 1 else 0.0
     per_token_math = F / (N * alpha_)
-    per_token_tp = 1 / (X * M_Y)
+    per_token_tp = 1 / (X * M_Y) if Y > 1 else 0.0
     if per_token_math <= per_token_tp:
         return None
     if form == "sum":

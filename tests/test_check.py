@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import pytest
 
-from scaling.check import CPU_GRID, TPU_GRID, check, render
+from scaling.check import CPU_GRID, TPU_GRID, TPU_MID_GRID, check, render
 from scaling.config import get_preset
+from scaling.hardware import get_chip
 
 
 def test_grid_covers_the_acceptance_configurations():
@@ -69,6 +70,16 @@ def test_tpu_targets(devices, cfg, mesh, batch, remat, step):
 
 
 @pytest.mark.tpu
+@pytest.mark.parametrize("devices,cfg,mesh,batch,remat,step", TPU_MID_GRID,
+                         ids=[f"{d[8:]}-{i}" for d, i in zip([g[0] for g in TPU_MID_GRID], _ids([g[1:] for g in TPU_MID_GRID]))])
+def test_tpu_mid_sized_models(devices, cfg, mesh, batch, remat, step):
+    """1024- to 3072-wide models: FLOPs, arguments and collectives (total and per axis) in their bands.
+    2048 x 8192 x 3 at fsdp=4, tensor=2 on 2x2x2 is the configuration that moved 2.7% more bytes over
+    fsdp while W_in was stored [D, F] (XLA:TPU padded its gradient's reduce-scatter)."""
+    _assert_bands(check(cfg, devices, mesh, batch, remat, step))
+
+
+@pytest.mark.tpu
 def test_tpu_xxl_train_step():
     """The full XXL train step, fsdp=16, tensor=4, 25,600 tokens, on v5p:4x4x4: every band, and the
     compiler's peak within 5% of 16 B/param/N + saved activations + the named transients."""
@@ -119,3 +130,40 @@ def test_check_cli_bad_input(argv, match, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) <= 2 and match in err[-1] and "Traceback" not in "\n".join(err)
+
+
+def test_cpu_check_times_the_bytes_a_tpu_moves():
+    """XLA:CPU widens bf16 collectives to f32; the compared volumes say so, but the ICI times are those
+    of the bf16 bytes a TPU moves: the same as predict's with no widening, half the widened ones' here
+    (every collective of this step is bf16 but the 4-byte loss)."""
+    from scaling import program
+    from scaling.config import MeshShape
+
+    cfg = get_preset("small")
+    rep = check(cfg, "cpu:8", "fsdp=4,tensor=2", 4096)
+    chip = get_chip("v5p")
+    layout = rep["config"]["ici_layout"]
+    tpu = program.predict(cfg, MeshShape(fsdp=4, tensor=2), 4096, chip=chip, axis_ici=layout)
+    assert rep["times"]["comms"] == tpu["times"]["comms"]
+    widened = program.comm_times(rep["collectives"]["closed_form_by_kind"], chip, layout)
+    assert rep["times"]["comms"]["tensor"] == pytest.approx(widened["tensor"] / 2, rel=1e-12)
+    assert "not of XLA:CPU's f32-widened bytes" in render(rep)
+
+
+@pytest.mark.tpu
+def test_tpu_check_keeps_libtpu_start_up_lines_off_stderr():
+    """libtpu, loaded here to compile ahead of time, writes lines about TPU hosts it cannot find; stderr
+    holds only the package's own line unless --verbose. A bad --devices fails before 'compiling'."""
+    import subprocess
+    import sys
+
+    argv = [sys.executable, "-m", "scaling", "check", "--devices", "tpu:v5p:2x2x1", "--mesh", "fsdp=4",
+            "--preset", "tiny", "--batch-tokens", "256"]
+    quiet = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert quiet.returncode == 0, quiet.stderr[-2000:]
+    assert quiet.stderr.strip().splitlines() == ["compiling the train step for tpu:v5p:2x2x1 ..."]
+    assert "XLA:TPU's cost-model estimate" in quiet.stdout and "counts each while-loop body once" in quiet.stdout
+    loud = subprocess.run(argv + ["--verbose"], capture_output=True, text=True, timeout=300)
+    assert loud.returncode == 0 and "worker hostname" in loud.stderr
+    bad = subprocess.run(argv[:4] + ["tpu:v5p:3x3x3"] + argv[5:], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "compiling" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1

@@ -39,18 +39,18 @@ def test_restore_on_other_meshes_is_bit_identical(tmp_path):
     _, s1 = train(TINY, m1, B, 2, checkpoint_dir=tmp_path / "a", return_state=True)  # saved at the end
     want = jax.tree.map(np.asarray, s1)
 
-    step, s2 = ckpt.restore_latest(tmp_path / "a", state_shardings(TINY, m2)[0])
+    step, s2, _ = ckpt.restore_latest(tmp_path / "a", state_shardings(TINY, m2)[0])
     assert step == 2
     assert_bit_identical(s2, want)
     w_in = s2["params"]["w_in"]
     assert mesh_shape(w_in.sharding.mesh).as_dict() == {"data": 1, "fsdp": 2, "tensor": 4}
-    assert w_in.sharding.spec == jax.sharding.PartitionSpec(None, "fsdp", "tensor")
-    assert len(w_in.addressable_shards) == 8 and w_in.addressable_shards[0].data.shape == (3, 32, 64)
+    assert w_in.sharding.spec == jax.sharding.PartitionSpec(None, "tensor", "fsdp")  # W_in [L, F, D]
+    assert len(w_in.addressable_shards) == 8 and w_in.addressable_shards[0].data.shape == (3, 64, 32)
 
     mngr = ckpt.open_manager(tmp_path / "b", create=True)
     ckpt.save(mngr, step, s2)  # saved from the second mesh
     mngr.close()
-    step, s3 = ckpt.restore_latest(tmp_path / "b", state_shardings(TINY, one)[0])
+    step, s3, _ = ckpt.restore_latest(tmp_path / "b", state_shardings(TINY, one)[0])
     assert step == 2
     assert_bit_identical(s3, want)
     assert s3["params"]["w_out"].sharding.mesh.devices.size == 1
@@ -117,7 +117,7 @@ def test_interrupted_save_keeps_the_previous_checkpoint(tmp_path):
     m = make_mesh("fsdp=4,tensor=2", "cpu:8")
     full, want = train(TINY, m, B, 4, return_state=True)
     _, at_2 = train(TINY, m, B, 2, return_state=True)  # computed here, independently of the subprocess
-    step, got = ckpt.restore_latest(d, state_shardings(TINY, make_mesh("fsdp=8", "cpu:8"))[0])
+    step, got, _ = ckpt.restore_latest(d, state_shardings(TINY, make_mesh("fsdp=8", "cpu:8"))[0])
     assert step == 2
     assert_bit_identical(got, jax.tree.map(np.asarray, at_2))
 
@@ -126,3 +126,39 @@ def test_interrupted_save_keeps_the_previous_checkpoint(tmp_path):
     assert losses == full[2:]
     assert sorted(os.listdir(d)) == ["2", "4"]
     assert_bit_identical(state, jax.tree.map(np.asarray, want))
+
+
+def test_an_empty_directory_works_like_a_missing_one(tmp_path):
+    """A directory made with mkdir (or a mounted volume) before the run: the directory check reads the
+    file system only, so jax's 8 emulated devices are still set up after it (in a fresh process)."""
+    d = tmp_path / "ck"
+    d.mkdir()
+    out = subprocess.run([sys.executable, "-m", "ffn_model", "train", "--preset", "tiny", "--devices", "cpu:8",
+                          "--mesh", "fsdp=4,tensor=2", "--batch-tokens", str(B), "--steps", "2",
+                          "--checkpoint-dir", str(d)], capture_output=True, text=True, env=ENV, timeout=240)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert os.listdir(d) == ["2"]
+    assert f"saved step 2 to {d}" in out.stdout
+
+
+def test_checkpoint_messages_and_changed_settings(tmp_path, capsys):
+    """What a person running train is told: each save, the step and meshes of a resume, a checkpoint
+    already at --steps, and a warning for each setting that differs from the checkpoint's."""
+    d = tmp_path / "ck"
+    base = ["train", "--preset", "tiny", "--devices", "cpu:8", "--batch-tokens", str(B), "--checkpoint-dir", str(d)]
+    assert main([*base, "--mesh", "fsdp=4,tensor=2", "--steps", "4", "--save-every", "2"]) == 0
+    out = capsys.readouterr().out
+    assert f"saved step 2 to {d}" in out and f"saved step 4 to {d}" in out
+
+    assert main([*base, "--mesh", "fsdp=4,tensor=2", "--steps", "4", "--resume"]) == 0
+    out = capsys.readouterr().out
+    assert "already at step 4 = steps: nothing to train" in out
+    assert not any(line.startswith("step ") for line in out.splitlines())  # no step ran
+
+    assert main([*base, "--mesh", "fsdp=2,tensor=4", "--steps", "5", "--resume", "--lr", "2e-3",
+                 "--batch-tokens", str(2 * B)]) == 0
+    out, err = capsys.readouterr()
+    assert (f"resumed from step 4 in {d} (saved on mesh fsdp=4,tensor=2, restored on mesh fsdp=2,tensor=4)" in out)
+    assert "warning: resuming with lr 0.002, the checkpoint was written with 0.001" in err
+    assert f"warning: resuming with batch_tokens {2 * B}, the checkpoint was written with {B}" in err
+    assert f"saved step 5 to {d}" in out

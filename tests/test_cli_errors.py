@@ -80,6 +80,8 @@ CASES = [
     (f"{TRAIN} --checkpoint-dir {{empty}} --resume", r"no complete checkpoint in --checkpoint-dir '.*/empty'"),
     (f"{TRAIN} --checkpoint-dir {{corrupt}} --resume", r"checkpoint step 2 in --checkpoint-dir '.*/corrupt' cannot be"),
     (f"{TRAIN} --checkpoint-dir {{full}}", r"'.*/full' already holds checkpoints \(latest step 2\); pass --resume"),
+    (f"{TRAIN} --checkpoint-dir {{notes}}", r"'.*/notes' holds files that are not checkpoints \(notes.txt\)"),
+    (f"{TRAIN} --checkpoint-dir {{unfinished}}", r"'.*/unfinished' holds an unfinished save \(3.orbax-checkpoint-tmp-1\)"),
     (f"{TRAIN} --checkpoint-dir {{full}} --resume --steps 1", r"steps=1 is fewer than the 2 steps already in the checkpoint"),
     (f"{TRAIN} --checkpoint-dir {{full}} --resume --seed 1", r"was written with seed 0, not 1; resume with the same seed"),
     (f"{TRAIN} --checkpoint-dir {{full}} --resume --d-ff 512", r"was written with model \{'d_model': 64, 'd_ff': 256"),
@@ -137,7 +139,10 @@ def places(saved, tmp_path):
     shutil.copytree(saved / "corrupt", tmp_path / "corrupt")
     (tmp_path / "empty").mkdir()
     (tmp_path / "file").write_text("not a directory\n")
-    return {k: str(tmp_path / k) for k in ("ck", "file", "empty", "full", "corrupt")}
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "notes.txt").write_text("a directory that holds something else\n")
+    (tmp_path / "unfinished" / "3.orbax-checkpoint-tmp-1").mkdir(parents=True)
+    return {k: str(tmp_path / k) for k in ("ck", "file", "empty", "full", "corrupt", "notes", "unfinished")}
 
 
 def snapshot(root) -> dict:
@@ -203,7 +208,7 @@ def test_public_entry_points_raise_value_error(places, tmp_path):
                          ("corrupt", "cannot be")]:
         with pytest.raises(ValueError, match=match):
             ckpt.restore_latest(places[where], abstract)
-    with pytest.raises(ValueError, match=r"holds \['opt'\]\[0\].mu\['w_in'\] as float32\[3, 64, 256\], this run needs float32\[3, 64, 512\]"):
+    with pytest.raises(ValueError, match=r"holds \['opt'\]\[0\].mu\['w_in'\] as float32\[3, 256, 64\], this run needs float32\[3, 512, 64\]"):
         ckpt.restore_latest(places["full"], state_shardings(TINY.replace(d_ff=512), m)[0])  # no metadata check
     with pytest.raises(ValueError, match="written with seed 0, not 3"):
         ckpt.restore_latest(places["full"], abstract, {"model": vars(TINY), "seed": 3})

@@ -114,7 +114,7 @@ def test_other_inputs_by_hand():
 def test_tp_alone_exceeds_math_gives_null():
     # Y = 32 >= M_Y·F/alpha = 53248/2555.6 = 20.8: the TP term B/(X·M_Y) = B/2 grows faster than the
     # math B·F/(N·alpha) = B·0.3256: no batch is compute bound.
-    ans = answers(fsdp=2, tensor=32)
+    ans = answers(fsdp=2, tensor=32, mx=1)  # fsdp=2 spans one ICI axis
     assert ans["c"]["sum"]["overall_batch"] is None and ans["c"]["max"]["overall_batch"] is None
 
 
@@ -221,6 +221,41 @@ def test_cli_json_fields():
         for k in ("overall_batch", "per_device_batch", "per_fsdp_shard_batch"):
             assert j["c"][form][k] > 0
     assert j["b"]["min_n_fsdp_without_activations"] == 38
+
+
+@pytest.mark.parametrize("args, word", [
+    (["--stages", "3"], "stages=3 must divide the FSDP size fsdp=16"),
+    (["--stages", "32"], "stages=32 must divide the FSDP size fsdp=16"),
+    (["--mx", "4"], "span 5 ICI axes"),
+    (["--mx", "2", "--my", "2"], "span 4 ICI axes"),
+    (["--fsdp", "2", "--tensor", "32", "--mx", "2"], "fsdp=2 cannot span 2 ICI axes"),
+])
+def test_cli_impossible_inputs_exit_2(args, word):
+    """Inputs the question's mesh cannot have: a stage count that does not divide the FSDP size (each
+    stage takes X/S of the FSDP shards), more ICI axes than a 3D torus has."""
+    r = _cli("answer", *args)
+    assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and word in lines[0], lines
+
+
+def test_one_shard_per_stage_has_no_fsdp_term():
+    """--stages 16 with X = 16: each stage is 1 FSDP shard x Y = 4 TP chips, so no weight gathers. By hand,
+    the stage is compute bound when T_TP < T_math: 4BD/(1·M_Y·W) < 4BDF/(4·C) <=> 1 < F/(4·alpha) =
+    53248/(4·2555.6) = 5.2: true for every B, so the threshold is 0 tokens."""
+    d = answers(stages=16)["d"]
+    assert d["sum"]["pipeline"] == 0 and d["max"]["pipeline"] == 0
+    # and with 4 stages, X/S = 4 shards: the sum form's threshold by hand,
+    # F/(Y·M_X) / (F/((N/S)·alpha) - 1/((X/S)·M_Y)) = 6656 / (53248/40888.9 - 1/4) = 6656/1.052260 = 6325.4
+    assert answers(stages=4)["d"]["sum"]["pipeline"] == pytest.approx(6325.4, rel=1e-4)
+
+
+def test_answer_states_its_constants_batch_and_recommended_form():
+    r = _cli("answer")
+    assert "C = 4.6e+14" in r.stdout and "95 GB HBM per v5p" in r.stdout and "v5p C = 4.59e+14" in r.stdout
+    assert "a batch the question does not state" in r.stdout
+    assert "Recommended: the sum form" in r.stdout and "0 asynchronous" in r.stdout
+    assert json.loads(_cli("answer", "--json").stdout)["c"]["recommended_form"] == "sum"
 
 
 def test_cli_text_shows_both_conventions():

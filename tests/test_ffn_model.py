@@ -56,8 +56,8 @@ def test_sharded_training_matches_one_device(reference_run, spec):
         diff = np.abs(got - ref)
         assert diff.max() <= 2 * steps * lr, (name, diff.max())
         assert diff.mean() <= 0.05 * lr, (name, diff.mean())
-    # the state keeps its sharding (out_shardings pinned): W_in [L,D,F] split D over fsdp, F over tensor
-    assert state["params"]["w_in"].sharding.spec == jax.sharding.PartitionSpec(None, "fsdp", "tensor")
+    # the state keeps its sharding (out_shardings pinned): W_in and W_out [L,F,D] split F over tensor, D over fsdp
+    assert state["params"]["w_in"].sharding.spec == jax.sharding.PartitionSpec(None, "tensor", "fsdp")
     assert state["opt"][0].mu["w_out"].sharding.spec == jax.sharding.PartitionSpec(None, "tensor", "fsdp")
 
 

@@ -55,14 +55,18 @@ def test_two_processes_match_one_process(tmp_path):
     np.testing.assert_allclose(rep["losses"], want, rtol=1e-6)
 
     assert sorted(os.listdir(d)) == ["2", "3"]
-    step, got = ckpt.restore_latest(d, state_shardings(TINY, make_mesh("fsdp=2,tensor=4", "cpu:8"))[0])
+    step, got, _ = ckpt.restore_latest(d, state_shardings(TINY, make_mesh("fsdp=2,tensor=4", "cpu:8"))[0])
     assert step == 3
-    # The states agree to 1e-5 of each leaf's scale: gloo sums the f32 gradient shards in another order,
-    # and Adam divides each gradient by its own magnitude, so an ulp in a near-zero gradient moves its
-    # weight a little (measured: at most 8.1e-7 of the scale; the step counter, several
-    # leaves and the losses bit-identical); a shard in the wrong place or a step missing
-    # would be off by the whole scale.
+    # The states agree up to the rounding of a bf16 gradient summed in another order. gloo sums the
+    # gradient partials of the two processes in another order than one process does; where that sum
+    # lands on a bf16 rounding boundary, the communicated gradient element (bf16: precision policy)
+    # differs by one bf16 ulp, 2^-8 of itself, and so do its Adam moments and, far less, its weight.
+    # So each leaf must agree within 2^-8 of its scale, and only isolated elements may differ (a
+    # shard in the wrong place or a step missing would change whole shards: 1/8 of the elements or
+    # more). Measured: one element in 49,152 per leaf at most, 1.25e-4 of the scale (mu of w_out);
+    # the step counter and nu of w_in bit-identical.
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(state)):
         g, w = np.asarray(g), np.asarray(w)
         assert g.shape == w.shape and g.dtype == w.dtype
-        assert np.abs(g - w).max() <= 1e-5 * np.abs(w).max(), (np.abs(g - w).max(), np.abs(w).max())
+        assert np.abs(g - w).max() <= 2**-8 * np.abs(w).max(), (np.abs(g - w).max(), np.abs(w).max())
+        assert np.mean(g != w) <= 1e-3, np.mean(g != w)

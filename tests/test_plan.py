@@ -25,13 +25,28 @@ def test_question_mesh_by_hand():
     # 4x4x4: fsdp=16 spans two whole wrapped axes (M_X=2), tensor=4 one (M_Y=1).
     # T_math = (6·P·B − 2·B·D·F)/(N·C) = (6·219,848,638,464·25,600 − 2·25,600·16,384·53,248)/(64·4.59e14)
     #        = (3.37687e16 − 4.4666e13)/2.9376e16 = 1.1480 s.
-    # Max-form critical batch X·alpha/M_X = 16·2550/2 = 20,400 tokens.
-    plans = {tuple(p["mesh"].values()): p for p in plan(XXL, V5P, 64, 25600, hbm=95e9)}
-    p = plans[(1, 16, 4)]
-    assert (p["M_X"], p["M_Y"]) == (2, 1)
-    assert p["times"]["math"] == pytest.approx(1.1480, abs=1e-3)
-    assert p["critical_batch"] == pytest.approx(20_400, rel=1e-6)
-    assert p["bound"] == "compute"
+    # Max-form critical batch X·alpha/M_X = 16·2550/2 = 20,400 tokens; sum form (alpha = 2550)
+    # F/(Y·M_X) / (F/(N·alpha) − 1/(X·M_Y)) = 6656 / (53248/163200 − 1/16) = 6656/0.263775 = 25,233.7.
+    for form, crit in (("max", 20_400), ("sum", 25_233.7)):
+        plans = {tuple(p["mesh"].values()): p for p in plan(XXL, V5P, 64, 25600, hbm=95e9, form=form)}
+        p = plans[(1, 16, 4)]
+        assert (p["M_X"], p["M_Y"]) == (2, 1)
+        assert p["times"]["math"] == pytest.approx(1.1480, abs=1e-3)
+        assert p["critical_batch"] == pytest.approx(crit, rel=1e-5)
+        assert p["bound"] == "compute"
+        assert p["step_seconds"] == p[f"step_seconds_{form}"] and p["step_seconds_sum"] >= p["step_seconds_max"]
+
+
+def test_mfu_counts_model_flops_and_hfu_the_recompute():
+    """Full remat recomputes h = x·W_in of every block: executed = 6PB − 2BDF + 2BDF·L. When the step
+    is compute bound (max form, step = T_math of the executed FLOPs) MFU = model/executed =
+    (12L − 2)/(14L − 2) = 1510/1762 = 0.85698 for L = 126 (P = 2DFL), and HFU = 1."""
+    plans = plan(XXL, V5P, 128, 1_048_576, remat="full", form="max")
+    top = plans[0]
+    assert top["bound"] == "compute"
+    assert top["mfu"] == pytest.approx(1510 / 1762, rel=1e-9)
+    assert top["hfu"] == pytest.approx(1.0, rel=1e-9)
+    assert top["mfu_sum"] < top["mfu_max"]
 
 
 def test_budget_drops_plans_and_top_is_compute_bound():
@@ -44,23 +59,52 @@ def test_budget_drops_plans_and_top_is_compute_bound():
     assert plans[0]["bound"] == "compute"
 
 
+def _plan_cli(*args):
+    return subprocess.run([sys.executable, "-m", "scaling", "plan", *args], capture_output=True, text=True, timeout=60)
+
+
 def test_plan_cli_bad_input():
-    for args in (["--chips", "0"], ["--chip", "v9"], ["--preset", "nope"], ["--chips", "63"], ["--top", "0"]):
-        r = subprocess.run([sys.executable, "-m", "scaling", "plan", *args], capture_output=True, text=True, timeout=60)
+    for args in (["--chips", "0"], ["--chip", "v9"], ["--preset", "nope"], ["--chips", "63"], ["--top", "0"],
+                 ["--slice", "v5p-7"], ["--slice", "v5p-256", "--chips", "128"], ["--form", "mean"]):
+        r = _plan_cli(*args)
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, args
 
 
-def test_plan_cli_json():
-    r = subprocess.run([sys.executable, "-m", "scaling", "plan", "--json", "--top", "3"], capture_output=True, text=True, timeout=60)
+def test_nothing_fits_names_the_budget_it_used():
+    """The XXL at 1M tokens without remat fits no mesh of 128 v5p chips; the error names the budget the
+    filter used: the table's usable HBM (95.74 GiB = 102.8 GB, not the 96 GiB capacity), or --hbm."""
+    r = _plan_cli("--chips", "128", "--preset", "xxl", "--batch-tokens", "1048576")
+    assert r.returncode == 2 and "102.8 GB per chip (--hbm 1.028e+11 bytes)" in r.stderr, r.stderr
+    assert V5P.hbm_budget == 95.74 * 2**30 and V5P.hbm_bytes == 96 * 2**30
+    r = _plan_cli("--chips", "128", "--batch-tokens", "1048576", "--hbm", "1e11")
+    assert r.returncode == 2 and "100 GB per chip (--hbm 1e+11 bytes)" in r.stderr, r.stderr
+
+
+def test_slice_names():
+    """v5p slices are named by TensorCores, 2 per chip [GC-v5p]: v5p-256 = 128 chips, 4x4x8. --slice
+    takes a slice name; --chip refuses one and points to --slice."""
+    r = _plan_cli("--slice", "v5p-256", "--batch-tokens", "262144", "--json")
     j = json.loads(r.stdout)
+    assert (j["chip"], j["chips"], j["slice"]) == ("v5p", 128, "v5p-256")
+    r = _plan_cli("--slice", "v5p-256", "--batch-tokens", "262144")
+    assert "128 v5p chips (v5p-256)" in r.stdout.splitlines()[0]
+    assert "v5p: C = 4.59e+14" in r.stdout and "lower bounds" in r.stdout
+    r = _plan_cli("--chip", "v5p-256")
+    assert r.returncode == 2 and "use --slice v5p-256" in r.stderr
+
+
+def test_plan_cli_json():
+    j = json.loads(_plan_cli("--json", "--top", "3").stdout)
     assert len(j["plans"]) == 3 and j["count"] == 5
 
 
 @pytest.mark.tpu
 def test_verify_top_plan_compiles_and_fits(capsys):
-    """The planner's top plan for the XXL on v5p-64 at the question's batch (25,600 tokens) is
-    fsdp=16, tensor=4 (the question's own split), and the compiler's peak for it on the real
-    v5p:4x4x4 topology fits the 95 GB budget."""
+    """The planner's top plan for the XXL on v5p-64 at the question's batch (25,600 tokens), ranked by
+    the sum form, is fsdp=4, tensor=16 (T_TP over M_Y = 2 axes beats T_FSDP over M_X = 2); the
+    compiler's peak for it on the real v5p:4x4x4 topology fits the 95 GB budget. Ranked by the max
+    form, the question's own split fsdp=16, tensor=4 comes first (three meshes tie on T_math and the
+    smallest memory wins)."""
     import json
 
     from scaling.__main__ import main
@@ -69,7 +113,9 @@ def test_verify_top_plan_compiles_and_fits(capsys):
                  "--verify-top", "1", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     top = out["plans"][0]
-    assert (top["mesh"]["data"], top["mesh"]["fsdp"], top["mesh"]["tensor"]) == (1, 16, 4)
+    assert (top["mesh"]["data"], top["mesh"]["fsdp"], top["mesh"]["tensor"]) == (1, 4, 16)
     assert top["compiled_fits"] is True
     assert top["compiled_peak_bytes"] <= 95e9
     assert top["bound"] == "compute"
+    top_max = plan(XXL, V5P, 64, 25600, form="max")[0]
+    assert (top_max["mesh"]["data"], top_max["mesh"]["fsdp"], top_max["mesh"]["tensor"]) == (1, 16, 4)
