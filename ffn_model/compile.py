@@ -5,7 +5,9 @@ CPU devices, or a TPU topology compiled ahead of time from a CPU machine)."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+import jax
 
 from ffn_model.train import batch_structs, make_forward_step, make_train_step, state_shardings
 from mesh.devices import mesh_shape
@@ -16,37 +18,18 @@ STEPS = ("train", "forward")
 
 @dataclass
 class CompileResult:
-    """One compiled step. ``memory`` is per device, in bytes: argument_bytes, output_bytes,
-    alias_bytes, temp_bytes and peak_bytes (None where the backend reports no peak, e.g. CPU);
-    ``cost`` is XLA's cost_analysis (a scan body is counted once, not per trip)."""
+    """One compiled step: jax's Compiled and Lowered, and how long tracing, lowering and compiling took.
+    What the program holds (FLOPs, collectives, memory, cost analysis) is read by verify.hlo.read_compiled."""
 
     compiled: object
     lowered: object
     compile_seconds: float
-    memory: dict = field(default_factory=dict)
-    cost: dict = field(default_factory=dict)
-
-
-def memory_dict(compiled) -> dict:
-    """compiled.memory_analysis() as {argument,output,alias,temp,peak}_bytes (peak None if absent or 0)."""
-    ma = compiled.memory_analysis()
-    get = lambda name: getattr(ma, name, None)  # noqa: E731
-    peak = get("peak_memory_in_bytes")
-    return {"argument_bytes": get("argument_size_in_bytes"), "output_bytes": get("output_size_in_bytes"),
-            "alias_bytes": get("alias_size_in_bytes"), "temp_bytes": get("temp_size_in_bytes"),
-            "peak_bytes": peak if peak else None}
-
-
-def cost_dict(compiled) -> dict:
-    cost = compiled.cost_analysis()
-    if isinstance(cost, (list, tuple)):  # older jax: one dict per program
-        cost = cost[0] if cost else {}
-    return {k: float(v) for k, v in (cost or {}).items()}
 
 
 def abstract_compile(cfg: FFNConfig, mesh, batch_tokens: int, remat: str = "none", step: str = "train") -> CompileResult:
     """Lower and compile ``step`` ("train": state + batch -> state, loss; "forward": params + batch
-    -> loss) for ``cfg`` on ``mesh`` with a global batch of ``batch_tokens`` tokens.
+    -> loss) for ``cfg`` on ``mesh`` with a global batch of ``batch_tokens`` tokens, from
+    ShapeDtypeStructs (nothing is allocated), with ``mesh`` set (jax.set_mesh) while tracing.
 
     compile_seconds covers tracing, lowering and compiling. ValueError for an unknown step or remat
     policy, or a dimension not divisible by its shard count."""
@@ -58,9 +41,10 @@ def abstract_compile(cfg: FFNConfig, mesh, batch_tokens: int, remat: str = "none
     abstract, _ = state_shardings(cfg, mesh)
     batch = batch_structs(cfg, mesh, batch_tokens)
     if step == "train":
-        lowered = make_train_step(cfg, mesh, remat).lower(abstract, batch)
+        fn, args = make_train_step(cfg, mesh, remat), (abstract, batch)
     else:
-        lowered = make_forward_step(cfg, mesh, remat).lower(abstract["params"], batch)
+        fn, args = make_forward_step(cfg, mesh, remat), (abstract["params"], batch)
+    with jax.set_mesh(mesh):  # the model's sharding constraints resolve against it while tracing
+        lowered = fn.lower(*args)
     compiled = lowered.compile()
-    seconds = time.perf_counter() - t0
-    return CompileResult(compiled, lowered, seconds, memory_dict(compiled), cost_dict(compiled))
+    return CompileResult(compiled, lowered, time.perf_counter() - t0)

@@ -25,8 +25,9 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
-from mesh.rules import H_AXES, W_IN_AXES, W_OUT_AXES, X_AXES, logical_to_spec
+from mesh.rules import FLAX_RULES, check_logical, logical_to_spec
 from scaling.config import FFNConfig, check_remat
+from scaling.sharding import H_AXES, W_IN_AXES, W_OUT_AXES, X_AXES
 
 COMPUTE_DTYPE = jnp.bfloat16
 PARAM_DTYPE = jnp.float32
@@ -149,9 +150,16 @@ def init_normal(key, shape, fan_in):
     return jax.random.normal(key, shape, PARAM_DTYPE) * (fan_in**-0.5)
 
 
+def param(value, logical_axes):
+    """An nnx.Param carrying its logical axes as flax's ``out_sharding`` metadata and the table's
+    rules as ``sharding_rules`` (nnx.get_partition_spec / nnx.get_abstract_model turn them into
+    PartitionSpecs); an axis the table has no rule for is a ValueError (mesh.rules.check_logical)."""
+    return nnx.Param(value, out_sharding=check_logical(logical_axes), sharding_rules=FLAX_RULES)
+
+
 class FFNStack(nnx.Module):
     """L scanned blocks; parameters w_in [L,F,D] and w_out [L,F,D] (FP32) carry their logical axes
-    in the ``logical_axes`` metadata (mesh.rules turns them into PartitionSpecs).
+    (``param``).
 
     W_in is stored transposed, [F, D] per block (h = x·W_in^T), so that both weights keep D, the
     FSDP-sharded dimension, minor. XLA:TPU's all-reduce-scatter fusion pads a reduce-scatter along a
@@ -164,22 +172,9 @@ class FFNStack(nnx.Module):
         D, F, L = cfg.d_model, cfg.d_ff, cfg.blocks
         self.activation = cfg.activation
         self.remat = check_remat(remat)
-        self.w_in = nnx.Param(init_normal(rngs.params(), (L, F, D), D), logical_axes=W_IN_AXES)
-        self.w_out = nnx.Param(init_normal(rngs.params(), (L, F, D), F), logical_axes=W_OUT_AXES)
+        self.w_in = param(init_normal(rngs.params(), (L, F, D), D), W_IN_AXES)
+        self.w_out = param(init_normal(rngs.params(), (L, F, D), F), W_OUT_AXES)
 
     def __call__(self, x_BxD):
         x_BxD = x_BxD.astype(COMPUTE_DTYPE)
         return stack_forward(x_BxD, self.w_in[...], self.w_out[...], self.activation, self.remat)
-
-
-def param_specs(state) -> dict:
-    """PartitionSpecs of an nnx.State of Params, from each Param's logical axes (ValueError for a
-    parameter without logical axes or with an axis missing from the table)."""
-
-    def spec(v):
-        axes = v.get_metadata("logical_axes", None) if hasattr(v, "get_metadata") else None
-        if axes is None:
-            raise ValueError(f"parameter {v!r} has no logical axes: every parameter must name its axes")
-        return logical_to_spec(axes)
-
-    return nnx.to_pure_dict(jax.tree.map(spec, state, is_leaf=lambda x: isinstance(x, nnx.Variable)))

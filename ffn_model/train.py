@@ -29,10 +29,11 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from ffn_model import checkpoint as ckpt
-from ffn_model.model import COMPUTE_DTYPE, FFNStack, param_specs
+from ffn_model.model import COMPUTE_DTYPE, FFNStack
 from mesh.devices import mesh_shape
-from mesh.rules import X_AXES, logical_to_spec
+from mesh.rules import logical_to_spec
 from scaling.config import FFNConfig, check_divisible, check_remat, non_negative_int, positive_float, positive_int
+from scaling.sharding import X_AXES
 
 
 def make_optimizer(lr: float = 1e-3, weight_decay: float = 1e-4) -> optax.GradientTransformation:
@@ -40,22 +41,22 @@ def make_optimizer(lr: float = 1e-3, weight_decay: float = 1e-4) -> optax.Gradie
     return optax.adamw(lr, b1=0.9, b2=0.95, weight_decay=weight_decay, mu_dtype=jnp.float32)
 
 
-def _abstract_model(cfg: FFNConfig, remat: str = "none"):
-    return nnx.eval_shape(lambda: FFNStack(cfg, rngs=nnx.Rngs(0), remat=remat))
+def _model(cfg: FFNConfig, seed: int = 0, remat: str = "none"):
+    return lambda: FFNStack(cfg, rngs=nnx.Rngs(seed), remat=remat)
 
 
 def state_shardings(cfg: FFNConfig, mesh, tx=None):
     """(abstract state with shardings, state shardings): ShapeDtypeStructs carrying NamedShardings
-    for every leaf; Adam's mu and nu follow their parameter, the step count is replicated."""
+    for every leaf. The parameters' come from their logical axes through flax
+    (nnx.get_abstract_model on ``mesh``); Adam's mu and nu follow their parameter, the step count is
+    replicated."""
     tx = tx or make_optimizer()
-    _, abs_params = nnx.split(_abstract_model(cfg), nnx.Param)
-    pspecs = param_specs(abs_params)
-    params = nnx.to_pure_dict(abs_params)
+    _, abs_state = nnx.get_abstract_model(_model(cfg), mesh)
+    params = nnx.to_pure_dict(nnx.state(abs_state, nnx.Param))
     opt = jax.eval_shape(tx.init, params)
-    ns = lambda spec: NamedSharding(mesh, spec)  # noqa: E731
-    pshard = jax.tree.map(ns, pspecs)
+    pshard = jax.tree.map(lambda a: a.sharding, params)
     oshard = optax.tree_map_params(tx, lambda _, s: s, opt, pshard,
-                                   transform_non_params=lambda _: ns(PartitionSpec()))
+                                   transform_non_params=lambda _: NamedSharding(mesh, PartitionSpec()))
     shardings = {"params": pshard, "opt": oshard}
     abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                             {"params": params, "opt": opt}, shardings)
@@ -69,8 +70,7 @@ def init_state(cfg: FFNConfig, mesh, seed: int = 0, tx=None):
 
     @functools.partial(jax.jit, out_shardings=shardings)
     def init():
-        _, params = nnx.split(FFNStack(cfg, rngs=nnx.Rngs(seed)), nnx.Param)
-        params = nnx.to_pure_dict(params)
+        params = nnx.to_pure_dict(nnx.state(_model(cfg, seed)(), nnx.Param))
         return {"params": params, "opt": tx.init(params)}
 
     with jax.set_mesh(mesh):
@@ -112,29 +112,13 @@ def _loss(graphdef, params, batch):
     return jnp.mean(jnp.square(pred.astype(jnp.float32) - batch["y"]))
 
 
-def _with_mesh(mesh, fn):
-    """Call ``fn`` with ``mesh`` set, so the model's sharding constraints resolve while tracing."""
-
-    @functools.wraps(fn)
-    def call(*args):
-        with jax.set_mesh(mesh):
-            return fn(*args)
-
-    call.lower = lambda *args: _lower(mesh, fn, *args)
-    return call
-
-
-def _lower(mesh, fn, *args):
-    with jax.set_mesh(mesh):
-        return fn.lower(*args)
-
-
 def make_train_step(cfg: FFNConfig, mesh, remat: str = "none", tx=None):
     """(state, batch) -> (state, loss): value_and_grad of the loss, AdamW update. Jitted with the
-    state donated and out_shardings pinned to the state shardings (loss replicated)."""
+    state donated and out_shardings pinned to the state shardings (loss replicated). Call it (or
+    lower it) with ``mesh`` set (jax.set_mesh), so that the model's sharding constraints resolve."""
     check_remat(remat)
     tx = tx or make_optimizer()
-    graphdef, _ = nnx.split(_abstract_model(cfg, remat), nnx.Param)
+    graphdef, _ = nnx.get_abstract_model(_model(cfg, remat=remat), mesh)
     _, shardings = state_shardings(cfg, mesh, tx)
 
     def step(state, batch):
@@ -142,16 +126,13 @@ def make_train_step(cfg: FFNConfig, mesh, remat: str = "none", tx=None):
         updates, opt = tx.update(grads, state["opt"], state["params"])
         return {"params": optax.apply_updates(state["params"], updates), "opt": opt}, loss
 
-    jitted = jax.jit(step, donate_argnums=(0,),
-                     out_shardings=(shardings, NamedSharding(mesh, PartitionSpec())))
-    return _with_mesh(mesh, jitted)
+    return jax.jit(step, donate_argnums=(0,), out_shardings=(shardings, NamedSharding(mesh, PartitionSpec())))
 
 
 def make_forward_step(cfg: FFNConfig, mesh, remat: str = "none"):
-    """(params, batch) -> loss: the forward pass only (no gradients)."""
-    graphdef, _ = nnx.split(_abstract_model(cfg, remat), nnx.Param)
-    jitted = jax.jit(functools.partial(_loss, graphdef), out_shardings=NamedSharding(mesh, PartitionSpec()))
-    return _with_mesh(mesh, jitted)
+    """(params, batch) -> loss: the forward pass only (no gradients); call it with ``mesh`` set."""
+    graphdef, _ = nnx.get_abstract_model(_model(cfg, remat=remat), mesh)
+    return jax.jit(functools.partial(_loss, graphdef), out_shardings=NamedSharding(mesh, PartitionSpec()))
 
 
 def train_loop(state, step_fn, batch_fn, steps: int, batch_tokens: int, start_step: int = 0, log=None,
@@ -223,10 +204,10 @@ def train(cfg: FFNConfig, mesh, batch_tokens: int, steps: int, lr: float = 1e-3,
         ckpt.save(mngr, k, s, meta, wait=False)
         say(f"saved step {k} to {checkpoint_dir}")
 
-    losses, state = train_loop(state, make_train_step(cfg, mesh, remat, tx),
-                               make_batch_fn(cfg, mesh, batch_tokens, seed), steps - start, batch_tokens,
-                               start_step=start, log=log, save=save if mngr is not None else None,
-                               save_every=save_every)
+    step_fn, batch_fn = make_train_step(cfg, mesh, remat, tx), make_batch_fn(cfg, mesh, batch_tokens, seed)
+    with jax.set_mesh(mesh):  # the model's sharding constraints resolve against it while tracing
+        losses, state = train_loop(state, step_fn, batch_fn, steps - start, batch_tokens, start_step=start, log=log,
+                                   save=save if mngr is not None else None, save_every=save_every)
     if mngr is not None:
         if steps > start and (not save_every or steps % save_every):
             save(steps, state)  # the final state

@@ -1,7 +1,11 @@
-"""Devices, meshes (axes data, fsdp, tensor) and the logical-axis -> mesh-axis table.
+"""Devices (emulated CPU, any TPU topology libtpu compiles for, the real ones), meshes over the axes of
+scaling.config.MESH_AXES, the ICI layout of each mesh axis, and the logical-axis table in jax's and
+flax's forms.
 
-Importing this package does not import jax (jax is imported inside the functions that need it).
+Importing this package does not import jax (jax is imported inside the functions that need it, so a
+command line can check its flags before jax starts).
 """
 
-from mesh.devices import get_devices, make_mesh, maybe_initialize_distributed, mesh_shape  # noqa: F401
-from mesh.rules import LOGICAL_RULES, logical_to_spec, mesh_axes  # noqa: F401
+from mesh.devices import (device_count, get_devices, ici_layout, is_emulated, make_mesh,  # noqa: F401
+                          maybe_initialize_distributed, mesh_shape)
+from mesh.rules import FLAX_RULES, check_logical, logical_to_spec  # noqa: F401

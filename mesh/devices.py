@@ -1,13 +1,15 @@
-"""Devices and meshes: the process's real devices, N emulated CPU devices, or a TPU v5p topology for
-ahead-of-time compilation from a machine without TPUs.
+"""Devices and meshes: the process's real devices, N emulated CPU devices, or any TPU topology libtpu
+compiles for (v4, v5e, v5p, v6e, TPU7x: every TPU row of scaling.hardware), for ahead-of-time
+compilation from a machine without TPUs; and the ICI layout of a mesh's axes, read from its devices.
 
 Device specs accepted by :func:`make_mesh`:
   None                  the process's real devices (jax.devices(): GPU, TPU slice, or CPU)
   a list of jax devices those devices
   "cpu:N"               N emulated CPU devices (must be asked for before jax's backend starts)
-  "tpu:v5p:4x4x4"       the 64 devices of a v5p 4x4x4 slice, from libtpu's topology description;
-  "tpu:v5p-128", "v5p-128", "tpu:4x4x4"
-                        slice names count TensorCores (2 per chip): v5p-128 = 64 chips = 4x4x4.
+  "tpu:<chip>:<shape>"  a slice of that shape, from libtpu's topology description: tpu:v5p:4x4x4,
+                        tpu:v6e:4x4, tpu:v5e:2x2, tpu:v4:2x2x2, tpu:TPU7x:2x2x1 (2 devices per chip)
+  "tpu:<slice>"         a Cloud accelerator type: tpu:v5p-128 (TensorCores: 64 chips, 4x4x4),
+                        tpu:v6e-16 (chips), tpu:tpu7x-8; "v5p-128" and "tpu:4x4x4" (v5p) also work.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import os
 import tempfile
 
 from scaling.config import MESH_AXES, MeshShape, parse_mesh_spec, positive_int
-from scaling.hardware import chips_in, parse_v5p_slice
+from scaling.hardware import CHIPS, Chip, chip_of_device_kind, chips_in, get_chip, parse_slice, parse_topology
 
 
 def _emulated_cpu_devices(n: int) -> list:
@@ -41,25 +43,36 @@ def has_libtpu() -> bool:
     return importlib.util.find_spec("libtpu") is not None
 
 
-def _tpu_topology_devices(name: str, verbose: bool = False) -> list:
-    s = name.strip().lower()
-    if s.startswith("v5p:"):
-        s = s[4:]
-    dims = parse_v5p_slice(s)
+def parse_tpu_spec(spec: str) -> tuple[Chip, tuple[int, ...]]:
+    """A TPU device spec -> (chip, slice shape), checked against the hardware table without jax:
+    ``tpu:<chip>:<shape>``, ``tpu:<slice name>``, a bare slice name, or ``tpu:<shape>`` (v5p).
+    ValueError naming what is valid otherwise."""
+    s = str(spec).strip()
+    body = s[4:] if s.lower().startswith("tpu:") else s
+    chip_name, sep, shape = body.partition(":")
+    if sep:
+        return (chip := get_chip(chip_name)), parse_topology(chip, shape)
+    if body[:1].isdigit():
+        return CHIPS["v5p"], parse_topology(CHIPS["v5p"], body)
+    return parse_slice(body)
+
+
+def _tpu_topology_devices(chip: Chip, dims: tuple[int, ...], verbose: bool = False) -> list:
     if not has_libtpu():
-        raise ValueError(
-            f"devices 'tpu:{name}' need libtpu to compile for a TPU topology; "
-            "install the tpu extra: pip install -e '.[tpu]'"
-        )
+        raise ValueError(f"devices for a {chip.name} topology need libtpu to compile ahead of time; "
+                         "install the tpu extra: pip install -e '.[tpu]'")
     # Ahead-of-time compilation touches no TPU: let several processes (pytest and a notebook kernel,
     # say) load libtpu at once instead of failing on its /tmp/libtpu_lockfile.
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     from jax.experimental import topologies
 
-    topo_name = "v5p:" + "x".join(str(d) for d in dims)
+    topo_name = f"{chip.libtpu_name}:" + "x".join(str(d) for d in dims)
+    kwargs = dict(chip.libtpu_args)
+    if chips_in(dims) < 4:  # libtpu's default host is 2x2x1 chips; a smaller slice is one host
+        kwargs["chips_per_host_bounds"] = tuple(dims) + (1,) * (3 - len(dims))
     try:
         with _native_stderr(verbose):
-            return list(topologies.get_topology_desc(platform="tpu", topology_name=topo_name).devices)
+            return list(topologies.get_topology_desc(platform="tpu", topology_name=topo_name, **kwargs).devices)
     except Exception as e:  # libtpu rejects unknown shapes with various error types
         raise ValueError(f"libtpu cannot describe TPU topology {topo_name!r}: {str(e).splitlines()[0]}") from None
 
@@ -101,27 +114,52 @@ def cpu_device_count(devices, name: str = "devices") -> int | None:
 def device_count(devices) -> int | None:
     """How many devices a device spec names, checked without starting jax (so a command line can
     reject a bad --devices before it prints or compiles anything): cpu:N -> N; a TPU topology -> its
-    chips (libtpu must be installed); None for the process's real devices (None, or a device list's
-    length). ValueError naming the spec otherwise."""
+    chips times the chip's devices per chip (libtpu must be installed); None for the process's real
+    devices (None, or a device list's length). ValueError naming the spec otherwise."""
     if devices is None:
         return None
     if not isinstance(devices, str):
         return len(devices)
-    s = devices.strip()
-    low = s.lower()
-    if low.startswith("cpu:"):
+    if devices.strip().lower().startswith("cpu:"):
         return cpu_device_count(devices, "devices")
-    if low.startswith(("tpu:", "v5p")):
-        name = s[4:] if low.startswith("tpu:") else s
-        dims = parse_v5p_slice(name[4:] if name.lower().startswith("v5p:") else name)
-        if not has_libtpu():
-            raise ValueError(f"devices {devices!r} need libtpu to compile for a TPU topology; "
-                             "install the tpu extra: pip install -e '.[tpu]'")
-        return chips_in(dims)
-    raise ValueError(
-        f"unknown devices {devices!r}; use cpu:N, tpu:v5p:4x4x4, tpu:v5p-128 (TensorCores), "
-        "or leave it out for the process's real devices"
-    )
+    chip, dims = _tpu(devices)
+    if not has_libtpu():
+        raise ValueError(f"devices {devices!r} need libtpu to compile for a TPU topology; "
+                         "install the tpu extra: pip install -e '.[tpu]'")
+    return chips_in(dims) * chip.devices_per_chip
+
+
+def _tpu(devices: str) -> tuple[Chip, tuple[int, ...]]:
+    if not is_emulated(devices):
+        raise ValueError(f"unknown devices {devices!r}; use cpu:N, tpu:<chip>:<shape> (e.g. tpu:v5p:4x4x4, "
+                         "tpu:v6e:4x4, tpu:TPU7x:2x2x1), a slice (tpu:v5p-128), or leave it out for the process's "
+                         "real devices")
+    try:
+        return parse_tpu_spec(devices)
+    except ValueError as e:
+        raise ValueError(f"devices {devices!r}: {e}") from None
+
+
+def is_emulated(devices) -> bool:
+    """Whether a device spec names emulated CPU devices or a TPU topology compiled ahead of time (then
+    jax should probe no accelerator: JAX_PLATFORMS=cpu)."""
+    if not isinstance(devices, str):
+        return False
+    low = devices.strip().lower()
+    return low.startswith("cpu:") or low.startswith("tpu:") or any(
+        low.startswith(f"{c.slice_prefix}-") for c in CHIPS.values() if c.slice_prefix)
+
+
+def use_cpu_platform_for(devices) -> None:
+    """For emulated CPU devices or a TPU topology compiled ahead of time, keep jax from probing for real
+    accelerators (it would load libtpu as a TPU backend): JAX_PLATFORMS=cpu unless the environment says
+    otherwise, also when jax is already imported (jax reads JAX_PLATFORMS once, at import)."""
+    import sys
+
+    if is_emulated(devices) and not os.environ.get("JAX_PLATFORMS"):
+        os.environ["JAX_PLATFORMS"] = "cpu"
+        if "jax" in sys.modules:
+            sys.modules["jax"].config.update("jax_platforms", "cpu")
 
 
 def get_devices(devices=None, verbose: bool = False) -> list:
@@ -133,22 +171,13 @@ def get_devices(devices=None, verbose: bool = False) -> list:
         return list(jax.devices())
     if not isinstance(devices, str):
         return list(devices)
-    s = devices.strip()
-    low = s.lower()
-    if low.startswith("cpu:"):
+    if devices.strip().lower().startswith("cpu:"):
         return _emulated_cpu_devices(cpu_device_count(devices))
-    if low.startswith("tpu:"):
-        return _tpu_topology_devices(s[4:], verbose)
-    if low.startswith("v5p"):
-        return _tpu_topology_devices(s, verbose)
-    raise ValueError(
-        f"unknown devices {devices!r}; use cpu:N, tpu:v5p:4x4x4, tpu:v5p-128 (TensorCores), "
-        "or leave it out for the process's real devices"
-    )
+    return _tpu_topology_devices(*_tpu(devices), verbose)
 
 
 def make_mesh(spec, devices=None, verbose: bool = False):
-    """A jax.sharding.Mesh with axes (data, fsdp, tensor) (Auto axis types) over ``devices``.
+    """A jax.sharding.Mesh with the axes of scaling.config.MESH_AXES (Auto axis types) over ``devices``.
 
     ``spec`` is a string such as "fsdp=16,tensor=4" (axes left out have size 1) or a MeshShape.
     The product of the axis sizes must equal the number of devices (ValueError otherwise).
@@ -156,8 +185,8 @@ def make_mesh(spec, devices=None, verbose: bool = False):
     Device order: ``mesh_utils.create_device_mesh`` maps the logical mesh onto the physical one.
     On a TPU topology the last mesh axes take whole physical axes first, so on v5p 4x4x4 with
     fsdp=16,tensor=4, tensor spans one physical axis (x, a ring of 4 with wraparound) and fsdp the
-    other two (y, z: 16 chips, M_X = 2, M_Y = 1); scaling.check.ici_layout reads the layout back
-    from the devices' coords. Shapes it cannot map without splitting a physical axis are mapped
+    other two (y, z: 16 chips, M_X = 2, M_Y = 1); ici_layout reads the layout back from the
+    devices' coords. Shapes it cannot map without splitting a physical axis are mapped
     with split axes; elsewhere (CPU, GPU) the devices are taken in order.
     """
     import numpy as np
@@ -171,7 +200,7 @@ def make_mesh(spec, devices=None, verbose: bool = False):
             f"mesh {str(spec)!r} has {shape.devices} devices (product of the axis sizes) "
             f"but {len(devs)} devices are available ({devices or 'real devices'})"
         )
-    dims = tuple(getattr(shape, a) for a in MESH_AXES)
+    dims = tuple(shape[a] for a in MESH_AXES)
     try:
         arr = mesh_utils.create_device_mesh(dims, devices=devs)
     except (ValueError, NotImplementedError, AssertionError):
@@ -183,8 +212,51 @@ def make_mesh(spec, devices=None, verbose: bool = False):
 
 
 def mesh_shape(mesh) -> MeshShape:
-    """The MeshShape (data, fsdp, tensor sizes) of a jax Mesh."""
-    return MeshShape(**{a: int(mesh.shape[a]) for a in MESH_AXES})
+    """The MeshShape (every axis's size) of a jax Mesh."""
+    return MeshShape({a: int(mesh.shape[a]) for a in MESH_AXES})
+
+
+def ici_layout(mesh, chip: Chip) -> dict[str, tuple[list[int], list[bool]]]:
+    """For each mesh axis of size > 1, the physical ICI axes it spans, read from the devices' ``coords``
+    (and ``core_on_chip`` where a chip holds several devices, TPU7x: one more axis, a ring of one link):
+    their lengths and whether each ring closes (the mesh axis covers the whole physical dimension and the
+    chip's wraparound rule holds: Chip.has_wraparound). Devices without coords (CPU, GPU): one ring of
+    the axis length. The form scaling.program.links and the planner's layouts use."""
+    import numpy as np
+
+    devs = np.asarray(mesh.devices)
+    if any(getattr(d, "coords", None) is None for d in devs.flat):
+        return {name: ([size], [True]) for name, size in mesh.shape.items() if size > 1}
+    pos = lambda d: (*d.coords, getattr(d, "core_on_chip", 0))  # noqa: E731
+    allc = np.array([pos(d) for d in devs.flat])
+    full = allc.max(axis=0) - allc.min(axis=0) + 1
+    slice_dims = tuple(int(n) for n in full[:3] if n > 1) or (1,)
+    out = {}
+    for k, name in enumerate(mesh.axis_names):
+        if devs.shape[k] == 1:
+            continue
+        line = np.array([pos(d) for d in np.moveaxis(devs, k, 0)[(slice(None),) + (0,) * (devs.ndim - 1)]])
+        lens, wraps = [], []
+        for p in range(line.shape[1]):
+            n = len(set(line[:, p].tolist()))
+            if n > 1:
+                lens.append(n)
+                wraps.append(True if p == 3 else chip.has_wraparound(n, int(full[p]), slice_dims))
+        out[name] = (lens, wraps)
+    return out
+
+
+def infer_chip(device) -> Chip | None:
+    """The hardware-table chip of a jax device, from its ``device_kind`` (hardware.chip_of_device_kind):
+    None on CPU (no peak FLOP/s to compare with); ValueError for an accelerator the table does not know
+    (pass --chip)."""
+    if device.platform == "cpu":
+        return None
+    chip = chip_of_device_kind(device.device_kind)
+    if chip is None:
+        raise ValueError(f"cannot tell the chip from device kind {device.device_kind!r}; pass --chip "
+                         f"(one of {', '.join(CHIPS)})")
+    return chip
 
 
 def maybe_initialize_distributed() -> bool:

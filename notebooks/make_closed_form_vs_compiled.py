@@ -25,10 +25,10 @@ Two independent accounts of one training (or forward) step of the FFN stack, per
   batch, the remat policy and the step, and never looks at a compiled program.
 - **compiled**: the same step compiled by XLA ahead of time (`ffn_model.compile.abstract_compile`)
   for 8 emulated CPU devices or a TPU v5p topology (through libtpu, no TPU needed), read back by
-  `scaling.hlo`: dot/convolution FLOPs times loop trip counts, each collective's volume assigned to
+  `verify.hlo`: dot/convolution FLOPs times loop trip counts, each collective's volume assigned to
   mesh axes from its replica groups, and the compiler's `memory_analysis()`.
 
-`scaling.check.check` puts the two side by side; every number in this notebook is one of its rows,
+`verify.check.check` puts the two side by side; every number in this notebook is one of its rows,
 or computed from them. The ratio is **compiled / closed form**. The closed forms are what
 `scaling.plan` ranks meshes with for slices we cannot run on, so this is the check that they describe
 the program XLA actually builds.
@@ -61,7 +61,7 @@ import matplotlib.pyplot as plt
 from IPython.display import HTML, display
 
 from mesh import devices as mesh_devices
-from scaling.check import check
+from verify.check import check
 
 %matplotlib inline
 plt.rcParams.update({"figure.dpi": 110, "font.size": 8})
@@ -69,7 +69,7 @@ print(f"jax {jax.__version__}, {len(jax.devices('cpu'))} CPU devices, libtpu ins
 
 GRID_MD = r"""## The grid
 
-The configurations `tests/test_check.py` asserts, from `scaling.check` (`CPU_GRID`, `TPU_GRID`,
+The configurations `tests/test_check.py` asserts, from `verify.check` (`CPU_GRID`, `TPU_GRID`,
 `XXL_TRAIN`): on 8 CPU devices every data × fsdp × tensor factorisation of 8, then an odd number of
 blocks, two batch sizes, remat none / every-second / full, train and forward; on TPU v5p topologies
 (2x2x1, 2x2x2, 4x4x4) a 4096 × 16384 model large enough that XLA:TPU keeps its arrays in HBM, and the
@@ -79,7 +79,7 @@ the full train step of `test_tpu_xxl_train_step`. Then `TPU_MID_GRID`: 1024- to 
 the ±10% band (at a few hundred MB, XLA's backward working set, which the closed form does not model,
 is a tenth of it)."""
 
-GRID = r"""from scaling.check import CPU_GRID, TPU_GRID, TPU_MID_GRID, XXL_TRAIN
+GRID = r"""from verify.check import CPU_GRID, TPU_GRID, TPU_MID_GRID, XXL_TRAIN
 
 TPU_GRID = TPU_GRID + [XXL_TRAIN]
 print(f"{len(CPU_GRID)} CPU configurations, {len(TPU_GRID)} TPU configurations, {len(TPU_MID_GRID)} mid-sized TPU ones")"""
@@ -105,10 +105,10 @@ else:
 
 TABLE_MD = r"""## Ratios, compiled / closed form
 
-One row per configuration. `per-axis`: collective bytes per mesh axis (keys as `scaling.hlo` assigns
+One row per configuration. `per-axis`: collective bytes per mesh axis (keys as `verify.hlo` assigns
 them from the replica groups); `peak`: the compiler's peak memory (TPU only); `windowed RS`: whether
 XLA ran the gradient reduce-scatter as a windowed einsum (collective-permutes in a loop), a fact of
-the program that `scaling.check` passes to the closed form, which models both implementations.
+the program that `verify.check` passes to the closed form, which models both implementations.
 Ratios outside their band are shown in red."""
 
 TABLE = r"""BANDS = {"flops": (0.99, 1.01), "args": (0.99, 1.01), "coll": (0.98, 1.02), "axis": (0.98, 1.02), "peak": (0.90, 1.10),
@@ -222,7 +222,7 @@ for ax in axes[0]:
     for h, l in zip(*ax.get_legend_handles_labels()):
         handles.setdefault(l, h)
 axes[0][-1].legend(handles.values(), handles.keys(), loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
-fig.suptitle("Closed forms (scaling.program) against XLA's compiled program (scaling.hlo): ratio per configuration")
+fig.suptitle("Closed forms (scaling.program) against XLA's compiled program (verify.hlo): ratio per configuration")
 fig.supxlabel("configuration: [TPU topology] DxFxL, mesh (d/f/t = data/fsdp/tensor), B tokens, remat, step", fontsize=8)
 fig.tight_layout()
 plt.show()"""

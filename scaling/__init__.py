@@ -1,7 +1,9 @@
-"""Closed-form scaling answers for a sharded FFN stack (Scaling Book notation).
+"""Closed-form scaling answers in the Scaling Book's notation: the bottom layer of the package.
 
-Pure Python + numpy: importing ``scaling`` never imports jax. The only modules that touch jax
-(``scaling.hlo``, ``scaling.check``) import it lazily and are not imported here.
+Pure Python + numpy: importing ``scaling`` (any of its modules) never imports jax, nor the mesh, model
+or verify packages (tests/test_layers.py). ``scaling.program.predict`` is the one step model; the
+hardware table (``scaling.hardware``) and the sharding table (``scaling.sharding``) are the one source
+of each chip figure and each sharding rule.
 """
 
 from scaling.config import DEFAULT_PRECISION, PRESETS, FFNConfig, MeshShape, Precision, parse_mesh_spec

@@ -151,7 +151,7 @@ def render(ans: dict) -> str:
     w(f"  FP32 master + FP32 grads + 2 FP32 Adam moments = 4+4+8 = {a['bytes_per_param']} bytes/param")
     w(f"  state = 16·P = {a['fp32_state_bytes']:.4e} bytes = {a['fp32_state_bytes'] / 1e12:.3f} TB")
     w(f"  = {a['gpu_equivalent']:.2f} H100s of {i['gpu_hbm'] / 1e9:g} GB -> {a['gpu_count']} GPUs (state alone)")
-    w(f"  activations saved for backward (BF16, no remat): each block keeps its input (D) and hidden (F)")
+    w("  activations saved for backward (BF16, no remat): each block keeps its input (D) and hidden (F)")
     w(f"  = 2·(D+F)·L = 2·({D}+{F})·{L} = {a['activation_bytes_per_token']:,} bytes per token")
     w(f"  at B = {B0:,} tokens (a batch the question does not state; --batch-tokens): "
       f"{a['activation_bytes_at_batch'] / 1e9:,.1f} GB; state + activations = {a['gpu_count_with_activations_at_batch']} GPUs")
@@ -171,13 +171,13 @@ def render(ans: dict) -> str:
         w(f"  The TP term alone grows with B as fast as the math: Y={Y} >= M_Y·F/alpha = {c['tp_limit_Y']:.1f}, "
           "so no batch makes this mesh compute bound.")
     else:
-        w(f"  sum form (spring-2025 text: T_FSDP + T_TP < T_math):")
-        w(f"    F/(Y·M_X) + B/(X·M_Y) < B·F/(N·alpha)  =>  B > [F/(Y·M_X)] / [F/(N·alpha) - 1/(X·M_Y)]")
+        w("  sum form (spring-2025 text: T_FSDP + T_TP < T_math):")
+        w("    F/(Y·M_X) + B/(X·M_Y) < B·F/(N·alpha)  =>  B > [F/(Y·M_X)] / [F/(N·alpha) - 1/(X·M_Y)]")
         w(f"    = {c['fsdp_term']:.0f} / ({F / (N * c['alpha']):.5f} - {1 / (X * c['M_Y']):.5f})")
         w(f"    overall B > {_k(c['sum']['overall_batch'])}")
         w(f"    B/N (per chip, the book's convention) > {c['sum']['per_device_batch']:.0f};"
           f"  B/X (per FSDP shard) > {c['sum']['per_fsdp_shard_batch']:.0f}")
-        w(f"  max form (August-2025 text: max(T_FSDP, T_TP) < T_math, the two overlap):")
+        w("  max form (August-2025 text: max(T_FSDP, T_TP) < T_math, the two overlap):")
         w(f"    F/(Y·M_X) < B·F/(N·alpha)  =>  B > N·alpha/(Y·M_X) = X·alpha/M_X;  TP holds since "
           f"1/(X·M_Y) = {1 / (X * c['M_Y']):.4f} < F/(N·alpha) = {F / (N * c['alpha']):.4f}")
         w(f"    overall B > {_k(c['max']['overall_batch'])}")
@@ -205,11 +205,11 @@ def render(ans: dict) -> str:
         if S > 1:
             w(f"    {S} pipeline stages of N/{S} chips (FSDP X/{S} = {X // S} per stage, M_X kept), weights gathered once "
               f"per step: {_k(e['pipeline'])} (plus the bubble (S-1)/(m+S-1) of the step with m microbatches)")
-    w(f"  Why: the FSDP term F/(Y·M_X) is a fixed cost per block that the batch must amortise; halving its bytes")
-    w(f"  (int8/fp8 gathers), spreading it over more links (M_X), overlapping it with the TP term (max form:")
+    w("  Why: the FSDP term F/(Y·M_X) is a fixed cost per block that the batch must amortise; halving its bytes")
+    w("  (int8/fp8 gathers), spreading it over more links (M_X), overlapping it with the TP term (max form:")
     w(f"  {_k(d['max']['baseline'])} vs {_k(d['sum']['baseline'])}), or cutting the FSDP group that shares a")
-    w(f"  weight gather (pipeline stages, a smaller X at X_opt) all lower the batch at which the math hides it.")
-    w(f"  Data parallelism across slices does not help: it multiplies the batch by the number of replicas, and")
+    w("  weight gather (pipeline stages, a smaller X at X_opt) all lower the batch at which the math hides it.")
+    w("  Data parallelism across slices does not help: it multiplies the batch by the number of replicas, and")
     w(f"  pure FSDP alone needs B/X > alpha/M_X = {d['fsdp_only_per_device']:.0f} tokens per chip.")
     w("  Sources: Scaling Book, training page (FSDP+TP rooflines, X_opt, both text versions), sharding page")
     w("  (collective times), applied-training page (pipelining).")

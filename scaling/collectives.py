@@ -19,7 +19,11 @@ from scaling.config import positive_float
 
 T_HOP = 1e-6  # seconds per ICI hop (sharding page)
 
-KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all")
+# Time of each collective kind relative to an all-gather of the same V (sharding page). A ring of
+# collective-permutes that implements a reduce-scatter (XLA's windowed einsum) is timed as one.
+KIND_FACTOR = {"all-gather": 1.0, "reduce-scatter": 1.0, "all-reduce": 2.0, "all-to-all": 0.25,
+               "collective-permute": 1.0}
+KINDS = tuple(KIND_FACTOR)
 
 
 def _axes(axis_lens: Sequence[int], wraparound) -> list[tuple[int, bool]]:
@@ -52,10 +56,9 @@ def allgather_time(V: float, axis_lens: Sequence[int], w_ici: float, wraparound=
 def collective_time(kind: str, V: float, axis_lens: Sequence[int], w_ici: float, wraparound=True, t_hop: float = T_HOP) -> float:
     """Time of one collective over ICI: all-gather = reduce-scatter = AG(V); all-reduce = 2·AG(V);
     all-to-all = AG(V)/4 (sharding page)."""
-    factor = {"all-gather": 1.0, "reduce-scatter": 1.0, "all-reduce": 2.0, "all-to-all": 0.25}
-    if kind not in factor:
+    if kind not in KIND_FACTOR:
         raise ValueError(f"unknown collective {kind!r}; valid: {', '.join(KINDS)}")
-    return factor[kind] * allgather_time(V, axis_lens, w_ici, wraparound, t_hop)
+    return KIND_FACTOR[kind] * allgather_time(V, axis_lens, w_ici, wraparound, t_hop)
 
 
 def dcn_time(kind: str, V: float, n_slices: int, dcn_bw: float) -> float:

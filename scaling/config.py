@@ -12,8 +12,16 @@ parameter count is P = 2·D·F·L.
 from __future__ import annotations
 
 import dataclasses
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
+import numpy as np
+
+from scaling.sharding import LOGICAL_RULES, shards
+
+# The mesh axes, outermost first (MaxText's names). Each is an entry of this one tuple; the sharding
+# table (scaling.sharding) says what each one splits.
 MESH_AXES = ("data", "fsdp", "tensor")
 REMAT_POLICIES = ("none", "every-second", "full")
 
@@ -28,6 +36,16 @@ def positive_int(name: str, value) -> int:
     if value <= 0:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
     return value
+
+
+def positive_ints(name: str, value):
+    """``value`` if it is a positive integer or a numpy array of them (the planner evaluates many batch
+    sizes at once), else ValueError naming ``name``."""
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind not in "iu" or not (value > 0).all():
+            raise ValueError(f"{name} must hold positive integers, got {value!r}")
+        return value
+    return positive_int(name, value)
 
 
 def non_negative_int(name: str, value) -> int:
@@ -134,32 +152,61 @@ def check_remat(remat: str) -> str:
     return remat
 
 
-@dataclass(frozen=True)
-class MeshShape:
-    """Sizes of the mesh axes (data, fsdp, tensor); N = data·fsdp·tensor devices."""
+class MeshShape(Mapping):
+    """Sizes of the mesh axes: a read-only mapping over MESH_AXES (outermost first), every axis present;
+    an axis not given has size 1 and costs nothing. ``shape["fsdp"]`` or ``shape.fsdp``;
+    N = ``shape.devices`` (the product). The closed forms take any mapping of axis sizes, numpy arrays
+    included (the planner evaluates many meshes at once); this class is the validated scalar one."""
 
-    data: int = 1
-    fsdp: int = 1
-    tensor: int = 1
+    __slots__ = ("_sizes",)
 
-    def __post_init__(self):
-        for name in MESH_AXES:
-            positive_int(f"mesh axis {name!r}", getattr(self, name))
+    def __init__(self, sizes: Mapping | None = None, /, **kw):
+        given = {**(sizes or {}), **kw}
+        unknown = [a for a in given if a not in MESH_AXES]
+        if unknown:
+            raise ValueError(f"unknown mesh axis {unknown[0]!r}; valid axes: {', '.join(MESH_AXES)}")
+        object.__setattr__(self, "_sizes", tuple(positive_int(f"mesh axis {a!r}", given.get(a, 1)) for a in MESH_AXES))
+
+    def __getitem__(self, axis: str) -> int:
+        try:
+            return self._sizes[MESH_AXES.index(axis)]
+        except ValueError:
+            raise KeyError(axis) from None
+
+    def __getattr__(self, axis: str) -> int:
+        if axis in MESH_AXES:
+            return self[axis]
+        raise AttributeError(axis)
+
+    def __setattr__(self, name, value):
+        raise AttributeError("MeshShape is immutable")
+
+    def __iter__(self):
+        return iter(MESH_AXES)
+
+    def __len__(self) -> int:
+        return len(MESH_AXES)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Mapping) and dict(self) == {a: other.get(a, 1) for a in MESH_AXES} and all(
+            a in MESH_AXES for a in other)
+
+    def __hash__(self) -> int:
+        return hash(self._sizes)
+
+    def __repr__(self) -> str:
+        return f"MeshShape({', '.join(f'{a}={n}' for a, n in self.items())})"
 
     @property
     def devices(self) -> int:
-        return self.data * self.fsdp * self.tensor
-
-    @property
-    def batch_shards(self) -> int:
-        """The batch is split over data and fsdp (sharding table: batch -> data+fsdp)."""
-        return self.data * self.fsdp
+        """N, the product of the axis sizes."""
+        return math.prod(self._sizes)
 
     def as_dict(self) -> dict[str, int]:
-        return {a: getattr(self, a) for a in MESH_AXES}
+        return dict(self)
 
     def __str__(self) -> str:
-        return ",".join(f"{a}={getattr(self, a)}" for a in MESH_AXES if getattr(self, a) > 1) or "1 device"
+        return ",".join(f"{a}={n}" for a, n in self.items() if n > 1) or "1 device"
 
 
 def parse_mesh_spec(spec: str, devices: int | None = None) -> MeshShape:
@@ -205,13 +252,15 @@ def parse_mesh_spec(spec: str, devices: int | None = None) -> MeshShape:
     return shape
 
 
-def check_divisible(cfg: FFNConfig, mesh: MeshShape, batch_tokens: int | None = None) -> None:
-    """Every sharded dimension must divide by its shard count (sharding table: embed/D -> fsdp,
-    mlp/F -> tensor, batch -> data·fsdp)."""
-    checks = [("d_model", cfg.d_model, "fsdp", mesh.fsdp), ("d_ff", cfg.d_ff, "tensor", mesh.tensor)]
+def check_divisible(cfg: FFNConfig, mesh: Mapping, batch_tokens: int | None = None) -> None:
+    """Every sharded dimension must divide by its shard count, through the sharding table
+    (scaling.sharding): D by the shards of ``embed``, F by those of ``mlp``, B by those of ``batch``."""
+    checks = [("d_model", cfg.d_model, "embed"), ("d_ff", cfg.d_ff, "mlp")]
     if batch_tokens is not None:
         positive_int("batch_tokens", batch_tokens)
-        checks.append(("batch_tokens", batch_tokens, "data·fsdp", mesh.batch_shards))
-    for name, dim, axis, n in checks:
+        checks.append(("batch_tokens", batch_tokens, "batch"))
+    for name, dim, logical in checks:
+        n = shards(mesh, logical)
         if dim % n:
-            raise ValueError(f"{name}={dim} is not divisible by the {axis} shard count {n}")
+            axes = "·".join(LOGICAL_RULES[logical])
+            raise ValueError(f"{name}={dim} is not divisible by the {axes} shard count {n}")

@@ -9,7 +9,10 @@ product). Remat recomputes h = x·W_in of the checkpointed blocks.
 
 from __future__ import annotations
 
-from scaling.config import FFNConfig, MeshShape, positive_int
+import math
+from collections.abc import Mapping
+
+from scaling.config import FFNConfig, positive_ints
 from scaling.memory import saved_blocks
 
 
@@ -39,7 +42,7 @@ def step_flops(
     total = 6·P·B − 2·B·D·F (+ recompute, + the unused first-block dx when computed).
     ``step="forward"``: the forward term only.
     """
-    positive_int("batch_tokens", batch_tokens)
+    positive_ints("batch_tokens", batch_tokens)
     if step not in ("train", "forward"):
         raise ValueError(f"step must be 'train' or 'forward', got {step!r}")
     blk = block_forward_flops(cfg, batch_tokens)
@@ -67,6 +70,6 @@ def first_block_dx_computed(blocks: int, remat: str = "none") -> bool:
     return (blocks // 2 if remat == "every-second" else blocks) > 1
 
 
-def flops_per_device(flops: float, mesh: MeshShape) -> float:
-    """The work divides evenly over N = data·fsdp·tensor devices: FLOPs / N."""
-    return flops / mesh.devices
+def flops_per_device(flops, mesh: Mapping):
+    """The work divides evenly over the N devices of the mesh (the product of its axis sizes): FLOPs / N."""
+    return flops / math.prod(mesh.values())

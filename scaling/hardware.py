@@ -1,16 +1,27 @@
-"""The one table of chips: compute, memory and interconnect figures, each with its source.
+"""The one table of chips: one row per chip, every figure with its source, and what follows from a row
+(slices, topologies, wraparound, per-device figures). Adding a chip is adding a row.
 
 Sources (abbreviated in the table):
-  [SB-tpus]  Scaling Book, "How to Think About TPUs", jax-ml.github.io/scaling-book/tpus/ (spec table)
-  [SB-gpus]  Scaling Book, "How to Think About GPUs", jax-ml.github.io/scaling-book/gpus/
-  [GC-v5p]   Google Cloud TPU v5p documentation (cloud.google.com/tpu/docs/v5p): 95 GiB usable of 96 GiB
-             HBM, DCN 50 Gbps per chip, slice topologies; full 3D torus (wraparound) from 4x4x4 up.
-  [libtpu]   what libtpu 0.0.42.1 says when it compiles a program ahead of time for the chip: a program
-             too large fails with "exceeds available HBM (95.74G)" (v5p; G = GiB): the usable HBM.
-  [GC-v5e], [GC-v6e] Google Cloud TPU v5e / v6e (Trillium) documentation.
-  [NV-H100], [NV-H200], [NV-B200] NVIDIA data sheets (dense bf16, no sparsity).
-ICI figures are per link, one-way and bidirectional (bidirectional = 2 × one-way). GPU "ICI" is the
-NVLink bandwidth per GPU (one-way), as the Scaling Book's GPU page treats it.
+  [SB-tpus]  Scaling Book, "How to Think About TPUs", jax-ml.github.io/scaling-book/tpus/: spec table
+             (bf16 FLOP/s, HBM, HBM bandwidth), interconnect table (ICI one-way / bidirectional per
+             link), wraparound ("any multiple of a full cube (4x4x4) will have wraparounds"; v5e and
+             Trillium "a single 16x16 2D torus with wraparounds along any axis of size 16"), DCN per chip,
+             "TPU v7 removes megacore" (two JAX devices per chip).
+  [SB-gpus]  Scaling Book, "How to Think About GPUs", jax-ml.github.io/scaling-book/gpus/ (dense bf16,
+             HBM, NVLink per GPU one way).
+  [GC-v4], [GC-v5e], [GC-v5p], [GC-v6e], [GC-7x]  Google Cloud TPU documentation pages
+             (cloud.google.com/tpu/docs/<v4|v5e|v5p|v6e|tpu7x>): HBM in GiB, TensorCores per chip,
+             accelerator types (v4-N, v5p-N, tpu7x-N count TensorCores; v5litepod-N, v6e-N count chips),
+             slice shapes, DCN per chip; [GC-v5p] "All 4x4x4 and larger slices have full 3D torus".
+  [XPK]      AI-Hypercomputer/xpk system_characteristics (tpu7x slice names and shapes: 2x2x1, 2x2x2,
+             2x2x4, 2x4x4, then whole 4x4x4 cubes; MaxText's AOT configs wrap them from 4x4x4 up).
+  [libtpu]   libtpu 0.0.42.1 compiling ahead of time on a CPU machine (this package's own reading): a
+             program too large for a device fails with "exceeds available HBM (95.74G)" (v5p; G = GiB),
+             which is the usable HBM per device; the AOT topologies give v4 one device per chip with
+             chip_config_name="megacore" (as on the hardware) and TPU7x two devices per chip.
+ICI figures are per link: one-way, and bidirectional = 2 x one-way (W_ici). A GPU's "ICI" is its NVLink
+bandwidth one way, as the Scaling Book's GPU page treats it. Figures per chip unless the name says
+per device (TPU7x: two devices per chip, each with half the chip's FLOP/s and HBM bandwidth).
 """
 
 from __future__ import annotations
@@ -18,39 +29,37 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+GiB = 2**30
+
 
 @dataclass(frozen=True)
 class Chip:
     name: str
     kind: str  # "tpu" | "gpu"
-    bf16_flops: float  # C, FLOP/s per chip
-    hbm_bytes: float  # per chip
-    hbm_bw: float  # bytes/s per chip
-    ici_oneway: float  # bytes/s per link, one direction
-    ici_axes: int  # torus dimensions (0 for GPUs: NVLink switch)
-    wraparound_min: int | None  # an axis has wraparound when its length is a multiple of this (None: never)
+    bf16_flops: float  # C, dense bf16 FLOP/s per chip
+    hbm_bytes: float  # HBM capacity per chip
+    hbm_bw: float  # HBM bytes/s per chip
+    ici_oneway: float  # bytes/s per ICI link, one direction (GPU: NVLink per GPU)
+    torus: int  # physical ICI axes of a slice: 3 (3D torus), 2 (2D torus), 0 (GPU: NVLink switch)
     dcn_bw: float  # bytes/s per chip, data-center network
     source: str
-    usable_hbm: float | None = None  # HBM a program may use, where the vendor states less than hbm_bytes
-
-    @property
-    def hbm_budget(self) -> float:
-        """The memory budget per chip that plans are held to: the usable HBM where the table gives it
-        (v5p: 95.74 GiB = 102.8 GB, what the compiler says is available [libtpu], of 96 GiB), else the
-        HBM capacity."""
-        return self.usable_hbm or self.hbm_bytes
-
-    def describe(self) -> str:
-        """One line of the figures a report uses, for its header."""
-        hbm = f"HBM {self.hbm_budget / 1e9:.4g} GB" + (
-            f" usable of {self.hbm_bytes / 1e9:.4g} GB" if self.usable_hbm else "")
-        link = "NVLink per GPU" if self.kind == "gpu" else "per ICI link, bidirectional"
-        return (f"{self.name}: C = {self.bf16_flops:.3g} bf16 FLOP/s, {hbm} at {self.hbm_bw:.3g} B/s, "
-                f"W = {self.ici_bidi:.3g} B/s {link}, alpha = C/W = {self.alpha:.0f} ({self.source})")
+    usable_hbm: float | None = None  # per device: what the compiler says a program may use [libtpu]
+    devices_per_chip: int = 1  # JAX devices per chip (TPU7x: 2, one per TensorCore)
+    cores_per_chip: int = 1  # TensorCores per chip
+    device_kinds: tuple[str, ...] = ()  # jax's device_kind, lower case (GPUs: a prefix of it)
+    aliases: tuple[str, ...] = ()  # other names accepted for --chip
+    libtpu_name: str | None = None  # the topology prefix libtpu accepts: "v5p" in "v5p:4x4x4"
+    libtpu_args: tuple[tuple[str, object], ...] = ()  # extra get_topology_desc arguments
+    slice_prefix: str | None = None  # Cloud accelerator type: v5p-<N>
+    slice_counts_cores: bool = False  # N counts TensorCores (v4, v5p, tpu7x) or chips (v5e, v6e)
+    small_topologies: tuple[tuple[int, ...], ...] = ()  # documented shapes below a whole cube
+    cube: int | None = None  # 3D: slices of whole cube^3 blocks; they wrap around on every axis
+    wrap_length: int | None = None  # 2D: an axis wraps around when it is this long (the full pod side)
+    max_slice_chips: int | None = None  # the largest single slice; more chips are slices joined by DCN
 
     @property
     def ici_bidi(self) -> float:
-        """W_ici, bidirectional bytes/s per link = 2 × one-way [SB-tpus]."""
+        """W_ici, bidirectional bytes/s per link = 2 x one-way [SB-tpus]."""
         return 2 * self.ici_oneway
 
     @property
@@ -58,125 +67,218 @@ class Chip:
         """alpha = C / W_ici, the arithmetic intensity of ICI (FLOPs per byte) [SB-training]."""
         return self.bf16_flops / self.ici_bidi
 
-    def has_wraparound(self, axis_len: int, full_len: int | None = None) -> bool:
-        """Whether a ring over an ICI axis of ``axis_len`` chips closes into a torus.
+    @property
+    def device_flops(self) -> float:
+        """Peak bf16 FLOP/s of one JAX device: C / devices per chip (TPU7x: half a chip)."""
+        return self.bf16_flops / self.devices_per_chip
 
-        v4p/v5p: axes that are multiples of 4 in a slice of at least one 4x4x4 cube [GC-v5p];
-        v5e/v6e: only axes of length 16 (the full pod dimension) [SB-tpus]. ``full_len`` is the
-        slice's physical dimension when a mesh axis uses only part of it (then no wraparound).
-        """
-        if self.wraparound_min is None or axis_len <= 1:
-            return False
-        if full_len is not None and axis_len != full_len:
-            return False
-        return axis_len % self.wraparound_min == 0
+    @property
+    def device_hbm_bw(self) -> float:
+        """HBM bytes/s of one JAX device: the chip's / devices per chip."""
+        return self.hbm_bw / self.devices_per_chip
 
+    @property
+    def hbm_budget(self) -> float:
+        """Bytes a program may use on one device: the usable HBM the compiler reports where the table
+        has it (v5p: 95.74 GiB = 102.8 GB of 96 GiB [libtpu]), else the HBM per device."""
+        return self.usable_hbm or self.hbm_bytes / self.devices_per_chip
+
+    def describe(self) -> str:
+        """One line of the figures a report uses, for its header."""
+        per = f" per chip, {self.devices_per_chip} devices per chip" if self.devices_per_chip > 1 else ""
+        hbm = f"HBM {self.hbm_budget / 1e9:.4g} GB usable per device of {self.hbm_bytes / 1e9:.4g} GB per chip"
+        link = "NVLink per GPU" if self.kind == "gpu" else "per ICI link, bidirectional"
+        return (f"{self.name}: C = {self.bf16_flops:.4g} bf16 FLOP/s{per}, {hbm} at {self.hbm_bw:.3g} B/s, "
+                f"W = {self.ici_bidi:.3g} B/s {link}, alpha = C/W = {self.alpha:.0f} ({self.source})")
+
+    def has_wraparound(self, axis_len: int, full_len: int, slice_dims: tuple[int, ...]) -> bool:
+        """Whether a ring over ``axis_len`` chips of a physical axis ``full_len`` long, in a slice of
+        shape ``slice_dims``, closes into a torus: the ring must cover the whole physical axis, and
+        3D chips: the slice is whole cubes (every side a multiple of 4) [SB-tpus][GC-v5p];
+        2D chips: the side is the full pod side, 16 [SB-tpus]."""
+        if axis_len <= 1 or axis_len != full_len:
+            return False
+        if self.cube:
+            return all(d % self.cube == 0 for d in slice_dims)
+        return self.wrap_length is not None and full_len == self.wrap_length
+
+
+_CUBE3 = ((2, 2, 1), (2, 2, 2), (2, 2, 4), (2, 4, 4))
+_TORUS2 = ((1, 1), (2, 2), (2, 4), (4, 4), (4, 8), (8, 8), (8, 16), (16, 16))
 
 CHIPS: dict[str, Chip] = {
     c.name: c
     for c in [
-        Chip("v4p", "tpu", 2.75e14, 32e9, 1.2e12, 4.5e10, 3, 4, 6.25e9, "[SB-tpus] spec table"),
-        Chip("v5e", "tpu", 1.97e14, 16e9, 8.1e11, 4.5e10, 2, 16, 3.125e9, "[SB-tpus] spec table; [GC-v5e]"),
-        Chip("v5p", "tpu", 4.59e14, 96 * 2**30, 2.8e12, 9e10, 3, 4, 6.25e9,
-             "[SB-tpus] spec table; [GC-v5p] 96 GiB HBM, DCN 50 Gb/s; [libtpu] 95.74 GiB available",
-             usable_hbm=95.74 * 2**30),
-        Chip("v6e", "tpu", 9.2e14, 32e9, 1.6e12, 9e10, 2, 16, 1.25e10, "[SB-tpus] spec table; [GC-v6e]"),
-        Chip("H100", "gpu", 9.9e14, 80e9, 3.35e12, 4.5e11, 0, None, 5e10, "[SB-gpus]; [NV-H100] SXM"),
-        Chip("H200", "gpu", 9.9e14, 141e9, 4.8e12, 4.5e11, 0, None, 5e10, "[SB-gpus]; [NV-H200]"),
-        Chip("B200", "gpu", 2.3e15, 192e9, 8.0e12, 9e11, 0, None, 5e10, "[SB-gpus]; [NV-B200]"),
+        Chip("v4", "tpu", 2.75e14, 32 * GiB, 1.2e12, 4.5e10, 3, 6.25e9,
+             "[SB-tpus]; [GC-v4] 32 GiB, 2 TensorCores; [libtpu] 30.75 GiB available; DCN: SB's per-chip figure",
+             usable_hbm=30.75 * GiB, cores_per_chip=2, device_kinds=("tpu v4",), aliases=("v4p",),
+             libtpu_name="v4", libtpu_args=(("chip_config_name", "megacore"),), slice_prefix="v4",
+             slice_counts_cores=True, small_topologies=_CUBE3, cube=4, max_slice_chips=4096),
+        Chip("v5e", "tpu", 1.97e14, 16 * GiB, 8.2e11, 4.5e10, 2, 3.125e9,
+             "[SB-tpus]; [GC-v5e] 16 GiB, 1 TensorCore; [libtpu] 15.75 GiB available",
+             usable_hbm=15.75 * GiB, device_kinds=("tpu v5 lite", "tpu v5e"), aliases=("v5litepod", "v5lite"),
+             libtpu_name="v5e", slice_prefix="v5litepod", small_topologies=_TORUS2, wrap_length=16,
+             max_slice_chips=256),
+        Chip("v5p", "tpu", 4.59e14, 96 * GiB, 2.8e12, 9e10, 3, 6.25e9,
+             "[SB-tpus]; [GC-v5p] 96 GiB, DCN 50 Gb/s; [libtpu] 95.74 GiB available",
+             usable_hbm=95.74 * GiB, cores_per_chip=2, device_kinds=("tpu v5", "tpu v5p"), libtpu_name="v5p",
+             slice_prefix="v5p", slice_counts_cores=True, small_topologies=_CUBE3, cube=4, max_slice_chips=6144),
+        Chip("v6e", "tpu", 9.2e14, 32 * GiB, 1.6e12, 9e10, 2, 1.25e10,
+             "[SB-tpus]; [GC-v6e] 32 GiB, 1 TensorCore; [libtpu] 31.25 GiB available",
+             usable_hbm=31.25 * GiB, device_kinds=("tpu v6 lite", "tpu v6e"), aliases=("trillium",),
+             libtpu_name="v6e", slice_prefix="v6e", small_topologies=_TORUS2, wrap_length=16,
+             max_slice_chips=256),
+        Chip("TPU7x", "tpu", 2.307e15, 192 * GiB, 7.38e12, 9e10, 3, 1.25e10,
+             "[GC-7x] 2307 TFLOP/s, 192 GiB, 7.38 TB/s, DCN 100 Gb/s, 2 TensorCores; [SB-tpus] ICI per link; "
+             "[libtpu] 2 devices per chip, 94.75 GiB available each; [XPK] slices",
+             usable_hbm=94.75 * GiB, devices_per_chip=2, cores_per_chip=2, device_kinds=("tpu7x", "tpu v7x"),
+             aliases=("ironwood", "v7x"), libtpu_name="TPU7x", slice_prefix="tpu7x", slice_counts_cores=True,
+             small_topologies=_CUBE3, cube=4, max_slice_chips=9216),
+        Chip("H100", "gpu", 9.9e14, 80e9, 3.35e12, 4.5e11, 0, 5e10, "[SB-gpus] H100 SXM",
+             device_kinds=("nvidia h100",)),
+        Chip("H200", "gpu", 9.9e14, 141e9, 4.8e12, 4.5e11, 0, 5e10, "[SB-gpus]", device_kinds=("nvidia h200",)),
+        Chip("B200", "gpu", 2.3e15, 192e9, 8.0e12, 9e11, 0, 5e10, "[SB-gpus]", device_kinds=("nvidia b200",)),
     ]
 }
 
+
 def get_chip(name: str) -> Chip:
-    """Look a chip up by name (case-insensitive); ValueError listing the valid names otherwise (and
-    pointing a slice name such as v5p-256 to --slice)."""
-    for key, chip in CHIPS.items():
-        if key.lower() == str(name).lower():
+    """Look a chip up by name or alias (case-insensitive); ValueError listing the valid names otherwise
+    (and pointing a slice name such as v5p-256 to --slice)."""
+    low = str(name).strip().lower()
+    for chip in CHIPS.values():
+        if low == chip.name.lower() or low in chip.aliases:
             return chip
-    hint = f" ({name!r} names a slice: use --slice {name})" if str(name).lower().startswith("v5p-") else ""
+    hint = ""
+    try:
+        parse_slice(name)
+        hint = f" ({name!r} names a slice: use --slice {name})"
+    except ValueError:
+        pass
     raise ValueError(f"unknown chip {name!r}; valid chips: {', '.join(CHIPS)}{hint}")
 
 
-def parse_slice(name: str) -> tuple[Chip, tuple[int, ...]]:
-    """A Cloud TPU slice name -> (chip, physical shape): ``v5p-256`` counts TensorCores, 2 per chip
-    [GC-v5p], so it is 128 chips, 4x4x8. ValueError naming the valid form otherwise."""
-    s = str(name).strip().lower()
-    if not s.startswith("v5p-"):
-        raise ValueError(f"unknown slice {name!r}; expected v5p-<TensorCores>, e.g. v5p-256 (128 chips)")
-    return CHIPS["v5p"], parse_v5p_slice(s)
-
-
-def slice_name(chip: Chip, chips: int) -> str | None:
-    """The Cloud TPU accelerator type of ``chips`` chips of ``chip`` (v5p: 2 TensorCores per chip,
-    v5p-<2·chips>), None where the chip has no slice names (GPUs)."""
-    return f"v5p-{2 * chips}" if chip.name == "v5p" else None
-
-
-# Slice topologies for v5p [GC-v5p]: accelerator type "v5p-<TensorCores>", 2 TensorCores per chip.
-V5P_TOPOLOGIES: dict[int, tuple[int, int, int]] = {
-    4: (2, 2, 1),
-    8: (2, 2, 2),
-    16: (2, 2, 4),
-    32: (2, 4, 4),
-    64: (4, 4, 4),
-    128: (4, 4, 8),
-    256: (4, 8, 8),
-    512: (8, 8, 8),
-    1024: (8, 8, 16),
-    2048: (8, 16, 16),
-    4096: (16, 16, 16),
-    6144: (16, 16, 24),
-}
-
-
-def v5p_topology(chips: int) -> tuple[int, int, int]:
-    """The 3D shape of a v5p slice of ``chips`` chips.
-
-    The documented shapes [GC-v5p] where listed; otherwise the most cube-like X×Y×Z with every
-    dimension a multiple of 4 (whole 4x4x4 cubes, so every axis has wraparound), e.g.
-    8960 chips (a full pod) -> 16x20x28.
-    """
-    if isinstance(chips, bool) or not isinstance(chips, int) or chips <= 0:
-        raise ValueError(f"chip count must be a positive integer, got {chips!r}")
-    if chips in V5P_TOPOLOGIES:
-        return V5P_TOPOLOGIES[chips]
-    if chips % 64:
-        raise ValueError(
-            f"no v5p topology for {chips} chips: use one of {sorted(V5P_TOPOLOGIES)} or a multiple of 64"
-        )
-    cubes = chips // 64
-    best = None
-    for a in range(1, cubes + 1):
-        for b in range(a, cubes // a + 1):
-            if cubes % (a * b) == 0:
-                c = cubes // (a * b)
-                if c >= b:
-                    spread = c / a
-                    if best is None or spread < best[0]:
-                        best = (spread, (4 * a, 4 * b, 4 * c))
-    return best[1]
-
-
-def parse_v5p_slice(name: str) -> tuple[int, int, int]:
-    """``v5p-128`` (TensorCores; 2 per chip) or ``4x4x4`` -> the slice's 3D shape."""
-    s = str(name).strip().lower()
-    if s.startswith("v5p-"):
-        try:
-            cores = int(s[4:])
-        except ValueError:
-            raise ValueError(f"bad v5p slice name {name!r}; expected v5p-<TensorCores>, e.g. v5p-128") from None
-        if cores < 8 or cores % 2:
-            raise ValueError(f"bad v5p slice name {name!r}: TensorCores must be an even number >= 8")
-        return v5p_topology(cores // 2)
-    parts = s.split("x")
-    try:
-        dims = tuple(int(p) for p in parts)
-    except ValueError:
-        raise ValueError(f"bad TPU topology {name!r}; expected e.g. 4x4x4 or v5p-128") from None
-    if len(dims) != 3 or any(d <= 0 for d in dims):
-        raise ValueError(f"bad v5p topology {name!r}; expected three positive sizes such as 4x4x4")
-    return dims
+def chip_of_device_kind(kind: str) -> Chip | None:
+    """The chip whose row lists jax's ``device_kind`` (TPUs exactly, GPUs by prefix: "NVIDIA H100 80GB
+    HBM3" is an H100); None if no row does."""
+    low = str(kind).strip().lower()
+    for chip in CHIPS.values():
+        if low in chip.device_kinds:
+            return chip
+    for chip in CHIPS.values():
+        if chip.kind == "gpu" and any(low.startswith(k + " ") or low == k for k in chip.device_kinds):
+            return chip
+    return None
 
 
 def chips_in(dims) -> int:
     return math.prod(dims)
+
+
+def _tpus() -> list[Chip]:
+    return [c for c in CHIPS.values() if c.kind == "tpu"]
+
+
+def valid_topologies(chip: Chip, limit: int = 8) -> str:
+    """A short list of the shapes ``chip`` has, for error messages."""
+    shapes = ["x".join(map(str, t)) for t in chip.small_topologies[:limit]]
+    more = f", or whole {chip.cube}x{chip.cube}x{chip.cube} cubes up to {chip.max_slice_chips} chips" if chip.cube else ""
+    return ", ".join(shapes) + more
+
+
+def check_topology(chip: Chip, dims: tuple[int, ...]) -> tuple[int, ...]:
+    """``dims`` if ``chip`` has a slice of that shape, else ValueError naming the valid shapes.
+    3D chips: the documented sub-cube shapes (2x2x1, 2x2x2, 2x2x4, 2x4x4, in any order) or whole cubes
+    (every side a multiple of 4) up to the largest slice [GC-v4][GC-v5p][XPK]; 2D chips: the documented
+    shapes 1x1 .. 16x16 [GC-v5e][GC-v6e]."""
+    dims = tuple(int(d) for d in dims)
+    if chip.kind != "tpu":
+        raise ValueError(f"{chip.name} is not a TPU: it has no slice topologies")
+    ok = len(dims) == chip.torus and all(d > 0 for d in dims) and (
+        tuple(sorted(dims)) in {tuple(sorted(t)) for t in chip.small_topologies}
+        or (chip.cube is not None and all(d % chip.cube == 0 for d in dims)
+            and chips_in(dims) <= chip.max_slice_chips))
+    if not ok:
+        raise ValueError(f"{chip.name} has no topology {'x'.join(map(str, dims))}; valid: {valid_topologies(chip)}")
+    return dims
+
+
+def parse_topology(chip: Chip, text: str) -> tuple[int, ...]:
+    """``"4x4x4"`` -> (4, 4, 4), checked against the chip's shapes (check_topology)."""
+    try:
+        dims = tuple(int(p) for p in str(text).strip().lower().split("x"))
+    except ValueError:
+        raise ValueError(f"bad topology {text!r} for {chip.name}; expected e.g. "
+                         f"{'x'.join(map(str, chip.small_topologies[-1]))}") from None
+    return check_topology(chip, dims)
+
+
+def slice_topology(chip: Chip, chips: int) -> tuple[int, ...]:
+    """The shape of a single slice of ``chips`` chips: the documented shape of that size, else the
+    most cube-like shape of whole cubes (3D chips; e.g. v5p 4480 chips -> 8x20x28). ValueError when the
+    chip has no slice of that size."""
+    if isinstance(chips, bool) or not isinstance(chips, int) or chips <= 0:
+        raise ValueError(f"chip count must be a positive integer, got {chips!r}")
+    for t in chip.small_topologies:
+        if chips_in(t) == chips:
+            return t
+    cube = chip.cube
+    if cube and chips % cube**3 == 0 and chips <= chip.max_slice_chips:
+        n, best = chips // cube**3, None
+        for a in range(1, n + 1):
+            for b in range(a, n // a + 1):
+                if n % (a * b) == 0 and n // (a * b) >= b:
+                    c = n // (a * b)
+                    if best is None or c / a < best[0]:
+                        best = (c / a, (cube * a, cube * b, cube * c))
+        return best[1]
+    sizes = sorted({chips_in(t) for t in chip.small_topologies})
+    more = f" or a multiple of {cube**3} up to {chip.max_slice_chips}" if cube else ""
+    raise ValueError(f"{chip.name} has no slice of {chips} chips: use one of {sizes}{more}")
+
+
+def split_slices(chip: Chip, chips: int) -> tuple[int, tuple[int, ...]]:
+    """(number of slices, shape of each) for ``chips`` chips: one slice where one can hold them, else the
+    fewest equal slices of the largest sizes the chip has, joined by DCN (e.g. 1024 v6e chips ->
+    4 slices of 16x16). ValueError when no split exists."""
+    try:
+        return 1, slice_topology(chip, chips)
+    except ValueError:
+        pass
+    for n in range(2, chips + 1):
+        if chips % n == 0 and chips // n <= chip.max_slice_chips:
+            try:
+                return n, slice_topology(chip, chips // n)
+            except ValueError:
+                continue
+    raise ValueError(f"{chips} {chip.name} chips cannot be split into slices of the shapes it has "
+                     f"({valid_topologies(chip)})")
+
+
+def parse_slice(name: str) -> tuple[Chip, tuple[int, ...]]:
+    """A Cloud TPU slice name -> (chip, physical shape): ``v5p-256`` counts TensorCores, 2 per chip, so it
+    is 128 chips, 4x4x8 [GC-v5p]; ``v6e-16`` counts chips, 4x4 [GC-v6e]; ``v5litepod-16``, ``v4-8``,
+    ``tpu7x-8`` (2x2x1). ValueError naming the valid forms otherwise."""
+    s = str(name).strip().lower()
+    prefix, _, count = s.rpartition("-")
+    for chip in _tpus():
+        if prefix in {chip.slice_prefix, chip.name.lower(), *chip.aliases}:
+            if not count.isdigit() or int(count) <= 0:
+                break
+            n = int(count)
+            per = chip.cores_per_chip if chip.slice_counts_cores else 1
+            if n % per:
+                raise ValueError(f"bad slice {name!r}: {chip.slice_prefix}-N counts TensorCores, {per} per chip")
+            return chip, slice_topology(chip, n // per)
+    forms = ", ".join(f"{c.slice_prefix}-<{'TensorCores' if c.slice_counts_cores else 'chips'}>" for c in _tpus())
+    raise ValueError(f"unknown slice {name!r}; expected {forms}, e.g. v5p-256 (128 chips)")
+
+
+def slice_name(chip: Chip, chips: int) -> str | None:
+    """The Cloud TPU accelerator type of ``chips`` chips (v5p-<2·chips>, v6e-<chips>); for more chips
+    than one slice of the chip's shapes holds, "<n> x <slice>" (split_slices); None for GPUs."""
+    if chip.kind != "tpu":
+        return None
+    n, dims = split_slices(chip, chips)
+    name = f"{chip.slice_prefix}-{chips_in(dims) * (chip.cores_per_chip if chip.slice_counts_cores else 1)}"
+    return name if n == 1 else f"{n} x {name}"

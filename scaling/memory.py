@@ -1,8 +1,10 @@
-"""Bytes per device, term by term, for the FFN stack on a (data, fsdp, tensor) mesh.
+"""Bytes per device, term by term, for the FFN stack on a mesh.
 
-Sharding (the table in mesh/rules.py): weights W_in and W_out (both stored [L,F,D]) are split D over fsdp
-and F over tensor, replicated over data; the batch is split over data·fsdp; the block input x[B,D]
-is replicated over tensor, the hidden h[B,F] is split F over tensor.
+Sharding (the table in scaling.sharding): weights W_in and W_out (both stored [L,F,D]) are split D over
+the ``embed`` axes (fsdp) and F over the ``mlp`` axes (tensor), replicated elsewhere; the batch is split
+over the ``batch`` axes (data·fsdp); the block input x[B,D] is replicated over tensor, the hidden h[B,F]
+is split F over tensor. Every function takes a mapping of mesh-axis sizes (a MeshShape, or numpy
+arrays of sizes) and a batch that may be a numpy array, so the planner can evaluate many at once.
 
 Sources: Scaling Book training page ("FP32 master + FP32 grads + two FP32 moments: 16 bytes/param";
 "bf16 params + fp32 Adam moments: 10 bytes/param") and transformers page (activations saved for
@@ -12,13 +14,20 @@ backward are the matmul inputs backward needs).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
-from scaling.config import DEFAULT_PRECISION, FFNConfig, MeshShape, Precision, check_remat, positive_int
+from scaling.config import DEFAULT_PRECISION, FFNConfig, Precision, check_remat, positive_int, positive_ints
+from scaling.sharding import shards
 
 
-def weight_shards(mesh: MeshShape) -> int:
-    """Number of pieces each weight matrix is split into: fsdp · tensor."""
-    return mesh.fsdp * mesh.tensor
+def weight_shards(mesh: Mapping):
+    """Pieces each weight matrix is split into: the shards of its ``embed`` and ``mlp`` axes (fsdp·tensor)."""
+    return shards(mesh, "embed", "mlp")
+
+
+def tokens_per_device(mesh: Mapping, batch_tokens):
+    """b = B / (shards of ``batch``) = B/(data·fsdp): the tokens each device holds."""
+    return positive_ints("batch_tokens", batch_tokens) / shards(mesh, "batch")
 
 
 def saved_blocks(blocks: int, remat: str) -> tuple[int, int]:
@@ -45,29 +54,21 @@ def activation_bytes_per_token(cfg: FFNConfig, precision: Precision = DEFAULT_PR
     return precision.compute * (cfg.d_model + cfg.d_ff) * cfg.blocks
 
 
-def saved_activation_bytes(
-    cfg: FFNConfig, mesh: MeshShape, batch_tokens: int, remat: str = "none", precision: Precision = DEFAULT_PRECISION
-) -> float:
+def saved_activation_bytes(cfg: FFNConfig, mesh: Mapping, batch_tokens, remat: str = "none",
+                           precision: Precision = DEFAULT_PRECISION):
     """Activations saved for backward per device, under the remat policy.
 
     tokens per device b = B/(data·fsdp); a full block keeps x (D, replicated over tensor) and
     h (F/tensor); an input-only block keeps x:  bytes = c·b·[n_full·(D + F/Y) + n_input·D].
     """
-    positive_int("batch_tokens", batch_tokens)
-    b = batch_tokens / mesh.batch_shards
+    b = tokens_per_device(mesh, batch_tokens)
     n_full, n_input = saved_blocks(cfg.blocks, remat)
-    D, F, Y = cfg.d_model, cfg.d_ff, mesh.tensor
+    D, F, Y = cfg.d_model, cfg.d_ff, shards(mesh, "mlp")
     return precision.compute * b * (n_full * (D + F / Y) + n_input * D)
 
 
-def memory_per_device(
-    cfg: FFNConfig,
-    mesh: MeshShape,
-    batch_tokens: int,
-    remat: str = "none",
-    precision: Precision = DEFAULT_PRECISION,
-    windowed_grad_rs: bool = False,
-) -> dict[str, float]:
+def memory_per_device(cfg: FFNConfig, mesh: Mapping, batch_tokens, remat: str = "none",
+                      precision: Precision = DEFAULT_PRECISION, windowed_grad_rs: bool = False) -> dict:
     """Training memory per device in bytes, term by term.
 
     master  = master·P/(X·Y)             fp32 weights, 4 B/param
@@ -83,28 +84,22 @@ def memory_per_device(
     inputs  = x and targets of the batch per device, bf16 and fp32: (c + 4)·D·B/(data·fsdp)
     total   = sum of the above.  16·P/N + activations + transients (training page: 16 B/param).
     """
-    positive_int("batch_tokens", batch_tokens)
-    shards = weight_shards(mesh)
-    P = cfg.params
-    D, F = cfg.d_model, cfg.d_ff
+    shards_w = weight_shards(mesh)
+    P, D, F = cfg.params, cfg.d_model, cfg.d_ff
     terms = {
-        "master": precision.master * P / shards,
-        "optimizer": precision.adam_moments * precision.adam_moment * P / shards,
-        "grads": precision.grad * P / shards,
+        "master": precision.master * P / shards_w,
+        "optimizer": precision.adam_moments * precision.adam_moment * P / shards_w,
+        "grads": precision.grad * P / shards_w,
         "activations": saved_activation_bytes(cfg, mesh, batch_tokens, remat, precision),
-        "transient_weights": precision.compute * (1 if windowed_grad_rs else 4) * D * F / mesh.tensor,
-        "inputs": (precision.compute + 4) * D * batch_tokens / mesh.batch_shards,
+        "transient_weights": precision.compute * (1 if windowed_grad_rs else 4) * D * F / shards(mesh, "mlp"),
+        "inputs": (precision.compute + 4) * D * tokens_per_device(mesh, batch_tokens),
     }
     terms["total"] = sum(terms.values())
     return terms
 
 
-def forward_memory_per_device(
-    cfg: FFNConfig,
-    mesh: MeshShape,
-    batch_tokens: int,
-    precision: Precision = DEFAULT_PRECISION,
-) -> dict[str, float]:
+def forward_memory_per_device(cfg: FFNConfig, mesh: Mapping, batch_tokens,
+                              precision: Precision = DEFAULT_PRECISION) -> dict:
     """Memory per device of a forward-only step (the loss, no gradients), term by term.
 
     master      = master·P/(X·Y)                   fp32 weights
@@ -116,9 +111,8 @@ def forward_memory_per_device(
     Source: this package's reading of the compiled forward step (XXL, fsdp=16, tensor=4 on
     v5p:4x4x4: 14.43 GB compiled against 14.48 GB here).
     """
-    positive_int("batch_tokens", batch_tokens)
-    D, F, Y, c = cfg.d_model, cfg.d_ff, mesh.tensor, precision.compute
-    b = batch_tokens / mesh.batch_shards
+    D, F, Y, c = cfg.d_model, cfg.d_ff, shards(mesh, "mlp"), precision.compute
+    b = tokens_per_device(mesh, batch_tokens)
     terms = {
         "master": precision.master * cfg.params / weight_shards(mesh),
         "transient_weights": c * D * F / Y,
@@ -127,6 +121,28 @@ def forward_memory_per_device(
     }
     terms["total"] = sum(terms.values())
     return terms
+
+
+def hbm_traffic_bytes(cfg: FFNConfig, mesh: Mapping, batch_tokens, remat: str = "none", step: str = "train",
+                      precision: Precision = DEFAULT_PRECISION):
+    """HBM bytes one device reads and writes in a step (the memory-bandwidth roofline's numerator).
+
+    train:   AdamW reads master, grad, mu, nu and writes master, mu, nu: 7·4 = 28 B/param/N;
+             the gathered bf16 weights are read by the forward, dX and dW matmuls: 3·L·c·2·D·F/Y;
+             saved activations are written once and read once: 2·saved_activation_bytes
+    forward: the fp32 master read once, 4·P/N; the gathered weights read once, L·c·2·D·F/Y; each
+             block's input and hidden written and read once, 2·c·b·(D + F/Y)·L
+    (Scaling Book roofline page: T_mem = bytes moved / HBM bandwidth.)
+    """
+    D, F, L, Y, c = cfg.d_model, cfg.d_ff, cfg.blocks, shards(mesh, "mlp"), precision.compute
+    weights = L * c * 2 * D * F / Y
+    if step == "forward":
+        b = tokens_per_device(mesh, batch_tokens)
+        return precision.master * cfg.params / weight_shards(mesh) + weights + 2 * c * b * (D + F / Y) * L
+    moments = precision.adam_moments * precision.adam_moment
+    optimizer = (precision.master + precision.grad + moments) + (precision.master + moments)  # read 16 + write 12
+    return (optimizer * cfg.params / weight_shards(mesh) + 3 * weights
+            + 2 * saved_activation_bytes(cfg, mesh, batch_tokens, remat, precision))
 
 
 def param_memory(params: int, precision: Precision = DEFAULT_PRECISION) -> dict[str, int]:

@@ -1,27 +1,21 @@
-"""Mesh planner: every (data, fsdp, tensor) factorisation of a chip count, every way of laying its
-axes onto the slice's physical ICI axes, ranked by predicted step time under an HBM budget.
+"""Mesh planner: every factorisation of a chip count into the mesh axes (scaling.config.MESH_AXES), every
+way of laying those axes onto the slice's physical ICI axes, ranked by the one step model
+(scaling.program.predict) under an HBM budget.
 
-A layout splits each physical dimension d_i of the slice into factors (a_i, b_i, c_i) for the
-(data, fsdp, tensor) mesh axes. A mesh axis spans the physical axes where its factor is > 1 (that is
-its M: M_X for fsdp, M_Y for tensor); on each it gets W_ici of bandwidth when it owns the whole
-dimension and that dimension has wraparound (v5p: a multiple of 4 in a slice of whole cubes),
-W_ici/2 otherwise (a line, not a ring: sharding page).
+A layout splits each physical dimension d_i of the slice into one factor per mesh axis. A mesh axis spans
+the physical axes where its factor is > 1 (their count is its M: M_X for fsdp, M_Y for tensor); on each
+it is a ring with wraparound when it owns the whole dimension and the chip's wraparound rule holds
+(scaling.hardware.Chip.has_wraparound), else a line (program.links: 1 link or 1/2). More chips than one
+slice holds are equal slices joined by DCN (hardware.split_slices), and the outermost factor of the
+data axis (MaxText's dcn_data_parallelism) or of the fsdp axis spans them (both are enumerated). GPUs: a node of up to 8 GPUs on an NVLink switch (every mesh axis gets the GPU's
+NVLink bandwidth), nodes joined like slices over the network (the table's dcn_bw).
 
-Per step and device (scaling.program's collectives, training page rooflines):
-  T_math = FLOPs/(N·C),  FLOPs = 6·P·B − 2·B·D·F (+ remat recompute)
-  T_fsdp = 3·L·4·D·F/Y / bw_fsdp        (forward and backward gathers, gradient reduce-scatter)
-  T_tp   = 2·L·2·(2·B·D/(d·X)) / bw_tp  (two all-reduces per block, AR = 2·AG)
-  T_dp   = L·2·(4·D·F/(X·Y)) / bw_data  (gradient all-reduce of the fsdp shard)
-  T_hbm  = [28·P/N (AdamW: read master, grad, mu, nu; write master, mu, nu)
-            + 3·L·4·D·F/Y (bf16 weights read by forward, dX, dW) + 2·activations] / HBM_BW
-  step   = T_math + T_fsdp + T_tp + T_dp ("sum" form, the default: the compiled XXL forward step runs
-           its collectives synchronously, README "Finding for question (c)") or
-           max(T_math, T_fsdp, T_tp, T_dp, T_hbm) (overlapped; "max" form). Both are rooflines: the
-           step times are lower bounds and the utilisations upper bounds.
-  MFU    = model FLOPs / (N·C·step), model FLOPs = 6·P·B − 2·B·D·F (the matmuls the step needs);
-  HFU    = executed FLOPs / (N·C·step), executed = model + the remat recompute (T_math counts these).
-Memory: scaling.memory.memory_per_device (closed-form peak); plans over the HBM budget are dropped.
-Critical batch: scaling.roofline.critical_batch for the layout's X, Y, M_X, M_Y, times the data size.
+For each mesh, ``predict`` runs once on numpy arrays of the batch sizes and of the mesh's layouts' links;
+each (mesh, batch) keeps its fastest layout. The plans the planner ranks are therefore exactly what
+``predict`` says of them (tests/test_plan.py holds the two equal), and what ``python -m scaling check``
+compares with the compiler. Ranked by the sum form unless told otherwise (the compiled forward step
+runs its collectives synchronously: README, finding for (c)); plans over the HBM budget (the table's
+usable HBM per device unless ``hbm``) are dropped.
 """
 
 from __future__ import annotations
@@ -31,143 +25,138 @@ import math
 
 import numpy as np
 
-from scaling import memory, roofline
-from scaling.config import DEFAULT_PRECISION, FFNConfig, check_remat, positive_float, positive_int
-from scaling.hardware import Chip, v5p_topology
+from scaling import program, roofline
+from scaling.config import MESH_AXES, FFNConfig, MeshShape, check_remat, positive_float, positive_int
+from scaling.hardware import Chip, split_slices
 
-AXES = ("data", "fsdp", "tensor")
+GPU_NODE = 8  # GPUs on one NVLink switch [SB-gpus]: an H100/H200/B200 node
+DCN_AXES = ("data", "fsdp")  # the axes whose outermost factor may span slices joined by DCN
 
 
-def _splits(d: int):
-    """All ordered (a, b, c) with a·b·c = d."""
+def _splits(d: int, k: int):
+    """Every ordered k-tuple of positive integers whose product is d."""
+    if k == 1:
+        yield (d,)
+        return
     for a in range(1, d + 1):
-        if d % a:
-            continue
-        for b in range(1, d // a + 1):
-            if (d // a) % b == 0:
-                yield a, b, d // (a * b)
+        if d % a == 0:
+            for rest in _splits(d // a, k - 1):
+                yield (a, *rest)
 
 
-def layouts(dims: tuple[int, ...], chip: Chip, cube_slice: bool) -> list[dict]:
-    """Every way of splitting the physical dims over (data, fsdp, tensor).
-
-    Each layout: mesh sizes, per mesh axis the spanned physical lengths, M (count) and bandwidth
-    factor Σ(1 if whole wrapped dim else 1/2)."""
-    out = []
-    for combo in itertools.product(*[list(_splits(d)) for d in dims]):
-        sizes = [math.prod(c[k] for c in combo) for k in range(3)]
-        axes = {}
-        for k, name in enumerate(AXES):
-            spans, bw, wraps = [], 0.0, []
-            for i, c in enumerate(combo):
-                if c[k] > 1:
-                    wrap = cube_slice and c[k] == dims[i] and chip.has_wraparound(dims[i])
-                    spans.append(c[k])
-                    wraps.append(wrap)
-                    bw += 1.0 if wrap else 0.5
-            axes[name] = {"lens": spans, "wrap": wraps, "M": len(spans), "bw": bw}
-        out.append({"mesh": dict(zip(AXES, sizes)), "axes": axes, "split": combo})
+def layouts(dims: tuple[int, ...], chip: Chip, axes: tuple[str, ...] = MESH_AXES) -> dict[tuple, list[dict]]:
+    """Every way of laying ``axes`` onto a slice of shape ``dims``: {mesh sizes: [layout, ...]} where a
+    layout is {axis: (lengths, wraps)} over the physical axes it spans (the form mesh.ici_layout reads
+    back from a compiled mesh's devices). GPUs (no torus): one layout, each axis one ring. A chip of
+    several devices (TPU7x: 2) adds its cores as one more physical axis, a ring of one link (the cores'
+    die-to-die link, taken as no faster than an ICI link)."""
+    out: dict[tuple, list[dict]] = {}
+    if chip.torus == 0:
+        for sizes in _splits(math.prod(dims), len(axes)):
+            out[sizes] = [{a: ([n], [True]) for a, n in zip(axes, sizes) if n > 1}]
+        return out
+    phys = (*dims, chip.devices_per_chip) if chip.devices_per_chip > 1 else tuple(dims)
+    wraps = lambda n, i: chip.has_wraparound(n, phys[i], dims) if i < len(dims) else True  # noqa: E731
+    for combo in itertools.product(*[list(_splits(d, len(axes))) for d in phys]):
+        sizes = tuple(math.prod(c[k] for c in combo) for k in range(len(axes)))
+        lay = {}
+        for k, axis in enumerate(axes):
+            spans = [(c[k], wraps(c[k], i)) for i, c in enumerate(combo) if c[k] > 1]
+            if spans:
+                lay[axis] = ([n for n, _ in spans], [w for _, w in spans])
+        out.setdefault(sizes, []).append(lay)
     return out
 
 
-def plan(
-    cfg: FFNConfig,
-    chip: Chip,
-    chips: int,
-    batch_tokens,
-    hbm: float | None = None,
-    remat: str = "none",
-    form: str = "sum",
-    dims: tuple[int, int, int] | None = None,
-) -> list[dict]:
-    """Ranked plans (best first) for one or more batch sizes; see the module docstring for the model.
+def plan(cfg: FFNConfig, chip: Chip, chips: int, batch_tokens, hbm: float | None = None, remat: str = "none",
+         form: str = "sum", dims: tuple[int, ...] | None = None) -> list[dict]:
+    """Ranked plans (best first) for one or more batch sizes; see the module docstring.
 
-    ``batch_tokens`` is an int or a list of ints; each plan dict carries its batch. Plans whose
-    dims do not divide (D by fsdp, F by tensor) or that exceed ``hbm`` are dropped; ``batch_divides``
-    says whether B splits evenly over data·fsdp (the closed forms take fractional tokens per device).
-    """
+    ``batch_tokens`` is an int or a list of ints; each plan dict carries its batch, mesh, layout,
+    M_X/M_Y (physical axes spanned), slices, predict's times (both forms), MFU/HFU, bound, memory and
+    critical batch. ``dims``: the slice's shape (default: hardware.split_slices). Plans whose dims do
+    not divide (D by fsdp, F by tensor) or whose memory exceeds ``hbm`` are dropped;
+    ``batch_divides`` says whether B splits evenly over data·fsdp (the closed forms take fractional
+    tokens per device)."""
     positive_int("chips", chips)
     check_remat(remat)
-    if form not in ("max", "sum"):
-        raise ValueError(f"form must be 'max' or 'sum', got {form!r}")
+    if form not in roofline.FORMS:
+        raise ValueError(f"form must be one of {roofline.FORMS}, got {form!r}")
     hbm = positive_float("hbm", chip.hbm_budget if hbm is None else hbm)
-    batches = [batch_tokens] if isinstance(batch_tokens, int) else list(batch_tokens)
-    for b in batches:
+    batches = np.array([batch_tokens] if isinstance(batch_tokens, int) else list(batch_tokens))
+    for b in batches.tolist():
         positive_int("batch_tokens", b)
-    if dims is None:
-        if chip.kind != "tpu" or chip.ici_axes != 3:
-            dims = (chips,) + (1,) * 2  # GPUs / 2D tori: treat as one ring
-        else:
-            dims = v5p_topology(chips)
-    if math.prod(dims) != chips:
-        raise ValueError(f"topology {dims} has {math.prod(dims)} chips, not {chips}")
-    cube_slice = all(d % 4 == 0 for d in dims)
-    lay = [l for l in layouts(dims, chip, cube_slice)
-           if cfg.d_model % l["mesh"]["fsdp"] == 0 and cfg.d_ff % l["mesh"]["tensor"] == 0]
-    if not lay:
-        return []
-    D, F, L, P = cfg.d_model, cfg.d_ff, cfg.blocks, cfg.params
-    W, C = chip.ici_bidi, chip.bf16_flops
-    d = np.array([l["mesh"]["data"] for l in lay], float)
-    X = np.array([l["mesh"]["fsdp"] for l in lay], float)
-    Y = np.array([l["mesh"]["tensor"] for l in lay], float)
-    bw = {a: np.array([l["axes"][a]["bw"] for l in lay]) * W for a in AXES}
-    N = float(chips)
-    c = DEFAULT_PRECISION.compute
-    # memory terms that do not depend on the batch (scaling.memory.memory_per_device, vectorised)
-    state = DEFAULT_PRECISION.state_bytes_per_param * P / (X * Y)
-    transient = c * 2 * (2 * D * F / Y)
-    n_full, n_input = memory.saved_blocks(L, remat)
+    devices = chips * chip.devices_per_chip
+    if chip.kind == "gpu":
+        n_slices = math.ceil(chips / GPU_NODE)
+        if chips % n_slices:
+            raise ValueError(f"{chips} GPUs do not split into equal nodes of at most {GPU_NODE}")
+        dims = (chips // n_slices,)
+    elif dims is None:
+        n_slices, dims = split_slices(chip, chips)
+    else:
+        n_slices = chips // math.prod(dims)
+        if n_slices * math.prod(dims) != chips:
+            raise ValueError(f"topology {dims} has {math.prod(dims)} chips, which do not divide {chips}")
     results = []
-    for B in batches:
-        b_loc = B / (d * X)
-        acts = c * b_loc * (n_full * (D + F / Y) + n_input * D)
-        inputs = (c + 4) * D * b_loc
-        mem = state + acts + transient + inputs
-        model_flops = 6 * P * B - 2 * B * D * F
-        flops = model_flops + 2 * B * D * F * n_input  # executed: + h = x·W_in again for remat blocks
-        t_math = np.full_like(X, flops / N / C)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            t_fsdp = np.where(X > 1, 3 * L * 2 * c * D * F / Y / bw["fsdp"], 0.0)
-            t_tp = np.where(Y > 1, 2 * L * 2 * (c * b_loc * D) / bw["tensor"], 0.0)
-            t_dp = np.where(d > 1, L * 2 * (2 * c * D * F / (X * Y)) / bw["data"], 0.0)
-        t_hbm = (28 * P / N + 3 * L * 2 * c * D * F / Y + 2 * acts) / chip.hbm_bw
-        terms = np.stack([t_math, t_fsdp, t_tp, t_dp, t_hbm])
-        steps = {"max": terms.max(axis=0), "sum": t_math + t_fsdp + t_tp + t_dp}
-        step = steps[form]
-        bound_names = np.array(["compute", "ICI fsdp", "ICI tensor", "ICI data", "HBM"])
-        bound = bound_names[terms.argmax(axis=0)]
-        keep = np.nonzero(mem <= hbm)[0]
-        seen = set()
-        for i in keep[np.lexsort((mem[keep], np.round(step[keep], 12)))]:  # fastest, then smallest
-            l = lay[i]
-            key = tuple(l["mesh"].values())
-            if key in seen:  # keep each mesh's best layout only
+    for (sizes, lays), dcn_axis in itertools.product(layouts(dims, chip).items(), DCN_AXES if n_slices > 1 else (None,)):
+        given = dict(zip(MESH_AXES, sizes))
+        if dcn_axis:
+            given[dcn_axis] *= n_slices
+        mesh = MeshShape(given)
+        if cfg.d_model % mesh["fsdp"] or cfg.d_ff % mesh["tensor"]:
+            continue
+        lk = [program.links(lay) for lay in lays]
+        axis_links = {a: np.array([x.get(a, 1.0) for x in lk])[None, :] for a in MESH_AXES}
+        p = program.predict(cfg, mesh, batches[:, None], remat, "train", chip, axis_links=axis_links,
+                            dcn={dcn_axis: n_slices} if dcn_axis else None)
+        t = p["times"]
+        step = np.broadcast_to(t[f"step_{form}"], (len(batches), len(lays)))
+        best = step.argmin(axis=1)
+        mem = np.broadcast_to(p["memory"]["total"], (len(batches), 1))[:, 0]
+        for i, B in enumerate(batches.tolist()):
+            if mem[i] > hbm:
                 continue
-            seen.add(key)
-            mx, my = max(l["axes"]["fsdp"]["M"], 1), max(l["axes"]["tensor"]["M"], 1)
-            crit = roofline.critical_batch(F, int(X[i]), int(Y[i]), chip.alpha, mx, my, form)
+            j = best[i]
+            pick = lambda x: float(np.broadcast_to(x, step.shape)[i, j])  # noqa: E731
+            lay = lays[j]
             results.append({
                 "batch_tokens": B,
-                "mesh": l["mesh"],
-                "layout": {a: {"lens": l["axes"][a]["lens"], "wrap": l["axes"][a]["wrap"]} for a in AXES},
-                "M_X": l["axes"]["fsdp"]["M"],
-                "M_Y": l["axes"]["tensor"]["M"],
+                "mesh": mesh.as_dict(),
+                "slices": n_slices,
+                "dcn_axis": dcn_axis,
+                "layout": {a: {"lens": v[0], "wrap": v[1]} for a, v in lay.items()},
+                "M_X": len(lay.get("fsdp", ([], []))[0]),
+                "M_Y": len(lay.get("tensor", ([], []))[0]),
                 "form": form,
-                "step_seconds": float(step[i]),
-                "step_seconds_sum": float(steps["sum"][i]),
-                "step_seconds_max": float(steps["max"][i]),
-                "mfu": float(model_flops / (N * C * step[i])),
-                "mfu_sum": float(model_flops / (N * C * steps["sum"][i])),
-                "mfu_max": float(model_flops / (N * C * steps["max"][i])),
-                "hfu": float(flops / (N * C * step[i])),
-                "hbm_budget": hbm,
-                "batch_divides": bool(B % (d[i] * X[i]) == 0),
-                "bound": str(bound[i]),
-                "times": {"math": float(t_math[i]), "fsdp": float(t_fsdp[i]), "tensor": float(t_tp[i]),
-                          "data": float(t_dp[i]), "hbm": float(t_hbm[i])},
+                "step_seconds": pick(t[f"step_{form}"]),
+                "step_seconds_sum": pick(t["step_sum"]),
+                "step_seconds_max": pick(t["step_max"]),
+                "mfu": pick(t[f"mfu_{form}"]),
+                "mfu_sum": pick(t["mfu_sum"]),
+                "mfu_max": pick(t["mfu_max"]),
+                "hfu": pick(t[f"hfu_{form}"]),
+                "bound": str(np.broadcast_to(t["bound"], step.shape)[i, j]),
+                "times": {"math": pick(t["math"]), **{a: pick(v) for a, v in t["comms"].items()},
+                          "hbm": pick(t["hbm"])},
                 "memory_bytes": float(mem[i]),
-                "per_device_batch": B / N,
-                "critical_batch": None if crit is None else crit * d[i],
+                "hbm_budget": hbm,
+                "per_device_batch": B / devices,
+                "batch_divides": bool(B % (mesh["data"] * mesh["fsdp"]) == 0),
+                "critical_batch": (None if math.isnan(c := pick(t[f"critical_batch_{form}"])) else c),
             })
+    results.sort(key=lambda r: (r["batch_tokens"], round(r["step_seconds"], 12), r["memory_bytes"]))
     return results
+
+
+def nearest_miss(cfg: FFNConfig, chip: Chip, chips: int, batch_tokens: int, remat: str = "none",
+                 form: str = "sum") -> dict | None:
+    """The plan with the least memory per device whatever the budget (what comes closest when nothing
+    fits), with its memory terms; None when no mesh divides the model at all."""
+    plans = plan(cfg, chip, chips, batch_tokens, hbm=1e30, remat=remat, form=form)
+    if not plans:
+        return None
+    best = min(plans, key=lambda r: r["memory_bytes"])
+    best["memory_terms"] = {k: float(v) for k, v in program.predict(
+        cfg, MeshShape(best["mesh"]), batch_tokens, remat)["memory"].items()}
+    return best

@@ -1,13 +1,16 @@
-"""The closed-form account of one compiled step of the sharded FFN stack, per device.
+"""The one step model: everything the closed forms say about one compiled step of the sharded FFN stack,
+per device. ``predict`` is the only place that composes FLOPs, memory, collective volumes and times; the
+planner, ``check``, ``answer``'s numbers beside it and ``bench`` all call it.
 
-What ``ffn_model`` compiles (sharding table: W [L,F,D] split D over fsdp and F over tensor; batch over
-data·fsdp; block input x[B,D] replicated over tensor; hidden h[B,F] split F over tensor), block by block:
+What ``ffn_model`` compiles (sharding table, scaling.sharding: W [L,F,D] split D over fsdp and F over
+tensor; batch over data·fsdp; block input x[B,D] replicated over tensor; hidden h[B,F] split F over
+tensor), block by block:
 
   forward   all-gather W_in, W_out (bf16) over fsdp      V = 2·(2·D·F/Y)  bytes   [FSDP, forward]
-            h = x·W_in (local), y = h·W_out: partial sums over tensor ->
+            h = x·W_in^T (local), y = h·W_out: partial sums over tensor ->
             all-reduce y (bf16) over tensor               V = 2·B·D/(d·X)  bytes   [TP]
   backward  all-gather W_in, W_out again over fsdp        V = 2·(2·D·F/Y)          [FSDP, backward]
-            dx = dh·W_in^T: partial sums over tensor ->
+            dx = dh·W_in: partial sums over tensor ->
             all-reduce dx over tensor                     V = 2·B·D/(d·X)          [TP]
             dW_in, dW_out: partial sums over data·fsdp ->
             reduce-scatter (bf16) over fsdp               V = 2·(2·D·F/Y)          [FSDP grads]
@@ -15,63 +18,87 @@ data·fsdp; block input x[B,D] replicated over tensor; hidden h[B,F] split F ove
   loss      all-reduce of the f32 loss over data·fsdp     V = 4                    [loss]
 Block 0's input gradient is dead; the program computes it (and its TP all-reduce) only when block 0
 sits in a scan of more than one trip (scaling.flops.first_block_dx_computed).
+XLA:TPU for TPU7x (libtpu 0.0.42.1, collectives on its SparseCores) merges the two gradient
+reductions when data and fsdp are both > 1: one all-reduce of the fsdp-unsharded gradient over
+data·fsdp                                         V = 2·(2·D·F/Y)          [grads, merged]
+instead of the reduce-scatter over fsdp and the all-reduce over data.
 When XLA implements the gradient reduce-scatter as a windowed einsum (TPU, large weights: the dW
 matmul is split into X chunks that travel a bidirectional ring as collective-permutes, X/2 steps
 × 2 directions, then one more hop for the two partial sums to meet), it moves X+1 chunks of V/X:
                                                   V = 2·(2·D·F/Y)·(X+1)/X  [FSDP grads, windowed]
-V is the Scaling Book's volume (the full array a collective spans on each device; sharding page);
-time = V/(M·W_ici) for AG/RS, 2× for all-reduce (scaling.collectives).
-Sources: Scaling Book training page (FSDP+TP per-layer communication 4·D·F/Y and 4·B·D/X);
-sharding page (collective times).
+V is the Scaling Book's volume (the full array a collective spans on each device; sharding page).
+
+Times (sharding page): an all-gather or reduce-scatter of V bytes over a mesh axis takes V/(links·W_ici),
+an all-reduce twice that, an all-to-all a quarter; ``links`` counts the physical ICI axes the mesh axis
+spans, 1 for a ring that closes (wraparound) and 1/2 for a line (about twice as long). The step time:
+sum form T_math + Σ T_axis (the compiled XXL forward step runs its collectives synchronously: README,
+finding for (c)); max form max(T_math, T_axis..., T_hbm) (everything overlapped). Both are rooflines.
+Slices joined by DCN (more chips than one slice holds) carry the outermost factor of one mesh axis
+(data, as MaxText's dcn_data_parallelism, or fsdp); a collective over that axis is hierarchical: over
+ICI within a slice and, for 1/(size within a slice) of the bytes, over DCN (tpus page: V·(n−1)/n per chip).
+
+The mesh is scalar (one MeshShape); the batch and the layout's links may be numpy arrays, so the
+planner evaluates every batch size and every ICI layout of a mesh in one call.
 """
 
 from __future__ import annotations
 
-from scaling import collectives, flops, memory
+from collections.abc import Mapping
+
+import numpy as np
+
+from scaling import collectives, flops, memory, roofline
 from scaling.config import DEFAULT_PRECISION, FFNConfig, MeshShape, Precision, check_divisible, check_remat
 from scaling.hardware import Chip
 
+KIND_FACTOR = collectives.KIND_FACTOR
+STEPS = ("train", "forward")
 
-def collective_volumes(
-    cfg: FFNConfig,
-    mesh: MeshShape,
-    batch_tokens: int,
-    step: str = "train",
-    precision: Precision = DEFAULT_PRECISION,
-    min_comm_bytes: int = 0,
-    windowed_grad_rs: bool = False,
-    remat: str = "none",
-) -> dict[str, dict[str, float]]:
+
+def links(layout: Mapping) -> dict:
+    """Effective ICI links of each mesh axis from its layout {axis: (lengths, wraps)} (mesh.ici_layout,
+    or the planner's enumeration): Σ over the physical axes it spans of 1 (ring with wraparound) or 1/2
+    (line). An axis absent from the layout is taken as one ring."""
+    return {axis: sum(1.0 if w else 0.5 for n, w in zip(lens, wraps) if n > 1) for axis, (lens, wraps) in layout.items()}
+
+
+def collective_volumes(cfg: FFNConfig, mesh: MeshShape, batch_tokens, step: str = "train",
+                       precision: Precision = DEFAULT_PRECISION, min_comm_bytes: int = 0,
+                       windowed_grad_rs: bool = False, remat: str = "none",
+                       merged_grad_allreduce: bool = False) -> dict[str, dict[str, float]]:
     """Per device, per mesh axis, per collective kind: the summed volume V (bytes) of one step.
 
     Returns {axis: {kind: bytes}} for the axes of size > 1 (see the module docstring for each term).
     ``min_comm_bytes`` widens narrower element types on the wire: XLA's CPU backend runs bf16
     all-gathers and all-reduces in f32 (``min_comm_bytes=4``; seen in every CPU compile with jax
-    0.10.2), while TPU moves bf16 as the precision policy says.
+    0.10.2), while TPU moves bf16 as the precision policy says. ``merged_grad_allreduce``: the program
+    reduces the weight gradients with one all-reduce over data·fsdp (TPU7x; module docstring).
     """
-    check_divisible(cfg, mesh, batch_tokens)
-    if step not in ("train", "forward"):
+    if step not in STEPS:
         raise ValueError(f"step must be 'train' or 'forward', got {step!r}")
     D, F, L = cfg.d_model, cfg.d_ff, cfg.blocks
-    X, Y, d = mesh.fsdp, mesh.tensor, mesh.data
+    X, Y, d = mesh["fsdp"], mesh["tensor"], mesh["data"]
     c, cw, cg = (max(b, min_comm_bytes) for b in (precision.compute, precision.weight_comm, precision.grad_comm))
-    b_loc = batch_tokens / (d * X)
+    b_loc = memory.tokens_per_device(mesh, batch_tokens)
     passes = 2 if step == "train" else 1  # weight gathers / activation all-reduces: forward (+ backward)
     out: dict[str, dict[str, float]] = {}
+    merged = merged_grad_allreduce and step == "train" and d > 1 and X > 1
     if X > 1:
         out["fsdp"] = {"all-gather": passes * L * 2 * cw * D * F / Y}
         if step == "train" and windowed_grad_rs:
             out["fsdp"]["collective-permute"] = L * 2 * cg * D * F / Y * (X + 1) / X
-        elif step == "train":
+        elif step == "train" and not merged:
             out["fsdp"]["reduce-scatter"] = L * 2 * cg * D * F / Y
     if Y > 1:
         # backward skips block 0's dx all-reduce where the program drops that dead dx (flops.first_block_dx_computed)
         n_ar = passes * L - (step == "train" and not flops.first_block_dx_computed(L, remat))
         out["tensor"] = {"all-reduce": n_ar * c * b_loc * D}
-    if d > 1 and step == "train":
+    if merged:
+        out["data+fsdp"] = {"all-reduce": L * 2 * cg * D * F / Y}
+    elif d > 1 and step == "train":
         out["data"] = {"all-reduce": L * 2 * cg * D * F / (X * Y)}
     if d * X > 1:  # the loss: mean over the batch, an all-reduce of one f32 scalar over data+fsdp
-        key = "+".join(a for a, n in (("data", d), ("fsdp", X)) if n > 1)
+        key = "+".join(a for a in ("data", "fsdp") if mesh[a] > 1)
         out.setdefault(key, {})
         out[key]["all-reduce"] = out[key].get("all-reduce", 0.0) + 4
     return out
@@ -82,65 +109,86 @@ def axis_bytes(volumes: dict[str, dict[str, float]]) -> dict[str, float]:
     return {axis: sum(kinds.values()) for axis, kinds in volumes.items()}
 
 
-def comm_times(volumes: dict, chip: Chip, axis_ici: dict[str, tuple[list[int], bool]], w_ici: float | None = None) -> dict[str, float]:
-    """Seconds per mesh axis: each kind's volume through scaling.collectives.collective_time over the
-    physical ICI axes the mesh axis spans (``axis_ici[axis] = ([lengths], wraparound)``; an axis
-    missing from it is taken as one ring with wraparound of the mesh-axis length)."""
-    w = w_ici or chip.ici_bidi
+def comm_times(volumes: dict, chip: Chip, axis_links: Mapping | None = None, dcn: Mapping | None = None,
+               mesh: Mapping | None = None) -> dict:
+    """Seconds per mesh axis: Σ_kind KIND_FACTOR·V / (links·W_ici) over the links of the axis
+    (``axis_links``: links(); 1 where absent). A key that joins axes ("data+fsdp") runs over all of
+    their links (sharding page: V/(n·W_ici) over n axes).
+    An axis whose outermost factor n spans slices joined by DCN (``dcn`` {axis: n}, size n·m on
+    ``mesh``) is hierarchical: the ICI part over the m devices of a slice (none if m = 1) plus, over
+    DCN, KIND_FACTOR·(V/m)·(n−1)/n / (DCN bytes/s per device) (tpus page, multi-slice)."""
+    axis_links, dcn = axis_links or {}, dcn or {}
+    w = chip.ici_bidi
     times = {}
-    for axis, kinds in volumes.items():
-        lens, wrap = axis_ici.get(axis, ([2], True))
-        # a windowed-einsum reduce-scatter (collective-permutes round a bidirectional ring) is timed as one
-        times[axis] = sum(collectives.collective_time("reduce-scatter" if k == "collective-permute" else k,
-                                                      v, lens, w, wrap, t_hop=0.0) for k, v in kinds.items())
+    for key, kinds in volumes.items():
+        axis = key.split("+")[0]
+        lk = sum(axis_links.get(a, 1.0) for a in key.split("+"))
+        n = dcn.get(axis, 1) if key == axis else 1
+        m = mesh[axis] // n if n > 1 else None
+        times[key] = sum(KIND_FACTOR[k] * (
+            (v / (lk * w) if m is None or m > 1 else 0.0)
+            + (collectives.dcn_time("all-gather", v / m, n, chip.dcn_bw / chip.devices_per_chip) if m else 0.0))
+            for k, v in kinds.items())
     return times
 
 
-def predict(
-    cfg: FFNConfig,
-    mesh: MeshShape,
-    batch_tokens: int,
-    remat: str = "none",
-    step: str = "train",
-    chip: Chip | None = None,
-    axis_ici: dict | None = None,
-    precision: Precision = DEFAULT_PRECISION,
-    min_comm_bytes: int = 0,
-    windowed_grad_rs: bool = False,
-) -> dict:
+def predict(cfg: FFNConfig, mesh: MeshShape, batch_tokens, remat: str = "none", step: str = "train",
+            chip: Chip | None = None, layout: Mapping | None = None, precision: Precision = DEFAULT_PRECISION,
+            min_comm_bytes: int = 0, windowed_grad_rs: bool = False, axis_links: Mapping | None = None,
+            dcn: Mapping | None = None, merged_grad_allreduce: bool = False) -> dict:
     """Everything the closed forms say about one compiled step, per device:
 
-    flops      matmul FLOPs per device, term by term (scaling.flops; the scan computes the first
-               block's unused input gradient, so it is counted here)
-    collectives  V per axis and kind (collective_volumes; ``windowed_grad_rs`` as there)
-    memory     bytes per device, term by term (scaling.memory.memory_per_device; a forward step:
-               memory.forward_memory_per_device)
-    times      T_math = FLOPs/C; T_comms per axis; step time in the sum form (comms after math:
-               T_math + Σ T_axis) and the max form (overlapped: max(T_math, T_axis...)); bound.
-               The times are those of the bytes the precision policy puts on the wire (bf16), also
-               when ``min_comm_bytes`` widens the volumes reported for an XLA:CPU program.
+    flops        matmul FLOPs per device, term by term (scaling.flops; the scan computes the first
+                 block's unused input gradient, so it is counted here); model = the matmuls the step
+                 needs (6·P·B − 2·B·D·F for train), executed = the total
+    collectives  V per axis and kind (collective_volumes; ``windowed_grad_rs``, ``merged_grad_allreduce`` as there)
+    memory       bytes per device, term by term (scaling.memory.memory_per_device; a forward step:
+                 memory.forward_memory_per_device); hbm_bytes: HBM traffic (memory.hbm_traffic_bytes)
+    times        (with ``chip``) T_math = executed FLOPs/C_device; T_axis per mesh axis over its links
+                 (``layout`` {axis: (lengths, wraps)} as mesh.ici_layout gives it, or ``axis_links``;
+                 ``dcn`` {axis: slices} for an axis whose outermost factor spans slices: comm_times);
+                 T_hbm = HBM bytes / HBM bandwidth; step_sum = T_math + Σ T_axis, step_max = max(all);
+                 bound = the largest term; mfu_<form> = model FLOPs / (C·step), hfu_<form> = executed;
+                 critical_batch_<form>: the overall batch above which the FSDP+TP forward pass is
+                 compute bound (scaling.roofline.critical_batch with M_X, M_Y = the links of fsdp and
+                 tensor), times the data size; NaN where no batch is.
+    The ICI times are those of the bytes the precision policy puts on the wire (bf16), also when
+    ``min_comm_bytes`` widens the volumes reported for an XLA:CPU program.
     """
     check_remat(remat)
-    f = flops.step_flops(cfg, batch_tokens, step, remat, first_block_input_grad=flops.first_block_dx_computed(cfg.blocks, remat))
+    check_divisible(cfg, mesh)
+    f = flops.step_flops(cfg, batch_tokens, step, remat,
+                         first_block_input_grad=flops.first_block_dx_computed(cfg.blocks, remat))
     f = {k: flops.flops_per_device(v, mesh) for k, v in f.items()}
-    vols = collective_volumes(cfg, mesh, batch_tokens, step, precision, min_comm_bytes, windowed_grad_rs, remat)
-    wire = collective_volumes(cfg, mesh, batch_tokens, step, precision, 0, windowed_grad_rs, remat) if min_comm_bytes else vols
+    f["model"] = f["total"] - f.get("recompute", 0.0) - f.get("first_block_input_grad", 0.0)
+    facts = dict(windowed_grad_rs=windowed_grad_rs, remat=remat, merged_grad_allreduce=merged_grad_allreduce)
+    vols = collective_volumes(cfg, mesh, batch_tokens, step, precision, min_comm_bytes, **facts)
+    wire = collective_volumes(cfg, mesh, batch_tokens, step, precision, 0, **facts) if min_comm_bytes else vols
     if step == "forward":
         mem = memory.forward_memory_per_device(cfg, mesh, batch_tokens, precision)
     else:
         mem = memory.memory_per_device(cfg, mesh, batch_tokens, remat, precision, windowed_grad_rs)
-    res = {"flops": f, "collectives": vols, "collective_bytes": axis_bytes(vols), "memory": mem}
-    if chip is not None:
-        t_math = f["total"] / chip.bf16_flops
-        t_axes = comm_times(wire, chip, axis_ici or {})
-        t_sum = t_math + sum(t_axes.values())
-        t_max = max([t_math, *t_axes.values()])
-        worst = max(t_axes, key=t_axes.get) if t_axes else None
-        res["times"] = {
-            "math": t_math,
-            "comms": t_axes,
-            "step_sum": t_sum,
-            "step_max": t_max,
-            "bound": "compute" if worst is None or t_axes[worst] <= t_math else f"ICI ({worst})",
-        }
+    res = {"flops": f, "collectives": vols, "collective_bytes": axis_bytes(vols), "memory": mem,
+           "hbm_bytes": memory.hbm_traffic_bytes(cfg, mesh, batch_tokens, remat, step, precision)}
+    if chip is None:
+        return res
+    lk = {**(links(layout) if layout else {}), **(axis_links or {})}
+    t_math = f["total"] / chip.device_flops
+    t_axes = comm_times(wire, chip, lk, dcn, mesh)
+    t_hbm = res["hbm_bytes"] / chip.device_hbm_bw
+    names = ["compute", *(f"ICI ({a})" for a in t_axes), "HBM"]
+    terms = np.broadcast_arrays(t_math, *t_axes.values(), t_hbm)
+    stacked = np.stack(terms)
+    t_sum = t_math + sum(t_axes.values())
+    t_max = stacked.max(axis=0)
+    bound = np.array(names)[stacked.argmax(axis=0)]
+    d = mesh["data"]
+    m_x, m_y = lk.get("fsdp", 1.0), lk.get("tensor", 1.0)
+    res["times"] = {"math": t_math, "comms": t_axes, "hbm": t_hbm, "step_sum": t_sum, "step_max": t_max,
+                    "bound": bound.item() if bound.ndim == 0 else bound}
+    for form, t in (("sum", t_sum), ("max", t_max)):
+        res["times"][f"mfu_{form}"] = f["model"] / (chip.device_flops * t)
+        res["times"][f"hfu_{form}"] = f["total"] / (chip.device_flops * t)
+        res["times"][f"critical_batch_{form}"] = d * roofline.critical_batch_array(
+            cfg.d_ff, mesh["fsdp"], mesh["tensor"], chip.alpha, m_x, m_y, form)
     return res

@@ -88,15 +88,23 @@ def critical_batch(
     for name, v in (("F", F), ("X", X), ("Y", Y), ("M_X", M_X), ("M_Y", M_Y)):
         positive_int(name, v)
     positive_float("alpha", alpha_)
+    b = critical_batch_array(F, X, Y, alpha_, M_X, M_Y, form, weight_bytes)
+    return None if math.isnan(b) else b
+
+
+def critical_batch_array(F: int, X, Y, alpha_: float, M_X=1, M_Y=1, form: str = "sum", weight_bytes: float = 2):
+    """critical_batch on numpy arrays of X, Y, M_X, M_Y (the planner's meshes and layouts at once), NaN
+    where no batch is compute bound; the same formula, term by term."""
+    _check_form(form)
+    X, Y, M_X, M_Y = (np.asarray(v, dtype=float) for v in (X, Y, M_X, M_Y))
     N = X * Y
-    fsdp_term = F * (weight_bytes / 2) / (Y * M_X) if X > 1 else 0.0
-    per_token_math = F / (N * alpha_)
-    per_token_tp = 1 / (X * M_Y) if Y > 1 else 0.0
-    if per_token_math <= per_token_tp:
-        return None
-    if form == "sum":
-        return fsdp_term / (per_token_math - per_token_tp)
-    return fsdp_term / per_token_math
+    with np.errstate(divide="ignore", invalid="ignore"):
+        fsdp_term = np.where(X > 1, F * (weight_bytes / 2) / (Y * M_X), 0.0)
+        per_token_math = F / (N * alpha_)
+        per_token_tp = np.where(Y > 1, 1 / (X * M_Y), 0.0)
+        b = fsdp_term / (per_token_math - per_token_tp) if form == "sum" else fsdp_term / per_token_math
+    out = np.where(per_token_math > per_token_tp, b, np.nan)
+    return out.item() if out.ndim == 0 else out
 
 
 def x_opt(B: float, F: int, N: int, M_X: int = 1, M_Y: int = 1) -> float:

@@ -13,8 +13,9 @@ import jax
 import pytest
 
 from ffn_model import checkpoint as ckpt
-from ffn_model.__main__ import main
-from ffn_model.bench import bench, infer_chip
+from mesh.devices import infer_chip
+from verify.bench import bench
+from verify.cli import main
 from ffn_model.train import state_shardings, train
 from mesh import make_mesh
 from scaling.config import PRESETS, get_preset
@@ -100,14 +101,17 @@ CASES = [
     ("compile --devices cpu:8 --mesh fsdp=8 --batch-tokens 0", r"--batch-tokens must be a positive integer, got 0"),
     ("compile --devices cpu:8 --mesh fsdp=16", r"mesh 'fsdp=16' has 16 devices .* but 8 devices are given"),
     ("compile --devices cpu:8 --mesh fsdp=8 --preset tiny --d-model 60", r"d_model=60 is not divisible by the fsdp"),
-    ("compile --devices tpu:v9:2x2 --mesh fsdp=4", r"bad TPU topology 'v9:2x2'"),
-    ("compile --devices abc --mesh fsdp=4", r"unknown devices 'abc'; use cpu:N, tpu:v5p:4x4x4"),
+    ("compile --devices tpu:v9:2x2 --mesh fsdp=4", r"devices 'tpu:v9:2x2': unknown chip 'v9'; valid chips: v4, v5e, v5p"),
+    ("compile --devices tpu:v6e:3x3 --mesh fsdp=9", r"v6e has no topology 3x3; valid: 1x1, 2x2, 2x4, 4x4, 4x8, 8x8, 8x16, 16x16"),
+    ("compile --devices tpu:v5p:2x2 --mesh fsdp=4", r"v5p has no topology 2x2; valid: 2x2x1, 2x2x2, 2x2x4, 2x4x4, or whole"),
+    ("compile --devices tpu:v5litepod-12 --mesh fsdp=4", r"v5e has no slice of 12 chips"),
+    ("compile --devices abc --mesh fsdp=4", r"unknown devices 'abc'; use cpu:N, tpu:<chip>:<shape>"),
     ("compile --devices cpu:8 --mesh fsdp=8 --steps 3", r"unrecognized arguments: --steps 3"),
     # bench
     ("bench --preset tiny --devices cpu:8 --steps 0", r"--steps must be a positive integer, got 0"),
     ("bench --preset tiny --devices cpu:8 --warmup -1", r"--warmup must be a non-negative integer, got -1"),
     ("bench --preset tiny --devices cpu:8 --warmup x", r"argument --warmup: invalid int value: 'x'"),
-    ("bench --preset tiny --devices cpu:8 --chip tpu9", r"unknown chip 'tpu9'; valid chips: v4p, v5e, v5p, v6e, H100"),
+    ("bench --preset tiny --devices cpu:8 --chip tpu9", r"unknown chip 'tpu9'; valid chips: v4, v5e, v5p, v6e, TPU7x, H100"),
     ("bench --preset tiny --devices cpu:8 --mesh fsdp=8 --d-model 60", r"d_model=60 is not divisible by the fsdp shard count 8"),
     ("bench --preset tiny --devices cpu:8 --mesh fsdp=16", r"mesh 'fsdp=16' has 16 devices"),
     ("bench --preset tiny --devices tpu:v5p-8", r"bench runs on real devices or cpu:N"),

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from scaling import collectives, flops, memory, roofline
 from scaling.answers import answers
 from scaling.config import FFNConfig, MeshShape, parse_mesh_spec, PRESETS
-from scaling.hardware import get_chip, parse_v5p_slice, v5p_topology
+from scaling.hardware import get_chip, parse_slice, slice_topology
 
 XXL = PRESETS["xxl"]
 
@@ -138,7 +138,7 @@ shards = st.sampled_from([1, 2, 4, 8])
 def test_memory_sharded_covers_unsharded(D, F, L, data, fsdp, tensor, remat):
     # Memory per device × devices >= the unsharded state + activations (sharding never loses bytes).
     cfg = FFNConfig(D, F, L)
-    mesh = MeshShape(data, fsdp, tensor)
+    mesh = MeshShape(data=data, fsdp=fsdp, tensor=tensor)
     B = 1024
     per_dev = memory.memory_per_device(cfg, mesh, B, remat)
     unsharded = memory.memory_per_device(cfg, MeshShape(), B, remat)
@@ -150,8 +150,9 @@ def test_memory_sharded_covers_unsharded(D, F, L, data, fsdp, tensor, remat):
 def test_memory_monotone_in_shards(D, F, L, data, fsdp, tensor):
     cfg = FFNConfig(D, F, L)
     B = 1024
-    base = memory.memory_per_device(cfg, MeshShape(data, fsdp, tensor), B)["total"]
-    for bigger in (MeshShape(2 * data, fsdp, tensor), MeshShape(data, 2 * fsdp, tensor), MeshShape(data, fsdp, 2 * tensor)):
+    base = memory.memory_per_device(cfg, MeshShape(data=data, fsdp=fsdp, tensor=tensor), B)["total"]
+    for bigger in (MeshShape(data=2 * data, fsdp=fsdp, tensor=tensor), MeshShape(data=data, fsdp=2 * fsdp, tensor=tensor),
+                   MeshShape(data=data, fsdp=fsdp, tensor=2 * tensor)):
         assert memory.memory_per_device(cfg, bigger, B)["total"] <= base
 
 
@@ -186,15 +187,15 @@ def test_bad_mesh_and_chip():
     with pytest.raises(ValueError, match="unknown chip"):
         get_chip("v9z")
     with pytest.raises(ValueError, match="v5p"):
-        parse_v5p_slice("v5p-7")
+        parse_slice("v5p-7")
 
 
 def test_v5p_topologies():
     # Google Cloud v5p docs: v5p-128 = 64 chips = 4x4x4; v5p-8 = 4 chips = 2x2x1.
-    assert parse_v5p_slice("v5p-128") == (4, 4, 4)
-    assert parse_v5p_slice("v5p-8") == (2, 2, 1)
-    dims = v5p_topology(8960)  # the full pod: whole cubes
-    assert math.prod(dims) == 8960 and all(d % 4 == 0 for d in dims)
+    assert parse_slice("v5p-128")[1] == (4, 4, 4)
+    assert parse_slice("v5p-8")[1] == (2, 2, 1)
+    dims = slice_topology(get_chip("v5p"), 4480)  # v5p-8960: whole cubes
+    assert math.prod(dims) == 4480 and all(d % 4 == 0 for d in dims)
 
 
 def _cli(*args):

@@ -12,12 +12,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ffn_model.__main__ import main
+from verify.cli import main
 from ffn_model.compile import abstract_compile
 from ffn_model.model import to_bf16
 from ffn_model.train import train
-from mesh import make_mesh
+from mesh import make_mesh, mesh_shape
 from scaling.config import PRESETS, FFNConfig
+from verify.hlo import read_compiled
 
 TINY = PRESETS["tiny"]  # D=64, F=256, L=3 (odd: every-second remat has a leftover block)
 XXL = PRESETS["xxl"]  # D=16384, F=53248, L=126
@@ -159,20 +160,22 @@ def test_xxl_abstract_compile_cpu64_subprocess():
 def test_xxl_abstract_compile_tpu_v5p_4x4x4():
     m = make_mesh("fsdp=16,tensor=4", "tpu:v5p:4x4x4")
     res = abstract_compile(XXL, m, 25600, remat="none", step="train")
-    _check_xxl_arguments(res.memory, res.compile_seconds)
+    memory = read_compiled(res.compiled, dict(mesh_shape(m))).memory
+    _check_xxl_arguments(memory, res.compile_seconds)
     # peak: 16·P/N = 54.96 GB + saved x and h (2·1600·(16384 + 13312)·126 = 11.97 GB) + gathered
     # weights; it must fit a v5p chip's 95 GB and cannot be below the 16 B/param state alone.
-    assert 16 * XXL.params / 64 < res.memory["peak_bytes"] < 95e9
+    assert 16 * XXL.params / 64 < memory["peak_bytes"] < 95e9
     found = _weight_collectives(res.compiled.as_text(), 16384, 53248)
     assert [dt for op, dt in found if op == "all-gather"] and {dt for _, dt in found} == {"bf16"}, found
 
 
 def test_forward_step_compiles():
-    res = abstract_compile(TINY, make_mesh("fsdp=4,tensor=2", "cpu:8"), 256, step="forward")
+    m = make_mesh("fsdp=4,tensor=2", "cpu:8")
+    got = read_compiled(abstract_compile(TINY, m, 256, step="forward").compiled, dict(mesh_shape(m)))
     # forward-only arguments: fp32 params 4·P/N (P = 2·64·256·3 = 98,304 -> 49,152 B) + batch
     # (x bf16 + y fp32 = 6·64·256/4 = 24,576 B)
-    assert res.memory["argument_bytes"] == 49_152 + 24_576
-    assert res.cost["flops"] > 0
+    assert got.memory["argument_bytes"] == 49_152 + 24_576
+    assert got.cost["flops"] > 0
 
 
 def test_bad_inputs_raise():

@@ -1,4 +1,4 @@
-"""scaling.hlo: reading compiled programs. Expected values are derived by hand in the comments.
+"""verify.hlo: reading compiled programs. Expected values are derived by hand in the comments.
 
 Per-device figures throughout: the compiled HLO is the program of one device (SPMD partition).
 Meshes are (data, fsdp, tensor) = (2, 2, 2) on 8 emulated CPU devices, and (1, 2, 2) on the 4
@@ -16,7 +16,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from scaling import hlo
+from verify import hlo
 
 NAMES = ("data", "fsdp", "tensor")
 AXES = {"data": 2, "fsdp": 2, "tensor": 2}
@@ -45,7 +45,7 @@ def tpu_mesh():
 
 
 def test_import_does_not_import_jax():
-    code = "import sys, scaling.hlo; assert 'jax' not in sys.modules, 'scaling.hlo imported jax'"
+    code = "import sys, verify.hlo; assert 'jax' not in sys.modules, 'verify.hlo imported jax'"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -69,7 +69,7 @@ def test_scan_dot_flops_times_trip_count():
     assert list(stripped.trip_counts.values()) == [(K, "condition")]
     assert stripped.dot_flops() == 2 * B * D * D * K
     # Why the parser exists: cost_analysis counts the scan body once (2*B*D*D plus a few scalar ops).
-    flops = hlo.read_compiled(c, {"data": 1})["cost"]["flops"]
+    flops = hlo.read_compiled(c, {"data": 1}).cost["flops"]
     assert flops == pytest.approx(2 * B * D * D, rel=0.01)
 
 
@@ -99,21 +99,21 @@ def test_cpu_fsdp_all_gather(cpu_mesh):
     c = jax.jit(f).lower(_sds(cpu_mesh, (B, D), (DF, None), jnp.bfloat16),
                          _sds(cpu_mesh, (D, F), ("fsdp", "tensor"))).compile()
     got = hlo.read_compiled(c, AXES)
-    (ag,) = [x for x in got["collectives"] if x.kind == "all-gather"]
+    (ag,) = [x for x in got.collectives if x.kind == "all-gather"]
     assert ag.axes == ("fsdp",) and ag.group_size == 2 and ag.count == 1
     # The CPU backend normalises bf16 to f32 (the gather moves f32, then rounds to bf16 values),
     # so V = full weight D*F / Y=2 tensor shards * 4 bytes here; on TPU it is bf16 (test below).
     assert ag.dtype == "f32"
     assert ag.volume == D * F / 2 * 4 and ag.operand_bytes == D * F / 4 * 4
     # x[B/4, D] @ W[D, F/2] on each device.
-    assert got["dot_flops"] == 2 * (B / 4) * D * (F / 2)
+    assert got.dot_flops == 2 * (B / 4) * D * (F / 2)
 
 
 def test_cpu_tensor_parallel_contracting_dim(cpu_mesh):
     B, D, F = 64, 256, 512
     c = jax.jit(lambda x, W: x @ W, out_shardings=NamedSharding(cpu_mesh, P(DF, None))).lower(
         _sds(cpu_mesh, (B, D), (DF, "tensor")), _sds(cpu_mesh, (D, F), ("tensor", None))).compile()
-    (col,) = hlo.read_compiled(c, AXES)["collectives"]
+    (col,) = hlo.read_compiled(c, AXES).collectives
     # Partial sums y[B/4, F] (f32) summed over tensor: V = B/4 * F * 4 bytes for AR or RS alike.
     assert col.kind in ("all-reduce", "reduce-scatter") and col.axes == ("tensor",)
     assert col.volume == (B / 4) * F * 4
@@ -128,7 +128,7 @@ def test_cpu_fsdp_gradient_reduce_scatter(cpu_mesh):
     w_sharding = NamedSharding(cpu_mesh, P(DF, "tensor"))
     c = jax.jit(jax.grad(loss), out_shardings=w_sharding).lower(
         _sds(cpu_mesh, (D, F), (DF, "tensor")), _sds(cpu_mesh, (B, D), (DF, None), jnp.bfloat16)).compile()
-    cols = hlo.read_compiled(c, AXES)["collectives"]
+    cols = hlo.read_compiled(c, AXES).collectives
     (rs,) = [x for x in cols if x.kind == "reduce-scatter"]
     # dW[D, F/2] summed over the 4 batch shards (data x fsdp) and left sharded D/4: f32 on CPU.
     assert rs.axes == ("data", "fsdp") and rs.group_size == 4
@@ -143,10 +143,10 @@ def test_cpu_fsdp_gradient_reduce_scatter(cpu_mesh):
 
 def test_memory_report_cpu(cpu_mesh):
     c = jax.jit(lambda x: x * 2).lower(_sds(cpu_mesh, (64, 128), (DF, None))).compile()
-    m = hlo.memory_report(c)
-    assert set(m) == {"arguments", "outputs", "aliases", "temp", "peak", "generated_code"}
-    assert m["arguments"] == 64 / 4 * 128 * 4 and m["outputs"] == 64 / 4 * 128 * 4  # the local shard
-    assert m["peak"] is None or m["peak"] > 0
+    m = hlo.read_compiled(c, AXES).memory
+    assert set(m) == {"argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "peak_bytes", "generated_code_bytes"}
+    assert m["argument_bytes"] == 64 / 4 * 128 * 4 and m["output_bytes"] == 64 / 4 * 128 * 4  # the local shard
+    assert m["peak_bytes"] is None or m["peak_bytes"] > 0
 
 
 # --- the same kinds of programs compiled for TPU v5p:2x2x1 --------------------------------------
@@ -169,10 +169,10 @@ def test_tpu_scan_fsdp_convolution_flops_and_all_gather(tpu_mesh):
     assert list(prog.trip_counts.values()) == [(K, "condition")]  # no known_trip_count on TPU
     assert prog.dot_flops() == 2 * (B / 2) * D * D * K  # x[B/2, D] @ W[D, D], K times
     got = hlo.read_compiled(c, _axes(tpu_mesh))
-    (ag,) = [x for x in got["collectives"] if x.kind == "all-gather"]
+    (ag,) = [x for x in got.collectives if x.kind == "all-gather"]
     assert ag.axes == ("fsdp",) and ag.dtype == "bf16" and ag.count == K
     assert ag.volume == D * D * 2  # the full bf16 layer weight (not sharded on tensor here)
-    assert got["memory"]["peak"] > 0 and got["cost"]["optimal_seconds"] > 0
+    assert got.memory["peak_bytes"] > 0 and got.cost["optimal_seconds"] > 0
 
 
 @pytest.mark.tpu
@@ -181,10 +181,10 @@ def test_tpu_tensor_parallel_all_reduce(tpu_mesh):
     c = jax.jit(lambda x, W: x @ W, out_shardings=NamedSharding(tpu_mesh, P("fsdp", None))).lower(
         _sds(tpu_mesh, (B, D), ("fsdp", "tensor")), _sds(tpu_mesh, (D, F), ("tensor", None))).compile()
     got = hlo.read_compiled(c, _axes(tpu_mesh))
-    (col,) = got["collectives"]
+    (col,) = got.collectives
     assert col.kind in ("all-reduce", "reduce-scatter") and col.axes == ("tensor",)
     assert col.volume == (B / 2) * F * 4  # partial y[B/2, F] in f32
-    assert got["dot_flops"] == 2 * (B / 2) * (D / 2) * F
+    assert got.dot_flops == 2 * (B / 2) * (D / 2) * F
 
 
 @pytest.mark.tpu
@@ -196,7 +196,7 @@ def test_tpu_fsdp_gradient_reduce_scatter(tpu_mesh):
 
     c = jax.jit(jax.grad(loss), out_shardings=NamedSharding(tpu_mesh, P(DF, "tensor"))).lower(
         _sds(tpu_mesh, (D, F), (DF, "tensor")), _sds(tpu_mesh, (B, D), (DF, None), jnp.bfloat16)).compile()
-    cols = hlo.read_compiled(c, _axes(tpu_mesh))["collectives"]
+    cols = hlo.read_compiled(c, _axes(tpu_mesh)).collectives
     (rs,) = [x for x in cols if x.kind == "reduce-scatter"]
     # dW[D, F/2] in bf16 summed over the 2 fsdp batch shards (data has size 1): V = D*F/2*2.
     assert rs.axes == ("fsdp",) and rs.dtype == "bf16" and rs.volume == D * F / 2 * 2

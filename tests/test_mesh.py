@@ -11,13 +11,16 @@ from jax.sharding import AxisType, PartitionSpec as P
 import mesh
 from mesh import devices as mesh_devices
 from scaling.config import MeshShape
+from scaling.sharding import LOGICAL_RULES
 
 
 def test_rules_table_and_specs():
-    assert mesh.LOGICAL_RULES == {"batch": ("data", "fsdp"), "embed": "fsdp", "mlp": "tensor",
-                                  "layers": None, "act_embed": None}
-    assert mesh.logical_to_spec(("layers", "embed", "mlp")) == P(None, "fsdp", "tensor")  # W_in [L,D,F]
-    assert mesh.logical_to_spec(("layers", "mlp", "embed")) == P(None, "tensor", "fsdp")  # W_out [L,F,D]
+    assert LOGICAL_RULES == {"batch": ("data", "fsdp"), "embed": ("fsdp",), "mlp": ("tensor",),
+                             "layers": (), "act_embed": ()}
+    assert mesh.logical_to_spec(("layers", "mlp", "embed")) == P(None, "tensor", "fsdp")  # W_in, W_out [L,F,D]
+    # flax's rules from the same table
+    assert dict(mesh.FLAX_RULES) == {"batch": ("data", "fsdp"), "embed": "fsdp", "mlp": "tensor",
+                                     "layers": None, "act_embed": None}
     assert mesh.logical_to_spec(("batch", "act_embed")) == P(("data", "fsdp"), None)  # x [B,D]
     assert mesh.logical_to_spec(("batch", "mlp")) == P(("data", "fsdp"), "tensor")  # h [B,F]
 
@@ -62,7 +65,7 @@ def test_real_devices_and_device_lists():
     ("fsdp=4", "cpu:4", "already running with 8 devices"),  # backend is up with 8 (conftest)
     ("fsdp=8", "cpu:x", "cpu:N"),
     ("fsdp=8", "gpu:8", "unknown devices 'gpu:8'"),
-    ("fsdp=8", "tpu:v5p-7", "bad v5p slice name"),
+    ("fsdp=8", "tpu:v5p-7", "v5p-N counts TensorCores, 2 per chip"),
 ])
 def test_bad_specs(spec, devices, match):
     with pytest.raises(ValueError, match=match):

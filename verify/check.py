@@ -1,9 +1,9 @@
-"""Closed forms against the compiled program, term by term: ``python -m scaling check``.
+"""Closed forms against the compiled program, term by term: ``python -m scaling check`` (which runs
+``python -m verify check``), plan verification, and the grids the tests and notebooks use.
 
 The closed-form side is ``scaling.program.predict``; the compiled side compiles the same step with
-``ffn_model.compile.abstract_compile`` for the chosen devices (emulated CPU or a TPU topology, ahead
-of time) and reads it back with ``scaling.hlo``. This module imports jax (through ffn_model and
-mesh) only inside its functions, so ``import scaling`` stays free of jax.
+``ffn_model.compile.abstract_compile`` for the chosen devices (emulated CPU, or any TPU topology
+libtpu compiles for, ahead of time) and reads it back with ``verify.hlo.read_compiled``.
 
 A compiled figure is never adjusted: where the two differ, the note says which modelled term covers
 the difference or what the program does that the closed form does not.
@@ -11,11 +11,17 @@ the difference or what the program does that the closed form does not.
 
 from __future__ import annotations
 
+import json
 import math
+import sys
 
+from ffn_model.compile import abstract_compile
+from mesh import device_count, ici_layout, make_mesh, mesh_shape
+from mesh.devices import parse_tpu_spec, use_cpu_platform_for
 from scaling import program
-from scaling.config import FFNConfig, MeshShape, get_preset
-from scaling.hardware import Chip, get_chip
+from scaling.config import FFNConfig, MeshShape, check_divisible, get_preset, parse_mesh_spec
+from scaling.hardware import CHIPS, Chip, get_chip, slice_topology
+from verify.hlo import read_compiled
 
 
 # The acceptance grid of ``scaling check`` (tests/test_check.py asserts the bands on it;
@@ -69,41 +75,30 @@ TPU_MID_GRID = [
     ("tpu:v5p:2x2x2", _MID.replace(d_model=1024, blocks=3), "fsdp=2,tensor=4", 4096, "none", "train"),
     ("tpu:v5p:2x2x4", _MID.replace(d_ff=6144, blocks=3), "fsdp=4,tensor=4", 8192, "none", "train"),
 ]
+# Every other generation libtpu compiles for: 2D tori (v5e, v6e), v4 (one device per chip: megacore)
+# and TPU7x (two devices per chip). What their compilers do differently, and the closed forms model:
+# v5e clones an overlapped all-gather into several fusions (verify.hlo counts it once); v5e, v6e and v4
+# run large gradient reduce-scatters as windowed einsums or unrolled rings of collective-permutes;
+# TPU7x runs collectives on its SparseCores and reduces the weight gradients with one all-reduce over
+# data·fsdp (program.collective_volumes, merged_grad_allreduce). The peak is held to its band where the
+# closed-form peak is at least PEAK_BANDED_ABOVE: below it, XLA's working set and buffer reuse (not
+# modelled) move small programs by up to ±20% (0.9–1.2 measured on these chips).
+_BIG = _SMALL.replace(d_model=4096, d_ff=16384, blocks=4)
+PEAK_BANDED_ABOVE = 4 * 2**30
+TPU_CHIP_GRID = [
+    ("tpu:v6e:4x4", _BIG, "fsdp=8,tensor=2", 16384, "none", "train"),
+    ("tpu:v6e:4x4", _BIG, "data=16", 16384, "full", "train"),
+    ("tpu:v5e:4x4", _MID, "data=2,fsdp=4,tensor=2", 16384, "full", "train"),
+    ("tpu:v5e:2x2", _BIG, "data=4", 8192, "none", "train"),
+    ("tpu:v5e:2x2", _BIG, "fsdp=4", 8192, "none", "forward"),
+    ("tpu:v4:2x2x2", _BIG, "fsdp=4,tensor=2", 8192, "none", "train"),
+    ("tpu:v4:2x2x2", _BIG, "data=8", 16384, "every-second", "train"),
+    ("tpu:TPU7x:2x2x1", _BIG, "fsdp=4,tensor=2", 8192, "none", "train"),
+    ("tpu:TPU7x:2x2x1", _BIG, "data=8", 16384, "none", "train"),
+    ("tpu:TPU7x:2x2x2", _BIG, "data=2,fsdp=4,tensor=2", 16384, "every-second", "train"),
+]
 # The full XXL train step of the question (tests/test_check.py::test_tpu_xxl_train_step).
 XXL_TRAIN = ("tpu:v5p:4x4x4", _XXL, "fsdp=16,tensor=4", 25600, "none", "train")
-
-
-def ici_layout(mesh, chip: Chip) -> dict[str, tuple[list[int], list[bool]]]:
-    """For each mesh axis, the physical ICI axes it spans (from the devices' ``coords``): lengths and
-    whether each ring closes (the mesh axis covers the whole physical dimension and the chip's
-    wraparound rule holds). Devices without coords (CPU, GPU): one ring of the axis length."""
-    import numpy as np
-
-    devs = np.asarray(mesh.devices)
-    coords = [getattr(d, "coords", None) for d in devs.flat]
-    out = {}
-    if any(c is None for c in coords):
-        return {name: ([size], [True]) for name, size in mesh.shape.items() if size > 1}
-    allc = np.array(coords)
-    full = allc.max(axis=0) - allc.min(axis=0) + 1
-    cube = bool(np.all(full % 4 == 0))
-    for k, name in enumerate(mesh.axis_names):
-        if devs.shape[k] == 1:
-            continue
-        idx = [0] * devs.ndim
-        line = []
-        for i in range(devs.shape[k]):
-            idx[k] = i
-            line.append(devs[tuple(idx)].coords)
-        line = np.array(line)
-        lens, wraps = [], []
-        for p in range(line.shape[1]):
-            n = len(set(line[:, p]))
-            if n > 1:
-                lens.append(n)
-                wraps.append(cube and n == full[p] and chip.has_wraparound(int(full[p])))
-        out[name] = (lens, wraps)
-    return out
 
 
 def _ratio(closed, compiled):
@@ -116,6 +111,13 @@ def _ratio(closed, compiled):
 
 def _row(closed, compiled, note=""):
     return {"closed_form": closed, "compiled": compiled, "ratio": _ratio(closed, compiled), "note": note}
+
+
+def default_chip(devices) -> Chip:
+    """The chip whose figures time a check: the TPU topology's own chip, else (CPU devices) v5p."""
+    if isinstance(devices, str) and not devices.strip().lower().startswith("cpu:"):
+        return parse_tpu_spec(devices)[0]
+    return CHIPS["v5p"]
 
 
 def check(
@@ -132,50 +134,49 @@ def check(
     {"config", "flops": {"matmul": row}, "memory": {...rows}, "collectives": {"total_bytes": row,
     "by_axis": {axis: row}, "by_kind": {...}, "async": ...}, "times": {...}} where each row is
     {closed_form, compiled, ratio, note}."""
-    from ffn_model.compile import abstract_compile
-    from mesh import make_mesh
-    from scaling import hlo
-
     mesh = make_mesh(mesh_spec, devices, verbose)
-    shape = MeshShape(**{a: int(mesh.shape[a]) for a in ("data", "fsdp", "tensor")})
-    is_tpu = str(devices).startswith("tpu") or str(devices).startswith("v5p")
-    chip_ = get_chip(chip or ("v5p" if is_tpu else "v5p"))
+    shape = mesh_shape(mesh)
+    chip_ = get_chip(chip) if chip else default_chip(devices)
     layout = ici_layout(mesh, chip_)
     platform = mesh.devices.flat[0].platform
     widen = 4 if platform == "cpu" else 0  # XLA:CPU runs bf16 collectives in f32 (program.collective_volumes)
     res = abstract_compile(cfg, mesh, batch_tokens, remat=remat, step=step)
-    got = hlo.read_compiled(res.compiled, {a: int(mesh.shape[a]) for a in mesh.axis_names})
-    cb = hlo.collective_bytes(got["collectives"])
+    got = read_compiled(res.compiled, dict(shape))
+    cb = got.collective_bytes
     # Which implementation of the gradient reduce-scatter XLA chose is a fact of the program: a
     # windowed einsum is a while loop XLA names windowed_dot_general_body_rs. The closed form models both.
-    windowed = step == "train" and bool(got["windowed_rs_loops"])
+    windowed = step == "train" and bool(got.windowed_rs_loops)
+    # Likewise whether it reduces the weight gradients with one all-reduce over data·fsdp (TPU7x): an
+    # all-reduce over both axes that carries more than the 4-byte loss.
+    merged = step == "train" and any(c.kind == "all-reduce" and set(c.axes) == {"data", "fsdp"} and c.volume > 4
+                                     for c in got.collectives)
     pred = program.predict(cfg, shape, batch_tokens, remat, step, chip_, layout, min_comm_bytes=widen,
-                           windowed_grad_rs=windowed)
+                           windowed_grad_rs=windowed, merged_grad_allreduce=merged)
 
     out = {"config": {"model": vars(cfg), "devices": devices, "mesh": shape.as_dict(), "batch_tokens": batch_tokens,
                       "remat": remat, "step": step, "chip": chip_.name, "compile_seconds": res.compile_seconds,
-                      "ici_layout": layout, "windowed_grad_rs": windowed}}
+                      "ici_layout": layout, "windowed_grad_rs": windowed, "merged_grad_allreduce": merged}}
     f = pred["flops"]
     out["flops"] = {
-        "matmul": _row(f["total"], got["dot_flops"],
+        "matmul": _row(f["total"], got.dot_flops,
                        "dot/convolution FLOPs × loop trip counts; closed form includes the first block's unused "
                        "input gradient (the scan body is the same for every block)" if step == "train" else
                        "dot/convolution FLOPs × loop trip counts"),
-        "cost_analysis": _row(f["total"], got["cost"].get("flops"),
+        "cost_analysis": _row(f["total"], got.cost.get("flops"),
                               "XLA's cost_analysis counts a while-loop body once, not per trip"),
     }
-    m, gm = pred["memory"], got["memory"]
+    m, gm = pred["memory"], got.memory
     args_cf = m["master"] + m.get("optimizer", 0.0) + m["inputs"] + (4 if step == "train" else 0)
     out["memory"] = {
-        "arguments": _row(args_cf, gm["arguments"],
+        "arguments": _row(args_cf, gm["argument_bytes"],
                           "fp32 master (+ Adam mu, nu and the int32 step count) + the batch (bf16 x, fp32 y)"),
-        "peak": _row(m["total"], gm["peak"],
+        "peak": _row(m["total"], gm["peak_bytes"],
                      "16 B/param/N + saved activations + the batch + gathered bf16 weights: "
                      + ("one matrix (windowed-einsum backward)" if windowed else "two blocks' W_in, W_out")
                      if step == "train" else "master weights + one gathered bf16 weight matrix + one block's activations + the batch"),
-        "temp": _row(None, gm["temp"]),
-        "outputs": _row(None, gm["outputs"]),
-        "aliases": _row(None, gm["aliases"]),
+        "temp": _row(None, gm["temp_bytes"]),
+        "outputs": _row(None, gm["output_bytes"]),
+        "aliases": _row(None, gm["alias_bytes"]),
     }
     if platform == "cpu":  # shown, not compared
         out["memory"]["peak"]["ratio"] = None
@@ -193,13 +194,26 @@ def check(
         "by_axis": by_axis,
         "by_kind": cb["by_kind"],
         "closed_form_by_kind": pred["collectives"],
-        "async": sum(1 for c in got["collectives"] if getattr(c, "async_", False)),
-        "count": len(got["collectives"]),
+        "async": got.async_count,
+        "count": len(got.collectives),
     }
     t = pred["times"]
     out["times"] = {"math": t["math"], "comms": t["comms"], "step_sum": t["step_sum"], "step_max": t["step_max"],
-                    "bound": t["bound"], "xla_optimal_seconds": got["cost"].get("optimal_seconds")}
+                    "bound": t["bound"], "xla_optimal_seconds": got.cost.get("optimal_seconds")}
     return out
+
+
+def check_command(args) -> int:
+    """``check`` on the command line: every flag checked before anything is printed or compiled."""
+    cfg = get_preset(args.preset).replace(d_model=args.d_model, d_ff=args.d_ff, blocks=args.blocks)
+    check_divisible(cfg, parse_mesh_spec(args.mesh, device_count(args.devices)), args.batch_tokens)
+    if args.chip is not None:
+        get_chip(args.chip)
+    use_cpu_platform_for(args.devices)
+    print(f"compiling the {args.step} step for {args.devices} ...", file=sys.stderr, flush=True)
+    rep = check(cfg, args.devices, args.mesh, args.batch_tokens, args.remat, args.step, args.chip, verbose=args.verbose)
+    print(json.dumps(rep, indent=2, default=str) if args.json else render(rep))
+    return 0
 
 
 ROW_ORDER = [("flops", "matmul"), ("flops", "cost_analysis"), ("memory", "arguments"), ("memory", "peak"),
@@ -244,21 +258,20 @@ def render(rep: dict) -> str:
 
 def verify_plans(plans: list[dict], cfg: FFNConfig, chip: Chip, chips: int, remat: str = "none",
                  hbm: float | None = None, verbose: bool = False) -> list[dict]:
-    """Compile each plan's train step ahead of time for the real v5p topology of ``chips`` chips and
-    add ``compiled_peak_bytes``, ``compiled_fits`` (peak <= hbm) and the compiled ``compiled_ici_layout``
-    (the physical axes mesh.make_mesh gave each mesh axis) to the plan dicts, in place."""
-    from ffn_model.compile import abstract_compile
-    from mesh import make_mesh
-    from scaling.hardware import v5p_topology
-
-    if chip.name != "v5p":
-        raise ValueError(f"--verify-top compiles for TPU v5p topologies only, not {chip.name}")
+    """Compile each plan's train step ahead of time for the chip's real topology of ``chips`` chips
+    (hardware.slice_topology; one slice) and add ``compiled_peak_bytes``, ``compiled_fits`` (peak <=
+    hbm, the chip's usable HBM by default) and ``compiled_ici_layout`` (the physical axes make_mesh gave
+    each mesh axis) to the plan dicts, in place."""
+    if chip.kind != "tpu":
+        raise ValueError(f"--verify-top compiles for TPU topologies, not {chip.name}")
+    if any(p["slices"] > 1 for p in plans):
+        raise ValueError(f"--verify-top compiles one slice; {chips} {chip.name} chips are {plans[0]['slices']} slices")
     hbm = hbm or chip.hbm_budget
-    topo = "x".join(str(d) for d in v5p_topology(chips))
+    topo = "x".join(str(d) for d in slice_topology(chip, chips))
     for p in plans:
-        mesh = make_mesh(MeshShape(**p["mesh"]), f"tpu:v5p:{topo}", verbose)
+        mesh = make_mesh(MeshShape(p["mesh"]), f"tpu:{chip.name}:{topo}", verbose)
         res = abstract_compile(cfg, mesh, p["batch_tokens"], remat=remat, step="train")
-        peak = res.memory.get("peak_bytes")
+        peak = read_compiled(res.compiled, p["mesh"]).memory["peak_bytes"]
         p["compiled_peak_bytes"] = peak
         p["compiled_fits"] = peak is not None and peak <= hbm
         p["compiled_ici_layout"] = ici_layout(mesh, chip)

@@ -163,7 +163,10 @@ class HloProgram:
         self.multiplier: dict[str, float] = {}
         for name in computations:
             self._mult(name)
-        self.async_computations = {c for c, sites in self.callers.items() if any(s.opcode == "async-start" for s, _ in sites)}
+        # computations that run asynchronously: async-start's, and call-start's (TPU7x runs collectives on
+        # its SparseCores: call-start(...), async_execution_thread="sparsecore")
+        self.async_computations = {c for c, sites in self.callers.items()
+                                   if any(s.opcode in ("async-start", "call-start") for s, _ in sites)}
 
     # --- structure -------------------------------------------------------------------------
     def _mult(self, comp: str) -> float:
@@ -337,7 +340,13 @@ class HloProgram:
         """Every collective in the program, once per instruction (async start/done pairs once, at
         the start), with its mesh axes and count (the multiplier of its computation). A full-size
         all-reduce whose result is dynamic-sliced to 1/group_size by partition id is reported as the
-        reduce-scatter it implements."""
+        reduce-scatter it implements.
+
+        XLA:TPU (v5e) overlaps a collective with a matmul by cloning the instruction into the fusions of
+        one asynchronous collective: a start fusion (root custom-call AsyncCollectiveStart), continuation
+        fusions and a done fusion (AsyncCollectiveDone). The clones share the instruction's channel_id,
+        which is otherwise unique in a module: a channel_id is counted once (the start fusion's copy),
+        as asynchronous."""
         sizes = tuple(int(s) for s in mesh_axes.values())
         names = tuple(mesh_axes)
         n_dev = math.prod(sizes)
@@ -345,7 +354,7 @@ class HloProgram:
             raise ValueError(f"mesh_axes {mesh_axes} has {n_dev} devices but the program has "
                              f"num_partitions={self.num_partitions}; pass the mesh it was compiled for")
         done_of = {i.operands[0]: i for i in self.instructions.values() if i.opcode.endswith("-done") and i.operands}
-        out = []
+        out, by_channel = [], {}
         for comp in self.computations.values():
             for ins in comp.instructions:
                 op, is_async = ins.opcode, comp.name in self.async_computations
@@ -378,7 +387,17 @@ class HloProgram:
                     if sliced:
                         c.kind, c.result_bytes = "reduce-scatter", dtype_bytes(c.dtype) * sliced
                         c.note = "all-reduce followed by a dynamic-slice by partition id: the reduce-scatter it implements"
+                channel = re.search(r"\bchannel_id=(\d+)", ins.attrs)
+                if channel:
+                    by_channel.setdefault(channel.group(1), []).append((comp, c))
                 out.append(c)
+        for clones in by_channel.values():
+            if len(clones) > 1:  # one asynchronous collective, cloned into its fusions: keep the start's
+                keep = next((c for comp, c in clones if comp.root is not None and
+                             'custom_call_target="AsyncCollectiveStart"' in comp.root.attrs), clones[0][1])
+                keep.async_ = True
+                keep.note = (keep.note + "; " if keep.note else "") + f"one asynchronous collective cloned into {len(clones)} fusions"
+                out = [c for c in out if c is keep or all(c is not x for _, x in clones)]
         return out
 
     def _sliced_elements(self, name: str, want: int, depth: int = 0) -> int | None:
@@ -548,8 +567,8 @@ def parse_hlo(text: str) -> HloProgram:
                 cur = Computation(m.group(2), is_entry=bool(m.group(1)))
                 comps[cur.name] = cur
             continue
-        if line.strip() == "}":
-            cur = None
+        if line.strip() == "}" or re.match(r"\}\s*,\s*execution_thread=", line.strip()):
+            cur = None  # a computation for another execution thread (TPU7x: "sparsecore") closes with its name
             continue
         m = re.match(r"\s*(ROOT\s+)?%([^\s=]+)\s*=\s*(.*)$", line)
         if m:
@@ -591,29 +610,50 @@ def collective_bytes(collectives: list[Collective]) -> dict:
     return out
 
 
-def memory_report(compiled) -> dict:
-    """memory_analysis() of a compiled program: {"arguments", "outputs", "aliases", "temp",
-    "peak", "generated_code"} in bytes. peak is ``peak_memory_in_bytes`` where the attribute
-    exists and is > 0 (TPU), else None (arguments + outputs + temp - aliases over-states it)."""
-    ma = compiled.memory_analysis()
-    if isinstance(ma, (list, tuple)):
-        ma = ma[0] if ma else None
-    get = (lambda a: getattr(ma, a, None)) if ma is not None else (lambda a: None)
-    peak = get("peak_memory_in_bytes")
-    return {"arguments": get("argument_size_in_bytes"), "outputs": get("output_size_in_bytes"),
-            "aliases": get("alias_size_in_bytes"), "temp": get("temp_size_in_bytes"),
-            "peak": peak if peak and peak > 0 else None, "generated_code": get("generated_code_size_in_bytes")}
+@dataclass
+class CompiledProgram:
+    """Everything read from one compiled program, per device: the one reader ``check``, ``compile``,
+    ``bench``, the plan verification and the tests use.
+
+    dot_flops         dot/convolution FLOPs times the trip counts of the loops around them
+    collectives       every collective (Collective: kind, axes, volume V, count, async)
+    collective_bytes  {"total", "by_axis", "by_kind"}: V x count summed (collective_bytes)
+    windowed_rs_loops while loops XLA made for a windowed-einsum reduce-scatter
+    memory            memory_analysis(): argument_bytes, output_bytes, alias_bytes, temp_bytes,
+                      generated_code_bytes, peak_bytes (peak_memory_in_bytes where > 0, TPU; else None:
+                      arguments + outputs + temp - aliases over-states it)
+    cost              cost_analysis() as a dict of floats (jax 0.10: a dict; older: the first of a
+                      list). It counts a while-loop body once, not per trip: FLOPs and its own
+                      estimate "optimal_seconds" of a scanned program are one trip's."""
+
+    dot_flops: float
+    collectives: list[Collective]
+    collective_bytes: dict
+    windowed_rs_loops: list[str]
+    memory: dict
+    cost: dict
+
+    @property
+    def async_count(self) -> int:
+        return sum(1 for c in self.collectives if c.async_)
 
 
-def read_compiled(compiled, mesh_axes: dict[str, int]) -> dict:
-    """Everything read from one compiled program: {"dot_flops", "collectives", "windowed_rs_loops",
-    "memory", "cost"}.
-    cost is cost_analysis() as a dict (jax 0.10 returns a dict; older versions a list of one dict
-    per program, of which the first is taken)."""
+def read_compiled(compiled, mesh_axes: dict[str, int]) -> CompiledProgram:
+    """Read ``compiled`` (a jax Compiled, or anything with as_text(), cost_analysis() and
+    memory_analysis()) for a mesh of ``mesh_axes`` {axis: size} in mesh order."""
     prog = parse_hlo(compiled.as_text())
+    cols = prog.collectives(mesh_axes)
     cost = compiled.cost_analysis()
     if isinstance(cost, (list, tuple)):
         cost = cost[0] if cost else {}
-    return {"dot_flops": prog.dot_flops(), "collectives": prog.collectives(mesh_axes),
-            "windowed_rs_loops": prog.windowed_einsum_loops("rs"),
-            "memory": memory_report(compiled), "cost": dict(cost or {})}
+    ma = compiled.memory_analysis()
+    if isinstance(ma, (list, tuple)):
+        ma = ma[0] if ma else None
+    get = lambda a: getattr(ma, a, None)  # noqa: E731
+    peak = get("peak_memory_in_bytes")
+    memory = {"argument_bytes": get("argument_size_in_bytes"), "output_bytes": get("output_size_in_bytes"),
+              "alias_bytes": get("alias_size_in_bytes"), "temp_bytes": get("temp_size_in_bytes"),
+              "generated_code_bytes": get("generated_code_size_in_bytes"), "peak_bytes": peak if peak and peak > 0 else None}
+    return CompiledProgram(dot_flops=prog.dot_flops(), collectives=cols, collective_bytes=collective_bytes(cols),
+                           windowed_rs_loops=prog.windowed_einsum_loops("rs"), memory=memory,
+                           cost={k: float(v) for k, v in (cost or {}).items()})

@@ -1,0 +1,226 @@
+"""python -m ffn_model {train, compile, bench}
+
+  train    train the FFN stack on the synthetic regression task, printing step, loss and tokens/s
+           (--json: one object at the end with the per-step losses). --checkpoint-dir saves the
+           sharded state (orbax) every --save-every steps and at the end; --resume restores the newest
+           checkpoint onto this run's mesh and continues to --steps steps in all.
+  compile  compile the train (or forward) step ahead of time from ShapeDtypeStructs and print the
+           per-device memory and cost analysis (--json: one object).
+  bench    time the train step (median of --steps steps after --warmup) and print achieved TFLOP/s,
+           MFU against the chip's peak bf16 FLOP/s and the closed form's predicted step time.
+
+Several processes (multi-controller JAX): on a TPU slice or a SLURM / Open MPI cluster launch the same
+command on every host with --distributed (jax.distributed.initialize() detects the rest); elsewhere
+give --coordinator HOST:PORT --num-processes N --process-id I to every process, where --devices cpu:K
+means K emulated CPU devices in each process (collectives over gloo). With none of these flags and no
+--devices, jax.distributed is initialized when JAX_COORDINATOR_ADDRESS is set (mesh.devices).
+
+``compile`` and ``bench`` read compiled programs, which is the top package's work: here they run
+``python -m verify compile|bench`` (the same flags) in a child process; ``add_commands`` is how
+``python -m verify`` offers all three commands with the same flags.
+
+Bad input (a zero, negative or non-numeric number; an unknown preset, remat policy, mesh axis, device
+spec or chip; a mesh whose size is not the device count; a dimension not divisible by its shard count;
+a missing, damaged or already used checkpoint directory) prints one line "error: ..." on stderr and
+exits 2, before anything is created or written.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+
+from mesh.devices import cpu_device_count, use_cpu_platform_for
+from scaling.cli import Parser, handover, run
+from scaling.config import REMAT_POLICIES, get_preset, non_negative_int, parse_mesh_spec, positive_float, positive_int
+from scaling.hardware import get_chip
+
+
+COMMANDS = {  # name: (default preset, default batch tokens, help)
+    "train": ("small", 512, "train on the synthetic regression task"),
+    "compile": ("xxl", 25600, "compile one step ahead of time and print its memory and cost analysis"),
+    "bench": ("small", 512, "time the train step: step time, TFLOP/s, MFU and the predicted step time"),
+}
+
+
+def add_commands(sub, implementations: dict | None = None) -> None:
+    """Add train, compile and bench to an argparse subparsers object. ``implementations`` maps a
+    command to (run(args, cfg) -> report, print(report)): python -m verify passes compile's and
+    bench's; a command without one hands over to python -m verify."""
+    impls = {"train": (train_command, None), **(implementations or {})}
+    for name, (preset, batch, help_) in COMMANDS.items():
+        s = sub.add_parser(name, help=help_)
+        s.add_argument("--preset", default=preset, help=f"model preset (default {preset})")
+        s.add_argument("--d-model", type=int, help="override D")
+        s.add_argument("--d-ff", type=int, help="override F")
+        s.add_argument("--blocks", type=int, help="override L")
+        s.add_argument("--mesh", default="fsdp=-1",
+                       help="mesh axes, e.g. fsdp=16,tensor=4 (default fsdp=-1: every device on fsdp)")
+        s.add_argument("--devices", default=None,
+                       help="cpu:N (emulated; per process with --coordinator), tpu:<chip>:<shape> or a slice such as "
+                            "tpu:v5p-128 (compile only); default: real devices")
+        s.add_argument("--batch-tokens", type=int, default=batch, help=f"global batch B in tokens (default {batch})")
+        s.add_argument("--remat", default="none", choices=REMAT_POLICIES, help="remat policy (default none)")
+        s.add_argument("--json", action="store_true", help="print one JSON object on stdout (process 0; "
+                       "gloo adds its own [Gloo] lines with cpu:N over several processes)")
+        s.set_defaults(func=lambda args, impl=impls.get(name): run_command(args, impl))
+        if name == "compile":
+            s.add_argument("--step", default="train", choices=("train", "forward"), help="which step to compile")
+            s.add_argument("--verbose", action="store_true", help="let libtpu's start-up lines through to stderr")
+            continue
+        s.add_argument("--steps", type=int, default=20 if name == "train" else 10,
+                       help="steps in all, resumed ones included (default 20)" if name == "train"
+                       else "timed steps (default 10)")
+        s.add_argument("--seed", type=int, default=0, help="seed of the weights and the data (default 0)")
+        g = s.add_argument_group("several processes")
+        g.add_argument("--distributed", action="store_true",
+                       help="call jax.distributed.initialize() (detects TPU slices, SLURM, Open MPI)")
+        g.add_argument("--coordinator", help="HOST:PORT of process 0's coordinator")
+        g.add_argument("--num-processes", type=int, help="number of processes")
+        g.add_argument("--process-id", type=int, help="this process: 0 .. num-processes-1")
+        if name == "train":
+            s.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (default 1e-3)")
+            c = s.add_argument_group("checkpoints (orbax)")
+            c.add_argument("--checkpoint-dir", help="save the train state here (and at the end)")
+            c.add_argument("--save-every", type=int, help="save after every N steps (default: only at the end)")
+            c.add_argument("--resume", action="store_true",
+                           help="restore the newest checkpoint in --checkpoint-dir and continue to --steps")
+        else:
+            s.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
+            s.add_argument("--chip", help="chip for MFU and the prediction (default: from the devices; "
+                                          "h100, h200, b200, v4, v5e, v5p, v6e, tpu7x)")
+
+
+def _config(args):
+    cfg = get_preset(args.preset)
+    for name in ("d_model", "d_ff", "blocks"):
+        if getattr(args, name) is not None:
+            positive_int(f"--{name.replace('_', '-')}", getattr(args, name))
+    return cfg.replace(d_model=args.d_model, d_ff=args.d_ff, blocks=args.blocks)
+
+
+def _processes(args) -> int | None:
+    """Validate the multi-process flags; the process count when given explicitly (else None)."""
+    explicit = {"--coordinator": args.coordinator, "--num-processes": args.num_processes,
+                "--process-id": args.process_id}
+    if all(v is None for v in explicit.values()):
+        return None
+    missing = [k for k, v in explicit.items() if v is None]
+    if missing:
+        raise ValueError(f"--coordinator, --num-processes and --process-id go together; missing {', '.join(missing)} "
+                         "(on a TPU slice or a SLURM cluster use --distributed alone)")
+    host, sep, port = args.coordinator.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"--coordinator {args.coordinator!r} must be HOST:PORT with a port in 1..65535")
+    n = positive_int("--num-processes", args.num_processes)
+    if not 0 <= args.process_id < n:
+        raise ValueError(f"--process-id must be in 0..{n - 1} for --num-processes {n}, got {args.process_id}")
+    return n
+
+
+def check_flags(args, cfg) -> None:
+    """Every check that needs no devices, so a bad flag fails before jax starts or a file is written."""
+    from scaling.config import check_divisible
+
+    positive_int("--batch-tokens", args.batch_tokens)
+    n_cpu = cpu_device_count(args.devices, "--devices")
+    processes = None
+    if args.command != "compile":
+        positive_int("--steps", args.steps)
+        non_negative_int("--seed", args.seed)
+        if args.devices is not None and n_cpu is None:
+            raise ValueError(f"{args.command} runs on real devices or cpu:N, not {args.devices!r} "
+                             "(a TPU topology is compile-only)")
+        processes = _processes(args)
+    if args.command == "bench":
+        non_negative_int("--warmup", args.warmup)
+        if args.chip is not None:
+            get_chip(args.chip)
+    if args.command == "train":
+        positive_float("--lr", args.lr)
+        if args.save_every is not None:
+            positive_int("--save-every", args.save_every)
+        if args.checkpoint_dir is None and (args.save_every is not None or args.resume):
+            raise ValueError("--save-every and --resume need --checkpoint-dir")
+    if n_cpu is not None:  # the device count is known without starting jax: check the mesh now
+        check_divisible(cfg, parse_mesh_spec(args.mesh, n_cpu * (processes or 1)), args.batch_tokens)
+    if args.command == "train" and args.checkpoint_dir is not None:
+        from ffn_model.checkpoint import check_directory
+
+        check_directory(args.checkpoint_dir, args.resume)
+
+
+def start_processes(args):
+    """Start jax.distributed when asked (before any jax computation); the device spec for make_mesh."""
+    import jax
+
+    from mesh import maybe_initialize_distributed
+
+    if args.distributed or args.coordinator is not None:
+        n_cpu = cpu_device_count(args.devices, "--devices")
+        if n_cpu is not None:  # K emulated CPU devices in each process, collectives over gloo
+            jax.config.update("jax_num_cpu_devices", n_cpu)
+            jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(args.coordinator, args.num_processes, args.process_id)
+        return None  # the global device list: every process's devices
+    if args.devices is None:
+        maybe_initialize_distributed()
+    return args.devices
+
+
+def train_command(args, cfg) -> dict:
+    import jax
+
+    from ffn_model.train import train
+    from mesh import make_mesh, mesh_shape
+
+    mesh = make_mesh(args.mesh, start_processes(args))
+    main = jax.process_index() == 0
+    out = sys.stderr if args.json else sys.stdout
+    rates = []
+
+    def log(step, loss, tps):
+        rates.append(tps)
+        if main:
+            print(f"step {step:5d}  loss {loss:.6f}  tokens/s {tps:,.0f}", file=out, flush=True)
+
+    def say(line):
+        if main:
+            print(line, file=sys.stderr if args.json or line.startswith("warning:") else sys.stdout, flush=True)
+
+    losses = train(cfg, mesh, args.batch_tokens, args.steps, lr=args.lr, seed=args.seed, remat=args.remat,
+                   log=log, checkpoint_dir=args.checkpoint_dir, save_every=args.save_every, resume=args.resume,
+                   say=say)
+    return {"command": "train", "model": vars(cfg), "mesh": mesh_shape(mesh).as_dict(), "devices": args.devices,
+            "processes": jax.process_count(), "batch_tokens": args.batch_tokens, "steps": args.steps,
+            "start_step": args.steps - len(losses), "lr": args.lr, "seed": args.seed, "remat": args.remat,
+            "checkpoint_dir": args.checkpoint_dir, "losses": losses,
+            "tokens_per_s": statistics.median(rates[1:] or rates) if rates else None}
+
+
+def run_command(args, impl) -> int:
+    """Check every flag that needs no devices, run ``impl`` = (run, print) and print its report (process 0):
+    one JSON object with --json, else the command's own text. No impl: hand over to python -m verify."""
+    if impl is None:
+        return handover(args.argv)
+    use_cpu_platform_for(args.devices)
+    cfg = _config(args)
+    check_flags(args, cfg)
+    run_, print_ = impl
+    rep = run_(args, cfg)
+    import jax
+
+    if jax.process_index() != 0:
+        return 0
+    if args.json:
+        print(json.dumps(rep))
+    elif print_ is not None:
+        print_(rep)
+    return 0
+
+
+def main(argv=None) -> int:
+    p = Parser(prog="python -m ffn_model", description=__doc__.split("\n\n")[0])
+    add_commands(p.add_subparsers(dest="command", required=True))
+    return run(p, argv)

@@ -1,0 +1,209 @@
+"""The closed forms on the command line: ``python -m scaling {answer, plan, check}``.
+
+``answer`` and ``plan`` are closed forms only (no jax; instant). ``check`` and ``plan --verify-top``
+compile programs, which the closed forms never do: they run the top package's program,
+``python -m verify`` (the same flags), in a child process. ``add_commands`` is how ``python -m verify``
+offers these commands with the same flags.
+
+Bad input prints one line on stderr and exits 2 (no traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+
+from scaling import plan as planner
+from scaling.answers import QUESTION, answers, render
+from scaling.config import REMAT_POLICIES, get_preset
+from scaling.hardware import chips_in, get_chip, parse_slice, slice_name
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: ``error: <prog>: <message>`` on stderr, exit 2 (argparse's status)."""
+
+    def error(self, message):
+        self.exit(2, f"error: {self.prog}: {message}\n")
+
+
+def handover(argv: list[str]) -> int:
+    """Run ``python -m verify <argv>`` (the commands that compile) and return its exit status."""
+    return subprocess.call([sys.executable, "-m", "verify", *argv])
+
+
+def answer_command(args) -> int:
+    ans = answers(
+        d_model=args.d_model, d_ff=args.d_ff, blocks=args.blocks, fsdp=args.fsdp, tensor=args.tensor, mx=args.mx,
+        my=args.my, flops=args.flops, w_ici=args.w_ici, hbm=args.hbm, gpu_hbm=args.gpu_hbm,
+        batch_tokens=args.batch_tokens, stages=args.stages,
+    )
+    print(json.dumps(ans, indent=2) if args.json else render(ans))
+    return 0
+
+
+def model_config(args):
+    """The preset named by --preset with --d-model/--d-ff/--blocks overrides."""
+    return get_preset(args.preset).replace(d_model=args.d_model, d_ff=args.d_ff, blocks=args.blocks)
+
+
+def plan_target(args):
+    """(chip, chips, slice dims or None) from --slice, or --chip and --chips."""
+    if args.slice is not None:
+        if args.chips is not None:
+            raise ValueError(f"--slice {args.slice} names the chip count already; leave out --chips")
+        chip, dims = parse_slice(args.slice)
+        if args.chip is not None and get_chip(args.chip) is not chip:
+            raise ValueError(f"--slice {args.slice} is a {chip.name} slice, not {args.chip}")
+        return chip, chips_in(dims), dims
+    return get_chip(args.chip or "v5p"), 64 if args.chips is None else args.chips, None
+
+
+def plan_command(args, verify=None) -> int:
+    """Rank the plans and print them; ``verify(plans, cfg, chip, chips, remat, budget, verbose)`` (the
+    top package's, with --verify-top) adds the compiled peak of the first K."""
+    if args.verify_top and verify is None:
+        return handover(args.argv)
+    cfg = model_config(args)
+    if args.top <= 0:
+        raise ValueError(f"--top must be a positive integer, got {args.top}")
+    chip, chips, dims = plan_target(args)
+    t0 = time.perf_counter()
+    plans = planner.plan(cfg, chip, chips, args.batch_tokens, hbm=args.hbm, remat=args.remat, form=args.form, dims=dims)
+    seconds = time.perf_counter() - t0
+    budget = args.hbm if args.hbm is not None else chip.hbm_budget
+    name = slice_name(chip, chips)
+    where = f"{chips} {chip.name} chips" + (f" ({name})" if name else "")
+    if not plans:
+        miss = planner.nearest_miss(cfg, chip, chips, args.batch_tokens, args.remat, args.form)
+        why = "" if miss is None else (
+            f"; nearest miss: {_mesh_text(miss['mesh'])} needs {miss['memory_bytes'] / 1e9:.1f} GB per device ("
+            + ", ".join(f"{k} {v / 1e9:.1f}" for k, v in miss["memory_terms"].items() if k != "total" and v >= 5e7)
+            + " GB): " + f"{(miss['memory_bytes'] - budget) / 1e9:.1f} GB over")
+        raise ValueError(f"no mesh of {where} fits {cfg} in {budget / 1e9:.4g} GB per device "
+                         f"(--hbm {budget:.4g} bytes){why}")
+    if args.verify_top:
+        verify(plans[: args.verify_top], cfg, chip, chips, args.remat, budget, args.verbose)
+    if args.json:
+        print(json.dumps({"plans": plans[: args.top], "count": len(plans), "enumerate_seconds": seconds,
+                          "chip": chip.name, "chips": chips, "slice": name, "hbm_budget": budget}, indent=2))
+        return 0
+    other = "max" if args.form == "sum" else "sum"
+    slices = plans[0]["slices"]
+    print(f"{len(plans)} meshes of {where} fit {budget / 1e9:.4g} GB per device; B = {args.batch_tokens:,} tokens, "
+          f"remat {args.remat} ({seconds * 1e3:.1f} ms)"
+          + (f"; {slices} slices joined by DCN (column dcn: the mesh axis whose outermost factor spans them)"
+             if slices > 1 else ""))
+    print(f"chip figures: {chip.describe()}")
+    print(f"Ranked by the {args.form} form" + (" (T_math + the ICI times; the compiled XXL forward step runs its "
+          "collectives synchronously: README, finding for (c))" if args.form == "sum" else
+          " (every collective overlapped with the math)") + f"; the {other} form beside it.")
+    print("These are roofline bounds, not forecasts: step times are lower bounds, MFU and HFU upper bounds "
+          "(MFU counts model FLOPs 6PB-2BDF, HFU the remat recompute too).")
+    axes = list(plans[0]["mesh"])
+    hdr = (" ".join(f"{a:>6}" for a in ["#", *axes]) + (f" {'dcn':>5}" if slices > 1 else "")
+           + f" {'M_X':>3} {'M_Y':>3} {'step s ' + args.form:>10} {'step s ' + other:>10} {'MFU ' + args.form:>7} "
+           f"{'MFU ' + other:>7} {'HFU':>5} {'bound':>12} {'GB/dev':>7} {'crit B':>9}")
+    if args.verify_top:
+        hdr += f" {'compiled GB':>11} {'fits':>4}"
+    print(hdr)
+    for k, r in enumerate(plans[: args.top], 1):
+        crit = "never" if r["critical_batch"] is None else f"{r['critical_batch']:,.0f}"
+        line = (" ".join(f"{v:>6}" for v in [k, *r["mesh"].values()]) + (f" {r['dcn_axis']:>5}" if slices > 1 else "")
+                + f" {r['M_X']:>3} {r['M_Y']:>3} {r['step_seconds_' + args.form]:>10.3f} {r['step_seconds_' + other]:>10.3f} "
+                f"{r['mfu_' + args.form]:>7.3f} {r['mfu_' + other]:>7.3f} {r['hfu']:>5.2f} {r['bound']:>12} "
+                f"{r['memory_bytes'] / 1e9:>7.1f} {crit:>9}")
+        if "compiled_peak_bytes" in r:
+            peak = r["compiled_peak_bytes"]
+            line += f" {peak / 1e9 if peak else float('nan'):>11.1f} {'yes' if r['compiled_fits'] else 'no':>4}"
+        print(line)
+    return 0
+
+
+def _mesh_text(mesh: dict) -> str:
+    return ",".join(f"{a}={n}" for a, n in mesh.items() if n > 1) or "1 device"
+
+
+def add_commands(sub, check_command=None, verify_plans=None) -> None:
+    """Add answer, plan and check to an argparse subparsers object. ``check_command`` and
+    ``verify_plans`` are the top package's (python -m verify); without them check and
+    plan --verify-top hand over to it."""
+    Q = QUESTION
+    a = sub.add_parser("answer", help="answers to the 4D-parallelism questions (a)-(d), derived")
+    a.add_argument("--d-model", type=int, default=Q["d_model"], help="D (default %(default)s)")
+    a.add_argument("--d-ff", type=int, default=Q["d_ff"], help="F (default %(default)s)")
+    a.add_argument("--blocks", type=int, default=Q["blocks"], help="L (default %(default)s)")
+    a.add_argument("--fsdp", type=int, default=Q["fsdp"], help="X, the FSDP size (default %(default)s)")
+    a.add_argument("--tensor", type=int, default=Q["tensor"], help="Y, the TP size (default %(default)s)")
+    a.add_argument("--mx", type=int, default=Q["mx"], help="M_X, ICI axes the FSDP axis spans (default %(default)s)")
+    a.add_argument("--my", type=int, default=Q["my"], help="M_Y, ICI axes the TP axis spans (default %(default)s)")
+    a.add_argument("--flops", type=float, default=Q["flops"], help="C, bf16 FLOP/s per chip (default %(default)g)")
+    a.add_argument("--w-ici", type=float, default=Q["w_ici"], help="W_ici, bidirectional bytes/s (default %(default)g)")
+    a.add_argument("--hbm", type=float, default=Q["hbm"], help="HBM bytes per TPU (default %(default)g)")
+    a.add_argument("--gpu-hbm", type=float, default=Q["gpu_hbm"], help="HBM bytes per GPU (default %(default)g)")
+    a.add_argument("--batch-tokens", type=int, default=Q["batch_tokens"],
+                   help="stated global batch for the activation figures of (a), (b) (default %(default)s)")
+    a.add_argument("--stages", type=int, help=f"pipeline stages for (d), a divisor of --fsdp (default {Q['stages']}, "
+                   "or the largest divisor of --fsdp below it)")
+    a.add_argument("--json", action="store_true", help="one JSON object instead of the text")
+    a.set_defaults(func=answer_command)
+
+    p = sub.add_parser("plan", help="rank every mesh of a slice by predicted step time")
+    p.add_argument("--chip", help="chip from the hardware table (default v5p): v4, v5e, v5p, v6e, TPU7x, H100, ...")
+    p.add_argument("--chips", type=int, help="chip count (default 64); more than one slice holds are slices over DCN")
+    p.add_argument("--slice", help="a Cloud TPU slice instead of --chip/--chips: v5p-256 (TensorCores: 128 chips), "
+                   "v6e-256 (chips), tpu7x-128, v5litepod-16, v4-512")
+    _model_args(p, "xxl")
+    p.add_argument("--batch-tokens", type=int, default=25600, help="global batch in tokens (default %(default)s)")
+    p.add_argument("--hbm", type=float, help="memory budget per device in bytes (default: the table's usable HBM)")
+    p.add_argument("--remat", default="none", choices=REMAT_POLICIES, help="remat policy (default %(default)s)")
+    p.add_argument("--form", default="sum", choices=["sum", "max"],
+                   help="rank by the sum form (math + comms, what the compiled program supports) or the max form "
+                        "(overlapped comms) (default %(default)s)")
+    p.add_argument("--top", type=int, default=10, help="rows to show (default %(default)s)")
+    p.add_argument("--verify-top", type=int, default=0, metavar="K",
+                   help="compile the top K plans ahead of time for the real TPU topology and add their peak")
+    p.add_argument("--verbose", action="store_true", help="with --verify-top: let libtpu's start-up lines through")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=lambda args: plan_command(args, verify_plans))
+
+    c = sub.add_parser("check", help="closed forms against the compiled program, term by term")
+    c.add_argument("--devices", default="cpu:8",
+                   help="cpu:N (emulated), tpu:<chip>:<shape> (tpu:v5p:4x4x4, tpu:v6e:4x4, tpu:TPU7x:2x2x1) or a "
+                        "slice (tpu:v5p-128), compiled ahead of time")
+    c.add_argument("--mesh", default="data=2,fsdp=2,tensor=2", help="mesh spec (default %(default)s)")
+    _model_args(c, "small")
+    c.add_argument("--batch-tokens", type=int, default=4096, help="global batch in tokens (default %(default)s)")
+    c.add_argument("--remat", default="none", choices=REMAT_POLICIES, help="remat policy (default %(default)s)")
+    c.add_argument("--step", default="train", choices=["train", "forward"], help="(default %(default)s)")
+    c.add_argument("--chip", help="chip for the time estimates (default: the TPU topology's, else v5p)")
+    c.add_argument("--json", action="store_true")
+    c.add_argument("--verbose", action="store_true", help="let libtpu's start-up lines through to stderr")
+    c.set_defaults(func=check_command or (lambda args: handover(args.argv)))
+
+
+def _model_args(p, preset: str) -> None:
+    p.add_argument("--preset", default=preset, help=f"model preset (default {preset})")
+    p.add_argument("--d-model", type=int, help="override the preset's D")
+    p.add_argument("--d-ff", type=int, help="override the preset's F")
+    p.add_argument("--blocks", type=int, help="override the preset's L")
+
+
+def run(parser: argparse.ArgumentParser, argv=None) -> int:
+    """Parse ``argv`` and run the command; a ValueError is one ``error:`` line on stderr and exit 2."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parser.parse_args(argv)
+    args.argv = argv  # what a command that hands over passes on
+    try:
+        return args.func(args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def main(argv=None) -> int:
+    p = Parser(prog="python -m scaling", description=__doc__.split("\n\n")[0])
+    add_commands(p.add_subparsers(dest="cmd", required=True))
+    return run(p, argv)

@@ -1,0 +1,62 @@
+"""The one table of logical-axis -> mesh-axis rules, as plain data (no jax).
+
+Every parameter and activation of the model names its dimensions with logical axes; this table says
+which mesh axes each logical axis is split over. The model (through mesh.rules, which turns it into
+jax PartitionSpecs and flax logical-axis rules) and the closed forms (which count shards with
+:func:`shards`) read the same table, so a new mesh axis is a new entry here and its collective terms.
+
+  batch      -> data, fsdp    tokens of the global batch B, split B/(data·fsdp) per device
+  embed      -> fsdp          D of the weights: FSDP shards
+  mlp        -> tensor        F of the weights and of the hidden h[B,F]: tensor parallel
+  layers     -> (replicated)  the stacked-blocks axis L that the scan runs over
+  act_embed  -> (replicated)  D of the block input x[B,D], replicated over tensor
+
+A logical axis that is not in the table is an error (ValueError), never a silent replication.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+LOGICAL_RULES: dict[str, tuple[str, ...]] = {
+    "batch": ("data", "fsdp"),
+    "embed": ("fsdp",),
+    "mlp": ("tensor",),
+    "layers": (),
+    "act_embed": (),
+}
+
+# Logical axes of each parameter and activation of the FFN stack (shapes in Scaling Book letters).
+# W_in is stored transposed, [L, F, D] like W_out, so that D (the FSDP-sharded dimension) is minor in
+# both: ffn_model.model.FFNStack says why.
+W_IN_AXES = ("layers", "mlp", "embed")  # W_in [L, F, D]
+W_OUT_AXES = ("layers", "mlp", "embed")  # W_out [L, F, D]
+X_AXES = ("batch", "act_embed")  # block input x [B, D]
+H_AXES = ("batch", "mlp")  # hidden h [B, F]
+
+
+def mesh_axes(logical: tuple[str | None, ...], rules: Mapping | None = None) -> tuple:
+    """Mesh axes for each logical axis name: a tuple of axis names, or None for a replicated
+    dimension (an explicit None entry stays None). ValueError naming the axis when a name has no rule,
+    or when two logical axes would use the same mesh axis."""
+    rules = LOGICAL_RULES if rules is None else rules
+    out = []
+    for name in logical:
+        if name is None:
+            out.append(None)
+            continue
+        if name not in rules:
+            raise ValueError(f"logical axis {name!r} has no sharding rule; known: {', '.join(rules)}")
+        out.append(tuple(rules[name]) or None)
+    used = [a for m in out if m is not None for a in m]
+    if len(used) != len(set(used)):
+        raise ValueError(f"logical axes {logical!r} map the same mesh axis twice: {out!r}")
+    return tuple(out)
+
+
+def shards(mesh: Mapping, *logical: str):
+    """How many pieces the logical axes are split into on ``mesh`` (a mapping of mesh-axis sizes, ints
+    or numpy arrays): the product of the sizes of the mesh axes their rules name (an axis missing from
+    ``mesh`` has size 1). shards(mesh, "batch") = data·fsdp; shards(mesh, "embed", "mlp") = fsdp·tensor."""
+    return math.prod((mesh.get(a, 1) for name in logical for a in (mesh_axes((name,))[0] or ())), start=1)

@@ -1,0 +1,67 @@
+"""The layers of the code (../shared/DESIGN.md): imports point down only.
+
+  verify     (top)  the comparison: reads compiled programs, check, plan verification
+  ffn_model         the model, train step, abstract compile, checkpoints, bench timing
+  mesh              devices, meshes, ICI layout, the sharding table in jax's form
+  scaling  (bottom) closed forms: pure Python + numpy, never jax
+
+Every import statement of every module is read (module level and inside functions alike, so an
+import hidden in a function to get around a cycle fails here too).
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+LAYERS = {"scaling": 0, "mesh": 1, "ffn_model": 2, "verify": 3}
+# third-party packages the bottom layer may import (everything else there is the standard library)
+SCALING_THIRD_PARTY = {"numpy"}
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """(line, top-level package) of every import in the file."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name.split(".")[0]) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.append((node.lineno, node.module.split(".")[0]))
+    return out
+
+
+MODULES = [(pkg, p) for pkg in LAYERS for p in sorted((ROOT / pkg).glob("*.py"))]
+
+
+@pytest.mark.parametrize("pkg, path", MODULES, ids=[f"{p.parent.name}/{p.name}" for _, p in MODULES])
+def test_imports_point_down(pkg, path):
+    up = [(line, name) for line, name in _imports(path) if name in LAYERS and LAYERS[name] > LAYERS[pkg]]
+    assert not up, f"{pkg}/{path.name} imports a package above it: {up}"
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "scaling").glob("*.py")), ids=lambda p: p.name)
+def test_scaling_imports_only_the_standard_library_and_numpy(path):
+    bad = [(line, name) for line, name in _imports(path)
+           if name not in sys.stdlib_module_names and name not in SCALING_THIRD_PARTY and name != "scaling"]
+    assert not bad, f"scaling/{path.name} imports {bad}"
+
+
+def test_importing_scaling_imports_neither_jax_nor_the_model_or_mesh():
+    mods = [f"scaling.{p.stem}" for p in sorted((ROOT / "scaling").glob("*.py")) if p.stem != "__main__"]
+    code = (f"import sys; import {', '.join(mods)}; "
+            "bad = [m for m in ('jax', 'flax', 'optax', 'mesh', 'ffn_model', 'verify') if m in sys.modules]; "
+            "sys.exit(f'imported {bad}' if bad else 0)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+
+
+def test_a_package_that_imports_upward_is_caught(tmp_path):
+    """The rule itself can fail: a module of the bottom layer importing the model is reported."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f():\n    from ffn_model.train import train\n    return train\n")
+    assert [(line, name) for line, name in _imports(bad) if LAYERS.get(name, -1) > LAYERS["scaling"]] == [(2, "ffn_model")]

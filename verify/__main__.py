@@ -1,0 +1,7 @@
+"""python -m verify: see verify.cli."""
+
+import sys
+
+from verify.cli import main
+
+sys.exit(main())

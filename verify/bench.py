@@ -1,0 +1,47 @@
+"""The benchmark report: a measured step time beside what the compiled program executes and what the
+closed form predicts (``python -m ffn_model bench``, run by ``python -m verify bench``).
+
+  step time     ffn_model.bench.time_train_step: median of ``steps`` timed steps after ``warmup``
+  FLOPs         executed = the compiled program's own matmul FLOPs per device (verify.hlo: dot FLOPs x
+                loop trips, the remat recompute and block 0's dead dx included), times N;
+                model = the matmuls the step needs, 6·P·B − 2·B·D·F (scaling.program.predict)
+  TFLOP/s       executed FLOPs / step time, over all N devices (and per device: / N)
+  MFU           model FLOPs / (step time · N · C); HFU the same with executed FLOPs. C is the device's
+                peak dense bf16 FLOP/s (scaling.hardware), None where the chip is unknown (CPU)
+  predicted     scaling.program.predict on the same mesh and ICI layout (mesh.ici_layout): the sum form
+                (T_math + Σ T_axis) and the max form (max(T_math, T_axis..., T_hbm)); a measurement
+                should lie at or above the max form
+"""
+
+from __future__ import annotations
+
+from ffn_model.bench import time_train_step
+from mesh import ici_layout, mesh_shape
+from scaling import program
+from scaling.config import FFNConfig
+from scaling.hardware import Chip
+from verify.hlo import read_compiled
+
+
+def bench(cfg: FFNConfig, mesh, batch_tokens: int, steps: int = 10, warmup: int = 2, remat: str = "none",
+          chip: Chip | None = None, seed: int = 0) -> dict:
+    """Time the train step and report it against ``chip`` (None: no MFU and no prediction). Returns
+    step_seconds (median), step_seconds_all, flops {model, executed} (global), tflops_per_s (all
+    devices), tflops_per_s_per_device, mfu, hfu, predicted (predict's times) and final_loss."""
+    timing = time_train_step(cfg, mesh, batch_tokens, steps, warmup, remat, seed)
+    shape = mesh_shape(mesh)
+    n = shape.devices
+    executed = read_compiled(timing["compiled"], dict(shape)).dot_flops * n
+    pred = program.predict(cfg, shape, batch_tokens, remat, "train", chip, ici_layout(mesh, chip) if chip else None)
+    model = pred["flops"]["model"] * n
+    t = timing["step_seconds"]
+    rep = {"step_seconds": t, "step_seconds_all": timing["step_seconds_all"],
+           "flops": {"model": model, "executed": executed}, "tflops_per_s": executed / t / 1e12,
+           "tflops_per_s_per_device": executed / t / n / 1e12, "chip": None, "peak_flops_per_device": None,
+           "mfu": None, "hfu": None, "predicted": None, "final_loss": timing["final_loss"]}
+    if chip is not None:
+        peak = chip.device_flops
+        times = pred["times"]
+        rep.update(chip=chip.name, peak_flops_per_device=peak, mfu=model / (t * n * peak), hfu=executed / (t * n * peak),
+                   predicted={k: times[k] for k in ("math", "comms", "hbm", "step_sum", "step_max", "bound")})
+    return rep

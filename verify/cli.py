@@ -1,0 +1,82 @@
+"""python -m verify {check, plan, compile, bench, answer, train}: one program for every command of
+``python -m scaling`` and ``python -m ffn_model``, with the same flags. Those two run the commands that
+compile or measure (check, plan --verify-top, compile, bench) through this one, which implements them;
+the others are theirs.
+"""
+
+from __future__ import annotations
+
+from ffn_model import cli as model_cli
+from ffn_model.compile import abstract_compile
+from mesh import make_mesh, mesh_shape
+from mesh.devices import infer_chip
+from scaling import cli as closed_form_cli
+from scaling.hardware import get_chip
+from verify.bench import bench
+from verify.check import check_command, verify_plans
+from verify.hlo import read_compiled
+
+COST_KEYS = ("flops", "bytes accessed", "transcendentals", "optimal_seconds")
+
+
+def compile_report(args, cfg) -> dict:
+    """``compile``: compile one step ahead of time and read it (verify.hlo.read_compiled)."""
+    mesh = make_mesh(args.mesh, args.devices, args.verbose)
+    res = abstract_compile(cfg, mesh, args.batch_tokens, remat=args.remat, step=args.step)
+    got = read_compiled(res.compiled, dict(mesh_shape(mesh)))
+    return {"command": "compile", "model": vars(cfg), "mesh": mesh_shape(mesh).as_dict(), "devices": args.devices,
+            "platform": mesh.devices.flat[0].platform, "batch_tokens": args.batch_tokens, "remat": args.remat,
+            "step": args.step, "compile_seconds": res.compile_seconds, "memory": got.memory,
+            "cost": {k: v for k, v in got.cost.items() if k in COST_KEYS}, "dot_flops": got.dot_flops,
+            "collective_bytes": got.collective_bytes["by_axis"]}
+
+
+def print_compile(rep: dict) -> None:
+    print(f"{rep['step']} step of {rep['model']} on {rep['devices'] or rep['platform']} mesh {rep['mesh']}, "
+          f"B={rep['batch_tokens']:,} tokens, remat {rep['remat']}: compiled in {rep['compile_seconds']:.1f} s")
+    for k, v in rep["memory"].items():
+        print(f"  memory.{k:<21} {'-' if v is None else f'{v:,.0f} B ({v / 1e9:.3f} GB)'}  per device")
+    print(f"  dot FLOPs x loop trips  {rep['dot_flops']:.6g} per device")
+    for axis, v in rep["collective_bytes"].items():
+        print(f"  collectives.{axis:<14} {v:.6g} B per device")
+    for k, v in rep["cost"].items():
+        print(f"  cost.{k:<21} {v:.6g}" + ("  (XLA's cost_analysis: a while-loop body counted once)" if k == "flops" else ""))
+
+
+def bench_report(args, cfg) -> dict:
+    """``bench``: time the train step on this process's devices (or cpu:N) and report it."""
+    mesh = make_mesh(args.mesh, model_cli.start_processes(args))
+    dev = mesh.devices.flat[0]
+    chip = get_chip(args.chip) if args.chip is not None else infer_chip(dev)
+    rep = bench(cfg, mesh, args.batch_tokens, args.steps, args.warmup, args.remat, chip, args.seed)
+    return {"command": "bench", "model": vars(cfg), "mesh": mesh_shape(mesh).as_dict(), "devices": args.devices,
+            "platform": dev.platform, "device_kind": dev.device_kind, "batch_tokens": args.batch_tokens,
+            "remat": args.remat, "steps": args.steps, "warmup": args.warmup, **rep}
+
+
+def print_bench(rep: dict) -> None:
+    pct = lambda x: "n/a" if x is None else f"{100 * x:.3g}%"  # noqa: E731
+    ms = lambda t: f"{t * 1e3:.4g} ms"  # noqa: E731
+    print(f"train step of {rep['model']} on {rep['device_kind']} mesh {rep['mesh']}, B={rep['batch_tokens']:,} "
+          f"tokens, remat {rep['remat']}, chip {rep['chip'] or 'n/a'}")
+    if rep["chip"]:
+        print(f"  chip figures: {get_chip(rep['chip']).describe()}")
+    print(f"  step time   {ms(rep['step_seconds'])}  (median of {rep['steps']} after {rep['warmup']} warmup)")
+    print(f"  FLOPs/step  {rep['flops']['executed']:.4g} executed (the compiled program's), {rep['flops']['model']:.4g} model")
+    print(f"  TFLOP/s     {rep['tflops_per_s']:.4g} ({rep['tflops_per_s_per_device']:.4g} per device)")
+    print(f"  MFU         {pct(rep['mfu'])}  (HFU {pct(rep['hfu'])})")
+    p = rep["predicted"]
+    if p is None:
+        print("  predicted   n/a (no chip: pass --chip)")
+    else:
+        comms = ", ".join(f"{a} {ms(t)}" for a, t in p["comms"].items()) or "none"
+        print(f"  predicted   {ms(p['step_max'])} (max form) .. {ms(p['step_sum'])} (sum form): "
+              f"math {ms(p['math'])}, comms {comms}, HBM {ms(p['hbm'])}; {p['bound']} bound")
+
+
+def main(argv=None) -> int:
+    p = closed_form_cli.Parser(prog="python -m verify", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    closed_form_cli.add_commands(sub, check_command=check_command, verify_plans=verify_plans)
+    model_cli.add_commands(sub, {"compile": (compile_report, print_compile), "bench": (bench_report, print_bench)})
+    return closed_form_cli.run(p, argv)
