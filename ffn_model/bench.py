@@ -15,11 +15,11 @@ import jax
 
 from ffn_model.train import init_state, make_batch_fn, make_optimizer, make_train_step
 from mesh.devices import mesh_shape
-from scaling.config import FFNConfig, check_divisible, check_remat, non_negative_int, positive_int
+from scaling.config import FFNConfig, Schedule, check_divisible, check_remat, non_negative_int, positive_int
 
 
 def time_train_step(cfg: FFNConfig, mesh, batch_tokens: int, steps: int = 10, warmup: int = 2, remat: str = "none",
-                    seed: int = 0) -> dict:
+                    seed: int = 0, schedule: Schedule = Schedule()) -> dict:
     """Time the train step of ``cfg`` on ``mesh`` with a global batch of ``batch_tokens`` tokens. Returns
     {"step_seconds" (median), "step_seconds_all", "final_loss", "compiled" (the executable that ran)}.
     ValueError naming any bad input, before anything is created."""
@@ -28,12 +28,13 @@ def time_train_step(cfg: FFNConfig, mesh, batch_tokens: int, steps: int = 10, wa
     non_negative_int("seed", seed)
     check_remat(remat)
     check_divisible(cfg, mesh_shape(mesh), batch_tokens)
+    schedule.check(cfg, mesh_shape(mesh), batch_tokens)
     tx = make_optimizer()
     state = init_state(cfg, mesh, seed, tx)
     batch_fn = make_batch_fn(cfg, mesh, batch_tokens, seed)
     times = []
     with jax.set_mesh(mesh):
-        compiled = make_train_step(cfg, mesh, remat, tx).lower(state, batch_fn(0)).compile()
+        compiled = make_train_step(cfg, mesh, remat, tx, schedule).lower(state, batch_fn(0)).compile()
         for i in range(warmup + steps):
             batch = jax.block_until_ready(batch_fn(i))
             t0 = time.perf_counter()

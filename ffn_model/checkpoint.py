@@ -27,7 +27,7 @@ import time
 # Metadata keys that must match for a resumed run to continue the same run (the data and the model
 # depend on them), and keys that may change but change the run: a resume with another value warns.
 MUST_MATCH = ("model", "seed")
-SHOULD_MATCH = ("batch_tokens", "lr")
+SHOULD_MATCH = ("batch_tokens", "lr", "schedule")
 
 
 def changed_settings(meta: dict, expect: dict) -> list[str]:

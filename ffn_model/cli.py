@@ -31,8 +31,8 @@ import json
 import statistics
 import sys
 
-from mesh.devices import cpu_device_count, use_cpu_platform_for
-from scaling.cli import Parser, handover, run
+from mesh.devices import cpu_device_count, device_count, use_cpu_platform_for
+from scaling.cli import Parser, add_schedule_args, handover, run, schedule_of
 from scaling.config import REMAT_POLICIES, get_preset, non_negative_int, parse_mesh_spec, positive_float, positive_int
 from scaling.hardware import get_chip
 
@@ -62,6 +62,7 @@ def add_commands(sub, implementations: dict | None = None) -> None:
                             "tpu:v5p-128 (compile only); default: real devices")
         s.add_argument("--batch-tokens", type=int, default=batch, help=f"global batch B in tokens (default {batch})")
         s.add_argument("--remat", default="none", choices=REMAT_POLICIES, help="remat policy (default none)")
+        add_schedule_args(s)
         s.add_argument("--json", action="store_true", help="print one JSON object on stdout (process 0; "
                        "gloo adds its own [Gloo] lines with cpu:N over several processes)")
         s.set_defaults(func=lambda args, impl=impls.get(name): run_command(args, impl))
@@ -143,8 +144,13 @@ def check_flags(args, cfg) -> None:
             positive_int("--save-every", args.save_every)
         if args.checkpoint_dir is None and (args.save_every is not None or args.resume):
             raise ValueError("--save-every and --resume need --checkpoint-dir")
-    if n_cpu is not None:  # the device count is known without starting jax: check the mesh now
-        check_divisible(cfg, parse_mesh_spec(args.mesh, n_cpu * (processes or 1)), args.batch_tokens)
+    schedule = schedule_of(args)
+    n_dev = device_count(args.devices) if args.command == "compile" else (
+        None if n_cpu is None else n_cpu * (processes or 1))
+    if n_dev is not None:  # the device count is known without starting jax: check the mesh now
+        shape = parse_mesh_spec(args.mesh, n_dev)
+        check_divisible(cfg, shape, args.batch_tokens)
+        schedule.check(cfg, shape, args.batch_tokens)
     if args.command == "train" and args.checkpoint_dir is not None:
         from ffn_model.checkpoint import check_directory
 
@@ -191,10 +197,11 @@ def train_command(args, cfg) -> dict:
 
     losses = train(cfg, mesh, args.batch_tokens, args.steps, lr=args.lr, seed=args.seed, remat=args.remat,
                    log=log, checkpoint_dir=args.checkpoint_dir, save_every=args.save_every, resume=args.resume,
-                   say=say)
+                   say=say, schedule=schedule_of(args))
     return {"command": "train", "model": vars(cfg), "mesh": mesh_shape(mesh).as_dict(), "devices": args.devices,
             "processes": jax.process_count(), "batch_tokens": args.batch_tokens, "steps": args.steps,
             "start_step": args.steps - len(losses), "lr": args.lr, "seed": args.seed, "remat": args.remat,
+            "schedule": vars(schedule_of(args)),
             "checkpoint_dir": args.checkpoint_dir, "losses": losses,
             "tokens_per_s": statistics.median(rates[1:] or rates) if rates else None}
 

@@ -11,7 +11,7 @@ import jax
 
 from ffn_model.train import batch_structs, make_forward_step, make_train_step, state_shardings
 from mesh.devices import mesh_shape
-from scaling.config import FFNConfig, check_divisible, check_remat
+from scaling.config import FFNConfig, Schedule, check_divisible, check_remat
 
 STEPS = ("train", "forward")
 
@@ -26,7 +26,8 @@ class CompileResult:
     compile_seconds: float
 
 
-def abstract_compile(cfg: FFNConfig, mesh, batch_tokens: int, remat: str = "none", step: str = "train") -> CompileResult:
+def abstract_compile(cfg: FFNConfig, mesh, batch_tokens: int, remat: str = "none", step: str = "train",
+                     schedule: Schedule = Schedule()) -> CompileResult:
     """Lower and compile ``step`` ("train": state + batch -> state, loss; "forward": params + batch
     -> loss) for ``cfg`` on ``mesh`` with a global batch of ``batch_tokens`` tokens, from
     ShapeDtypeStructs (nothing is allocated), with ``mesh`` set (jax.set_mesh) while tracing.
@@ -37,13 +38,14 @@ def abstract_compile(cfg: FFNConfig, mesh, batch_tokens: int, remat: str = "none
     if step not in STEPS:
         raise ValueError(f"step must be one of {', '.join(STEPS)}, got {step!r}")
     check_divisible(cfg, mesh_shape(mesh), batch_tokens)
+    schedule.check(cfg, mesh_shape(mesh), batch_tokens)
     t0 = time.perf_counter()
     abstract, _ = state_shardings(cfg, mesh)
     batch = batch_structs(cfg, mesh, batch_tokens)
     if step == "train":
-        fn, args = make_train_step(cfg, mesh, remat), (abstract, batch)
+        fn, args = make_train_step(cfg, mesh, remat, schedule=schedule), (abstract, batch)
     else:
-        fn, args = make_forward_step(cfg, mesh, remat), (abstract["params"], batch)
+        fn, args = make_forward_step(cfg, mesh, remat, schedule), (abstract["params"], batch)
     with jax.set_mesh(mesh):  # the model's sharding constraints resolve against it while tracing
         lowered = fn.lower(*args)
     compiled = lowered.compile()

@@ -4,7 +4,7 @@ compile time does not grow with depth.
 
 Precision (questions-4d.md; Scaling Book training page): master weights are FP32 and stay sharded
 (D over fsdp, F over tensor). Inside the scan body each block's FP32 weight shard is cast to BF16
-*first* and only then gathered over fsdp (``_gather_bf16``), so the FSDP all-gather moves BF16 bytes;
+*first* and only then gathered over fsdp (``gather_bf16``), so the FSDP all-gather moves BF16 bytes;
 its custom backward reduce-scatters the BF16 weight gradient back to the shard and only then casts it
 to FP32, so the gradient reduce-scatter moves BF16 bytes too and the gradients are FP32 from there on.
 
@@ -13,7 +13,7 @@ backward gathers them again as FSDP does):
   none          x (block input, [B,D]) and h (hidden, [B,F]) of every block
   full          only x of every block (h recomputed: one more forward matmul pair per block)
   every-second  blocks taken in pairs: the first keeps only x, the second x and h; an odd last
-                block keeps only x (scaling.memory.saved_blocks)
+                block keeps only x (scaling.config.saved_blocks)
 """
 
 from __future__ import annotations
@@ -59,13 +59,13 @@ def to_bf16(w):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
-def _gather_bf16(w, logical_axes):
+def gather_bf16(w, logical_axes):
     """FP32 weight shard -> BF16, then gathered over fsdp (the all-gather moves BF16)."""
     return constrain(to_bf16(w), _gathered(logical_axes))
 
 
 def _gather_bf16_fwd(w, logical_axes):
-    return _gather_bf16(w, logical_axes), None
+    return gather_bf16(w, logical_axes), None
 
 
 def _gather_bf16_bwd(logical_axes, _, g):
@@ -74,25 +74,65 @@ def _gather_bf16_bwd(logical_axes, _, g):
     return (constrain(g, logical_axes).astype(PARAM_DTYPE),)
 
 
-_gather_bf16.defvjp(_gather_bf16_fwd, _gather_bf16_bwd)
+gather_bf16.defvjp(_gather_bf16_fwd, _gather_bf16_bwd)
 
 
-def block(x, w_in, w_out, activation=None, hidden_name="hidden"):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def gather_once(w, logical_axes):
+    """A whole weight stack gathered over fsdp once (a pipeline stage's weights for every microbatch:
+    FSDP gathers once per step): the all-gather moves BF16; the result is FP32 holding BF16 values (the
+    loop's gradient for it accumulates in FP32, each block-pass's reduce-scattered first by
+    already_gathered). Backward: the accumulated gradient, already in the shard's layout."""
+    return constrain(to_bf16(w), _gathered(logical_axes)).astype(PARAM_DTYPE)
+
+
+def _gather_once_fwd(w, logical_axes):
+    return gather_once(w, logical_axes), None
+
+
+def _gather_once_bwd(logical_axes, _, g):
+    return (constrain(g, logical_axes),)
+
+
+gather_once.defvjp(_gather_once_fwd, _gather_once_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def already_gathered(w, logical_axes):
+    """The per-block weight of a stack gathered once (gather_once): its BF16 values, no collective.
+    Backward: the block-pass's BF16 gradient reduce-scattered over fsdp to the weight's shard, then FP32,
+    so that the loop accumulates sharded FP32 gradients (and every backend reduces the same way)."""
+    return w.astype(COMPUTE_DTYPE)
+
+
+def _already_gathered_fwd(w, logical_axes):
+    return already_gathered(w, logical_axes), None
+
+
+def _already_gathered_bwd(logical_axes, _, g):
+    return (constrain(g, logical_axes).astype(PARAM_DTYPE),)
+
+
+already_gathered.defvjp(_already_gathered_fwd, _already_gathered_bwd)
+
+
+def block(x, w_in, w_out, activation=None, hidden_name="hidden", gather=gather_bf16):
     """One block on one layer's weight shards: x[B,D] bf16 -> x·W_in^T (W_in [F,D]) -> act -> ·W_out ([F,D]) -> [B,D] bf16.
-    The hidden (before the activation) is tagged ``hidden_name`` for the remat policies."""
+    The hidden (before the activation) is tagged ``hidden_name`` for the remat policies. ``gather``
+    turns a weight shard into the BF16 weight the matmul uses (default: gathered over fsdp here)."""
     x = constrain(x, X_AXES)
-    h = x @ _gather_bf16(w_in, W_IN_AXES[1:]).T
+    h = x @ gather(w_in, W_IN_AXES[1:]).T
     h = checkpoint_name(constrain(h, H_AXES), hidden_name)
     if activation:
         h = getattr(jax.nn, activation)(h)
-    return constrain(h @ _gather_bf16(w_out, W_OUT_AXES[1:]), X_AXES)
+    return constrain(h @ gather(w_out, W_OUT_AXES[1:]), X_AXES)
 
 
-def _pair(x, w_in, w_out, activation=None):
+def _pair(x, w_in, w_out, activation=None, gather=gather_bf16):
     """Two blocks (w_* [2, ...]): the first keeps only its input, the second its input and hidden."""
-    y = block(x, w_in[0], w_out[0], activation, hidden_name="hidden_recomputed")
+    y = block(x, w_in[0], w_out[0], activation, hidden_name="hidden_recomputed", gather=gather)
     y = checkpoint_name(y, "block_in")
-    return block(y, w_in[1], w_out[1], activation)
+    return block(y, w_in[1], w_out[1], activation, gather=gather)
 
 
 @jax.custom_vjp
@@ -124,23 +164,23 @@ _KEEP_HIDDEN = jax.checkpoint_policies.save_only_these_names("hidden", "block_in
 _KEEP_INPUT = jax.checkpoint_policies.nothing_saveable
 
 
-def stack_forward(x, w_in, w_out, activation=None, remat="none"):
+def stack_forward(x, w_in, w_out, activation=None, remat="none", gather=gather_bf16):
     """Run the L blocks with lax.scan over the stacked weights w_in [L,F,D], w_out [L,F,D]."""
     check_remat(remat)
     if remat != "every-second":
         policy = _KEEP_HIDDEN if remat == "none" else _KEEP_INPUT
-        body = jax.checkpoint(functools.partial(block, activation=activation), policy=policy)
+        body = jax.checkpoint(functools.partial(block, activation=activation, gather=gather), policy=policy)
         x, _ = jax.lax.scan(lambda c, w: (body(c, *w), None), x, (w_in, w_out))
         return x
     L = w_in.shape[0]
     pairs = L // 2
     if pairs:
-        body = jax.checkpoint(functools.partial(_pair, activation=activation), policy=_KEEP_HIDDEN)
+        body = jax.checkpoint(functools.partial(_pair, activation=activation, gather=gather), policy=_KEEP_HIDDEN)
         # [2k, D, F] -> [k, 2, D, F] is free for even L; odd L slices off the last block first.
         wi, wo = (w_in, w_out) if L % 2 == 0 else (w_in[: 2 * pairs], w_out[: 2 * pairs])
         x, _ = jax.lax.scan(lambda c, w: (body(c, *w), None), x, (_pairs(wi), _pairs(wo)))
     if L % 2:
-        last = jax.checkpoint(functools.partial(block, activation=activation), policy=_KEEP_INPUT)
+        last = jax.checkpoint(functools.partial(block, activation=activation, gather=gather), policy=_KEEP_INPUT)
         x = last(x, w_in[L - 1], w_out[L - 1])
     return x
 

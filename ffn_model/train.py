@@ -30,10 +30,12 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from ffn_model import checkpoint as ckpt
 from ffn_model.model import COMPUTE_DTYPE, FFNStack
+from ffn_model.pipeline import accumulate, pipeline_loss
 from mesh.devices import mesh_shape
 from mesh.rules import logical_to_spec
-from scaling.config import FFNConfig, check_divisible, check_remat, non_negative_int, positive_float, positive_int
-from scaling.sharding import X_AXES
+from scaling.config import (FFNConfig, Schedule, check_divisible, check_remat, non_negative_int, positive_float,
+                            positive_int)
+from scaling.sharding import X_AXES, shards
 
 
 def make_optimizer(lr: float = 1e-3, weight_decay: float = 1e-4) -> optax.GradientTransformation:
@@ -112,27 +114,48 @@ def _loss(graphdef, params, batch):
     return jnp.mean(jnp.square(pred.astype(jnp.float32) - batch["y"]))
 
 
-def make_train_step(cfg: FFNConfig, mesh, remat: str = "none", tx=None):
-    """(state, batch) -> (state, loss): value_and_grad of the loss, AdamW update. Jitted with the
+def loss_fn(cfg: FFNConfig, mesh, remat: str = "none", schedule: Schedule = Schedule(), for_grad: bool = True):
+    """(params, batch) -> loss for ``mesh`` and ``schedule``: the stack as one scan; with a stage axis,
+    a pipeline (ffn_model.pipeline; ``for_grad=False``: a forward-only step, which holds weights gathered
+    once per step in BF16). Gradient accumulation (microbatches without a stage axis) is the train
+    step's (make_train_step)."""
+    shape = mesh_shape(mesh)
+    schedule.check(cfg, shape)
+    if shape["stage"] > 1:
+        return functools.partial(pipeline_loss, mesh=mesh, batch_shards=shards(shape, "batch"),
+                                 microbatches=schedule.microbatches, repeats=schedule.repeats, remat=remat,
+                                 activation=cfg.activation, fsdp_gather=schedule.fsdp_gather, for_grad=for_grad)
+    graphdef, _ = nnx.get_abstract_model(_model(cfg, remat=remat), mesh)
+    return functools.partial(_loss, graphdef)
+
+
+def make_train_step(cfg: FFNConfig, mesh, remat: str = "none", tx=None, schedule: Schedule = Schedule()):
+    """(state, batch) -> (state, loss): value_and_grad of the loss, AdamW update. With microbatches and
+    no stage axis, the gradient is accumulated over them (ffn_model.pipeline.accumulate). Jitted with the
     state donated and out_shardings pinned to the state shardings (loss replicated). Call it (or
     lower it) with ``mesh`` set (jax.set_mesh), so that the model's sharding constraints resolve."""
     check_remat(remat)
     tx = tx or make_optimizer()
-    graphdef, _ = nnx.get_abstract_model(_model(cfg, remat=remat), mesh)
+    shape = mesh_shape(mesh)
+    loss_and_grad = jax.value_and_grad(loss_fn(cfg, mesh, remat, schedule))
     _, shardings = state_shardings(cfg, mesh, tx)
+    accumulating = schedule.microbatches > 1 and shape["stage"] == 1
 
     def step(state, batch):
-        loss, grads = jax.value_and_grad(functools.partial(_loss, graphdef))(state["params"], batch)
+        if accumulating:
+            loss, grads = accumulate(loss_and_grad, state["params"], batch, schedule.microbatches,
+                                     shards(shape, "batch"))
+        else:
+            loss, grads = loss_and_grad(state["params"], batch)
         updates, opt = tx.update(grads, state["opt"], state["params"])
         return {"params": optax.apply_updates(state["params"], updates), "opt": opt}, loss
 
     return jax.jit(step, donate_argnums=(0,), out_shardings=(shardings, NamedSharding(mesh, PartitionSpec())))
 
 
-def make_forward_step(cfg: FFNConfig, mesh, remat: str = "none"):
+def make_forward_step(cfg: FFNConfig, mesh, remat: str = "none", schedule: Schedule = Schedule()):
     """(params, batch) -> loss: the forward pass only (no gradients); call it with ``mesh`` set."""
-    graphdef, _ = nnx.get_abstract_model(_model(cfg, remat=remat), mesh)
-    return jax.jit(functools.partial(_loss, graphdef), out_shardings=NamedSharding(mesh, PartitionSpec()))
+    return jax.jit(loss_fn(cfg, mesh, remat, schedule, for_grad=False), out_shardings=NamedSharding(mesh, PartitionSpec()))
 
 
 def train_loop(state, step_fn, batch_fn, steps: int, batch_tokens: int, start_step: int = 0, log=None,
@@ -155,7 +178,7 @@ def train_loop(state, step_fn, batch_fn, steps: int, batch_tokens: int, start_st
 
 def train(cfg: FFNConfig, mesh, batch_tokens: int, steps: int, lr: float = 1e-3, seed: int = 0,
           remat: str = "none", log=None, return_state: bool = False, checkpoint_dir=None,
-          save_every: int | None = None, resume: bool = False, say=None):
+          save_every: int | None = None, resume: bool = False, say=None, schedule: Schedule = Schedule()):
     """Train on the synthetic task up to ``steps`` steps in all and return the losses of the steps
     this call ran (and the final state with ``return_state=True``).
 
@@ -174,6 +197,7 @@ def train(cfg: FFNConfig, mesh, batch_tokens: int, steps: int, lr: float = 1e-3,
     non_negative_int("seed", seed)
     check_remat(remat)
     check_divisible(cfg, mesh_shape(mesh), batch_tokens)
+    schedule.check(cfg, mesh_shape(mesh), batch_tokens)
     if save_every is not None:
         positive_int("save_every", save_every)
     if checkpoint_dir is None and (save_every is not None or resume):
@@ -183,7 +207,8 @@ def train(cfg: FFNConfig, mesh, batch_tokens: int, steps: int, lr: float = 1e-3,
     say = say or (lambda line: None)
     tx = make_optimizer(lr)
     here = str(mesh_shape(mesh))
-    meta = {"model": dataclasses.asdict(cfg), "seed": seed, "batch_tokens": batch_tokens, "lr": lr, "mesh": here}
+    meta = {"model": dataclasses.asdict(cfg), "seed": seed, "batch_tokens": batch_tokens, "lr": lr, "mesh": here,
+            "schedule": dataclasses.asdict(schedule)}
     start = 0
     if resume:
         start, state, saved = ckpt.restore_latest(checkpoint_dir, state_shardings(cfg, mesh, tx)[0], meta)
@@ -204,7 +229,7 @@ def train(cfg: FFNConfig, mesh, batch_tokens: int, steps: int, lr: float = 1e-3,
         ckpt.save(mngr, k, s, meta, wait=False)
         say(f"saved step {k} to {checkpoint_dir}")
 
-    step_fn, batch_fn = make_train_step(cfg, mesh, remat, tx), make_batch_fn(cfg, mesh, batch_tokens, seed)
+    step_fn, batch_fn = make_train_step(cfg, mesh, remat, tx, schedule), make_batch_fn(cfg, mesh, batch_tokens, seed)
     with jax.set_mesh(mesh):  # the model's sharding constraints resolve against it while tracing
         losses, state = train_loop(state, step_fn, batch_fn, steps - start, batch_tokens, start_step=start, log=log,
                                    save=save if mngr is not None else None, save_every=save_every)

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import math
 
-from scaling import memory, roofline
-from scaling.config import DEFAULT_PRECISION, FFNConfig, check_divisible, MeshShape, positive_float, positive_int
+from scaling import memory, program, roofline
+from scaling.config import (DEFAULT_PRECISION, FSDP_GATHERS, FFNConfig, MeshShape, Schedule, check_divisible,
+                            positive_float, positive_int)
 from scaling.hardware import CHIPS
 
 QUESTION = dict(d_model=16384, d_ff=53248, blocks=126, fsdp=16, tensor=4, mx=2, my=1, flops=4.6e14, w_ici=1.8e11,
@@ -43,11 +44,13 @@ def answers(
     stages: int | None = None,
 ) -> dict:
     """All the numbers of (a)-(d). Raises ValueError naming any bad input. ``stages``: the pipeline
-    stages of (d), which must divide ``fsdp``; None: 4 (QUESTION) where 4 divides fsdp, else the
-    largest divisor of fsdp below 4."""
+    stages of (d), which must divide ``fsdp`` (each stage takes fsdp/stages of the FSDP shards) and the
+    ``blocks`` (each stage runs blocks/stages of them); None: the largest such count up to 4 (the
+    usual 4 cannot split the XXL's 126 = 2·3²·7 blocks evenly, so 2)."""
     if stages is None:
         positive_int("fsdp", fsdp)
-        stages = max(k for k in range(1, QUESTION["stages"] + 1) if fsdp % k == 0)
+        positive_int("blocks", blocks)
+        stages = max(k for k in range(1, QUESTION["stages"] + 1) if fsdp % k == 0 and blocks % k == 0)
     cfg = FFNConfig(d_model, d_ff, blocks)
     for name, v in (("fsdp", fsdp), ("tensor", tensor), ("mx", mx), ("my", my), ("batch_tokens", batch_tokens), ("stages", stages)):
         positive_int(name, v)
@@ -60,9 +63,10 @@ def answers(
     for name, size, m in (("fsdp", fsdp, mx), ("tensor", tensor, my)):
         if m > 1 and size < 2**m:
             raise ValueError(f"{name}={size} cannot span {m} ICI axes (each spanned axis needs at least 2 chips)")
-    if stages > fsdp or fsdp % stages:
-        raise ValueError(f"stages={stages} must divide the FSDP size fsdp={fsdp}: each of the stages takes "
-                         f"fsdp/stages of the FSDP shards (valid: {', '.join(str(k) for k in range(1, fsdp + 1) if fsdp % k == 0)})")
+    if stages > fsdp or fsdp % stages or blocks % stages:
+        valid = ", ".join(str(k) for k in range(1, fsdp + 1) if fsdp % k == 0 and blocks % k == 0)
+        raise ValueError(f"stages={stages} must divide the FSDP size fsdp={fsdp} (each stage takes fsdp/stages of "
+                         f"the FSDP shards) and blocks={blocks} (each runs blocks/stages of them); valid: {valid}")
     P = cfg.params
     prec = DEFAULT_PRECISION
     D, F, L, X, Y, N = d_model, d_ff, blocks, fsdp, tensor, fsdp * tensor
@@ -120,10 +124,41 @@ def answers(
             "pipeline": roofline.pipeline_critical_batch(F, X, Y, al, stages, mx, my, form),
             "pipeline_stages": stages,
         }
+    d["pipeline_stages_why"] = (
+        f"{stages} stages: the largest count up to {QUESTION['stages']} that divides both the FSDP size X = {X} and "
+        f"the {L} blocks" + (f" ({QUESTION['stages']} cannot split {L} blocks evenly)" if L % QUESTION["stages"] else ""))
+    d["pipeline_program"] = pipeline_program(cfg, X, Y, stages, batch_tokens)
     d["fsdp_only_per_device"] = al / mx  # pure FSDP: B/X > alpha/M_X
     return {"inputs": dict(d_model=D, d_ff=F, blocks=L, fsdp=X, tensor=Y, mx=mx, my=my, flops=flops, w_ici=w_ici,
                            hbm=hbm, gpu_hbm=gpu_hbm, batch_tokens=batch_tokens, stages=stages),
             "a": a, "b": b, "c": c, "d": d}
+
+
+PIPELINE_MICROBATCHES = 4  # the (d) pipeline program's microbatches: M >= S keeps every stage busy
+
+
+def pipeline_program(cfg: FFNConfig, fsdp: int, tensor: int, stages: int, batch_tokens: int) -> dict:
+    """The program behind (d)'s pipeline line, as ``python -m scaling answer --verify-pipeline`` compiles
+    it: the forward step of ``cfg`` on the question's N = X·Y v5p chips as ``stages`` stages of
+    fsdp = X/S, tensor = Y, M microbatches, the weights gathered once per step (fsdp_gather="step") or
+    once per microbatch. For each, the closed forms (scaling.program.predict): collective bytes per mesh
+    axis and the memory per device, terms and total. Gathered once per step, a stage gathers its L/S
+    blocks' BF16 weights once (fsdp bytes 2·(2·D·F/Y)·L/S), against T·L/S times with
+    T = M + S − 1 pipeline iterations per microbatch gather; the price is holding them all."""
+    mesh = MeshShape(stage=stages, fsdp=fsdp // stages, tensor=tensor)
+    M = PIPELINE_MICROBATCHES
+    out = {"mesh": ",".join(f"{a}={n}" for a, n in mesh.items() if n > 1), "chips": fsdp * tensor,
+           "batch_tokens": batch_tokens, "microbatches": M, "step": "forward", "gathers": {}}
+    for gather in FSDP_GATHERS:
+        sched = Schedule(M, 1, gather)
+        try:
+            sched.check(cfg, mesh, batch_tokens)
+        except ValueError as e:
+            out["gathers"][gather] = {"error": str(e)}
+            continue
+        p = program.predict(cfg, mesh, batch_tokens, step="forward", schedule=sched)
+        out["gathers"][gather] = {"collective_bytes": p["collective_bytes"], "memory": p["memory"]}
+    return out
 
 
 def _k(x) -> str:
@@ -205,6 +240,17 @@ def render(ans: dict) -> str:
         if S > 1:
             w(f"    {S} pipeline stages of N/{S} chips (FSDP X/{S} = {X // S} per stage, M_X kept), weights gathered once "
               f"per step: {_k(e['pipeline'])} (plus the bubble (S-1)/(m+S-1) of the step with m microbatches)")
+    if i["stages"] > 1:
+        pp = d["pipeline_program"]
+        w(f"  Pipeline: {d['pipeline_stages_why']}. The program it names: the forward step on {pp['chips']} chips as "
+          f"{pp['mesh']}, M = {pp['microbatches']} microbatches, B = {pp['batch_tokens']:,}; closed forms per device:")
+        for gather, g in pp["gathers"].items():
+            if "error" in g:
+                w(f"    weights gathered once per {gather}: {g['error']}")
+                continue
+            axes = ", ".join(f"{a} {v / 1e9:.3g} GB" for a, v in g["collective_bytes"].items())
+            w(f"    weights gathered once per {gather}: collectives {axes}; memory {g['memory']['total'] / 1e9:.3g} GB")
+        w("    compiled beside these (v5p, ahead of time): python -m scaling answer --verify-pipeline")
     w("  Why: the FSDP term F/(Y·M_X) is a fixed cost per block that the batch must amortise; halving its bytes")
     w("  (int8/fp8 gathers), spreading it over more links (M_X), overlapping it with the TP term (max form:")
     w(f"  {_k(d['max']['baseline'])} vs {_k(d['sum']['baseline'])}), or cutting the FSDP group that shares a")

@@ -11,6 +11,7 @@ Bad input prints one line on stderr and exits 2 (no traceback).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import subprocess
 import sys
@@ -18,7 +19,7 @@ import time
 
 from scaling import plan as planner
 from scaling.answers import QUESTION, answers, render
-from scaling.config import REMAT_POLICIES, get_preset
+from scaling.config import FSDP_GATHERS, MESH_AXES, REMAT_POLICIES, Schedule, get_preset
 from scaling.hardware import chips_in, get_chip, parse_slice, slice_name
 
 
@@ -34,14 +35,39 @@ def handover(argv: list[str]) -> int:
     return subprocess.call([sys.executable, "-m", "verify", *argv])
 
 
-def answer_command(args) -> int:
+def answer_command(args, verify_pipeline=None, render_pipeline=None) -> int:
+    """Print (a)-(d); with --verify-pipeline, ``verify_pipeline(ans, verbose)`` (the top package's)
+    compiles (d)'s pipeline program and ``render_pipeline(ans)`` prints it after the answers."""
+    if args.verify_pipeline and verify_pipeline is None:
+        return handover(args.argv)
     ans = answers(
         d_model=args.d_model, d_ff=args.d_ff, blocks=args.blocks, fsdp=args.fsdp, tensor=args.tensor, mx=args.mx,
         my=args.my, flops=args.flops, w_ici=args.w_ici, hbm=args.hbm, gpu_hbm=args.gpu_hbm,
         batch_tokens=args.batch_tokens, stages=args.stages,
     )
-    print(json.dumps(ans, indent=2) if args.json else render(ans))
+    if args.verify_pipeline:
+        verify_pipeline(ans, args.verbose)
+    print(json.dumps(ans, indent=2, default=str) if args.json else render(ans))
+    if args.verify_pipeline and not args.json:
+        print()
+        print(render_pipeline(ans))
     return 0
+
+
+def add_schedule_args(p) -> None:
+    """--microbatches, --repeats, --fsdp-gather (scaling.config.Schedule)."""
+    g = p.add_argument_group("microbatches and pipeline stages (with a stage axis in --mesh)")
+    g.add_argument("--microbatches", type=int, default=1,
+                   help="M microbatches: the pipeline's with a stage axis, else gradient accumulation (default 1)")
+    g.add_argument("--repeats", type=int, default=1,
+                   help="circular pipeline: R chunks of blocks per stage (default 1: GPipe)")
+    g.add_argument("--fsdp-gather", default="microbatch", choices=FSDP_GATHERS,
+                   help="gather FSDP weights once per microbatch or once per step (pipeline; default microbatch)")
+
+
+def schedule_of(args) -> Schedule:
+    """The Schedule of --microbatches, --repeats, --fsdp-gather (ValueError naming a bad value)."""
+    return Schedule(args.microbatches, args.repeats, args.fsdp_gather)
 
 
 def model_config(args):
@@ -71,15 +97,20 @@ def plan_command(args, verify=None) -> int:
         raise ValueError(f"--top must be a positive integer, got {args.top}")
     chip, chips, dims = plan_target(args)
     t0 = time.perf_counter()
-    plans = planner.plan(cfg, chip, chips, args.batch_tokens, hbm=args.hbm, remat=args.remat, form=args.form, dims=dims)
+    for flag in ("max_microbatches", "max_repeats"):
+        if getattr(args, flag) <= 0:
+            raise ValueError(f"--{flag.replace('_', '-')} must be a positive integer, got {getattr(args, flag)}")
+    plans = planner.plan(cfg, chip, chips, args.batch_tokens, hbm=args.hbm, remat=args.remat, form=args.form, dims=dims,
+                         max_microbatches=args.max_microbatches, max_repeats=args.max_repeats)
     seconds = time.perf_counter() - t0
     budget = args.hbm if args.hbm is not None else chip.hbm_budget
     name = slice_name(chip, chips)
     where = f"{chips} {chip.name} chips" + (f" ({name})" if name else "")
     if not plans:
-        miss = planner.nearest_miss(cfg, chip, chips, args.batch_tokens, args.remat, args.form)
+        miss = planner.nearest_miss(cfg, chip, chips, args.batch_tokens, args.remat, args.form,
+                                    max_microbatches=args.max_microbatches, max_repeats=args.max_repeats)
         why = "" if miss is None else (
-            f"; nearest miss: {_mesh_text(miss['mesh'])} needs {miss['memory_bytes'] / 1e9:.1f} GB per device ("
+            f"; nearest miss: {_mesh_text(miss['mesh'])}{_schedule_text(miss)} needs {miss['memory_bytes'] / 1e9:.1f} GB per device ("
             + ", ".join(f"{k} {v / 1e9:.1f}" for k, v in miss["memory_terms"].items() if k != "total" and v >= 5e7)
             + " GB): " + f"{(miss['memory_bytes'] - budget) / 1e9:.1f} GB over")
         raise ValueError(f"no mesh of {where} fits {cfg} in {budget / 1e9:.4g} GB per device "
@@ -92,8 +123,9 @@ def plan_command(args, verify=None) -> int:
         return 0
     other = "max" if args.form == "sum" else "sum"
     slices = plans[0]["slices"]
-    print(f"{len(plans)} meshes of {where} fit {budget / 1e9:.4g} GB per device; B = {args.batch_tokens:,} tokens, "
-          f"remat {args.remat} ({seconds * 1e3:.1f} ms)"
+    print(f"{len(plans)} meshes of {where} fit {budget / 1e9:.4g} GB per device, each with its best microbatch count "
+          f"(of 1 to {args.max_microbatches}) and repeats; B = {args.batch_tokens:,} tokens, remat {args.remat} "
+          f"({seconds * 1e3:.1f} ms)"
           + (f"; {slices} slices joined by DCN (column dcn: the mesh axis whose outermost factor spans them)"
              if slices > 1 else ""))
     print(f"chip figures: {chip.describe()}")
@@ -102,34 +134,61 @@ def plan_command(args, verify=None) -> int:
           " (every collective overlapped with the math)") + f"; the {other} form beside it.")
     print("These are roofline bounds, not forecasts: step times are lower bounds, MFU and HFU upper bounds "
           "(MFU counts model FLOPs 6PB-2BDF, HFU the remat recompute too).")
-    axes = list(plans[0]["mesh"])
-    hdr = (" ".join(f"{a:>6}" for a in ["#", *axes]) + (f" {'dcn':>5}" if slices > 1 else "")
-           + f" {'M_X':>3} {'M_Y':>3} {'step s ' + args.form:>10} {'step s ' + other:>10} {'MFU ' + args.form:>7} "
-           f"{'MFU ' + other:>7} {'HFU':>5} {'bound':>12} {'GB/dev':>7} {'crit B':>9}")
+    print("M: microbatches (gradient accumulation without stages; GPipe/circular with them), R: circular repeats, "
+          "bubble: (S-1)/(R*M) of the ideal step, paid as executed FLOPs (the scan computes in bubble iterations); "
+          "bubble s: T_math of the bubble iterations.")
+    row = functools.partial(_plan_row, slices=slices, form=args.form, other=other)
+    hdr = row(None)
     if args.verify_top:
         hdr += f" {'compiled GB':>11} {'fits':>4}"
     print(hdr)
     for k, r in enumerate(plans[: args.top], 1):
-        crit = "never" if r["critical_batch"] is None else f"{r['critical_batch']:,.0f}"
-        line = (" ".join(f"{v:>6}" for v in [k, *r["mesh"].values()]) + (f" {r['dcn_axis']:>5}" if slices > 1 else "")
-                + f" {r['M_X']:>3} {r['M_Y']:>3} {r['step_seconds_' + args.form]:>10.3f} {r['step_seconds_' + other]:>10.3f} "
-                f"{r['mfu_' + args.form]:>7.3f} {r['mfu_' + other]:>7.3f} {r['hfu']:>5.2f} {r['bound']:>12} "
-                f"{r['memory_bytes'] / 1e9:>7.1f} {crit:>9}")
+        line = row(r, k)
         if "compiled_peak_bytes" in r:
             peak = r["compiled_peak_bytes"]
             line += f" {peak / 1e9 if peak else float('nan'):>11.1f} {'yes' if r['compiled_fits'] else 'no':>4}"
         print(line)
+    best = {}
+    for k, r in enumerate(plans, 1):
+        best.setdefault(r["mesh"]["stage"] > 1, (k, r))
+    print("Best with and without pipeline stages (# is the rank):")
+    for staged, label in ((False, "without stages"), (True, "with stages")):
+        if staged in best:
+            k, r = best[staged]
+            print(row(r, k) + f"   {label}" + (f": bubble {r['bubble']:.1%} of the ideal step, {r['bubble_seconds']:.3f} s"
+                                                 if staged else ""))
+        else:
+            print(f"{'':>6} no plan {label} fits")
     return 0
+
+
+def _plan_row(r: dict | None, k: int = 0, *, slices: int, form: str, other: str) -> str:
+    """One row of the plan table (the header for ``r`` None)."""
+    if r is None:
+        return (" ".join(f"{a:>6}" for a in ["#", *MESH_AXES]) + (f" {'dcn':>5}" if slices > 1 else "")
+                + f" {'M':>3} {'R':>2} {'bubble':>6} {'bubble s':>8} {'M_X':>3} {'M_Y':>3} {'step s ' + form:>10} "
+                f"{'step s ' + other:>10} {'MFU ' + form:>7} {'MFU ' + other:>7} {'HFU':>5} {'bound':>12} "
+                f"{'GB/dev':>7} {'crit B':>9}")
+    crit = "never" if r["critical_batch"] is None else f"{r['critical_batch']:,.0f}"
+    return (" ".join(f"{v:>6}" for v in [k, *r["mesh"].values()]) + (f" {r['dcn_axis']:>5}" if slices > 1 else "")
+            + f" {r['microbatches']:>3} {r['repeats']:>2} {r['bubble']:>6.3f} {r['bubble_seconds']:>8.3f} {r['M_X']:>3} "
+            f"{r['M_Y']:>3} {r['step_seconds_' + form]:>10.3f} {r['step_seconds_' + other]:>10.3f} "
+            f"{r['mfu_' + form]:>7.3f} {r['mfu_' + other]:>7.3f} {r['hfu']:>5.2f} {r['bound']:>12} "
+            f"{r['memory_bytes'] / 1e9:>7.1f} {crit:>9}")
+
+
+def _schedule_text(r: dict) -> str:
+    return (f" with M={r['microbatches']}" if r["microbatches"] > 1 else "") + (f", R={r['repeats']}" if r["repeats"] > 1 else "")
 
 
 def _mesh_text(mesh: dict) -> str:
     return ",".join(f"{a}={n}" for a, n in mesh.items() if n > 1) or "1 device"
 
 
-def add_commands(sub, check_command=None, verify_plans=None) -> None:
-    """Add answer, plan and check to an argparse subparsers object. ``check_command`` and
-    ``verify_plans`` are the top package's (python -m verify); without them check and
-    plan --verify-top hand over to it."""
+def add_commands(sub, check_command=None, verify_plans=None, verify_pipeline=None, render_pipeline=None) -> None:
+    """Add answer, plan and check to an argparse subparsers object. ``check_command``, ``verify_plans``
+    and ``verify_pipeline``/``render_pipeline`` are the top package's (python -m verify); without them
+    check, plan --verify-top and answer --verify-pipeline hand over to it."""
     Q = QUESTION
     a = sub.add_parser("answer", help="answers to the 4D-parallelism questions (a)-(d), derived")
     a.add_argument("--d-model", type=int, default=Q["d_model"], help="D (default %(default)s)")
@@ -145,10 +204,14 @@ def add_commands(sub, check_command=None, verify_plans=None) -> None:
     a.add_argument("--gpu-hbm", type=float, default=Q["gpu_hbm"], help="HBM bytes per GPU (default %(default)g)")
     a.add_argument("--batch-tokens", type=int, default=Q["batch_tokens"],
                    help="stated global batch for the activation figures of (a), (b) (default %(default)s)")
-    a.add_argument("--stages", type=int, help=f"pipeline stages for (d), a divisor of --fsdp (default {Q['stages']}, "
-                   "or the largest divisor of --fsdp below it)")
+    a.add_argument("--stages", type=int, help=f"pipeline stages for (d), a divisor of --fsdp and --blocks (default: the "
+                   f"largest such count up to {Q['stages']}: 2 for the XXL's 126 blocks)")
+    a.add_argument("--verify-pipeline", action="store_true",
+                   help="compile (d)'s pipeline program for v5p ahead of time (weights gathered once per microbatch "
+                        "and once per step) and show its collective bytes and peak beside the closed forms")
+    a.add_argument("--verbose", action="store_true", help="with --verify-pipeline: let libtpu's start-up lines through")
     a.add_argument("--json", action="store_true", help="one JSON object instead of the text")
-    a.set_defaults(func=answer_command)
+    a.set_defaults(func=lambda args: answer_command(args, verify_pipeline, render_pipeline))
 
     p = sub.add_parser("plan", help="rank every mesh of a slice by predicted step time")
     p.add_argument("--chip", help="chip from the hardware table (default v5p): v4, v5e, v5p, v6e, TPU7x, H100, ...")
@@ -163,6 +226,11 @@ def add_commands(sub, check_command=None, verify_plans=None) -> None:
                    help="rank by the sum form (math + comms, what the compiled program supports) or the max form "
                         "(overlapped comms) (default %(default)s)")
     p.add_argument("--top", type=int, default=10, help="rows to show (default %(default)s)")
+    p.add_argument("--max-microbatches", type=int, default=64, metavar="M",
+                   help="largest microbatch count to try (gradient accumulation, pipeline; default %(default)s; "
+                        "1: no microbatches)")
+    p.add_argument("--max-repeats", type=int, default=4, metavar="R",
+                   help="largest circular repeat count to try with stages (default %(default)s; 1: GPipe only)")
     p.add_argument("--verify-top", type=int, default=0, metavar="K",
                    help="compile the top K plans ahead of time for the real TPU topology and add their peak")
     p.add_argument("--verbose", action="store_true", help="with --verify-top: let libtpu's start-up lines through")
@@ -178,6 +246,7 @@ def add_commands(sub, check_command=None, verify_plans=None) -> None:
     c.add_argument("--batch-tokens", type=int, default=4096, help="global batch in tokens (default %(default)s)")
     c.add_argument("--remat", default="none", choices=REMAT_POLICIES, help="remat policy (default %(default)s)")
     c.add_argument("--step", default="train", choices=["train", "forward"], help="(default %(default)s)")
+    add_schedule_args(c)
     c.add_argument("--chip", help="chip for the time estimates (default: the TPU topology's, else v5p)")
     c.add_argument("--json", action="store_true")
     c.add_argument("--verbose", action="store_true", help="let libtpu's start-up lines through to stderr")

@@ -22,7 +22,7 @@ from scaling.sharding import LOGICAL_RULES, shards
 
 # The mesh axes, outermost first (MaxText's names). Each is an entry of this one tuple; the sharding
 # table (scaling.sharding) says what each one splits.
-MESH_AXES = ("data", "fsdp", "tensor")
+MESH_AXES = ("data", "stage", "fsdp", "tensor")
 REMAT_POLICIES = ("none", "every-second", "full")
 
 
@@ -152,6 +152,22 @@ def check_remat(remat: str) -> str:
     return remat
 
 
+def saved_blocks(blocks: int, remat: str) -> tuple[int, int]:
+    """(blocks that save input and hidden, blocks that save only their input) under a remat policy.
+
+    none: every block keeps x and h. full: every block keeps only x (h is recomputed).
+    every-second: blocks are taken in pairs (first checkpointed, second not); an odd last block is
+    checkpointed: floor(L/2) full, ceil(L/2) input-only.
+    """
+    check_remat(remat)
+    if remat == "none":
+        return blocks, 0
+    if remat == "full":
+        return 0, blocks
+    return blocks // 2, blocks - blocks // 2
+
+
+
 class MeshShape(Mapping):
     """Sizes of the mesh axes: a read-only mapping over MESH_AXES (outermost first), every axis present;
     an axis not given has size 1 and costs nothing. ``shape["fsdp"]`` or ``shape.fsdp``;
@@ -250,6 +266,58 @@ def parse_mesh_spec(spec: str, devices: int | None = None) -> MeshShape:
             f"mesh {spec!r} has {shape.devices} devices (product of axis sizes) but {devices} devices are given"
         )
     return shape
+
+
+FSDP_GATHERS = ("microbatch", "step")
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """How one train step runs its batch (Scaling Book applied-training page; MaxText's pipeline):
+
+    microbatches M  the batch in M microbatches of B/M tokens. Without a stage axis: gradient
+                    accumulation (M forward/backward passes, one optimizer update, one microbatch's
+                    activations live at a time). With stage > 1: the pipeline's microbatches.
+    repeats R       circular (interleaved) pipeline: each stage holds R non-adjacent chunks of
+                    L/(S·R) blocks (stage s holds chunks s, S+s, 2S+s, ...); R = 1 is GPipe.
+    fsdp_gather     "microbatch": every block gathers its weights over fsdp each time it runs (per
+                    microbatch, per pipeline iteration); "step": a stage gathers all its weights once
+                    per step and keeps them for every microbatch (pipeline only).
+    """
+
+    microbatches: int = 1
+    repeats: int = 1
+    fsdp_gather: str = "microbatch"
+
+    def __post_init__(self):
+        positive_ints("microbatches", self.microbatches)  # the planner passes a numpy array of candidates
+        positive_int("repeats", self.repeats)
+        if self.fsdp_gather not in FSDP_GATHERS:
+            raise ValueError(f"fsdp_gather must be one of {', '.join(FSDP_GATHERS)}, got {self.fsdp_gather!r}")
+
+    def check(self, cfg: FFNConfig, mesh: Mapping, batch_tokens: int | None = None) -> "Schedule":
+        """ValueError naming the input when the schedule cannot run ``cfg`` on ``mesh``: the stages must
+        split the blocks evenly, the repeats the blocks of a stage, a circular pipeline needs at least
+        as many microbatches as stages, B must split into M microbatches over data·fsdp."""
+        S, M, R, L = mesh.get("stage", 1), self.microbatches, self.repeats, cfg.blocks
+        if L % S:
+            divisors = ", ".join(str(k) for k in range(1, L + 1) if L % k == 0)
+            raise ValueError(f"blocks={L} cannot be split evenly over stage={S}; use a stage count that divides "
+                             f"{L} ({divisors})")
+        if R > 1 and S == 1:
+            raise ValueError(f"repeats={R} needs a stage axis (circular pipeline); without one use repeats=1")
+        if (L // S) % R:
+            raise ValueError(f"repeats={R} must divide the {L // S} blocks of each of the {S} stages")
+        if R > 1 and np.any(np.asarray(M) < S):
+            raise ValueError(f"a circular pipeline (repeats={R}) needs microbatches >= stages: {M} < {S}")
+        if self.fsdp_gather == "step" and S == 1:
+            raise ValueError("fsdp_gather='step' (weights gathered once per step) is for pipelined stages: "
+                             "without a stage axis every microbatch gathers them")
+        if batch_tokens is not None:
+            n = M * shards(mesh, "batch")
+            if positive_int("batch_tokens", batch_tokens) % n:
+                raise ValueError(f"batch_tokens={batch_tokens} is not divisible by microbatches·data·fsdp = {n}")
+        return self
 
 
 def check_divisible(cfg: FFNConfig, mesh: Mapping, batch_tokens: int | None = None) -> None:

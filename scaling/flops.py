@@ -12,8 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from scaling.config import FFNConfig, positive_ints
-from scaling.memory import saved_blocks
+from scaling.config import FFNConfig, positive_ints, saved_blocks
 
 
 def block_forward_flops(cfg: FFNConfig, batch_tokens: int) -> float:

@@ -16,33 +16,22 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from scaling.config import DEFAULT_PRECISION, FFNConfig, Precision, check_remat, positive_int, positive_ints
+import numpy as np
+
+from scaling import pipeline
+from scaling.config import DEFAULT_PRECISION, FFNConfig, Precision, Schedule, positive_int, positive_ints, saved_blocks
 from scaling.sharding import shards
 
 
 def weight_shards(mesh: Mapping):
-    """Pieces each weight matrix is split into: the shards of its ``embed`` and ``mlp`` axes (fsdp·tensor)."""
-    return shards(mesh, "embed", "mlp")
+    """Pieces each weight stack is split into: the shards of its ``layers``, ``embed`` and ``mlp`` axes
+    (stage·fsdp·tensor)."""
+    return shards(mesh, "layers", "embed", "mlp")
 
 
 def tokens_per_device(mesh: Mapping, batch_tokens):
     """b = B / (shards of ``batch``) = B/(data·fsdp): the tokens each device holds."""
     return positive_ints("batch_tokens", batch_tokens) / shards(mesh, "batch")
-
-
-def saved_blocks(blocks: int, remat: str) -> tuple[int, int]:
-    """(blocks that save input and hidden, blocks that save only their input) under a remat policy.
-
-    none: every block keeps x and h. full: every block keeps only x (h is recomputed).
-    every-second: blocks are taken in pairs (first checkpointed, second not); an odd last block is
-    checkpointed: floor(L/2) full, ceil(L/2) input-only.
-    """
-    check_remat(remat)
-    if remat == "none":
-        return blocks, 0
-    if remat == "full":
-        return 0, blocks
-    return blocks // 2, blocks - blocks // 2
 
 
 def activation_bytes_per_token(cfg: FFNConfig, precision: Precision = DEFAULT_PRECISION) -> int:
@@ -68,7 +57,8 @@ def saved_activation_bytes(cfg: FFNConfig, mesh: Mapping, batch_tokens, remat: s
 
 
 def memory_per_device(cfg: FFNConfig, mesh: Mapping, batch_tokens, remat: str = "none",
-                      precision: Precision = DEFAULT_PRECISION, windowed_grad_rs: bool = False) -> dict:
+                      precision: Precision = DEFAULT_PRECISION, windowed_grad_rs: bool = False,
+                      schedule: Schedule = Schedule()) -> dict:
     """Training memory per device in bytes, term by term.
 
     master  = master·P/(X·Y)             fp32 weights, 4 B/param
@@ -82,24 +72,63 @@ def memory_per_device(cfg: FFNConfig, mesh: Mapping, batch_tokens, remat: str = 
         matrix at a time: c·D·F/Y (compiled XXL, fsdp=16, tensor=4, v5p:4x4x4: 67.79 GB peak
         against 67.53 GB with this term, 68.84 GB with the two-layer one)
     inputs  = x and targets of the batch per device, bf16 and fp32: (c + 4)·D·B/(data·fsdp)
+    With microbatches (``schedule``, scaling.pipeline): the activations of the microbatches in flight
+    (one for gradient accumulation; all T = R·M + S − 1 iterations of a pipeline) at B/(M·data·fsdp)
+    tokens each; gradient accumulation adds an FP32 accumulator (accumulated = grad·P/N); a pipeline
+    adds stage 0's buffer of every microbatch's input and output, c·D·B/(data·fsdp) (buffer); its
+    backward loop holds the current iteration's stage gradient beside the accumulated one
+    (grad_iteration = grad·P/N: the inner scan's stacked per-block gradients) and one iteration's residuals as the inner scan stacks them before
+    they join the loop's stack (staging = Lc blocks' saved bytes of one microbatch); a circular
+    schedule also holds the FP32 stacks re-laid as chunks, recomputed for the backward loop and held
+    through it (relaid = master·P/N); with fsdp_gather="step" the stage's L/S blocks gathered (FP32
+    holding BF16, what the forward and backward reuse): master·2·D·F·(L/S)/Y in place of the
+    per-block transients. (Each term is visible in XLA's memory-usage report of the compiled XXL at
+    stage=2, fsdp=8, tensor=4 on v5p:4x4x4: f32[63,13312,2048] stacks, bf16[63,800,16384] staging.)
+    Where a chunk's blocks run as one scan trip (Lc = 1, or one pair under every-second remat) XLA drops
+    the one-trip loop: no stacked per-iteration gradient (a circular schedule still holds the chunk's,
+    grad·P/(N·R), to update its slot of the accumulator), and only that trip's blocks gathered
+    (c·2·Lc·D·F/Y: nothing to prefetch). Measured on v5p:2x2x2 (8192 x 32768 blocks, B = 8192): GPipe
+    stage=8 and stage=4,fsdp=2 (Lc = 1) 11.54 / 6.31 GB against 11.56 / 6.11 compiled; circular stage=4,
+    fsdp=2, R=2, L=8: 14.16 against 14.16.
     total   = sum of the above.  16·P/N + activations + transients (training page: 16 B/param).
     """
     shards_w = weight_shards(mesh)
     P, D, F = cfg.params, cfg.d_model, cfg.d_ff
+    S, M, Y = mesh.get("stage", 1), schedule.microbatches, shards(mesh, "mlp")
+    b = tokens_per_device(mesh, batch_tokens)
+    c = precision.compute
+    once = schedule.fsdp_gather == "step"
     terms = {
         "master": precision.master * P / shards_w,
         "optimizer": precision.adam_moments * precision.adam_moment * P / shards_w,
         "grads": precision.grad * P / shards_w,
-        "activations": saved_activation_bytes(cfg, mesh, batch_tokens, remat, precision),
-        "transient_weights": precision.compute * (1 if windowed_grad_rs else 4) * D * F / shards(mesh, "mlp"),
-        "inputs": (precision.compute + 4) * D * tokens_per_device(mesh, batch_tokens),
+        "activations": pipeline.microbatches_in_flight(schedule, S) * pipeline.saved_per_token(
+            cfg, mesh, remat, schedule, c) * b / M,
+        "transient_weights": (precision.master * 2 * D * F * (cfg.blocks // S) / Y if once
+                              else c * (1 if windowed_grad_rs else 4) * D * F / Y),
+        "inputs": (c + 4) * D * b,
     }
+    if S == 1 and np.any(np.asarray(M) > 1):
+        terms["accumulated"] = precision.grad * P / shards_w * (np.asarray(M) > 1)
+    if S > 1:
+        R, Lc = schedule.repeats, pipeline.chunk_blocks(cfg, schedule, S)
+        one_trip = Lc == 1 or (remat == "every-second" and Lc == 2)  # a chunk's blocks are one scan trip
+        terms["buffer"] = c * D * b
+        if not once and one_trip:
+            terms["transient_weights"] = c * 2 * Lc * D * F / Y  # the trip's blocks; no next block to prefetch
+        if not one_trip:
+            terms["grad_iteration"] = precision.grad * P / shards_w
+        elif R > 1:
+            terms["grad_iteration"] = precision.grad * P / shards_w / R  # the chunk's, updated into its slot
+        terms["staging"] = pipeline.saved_per_token(cfg, mesh, remat, schedule, c) * b / M
+        if R > 1:
+            terms["relaid"] = precision.master * P / shards_w
     terms["total"] = sum(terms.values())
     return terms
 
 
 def forward_memory_per_device(cfg: FFNConfig, mesh: Mapping, batch_tokens,
-                              precision: Precision = DEFAULT_PRECISION) -> dict:
+                              precision: Precision = DEFAULT_PRECISION, schedule: Schedule = Schedule()) -> dict:
     """Memory per device of a forward-only step (the loss, no gradients), term by term.
 
     master      = master·P/(X·Y)                   fp32 weights
@@ -108,17 +137,24 @@ def forward_memory_per_device(cfg: FFNConfig, mesh: Mapping, batch_tokens,
     activations = c·b·(F/Y + 2·D)                  one block's working set: hidden, its input and
                   output; b = B/(data·fsdp) (the loss's fp32 residual is fused into the reduction)
     inputs      = (c + 4)·D·b                      x bf16 and targets fp32
+    With microbatches the working set is one microbatch's (B/(M·data·fsdp) tokens); a pipeline adds
+    stage 0's buffer of the batch, and with fsdp_gather="step" the stage's weights gathered, held as BF16
+    (nothing accumulates a gradient in them): c·2·D·F·(L/S)/Y in place of the one matrix.
     Source: this package's reading of the compiled forward step (XXL, fsdp=16, tensor=4 on
     v5p:4x4x4: 14.43 GB compiled against 14.48 GB here).
     """
     D, F, Y, c = cfg.d_model, cfg.d_ff, shards(mesh, "mlp"), precision.compute
     b = tokens_per_device(mesh, batch_tokens)
+    S, M = mesh.get("stage", 1), schedule.microbatches
     terms = {
         "master": precision.master * cfg.params / weight_shards(mesh),
-        "transient_weights": c * D * F / Y,
-        "activations": c * b * (F / Y + 2 * D),
+        "transient_weights": (c * 2 * D * F * (cfg.blocks // S) / Y if schedule.fsdp_gather == "step"
+                              else c * D * F / Y),
+        "activations": c * b / M * (F / Y + 2 * D),
         "inputs": (c + 4) * D * b,
     }
+    if S > 1:
+        terms["buffer"] = c * D * b
     terms["total"] = sum(terms.values())
     return terms
 

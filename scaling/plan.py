@@ -25,8 +25,8 @@ import math
 
 import numpy as np
 
-from scaling import program, roofline
-from scaling.config import MESH_AXES, FFNConfig, MeshShape, check_remat, positive_float, positive_int
+from scaling import pipeline, program, roofline
+from scaling.config import MESH_AXES, FFNConfig, MeshShape, Schedule, check_remat, positive_float, positive_int
 from scaling.hardware import Chip, split_slices
 
 GPU_NODE = 8  # GPUs on one NVLink switch [SB-gpus]: an H100/H200/B200 node
@@ -45,11 +45,13 @@ def _splits(d: int, k: int):
 
 
 def layouts(dims: tuple[int, ...], chip: Chip, axes: tuple[str, ...] = MESH_AXES) -> dict[tuple, list[dict]]:
-    """Every way of laying ``axes`` onto a slice of shape ``dims``: {mesh sizes: [layout, ...]} where a
-    layout is {axis: (lengths, wraps)} over the physical axes it spans (the form mesh.ici_layout reads
-    back from a compiled mesh's devices). GPUs (no torus): one layout, each axis one ring. A chip of
-    several devices (TPU7x: 2) adds its cores as one more physical axis, a ring of one link (the cores'
-    die-to-die link, taken as no faster than an ICI link)."""
+    """Every distinct way of laying ``axes`` onto a slice of shape ``dims``: {mesh sizes: [layout, ...]}
+    where a layout is {axis: (lengths, wraps)} over the physical axes it spans (the form mesh.ici_layout
+    reads back from a compiled mesh's devices). Layouts that give every mesh axis the same links
+    (program.links) over the same number of physical axes are the same to the step model; one of each
+    is kept. GPUs (no torus): one layout, each axis one ring. A chip of several devices (TPU7x: 2) adds
+    its cores as one more physical axis, a ring of one link (the cores' die-to-die link, taken as no
+    faster than an ICI link)."""
     out: dict[tuple, list[dict]] = {}
     if chip.torus == 0:
         for sizes in _splits(math.prod(dims), len(axes)):
@@ -57,27 +59,61 @@ def layouts(dims: tuple[int, ...], chip: Chip, axes: tuple[str, ...] = MESH_AXES
         return out
     phys = (*dims, chip.devices_per_chip) if chip.devices_per_chip > 1 else tuple(dims)
     wraps = lambda n, i: chip.has_wraparound(n, phys[i], dims) if i < len(dims) else True  # noqa: E731
-    for combo in itertools.product(*[list(_splits(d, len(axes))) for d in phys]):
-        sizes = tuple(math.prod(c[k] for c in combo) for k in range(len(axes)))
+    # Per physical axis, every split of its length over the mesh axes, as arrays [splits, axes] of factors
+    # and link contributions (1 for a ring with wraparound, 1/2 for a line, 0 where the factor is 1); the
+    # cartesian product over the physical axes as flat arrays (numpy: 10^5 combinations for 8x20x28).
+    splits = [np.array(list(_splits(d, len(axes)))) for d in phys]
+    sizes, link, span = np.ones((1, len(axes)), int), np.zeros((1, len(axes))), np.zeros((1, len(axes)), int)
+    index = np.zeros((1, 0), int)
+    for i, sp in enumerate(splits):
+        contrib = np.array([[0.0 if n == 1 else (1.0 if wraps(n, i) else 0.5) for n in row] for row in sp])
+        sizes = (sizes[:, None, :] * sp[None, :, :]).reshape(-1, len(axes))
+        link = (link[:, None, :] + contrib[None, :, :]).reshape(-1, len(axes))
+        span = (span[:, None, :] + (sp > 1)[None, :, :]).reshape(-1, len(axes))
+        index = np.concatenate([np.repeat(index, len(sp), axis=0),
+                                np.tile(np.arange(len(sp)), len(index))[:, None]], axis=1)
+    _, first = np.unique(np.concatenate([sizes, link * 2, span], axis=1), axis=0, return_index=True)
+    for k in sorted(first):
         lay = {}
-        for k, axis in enumerate(axes):
-            spans = [(c[k], wraps(c[k], i)) for i, c in enumerate(combo) if c[k] > 1]
+        for a, axis in enumerate(axes):
+            spans = [(int(splits[i][j, a]), wraps(int(splits[i][j, a]), i)) for i, j in enumerate(index[k])
+                     if splits[i][j, a] > 1]
             if spans:
                 lay[axis] = ([n for n, _ in spans], [w for _, w in spans])
-        out.setdefault(sizes, []).append(lay)
+        out.setdefault(tuple(int(x) for x in sizes[k]), []).append(lay)
     return out
 
 
+def repeats_for(cfg: FFNConfig, stages: int, max_repeats: int) -> list[int]:
+    """The circular repeats R a mesh with ``stages`` can run: 1 (GPipe), and with stages the powers of
+    two up to ``max_repeats`` that divide the blocks of a stage."""
+    if stages == 1:
+        return [1]
+    return [r for r in (1, 2, 4, 8, 16) if r <= max_repeats and (cfg.blocks // stages) % r == 0]
+
+
+def microbatches_for(stages: int, repeats: int, max_microbatches: int) -> list[int]:
+    """Microbatch counts to try: without stages 1, 2, 4, ... (gradient accumulation); with stages
+    S, 2S, 4S, ... (fewer than S leaves a stage idle in every iteration), up to ``max_microbatches``."""
+    first = stages if stages > 1 else 1
+    return [first * 2**k for k in range(12) if first * 2**k <= max(max_microbatches, first)]
+
+
 def plan(cfg: FFNConfig, chip: Chip, chips: int, batch_tokens, hbm: float | None = None, remat: str = "none",
-         form: str = "sum", dims: tuple[int, ...] | None = None) -> list[dict]:
+         form: str = "sum", dims: tuple[int, ...] | None = None, max_microbatches: int = 64,
+         max_repeats: int = 4, per_mesh: bool = True) -> list[dict]:
     """Ranked plans (best first) for one or more batch sizes; see the module docstring.
 
-    ``batch_tokens`` is an int or a list of ints; each plan dict carries its batch, mesh, layout,
-    M_X/M_Y (physical axes spanned), slices, predict's times (both forms), MFU/HFU, bound, memory and
-    critical batch. ``dims``: the slice's shape (default: hardware.split_slices). Plans whose dims do
+    ``batch_tokens`` is an int or a list of ints; each plan dict carries its batch, mesh (data, stage,
+    fsdp, tensor), microbatches M and repeats R (scaling.config.Schedule: gradient accumulation without
+    stages, GPipe or circular with them; microbatches_for, repeats_for), the bubble (Megatron's overhead
+    (S−1)/(R·M), paid in the step time as executed FLOPs; bubble_seconds: the math time of the bubble
+    iterations, T_math·(S−1)/(R·M+S−1)), layout, M_X/M_Y (physical axes spanned),
+    slices, predict's times (both forms), MFU/HFU, bound, memory and critical batch. ``dims``: the slice's shape (default: hardware.split_slices). Plans whose dims do
     not divide (D by fsdp, F by tensor) or whose memory exceeds ``hbm`` are dropped;
     ``batch_divides`` says whether B splits evenly over data·fsdp (the closed forms take fractional
-    tokens per device)."""
+    tokens per device). ``per_mesh``: keep each mesh's best schedule only (the fastest that fits, then the
+    least memory, then the fewest microbatches); False keeps every (mesh, M, R)."""
     positive_int("chips", chips)
     check_remat(remat)
     if form not in roofline.FORMS:
@@ -104,59 +140,75 @@ def plan(cfg: FFNConfig, chip: Chip, chips: int, batch_tokens, hbm: float | None
         if dcn_axis:
             given[dcn_axis] *= n_slices
         mesh = MeshShape(given)
-        if cfg.d_model % mesh["fsdp"] or cfg.d_ff % mesh["tensor"]:
+        S = mesh["stage"]
+        if cfg.d_model % mesh["fsdp"] or cfg.d_ff % mesh["tensor"] or cfg.blocks % S:
             continue
         lk = [program.links(lay) for lay in lays]
-        axis_links = {a: np.array([x.get(a, 1.0) for x in lk])[None, :] for a in MESH_AXES}
-        p = program.predict(cfg, mesh, batches[:, None], remat, "train", chip, axis_links=axis_links,
-                            dcn={dcn_axis: n_slices} if dcn_axis else None)
-        t = p["times"]
-        step = np.broadcast_to(t[f"step_{form}"], (len(batches), len(lays)))
-        best = step.argmin(axis=1)
-        mem = np.broadcast_to(p["memory"]["total"], (len(batches), 1))[:, 0]
-        for i, B in enumerate(batches.tolist()):
-            if mem[i] > hbm:
-                continue
-            j = best[i]
-            pick = lambda x: float(np.broadcast_to(x, step.shape)[i, j])  # noqa: E731
-            lay = lays[j]
-            results.append({
-                "batch_tokens": B,
-                "mesh": mesh.as_dict(),
-                "slices": n_slices,
-                "dcn_axis": dcn_axis,
-                "layout": {a: {"lens": v[0], "wrap": v[1]} for a, v in lay.items()},
-                "M_X": len(lay.get("fsdp", ([], []))[0]),
-                "M_Y": len(lay.get("tensor", ([], []))[0]),
-                "form": form,
-                "step_seconds": pick(t[f"step_{form}"]),
-                "step_seconds_sum": pick(t["step_sum"]),
-                "step_seconds_max": pick(t["step_max"]),
-                "mfu": pick(t[f"mfu_{form}"]),
-                "mfu_sum": pick(t["mfu_sum"]),
-                "mfu_max": pick(t["mfu_max"]),
-                "hfu": pick(t[f"hfu_{form}"]),
-                "bound": str(np.broadcast_to(t["bound"], step.shape)[i, j]),
-                "times": {"math": pick(t["math"]), **{a: pick(v) for a, v in t["comms"].items()},
-                          "hbm": pick(t["hbm"])},
-                "memory_bytes": float(mem[i]),
-                "hbm_budget": hbm,
-                "per_device_batch": B / devices,
-                "batch_divides": bool(B % (mesh["data"] * mesh["fsdp"]) == 0),
-                "critical_batch": (None if math.isnan(c := pick(t[f"critical_batch_{form}"])) else c),
-            })
-    results.sort(key=lambda r: (r["batch_tokens"], round(r["step_seconds"], 12), r["memory_bytes"]))
+        axis_links = {a: np.array([x.get(a, 1.0) for x in lk])[None, None, :] for a in MESH_AXES}
+        for R in repeats_for(cfg, S, max_repeats):
+            ms = np.array(microbatches_for(S, R, max_microbatches))
+            p = program.predict(cfg, mesh, batches[:, None, None], remat, "train", chip, axis_links=axis_links,
+                                dcn={dcn_axis: n_slices} if dcn_axis else None,
+                                schedule=Schedule(microbatches=ms[None, :, None], repeats=R))
+            t = p["times"]
+            shape = (len(batches), len(ms), len(lays))
+            step = np.broadcast_to(t[f"step_{form}"], shape)
+            best = step.argmin(axis=2)
+            mem = np.broadcast_to(p["memory"]["total"], shape)[:, :, 0]
+            for (i, B), (k, M) in itertools.product(enumerate(batches.tolist()), enumerate(ms.tolist())):
+                if mem[i, k] > hbm or B < M * mesh["data"] * mesh["fsdp"]:  # over budget, or < 1 token per device
+                    continue
+                j = best[i, k]
+                pick = lambda x: float(np.broadcast_to(x, shape)[i, k, j])  # noqa: E731
+                lay = lays[j]
+                sched = Schedule(M, R)
+                results.append({
+                    "batch_tokens": B,
+                    "mesh": mesh.as_dict(),
+                    "microbatches": M,
+                    "repeats": R,
+                    "bubble": pipeline.bubble(sched, S)["overhead"] if S > 1 else 0.0,
+                    "bubble_seconds": pick(t["math"]) * (pipeline.bubble(sched, S)["idle_share"] if S > 1 else 0.0),
+                    "slices": n_slices,
+                    "dcn_axis": dcn_axis,
+                    "layout": {a: {"lens": v[0], "wrap": v[1]} for a, v in lay.items()},
+                    "M_X": len(lay.get("fsdp", ([], []))[0]),
+                    "M_Y": len(lay.get("tensor", ([], []))[0]),
+                    "form": form,
+                    "step_seconds": pick(t[f"step_{form}"]),
+                    "step_seconds_sum": pick(t["step_sum"]),
+                    "step_seconds_max": pick(t["step_max"]),
+                    "mfu": pick(t[f"mfu_{form}"]),
+                    "mfu_sum": pick(t["mfu_sum"]),
+                    "mfu_max": pick(t["mfu_max"]),
+                    "hfu": pick(t[f"hfu_{form}"]),
+                    "bound": str(np.broadcast_to(t["bound"], shape)[i, k, j]),
+                    "times": {"math": pick(t["math"]), **{a: pick(v) for a, v in t["comms"].items()},
+                              "hbm": pick(t["hbm"])},
+                    "memory_bytes": float(mem[i, k]),
+                    "hbm_budget": hbm,
+                    "per_device_batch": B / devices,
+                    "batch_divides": bool(B % (M * mesh["data"] * mesh["fsdp"]) == 0),
+                    "critical_batch": (None if math.isnan(c := pick(t[f"critical_batch_{form}"])) else c),
+                })
+    results.sort(key=lambda r: (r["batch_tokens"], round(r["step_seconds"], 12), r["memory_bytes"], r["microbatches"]))
+    if per_mesh:
+        seen = set()
+        results = [r for r in results if (key := (r["batch_tokens"], tuple(r["mesh"].values()), r["dcn_axis"])) not in seen
+                   and not seen.add(key)]
     return results
 
 
 def nearest_miss(cfg: FFNConfig, chip: Chip, chips: int, batch_tokens: int, remat: str = "none",
-                 form: str = "sum") -> dict | None:
+                 form: str = "sum", **limits) -> dict | None:
     """The plan with the least memory per device whatever the budget (what comes closest when nothing
-    fits), with its memory terms; None when no mesh divides the model at all."""
-    plans = plan(cfg, chip, chips, batch_tokens, hbm=1e30, remat=remat, form=form)
+    fits), with its memory terms; None when no mesh divides the model at all. ``limits``: plan's
+    max_microbatches and max_repeats."""
+    plans = plan(cfg, chip, chips, batch_tokens, hbm=1e30, remat=remat, form=form, per_mesh=False, **limits)
     if not plans:
         return None
     best = min(plans, key=lambda r: r["memory_bytes"])
     best["memory_terms"] = {k: float(v) for k, v in program.predict(
-        cfg, MeshShape(best["mesh"]), batch_tokens, remat)["memory"].items()}
+        cfg, MeshShape(best["mesh"]), batch_tokens, remat,
+        schedule=Schedule(best["microbatches"], best["repeats"]))["memory"].items()}
     return best

@@ -47,8 +47,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from scaling import collectives, flops, memory, roofline
-from scaling.config import DEFAULT_PRECISION, FFNConfig, MeshShape, Precision, check_divisible, check_remat
+from scaling import collectives, flops, memory, pipeline, roofline
+from scaling.config import DEFAULT_PRECISION, FFNConfig, MeshShape, Precision, Schedule, check_divisible, check_remat
 from scaling.hardware import Chip
 
 KIND_FACTOR = collectives.KIND_FACTOR
@@ -65,7 +65,8 @@ def links(layout: Mapping) -> dict:
 def collective_volumes(cfg: FFNConfig, mesh: MeshShape, batch_tokens, step: str = "train",
                        precision: Precision = DEFAULT_PRECISION, min_comm_bytes: int = 0,
                        windowed_grad_rs: bool = False, remat: str = "none",
-                       merged_grad_allreduce: bool = False) -> dict[str, dict[str, float]]:
+                       merged_grad_allreduce: bool = False, schedule: Schedule = Schedule(),
+                       circular_relays: int = 2) -> dict[str, dict[str, float]]:
     """Per device, per mesh axis, per collective kind: the summed volume V (bytes) of one step.
 
     Returns {axis: {kind: bytes}} for the axes of size > 1 (see the module docstring for each term).
@@ -73,34 +74,62 @@ def collective_volumes(cfg: FFNConfig, mesh: MeshShape, batch_tokens, step: str 
     all-gathers and all-reduces in f32 (``min_comm_bytes=4``; seen in every CPU compile with jax
     0.10.2), while TPU moves bf16 as the precision policy says. ``merged_grad_allreduce``: the program
     reduces the weight gradients with one all-reduce over data·fsdp (TPU7x; module docstring).
+    ``schedule`` (scaling.pipeline): every block-pass (T·Lc per stage, M·L without stages) gathers its
+    weights, reduce-scatters and data-reduces its gradient and all-reduces its activations over tensor,
+    on B/(M·data·fsdp) tokens per device; with stages, each iteration's activations move one stage on
+    (a collective-permute of a microbatch, forward and backward); with ``fsdp_gather="step"`` a stage
+    gathers its L/S blocks once (forward; the backward reuses them) but still reduce-scatters each
+    block-pass's gradient (accumulating it unreduced would hold the stage's whole gathered gradient);
+    a circular schedule re-lays the FP32 stacks over ``stage`` (pipeline.relay_moves rounds of one
+    chunk of Lc blocks per stack, each a collective-permute) forward and their gradient back,
+    ``circular_relays`` = 2 per stack in a train step, 3 where XLA re-lays the stacks again for the
+    backward rather than keep them (read from the program by verify.check).
     """
     if step not in STEPS:
         raise ValueError(f"step must be 'train' or 'forward', got {step!r}")
     D, F, L = cfg.d_model, cfg.d_ff, cfg.blocks
-    X, Y, d = mesh["fsdp"], mesh["tensor"], mesh["data"]
+    X, Y, d, S = mesh["fsdp"], mesh["tensor"], mesh["data"], mesh["stage"]
+    M = schedule.microbatches
     c, cw, cg = (max(b, min_comm_bytes) for b in (precision.compute, precision.weight_comm, precision.grad_comm))
-    b_loc = memory.tokens_per_device(mesh, batch_tokens)
+    b_loc = memory.tokens_per_device(mesh, batch_tokens) / M  # tokens per device in one microbatch
     passes = 2 if step == "train" else 1  # weight gathers / activation all-reduces: forward (+ backward)
+    n = pipeline.block_passes(cfg, schedule, S)  # block-passes per device (M·L without stages)
+    T, Ls = pipeline.iterations(schedule, S), L // S
+    once = schedule.fsdp_gather == "step"
+    n_fwd = Ls if once else n  # forward gathers: one per block-pass (ffn_model.pipeline keeps XLA from hoisting them)
+    n_bwd = 0 if once else n  # gathered once: the backward reuses the gathered stage
+    matrix = 2 * D * F / Y  # W_in and W_out of one block, per device after the fsdp gather
     out: dict[str, dict[str, float]] = {}
     merged = merged_grad_allreduce and step == "train" and d > 1 and X > 1
     if X > 1:
-        out["fsdp"] = {"all-gather": passes * L * 2 * cw * D * F / Y}
+        out["fsdp"] = {"all-gather": (n_fwd + (n_bwd if step == "train" else 0)) * cw * matrix}
         if step == "train" and windowed_grad_rs:
-            out["fsdp"]["collective-permute"] = L * 2 * cg * D * F / Y * (X + 1) / X
+            out["fsdp"]["collective-permute"] = n * cg * matrix * (X + 1) / X
         elif step == "train" and not merged:
-            out["fsdp"]["reduce-scatter"] = L * 2 * cg * D * F / Y
+            out["fsdp"]["reduce-scatter"] = n * cg * matrix
     if Y > 1:
-        # backward skips block 0's dx all-reduce where the program drops that dead dx (flops.first_block_dx_computed)
-        n_ar = passes * L - (step == "train" and not flops.first_block_dx_computed(L, remat))
-        out["tensor"] = {"all-reduce": n_ar * c * b_loc * D}
+        # backward skips block 0's dx all-reduce where the program drops that dead dx (flops.first_block_dx_computed;
+        # a pipeline computes every pass's dx: stage 0's input buffer also holds the last stage's outputs)
+        dead = step == "train" and S == 1 and not flops.first_block_dx_computed(L, remat)
+        out["tensor"] = {"all-reduce": (passes * n - M * dead) * c * b_loc * D}
     if merged:
-        out["data+fsdp"] = {"all-reduce": L * 2 * cg * D * F / Y}
+        out["data+fsdp"] = {"all-reduce": n * cg * matrix}
     elif d > 1 and step == "train":
-        out["data"] = {"all-reduce": L * 2 * cg * D * F / (X * Y)}
-    if d * X > 1:  # the loss: mean over the batch, an all-reduce of one f32 scalar over data+fsdp
+        out["data"] = {"all-reduce": n * cg * matrix / X}
+    if S > 1:
+        # each iteration's output moves one stage on (backward: back)
+        out["stage"] = {"collective-permute": passes * T * c * b_loc * D,
+                        "all-reduce": 4.0}  # the loss: the stages' masked sum
+        if schedule.repeats > 1:  # circular: the FP32 stacks re-laid so stage s holds chunks s, S+s, ...,
+            # in rounds of one chunk (pipeline.relay_rounds): forward, the gradient back, and again for the
+            # backward where XLA re-lays them rather than keep them (``circular_relays``)
+            relays = circular_relays if step == "train" else 1
+            chunk = precision.master * pipeline.chunk_blocks(cfg, schedule, S) * matrix / X
+            out["stage"]["collective-permute"] += relays * pipeline.relay_moves(S, schedule.repeats) * chunk
+    if d * X > 1:  # the loss: mean over the batch (each microbatch's with accumulation), an f32 scalar
         key = "+".join(a for a in ("data", "fsdp") if mesh[a] > 1)
         out.setdefault(key, {})
-        out[key]["all-reduce"] = out[key].get("all-reduce", 0.0) + 4
+        out[key]["all-reduce"] = out[key].get("all-reduce", 0.0) + 4 * (M if S == 1 else 1)
     return out
 
 
@@ -132,16 +161,43 @@ def comm_times(volumes: dict, chip: Chip, axis_links: Mapping | None = None, dcn
     return times
 
 
+def step_flops_per_device(cfg: FFNConfig, mesh: MeshShape, batch_tokens, step: str = "train", remat: str = "none",
+                          schedule: Schedule = Schedule()) -> dict:
+    """Matmul FLOPs one device executes in a step, term by term (scaling.flops.step_flops), plus "model"
+    (the matmuls the step needs: 6·P·B − 2·B·D·F for train, 2·P·B forward) per device.
+
+    Without stages the microbatches of gradient accumulation add up to one pass over the batch (the
+    dead dx of block 0, where the scan computes it, once per microbatch, the same total):
+    step_flops(B)/N. With S stages a device runs its stage's chunk of Lc = L/(S·R) blocks on B/M tokens
+    in each of the T = R·M + S − 1 iterations, bubble ones included, every pass's dx computed:
+    step_flops(chunk of Lc blocks, B)·(T/M)/(data·fsdp·tensor) (scaling.pipeline)."""
+    S = mesh["stage"]
+    plain = flops.step_flops(cfg, batch_tokens, step, remat,
+                             first_block_input_grad=flops.first_block_dx_computed(cfg.blocks, remat))
+    model = flops.flops_per_device(plain["total"] - plain.get("recompute", 0.0)
+                                   - plain.get("first_block_input_grad", 0.0), mesh)
+    if S == 1:
+        f = {k: flops.flops_per_device(v, mesh) for k, v in plain.items()}
+    else:
+        chunk = cfg.replace(blocks=pipeline.chunk_blocks(cfg, schedule, S))
+        per = pipeline.iterations(schedule, S) / schedule.microbatches / (mesh["data"] * mesh["fsdp"] * mesh["tensor"])
+        f = {k: v * per for k, v in flops.step_flops(chunk, batch_tokens, step, remat, first_block_input_grad=True).items()}
+    f["model"] = model
+    return f
+
+
 def predict(cfg: FFNConfig, mesh: MeshShape, batch_tokens, remat: str = "none", step: str = "train",
             chip: Chip | None = None, layout: Mapping | None = None, precision: Precision = DEFAULT_PRECISION,
             min_comm_bytes: int = 0, windowed_grad_rs: bool = False, axis_links: Mapping | None = None,
-            dcn: Mapping | None = None, merged_grad_allreduce: bool = False) -> dict:
+            dcn: Mapping | None = None, merged_grad_allreduce: bool = False,
+            schedule: Schedule = Schedule(), circular_relays: int = 2) -> dict:
     """Everything the closed forms say about one compiled step, per device:
 
     flops        matmul FLOPs per device, term by term (scaling.flops; the scan computes the first
                  block's unused input gradient, so it is counted here); model = the matmuls the step
                  needs (6·P·B − 2·B·D·F for train), executed = the total
-    collectives  V per axis and kind (collective_volumes; ``windowed_grad_rs``, ``merged_grad_allreduce`` as there)
+    collectives  V per axis and kind (collective_volumes; ``windowed_grad_rs``, ``merged_grad_allreduce``,
+                 ``schedule``, ``circular_relays`` as there)
     memory       bytes per device, term by term (scaling.memory.memory_per_device; a forward step:
                  memory.forward_memory_per_device); hbm_bytes: HBM traffic (memory.hbm_traffic_bytes)
     times        (with ``chip``) T_math = executed FLOPs/C_device; T_axis per mesh axis over its links
@@ -157,17 +213,16 @@ def predict(cfg: FFNConfig, mesh: MeshShape, batch_tokens, remat: str = "none", 
     """
     check_remat(remat)
     check_divisible(cfg, mesh)
-    f = flops.step_flops(cfg, batch_tokens, step, remat,
-                         first_block_input_grad=flops.first_block_dx_computed(cfg.blocks, remat))
-    f = {k: flops.flops_per_device(v, mesh) for k, v in f.items()}
-    f["model"] = f["total"] - f.get("recompute", 0.0) - f.get("first_block_input_grad", 0.0)
-    facts = dict(windowed_grad_rs=windowed_grad_rs, remat=remat, merged_grad_allreduce=merged_grad_allreduce)
+    schedule.check(cfg, mesh)
+    f = step_flops_per_device(cfg, mesh, batch_tokens, step, remat, schedule)
+    facts = dict(windowed_grad_rs=windowed_grad_rs, remat=remat, merged_grad_allreduce=merged_grad_allreduce,
+                 schedule=schedule, circular_relays=circular_relays)
     vols = collective_volumes(cfg, mesh, batch_tokens, step, precision, min_comm_bytes, **facts)
     wire = collective_volumes(cfg, mesh, batch_tokens, step, precision, 0, **facts) if min_comm_bytes else vols
     if step == "forward":
-        mem = memory.forward_memory_per_device(cfg, mesh, batch_tokens, precision)
+        mem = memory.forward_memory_per_device(cfg, mesh, batch_tokens, precision, schedule)
     else:
-        mem = memory.memory_per_device(cfg, mesh, batch_tokens, remat, precision, windowed_grad_rs)
+        mem = memory.memory_per_device(cfg, mesh, batch_tokens, remat, precision, windowed_grad_rs, schedule)
     res = {"flops": f, "collectives": vols, "collective_bytes": axis_bytes(vols), "memory": mem,
            "hbm_bytes": memory.hbm_traffic_bytes(cfg, mesh, batch_tokens, remat, step, precision)}
     if chip is None:

@@ -8,7 +8,8 @@ jax PartitionSpecs and flax logical-axis rules) and the closed forms (which coun
   batch      -> data, fsdp    tokens of the global batch B, split B/(data·fsdp) per device
   embed      -> fsdp          D of the weights: FSDP shards
   mlp        -> tensor        F of the weights and of the hidden h[B,F]: tensor parallel
-  layers     -> (replicated)  the stacked-blocks axis L that the scan runs over
+  layers     -> stage         the stacked-blocks axis L: pipeline stage s holds blocks s·L/S..(s+1)·L/S-1
+  stages     -> stage         the stage axis of a pipeline's activations (one microbatch per stage)
   act_embed  -> (replicated)  D of the block input x[B,D], replicated over tensor
 
 A logical axis that is not in the table is an error (ValueError), never a silent replication.
@@ -23,7 +24,8 @@ LOGICAL_RULES: dict[str, tuple[str, ...]] = {
     "batch": ("data", "fsdp"),
     "embed": ("fsdp",),
     "mlp": ("tensor",),
-    "layers": (),
+    "layers": ("stage",),
+    "stages": ("stage",),
     "act_embed": (),
 }
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from verify.check import CPU_GRID, PEAK_BANDED_ABOVE, TPU_CHIP_GRID, TPU_GRID, TPU_MID_GRID, check, render
+from verify.check import (CPU_GRID, CPU_STAGE_GRID, PEAK_BANDED_ABOVE, TPU_CHIP_GRID, TPU_GRID, TPU_MID_GRID,
+                          TPU_STAGE_GRID, XXL_ACCUMULATE, XXL_STAGES, check, render)
 from scaling.config import get_preset
 from scaling.hardware import get_chip
 
@@ -122,6 +123,82 @@ def test_tpu_xxl_train_step():
     # XLA:TPU runs the gradient reduce-scatter of these weights as a windowed einsum
     assert rep["config"]["windowed_grad_rs"]
     assert rep["collectives"]["by_kind"]["collective-permute"] > 0
+
+
+def test_stage_grid_covers_the_acceptance_configurations():
+    """>= 8 CPU and >= 4 TPU v5p configurations with a stage axis: stage=2 and stage=4, with and without
+    fsdp/tensor, GPipe and circular, remat none and full; the full XXL with stages on v5p:4x4x4; and
+    gradient accumulation (microbatches without stages) on both."""
+    staged = [(m, k, r) for _, m, _, r, _, k in CPU_STAGE_GRID if "stage=" in m]
+    assert len(staged) >= 8
+    sizes = {int(m.split("stage=")[1].split(",")[0]) for m, _, _ in staged}
+    assert {2, 4} <= sizes
+    assert any("fsdp" not in m and "tensor" not in m for m, _, _ in staged)
+    assert any("fsdp" in m and "tensor" in m for m, _, _ in staged)
+    assert {1} < {k.repeats for _, k, _ in staged} and {"none", "full"} <= {r for *_, r in staged}
+    tpu_staged = [g for g in TPU_STAGE_GRID if "stage=" in g[2]]
+    assert len(tpu_staged) >= 4 and all(d.startswith("tpu:v5p") for d, *_ in tpu_staged)
+    assert any(g[-1].repeats > 1 for g in tpu_staged)
+    assert XXL_STAGES[1] == get_preset("xxl") and "stage=2" in XXL_STAGES[2] and 126 % 2 == 0
+    assert any("stage" not in m and k.microbatches > 1 for _, m, _, _, _, k in CPU_STAGE_GRID)
+    assert any("stage" not in g[2] and g[-1].microbatches > 1 for g in TPU_STAGE_GRID)
+
+
+def _stage_ids(grid):
+    return [f"{c.d_model}x{c.blocks}-{m}-{r}-{s}-M{k.microbatches}R{k.repeats}{'-once' if k.fsdp_gather == 'step' else ''}"
+            for c, m, _, r, s, k in grid]
+
+
+@pytest.mark.parametrize("cfg,mesh,batch,remat,step,schedule", CPU_STAGE_GRID, ids=_stage_ids(CPU_STAGE_GRID))
+def test_cpu_stage_grid(cfg, mesh, batch, remat, step, schedule):
+    """Pipeline stages and gradient accumulation on 8 CPU devices: FLOPs (the bubble iterations' included),
+    arguments, and collectives per axis, stage's collective-permutes among them, in their bands."""
+    rep = check(cfg, "cpu:8", mesh, batch, remat, step, schedule=schedule)
+    _assert_bands(rep)
+
+
+@pytest.mark.tpu
+@pytest.mark.parametrize("devices,cfg,mesh,batch,remat,step,schedule", TPU_STAGE_GRID,
+                         ids=[f"{g[0][8:]}-{i}" for g, i in zip(TPU_STAGE_GRID, _stage_ids([g[1:] for g in TPU_STAGE_GRID]))])
+def test_tpu_stage_grid(devices, cfg, mesh, batch, remat, step, schedule):
+    rep = check(cfg, devices, mesh, batch, remat, step, schedule=schedule)
+    _assert_bands(rep)
+    assert 0.90 <= rep["memory"]["peak"]["ratio"] <= 1.10, rep["memory"]["peak"]
+
+
+@pytest.mark.tpu
+def test_tpu_xxl_with_stages_and_accumulation():
+    """The full XXL with 2 stages (63 blocks each), fsdp=8, tensor=4, 4 microbatches on v5p:4x4x4; and the
+    XXL at 1M tokens on 128 v5p chips (4x4x8) with 4 microbatches of gradient accumulation, the plan that
+    fits where one pass does not (tests/test_plan.py): every band, the peak within 5%, and the compiled
+    peak under the chip's usable HBM."""
+    for devices, cfg, mesh, batch, remat, step, schedule in (XXL_STAGES, XXL_ACCUMULATE):
+        rep = check(cfg, devices, mesh, batch, remat, step, schedule=schedule)
+        _assert_bands(rep)
+        assert 0.95 <= rep["memory"]["peak"]["ratio"] <= 1.05, (mesh, rep["memory"]["peak"])
+        assert rep["memory"]["peak"]["compiled"] <= get_chip("v5p").hbm_budget
+
+
+@pytest.mark.tpu
+def test_answer_verify_pipeline(capsys):
+    """(d)'s pipeline line compiled: gathered once per step the program moves one gather of the stage's
+    weights over fsdp (hand figure in test_closed_forms.test_default_stages_divide_the_blocks), 1/T of
+    what it moves gathering per microbatch; every axis within 2%, the peaks within 10%."""
+    import json
+
+    from verify.cli import main
+
+    assert main(["answer", "--verify-pipeline", "--json"]) == 0
+    gathers = json.loads(capsys.readouterr().out)["d"]["pipeline_program"]["gathers"]
+    fsdp = {}
+    for gather, g in gathers.items():
+        rep = g["check"]
+        for axis, row in rep["collectives"]["by_axis"].items():
+            assert 0.98 <= row["ratio"] <= 1.02, (gather, axis, row)
+        assert 0.90 <= rep["memory"]["peak"]["ratio"] <= 1.10, (gather, rep["memory"]["peak"])
+        fsdp[gather] = rep["collectives"]["by_axis"]["fsdp"]["compiled"] - 4  # less the loss's all-reduce
+    assert fsdp["step"] == pytest.approx(54_962_159_616, rel=1e-9)
+    assert fsdp["microbatch"] == pytest.approx(5 * fsdp["step"], rel=1e-9)
 
 
 def test_check_cli_json():

@@ -57,7 +57,7 @@ CASES = [
     (f"{TRAIN} --seed -1", r"--seed must be a non-negative integer, got -1"),
     (f"{TRAIN} --seed x", r"argument --seed: invalid int value: 'x'"),
     # mesh and devices
-    (f"{TRAIN} --mesh expert=8", r"unknown mesh axis 'expert' in 'expert=8'; valid axes: data, fsdp, tensor"),
+    (f"{TRAIN} --mesh expert=8", r"unknown mesh axis 'expert' in 'expert=8'; valid axes: data, stage, fsdp, tensor"),
     (f"{TRAIN} --mesh fsdp", r"mesh spec item 'fsdp' must be axis=size"),
     (f"{TRAIN} --mesh fsdp=0", r"mesh axis 'fsdp' size must be positive, got 0"),
     (f"{TRAIN} --mesh fsdp=x", r"mesh axis 'fsdp' size must be an integer, got 'x'"),

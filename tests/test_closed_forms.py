@@ -227,13 +227,14 @@ def test_cli_json_fields():
 @pytest.mark.parametrize("args, word", [
     (["--stages", "3"], "stages=3 must divide the FSDP size fsdp=16"),
     (["--stages", "32"], "stages=32 must divide the FSDP size fsdp=16"),
+    (["--stages", "4"], "and blocks=126 (each runs blocks/stages of them); valid: 1, 2"),
     (["--mx", "4"], "span 5 ICI axes"),
     (["--mx", "2", "--my", "2"], "span 4 ICI axes"),
     (["--fsdp", "2", "--tensor", "32", "--mx", "2"], "fsdp=2 cannot span 2 ICI axes"),
 ])
 def test_cli_impossible_inputs_exit_2(args, word):
     """Inputs the question's mesh cannot have: a stage count that does not divide the FSDP size (each
-    stage takes X/S of the FSDP shards), more ICI axes than a 3D torus has."""
+    stage takes X/S of the FSDP shards) or the 126 blocks, more ICI axes than a 3D torus has."""
     r = _cli("answer", *args)
     assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr
     lines = r.stderr.strip().splitlines()
@@ -244,11 +245,28 @@ def test_one_shard_per_stage_has_no_fsdp_term():
     """--stages 16 with X = 16: each stage is 1 FSDP shard x Y = 4 TP chips, so no weight gathers. By hand,
     the stage is compute bound when T_TP < T_math: 4BD/(1·M_Y·W) < 4BDF/(4·C) <=> 1 < F/(4·alpha) =
     53248/(4·2555.6) = 5.2: true for every B, so the threshold is 0 tokens."""
-    d = answers(stages=16)["d"]
+    d = answers(stages=16, blocks=128)["d"]  # 16 stages need a block count they divide
     assert d["sum"]["pipeline"] == 0 and d["max"]["pipeline"] == 0
     # and with 4 stages, X/S = 4 shards: the sum form's threshold by hand,
     # F/(Y·M_X) / (F/((N/S)·alpha) - 1/((X/S)·M_Y)) = 6656 / (53248/40888.9 - 1/4) = 6656/1.052260 = 6325.4
-    assert answers(stages=4)["d"]["sum"]["pipeline"] == pytest.approx(6325.4, rel=1e-4)
+    assert answers(stages=4, blocks=128)["d"]["sum"]["pipeline"] == pytest.approx(6325.4, rel=1e-4)
+
+
+def test_default_stages_divide_the_blocks():
+    """4 stages cannot split 126 = 2·3²·7 blocks, so (d) takes 2, the largest count <= 4 dividing both
+    X = 16 and L = 126. By hand (alpha = 4.6e14/1.8e11 = 2555.56, N/S = 32, X/S = 8):
+    6656 / (53248/(32·2555.56) − 1/8) = 6656/(0.651128 − 0.125) = 6656/0.526128 = 12,650.9 tokens. The
+    program it names: stage=2, fsdp=8, tensor=4; gathered once per step its fsdp bytes per device are one
+    gather of the stage's 63 blocks, 2 matrices × D·F/Y × 2 B × 63 = 54,962,159,616, and per microbatch
+    T = M + S − 1 = 5 times that; both add the loss's 4-byte all-reduce over fsdp."""
+    d = answers()["d"]
+    assert d["sum"]["pipeline_stages"] == 2 and "4 cannot split 126 blocks evenly" in d["pipeline_stages_why"]
+    assert d["sum"]["pipeline"] == pytest.approx(12650.9, rel=1e-4)
+    pp = d["pipeline_program"]
+    assert pp["mesh"] == "stage=2,fsdp=8,tensor=4" and pp["microbatches"] == 4
+    once = pp["gathers"]["step"]["collective_bytes"]["fsdp"] - 4
+    assert once == 2 * 16384 * 53248 // 4 * 2 * 63 == 54_962_159_616
+    assert pp["gathers"]["microbatch"]["collective_bytes"]["fsdp"] - 4 == 5 * once
 
 
 def test_answer_states_its_constants_batch_and_recommended_form():

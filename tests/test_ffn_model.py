@@ -57,9 +57,10 @@ def test_sharded_training_matches_one_device(reference_run, spec):
         diff = np.abs(got - ref)
         assert diff.max() <= 2 * steps * lr, (name, diff.max())
         assert diff.mean() <= 0.05 * lr, (name, diff.mean())
-    # the state keeps its sharding (out_shardings pinned): W_in and W_out [L,F,D] split F over tensor, D over fsdp
-    assert state["params"]["w_in"].sharding.spec == jax.sharding.PartitionSpec(None, "tensor", "fsdp")
-    assert state["opt"][0].mu["w_out"].sharding.spec == jax.sharding.PartitionSpec(None, "tensor", "fsdp")
+    # the state keeps its sharding (out_shardings pinned): W_in and W_out [L,F,D] split L over stage, F over
+    # tensor, D over fsdp
+    assert state["params"]["w_in"].sharding.spec == jax.sharding.PartitionSpec("stage", "tensor", "fsdp")
+    assert state["opt"][0].mu["w_out"].sharding.spec == jax.sharding.PartitionSpec("stage", "tensor", "fsdp")
 
 
 def test_loss_falls_and_remat_policies_agree():
@@ -150,7 +151,7 @@ def test_xxl_abstract_compile_cpu64_subprocess():
     out = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     rep = json.loads(out.stdout)
-    assert rep["platform"] == "cpu" and rep["mesh"] == {"data": 1, "fsdp": 16, "tensor": 4}
+    assert rep["platform"] == "cpu" and rep["mesh"] == {"data": 1, "stage": 1, "fsdp": 16, "tensor": 4}
     assert set(rep["memory"]) >= {"argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "peak_bytes"}
     assert rep["cost"]["flops"] > 0
     _check_xxl_arguments(rep["memory"], rep["compile_seconds"])

@@ -16,11 +16,12 @@ from scaling.sharding import LOGICAL_RULES
 
 def test_rules_table_and_specs():
     assert LOGICAL_RULES == {"batch": ("data", "fsdp"), "embed": ("fsdp",), "mlp": ("tensor",),
-                             "layers": (), "act_embed": ()}
-    assert mesh.logical_to_spec(("layers", "mlp", "embed")) == P(None, "tensor", "fsdp")  # W_in, W_out [L,F,D]
+                             "layers": ("stage",), "stages": ("stage",), "act_embed": ()}
+    # W_in, W_out [L,F,D]: the blocks split over pipeline stages (a stage axis of 1 is no split)
+    assert mesh.logical_to_spec(("layers", "mlp", "embed")) == P("stage", "tensor", "fsdp")
     # flax's rules from the same table
     assert dict(mesh.FLAX_RULES) == {"batch": ("data", "fsdp"), "embed": "fsdp", "mlp": "tensor",
-                                     "layers": None, "act_embed": None}
+                                     "layers": "stage", "stages": "stage", "act_embed": None}
     assert mesh.logical_to_spec(("batch", "act_embed")) == P(("data", "fsdp"), None)  # x [B,D]
     assert mesh.logical_to_spec(("batch", "mlp")) == P(("data", "fsdp"), "tensor")  # h [B,F]
 
@@ -38,13 +39,13 @@ def test_import_without_jax():
 
 
 @pytest.mark.parametrize("spec, shape", [
-    ("fsdp=8", (1, 8, 1)), ("tensor=8", (1, 1, 8)), ("fsdp=4,tensor=2", (1, 4, 2)),
-    ("data=2,fsdp=2,tensor=2", (2, 2, 2)), ("tensor=2,fsdp=-1", (1, 4, 2)),
-    (MeshShape(data=2, fsdp=4), (2, 4, 1)),
+    ("fsdp=8", (1, 1, 8, 1)), ("tensor=8", (1, 1, 1, 8)), ("fsdp=4,tensor=2", (1, 1, 4, 2)),
+    ("data=2,fsdp=2,tensor=2", (2, 1, 2, 2)), ("tensor=2,fsdp=-1", (1, 1, 4, 2)),
+    (MeshShape(data=2, fsdp=4), (2, 1, 4, 1)), ("stage=2,fsdp=2,tensor=2", (1, 2, 2, 2)),
 ])
 def test_cpu_meshes(spec, shape):
     m = mesh.make_mesh(spec, "cpu:8")
-    assert m.axis_names == ("data", "fsdp", "tensor")
+    assert m.axis_names == ("data", "stage", "fsdp", "tensor")
     assert m.devices.shape == shape
     assert all(t == AxisType.Auto for t in m.axis_types)
     assert sorted(d.id for d in m.devices.flat) == list(range(8))
@@ -53,7 +54,7 @@ def test_cpu_meshes(spec, shape):
 def test_real_devices_and_device_lists():
     assert mesh.make_mesh("fsdp=8").devices.size == len(jax.devices()) == 8
     one = mesh.make_mesh("fsdp=1", jax.devices()[:1])
-    assert one.devices.shape == (1, 1, 1)
+    assert one.devices.shape == (1, 1, 1, 1)
 
 
 @pytest.mark.parametrize("spec, devices, match", [
@@ -82,10 +83,10 @@ def test_tpu_topology_without_libtpu(monkeypatch):
 @pytest.mark.parametrize("devices", ["tpu:v5p:4x4x4", "tpu:v5p-128", "v5p-128", "tpu:4x4x4"])
 def test_tpu_topology_mesh(devices):
     m = mesh.make_mesh("fsdp=16,tensor=4", devices)
-    assert m.devices.shape == (1, 16, 4)
+    assert m.devices.shape == (1, 1, 16, 4)
     assert {d.platform for d in m.devices.flat} == {"tpu"}
     # tensor spans one physical axis (a ring of 4), fsdp the other two (4x4 chips).
-    coords = np.array([[d.coords for d in row] for row in m.devices[0]])  # [16, 4, 3]
+    coords = np.array([[d.coords for d in row] for row in m.devices[0, 0]])  # [16, 4, 3]
     tensor_line, fsdp_line = coords[0, :, :], coords[:, 0, :]
     assert sum(len(set(tensor_line[:, k])) > 1 for k in range(3)) == 1
     assert sum(len(set(fsdp_line[:, k])) > 1 for k in range(3)) == 2

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from scaling.config import PRESETS
+from scaling.config import PRESETS, Schedule
 from scaling.hardware import get_chip
 from scaling.plan import plan
 
@@ -14,11 +14,20 @@ XXL, V5P = PRESETS["xxl"], get_chip("v5p")
 
 
 def test_enumerates_every_factorisation():
-    # 64 = 2^6: ordered (data, fsdp, tensor) = exponent triples summing to 6: C(8,2) = 28 meshes.
-    # With an unlimited HBM budget every one of them is a plan (D=2^14, F=2^12·13 divide by any 2^k <= 64).
-    plans = plan(XXL, V5P, 64, 25600, hbm=1e18)
-    assert len(plans) == 28
-    assert len({tuple(p["mesh"].values()) for p in plans}) == 28
+    # 64 = 2^6 into (data, stage, fsdp, tensor). The stages must divide L = 126 = 2·3^2·7, so stage is 1 or 2:
+    # stage 1: (data, fsdp, tensor) exponent triples summing to 6, C(8,2) = 28 meshes; stage 2: summing
+    # to 5, C(7,2) = 21 meshes; 49 in all (D = 2^14, F = 2^12·13 divide by any 2^k <= 64). Each with its
+    # microbatch counts: 1, 2, 4, ..., 64 without stages (7), 2, 4, ..., 64 with 2 stages (6), and for
+    # stage 2 also circular R = 2 (63 blocks per stage: R must divide 63, so no R = 2): 28·7 + 21·6 = 322
+    # plans, less those with under one token per device (B = 25,600 < M·data·fsdp).
+    plans = plan(XXL, V5P, 64, 25600, hbm=1e18, per_mesh=False)
+    assert len({tuple(p["mesh"].values()) for p in plans}) == 49
+    best = plan(XXL, V5P, 64, 25600, hbm=1e18)  # each mesh once, with its fastest schedule
+    assert len(best) == 49 and {tuple(p["mesh"].values()) for p in best} == {tuple(p["mesh"].values()) for p in plans}
+    assert {p["repeats"] for p in plans} == {1}
+    full = {(tuple(p["mesh"].values()), p["microbatches"]) for p in plans}
+    assert len(full) == len(plans) <= 28 * 7 + 21 * 6
+    assert all(25600 >= p["microbatches"] * p["mesh"]["data"] * p["mesh"]["fsdp"] for p in plans)
 
 
 def test_question_mesh_by_hand():
@@ -28,8 +37,9 @@ def test_question_mesh_by_hand():
     # Max-form critical batch X·alpha/M_X = 16·2550/2 = 20,400 tokens; sum form (alpha = 2550)
     # F/(Y·M_X) / (F/(N·alpha) − 1/(X·M_Y)) = 6656 / (53248/163200 − 1/16) = 6656/0.263775 = 25,233.7.
     for form, crit in (("max", 20_400), ("sum", 25_233.7)):
-        plans = {tuple(p["mesh"].values()): p for p in plan(XXL, V5P, 64, 25600, hbm=95e9, form=form)}
-        p = plans[(1, 16, 4)]
+        plans = {tuple(p["mesh"].values()): p for p in plan(XXL, V5P, 64, 25600, hbm=95e9, form=form, per_mesh=False)
+                 if p["microbatches"] == 1}
+        p = plans[(1, 1, 16, 4)]
         assert (p["M_X"], p["M_Y"]) == (2, 1)
         assert p["times"]["math"] == pytest.approx(1.14954, rel=1e-5)
         assert p["critical_batch"] == pytest.approx(crit, rel=1e-5)
@@ -51,9 +61,11 @@ def test_mfu_counts_model_flops_and_hfu_the_recompute():
 
 
 def test_budget_drops_plans_and_top_is_compute_bound():
-    # Pure data parallel cannot hold 16·P = 3.5 TB per chip: every plan must shard weights 38+ ways.
+    # Pure data parallel cannot hold 16·P = 3.5 TB per chip: every plan must shard weights 38+ ways
+    # (over fsdp, tensor and the pipeline stages, each of which holds L/S blocks).
     plans = plan(XXL, V5P, 64, 25600, hbm=95e9)
-    assert plans and all(p["mesh"]["fsdp"] * p["mesh"]["tensor"] >= 38 for p in plans)
+    assert plans and all(p["mesh"]["fsdp"] * p["mesh"]["tensor"] * p["mesh"]["stage"] >= 38 for p in plans)
+    assert {p["mesh"]["stage"] for p in plans} == {1, 2}
     assert all(p["memory_bytes"] <= 95e9 for p in plans)
     steps = [p["step_seconds"] for p in plans]
     assert steps == sorted(steps)
@@ -67,20 +79,59 @@ def _plan_cli(*args):
 def test_plan_cli_bad_input():
     for args in (["--chips", "0"], ["--chip", "v9"], ["--preset", "nope"], ["--chips", "63"], ["--top", "0"],
                  ["--slice", "v5p-7"], ["--slice", "v5p-256", "--chips", "128"], ["--form", "mean"],
-                 ["--slice", "v5litepod-12"], ["--slice", "v6e-3"], ["--chip", "tpu7x", "--chips", "6"]):
+                 ["--slice", "v5litepod-12"], ["--slice", "v6e-3"], ["--chip", "tpu7x", "--chips", "6"],
+                 ["--max-microbatches", "0"], ["--max-repeats", "-1"]):
         r = _plan_cli(*args)
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, args
 
 
 def test_nothing_fits_names_the_budget_it_used():
-    """The XXL at 1M tokens without remat fits no mesh of 128 v5p chips; the error names the budget the
-    filter used: the table's usable HBM (95.74 GiB = 102.8 GB, not the 96 GiB capacity), or --hbm."""
-    r = _plan_cli("--chips", "128", "--preset", "xxl", "--batch-tokens", "1048576")
+    """The XXL at 1M tokens without remat and without microbatches fits no mesh of 128 v5p chips; the
+    error names the budget the filter used: the table's usable HBM (95.74 GiB = 102.8 GB, not the 96 GiB
+    capacity), or --hbm."""
+    r = _plan_cli("--chips", "128", "--preset", "xxl", "--batch-tokens", "1048576", "--max-microbatches", "1")
     assert r.returncode == 2 and "102.8 GB per device (--hbm 1.028e+11 bytes)" in r.stderr, r.stderr
     assert "nearest miss: fsdp=128 needs 179.0 GB per device" in r.stderr  # 16 B/param/128 + activations...
     assert V5P.hbm_budget == 95.74 * 2**30 and V5P.hbm_bytes == 96 * 2**30
-    r = _plan_cli("--chips", "128", "--batch-tokens", "1048576", "--hbm", "1e11")
+    r = _plan_cli("--chips", "128", "--batch-tokens", "1048576", "--hbm", "1e11", "--max-microbatches", "1")
     assert r.returncode == 2 and "100 GB per device (--hbm 1e+11 bytes)" in r.stderr, r.stderr
+
+
+def test_gradient_accumulation_fits_what_one_pass_cannot():
+    """The same 1M tokens on 128 v5p chips without remat fit with gradient accumulation. By hand, for
+    fsdp=32, tensor=4, M=4 (N = 128, P = 219,848,638,464): state 16·P/128 = 27.48 GB, the FP32 gradient
+    accumulator 4·P/128 = 6.87 GB, one microbatch's activations 2^20/32/4 = 8192 tokens per device ×
+    126 blocks × 2·(D + F/4) = 59,392 B = 61.31 GB, two blocks' gathered bf16 weights 2·2·2·D·F/4 =
+    1.745 GB, the batch 6·(2^20/32)·D = 3.22 GB: 100.6 GB <= 102.8 GB."""
+    plans = plan(XXL, V5P, 128, 2**20, per_mesh=False)
+    assert plans and all(p["microbatches"] > 1 for p in plans)
+    p = next(p for p in plans if tuple(p["mesh"].values()) == (1, 1, 32, 4) and p["microbatches"] == 4)
+    P = 219_848_638_464
+    by_hand = 16 * P / 128 + 4 * P / 128 + 8192 * 126 * 2 * (16384 + 53248 / 4) + 8 * 16384 * 53248 / 4 + 6 * 2**15 * 16384
+    assert p["memory_bytes"] == pytest.approx(by_hand, rel=1e-9)
+
+
+def test_top_plans_with_and_without_stages():
+    """v5p-1024 (512 chips), the XXL at 1M tokens: the table ends with the best plan without stages and
+    the best with them, its bubble's share of the ideal step (S−1)/(R·M) and its cost in seconds (the
+    math time of the bubble iterations, T_math·(S−1)/(R·M+S−1)); 8,960 chips plan in under 1 s."""
+    r = _plan_cli("--slice", "v5p-1024", "--preset", "xxl", "--batch-tokens", "1048576")
+    assert r.returncode == 0, r.stderr
+    tail = r.stdout.splitlines()[-2:]
+    assert tail[0].endswith("without stages") and "with stages: bubble" in tail[1]
+    j = json.loads(_plan_cli("--slice", "v5p-1024", "--preset", "xxl", "--batch-tokens", "1048576", "--json",
+                             "--top", "100000").stdout)
+    staged = [p for p in j["plans"] if p["mesh"]["stage"] > 1]
+    assert staged and j["plans"][0]["mesh"]["stage"] == 1
+    for p in staged:
+        S, M, R = p["mesh"]["stage"], p["microbatches"], p["repeats"]
+        assert p["bubble"] == pytest.approx((S - 1) / (R * M), rel=1e-12)
+        assert p["bubble_seconds"] == pytest.approx(p["times"]["math"] * (S - 1) / (R * M + S - 1), rel=1e-12)
+    best = staged[0]
+    assert f"{best['bubble']:.1%} of the ideal step, {best['bubble_seconds']:.3f} s" in tail[1]
+    j = json.loads(_plan_cli("--chips", "8960", "--preset", "xxl", "--batch-tokens", "1048576", "--remat", "full",
+                             "--json", "--top", "1").stdout)
+    assert j["count"] > 0 and j["enumerate_seconds"] < 1.0, j["enumerate_seconds"]
 
 
 def test_slice_names():
@@ -98,7 +149,7 @@ def test_slice_names():
 
 def test_plan_cli_json():
     j = json.loads(_plan_cli("--json", "--top", "3").stdout)
-    assert len(j["plans"]) == 3 and j["count"] == 5
+    assert len(j["plans"]) == 3 and j["count"] == len(plan(XXL, V5P, 64, 25600))
 
 
 @pytest.mark.tpu
@@ -143,7 +194,8 @@ def test_planner_ranks_what_predict_says(chip, chips, batch, remat):
     for p in plans:
         layout = {a: (v["lens"], v["wrap"]) for a, v in p["layout"].items()}
         one = program.predict(XXL, MeshShape(p["mesh"]), batch, remat, "train", chip_, layout,
-                              dcn={p["dcn_axis"]: p["slices"]} if p["dcn_axis"] else None)
+                              dcn={p["dcn_axis"]: p["slices"]} if p["dcn_axis"] else None,
+                              schedule=Schedule(p["microbatches"], p["repeats"]))
         t = one["times"]
         assert p["step_seconds_sum"] == pytest.approx(t["step_sum"], rel=1e-12)
         assert p["step_seconds_max"] == pytest.approx(t["step_max"], rel=1e-12)
@@ -165,6 +217,7 @@ def test_a_new_chip_is_a_new_row():
     assert row.has_wraparound(8, 8, (8, 8)) and not row.has_wraparound(4, 8, (8, 8))
     plans = plan(XXL.replace(blocks=4), row, 64, 16384)
     assert plans and all(p["memory_bytes"] <= 64e9 for p in plans)
+    plans = [p for p in plans if p["mesh"]["stage"] == 1 and p["microbatches"] == 1]
     # executed = 6PB − 2BDF (model) + 2BDF (block 0's dead dx in the scan) = 6PB, P = 2·D·F·4
     P = 2 * 16384 * 53248 * 4
     assert plans[0]["times"]["math"] == pytest.approx(6 * P * 16384 / (64 * 1e15), rel=1e-12)
@@ -188,7 +241,15 @@ def test_nothing_fits_says_why_with_the_nearest_miss():
     fsdp=256 (every chip one FSDP shard), by hand: 16·P/256 = 13.74 GB of state (master 3.4, Adam 6.9,
     grads 3.4) + saved block inputs 2·(2^20/256)·16384·126 = 16.91 GB + two blocks' gathered bf16
     weights 4·2·16384·53248 = 6.98 GB + the batch 6·16384·4096 = 0.40 GB = 38.0 GB."""
-    r = _plan_cli("--chip", "v5e", "--chips", "256", "--preset", "xxl", "--batch-tokens", "1048576", "--remat", "full")
+    args = ["--chip", "v5e", "--chips", "256", "--preset", "xxl", "--batch-tokens", "1048576", "--remat", "full"]
+    r = _plan_cli(*args, "--max-microbatches", "1")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
     assert "nearest miss: fsdp=256 needs 38.0 GB per device" in r.stderr
     assert "activations 16.9, transient_weights 7.0" in r.stderr and "21.1 GB over" in r.stderr
+    # With gradient accumulation (up to 64 microbatches) the nearest miss is fsdp=64, tensor=4, M=64, by
+    # hand: state 13.74 GB + the FP32 accumulator 4·P/256 = 3.44 GB + one microbatch's saved block
+    # inputs 2·(2^20/64/64)·16384·126 = 1.06 GB + two blocks' bf16 weights over tensor=4 2·2·2·D·F/4 =
+    # 1.74 GB + the batch 6·(2^20/64)·16384 = 1.61 GB = 21.6 GB, 4.7 GB over 16.91 GB.
+    r = _plan_cli(*args)
+    assert r.returncode == 2 and "nearest miss: fsdp=64,tensor=4 with M=64 needs 21.6 GB per device" in r.stderr
+    assert "accumulated 3.4 GB): 4.7 GB over" in r.stderr

@@ -18,21 +18,22 @@ from __future__ import annotations
 from ffn_model.bench import time_train_step
 from mesh import ici_layout, mesh_shape
 from scaling import program
-from scaling.config import FFNConfig
+from scaling.config import FFNConfig, Schedule
 from scaling.hardware import Chip
 from verify.hlo import read_compiled
 
 
 def bench(cfg: FFNConfig, mesh, batch_tokens: int, steps: int = 10, warmup: int = 2, remat: str = "none",
-          chip: Chip | None = None, seed: int = 0) -> dict:
+          chip: Chip | None = None, seed: int = 0, schedule: Schedule = Schedule()) -> dict:
     """Time the train step and report it against ``chip`` (None: no MFU and no prediction). Returns
     step_seconds (median), step_seconds_all, flops {model, executed} (global), tflops_per_s (all
     devices), tflops_per_s_per_device, mfu, hfu, predicted (predict's times) and final_loss."""
-    timing = time_train_step(cfg, mesh, batch_tokens, steps, warmup, remat, seed)
+    timing = time_train_step(cfg, mesh, batch_tokens, steps, warmup, remat, seed, schedule)
     shape = mesh_shape(mesh)
     n = shape.devices
     executed = read_compiled(timing["compiled"], dict(shape)).dot_flops * n
-    pred = program.predict(cfg, shape, batch_tokens, remat, "train", chip, ici_layout(mesh, chip) if chip else None)
+    pred = program.predict(cfg, shape, batch_tokens, remat, "train", chip, ici_layout(mesh, chip) if chip else None,
+                           schedule=schedule)
     model = pred["flops"]["model"] * n
     t = timing["step_seconds"]
     rep = {"step_seconds": t, "step_seconds_all": timing["step_seconds_all"],

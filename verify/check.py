@@ -18,9 +18,11 @@ import sys
 from ffn_model.compile import abstract_compile
 from mesh import device_count, ici_layout, make_mesh, mesh_shape
 from mesh.devices import parse_tpu_spec, use_cpu_platform_for
-from scaling import program
-from scaling.config import FFNConfig, MeshShape, check_divisible, get_preset, parse_mesh_spec
+from scaling import pipeline, program
+from scaling.cli import schedule_of
+from scaling.config import FFNConfig, MeshShape, Schedule, check_divisible, get_preset, parse_mesh_spec
 from scaling.hardware import CHIPS, Chip, get_chip, slice_topology
+from scaling.pipeline import relay_moves
 from verify.hlo import read_compiled
 
 
@@ -99,6 +101,39 @@ TPU_CHIP_GRID = [
 ]
 # The full XXL train step of the question (tests/test_check.py::test_tpu_xxl_train_step).
 XXL_TRAIN = ("tpu:v5p:4x4x4", _XXL, "fsdp=16,tensor=4", 25600, "none", "train")
+# Microbatches: pipeline stages (GPipe, circular, weights gathered per microbatch or once per step) and
+# gradient accumulation, each row ending with its Schedule. On 8 emulated CPU devices: stage=2, 4 and 8,
+# with and without fsdp/tensor/data, remat none/every-second/full, train and forward.
+_SMALL8 = _SMALL.replace(blocks=8)
+CPU_STAGE_GRID = [
+    (_SMALL, "stage=2,fsdp=4", 4096, "none", "train", Schedule(2)),
+    (_SMALL, "stage=2,fsdp=2,tensor=2", 4096, "none", "train", Schedule(4)),
+    (_SMALL, "stage=4,tensor=2", 4096, "full", "train", Schedule(4)),
+    (_SMALL8, "stage=8", 4096, "none", "train", Schedule(8)),
+    (_SMALL8, "stage=4,fsdp=2", 4096, "none", "train", Schedule(4, repeats=2)),
+    (_SMALL, "stage=2,fsdp=2,tensor=2", 4096, "every-second", "train", Schedule(2, repeats=2)),
+    (_SMALL.replace(blocks=6), "stage=2,tensor=4", 2048, "none", "train", Schedule(4, repeats=3)),
+    (_SMALL, "stage=2,fsdp=4", 4096, "none", "train", Schedule(4, fsdp_gather="step")),
+    (_SMALL, "data=2,stage=2,tensor=2", 4096, "none", "forward", Schedule(4)),
+    (_SMALL, "fsdp=4,tensor=2", 4096, "none", "train", Schedule(4)),
+    (_SMALL, "data=2,fsdp=4", 4096, "full", "train", Schedule(2)),
+]
+# On TPU v5p, ahead of time; the full XXL with 2 stages (126 blocks: 63 per stage) on v5p:4x4x4, and the
+# XXL at 1M tokens on 128 chips with gradient accumulation (the plan scaling.plan ranks first there
+# without remat: nothing fits in one pass).
+_LARGE = _SMALL.replace(d_model=8192, d_ff=32768, blocks=8)
+TPU_STAGE_GRID = [
+    ("tpu:v5p:2x2x2", _MEDIUM, "stage=2,fsdp=2,tensor=2", 8192, "none", "train", Schedule(4)),
+    ("tpu:v5p:2x2x2", _LARGE, "stage=4,fsdp=2", 8192, "none", "train", Schedule(4, repeats=2)),
+    ("tpu:v5p:2x2x2", _LARGE, "stage=2,fsdp=4", 8192, "none", "train", Schedule(4, repeats=2)),
+    ("tpu:v5p:2x2x1", _MEDIUM, "stage=2,fsdp=2", 8192, "full", "train", Schedule(2, fsdp_gather="step")),
+    ("tpu:v5p:4x4x4", _LARGE, "data=2,stage=4,fsdp=4,tensor=2", 16384, "every-second", "train", Schedule(8)),
+    ("tpu:v5p:2x2x2", _LARGE.replace(blocks=4), "stage=4,tensor=2", 8192, "full", "train", Schedule(8)),
+    ("tpu:v5p:2x2x2", _MEDIUM, "stage=2,fsdp=4", 8192, "none", "forward", Schedule(2)),
+    ("tpu:v5p:2x2x2", _MEDIUM, "fsdp=4,tensor=2", 16384, "none", "train", Schedule(4)),
+]
+XXL_STAGES = ("tpu:v5p:4x4x4", _XXL, "stage=2,fsdp=8,tensor=4", 25600, "none", "train", Schedule(4))
+XXL_ACCUMULATE = ("tpu:v5p:4x4x8", _XXL, "fsdp=32,tensor=4", 2**20, "none", "train", Schedule(4))
 
 
 def _ratio(closed, compiled):
@@ -129,6 +164,7 @@ def check(
     step: str = "train",
     chip: str | None = None,
     verbose: bool = False,
+    schedule: Schedule = Schedule(),
 ) -> dict:
     """Compile one step for ``devices`` and compare it with the closed forms. Returns
     {"config", "flops": {"matmul": row}, "memory": {...rows}, "collectives": {"total_bytes": row,
@@ -140,7 +176,7 @@ def check(
     layout = ici_layout(mesh, chip_)
     platform = mesh.devices.flat[0].platform
     widen = 4 if platform == "cpu" else 0  # XLA:CPU runs bf16 collectives in f32 (program.collective_volumes)
-    res = abstract_compile(cfg, mesh, batch_tokens, remat=remat, step=step)
+    res = abstract_compile(cfg, mesh, batch_tokens, remat=remat, step=step, schedule=schedule)
     got = read_compiled(res.compiled, dict(shape))
     cb = got.collective_bytes
     # Which implementation of the gradient reduce-scatter XLA chose is a fact of the program: a
@@ -150,12 +186,23 @@ def check(
     # all-reduce over both axes that carries more than the 4-byte loss.
     merged = step == "train" and any(c.kind == "all-reduce" and set(c.axes) == {"data", "fsdp"} and c.volume > 4
                                      for c in got.collectives)
+    # And, for a circular pipeline, whether it keeps the re-laid stacks for the backward (2 re-lays per
+    # stack: forward, the gradient back) or re-lays them again: the collective-permutes over stage that run
+    # once per step (the pipeline's own run every iteration), over the rounds of one re-lay of both stacks.
+    relays = 2
+    if schedule.repeats > 1 and step == "train":
+        once = sum(c.count for c in got.collectives if c.kind == "collective-permute" and c.axes == ("stage",)
+                   and c.count == 1)
+        relays = round(once / (2 * relay_moves(shape["stage"], schedule.repeats)))
     pred = program.predict(cfg, shape, batch_tokens, remat, step, chip_, layout, min_comm_bytes=widen,
-                           windowed_grad_rs=windowed, merged_grad_allreduce=merged)
+                           windowed_grad_rs=windowed, merged_grad_allreduce=merged, schedule=schedule,
+                           circular_relays=relays)
 
     out = {"config": {"model": vars(cfg), "devices": devices, "mesh": shape.as_dict(), "batch_tokens": batch_tokens,
-                      "remat": remat, "step": step, "chip": chip_.name, "compile_seconds": res.compile_seconds,
-                      "ici_layout": layout, "windowed_grad_rs": windowed, "merged_grad_allreduce": merged}}
+                      "remat": remat, "step": step, "schedule": vars(schedule), "chip": chip_.name,
+                      "compile_seconds": res.compile_seconds,
+                      "ici_layout": layout, "windowed_grad_rs": windowed, "merged_grad_allreduce": merged,
+                      "circular_relays": relays}}
     f = pred["flops"]
     out["flops"] = {
         "matmul": _row(f["total"], got.dot_flops,
@@ -206,12 +253,15 @@ def check(
 def check_command(args) -> int:
     """``check`` on the command line: every flag checked before anything is printed or compiled."""
     cfg = get_preset(args.preset).replace(d_model=args.d_model, d_ff=args.d_ff, blocks=args.blocks)
-    check_divisible(cfg, parse_mesh_spec(args.mesh, device_count(args.devices)), args.batch_tokens)
+    shape, schedule = parse_mesh_spec(args.mesh, device_count(args.devices)), schedule_of(args)
+    check_divisible(cfg, shape, args.batch_tokens)
+    schedule.check(cfg, shape, args.batch_tokens)
     if args.chip is not None:
         get_chip(args.chip)
     use_cpu_platform_for(args.devices)
     print(f"compiling the {args.step} step for {args.devices} ...", file=sys.stderr, flush=True)
-    rep = check(cfg, args.devices, args.mesh, args.batch_tokens, args.remat, args.step, args.chip, verbose=args.verbose)
+    rep = check(cfg, args.devices, args.mesh, args.batch_tokens, args.remat, args.step, args.chip, verbose=args.verbose,
+                schedule=schedule)
     print(json.dumps(rep, indent=2, default=str) if args.json else render(rep))
     return 0
 
@@ -226,11 +276,24 @@ def _fmt(x):
     return f"{x:.4g}" if abs(x) < 1e4 else f"{x:.4e}"
 
 
+def _schedule_text(cfgd: dict) -> str:
+    """The schedule part of the report's first line (empty for one pass without stages)."""
+    sch, S = Schedule(**cfgd["schedule"]), cfgd["mesh"]["stage"]
+    if S == 1:
+        return f"; {sch.microbatches} microbatches (gradient accumulation)" if sch.microbatches > 1 else ""
+    bub = pipeline.bubble(sch, S)
+    return (f"; pipeline of {S} stages, {sch.microbatches} microbatches, "
+            + ("GPipe" if sch.repeats == 1 else f"circular with {sch.repeats} repeats")
+            + f", weights gathered once per {sch.fsdp_gather}; bubble {bub['overhead']:.3f} of the ideal step "
+            f"((S-1)/(R*M)), {bub['idle_share']:.3f} of this one ((S-1)/(R*M+S-1))")
+
+
 def render(rep: dict) -> str:
     """The side-by-side table: quantity, closed form, compiled, ratio, note."""
     cfgd = rep["config"]
     lines = [f"{cfgd['step']} step, {cfgd['model']}, mesh {cfgd['mesh']}, B={cfgd['batch_tokens']:,} tokens, "
-             f"remat {cfgd['remat']}, devices {cfgd['devices']} (compiled in {cfgd['compile_seconds']:.1f} s)",
+             f"remat {cfgd['remat']}, devices {cfgd['devices']} (compiled in {cfgd['compile_seconds']:.1f} s)"
+             + _schedule_text(cfgd),
              f"chip figures for the times: {get_chip(cfgd['chip']).describe()}",
              f"{'quantity':<28} {'closed form':>12} {'compiled':>12} {'ratio':>7}  note"]
     rows = [(f"{a}.{b}", rep[a][b]) for a, b in ROW_ORDER]
@@ -270,10 +333,62 @@ def verify_plans(plans: list[dict], cfg: FFNConfig, chip: Chip, chips: int, rema
     topo = "x".join(str(d) for d in slice_topology(chip, chips))
     for p in plans:
         mesh = make_mesh(MeshShape(p["mesh"]), f"tpu:{chip.name}:{topo}", verbose)
-        res = abstract_compile(cfg, mesh, p["batch_tokens"], remat=remat, step="train")
+        res = abstract_compile(cfg, mesh, p["batch_tokens"], remat=remat, step="train",
+                               schedule=Schedule(p["microbatches"], p["repeats"]))
         peak = read_compiled(res.compiled, p["mesh"]).memory["peak_bytes"]
         p["compiled_peak_bytes"] = peak
         p["compiled_fits"] = peak is not None and peak <= hbm
         p["compiled_ici_layout"] = ici_layout(mesh, chip)
         p["compile_seconds"] = res.compile_seconds
     return plans
+
+
+def verify_pipeline(ans: dict, verbose: bool = False) -> dict:
+    """(d)'s pipeline program (scaling.answers.pipeline_program) compiled ahead of time for v5p (the
+    question's chip) with the weights gathered once per microbatch and once per step: for each, the
+    check report (collective bytes per axis and peak memory, closed form beside compiled). Added to
+    ``ans["d"]["pipeline_program"]["gathers"][gather]["check"]``, in place."""
+    pp = ans["d"]["pipeline_program"]
+    i = ans["inputs"]
+    cfg = FFNConfig(i["d_model"], i["d_ff"], i["blocks"])
+    topo = "x".join(str(n) for n in slice_topology(CHIPS["v5p"], pp["chips"]))
+    pp["devices"] = f"tpu:v5p:{topo}"
+    for gather, g in pp["gathers"].items():
+        if "error" in g:
+            continue
+        print(f"compiling the forward step for {pp['devices']}, {pp['mesh']}, weights gathered once per {gather} ...",
+              file=sys.stderr, flush=True)
+        g["check"] = check(cfg, pp["devices"], pp["mesh"], pp["batch_tokens"], "none", "forward", verbose=verbose,
+                           schedule=Schedule(pp["microbatches"], 1, gather))
+    return ans
+
+
+def render_pipeline(ans: dict) -> str:
+    """verify_pipeline's table: per gather mode, the collective bytes per axis and the peak, closed form
+    beside compiled."""
+    pp, d = ans["d"]["pipeline_program"], ans["d"]
+    lines = [f"(d) pipeline, compiled: {d['pipeline_stages_why']}.",
+             f"Forward step of the XXL on {pp['devices']} as {pp['mesh']}, M = {pp['microbatches']} microbatches, "
+             f"B = {pp['batch_tokens']:,} tokens; per device:",
+             f"  {'weights gathered once per':<26} {'quantity':<26} {'closed form':>12} {'compiled':>12} {'ratio':>7}"]
+    for gather, g in pp["gathers"].items():
+        if "check" not in g:
+            lines.append(f"  {gather:<26} {g.get('error', 'not compiled')}")
+            continue
+        rep = g["check"]
+        rows = [(f"collectives.{a} bytes", r) for a, r in rep["collectives"]["by_axis"].items()]
+        rows.append(("memory.peak bytes", rep["memory"]["peak"]))
+        for name, r in rows:
+            ratio = "-" if r["ratio"] is None else f"{r['ratio']:.4f}"
+            lines.append(f"  {gather:<26} {name:<26} {_fmt(r['closed_form']):>12} {_fmt(r['compiled']):>12} {ratio:>7}")
+    per_mb, per_step = (pp["gathers"][g].get("check") for g in ("microbatch", "step"))
+    if per_mb and per_step:
+        a, b = (r["collectives"]["by_axis"]["fsdp"]["compiled"] for r in (per_mb, per_step))
+        T = pp["microbatches"] + ans["inputs"]["stages"] - 1
+        lines.append(f"Gathered once per step, the program moves {b / 1e9:.3g} GB over fsdp, 1/{a / b:.3g} of the "
+                     f"{a / 1e9:.3g} GB it moves gathering per microbatch (T = M + S - 1 = {T} pipeline iterations, "
+                     "each gathering every block of its stage): the program does gather each weight once per step. "
+                     f"The price is memory: {per_step['memory']['peak']['compiled'] / 1e9:.3g} GB peak against "
+                     f"{per_mb['memory']['peak']['compiled'] / 1e9:.3g} GB (the stage's "
+                     f"{ans['inputs']['blocks'] // ans['inputs']['stages']} blocks held gathered).")
+    return "\n".join(lines)

@@ -13,7 +13,7 @@ from mesh.devices import infer_chip
 from scaling import cli as closed_form_cli
 from scaling.hardware import get_chip
 from verify.bench import bench
-from verify.check import check_command, verify_plans
+from verify.check import check_command, render_pipeline, verify_pipeline, verify_plans
 from verify.hlo import read_compiled
 
 COST_KEYS = ("flops", "bytes accessed", "transcendentals", "optimal_seconds")
@@ -22,11 +22,12 @@ COST_KEYS = ("flops", "bytes accessed", "transcendentals", "optimal_seconds")
 def compile_report(args, cfg) -> dict:
     """``compile``: compile one step ahead of time and read it (verify.hlo.read_compiled)."""
     mesh = make_mesh(args.mesh, args.devices, args.verbose)
-    res = abstract_compile(cfg, mesh, args.batch_tokens, remat=args.remat, step=args.step)
+    schedule = model_cli.schedule_of(args)
+    res = abstract_compile(cfg, mesh, args.batch_tokens, remat=args.remat, step=args.step, schedule=schedule)
     got = read_compiled(res.compiled, dict(mesh_shape(mesh)))
     return {"command": "compile", "model": vars(cfg), "mesh": mesh_shape(mesh).as_dict(), "devices": args.devices,
             "platform": mesh.devices.flat[0].platform, "batch_tokens": args.batch_tokens, "remat": args.remat,
-            "step": args.step, "compile_seconds": res.compile_seconds, "memory": got.memory,
+            "step": args.step, "schedule": vars(schedule), "compile_seconds": res.compile_seconds, "memory": got.memory,
             "cost": {k: v for k, v in got.cost.items() if k in COST_KEYS}, "dot_flops": got.dot_flops,
             "collective_bytes": got.collective_bytes["by_axis"]}
 
@@ -48,7 +49,8 @@ def bench_report(args, cfg) -> dict:
     mesh = make_mesh(args.mesh, model_cli.start_processes(args))
     dev = mesh.devices.flat[0]
     chip = get_chip(args.chip) if args.chip is not None else infer_chip(dev)
-    rep = bench(cfg, mesh, args.batch_tokens, args.steps, args.warmup, args.remat, chip, args.seed)
+    rep = bench(cfg, mesh, args.batch_tokens, args.steps, args.warmup, args.remat, chip, args.seed,
+                model_cli.schedule_of(args))
     return {"command": "bench", "model": vars(cfg), "mesh": mesh_shape(mesh).as_dict(), "devices": args.devices,
             "platform": dev.platform, "device_kind": dev.device_kind, "batch_tokens": args.batch_tokens,
             "remat": args.remat, "steps": args.steps, "warmup": args.warmup, **rep}
@@ -77,6 +79,7 @@ def print_bench(rep: dict) -> None:
 def main(argv=None) -> int:
     p = closed_form_cli.Parser(prog="python -m verify", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
-    closed_form_cli.add_commands(sub, check_command=check_command, verify_plans=verify_plans)
+    closed_form_cli.add_commands(sub, check_command=check_command, verify_plans=verify_plans,
+                                 verify_pipeline=verify_pipeline, render_pipeline=render_pipeline)
     model_cli.add_commands(sub, {"compile": (compile_report, print_compile), "bench": (bench_report, print_bench)})
     return closed_form_cli.run(p, argv)

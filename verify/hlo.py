@@ -344,9 +344,10 @@ class HloProgram:
 
         XLA:TPU (v5e) overlaps a collective with a matmul by cloning the instruction into the fusions of
         one asynchronous collective: a start fusion (root custom-call AsyncCollectiveStart), continuation
-        fusions and a done fusion (AsyncCollectiveDone). The clones share the instruction's channel_id,
-        which is otherwise unique in a module: a channel_id is counted once (the start fusion's copy),
-        as asynchronous."""
+        fusions and a done fusion (AsyncCollectiveDone). The clones share the instruction's channel_id:
+        collectives inside fusion computations that share a channel_id are counted once (the start
+        fusion's copy), as asynchronous. (A channel_id alone is not unique: XLA:CPU gives a ppermute and
+        its transpose in the backward loop the same one.)"""
         sizes = tuple(int(s) for s in mesh_axes.values())
         names = tuple(mesh_axes)
         n_dev = math.prod(sizes)
@@ -388,7 +389,8 @@ class HloProgram:
                         c.kind, c.result_bytes = "reduce-scatter", dtype_bytes(c.dtype) * sliced
                         c.note = "all-reduce followed by a dynamic-slice by partition id: the reduce-scatter it implements"
                 channel = re.search(r"\bchannel_id=(\d+)", ins.attrs)
-                if channel:
+                sites = self.callers.get(comp.name, [])
+                if channel and sites and all(site.opcode == "fusion" for site, _ in sites):
                     by_channel.setdefault(channel.group(1), []).append((comp, c))
                 out.append(c)
         for clones in by_channel.values():

@@ -1,0 +1,107 @@
+"""Closed forms of a step run in microbatches: gradient accumulation, and pipeline stages (GPipe and
+circular schedules) as ffn_model.pipeline compiles them. Notation: S stages, M microbatches, R repeats
+(chunks per stage), L blocks, Lc = L/(S·R) blocks per chunk.
+
+Bubble (two conventions; name the one you quote):
+  idle share of the step (MaxText's config docs)       (S−1)/(R·M + S−1)
+  overhead relative to the ideal step (Megatron-LM,     (S−1)/(R·M)   (Narayanan et al. 2021, eq. for
+  Narayanan et al. 2021; interleaved: (S−1)/(v·M))                    the interleaved schedule, v = R)
+The compiled schedule is one scan of T = R·M + S − 1 iterations in which every stage runs its chunk
+every iteration: it EXECUTES T·Lc block-passes per stage, R·M·Lc of them on real microbatches and
+(S−1)·Lc bubble passes on whatever the stage holds. So executed FLOPs are the useful ones times
+T/(R·M) = 1 + (S−1)/(R·M): the Megatron overhead is paid in FLOPs here, not only in idle time, and
+the bubble's activations are saved like the others (autodiff of the scan saves every iteration's).
+Without a stage axis (S = 1) M microbatches are gradient accumulation: M passes of L blocks, one
+microbatch's activations live at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from scaling.config import FFNConfig, Schedule, saved_blocks
+
+
+def iterations(schedule: Schedule, stages: int) -> int:
+    """T, the loop trips of the compiled schedule: R·M + S − 1 with stages (S > 1), M without."""
+    M, R = schedule.microbatches, schedule.repeats
+    return R * M + stages - 1 if stages > 1 else M
+
+
+def bubble(schedule: Schedule, stages: int) -> dict[str, float]:
+    """{"idle_share": (S−1)/(R·M+S−1) (MaxText), "overhead": (S−1)/(R·M) (Megatron-LM)}; 0 without stages."""
+    M, R, S = schedule.microbatches, schedule.repeats, stages
+    return {"idle_share": (S - 1) / (R * M + S - 1), "overhead": (S - 1) / (R * M)}
+
+
+def chunk_blocks(cfg: FFNConfig, schedule: Schedule, stages: int) -> int:
+    """Lc: blocks a stage runs per iteration: L/(S·R); L without stages (one microbatch through all)."""
+    return cfg.blocks // (stages * schedule.repeats) if stages > 1 else cfg.blocks
+
+
+def block_passes(cfg: FFNConfig, schedule: Schedule, stages: int) -> int:
+    """Block-passes one device executes per step (forward): T·Lc (S > 1: bubble iterations included),
+    M·L without stages."""
+    return iterations(schedule, stages) * chunk_blocks(cfg, schedule, stages)
+
+
+def saved_per_token(cfg: FFNConfig, mesh: Mapping, remat: str, schedule: Schedule, c: int = 2) -> float:
+    """Bytes saved for backward per token of one microbatch, for the blocks one pass runs (a chunk of
+    Lc with stages, all L without), under the remat policy (config.saved_blocks per chunk):
+    c·[n_full·(D + F/Y) + n_input·D]."""
+    Lc = chunk_blocks(cfg, schedule, mesh.get("stage", 1))
+    n_full, n_input = saved_blocks(Lc, remat)
+    Y = mesh.get("tensor", 1)
+    return c * (n_full * (cfg.d_model + cfg.d_ff / Y) + n_input * cfg.d_model)
+
+
+def relay_rounds(stages: int, repeats: int) -> list[list[tuple[int, int, int, int]]]:
+    """The circular schedule's re-lay of the stacked weights as rounds of point-to-point moves.
+
+    Stage s stores blocks s·L/S .. (s+1)·L/S − 1, its R chunks j = 0..R−1 of Lc blocks: chunk c = s·R + j
+    of the stack. A circular schedule needs chunk c on stage c mod S, as that stage's chunk c // S (stage
+    s runs chunks s, S+s, 2S+s, ...). Every stage sends R chunks and receives R: an R-regular bipartite
+    multigraph (source stage -> target stage), which König's theorem splits into R perfect matchings
+    (found here by augmenting paths); each matching is one round, one collective-permute of one chunk
+    per stage (ffn_model.pipeline.relay). Returns R rounds, each [(source s, its chunk j, target t, the
+    target's slot r)] for s = 0..S−1; a round where every stage keeps its own chunk (t = s) moves
+    nothing. Rounds that keep a chunk are tried first, so that at most one round is all local."""
+    S, R = stages, repeats
+    edges = {s: [(j, (s * R + j) % S, (s * R + j) // S) for j in range(R)] for s in range(S)}
+    rounds = []
+    for _ in range(R):
+        match: dict[int, int] = {}  # target -> source
+
+        def augment(s, seen, edges=edges, match=match):
+            for j, t, _ in sorted(edges[s], key=lambda e: e[1] != s):  # a local edge first
+                if t not in seen:
+                    seen.add(t)
+                    if t not in match or augment(match[t], seen):
+                        match[t] = s
+                        return True
+            return False
+
+        for s in range(S):
+            augment(s, set())
+        by_source = {s: t for t, s in match.items()}
+        chosen = []
+        for s in range(S):
+            e = next(e for e in edges[s] if e[1] == by_source[s])
+            edges[s].remove(e)
+            chosen.append((s, e[0], e[1], e[2]))
+        rounds.append(chosen)
+    return sorted(rounds, key=lambda rd: sum(t != s for s, _, t, _ in rd))
+
+
+def relay_moves(stages: int, repeats: int) -> int:
+    """Rounds of the circular re-lay that move anything (relay_rounds): each is one collective-permute
+    over ``stage`` of one chunk of L/(S·R) blocks per device; R, less a round where every stage keeps
+    its chunk."""
+    return sum(any(t != s for s, _, t, _ in rd) for rd in relay_rounds(stages, repeats))
+
+
+def microbatches_in_flight(schedule: Schedule, stages: int) -> int:
+    """How many iterations' activations a device holds at the peak: all T = R·M + S − 1 of the scan
+    (GPipe and circular: jax's reverse scan needs every forward iteration's residuals), 1 for gradient
+    accumulation (each microbatch's backward runs before the next forward)."""
+    return iterations(schedule, stages) if stages > 1 else 1
