@@ -26,7 +26,7 @@ def time_train_step(cfg: FFNConfig, mesh, batch_tokens: int, steps: int = 10, wa
     positive_int("steps", steps)
     non_negative_int("warmup", warmup)
     non_negative_int("seed", seed)
-    check_remat(remat)
+    check_remat(remat, cfg)
     check_divisible(cfg, mesh_shape(mesh), batch_tokens)
     schedule.check(cfg, mesh_shape(mesh), batch_tokens)
     tx = make_optimizer()

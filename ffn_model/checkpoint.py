@@ -61,6 +61,11 @@ def _reading():
         sys.unraisablehook = functools.partial(_quiet_unraisable, previous=sys.unraisablehook)
     try:
         yield
+    except BaseException:
+        # a failed read leaves orbax's asyncio tasks with exceptions nobody retrieves; asyncio logs each when
+        # it is collected, after this block: the caller's one error line is the report
+        logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+        raise
     finally:
         absl.setLevel(level)
 

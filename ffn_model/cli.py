@@ -32,8 +32,9 @@ import statistics
 import sys
 
 from mesh.devices import cpu_device_count, device_count, use_cpu_platform_for
-from scaling.cli import Parser, add_schedule_args, handover, run, schedule_of
-from scaling.config import REMAT_POLICIES, get_preset, non_negative_int, parse_mesh_spec, positive_float, positive_int
+from scaling.cli import Parser, add_model_args, add_schedule_args, handover, model_config, run, schedule_of
+from scaling.config import (REMAT_POLICIES, check_divisible, check_remat, non_negative_int, parse_mesh_spec, positive_float,
+                            positive_int)
 from scaling.hardware import get_chip
 
 
@@ -51,10 +52,7 @@ def add_commands(sub, implementations: dict | None = None) -> None:
     impls = {"train": (train_command, None), **(implementations or {})}
     for name, (preset, batch, help_) in COMMANDS.items():
         s = sub.add_parser(name, help=help_)
-        s.add_argument("--preset", default=preset, help=f"model preset (default {preset})")
-        s.add_argument("--d-model", type=int, help="override D")
-        s.add_argument("--d-ff", type=int, help="override F")
-        s.add_argument("--blocks", type=int, help="override L")
+        add_model_args(s, preset)
         s.add_argument("--mesh", default="fsdp=-1",
                        help="mesh axes, e.g. fsdp=16,tensor=4 (default fsdp=-1: every device on fsdp)")
         s.add_argument("--devices", default=None,
@@ -93,14 +91,6 @@ def add_commands(sub, implementations: dict | None = None) -> None:
                                           "h100, h200, b200, v4, v5e, v5p, v6e, tpu7x)")
 
 
-def _config(args):
-    cfg = get_preset(args.preset)
-    for name in ("d_model", "d_ff", "blocks"):
-        if getattr(args, name) is not None:
-            positive_int(f"--{name.replace('_', '-')}", getattr(args, name))
-    return cfg.replace(d_model=args.d_model, d_ff=args.d_ff, blocks=args.blocks)
-
-
 def _processes(args) -> int | None:
     """Validate the multi-process flags; the process count when given explicitly (else None)."""
     explicit = {"--coordinator": args.coordinator, "--num-processes": args.num_processes,
@@ -122,9 +112,8 @@ def _processes(args) -> int | None:
 
 def check_flags(args, cfg) -> None:
     """Every check that needs no devices, so a bad flag fails before jax starts or a file is written."""
-    from scaling.config import check_divisible
-
     positive_int("--batch-tokens", args.batch_tokens)
+    check_remat(args.remat, cfg)
     n_cpu = cpu_device_count(args.devices, "--devices")
     processes = None
     if args.command != "compile":
@@ -212,7 +201,7 @@ def run_command(args, impl) -> int:
     if impl is None:
         return handover(args.argv)
     use_cpu_platform_for(args.devices)
-    cfg = _config(args)
+    cfg = model_config(args)
     check_flags(args, cfg)
     run_, print_ = impl
     rep = run_(args, cfg)

@@ -34,7 +34,7 @@ def abstract_compile(cfg: FFNConfig, mesh, batch_tokens: int, remat: str = "none
 
     compile_seconds covers tracing, lowering and compiling. ValueError for an unknown step or remat
     policy, or a dimension not divisible by its shard count."""
-    check_remat(remat)
+    check_remat(remat, cfg)
     if step not in STEPS:
         raise ValueError(f"step must be one of {', '.join(STEPS)}, got {step!r}")
     check_divisible(cfg, mesh_shape(mesh), batch_tokens)

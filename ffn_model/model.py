@@ -27,7 +27,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from mesh.rules import FLAX_RULES, check_logical, logical_to_spec
 from scaling.config import FFNConfig, check_remat
-from scaling.sharding import H_AXES, W_IN_AXES, W_OUT_AXES, X_AXES
+from scaling.sharding import H_AXES, W_IN_AXES, W_OUT_AXES, X_AXES, X_SP_AXES
 
 COMPUTE_DTYPE = jnp.bfloat16
 PARAM_DTYPE = jnp.float32
@@ -116,23 +116,51 @@ def _already_gathered_bwd(logical_axes, _, g):
 already_gathered.defvjp(_already_gathered_fwd, _already_gathered_bwd)
 
 
-def block(x, w_in, w_out, activation=None, hidden_name="hidden", gather=gather_bf16):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
+def reshard(x, to_axes, back_axes):
+    """x constrained to the logical axes ``to_axes``; its cotangent constrained to ``back_axes``. Sequence
+    parallelism's two boundaries (Korthikanti et al. 2022, fig. 5: g and its conjugate g-bar):
+    reshard(x, X_AXES, X_SP_AXES) all-gathers the token-split input over tensor, and its backward
+    reduce-scatters the input gradient's partial sums straight to the token split;
+    reshard(y, X_SP_AXES, X_AXES) reduce-scatters the output's partial sums, and its backward
+    all-gathers the gradient. (jax's own transpose of a sharding constraint constrains the cotangent to
+    the forward's sharding, which made XLA all-reduce and then slice.)"""
+    return constrain(x, to_axes)
+
+
+def _reshard_fwd(x, to_axes, back_axes):
+    return reshard(x, to_axes, back_axes), None
+
+
+def _reshard_bwd(to_axes, back_axes, _, g):
+    return (constrain(g, back_axes),)
+
+
+reshard.defvjp(_reshard_fwd, _reshard_bwd)
+
+
+def block(x, w_in, w_out, activation=None, hidden_name="hidden", gather=gather_bf16, sp=False):
     """One block on one layer's weight shards: x[B,D] bf16 -> x·W_in^T (W_in [F,D]) -> act -> ·W_out ([F,D]) -> [B,D] bf16.
     The hidden (before the activation) is tagged ``hidden_name`` for the remat policies. ``gather``
-    turns a weight shard into the BF16 weight the matmul uses (default: gathered over fsdp here)."""
-    x = constrain(x, X_AXES)
+    turns a weight shard into the BF16 weight the matmul uses (default: gathered over fsdp here).
+    ``sp`` (sequence parallelism): x arrives split over tensor along the tokens (X_SP_AXES) and is
+    all-gathered for W_in; the output's partial sums over tensor are reduce-scattered back to that
+    split instead of all-reduced."""
+    # sp: the input as saved for backward is the token split (1/Y of it); only the all-gather's result is full
+    x = reshard(constrain(x, X_SP_AXES), X_AXES, X_SP_AXES) if sp else constrain(x, X_AXES)
     h = x @ gather(w_in, W_IN_AXES[1:]).T
     h = checkpoint_name(constrain(h, H_AXES), hidden_name)
     if activation:
         h = getattr(jax.nn, activation)(h)
-    return constrain(h @ gather(w_out, W_OUT_AXES[1:]), X_AXES)
+    y = h @ gather(w_out, W_OUT_AXES[1:])
+    return reshard(y, X_SP_AXES, X_AXES) if sp else constrain(y, X_AXES)
 
 
-def _pair(x, w_in, w_out, activation=None, gather=gather_bf16):
+def _pair(x, w_in, w_out, activation=None, gather=gather_bf16, sp=False):
     """Two blocks (w_* [2, ...]): the first keeps only its input, the second its input and hidden."""
-    y = block(x, w_in[0], w_out[0], activation, hidden_name="hidden_recomputed", gather=gather)
+    y = block(x, w_in[0], w_out[0], activation, hidden_name="hidden_recomputed", gather=gather, sp=sp)
     y = checkpoint_name(y, "block_in")
-    return block(y, w_in[1], w_out[1], activation, gather=gather)
+    return block(y, w_in[1], w_out[1], activation, gather=gather, sp=sp)
 
 
 @jax.custom_vjp
@@ -164,23 +192,26 @@ _KEEP_HIDDEN = jax.checkpoint_policies.save_only_these_names("hidden", "block_in
 _KEEP_INPUT = jax.checkpoint_policies.nothing_saveable
 
 
-def stack_forward(x, w_in, w_out, activation=None, remat="none", gather=gather_bf16):
-    """Run the L blocks with lax.scan over the stacked weights w_in [L,F,D], w_out [L,F,D]."""
+def stack_forward(x, w_in, w_out, activation=None, remat="none", gather=gather_bf16, sp=False):
+    """Run the L blocks with lax.scan over the stacked weights w_in [L,F,D], w_out [L,F,D]; ``sp``: the
+    blocks' inputs and outputs split over tensor along the tokens (sequence parallelism, ``block``)."""
     check_remat(remat)
+    if sp:
+        x = constrain(x, X_SP_AXES)
     if remat != "every-second":
         policy = _KEEP_HIDDEN if remat == "none" else _KEEP_INPUT
-        body = jax.checkpoint(functools.partial(block, activation=activation, gather=gather), policy=policy)
+        body = jax.checkpoint(functools.partial(block, activation=activation, gather=gather, sp=sp), policy=policy)
         x, _ = jax.lax.scan(lambda c, w: (body(c, *w), None), x, (w_in, w_out))
         return x
     L = w_in.shape[0]
     pairs = L // 2
     if pairs:
-        body = jax.checkpoint(functools.partial(_pair, activation=activation, gather=gather), policy=_KEEP_HIDDEN)
+        body = jax.checkpoint(functools.partial(_pair, activation=activation, gather=gather, sp=sp), policy=_KEEP_HIDDEN)
         # [2k, D, F] -> [k, 2, D, F] is free for even L; odd L slices off the last block first.
         wi, wo = (w_in, w_out) if L % 2 == 0 else (w_in[: 2 * pairs], w_out[: 2 * pairs])
         x, _ = jax.lax.scan(lambda c, w: (body(c, *w), None), x, (_pairs(wi), _pairs(wo)))
     if L % 2:
-        last = jax.checkpoint(functools.partial(block, activation=activation, gather=gather), policy=_KEEP_INPUT)
+        last = jax.checkpoint(functools.partial(block, activation=activation, gather=gather, sp=sp), policy=_KEEP_INPUT)
         x = last(x, w_in[L - 1], w_out[L - 1])
     return x
 
@@ -208,13 +239,16 @@ class FFNStack(nnx.Module):
     the gradient of a 2048 x 4096 slice on v5p:2x2x2 (fsdp=4) moved 560 rows per shard instead of 512
     plus a 144-row permute, +2.7% of the step's fsdp bytes. Along the minor dimension it never pads."""
 
-    def __init__(self, cfg: FFNConfig, *, rngs: nnx.Rngs, remat: str = "none"):
+    def __init__(self, cfg: FFNConfig, *, rngs: nnx.Rngs, remat: str = "none", sequence_parallel: bool = False):
         D, F, L = cfg.d_model, cfg.d_ff, cfg.blocks
         self.activation = cfg.activation
         self.remat = check_remat(remat)
+        self.sequence_parallel = sequence_parallel
+        self.output_axes = X_SP_AXES if sequence_parallel else X_AXES  # where the stack's output lies
         self.w_in = param(init_normal(rngs.params(), (L, F, D), D), W_IN_AXES)
         self.w_out = param(init_normal(rngs.params(), (L, F, D), F), W_OUT_AXES)
 
     def __call__(self, x_BxD):
         x_BxD = x_BxD.astype(COMPUTE_DTYPE)
-        return stack_forward(x_BxD, self.w_in[...], self.w_out[...], self.activation, self.remat)
+        return stack_forward(x_BxD, self.w_in[...], self.w_out[...], self.activation, self.remat,
+                             sp=self.sequence_parallel)

@@ -35,12 +35,12 @@ from ffn_model.model import COMPUTE_DTYPE, already_gathered, constrain, gather_b
 from scaling.pipeline import relay_rounds
 
 
-def split_microbatches(a_BxD, microbatches: int, batch_shards: int):
-    """[B, D] -> [M, B/M, D]: each device's B/(data·fsdp) tokens split M ways (microbatch m holds the m-th
-    piece of every device's tokens), so the split is local to each device."""
-    B, D = a_BxD.shape
+def split_microbatches(a_Bx___, microbatches: int, batch_shards: int):
+    """[B, ...] -> [M, B/M, ...]: each device's B/(data·fsdp) tokens (or sequences) split M ways
+    (microbatch m holds the m-th piece of every device's), so the split is local to each device."""
+    B, rest = a_Bx___.shape[0], a_Bx___.shape[1:]
     n, M = batch_shards, microbatches
-    return a_BxD.reshape(n, M, B // (n * M), D).transpose(1, 0, 2, 3).reshape(M, B // M, D)
+    return jnp.swapaxes(a_Bx___.reshape(n, M, B // (n * M), *rest), 0, 1).reshape(M, B // M, *rest)
 
 
 def relay(w, mesh, repeats: int):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import time
 
 import jax
@@ -31,10 +32,12 @@ from jax.sharding import NamedSharding, PartitionSpec
 from ffn_model import checkpoint as ckpt
 from ffn_model.model import COMPUTE_DTYPE, FFNStack
 from ffn_model.pipeline import accumulate, pipeline_loss
+from ffn_model.transformer import X_AXES as TF_X_AXES
+from ffn_model.transformer import TransformerStack
 from mesh.devices import mesh_shape
 from mesh.rules import logical_to_spec
-from scaling.config import (FFNConfig, Schedule, check_divisible, check_remat, non_negative_int, positive_float,
-                            positive_int)
+from scaling.config import (FFNConfig, Schedule, TransformerConfig, check_divisible, check_remat, non_negative_int,
+                            positive_float, positive_int)
 from scaling.sharding import X_AXES, shards
 
 
@@ -43,8 +46,19 @@ def make_optimizer(lr: float = 1e-3, weight_decay: float = 1e-4) -> optax.Gradie
     return optax.adamw(lr, b1=0.9, b2=0.95, weight_decay=weight_decay, mu_dtype=jnp.float32)
 
 
-def _model(cfg: FFNConfig, seed: int = 0, remat: str = "none"):
-    return lambda: FFNStack(cfg, rngs=nnx.Rngs(seed), remat=remat)
+def _model(cfg: FFNConfig | TransformerConfig, seed: int = 0, remat: str = "none", schedule: Schedule = Schedule()):
+    """The model of ``cfg``: the FFN stack, or the transformer stack (ffn_model.transformer)."""
+    if isinstance(cfg, TransformerConfig):
+        return lambda: TransformerStack(cfg, rngs=nnx.Rngs(seed), remat=remat, schedule=schedule)
+    return lambda: FFNStack(cfg, rngs=nnx.Rngs(seed), remat=remat, sequence_parallel=schedule.sequence_parallel)
+
+
+def input_layout(cfg: FFNConfig | TransformerConfig, batch_tokens: int):
+    """(shape, logical axes) of a batch's x and y: [B, D] over (batch, act_embed) for the FFN stack;
+    [B/T, T, D] sequences over (batch, seq, act_embed) for a transformer."""
+    if isinstance(cfg, TransformerConfig):
+        return (batch_tokens // cfg.seq_len, cfg.seq_len, cfg.d_model), TF_X_AXES
+    return (batch_tokens, cfg.d_model), X_AXES
 
 
 def state_shardings(cfg: FFNConfig, mesh, tx=None):
@@ -79,39 +93,61 @@ def init_state(cfg: FFNConfig, mesh, seed: int = 0, tx=None):
         return init()
 
 
-def batch_shardings(mesh) -> dict:
-    s = NamedSharding(mesh, logical_to_spec(X_AXES))
+def batch_shardings(cfg: FFNConfig | TransformerConfig, mesh) -> dict:
+    s = NamedSharding(mesh, logical_to_spec(input_layout(cfg, cfg.d_model)[1]))
     return {"x": s, "y": s}
 
 
-def batch_structs(cfg: FFNConfig, mesh, batch_tokens: int) -> dict:
-    """ShapeDtypeStructs of one batch: x [B,D] BF16 and y [B,D] FP32, batch over (data, fsdp)."""
-    sh = batch_shardings(mesh)
-    B, D = batch_tokens, cfg.d_model
-    return {"x": jax.ShapeDtypeStruct((B, D), COMPUTE_DTYPE, sharding=sh["x"]),
-            "y": jax.ShapeDtypeStruct((B, D), jnp.float32, sharding=sh["y"])}
+def batch_structs(cfg: FFNConfig | TransformerConfig, mesh, batch_tokens: int) -> dict:
+    """ShapeDtypeStructs of one batch: x BF16 and y FP32 (input_layout: [B, D], or [B/T, T, D])."""
+    sh = batch_shardings(cfg, mesh)
+    shape, _ = input_layout(cfg, batch_tokens)
+    return {"x": jax.ShapeDtypeStruct(shape, COMPUTE_DTYPE, sharding=sh["x"]),
+            "y": jax.ShapeDtypeStruct(shape, jnp.float32, sharding=sh["y"])}
 
 
-def make_batch_fn(cfg: FFNConfig, mesh, batch_tokens: int, seed: int = 0):
+def make_batch_fn(cfg: FFNConfig | TransformerConfig, mesh, batch_tokens: int, seed: int = 0):
     """step -> batch (jitted, sharded). Deterministic in (seed, step), independent of the mesh; no
     host data, so in a multi-process program each process computes just its own shards."""
-    B, D = batch_tokens, cfg.d_model
+    shape, _ = input_layout(cfg, batch_tokens)
+    D = cfg.d_model
 
-    @functools.partial(jax.jit, out_shardings=batch_shardings(mesh))
+    @functools.partial(jax.jit, out_shardings=batch_shardings(cfg, mesh))
     def batch(step):
         k_teacher, k_data = jax.random.split(jax.random.key(seed))
         teacher = jax.random.normal(k_teacher, (D, D), jnp.float32)
-        x = jax.random.normal(jax.random.fold_in(k_data, step), (B, D), jnp.float32).astype(COMPUTE_DTYPE)
+        x = jax.random.normal(jax.random.fold_in(k_data, step), shape, jnp.float32).astype(COMPUTE_DTYPE)
         y = jnp.dot(x.astype(jnp.float32), teacher, precision="highest") * D**-0.5
         return {"x": x, "y": y}
 
     return batch
 
 
+def mse(pred, y, logical_axes):
+    """Mean squared error in FP32 of the BF16 output ``pred`` (laid out on ``logical_axes``) against the FP32
+    targets: every device sums its own tokens' squared errors and one psum over the mesh axes that split
+    the tokens adds them (inside a shard_map, so that the loss is one all-reduce of 4 bytes over those axes
+    together on every backend; left to XLA it reduced over the sequence and the batch separately on CPU
+    and together on TPU)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    count = float(math.prod(pred.shape))  # a Python float: 2**32 elements and more overflow an int32 weak type
+    if mesh.empty:
+        return jnp.sum(jnp.square(pred.astype(jnp.float32) - y)) / count
+    spec = logical_to_spec(logical_axes)
+    split = tuple(a for entry in spec if entry for a in ((entry,) if isinstance(entry, str) else entry))
+
+    def local(p, t):
+        s = jnp.sum(jnp.square(p.astype(jnp.float32) - t))
+        return (jax.lax.psum(s, split) if split else s) / count
+
+    return jax.shard_map(local, mesh=mesh, in_specs=(spec, spec), out_specs=PartitionSpec(),
+                         axis_names=set(mesh.axis_names))(pred, y)
+
+
 def _loss(graphdef, params, batch):
-    """Mean squared error in FP32 of the stack's BF16 output against the FP32 targets."""
-    pred = nnx.merge(graphdef, params)(batch["x"])
-    return jnp.mean(jnp.square(pred.astype(jnp.float32) - batch["y"]))
+    """The stack's loss on one batch (mse)."""
+    model = nnx.merge(graphdef, params)
+    return mse(model(batch["x"]), batch["y"], model.output_axes)
 
 
 def loss_fn(cfg: FFNConfig, mesh, remat: str = "none", schedule: Schedule = Schedule(), for_grad: bool = True):
@@ -125,7 +161,7 @@ def loss_fn(cfg: FFNConfig, mesh, remat: str = "none", schedule: Schedule = Sche
         return functools.partial(pipeline_loss, mesh=mesh, batch_shards=shards(shape, "batch"),
                                  microbatches=schedule.microbatches, repeats=schedule.repeats, remat=remat,
                                  activation=cfg.activation, fsdp_gather=schedule.fsdp_gather, for_grad=for_grad)
-    graphdef, _ = nnx.get_abstract_model(_model(cfg, remat=remat), mesh)
+    graphdef, _ = nnx.get_abstract_model(_model(cfg, remat=remat, schedule=schedule), mesh)
     return functools.partial(_loss, graphdef)
 
 
@@ -134,7 +170,7 @@ def make_train_step(cfg: FFNConfig, mesh, remat: str = "none", tx=None, schedule
     no stage axis, the gradient is accumulated over them (ffn_model.pipeline.accumulate). Jitted with the
     state donated and out_shardings pinned to the state shardings (loss replicated). Call it (or
     lower it) with ``mesh`` set (jax.set_mesh), so that the model's sharding constraints resolve."""
-    check_remat(remat)
+    check_remat(remat, cfg)
     tx = tx or make_optimizer()
     shape = mesh_shape(mesh)
     loss_and_grad = jax.value_and_grad(loss_fn(cfg, mesh, remat, schedule))
@@ -195,7 +231,7 @@ def train(cfg: FFNConfig, mesh, batch_tokens: int, steps: int, lr: float = 1e-3,
     positive_int("steps", steps)
     positive_float("lr", lr)
     non_negative_int("seed", seed)
-    check_remat(remat)
+    check_remat(remat, cfg)
     check_divisible(cfg, mesh_shape(mesh), batch_tokens)
     schedule.check(cfg, mesh_shape(mesh), batch_tokens)
     if save_every is not None:

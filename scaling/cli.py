@@ -1,4 +1,4 @@
-"""The closed forms on the command line: ``python -m scaling {answer, plan, check}``.
+"""The closed forms on the command line: ``python -m scaling {answer, plan, check, trace, layers}``.
 
 ``answer`` and ``plan`` are closed forms only (no jax; instant). ``check`` and ``plan --verify-top``
 compile programs, which the closed forms never do: they run the top package's program,
@@ -17,9 +17,12 @@ import subprocess
 import sys
 import time
 
+from scaling import layer_estimator, seed000
 from scaling import plan as planner
 from scaling.answers import QUESTION, answers, render
-from scaling.config import FSDP_GATHERS, MESH_AXES, REMAT_POLICIES, Schedule, get_preset
+from scaling.config import (ATTENTIONS, CONTEXT_STRATEGIES, FSDP_GATHERS, PRESETS, REMAT_POLICIES, FFNConfig, Schedule,
+                            TransformerConfig, get_preset, positive_int)
+
 from scaling.hardware import chips_in, get_chip, parse_slice, slice_name
 
 
@@ -63,16 +66,56 @@ def add_schedule_args(p) -> None:
                    help="circular pipeline: R chunks of blocks per stage (default 1: GPipe)")
     g.add_argument("--fsdp-gather", default="microbatch", choices=FSDP_GATHERS,
                    help="gather FSDP weights once per microbatch or once per step (pipeline; default microbatch)")
+    g.add_argument("--sequence-parallel", action="store_true",
+                   help="Megatron sequence parallelism on the tensor axis: activations split over tensor along the "
+                        "tokens between blocks (all-gather + reduce-scatter instead of the all-reduce)")
+    g.add_argument("--attention", default="materialized", choices=ATTENTIONS,
+                   help="transformer attention: materialized scores or flash (key blocks, online softmax; "
+                        "default %(default)s)")
+    g.add_argument("--attention-block", type=int, default=512, help="flash attention's key block (default %(default)s)")
+    g.add_argument("--context-strategy", default="ulysses", choices=CONTEXT_STRATEGIES,
+                   help="transformer attention over a context axis: ulysses (all-to-all) or ring (ppermute; "
+                        "default %(default)s)")
 
 
 def schedule_of(args) -> Schedule:
-    """The Schedule of --microbatches, --repeats, --fsdp-gather (ValueError naming a bad value)."""
-    return Schedule(args.microbatches, args.repeats, args.fsdp_gather)
+    """The Schedule of --microbatches, --repeats, --fsdp-gather, --sequence-parallel (ValueError naming a bad
+    value)."""
+    return Schedule(args.microbatches, args.repeats, args.fsdp_gather, args.sequence_parallel, args.attention,
+                    args.context_strategy, args.attention_block)
+
+
+# --flag: (help, model kinds it applies to)
+MODEL_OVERRIDES = {"d_model": "D", "d_ff": "F", "blocks": "L"}
+TRANSFORMER_OVERRIDES = {"seq_len": "T, tokens per sequence", "heads": "N, query heads",
+                         "kv_heads": "K, key/value heads (grouped-query attention)"}
+
+
+def add_model_args(p, preset: str) -> None:
+    """--preset and the overrides of its dimensions (model_config)."""
+    p.add_argument("--preset", default=preset, help=f"model preset (default {preset}; transformer presets: "
+                   + ", ".join(k for k, v in PRESETS.items() if isinstance(v, TransformerConfig)) + ")")
+    for name, what in {**MODEL_OVERRIDES, **TRANSFORMER_OVERRIDES}.items():
+        p.add_argument(f"--{name.replace('_', '-')}", type=int,
+                       help=f"override the preset's {what}" + (" (transformer)" if name in TRANSFORMER_OVERRIDES else ""))
 
 
 def model_config(args):
-    """The preset named by --preset with --d-model/--d-ff/--blocks overrides."""
-    return get_preset(args.preset).replace(d_model=args.d_model, d_ff=args.d_ff, blocks=args.blocks)
+    """The preset named by --preset with the overrides of add_model_args (ValueError naming a bad value,
+    or a transformer flag given for an FFN preset)."""
+    cfg = get_preset(args.preset)
+    over = {k: getattr(args, k, None) for k in {**MODEL_OVERRIDES, **TRANSFORMER_OVERRIDES}}
+    for k, v in over.items():
+        if v is not None:
+            positive_int(f"--{k.replace('_', '-')}", v)
+    if isinstance(cfg, FFNConfig):
+        extra = [k for k in TRANSFORMER_OVERRIDES if over[k] is not None]
+        if extra:
+            raise ValueError(f"--{extra[0].replace('_', '-')} is a transformer dimension; {args.preset!r} is an FFN "
+                             "stack (transformer presets: "
+                             + ", ".join(k for k, v in PRESETS.items() if isinstance(v, TransformerConfig)) + ")")
+        over = {k: over[k] for k in MODEL_OVERRIDES}
+    return cfg.replace(**over)
 
 
 def plan_target(args):
@@ -93,6 +136,9 @@ def plan_command(args, verify=None) -> int:
     if args.verify_top and verify is None:
         return handover(args.argv)
     cfg = model_config(args)
+    if not isinstance(cfg, FFNConfig):
+        raise ValueError(f"plan ranks meshes for the FFN stack; {args.preset!r} is a transformer (check and compile "
+                         "take it)")
     if args.top <= 0:
         raise ValueError(f"--top must be a positive integer, got {args.top}")
     chip, chips, dims = plan_target(args)
@@ -165,7 +211,7 @@ def plan_command(args, verify=None) -> int:
 def _plan_row(r: dict | None, k: int = 0, *, slices: int, form: str, other: str) -> str:
     """One row of the plan table (the header for ``r`` None)."""
     if r is None:
-        return (" ".join(f"{a:>6}" for a in ["#", *MESH_AXES]) + (f" {'dcn':>5}" if slices > 1 else "")
+        return (" ".join(f"{a:>6}" for a in ["#", *planner.PLAN_AXES]) + (f" {'dcn':>5}" if slices > 1 else "")
                 + f" {'M':>3} {'R':>2} {'bubble':>6} {'bubble s':>8} {'M_X':>3} {'M_Y':>3} {'step s ' + form:>10} "
                 f"{'step s ' + other:>10} {'MFU ' + form:>7} {'MFU ' + other:>7} {'HFU':>5} {'bound':>12} "
                 f"{'GB/dev':>7} {'crit B':>9}")
@@ -185,10 +231,30 @@ def _mesh_text(mesh: dict) -> str:
     return ",".join(f"{a}={n}" for a, n in mesh.items() if n > 1) or "1 device"
 
 
-def add_commands(sub, check_command=None, verify_plans=None, verify_pipeline=None, render_pipeline=None) -> None:
-    """Add answer, plan and check to an argparse subparsers object. ``check_command``, ``verify_plans``
-    and ``verify_pipeline``/``render_pipeline`` are the top package's (python -m verify); without them
-    check, plan --verify-top and answer --verify-pipeline hand over to it."""
+def trace_command(args, verify_trace=None) -> int:
+    """Seed 000's trace from the closed forms (scaling.seed000); with --verify, ``verify_trace(verbose)``
+    (the top package's) compiles its Ulysses layer and the table follows."""
+    if args.verify and verify_trace is None:
+        return handover(args.argv)
+    print(seed000.render())
+    if args.verify:
+        print()
+        print(verify_trace(args.verbose))
+    return 0
+
+
+def layers_command(args) -> int:
+    """Seed 001's per-layer tables (scaling.layer_estimator), or its cell-by-cell comparison."""
+    print(layer_estimator.compare_text() if args.cells else layer_estimator.render(tuple(args.table)))
+    return 0
+
+
+def add_commands(sub, check_command=None, verify_plans=None, verify_pipeline=None, render_pipeline=None,
+                 verify_trace=None) -> None:
+    """Add answer, plan, check, trace and layers to an argparse subparsers object. ``check_command``,
+    ``verify_plans``, ``verify_pipeline``/``render_pipeline`` and ``verify_trace`` are the top package's
+    (python -m verify); without them check, plan --verify-top, answer --verify-pipeline and
+    trace --verify hand over to it."""
     Q = QUESTION
     a = sub.add_parser("answer", help="answers to the 4D-parallelism questions (a)-(d), derived")
     a.add_argument("--d-model", type=int, default=Q["d_model"], help="D (default %(default)s)")
@@ -218,7 +284,7 @@ def add_commands(sub, check_command=None, verify_plans=None, verify_pipeline=Non
     p.add_argument("--chips", type=int, help="chip count (default 64); more than one slice holds are slices over DCN")
     p.add_argument("--slice", help="a Cloud TPU slice instead of --chip/--chips: v5p-256 (TensorCores: 128 chips), "
                    "v6e-256 (chips), tpu7x-128, v5litepod-16, v4-512")
-    _model_args(p, "xxl")
+    add_model_args(p, "xxl")
     p.add_argument("--batch-tokens", type=int, default=25600, help="global batch in tokens (default %(default)s)")
     p.add_argument("--hbm", type=float, help="memory budget per device in bytes (default: the table's usable HBM)")
     p.add_argument("--remat", default="none", choices=REMAT_POLICIES, help="remat policy (default %(default)s)")
@@ -242,7 +308,7 @@ def add_commands(sub, check_command=None, verify_plans=None, verify_pipeline=Non
                    help="cpu:N (emulated), tpu:<chip>:<shape> (tpu:v5p:4x4x4, tpu:v6e:4x4, tpu:TPU7x:2x2x1) or a "
                         "slice (tpu:v5p-128), compiled ahead of time")
     c.add_argument("--mesh", default="data=2,fsdp=2,tensor=2", help="mesh spec (default %(default)s)")
-    _model_args(c, "small")
+    add_model_args(c, "small")
     c.add_argument("--batch-tokens", type=int, default=4096, help="global batch in tokens (default %(default)s)")
     c.add_argument("--remat", default="none", choices=REMAT_POLICIES, help="remat policy (default %(default)s)")
     c.add_argument("--step", default="train", choices=["train", "forward"], help="(default %(default)s)")
@@ -252,12 +318,19 @@ def add_commands(sub, check_command=None, verify_plans=None, verify_pipeline=Non
     c.add_argument("--verbose", action="store_true", help="let libtpu's start-up lines through to stderr")
     c.set_defaults(func=check_command or (lambda args: handover(args.argv)))
 
+    t = sub.add_parser("trace", help="seed 000's Ulysses + 2D-TP memory and FLOP trace, from the closed forms")
+    t.add_argument("--seed", default="000", choices=["000"], help="the reference trace (default %(default)s)")
+    t.add_argument("--verify", action="store_true",
+                   help="also compile its Ulysses layer ahead of time for 16 v5p chips (context=16, 60,000 tokens; "
+                        "materialized and flash attention) and show the compiled peak beside the trace's 61.02 GB")
+    t.add_argument("--verbose", action="store_true", help="with --verify: let libtpu's start-up lines through")
+    t.set_defaults(func=lambda args: trace_command(args, verify_trace))
 
-def _model_args(p, preset: str) -> None:
-    p.add_argument("--preset", default=preset, help=f"model preset (default {preset})")
-    p.add_argument("--d-model", type=int, help="override the preset's D")
-    p.add_argument("--d-ff", type=int, help="override the preset's F")
-    p.add_argument("--blocks", type=int, help="override the preset's L")
+    y = sub.add_parser("layers", help="seed 001's per-layer estimates (MLP and self-attention, TP 4, A100 figures)")
+    y.add_argument("--seed", default="001", choices=["001"], help="the reference estimator (default %(default)s)")
+    y.add_argument("--table", nargs="+", default=["mlp", "sa"], choices=["mlp", "sa"], help="which tables (default both)")
+    y.add_argument("--cells", action="store_true", help="every printed cell: ours, the seed's, whether they match")
+    y.set_defaults(func=layers_command)
 
 
 def run(parser: argparse.ArgumentParser, argv=None) -> int:

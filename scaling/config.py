@@ -22,7 +22,7 @@ from scaling.sharding import LOGICAL_RULES, shards
 
 # The mesh axes, outermost first (MaxText's names). Each is an entry of this one tuple; the sharding
 # table (scaling.sharding) says what each one splits.
-MESH_AXES = ("data", "stage", "fsdp", "tensor")
+MESH_AXES = ("data", "stage", "fsdp", "context", "tensor")
 REMAT_POLICIES = ("none", "every-second", "full")
 
 
@@ -98,7 +98,72 @@ class FFNConfig:
         return dataclasses.replace(self, **{k: v for k, v in kw.items() if v is not None})
 
 
-PRESETS: dict[str, FFNConfig] = {
+@dataclass(frozen=True)
+class TransformerConfig:
+    """A pre-norm causal transformer stack: ``blocks`` layers of RMSNorm -> multi-head self-attention
+    (``heads`` query heads N, ``kv_heads`` key/value heads K for grouped-query attention, head dim H)
+    with a residual, then RMSNorm -> MLP (D -> F -> D, GELU; ``gated``: SwiGLU, three matrices) with a
+    residual; sequences of ``seq_len`` tokens T, no embedding or output projection (the synthetic task
+    maps token vectors to token vectors like the FFN stack's).
+
+    Parameters per layer (Scaling Book transformers page): attention D·H·(2N + 2K) (W_q, W_k, W_v,
+    W_o), MLP m·D·F (m = 2, or 3 gated); the RMSNorms carry no learned scale (ffn_model.transformer.rms_norm).
+    """
+
+    d_model: int
+    heads: int
+    d_ff: int
+    blocks: int
+    seq_len: int
+    kv_heads: int | None = None
+    head_dim: int | None = None
+    gated: bool = False
+
+    def __post_init__(self):
+        for name in ("d_model", "heads", "d_ff", "blocks", "seq_len"):
+            positive_int(name, getattr(self, name))
+        if self.kv_heads is None:
+            object.__setattr__(self, "kv_heads", self.heads)
+        if self.head_dim is None:
+            if self.d_model % self.heads:
+                raise ValueError(f"d_model={self.d_model} is not divisible by heads={self.heads}; give head_dim")
+            object.__setattr__(self, "head_dim", self.d_model // self.heads)
+        positive_int("kv_heads", self.kv_heads)
+        positive_int("head_dim", self.head_dim)
+        if self.heads % self.kv_heads:
+            raise ValueError(f"heads={self.heads} is not divisible by kv_heads={self.kv_heads} (grouped-query attention)")
+
+    @property
+    def mlp_matrices(self) -> int:
+        return 3 if self.gated else 2
+
+    @property
+    def attention_params_per_block(self) -> int:
+        """D·H·(2N + 2K): W_q [N,H,D], W_k and W_v [K,H,D], W_o [N,H,D]."""
+        return self.d_model * self.head_dim * (2 * self.heads + 2 * self.kv_heads)
+
+    @property
+    def params_per_block(self) -> int:
+        """D·H·(2N + 2K) + m·D·F."""
+        return self.attention_params_per_block + self.mlp_matrices * self.d_model * self.d_ff
+
+    @property
+    def params(self) -> int:
+        """P = L·(D·H·(2N + 2K) + m·D·F)."""
+        return self.blocks * self.params_per_block
+
+    def replace(self, **kw) -> "TransformerConfig":
+        kw = {k: v for k, v in kw.items() if v is not None}
+        if "d_model" in kw and "head_dim" not in kw and self.head_dim == self.d_model // self.heads:
+            kw["head_dim"] = None  # the head dim follows D (and the heads) unless it was set apart from them
+        if "heads" in kw and "head_dim" not in kw and self.head_dim == self.d_model // self.heads:
+            kw["head_dim"] = None
+        if "heads" in kw and "kv_heads" not in kw and self.kv_heads == self.heads:
+            kw["kv_heads"] = None
+        return dataclasses.replace(self, **kw)
+
+
+PRESETS: dict[str, FFNConfig | TransformerConfig] = {
     # The question's model (questions-4d.md): D=16384, F=53248, L=126 -> P = 219,848,638,464.
     "xxl": FFNConfig(d_model=16384, d_ff=53248, blocks=126),
     # XXL width, two blocks: the GPU benchmark configuration.
@@ -106,10 +171,22 @@ PRESETS: dict[str, FFNConfig] = {
     # Small configurations for emulated-device tests; dims divisible by 8 shards.
     "small": FFNConfig(d_model=256, d_ff=1024, blocks=4),
     "tiny": FFNConfig(d_model=64, d_ff=256, blocks=3),
+    # Transformers. seed000: the XXL's dimensions as a transformer (../shared/reference/seeds/000: Ulysses
+    # over 16 GPUs at 60,000 tokens); seed001: the layer estimator's model (e = 12288, 96 heads, f = 4e,
+    # 96 blocks, 2048 tokens); Llama-3-style 8B and 70B shapes (grouped-query, SwiGLU; Meta's model card).
+    "seed000": TransformerConfig(d_model=16384, heads=128, d_ff=53248, blocks=126, seq_len=60000),
+    "seed001": TransformerConfig(d_model=12288, heads=96, d_ff=4 * 12288, blocks=96, seq_len=2048),
+    "llama-8b": TransformerConfig(d_model=4096, heads=32, kv_heads=8, d_ff=14336, blocks=32, seq_len=8192, gated=True),
+    "llama-70b": TransformerConfig(d_model=8192, heads=64, kv_heads=8, d_ff=28672, blocks=80, seq_len=8192, gated=True),
+    # for emulated-device tests: heads and kv heads divisible by context·tensor up to 8
+    "tiny-tf": TransformerConfig(d_model=64, heads=8, kv_heads=8, d_ff=256, blocks=2, seq_len=64),
+    "small-tf": TransformerConfig(d_model=256, heads=8, kv_heads=8, d_ff=1024, blocks=4, seq_len=256),
+    # for TPU topologies ahead of time: arrays large enough that HBM, not the compiler's working set, sets the peak
+    "medium-tf": TransformerConfig(d_model=2048, heads=16, kv_heads=8, d_ff=8192, blocks=4, seq_len=2048),
 }
 
 
-def get_preset(name: str) -> FFNConfig:
+def get_preset(name: str) -> FFNConfig | TransformerConfig:
     """The preset named ``name``; ValueError listing the valid names otherwise."""
     try:
         return PRESETS[name]
@@ -144,11 +221,14 @@ class Precision:
 DEFAULT_PRECISION = Precision()
 
 
-def check_remat(remat: str) -> str:
+def check_remat(remat: str, cfg: "FFNConfig | TransformerConfig | None" = None) -> str:
     """Validate a remat policy name: none, every-second (keep every second block's activations,
-    recompute the others), full (keep only each block's input)."""
+    recompute the others), full (keep only each block's input). The transformer stack has none and full
+    (ffn_model.transformer.stack_forward): every-second is refused for a TransformerConfig."""
     if remat not in REMAT_POLICIES:
         raise ValueError(f"unknown remat policy {remat!r}; valid: {', '.join(REMAT_POLICIES)}")
+    if isinstance(cfg, TransformerConfig) and remat == "every-second":
+        raise ValueError("remat every-second is for the FFN stack; the transformer's remat is none or full")
     return remat
 
 
@@ -269,6 +349,8 @@ def parse_mesh_spec(spec: str, devices: int | None = None) -> MeshShape:
 
 
 FSDP_GATHERS = ("microbatch", "step")
+ATTENTIONS = ("materialized", "flash")  # the attention computation (transformer)
+CONTEXT_STRATEGIES = ("ulysses", "ring")  # how attention runs with a context axis
 
 
 @dataclass(frozen=True)
@@ -283,23 +365,55 @@ class Schedule:
     fsdp_gather     "microbatch": every block gathers its weights over fsdp each time it runs (per
                     microbatch, per pipeline iteration); "step": a stage gathers all its weights once
                     per step and keeps them for every microbatch (pipeline only).
+    sequence_parallel  Megatron sequence parallelism (Korthikanti et al. 2022) on the tensor axis:
+                    between blocks the activations are split over tensor along the tokens; an
+                    all-gather before the first matmul and a reduce-scatter after the last replace the
+                    tensor all-reduce, and the saved block inputs shrink by Y.
+    attention       (transformer) "materialized": the T×S scores and probabilities as arrays;
+                    "flash": key blocks of ``attention_block`` in a scan with an online softmax, memory
+                    O(T·block) (ffn_model.attention).
+    context         (transformer, with a context axis) "ulysses": all-to-all from sequence-split to
+                    head-split and back around the attention; "ring": K/V chunks passed round the
+                    context axis with ppermute, future chunks skipped.
     """
 
     microbatches: int = 1
     repeats: int = 1
     fsdp_gather: str = "microbatch"
+    sequence_parallel: bool = False
+    attention: str = "materialized"
+    context: str = "ulysses"
+    attention_block: int = 512
 
     def __post_init__(self):
         positive_ints("microbatches", self.microbatches)  # the planner passes a numpy array of candidates
         positive_int("repeats", self.repeats)
         if self.fsdp_gather not in FSDP_GATHERS:
             raise ValueError(f"fsdp_gather must be one of {', '.join(FSDP_GATHERS)}, got {self.fsdp_gather!r}")
+        if not isinstance(self.sequence_parallel, bool):
+            raise ValueError(f"sequence_parallel must be True or False, got {self.sequence_parallel!r}")
+        if self.attention not in ATTENTIONS:
+            raise ValueError(f"attention must be one of {', '.join(ATTENTIONS)}, got {self.attention!r}")
+        if self.context not in CONTEXT_STRATEGIES:
+            raise ValueError(f"context strategy must be one of {', '.join(CONTEXT_STRATEGIES)}, got {self.context!r}")
+        positive_int("attention_block", self.attention_block)
 
     def check(self, cfg: FFNConfig, mesh: Mapping, batch_tokens: int | None = None) -> "Schedule":
         """ValueError naming the input when the schedule cannot run ``cfg`` on ``mesh``: the stages must
         split the blocks evenly, the repeats the blocks of a stage, a circular pipeline needs at least
         as many microbatches as stages, B must split into M microbatches over data·fsdp."""
         S, M, R, L = mesh.get("stage", 1), self.microbatches, self.repeats, cfg.blocks
+        if isinstance(cfg, TransformerConfig):
+            if S > 1 or R > 1:
+                raise ValueError("pipeline stages are built for the FFN stack, not the transformer: use stage=1")
+            _check_transformer(cfg, mesh, self)
+            if batch_tokens is not None:
+                seqs = positive_int("batch_tokens", batch_tokens) // cfg.seq_len
+                n = M * shards(mesh, "batch")
+                if batch_tokens % cfg.seq_len or seqs % n:
+                    raise ValueError(f"batch_tokens={batch_tokens} must be whole sequences of seq_len={cfg.seq_len}, "
+                                     f"their number divisible by microbatches·data·fsdp = {n}")
+            return self
         if L % S:
             divisors = ", ".join(str(k) for k in range(1, L + 1) if L % k == 0)
             raise ValueError(f"blocks={L} cannot be split evenly over stage={S}; use a stage count that divides "
@@ -313,16 +427,56 @@ class Schedule:
         if self.fsdp_gather == "step" and S == 1:
             raise ValueError("fsdp_gather='step' (weights gathered once per step) is for pipelined stages: "
                              "without a stage axis every microbatch gathers them")
+        if self.sequence_parallel and S > 1:
+            raise ValueError("sequence_parallel with pipeline stages is not supported: use one or the other")
         if batch_tokens is not None:
-            n = M * shards(mesh, "batch")
+            n = M * shards(mesh, "batch_sp" if self.sequence_parallel else "batch")
             if positive_int("batch_tokens", batch_tokens) % n:
-                raise ValueError(f"batch_tokens={batch_tokens} is not divisible by microbatches·data·fsdp = {n}")
+                raise ValueError(f"batch_tokens={batch_tokens} is not divisible by microbatches·data·fsdp"
+                                 + ("·tensor" if self.sequence_parallel else "") + f" = {n}")
         return self
 
 
-def check_divisible(cfg: FFNConfig, mesh: Mapping, batch_tokens: int | None = None) -> None:
+def _check_transformer(cfg: TransformerConfig, mesh: Mapping, schedule: "Schedule") -> None:
+    """What the transformer's shardings and attention strategies need (ValueError naming the input): the
+    heads and kv heads divide by tensor (and by context·tensor for Ulysses, which splits the heads over
+    context), T by context (by context·tensor with sequence parallelism), and a flash attention's key
+    blocks divide the keys each device attends to (T, or T/C for ring)."""
+    C, Y = mesh.get("context", 1), mesh.get("tensor", 1)
+    heads_split = C * Y if C > 1 and schedule.context == "ulysses" else Y
+    for name, n in (("heads", cfg.heads), ("kv_heads", cfg.kv_heads)):
+        if n % heads_split:
+            what = "context·tensor (Ulysses splits the heads over context)" if heads_split != Y else "tensor"
+            raise ValueError(f"{name}={n} is not divisible by {what} = {heads_split}")
+    t_split = C * Y if schedule.sequence_parallel else C
+    if cfg.seq_len % t_split:
+        raise ValueError(f"seq_len={cfg.seq_len} is not divisible by context" + ("·tensor" if schedule.sequence_parallel
+                         else "") + f" = {t_split}")
+    keys = cfg.seq_len // C if C > 1 and schedule.context == "ring" else cfg.seq_len
+    if schedule.attention == "flash" and keys > schedule.attention_block and keys % schedule.attention_block:
+        raise ValueError(f"attention_block={schedule.attention_block} does not divide the {keys} keys each device "
+                         "attends to at a time")
+
+
+def check_divisible(cfg: FFNConfig | TransformerConfig, mesh: Mapping, batch_tokens: int | None = None) -> None:
     """Every sharded dimension must divide by its shard count, through the sharding table
-    (scaling.sharding): D by the shards of ``embed``, F by those of ``mlp``, B by those of ``batch``."""
+    (scaling.sharding): D by the shards of ``embed``, F by those of ``mlp``, B by those of ``batch``
+    (a transformer's batch in whole sequences: B/T sequences by the shards of ``batch``)."""
+    if isinstance(cfg, TransformerConfig):
+        checks = [("d_model", cfg.d_model, "embed"), ("d_ff", cfg.d_ff, "mlp")]
+        if batch_tokens is not None:
+            positive_int("batch_tokens", batch_tokens)
+            if batch_tokens % cfg.seq_len:
+                raise ValueError(f"batch_tokens={batch_tokens} is not whole sequences of seq_len={cfg.seq_len}")
+            checks.append(("sequences (batch_tokens/seq_len)", batch_tokens // cfg.seq_len, "batch"))
+        for name, dim, logical in checks:
+            if dim % shards(mesh, logical):
+                raise ValueError(f"{name}={dim} is not divisible by the {'·'.join(LOGICAL_RULES[logical])} shard "
+                                 f"count {shards(mesh, logical)}")
+        return
+    if mesh.get("context", 1) > 1:
+        raise ValueError(f"context={mesh['context']}: the FFN stack has no sequence axis to split over context "
+                         "(use data or fsdp for its tokens)")
     checks = [("d_model", cfg.d_model, "embed"), ("d_ff", cfg.d_ff, "mlp")]
     if batch_tokens is not None:
         positive_int("batch_tokens", batch_tokens)

@@ -44,16 +44,19 @@ def activation_bytes_per_token(cfg: FFNConfig, precision: Precision = DEFAULT_PR
 
 
 def saved_activation_bytes(cfg: FFNConfig, mesh: Mapping, batch_tokens, remat: str = "none",
-                           precision: Precision = DEFAULT_PRECISION):
+                           precision: Precision = DEFAULT_PRECISION, sequence_parallel: bool = False):
     """Activations saved for backward per device, under the remat policy.
 
     tokens per device b = B/(data·fsdp); a full block keeps x (D, replicated over tensor) and
     h (F/tensor); an input-only block keeps x:  bytes = c·b·[n_full·(D + F/Y) + n_input·D].
+    With sequence parallelism x is kept split over tensor along the tokens, D -> D/Y (Korthikanti et
+    al. 2022, table 2: the activations outside the tensor-parallel region divided by t).
     """
     b = tokens_per_device(mesh, batch_tokens)
     n_full, n_input = saved_blocks(cfg.blocks, remat)
     D, F, Y = cfg.d_model, cfg.d_ff, shards(mesh, "mlp")
-    return precision.compute * b * (n_full * (D + F / Y) + n_input * D)
+    x = D / Y if sequence_parallel else D
+    return precision.compute * b * (n_full * (x + F / Y) + n_input * x)
 
 
 def memory_per_device(cfg: FFNConfig, mesh: Mapping, batch_tokens, remat: str = "none",

@@ -48,11 +48,12 @@ def block_passes(cfg: FFNConfig, schedule: Schedule, stages: int) -> int:
 def saved_per_token(cfg: FFNConfig, mesh: Mapping, remat: str, schedule: Schedule, c: int = 2) -> float:
     """Bytes saved for backward per token of one microbatch, for the blocks one pass runs (a chunk of
     Lc with stages, all L without), under the remat policy (config.saved_blocks per chunk):
-    c·[n_full·(D + F/Y) + n_input·D]."""
+    c·[n_full·(D + F/Y) + n_input·D], D -> D/Y for the saved x under sequence parallelism."""
     Lc = chunk_blocks(cfg, schedule, mesh.get("stage", 1))
     n_full, n_input = saved_blocks(Lc, remat)
     Y = mesh.get("tensor", 1)
-    return c * (n_full * (cfg.d_model + cfg.d_ff / Y) + n_input * cfg.d_model)
+    x = cfg.d_model / Y if schedule.sequence_parallel else cfg.d_model  # sequence parallel: x split over tensor
+    return c * (n_full * (x + cfg.d_ff / Y) + n_input * x)
 
 
 def relay_rounds(stages: int, repeats: int) -> list[list[tuple[int, int, int, int]]]:

@@ -1,4 +1,4 @@
-"""Mesh planner: every factorisation of a chip count into the mesh axes (scaling.config.MESH_AXES), every
+"""Mesh planner: every factorisation of a chip count into the mesh axes (PLAN_AXES: data, stage, fsdp, tensor), every
 way of laying those axes onto the slice's physical ICI axes, ranked by the one step model
 (scaling.program.predict) under an HBM budget.
 
@@ -30,6 +30,9 @@ from scaling.config import MESH_AXES, FFNConfig, MeshShape, Schedule, check_rema
 from scaling.hardware import Chip, split_slices
 
 GPU_NODE = 8  # GPUs on one NVLink switch [SB-gpus]: an H100/H200/B200 node
+# The axes the planner factorises the chips into: the FFN stack's (its tokens have no sequence for a
+# context axis to split).
+PLAN_AXES = tuple(a for a in MESH_AXES if a != "context")
 DCN_AXES = ("data", "fsdp")  # the axes whose outermost factor may span slices joined by DCN
 
 
@@ -44,7 +47,7 @@ def _splits(d: int, k: int):
                 yield (a, *rest)
 
 
-def layouts(dims: tuple[int, ...], chip: Chip, axes: tuple[str, ...] = MESH_AXES) -> dict[tuple, list[dict]]:
+def layouts(dims: tuple[int, ...], chip: Chip, axes: tuple[str, ...] = PLAN_AXES) -> dict[tuple, list[dict]]:
     """Every distinct way of laying ``axes`` onto a slice of shape ``dims``: {mesh sizes: [layout, ...]}
     where a layout is {axis: (lengths, wraps)} over the physical axes it spans (the form mesh.ici_layout
     reads back from a compiled mesh's devices). Layouts that give every mesh axis the same links
@@ -136,7 +139,7 @@ def plan(cfg: FFNConfig, chip: Chip, chips: int, batch_tokens, hbm: float | None
             raise ValueError(f"topology {dims} has {math.prod(dims)} chips, which do not divide {chips}")
     results = []
     for (sizes, lays), dcn_axis in itertools.product(layouts(dims, chip).items(), DCN_AXES if n_slices > 1 else (None,)):
-        given = dict(zip(MESH_AXES, sizes))
+        given = dict(zip(PLAN_AXES, sizes))
         if dcn_axis:
             given[dcn_axis] *= n_slices
         mesh = MeshShape(given)
@@ -144,7 +147,7 @@ def plan(cfg: FFNConfig, chip: Chip, chips: int, batch_tokens, hbm: float | None
         if cfg.d_model % mesh["fsdp"] or cfg.d_ff % mesh["tensor"] or cfg.blocks % S:
             continue
         lk = [program.links(lay) for lay in lays]
-        axis_links = {a: np.array([x.get(a, 1.0) for x in lk])[None, None, :] for a in MESH_AXES}
+        axis_links = {a: np.array([x.get(a, 1.0) for x in lk])[None, None, :] for a in PLAN_AXES}
         for R in repeats_for(cfg, S, max_repeats):
             ms = np.array(microbatches_for(S, R, max_microbatches))
             p = program.predict(cfg, mesh, batches[:, None, None], remat, "train", chip, axis_links=axis_links,
@@ -164,7 +167,7 @@ def plan(cfg: FFNConfig, chip: Chip, chips: int, batch_tokens, hbm: float | None
                 sched = Schedule(M, R)
                 results.append({
                     "batch_tokens": B,
-                    "mesh": mesh.as_dict(),
+                    "mesh": {a: mesh[a] for a in PLAN_AXES},
                     "microbatches": M,
                     "repeats": R,
                     "bubble": pipeline.bubble(sched, S)["overhead"] if S > 1 else 0.0,

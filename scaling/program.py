@@ -47,8 +47,9 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from scaling import collectives, flops, memory, pipeline, roofline
-from scaling.config import DEFAULT_PRECISION, FFNConfig, MeshShape, Precision, Schedule, check_divisible, check_remat
+from scaling import collectives, flops, memory, pipeline, roofline, transformer
+from scaling.config import (DEFAULT_PRECISION, FFNConfig, MeshShape, Precision, Schedule, TransformerConfig,
+                            check_divisible, check_remat)
 from scaling.hardware import Chip
 
 KIND_FACTOR = collectives.KIND_FACTOR
@@ -111,7 +112,15 @@ def collective_volumes(cfg: FFNConfig, mesh: MeshShape, batch_tokens, step: str 
         # backward skips block 0's dx all-reduce where the program drops that dead dx (flops.first_block_dx_computed;
         # a pipeline computes every pass's dx: stage 0's input buffer also holds the last stage's outputs)
         dead = step == "train" and S == 1 and not flops.first_block_dx_computed(L, remat)
-        out["tensor"] = {"all-reduce": (passes * n - M * dead) * c * b_loc * D}
+        if schedule.sequence_parallel:
+            # Megatron SP: forward all-gathers x over tensor and reduce-scatters y; backward all-gathers x again
+            # (recomputed: only the token split is saved) and dy, and reduce-scatters dx. Each moves the group's
+            # full activation, V = c·b·D (sharding page: V of an all-gather is the gathered array).
+            gathers = 3 * n if step == "train" else n
+            out["tensor"] = {"all-gather": gathers * c * b_loc * D,
+                             "reduce-scatter": (passes * n - M * dead) * c * b_loc * D}
+        else:
+            out["tensor"] = {"all-reduce": (passes * n - M * dead) * c * b_loc * D}
     if merged:
         out["data+fsdp"] = {"all-reduce": n * cg * matrix}
     elif d > 1 and step == "train":
@@ -126,8 +135,9 @@ def collective_volumes(cfg: FFNConfig, mesh: MeshShape, batch_tokens, step: str 
             relays = circular_relays if step == "train" else 1
             chunk = precision.master * pipeline.chunk_blocks(cfg, schedule, S) * matrix / X
             out["stage"]["collective-permute"] += relays * pipeline.relay_moves(S, schedule.repeats) * chunk
-    if d * X > 1:  # the loss: mean over the batch (each microbatch's with accumulation), an f32 scalar
-        key = "+".join(a for a in ("data", "fsdp") if mesh[a] > 1)
+    loss_axes = ("data", "fsdp", "tensor") if schedule.sequence_parallel else ("data", "fsdp")
+    if any(mesh[a] > 1 for a in loss_axes):  # the loss: mean over the batch (each microbatch's with accumulation)
+        key = "+".join(a for a in loss_axes if mesh[a] > 1)
         out.setdefault(key, {})
         out[key]["all-reduce"] = out[key].get("all-reduce", 0.0) + 4 * (M if S == 1 else 1)
     return out
@@ -211,20 +221,27 @@ def predict(cfg: FFNConfig, mesh: MeshShape, batch_tokens, remat: str = "none", 
     The ICI times are those of the bytes the precision policy puts on the wire (bf16), also when
     ``min_comm_bytes`` widens the volumes reported for an XLA:CPU program.
     """
-    check_remat(remat)
+    check_remat(remat, cfg)
     check_divisible(cfg, mesh)
     schedule.check(cfg, mesh)
-    f = step_flops_per_device(cfg, mesh, batch_tokens, step, remat, schedule)
-    facts = dict(windowed_grad_rs=windowed_grad_rs, remat=remat, merged_grad_allreduce=merged_grad_allreduce,
-                 schedule=schedule, circular_relays=circular_relays)
-    vols = collective_volumes(cfg, mesh, batch_tokens, step, precision, min_comm_bytes, **facts)
-    wire = collective_volumes(cfg, mesh, batch_tokens, step, precision, 0, **facts) if min_comm_bytes else vols
-    if step == "forward":
-        mem = memory.forward_memory_per_device(cfg, mesh, batch_tokens, precision, schedule)
+    if isinstance(cfg, TransformerConfig):  # the transformer's closed forms (scaling.transformer)
+        f = transformer.step_flops(cfg, mesh, batch_tokens, step, remat, schedule)
+        vols = transformer.collective_volumes(cfg, mesh, batch_tokens, step, precision, min_comm_bytes, schedule, remat)
+        wire = transformer.collective_volumes(cfg, mesh, batch_tokens, step, precision, 0, schedule, remat)
+        mem = transformer.memory_per_device(cfg, mesh, batch_tokens, remat, schedule, precision, step)
+        hbm = transformer.hbm_traffic_bytes(cfg, mesh, batch_tokens, remat, step, schedule, precision)
     else:
-        mem = memory.memory_per_device(cfg, mesh, batch_tokens, remat, precision, windowed_grad_rs, schedule)
-    res = {"flops": f, "collectives": vols, "collective_bytes": axis_bytes(vols), "memory": mem,
-           "hbm_bytes": memory.hbm_traffic_bytes(cfg, mesh, batch_tokens, remat, step, precision)}
+        f = step_flops_per_device(cfg, mesh, batch_tokens, step, remat, schedule)
+        facts = dict(windowed_grad_rs=windowed_grad_rs, remat=remat, merged_grad_allreduce=merged_grad_allreduce,
+                     schedule=schedule, circular_relays=circular_relays)
+        vols = collective_volumes(cfg, mesh, batch_tokens, step, precision, min_comm_bytes, **facts)
+        wire = collective_volumes(cfg, mesh, batch_tokens, step, precision, 0, **facts) if min_comm_bytes else vols
+        if step == "forward":
+            mem = memory.forward_memory_per_device(cfg, mesh, batch_tokens, precision, schedule)
+        else:
+            mem = memory.memory_per_device(cfg, mesh, batch_tokens, remat, precision, windowed_grad_rs, schedule)
+        hbm = memory.hbm_traffic_bytes(cfg, mesh, batch_tokens, remat, step, precision)
+    res = {"flops": f, "collectives": vols, "collective_bytes": axis_bytes(vols), "memory": mem, "hbm_bytes": hbm}
     if chip is None:
         return res
     lk = {**(links(layout) if layout else {}), **(axis_links or {})}
@@ -244,6 +261,6 @@ def predict(cfg: FFNConfig, mesh: MeshShape, batch_tokens, remat: str = "none", 
     for form, t in (("sum", t_sum), ("max", t_max)):
         res["times"][f"mfu_{form}"] = f["model"] / (chip.device_flops * t)
         res["times"][f"hfu_{form}"] = f["total"] / (chip.device_flops * t)
-        res["times"][f"critical_batch_{form}"] = d * roofline.critical_batch_array(
-            cfg.d_ff, mesh["fsdp"], mesh["tensor"], chip.alpha, m_x, m_y, form)
+        res["times"][f"critical_batch_{form}"] = (np.nan if isinstance(cfg, TransformerConfig) else d * roofline.critical_batch_array(
+            cfg.d_ff, mesh["fsdp"], mesh["tensor"], chip.alpha, m_x, m_y, form))
     return res

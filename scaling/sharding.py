@@ -11,6 +11,14 @@ jax PartitionSpecs and flax logical-axis rules) and the closed forms (which coun
   layers     -> stage         the stacked-blocks axis L: pipeline stage s holds blocks s·L/S..(s+1)·L/S-1
   stages     -> stage         the stage axis of a pipeline's activations (one microbatch per stage)
   act_embed  -> (replicated)  D of the block input x[B,D], replicated over tensor
+  batch_sp   -> data, fsdp, tensor   the FFN's tokens between blocks under sequence parallelism (Megatron
+                              SP: the block input split over tensor along the tokens)
+  seq        -> context       a transformer's sequence axis T (context parallelism)
+  seq_sp     -> context, tensor      T between layers under sequence parallelism
+  heads      -> tensor        attention query heads N (and the projections' head axis)
+  kv_heads   -> tensor        key/value heads K (grouped-query attention)
+  head_dim   -> (replicated)  H, the head dimension
+  tensor_split -> tensor      a dimension of size Y made to hold the tensor split (the fused q, k, v weights)
 
 A logical axis that is not in the table is an error (ValueError), never a silent replication.
 """
@@ -27,6 +35,13 @@ LOGICAL_RULES: dict[str, tuple[str, ...]] = {
     "layers": ("stage",),
     "stages": ("stage",),
     "act_embed": (),
+    "batch_sp": ("data", "fsdp", "tensor"),
+    "seq": ("context",),
+    "seq_sp": ("context", "tensor"),
+    "heads": ("tensor",),
+    "kv_heads": ("tensor",),
+    "head_dim": (),
+    "tensor_split": ("tensor",),
 }
 
 # Logical axes of each parameter and activation of the FFN stack (shapes in Scaling Book letters).
@@ -35,6 +50,7 @@ LOGICAL_RULES: dict[str, tuple[str, ...]] = {
 W_IN_AXES = ("layers", "mlp", "embed")  # W_in [L, F, D]
 W_OUT_AXES = ("layers", "mlp", "embed")  # W_out [L, F, D]
 X_AXES = ("batch", "act_embed")  # block input x [B, D]
+X_SP_AXES = ("batch_sp", "act_embed")  # block input x [B, D] between blocks under sequence parallelism
 H_AXES = ("batch", "mlp")  # hidden h [B, F]
 
 

@@ -57,7 +57,7 @@ CASES = [
     (f"{TRAIN} --seed -1", r"--seed must be a non-negative integer, got -1"),
     (f"{TRAIN} --seed x", r"argument --seed: invalid int value: 'x'"),
     # mesh and devices
-    (f"{TRAIN} --mesh expert=8", r"unknown mesh axis 'expert' in 'expert=8'; valid axes: data, stage, fsdp, tensor"),
+    (f"{TRAIN} --mesh expert=8", r"unknown mesh axis 'expert' in 'expert=8'; valid axes: data, stage, fsdp, context, tensor"),
     (f"{TRAIN} --mesh fsdp", r"mesh spec item 'fsdp' must be axis=size"),
     (f"{TRAIN} --mesh fsdp=0", r"mesh axis 'fsdp' size must be positive, got 0"),
     (f"{TRAIN} --mesh fsdp=x", r"mesh axis 'fsdp' size must be an integer, got 'x'"),
@@ -116,6 +116,19 @@ CASES = [
     ("bench --preset tiny --devices cpu:8 --mesh fsdp=16", r"mesh 'fsdp=16' has 16 devices"),
     ("bench --preset tiny --devices tpu:v5p-8", r"bench runs on real devices or cpu:N"),
     ("bench --preset tiny --devices cpu:8 --batch-tokens 12", r"batch_tokens=12 is not divisible by the data·fsdp shard count 8"),
+    # the transformer, sequence and context parallelism
+    (f"{TRAIN} --heads 8", r"--heads is a transformer dimension; 'tiny' is an FFN stack \(transformer presets: "),
+    (f"{TRAIN} --preset tiny-tf --heads 0", r"--heads must be a positive integer, got 0"),
+    (f"{TRAIN} --preset tiny-tf --mesh context=8 --batch-tokens 512 --kv-heads 4", r"kv_heads=4 is not divisible by context·tensor"),
+    (f"{TRAIN} --preset tiny-tf --mesh context=8 --batch-tokens 480 --context-strategy ring --seq-len 60",
+     r"seq_len=60 is not divisible by context = 8"),
+    (f"{TRAIN} --preset tiny-tf --batch-tokens 100", r"batch_tokens=100 is not whole sequences of seq_len=64"),
+    (f"{TRAIN} --preset tiny-tf --batch-tokens 512 --remat every-second", r"remat every-second is for the FFN stack"),
+    (f"{TRAIN} --preset tiny-tf --batch-tokens 512 --mesh context=2,tensor=4 --attention flash --attention-block 48",
+     r"attention_block=48 does not divide"),
+    (f"{TRAIN} --preset tiny-tf --batch-tokens 512 --mesh stage=2,fsdp=4 --microbatches 2", r"stage"),
+    (f"{TRAIN} --sequence-parallel --attention sparse", r"argument --attention: invalid choice: 'sparse'"),
+    (f"{TRAIN} --context-strategy star", r"argument --context-strategy: invalid choice: 'star'"),
     # the command itself
     ("", r"the following arguments are required: command"),
     ("serve", r"argument command: invalid choice: 'serve'"),

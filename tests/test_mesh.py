@@ -16,19 +16,25 @@ from scaling.sharding import LOGICAL_RULES
 
 def test_rules_table_and_specs():
     assert LOGICAL_RULES == {"batch": ("data", "fsdp"), "embed": ("fsdp",), "mlp": ("tensor",),
-                             "layers": ("stage",), "stages": ("stage",), "act_embed": ()}
+                             "layers": ("stage",), "stages": ("stage",), "act_embed": (),
+                             "batch_sp": ("data", "fsdp", "tensor"), "seq": ("context",),
+                             "seq_sp": ("context", "tensor"), "heads": ("tensor",), "kv_heads": ("tensor",),
+                             "head_dim": (), "tensor_split": ("tensor",)}
+    # a transformer's q [B, T, N, H]: batch over data·fsdp, the sequence over context, heads over tensor
+    assert mesh.logical_to_spec(("batch", "seq", "heads", "head_dim")) == P(("data", "fsdp"), "context", "tensor", None)
     # W_in, W_out [L,F,D]: the blocks split over pipeline stages (a stage axis of 1 is no split)
     assert mesh.logical_to_spec(("layers", "mlp", "embed")) == P("stage", "tensor", "fsdp")
     # flax's rules from the same table
-    assert dict(mesh.FLAX_RULES) == {"batch": ("data", "fsdp"), "embed": "fsdp", "mlp": "tensor",
-                                     "layers": "stage", "stages": "stage", "act_embed": None}
+    assert {k: v for k, v in mesh.FLAX_RULES if k in ("batch", "embed", "mlp", "layers", "act_embed", "seq_sp")} == {
+        "batch": ("data", "fsdp"), "embed": "fsdp", "mlp": "tensor", "layers": "stage", "act_embed": None,
+        "seq_sp": ("context", "tensor")}
     assert mesh.logical_to_spec(("batch", "act_embed")) == P(("data", "fsdp"), None)  # x [B,D]
     assert mesh.logical_to_spec(("batch", "mlp")) == P(("data", "fsdp"), "tensor")  # h [B,F]
 
 
 def test_unknown_logical_axis_is_an_error():
-    with pytest.raises(ValueError, match="'heads' has no sharding rule"):
-        mesh.logical_to_spec(("batch", "heads"))
+    with pytest.raises(ValueError, match="'experts' has no sharding rule"):
+        mesh.logical_to_spec(("batch", "experts"))
     with pytest.raises(ValueError, match="twice"):
         mesh.logical_to_spec(("embed", "embed"))
 
@@ -39,13 +45,14 @@ def test_import_without_jax():
 
 
 @pytest.mark.parametrize("spec, shape", [
-    ("fsdp=8", (1, 1, 8, 1)), ("tensor=8", (1, 1, 1, 8)), ("fsdp=4,tensor=2", (1, 1, 4, 2)),
-    ("data=2,fsdp=2,tensor=2", (2, 1, 2, 2)), ("tensor=2,fsdp=-1", (1, 1, 4, 2)),
-    (MeshShape(data=2, fsdp=4), (2, 1, 4, 1)), ("stage=2,fsdp=2,tensor=2", (1, 2, 2, 2)),
+    ("fsdp=8", (1, 1, 8, 1, 1)), ("tensor=8", (1, 1, 1, 1, 8)), ("fsdp=4,tensor=2", (1, 1, 4, 1, 2)),
+    ("data=2,fsdp=2,tensor=2", (2, 1, 2, 1, 2)), ("tensor=2,fsdp=-1", (1, 1, 4, 1, 2)),
+    (MeshShape(data=2, fsdp=4), (2, 1, 4, 1, 1)), ("stage=2,fsdp=2,tensor=2", (1, 2, 2, 1, 2)),
+    ("fsdp=2,context=2,tensor=2", (1, 1, 2, 2, 2)),
 ])
 def test_cpu_meshes(spec, shape):
     m = mesh.make_mesh(spec, "cpu:8")
-    assert m.axis_names == ("data", "stage", "fsdp", "tensor")
+    assert m.axis_names == ("data", "stage", "fsdp", "context", "tensor")
     assert m.devices.shape == shape
     assert all(t == AxisType.Auto for t in m.axis_types)
     assert sorted(d.id for d in m.devices.flat) == list(range(8))
@@ -54,7 +61,7 @@ def test_cpu_meshes(spec, shape):
 def test_real_devices_and_device_lists():
     assert mesh.make_mesh("fsdp=8").devices.size == len(jax.devices()) == 8
     one = mesh.make_mesh("fsdp=1", jax.devices()[:1])
-    assert one.devices.shape == (1, 1, 1, 1)
+    assert one.devices.shape == (1, 1, 1, 1, 1)
 
 
 @pytest.mark.parametrize("spec, devices, match", [
@@ -83,10 +90,10 @@ def test_tpu_topology_without_libtpu(monkeypatch):
 @pytest.mark.parametrize("devices", ["tpu:v5p:4x4x4", "tpu:v5p-128", "v5p-128", "tpu:4x4x4"])
 def test_tpu_topology_mesh(devices):
     m = mesh.make_mesh("fsdp=16,tensor=4", devices)
-    assert m.devices.shape == (1, 1, 16, 4)
+    assert m.devices.shape == (1, 1, 16, 1, 4)
     assert {d.platform for d in m.devices.flat} == {"tpu"}
     # tensor spans one physical axis (a ring of 4), fsdp the other two (4x4 chips).
-    coords = np.array([[d.coords for d in row] for row in m.devices[0, 0]])  # [16, 4, 3]
+    coords = np.array([[d.coords for d in row] for row in m.devices[0, 0, :, 0]])  # [16, 4, 3]
     tensor_line, fsdp_line = coords[0, :, :], coords[:, 0, :]
     assert sum(len(set(tensor_line[:, k])) > 1 for k in range(3)) == 1
     assert sum(len(set(fsdp_line[:, k])) > 1 for k in range(3)) == 2

@@ -11,16 +11,21 @@ the difference or what the program does that the closed form does not.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import os
+import pickle
 import sys
+from pathlib import Path
 
 from ffn_model.compile import abstract_compile
 from mesh import device_count, ici_layout, make_mesh, mesh_shape
 from mesh.devices import parse_tpu_spec, use_cpu_platform_for
 from scaling import pipeline, program
-from scaling.cli import schedule_of
-from scaling.config import FFNConfig, MeshShape, Schedule, check_divisible, get_preset, parse_mesh_spec
+from scaling.cli import model_config, schedule_of
+from scaling.config import (FFNConfig, MeshShape, Schedule, TransformerConfig, check_divisible, check_remat, get_preset,
+                            parse_mesh_spec)
 from scaling.hardware import CHIPS, Chip, get_chip, slice_topology
 from scaling.pipeline import relay_moves
 from verify.hlo import read_compiled
@@ -124,8 +129,9 @@ CPU_STAGE_GRID = [
 _LARGE = _SMALL.replace(d_model=8192, d_ff=32768, blocks=8)
 TPU_STAGE_GRID = [
     ("tpu:v5p:2x2x2", _MEDIUM, "stage=2,fsdp=2,tensor=2", 8192, "none", "train", Schedule(4)),
-    ("tpu:v5p:2x2x2", _LARGE, "stage=4,fsdp=2", 8192, "none", "train", Schedule(4, repeats=2)),
-    ("tpu:v5p:2x2x2", _LARGE, "stage=2,fsdp=4", 8192, "none", "train", Schedule(4, repeats=2)),
+    # circular, on 8 blocks of 4096 x 16384 (3.9 and 4.2 GB peaks; 8192-wide blocks compiled 2.5x slower)
+    ("tpu:v5p:2x2x2", _MEDIUM.replace(blocks=8), "stage=4,fsdp=2", 8192, "none", "train", Schedule(4, repeats=2)),
+    ("tpu:v5p:2x2x2", _MEDIUM.replace(blocks=8), "stage=2,fsdp=4", 8192, "none", "train", Schedule(4, repeats=2)),
     ("tpu:v5p:2x2x1", _MEDIUM, "stage=2,fsdp=2", 8192, "full", "train", Schedule(2, fsdp_gather="step")),
     ("tpu:v5p:4x4x4", _LARGE, "data=2,stage=4,fsdp=4,tensor=2", 16384, "every-second", "train", Schedule(8)),
     ("tpu:v5p:2x2x2", _LARGE.replace(blocks=4), "stage=4,tensor=2", 8192, "full", "train", Schedule(8)),
@@ -134,6 +140,41 @@ TPU_STAGE_GRID = [
 ]
 XXL_STAGES = ("tpu:v5p:4x4x4", _XXL, "stage=2,fsdp=8,tensor=4", 25600, "none", "train", Schedule(4))
 XXL_ACCUMULATE = ("tpu:v5p:4x4x8", _XXL, "fsdp=32,tensor=4", 2**20, "none", "train", Schedule(4))
+
+# Sequence parallelism and the transformer (each row ends with its Schedule). On 8 emulated CPU devices:
+# the FFN stack with sequence parallelism; the transformer with tensor parallelism, sequence parallelism,
+# Ulysses and ring over a context axis, materialized and flash scores, remat none and full, train and
+# forward, grouped-query attention.
+_SMALL_TF = get_preset("small-tf")   # D=256, 8 heads, F=1024, L=4, T=256
+_GQA_TF = _SMALL_TF.replace(kv_heads=4)
+CPU_SEQUENCE_GRID = [
+    (_SMALL, "fsdp=2,tensor=4", 4096, "none", "train", Schedule(sequence_parallel=True)),
+    (_SMALL, "data=2,fsdp=2,tensor=2", 4096, "full", "train", Schedule(sequence_parallel=True)),
+    (_TINY, "fsdp=4,tensor=2", 2048, "none", "forward", Schedule(sequence_parallel=True)),
+    (_SMALL_TF, "fsdp=2,tensor=4", 4096, "none", "train", Schedule()),
+    (_SMALL_TF, "data=2,fsdp=2,tensor=2", 4096, "full", "train", Schedule()),
+    (_SMALL_TF, "fsdp=2,tensor=4", 4096, "none", "train", Schedule(sequence_parallel=True)),
+    (_SMALL_TF, "fsdp=2,context=2,tensor=2", 4096, "none", "train", Schedule(context="ulysses")),
+    (_SMALL_TF, "fsdp=2,context=2,tensor=2", 4096, "none", "train", Schedule(attention="flash", attention_block=64)),
+    (_SMALL_TF, "context=4,tensor=2", 4096, "none", "train", Schedule(context="ring")),
+    (_GQA_TF, "fsdp=2,context=4", 4096, "full", "train", Schedule(context="ring", attention_block=32)),
+    (_GQA_TF, "data=2,context=2,tensor=2", 4096, "full", "train", Schedule(context="ulysses", sequence_parallel=True)),
+    (_SMALL_TF, "fsdp=4,context=2", 4096, "none", "forward", Schedule(context="ulysses")),
+    (_SMALL_TF, "fsdp=2,context=4", 4096, "none", "forward", Schedule(context="ring")),
+]
+# On TPU v5p ahead of time: a 4096-wide transformer (32 heads, 8 kv heads, F=16384, 4 layers, T=4096; 8
+# sequences) large enough that HBM dominates its peak (6 to 17 GB), and the XXL with sequence parallelism
+# at fsdp=16, tensor=4 beside XXL_TRAIN (tensor parallelism) on v5p:4x4x4.
+_LARGE_TF = _SMALL_TF.replace(d_model=4096, heads=32, kv_heads=8, d_ff=16384, blocks=4, seq_len=4096)
+TPU_SEQUENCE_GRID = [
+    ("tpu:v5p:2x2x2", _LARGE_TF, "fsdp=2,tensor=4", 32768, "full", "train", Schedule(sequence_parallel=True)),
+    ("tpu:v5p:2x2x2", _LARGE_TF, "fsdp=2,context=4", 32768, "none", "train", Schedule(context="ulysses")),
+    ("tpu:v5p:2x2x2", _LARGE_TF, "context=4,tensor=2", 32768, "none", "train", Schedule(attention="flash")),
+    ("tpu:v5p:2x2x2", _LARGE_TF, "fsdp=2,context=4", 32768, "none", "train", Schedule(context="ring")),
+    ("tpu:v5p:2x2x2", _LARGE_TF, "fsdp=2,context=2,tensor=2", 32768, "none", "forward", Schedule()),
+]
+XXL_SEQUENCE_PARALLEL = ("tpu:v5p:4x4x4", _XXL, "fsdp=16,tensor=4", 25600, "none", "train",
+                         Schedule(sequence_parallel=True))
 
 
 def _ratio(closed, compiled):
@@ -155,7 +196,28 @@ def default_chip(devices) -> Chip:
     return CHIPS["v5p"]
 
 
-def check(
+# A directory where check() keeps its reports for the process and its children (tests/conftest.py makes a
+# fresh one per pytest session, so the notebooks it executes reuse the grids tests/test_check.py compiled
+# rather than compiling them again); unset, every call compiles.
+CACHE_ENV = "VERIFY_CHECK_CACHE"
+
+
+def check(cfg, devices: str, mesh_spec: str, batch_tokens: int, remat: str = "none", step: str = "train",
+          chip: str | None = None, verbose: bool = False, schedule: Schedule = Schedule()) -> dict:
+    """compare() (below), or the report an identical call already left in $VERIFY_CHECK_CACHE."""
+    folder = os.environ.get(CACHE_ENV)
+    if not folder:
+        return compare(cfg, devices, mesh_spec, batch_tokens, remat, step, chip, verbose, schedule)
+    key = repr((cfg, devices, mesh_spec, batch_tokens, remat, step, chip, schedule))
+    path = Path(folder) / f"{hashlib.sha256(key.encode()).hexdigest()}.pickle"
+    if path.exists():
+        return pickle.loads(path.read_bytes())
+    rep = compare(cfg, devices, mesh_spec, batch_tokens, remat, step, chip, verbose, schedule)
+    path.write_bytes(pickle.dumps(rep))
+    return rep
+
+
+def compare(
     cfg: FFNConfig,
     devices: str,
     mesh_spec: str,
@@ -217,10 +279,7 @@ def check(
     out["memory"] = {
         "arguments": _row(args_cf, gm["argument_bytes"],
                           "fp32 master (+ Adam mu, nu and the int32 step count) + the batch (bf16 x, fp32 y)"),
-        "peak": _row(m["total"], gm["peak_bytes"],
-                     "16 B/param/N + saved activations + the batch + gathered bf16 weights: "
-                     + ("one matrix (windowed-einsum backward)" if windowed else "two blocks' W_in, W_out")
-                     if step == "train" else "master weights + one gathered bf16 weight matrix + one block's activations + the batch"),
+        "peak": _row(m["total"], gm["peak_bytes"], _peak_note(cfg, step, windowed)),
         "temp": _row(None, gm["temp_bytes"]),
         "outputs": _row(None, gm["output_bytes"]),
         "aliases": _row(None, gm["alias_bytes"]),
@@ -250,9 +309,23 @@ def check(
     return out
 
 
+def _peak_note(cfg, step: str, windowed: bool) -> str:
+    """What the closed-form peak adds up (scaling.memory / scaling.transformer memory_per_device)."""
+    if isinstance(cfg, TransformerConfig):
+        return ("16 B/param/N + L layers' saved activations + the batch + two layers' gathered bf16 weights + one "
+                "layer's fp32 weight gradients + the attention working set (scores of one layer or key block)"
+                if step == "train" else "master weights + one layer's gathered bf16 weights + the attention working set "
+                "+ the batch")
+    if step == "train":
+        return ("16 B/param/N + saved activations + the batch + gathered bf16 weights: "
+                + ("one matrix (windowed-einsum backward)" if windowed else "two blocks' W_in, W_out"))
+    return "master weights + one gathered bf16 weight matrix + one block's activations + the batch"
+
+
 def check_command(args) -> int:
     """``check`` on the command line: every flag checked before anything is printed or compiled."""
-    cfg = get_preset(args.preset).replace(d_model=args.d_model, d_ff=args.d_ff, blocks=args.blocks)
+    cfg = model_config(args)
+    check_remat(args.remat, cfg)
     shape, schedule = parse_mesh_spec(args.mesh, device_count(args.devices)), schedule_of(args)
     check_divisible(cfg, shape, args.batch_tokens)
     schedule.check(cfg, shape, args.batch_tokens)
@@ -279,7 +352,15 @@ def _fmt(x):
 def _schedule_text(cfgd: dict) -> str:
     """The schedule part of the report's first line (empty for one pass without stages)."""
     sch, S = Schedule(**cfgd["schedule"]), cfgd["mesh"]["stage"]
+    seq = "; sequence parallel over tensor" if sch.sequence_parallel else ""
+    if "heads" in cfgd["model"]:  # a transformer
+        ring = cfgd["mesh"].get("context", 1) > 1 and sch.context == "ring"
+        form = "flash" if ring else sch.attention
+        seq += (f"; attention {form}" + (f" (key blocks of {sch.attention_block})" if form == "flash" else "")
+                + (f", context {sch.context}" + (" (flash per chunk)" if ring else "")
+                   if cfgd["mesh"].get("context", 1) > 1 else ""))
     if S == 1:
+        return seq + (f"; {sch.microbatches} microbatches (gradient accumulation)" if sch.microbatches > 1 else "")
         return f"; {sch.microbatches} microbatches (gradient accumulation)" if sch.microbatches > 1 else ""
     bub = pipeline.bubble(sch, S)
     return (f"; pipeline of {S} stages, {sch.microbatches} microbatches, "

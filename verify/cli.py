@@ -1,4 +1,4 @@
-"""python -m verify {check, plan, compile, bench, answer, train}: one program for every command of
+"""python -m verify {check, plan, compile, bench, answer, train, trace, layers}: one program for every command of
 ``python -m scaling`` and ``python -m ffn_model``, with the same flags. Those two run the commands that
 compile or measure (check, plan --verify-top, compile, bench) through this one, which implements them;
 the others are theirs.
@@ -15,6 +15,7 @@ from scaling.hardware import get_chip
 from verify.bench import bench
 from verify.check import check_command, render_pipeline, verify_pipeline, verify_plans
 from verify.hlo import read_compiled
+from verify.trace import compile_seed000_layer, render_compiled
 
 COST_KEYS = ("flops", "bytes accessed", "transcendentals", "optimal_seconds")
 
@@ -80,6 +81,7 @@ def main(argv=None) -> int:
     p = closed_form_cli.Parser(prog="python -m verify", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     closed_form_cli.add_commands(sub, check_command=check_command, verify_plans=verify_plans,
-                                 verify_pipeline=verify_pipeline, render_pipeline=render_pipeline)
+                                 verify_pipeline=verify_pipeline, render_pipeline=render_pipeline,
+                                 verify_trace=lambda verbose: render_compiled(compile_seed000_layer(verbose)))
     model_cli.add_commands(sub, {"compile": (compile_report, print_compile), "bench": (bench_report, print_bench)})
     return closed_form_cli.run(p, argv)

@@ -347,7 +347,8 @@ class HloProgram:
         fusions and a done fusion (AsyncCollectiveDone). The clones share the instruction's channel_id:
         collectives inside fusion computations that share a channel_id are counted once (the start
         fusion's copy), as asynchronous. (A channel_id alone is not unique: XLA:CPU gives a ppermute and
-        its transpose in the backward loop the same one.)"""
+        its transpose in the backward loop the same one.) A collective over groups of one device moves
+        nothing and is left out (XLA:CPU keeps such all-reduces in the transformer's backward)."""
         sizes = tuple(int(s) for s in mesh_axes.values())
         names = tuple(mesh_axes)
         n_dev = math.prod(sizes)
@@ -380,6 +381,8 @@ class HloProgram:
                 else:
                     groups = replica_groups(ins.attrs, n_dev)
                 axes, group_size = _axes_of(groups, sizes, names, kind == "collective-permute")
+                if group_size == 1 and kind != "collective-permute":
+                    continue  # groups of one device: no data moves (XLA:CPU leaves such all-reduces in)
                 c = Collective(kind=kind, dtype=(result or arrays(ins.shape))[0][0], operand_bytes=operand_bytes,
                                result_bytes=result_bytes, group_size=group_size, axes=axes,
                                count=self.multiplier.get(comp.name, 0.0), name=ins.name, async_=is_async)

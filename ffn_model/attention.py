@@ -1,0 +1,440 @@
+"""Causal multi-head self-attention with grouped-query heads: materialized, flash, Ulysses and ring.
+
+Notation (Scaling Book / nanodo): B batch, T query length, S key length, N query heads, K kv heads,
+G = N / K query heads per kv head, H head dim, C devices on the sequence (context) axis. Inputs are
+q_BxTxNxH, k_BxSxKxH, v_BxSxKxH in BF16 and the tokens' positions in the full sequence q_pos_T,
+k_pos_S (int32); query t attends to key s iff k_pos[s] <= q_pos[t]. Query head n uses kv head n // G.
+
+Precision, every kernel: scores s = q.k * H**-0.5 in FP32 (BF16 x BF16 matmul, FP32 accumulation),
+softmax in FP32, probabilities cast to BF16 for the P.V matmul (FP32 accumulation), outputs BF16. The
+backward matmuls also take BF16 operands (p, ds cast to BF16, as FlashAttention-2 does) with FP32
+accumulation; ds itself is formed in FP32.
+
+Executed matmul FLOPs (every key block is computed and masked; no causal skipping inside a kernel):
+forward 4.B.T.S.N.H (q.k^T and p.v, 2.B.T.S.N.H each); backward 8.B.T.S.N.H from saved p (materialized)
+or 10.B.T.S.N.H with the scores recomputed (flash). The causal half is masked, not skipped; ring attention
+skips whole future chunks at run time (ring_attention says what a static count of its program gives).
+
+Remat: the kernels are custom_vjps, whose residuals a jax.checkpoint policy keeps only by name: the fwd
+rules name them with checkpoint_name, RESIDUAL_NAMES, so save_only_these_names("q", "k", "v",
+*RESIDUAL_NAMES) keeps them and the backward recomputes no forward.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
+
+COMPUTE_DTYPE = jnp.bfloat16
+# checkpoint_name of the kernels' own residuals, for jax.checkpoint(policy=save_only_these_names(...)): the
+# materialized probabilities p, and a flash or ring attention's o and lse. Without a name a custom_vjp's
+# residual is not saved under such a policy and the forward is recomputed in the backward. q, k, v are the
+# kernels' inputs: the caller names them ("q", "k", "v").
+RESIDUAL_NAMES = ("attn_probs", "attn_out", "attn_lse")
+
+
+def _split_heads(q_BxTxNxH, K):
+    B, T, N, H = q_BxTxNxH.shape
+    if N % K:
+        raise ValueError(f"query heads N={N} must be a multiple of kv heads K={K}")
+    return q_BxTxNxH.reshape(B, T, K, N // K, H)
+
+
+def _scores(q_BxTxKxGxH, k_BxSxKxH, q_pos_T, k_pos_S):
+    """FP32 scaled scores [B, K, G, T, S], -inf where the key is in the query's future."""
+    scale = q_BxTxKxGxH.shape[-1] ** -0.5
+    s = jnp.einsum("btkgh,bskh->bkgts", q_BxTxKxGxH, k_BxSxKxH, preferred_element_type=jnp.float32) * scale
+    visible_TxS = k_pos_S[None, :] <= q_pos_T[:, None]
+    return jnp.where(visible_TxS, s, -jnp.inf)
+
+
+def _safe(m):
+    """A running max with -inf (nothing visible yet) replaced by 0, so exp(s - m) never sees -inf - -inf."""
+    return jnp.where(jnp.isfinite(m), m, 0.0)
+
+
+def _pv(p_BxKxGxTxS, v_BxSxKxH):
+    """p.v [B, T, K, G, H] in FP32 from BF16 probabilities."""
+    return jnp.einsum("bkgts,bskh->btkgh", p_BxKxGxTxS.astype(COMPUTE_DTYPE), v_BxSxKxH,
+                      preferred_element_type=jnp.float32)
+
+
+def _grads_from_p(p, ds, q5, k, do5):
+    """The matmuls that turn p and ds [B, K, G, T, S] into dq5 (FP32, [B,T,K,G,H]), dk, dv (FP32, [B,S,K,H])."""
+    scale = q5.shape[-1] ** -0.5
+    p16, ds16 = p.astype(COMPUTE_DTYPE), ds.astype(COMPUTE_DTYPE)
+    dv = jnp.einsum("bkgts,btkgh->bskh", p16, do5, preferred_element_type=jnp.float32)
+    dq5 = jnp.einsum("bkgts,bskh->btkgh", ds16, k, preferred_element_type=jnp.float32) * scale
+    dk = jnp.einsum("bkgts,btkgh->bskh", ds16, q5, preferred_element_type=jnp.float32) * scale
+    return dq5, dk, dv
+
+
+# ---------------------------------------------------------------------------------------------------
+# Materialized: the whole [T, S] score matrix, p saved in BF16.
+
+def _materialized_fwd(q, k, v, q_pos, k_pos):
+    q5 = _split_heads(q, k.shape[2])
+    s = _scores(q5, k, q_pos, k_pos)
+    e = jnp.exp(s - _safe(jnp.max(s, axis=-1, keepdims=True)))
+    l = jnp.sum(e, axis=-1, keepdims=True)
+    p = (e / jnp.where(l > 0, l, 1.0)).astype(COMPUTE_DTYPE)  # a row with no visible key: p = 0, o = 0
+    p = checkpoint_name(p, "attn_probs")
+    o = _pv(p, v).reshape(q.shape).astype(COMPUTE_DTYPE)
+    return o, (q, k, v, p)
+
+
+def _materialized_bwd(res, do):
+    q, k, v, p = res
+    q5, do5 = _split_heads(q, k.shape[2]), _split_heads(do, k.shape[2])
+    pf = p.astype(jnp.float32)
+    dp = jnp.einsum("btkgh,bskh->bkgts", do5, v, preferred_element_type=jnp.float32)
+    ds = pf * (dp - jnp.sum(dp * pf, axis=-1, keepdims=True))
+    dq5, dk, dv = _grads_from_p(p, ds, q5, k, do5)
+    return (dq5.reshape(q.shape).astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None)
+
+
+@jax.custom_vjp
+def attention_materialized(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, q_pos_T, k_pos_S):
+    """Causal softmax attention o = softmax(q.k^T * H**-0.5 + mask) . v, the [B, K, G, T, S] scores
+    materialized at once -> o_BxTxNxH (BF16). A row with no visible key gives o = 0.
+
+    Saved for backward (custom_vjp residuals, nothing else): q, k, v and the BF16 probabilities
+    p [B, K, G, T, S] (checkpoint_name "attn_probs") = 2.B.N.T.S bytes for p (exactly 2 bytes per score) + 2.B.(T.N.H + 2.S.K.H) for
+    q, k, v. The backward recomputes nothing: dv = p^T.do, dp = do.v^T, ds = p * (dp - rowsum(dp * p))
+    (FP32), dq = ds.k * H**-0.5, dk = ds^T.q * H**-0.5. Positions get no cotangent (None, which jax
+    turns into float0 zeros for integer inputs).
+
+    Executed matmul FLOPs: forward 4.B.T.S.N.H (q.k^T, p.v), backward 8.B.T.S.N.H (dv, dp, dq, dk);
+    the masked half is computed. Source: scaled dot-product attention, Vaswani et al. 2017, eq. 1;
+    the softmax backward as in FlashAttention-2 (Dao 2023), Algorithm 2 without the recomputation."""
+    return _materialized_fwd(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, q_pos_T, k_pos_S)[0]
+
+
+attention_materialized.defvjp(_materialized_fwd, _materialized_bwd)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Flash: a scan over key blocks with an online softmax; only q, k, v, o, lse saved.
+
+def _blocks(x_BxSx___, nb):
+    """[B, S, ...] -> [nb, B, S/nb, ...] (the scan axis first)."""
+    B, S = x_BxSx___.shape[:2]
+    return jnp.moveaxis(x_BxSx___.reshape(B, nb, S // nb, *x_BxSx___.shape[2:]), 1, 0)
+
+
+def _unblocks(x_nbxBxbx___):
+    nb, B, b = x_nbxBxbx___.shape[:3]
+    return jnp.moveaxis(x_nbxBxbx___, 0, 1).reshape(B, nb * b, *x_nbxBxbx___.shape[3:])
+
+
+def _num_blocks(S, block):
+    if block <= 0:
+        raise ValueError(f"block={block} must be a positive number of keys")
+    if block >= S:
+        return 1
+    if S % block:
+        raise ValueError(f"key length S={S} must be divisible by block={block} (or block >= S for one block)")
+    return S // block
+
+
+def _flash_fwd(q, k, v, q_pos, k_pos, block):
+    """-> (o BF16 [B, T, N, H], lse FP32 [B, N, T]) by key blocks (flash_attention's forward)."""
+    B, T, N, H = q.shape
+    K, nb = k.shape[2], _num_blocks(k.shape[1], block)
+    q5 = _split_heads(q, K)
+
+    def step(carry, blk):
+        m, l, acc = carry  # [B,K,G,T] running max and sum, [B,T,K,G,H] FP32 accumulator
+        k_blk, v_blk, k_pos_blk = blk
+        s = _scores(q5, k_blk, q_pos, k_pos_blk)
+        m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+        m_safe = _safe(m_new)
+        p = jnp.exp(s - m_safe[..., None])
+        alpha = jnp.exp(m - m_safe)  # 0 on the first visible block (m = -inf)
+        l = alpha * l + jnp.sum(p, axis=-1)
+        acc = jnp.moveaxis(alpha, 3, 1)[..., None] * acc + _pv(p, v_blk)
+        return (m_new, l, acc), None
+
+    # carries built *_like q, so that inside a shard_map with check_vma they vary as q does
+    m0 = jnp.moveaxis(jnp.full_like(q5[..., 0], -jnp.inf, dtype=jnp.float32), 1, 3)  # [B, K, G, T]
+    init = (m0, jnp.zeros_like(m0), jnp.zeros_like(q5, dtype=jnp.float32))
+    (m, l, acc), _ = jax.lax.scan(step, init, (_blocks(k, nb), _blocks(v, nb), k_pos.reshape(nb, -1)))
+    l_safe = jnp.where(l > 0, l, 1.0)
+    o = (acc / jnp.moveaxis(l_safe, 3, 1)[..., None]).reshape(q.shape).astype(COMPUTE_DTYPE)
+    lse = jnp.where(l > 0, m + jnp.log(l_safe), -jnp.inf)  # [B, K, G, T]; -inf: no visible key
+    return o, lse.reshape(B, N, T)
+
+
+def _flash_bwd_stats(q, K, o, do, lse_BxNxT, dlse_BxNxT=None):
+    """The backward's per-query terms: q5, do5 [B,T,K,G,H], lse (-inf -> 0) and D = rowsum(do * o) - dlse,
+    both FP32 [B,K,G,T,1] (D = rowsum(dp * p); the lse cotangent adds p * dlse to ds, d lse / d s = p)."""
+    B, T, N, H = q.shape
+    q5, do5 = _split_heads(q, K), _split_heads(do, K)
+    lse = _safe(lse_BxNxT.reshape(B, K, N // K, T))[..., None]
+    D = jnp.einsum("btkgh,btkgh->bkgt", do5, _split_heads(o, K), preferred_element_type=jnp.float32)
+    if dlse_BxNxT is not None:
+        D = D - dlse_BxNxT.reshape(D.shape).astype(jnp.float32)
+    return q5, do5, lse, D[..., None]
+
+
+def _flash_bwd_keys(dq5, q5, do5, lse, D, k, v, q_pos, k_pos, nb, dkv_dtype):
+    """FlashAttention-2's backward of the queries against one key set, a scan over its nb key blocks:
+    -> (dq5 + this key set's part, FP32; dk, dv [B, S, K, H] in dkv_dtype)."""
+    def step(dq5, blk):
+        k_blk, v_blk, k_pos_blk = blk
+        p = jnp.exp(_scores(q5, k_blk, q_pos, k_pos_blk) - lse)  # masked: exp(-inf) = 0
+        dp = jnp.einsum("btkgh,bskh->bkgts", do5, v_blk, preferred_element_type=jnp.float32)
+        dq5_blk, dk_blk, dv_blk = _grads_from_p(p, p * (dp - D), q5, k_blk, do5)
+        return dq5 + dq5_blk, (dk_blk.astype(dkv_dtype), dv_blk.astype(dkv_dtype))
+
+    dq5, (dk, dv) = jax.lax.scan(step, dq5, (_blocks(k, nb), _blocks(v, nb), k_pos.reshape(nb, -1)))
+    return dq5, _unblocks(dk), _unblocks(dv)
+
+
+def _flash_bwd(block, res, cts):
+    q, k, v, o, lse_BxNxT, q_pos, k_pos = res
+    do, dlse_BxNxT = cts
+    K, nb = k.shape[2], _num_blocks(k.shape[1], block)
+    q5, do5, lse, D = _flash_bwd_stats(q, K, o, do, lse_BxNxT, dlse_BxNxT)
+    dq5, dk, dv = _flash_bwd_keys(jnp.zeros_like(q5, dtype=jnp.float32), q5, do5, lse, D, k, v, q_pos, k_pos,
+                                  nb, k.dtype)
+    return (dq5.reshape(q.shape).astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def flash_attention(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, q_pos_T, k_pos_S, block=512):
+    """Causal attention by key blocks with an online softmax -> (o_BxTxNxH BF16, lse_BxNxT FP32).
+
+    Forward: a jax.lax.scan over S/block key blocks (queries unblocked) carrying the running max m,
+    running sum l and an FP32 accumulator; per block s = q.k_blk^T * H**-0.5 (masked), m' = max(m,
+    rowmax s), p = exp(s - m'), l' = exp(m - m').l + rowsum p, acc' = exp(m - m').acc + p.v_blk; at the
+    end o = acc / l and lse = m + log l. A row with no visible key (possible in ring attention) gives
+    o = 0 and lse = -inf, without NaNs, forward and backward. S must be divisible by ``block``;
+    block >= S means one block.
+
+    Saved for backward (custom_vjp residuals, nothing O(T.S)): q, k, v, o in BF16, lse in FP32 and the
+    positions: 2.B.(2.T.N.H + 2.S.K.H) + 4.B.N.T + 4.(T + S) bytes; o and lse carry the checkpoint_names
+    "attn_out" and "attn_lse" (RESIDUAL_NAMES). Transient memory O(T.block) per
+    head: one block's scores. Backward (FlashAttention-2 style), a scan over the key blocks again:
+    recompute s and p = exp(s - lse); dv_blk = p^T.do, dp = do.v_blk^T, ds = p * (dp - D + dlse) with
+    D = rowsum(do * o) (FP32; dlse the cotangent of lse, used when partial attentions are merged),
+    dq += ds.k_blk * H**-0.5, dk_blk = ds^T.q * H**-0.5.
+
+    Executed matmul FLOPs: every key block is computed and masked (no causal skipping inside), so the
+    FLOPs are those of the full T.S scores: forward 4.B.T.S.N.H (q.k^T, p.v); backward 10.B.T.S.N.H
+    (the recomputed q.k^T, then dv, dp, dq, dk, 2.B.T.S.N.H each) + 2.B.T.N.H for D (counted from the
+    jaxpr's dot_generals, scan lengths included). Source: FlashAttention-2 (Dao 2023),
+    Algorithms 1 and 2."""
+    return _flash_fwd(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, q_pos_T, k_pos_S, block)
+
+
+def _flash_fwd_rule(q, k, v, q_pos, k_pos, block):
+    o, lse = _flash_fwd(q, k, v, q_pos, k_pos, block)
+    o, lse = checkpoint_name(o, "attn_out"), checkpoint_name(lse, "attn_lse")
+    return (o, lse), (q, k, v, o, lse, q_pos, k_pos)
+
+
+flash_attention.defvjp(_flash_fwd_rule, _flash_bwd)
+
+
+def flash_attention_o(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, q_pos_T, k_pos_S, block=512):
+    """flash_attention's o_BxTxNxH only (a drop-in for attention_materialized); saved bytes and FLOPs
+    as flash_attention's (FlashAttention-2, Dao 2023)."""
+    return flash_attention(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, q_pos_T, k_pos_S, block)[0]
+
+
+def merge(o1_BxTxNxH, lse1_BxNxT, o2_BxTxNxH, lse2_BxNxT):
+    """Combine two partial attentions over disjoint key sets -> (o_BxTxNxH FP32, lse_BxNxT FP32):
+    lse = log(exp lse1 + exp lse2), o = exp(lse1 - lse).o1 + exp(lse2 - lse).o2 (o1, o2 in any float
+    dtype, computed in FP32). A side with lse = -inf (no visible key) has weight 0; both -inf gives
+    o = 0, lse = -inf. The shift by m = max(lse1, lse2) cancels, so it is a stop_gradient, and the
+    log of a zero sum is guarded, so the gradient is NaN-free too. Plain jax ops (autodiff): saves
+    o1, o2 as FP32 (8.B.T.N.H bytes) and a few FP32 [B, N, T] weights; no matmul FLOPs. Source: the blockwise softmax
+    rescaling of FlashAttention (Dao et al. 2022, sec. 3.1) / Ring Attention (Liu et al. 2023)."""
+    m = jax.lax.stop_gradient(_safe(jnp.maximum(lse1_BxNxT, lse2_BxNxT)))
+    e1, e2 = jnp.exp(lse1_BxNxT - m), jnp.exp(lse2_BxNxT - m)
+    l = e1 + e2
+    l_safe = jnp.where(l > 0, l, 1.0)
+    lse = jnp.where(l > 0, m + jnp.log(l_safe), -jnp.inf)
+    w1, w2 = (jnp.moveaxis(e / l_safe, 2, 1)[..., None] for e in (e1, e2))  # [B, T, N, 1]
+    o = w1 * o1_BxTxNxH.astype(jnp.float32) + w2 * o2_BxTxNxH.astype(jnp.float32)
+    return o, lse
+
+
+# ---------------------------------------------------------------------------------------------------
+# Sequence (context) parallel: call inside a jax.shard_map manual over ``axis_name``.
+
+def ulysses_attention(q_BxTcxNxH, k_BxTcxKxH, v_BxTcxKxH, axis_name, attend=attention_materialized):
+    """DeepSpeed-Ulysses sequence parallelism, inside a jax.shard_map manual over ``axis_name`` (size C):
+    q, k, v are this device's contiguous sequence shards [B, T/C, heads, H] (in axis order). An
+    all_to_all turns them head-sharded over the full sequence ([B, T, N/C, H], [B, T, K/C, H]; query
+    heads of one kv head stay together since the N/C = (K/C).G heads are contiguous), ``attend(q, k,
+    v, q_pos, k_pos)`` runs causal attention on them with positions arange(T), and a second all_to_all
+    returns o to [B, T/C, N, H] BF16. N and K must be divisible by C. ``attend``: attention_materialized
+    or functools.partial(flash_attention_o, block=...).
+
+    Saved for backward: what ``attend`` saves, for N/C heads over the full T (the all_to_alls save
+    nothing). Executed matmul FLOPs per device: ``attend``'s with N/C heads and S = T, i.e. forward
+    4.B.T.T.N.H / C. Communication per device: 3 all_to_alls forward (q, k, v) and 1 back (o), each moving
+    (C-1)/C of the local shard. Source: DeepSpeed-Ulysses (Jacobs et al. 2023), sec. 3."""
+    C = jax.lax.axis_size(axis_name)
+    N, K = q_BxTcxNxH.shape[2], k_BxTcxKxH.shape[2]
+    if N % C or K % C:
+        raise ValueError(f"query heads N={N} and kv heads K={K} must be divisible by the {axis_name} size C={C}")
+    to_heads = functools.partial(jax.lax.all_to_all, axis_name=axis_name, split_axis=2, concat_axis=1, tiled=True)
+    q, k, v = to_heads(q_BxTcxNxH), to_heads(k_BxTcxKxH), to_heads(v_BxTcxKxH)
+    pos_T = jnp.arange(q.shape[1], dtype=jnp.int32)
+    o_BxTxNcxH = attend(q, k, v, pos_T, pos_T)
+    return jax.lax.all_to_all(o_BxTxNcxH, axis_name, split_axis=1, concat_axis=2, tiled=True)
+
+
+def _ring_setup(q, axis_name, block):
+    """C, this device's index i, the key block (capped at T/C), q's positions, a chunk's local positions,
+    and the ring permutation i -> i+1 mod C."""
+    C, i = jax.lax.axis_size(axis_name), jax.lax.axis_index(axis_name)
+    Tc = q.shape[1]
+    chunk_pos = jnp.arange(Tc, dtype=jnp.int32)
+    return C, i, min(block, Tc), i * Tc + chunk_pos, chunk_pos, [(d, (d + 1) % C) for d in range(C)]
+
+
+def _ring_fwd(q, k, v, axis_name, block):
+    """-> (o BF16 [B, T/C, N, H], lse FP32 [B, N, T/C]) of the local queries against the whole sequence."""
+    C, i, b, q_pos, chunk_pos, perm = _ring_setup(q, axis_name, block)
+    Tc = q.shape[1]
+
+    def visit(o_lse, kv, j):  # merge in the chunk of device (i - j) mod C, unless it is in the future
+        def compute(o_lse):
+            o_j, lse_j = _flash_fwd(q, *kv, q_pos, (i - j) % C * Tc + chunk_pos, b)
+            return merge(*o_lse, o_j, lse_j)
+        return jax.lax.cond(j <= i, compute, lambda o_lse: o_lse, o_lse)
+
+    def step(carry, j):
+        o_lse, kv = carry
+        kv_next = jax.lax.ppermute(kv, axis_name, perm)  # independent of this step's compute: overlappable
+        return (visit(o_lse, kv, j), kv_next), None
+
+    o0 = jnp.zeros_like(q, dtype=jnp.float32)  # derived from q: same vma under check_vma
+    lse0 = jnp.full_like(o0[..., 0], -jnp.inf).transpose(0, 2, 1)  # [B, N, T/C]
+    carry = ((o0, lse0), (k, v))
+    if C > 1:
+        carry, _ = jax.lax.scan(step, carry, jnp.arange(C - 1))  # steps 0 .. C-2
+    o, lse = visit(*carry, C - 1)  # step C-1: nothing more to send
+    return o.astype(COMPUTE_DTYPE), lse
+
+
+def _ring_fwd_rule(q, k, v, axis_name, block):
+    o, lse = _ring_fwd(q, k, v, axis_name, block)
+    o, lse = checkpoint_name(o, "attn_out"), checkpoint_name(lse, "attn_lse")
+    return o, (q, k, v, o, lse)
+
+
+def _ring_bwd(axis_name, block, res, do):
+    q, k, v, o, lse_BxNxT = res
+    C, i, b, q_pos, chunk_pos, perm = _ring_setup(q, axis_name, block)
+    Tc, K = q.shape[1], k.shape[2]
+    nb = _num_blocks(Tc, b)
+    q5, do5, lse, D = _flash_bwd_stats(q, K, o, do, lse_BxNxT)  # D once, from the final o; the final lse
+    send = functools.partial(jax.lax.ppermute, axis_name=axis_name, perm=perm)
+
+    def visit(dq5, kv_2xBxTcxKxH, j):  # -> dq5 + chunk (i - j)'s part, the chunk's [dk, dv] from these queries
+        def compute(dq5):
+            src_pos = (i - j) % C * Tc + chunk_pos
+            dq5, dk, dv = _flash_bwd_keys(dq5, q5, do5, lse, D, *kv_2xBxTcxKxH, q_pos, src_pos, nb, jnp.float32)
+            return dq5, jnp.stack([dk, dv])
+
+        def skip(dq5):  # a future chunk: nothing
+            return dq5, jnp.zeros_like(kv_2xBxTcxKxH, dtype=jnp.float32)
+        return compute(dq5) if isinstance(j, int) and j == 0 else jax.lax.cond(j <= i, compute, skip, dq5)
+
+    # k, v travel stacked, as one array (so do dk, dv): one permute each way per step, and never the same op
+    # as the forward's permutes of k and of v, which XLA would otherwise merge with the backward's first
+    # when both sit outside a loop (C = 2), keeping the received chunk alive from forward to backward.
+    # Step 0: the own chunk (always visible); k, v start round the ring, no accumulator has arrived yet.
+    kv = jnp.stack([k, v])
+    kv_next = send(kv) if C > 1 else kv
+    dq5, dkv = visit(jnp.zeros_like(q5, dtype=jnp.float32), kv, 0)
+
+    def step(carry, j, last=False):
+        # the accumulator of chunk (i - j), from device i-1 (its step j-1), arrives while this device computes
+        # its own part on that chunk; k, v go on for step j+1, except at the last step
+        dq5, kv, dkv = carry
+        kv_next = kv if last else send(kv)
+        dkv_in = send(dkv)
+        dq5, dkv_j = visit(dq5, kv, j)
+        return (dq5, kv_next, dkv_in + dkv_j), None
+
+    carry = (dq5, kv_next, dkv)
+    if C > 2:
+        carry, _ = jax.lax.scan(step, carry, jnp.arange(1, C - 1))  # steps 1 .. C-2
+    if C > 1:
+        (dq5, _, dkv), _ = step(carry, C - 1, last=True)  # step C-1: the accumulator of chunk i+1 mod C ...
+        # ... goes home, rounded to k's dtype first: nothing adds to it after this hop (XLA:TPU sinks the
+        # rounding before the permute by itself; XLA:CPU does not, so the program says it)
+        dkv = send(dkv.astype(k.dtype))
+    return dq5.reshape(q.shape).astype(q.dtype), dkv[0].astype(k.dtype), dkv[1].astype(v.dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _ring(q, k, v, axis_name, block):
+    return _ring_fwd(q, k, v, axis_name, block)[0]
+
+
+_ring.defvjp(_ring_fwd_rule, _ring_bwd)
+
+
+def ring_attention(q_BxTcxNxH, k_BxTcxKxH, v_BxTcxKxH, axis_name, block=512):
+    """Ring attention, inside a jax.shard_map manual over ``axis_name`` (size C): device i holds the
+    contiguous chunk of positions i.T/C .. (i+1).T/C - 1 (i = axis_index) of q, k, v, [B, T/C, heads, H].
+    Returns o [B, T/C, N, H] BF16. A jax.custom_vjp; Tc = T/C below, "per device" is per sequence chunk
+    (B and the heads as the caller shards them).
+
+    Forward, C steps j = 0 .. C-1: the device holds the K/V chunk of device (i - j) mod C, runs flash
+    attention (_flash_fwd: ``block`` keys per block, capped at Tc) of its queries against it, merges the
+    partial (o, lse) into its FP32 running (o, lse) with ``merge``, and meanwhile passes (k, v) on with
+    jax.lax.ppermute i -> i+1 mod C, independent of that step's compute so that XLA can overlap them.
+    Steps 0 .. C-2 are one jax.lax.scan (the program does not grow with C); step C-1, which sends nothing,
+    follows it. Causal: a chunk in the future of every local query (source device > i, i.e. j > i) is
+    skipped with jax.lax.cond.
+
+    Saved for backward (custom_vjp residuals, nothing per step): the local q, k, v, the final o (BF16,
+    checkpoint_name "attn_out") and lse (FP32 [B, N, Tc], "attn_lse"):
+    2.B.Tc.N.H (q) + 2.2.B.Tc.K.H (k, v) + 2.B.Tc.N.H (o) + 4.B.N.Tc (lse)
+    = 4.B.Tc.(N + K).H + 4.B.N.Tc bytes per device, O(T/C). Positions are recomputed from axis_index.
+
+    Backward (Ring Attention's second ring; the FlashAttention-2 backward per visiting chunk, with the
+    FINAL lse, so p is exact): D = rowsum(do * o) once; then C steps, the visiting (k, v) travelling with
+    their FP32 gradient accumulators (dk, dv): at step j the device runs, unless the chunk is in its future
+    (lax.cond), _flash_bwd_keys of its queries against chunk (i - j): p = exp(s - lse), dv += p^T.do,
+    dp = do.v^T, ds = p * (dp - D), dq += ds.k * H**-0.5 (local, FP32), dk += ds^T.q * H**-0.5. The
+    accumulator of chunk (i - j) arrives from device i-1 while the device computes its own part on that
+    chunk (the permute does not wait for the compute), then the two are added; after step C-1 the
+    accumulator held is chunk i+1's, and a last permute sends it home, so every chunk's dk, dv end on its
+    owner. Step 0 runs before the scan, steps 1 .. C-2 are one jax.lax.scan, step C-1 follows it. k and v
+    travel stacked as one array [2, B, Tc, K, H], and so do dk and dv: one permute of each per step, and
+    never the same op as a forward permute (XLA would merge identical ones outside loops, at C = 2, and
+    keep the received chunk alive from forward to backward). Transient: the visiting and the received
+    (k, v) and (dk, dv), and one key block's scores.
+
+    Collective-permutes per device per layer, all i -> i+1 mod C (one ppermute eqn per array in the jaxpr,
+    one collective-permute per array in the compiled program), Sk = B.Tc.K.H elements (one chunk of k):
+      forward:  C-1 of k and C-1 of v, BF16 [B, Tc, K, H]: 2.(C-1) permutes, 4.(C-1).Sk bytes sent;
+      backward: C-1 of the stacked (k, v), BF16 [2, B, Tc, K, H], C-1 of the stacked (dk, dv), FP32
+                [2, B, Tc, K, H], and the last hop home of (dk, dv) in BF16: 2.C - 1 permutes,
+                4.(C-1).Sk + 8.(C-1).Sk + 4.Sk bytes sent.
+    Layout: forward, k and v in a scan of C-1 trips; backward, (k, v) before a scan of C-2 trips that holds
+    (k, v) and (dk, dv), then (dk, dv) at step C-1 and once more (BF16) after it. C = 1 sends nothing. (XLA:CPU
+    moves BF16 collectives as FP32, so an emulated program shows 2x the BF16 bytes; TPU moves BF16.)
+
+    Matmul FLOPs per device per layer, F = B.Tc^2.N.H (one chunk against one chunk): the program holds
+    the chunk computation inside a lax.cond at each of the C steps (the backward's step 0, never in the
+    future, unconditionally), so a static count of its dot FLOPs,
+    scan trips multiplied out and each cond's compute branch counted as taken (the skip branch has none),
+    gives C chunks: forward 4.C.F = 4.B.T.Tc.N.H, backward 10.C.F + 2.B.Tc.N.H (per chunk the recomputed
+    q.k^T and dv, dp, dq, dk, 2.F each; D once) — the full non-causal T x Tc scores, every key block
+    computed and masked. What runs on device i: i+1 chunks, forward 4.(i+1).F, backward 10.(i+1).F +
+    2.B.Tc.N.H; the last device runs all C (the static count, and the step time: the ring skips but does
+    not balance), the mean over devices is (C+1)/2 chunks. merge has no matmuls.
+    Source: Ring Attention (Liu et al. 2023), Algorithm 1 and its blockwise backward; the per-chunk kernel
+    FlashAttention-2 (Dao 2023), Algorithms 1 and 2."""
+    return _ring(q_BxTcxNxH, k_BxTcxKxH, v_BxTcxKxH, axis_name, block)

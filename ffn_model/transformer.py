@@ -1,0 +1,195 @@
+"""A pre-norm causal transformer stack in the FFN stack's style: Flax NNX, parameters stacked over the
+layers and scanned, sharded through the logical-axis table, FP32 master weights gathered over fsdp in
+BF16 (ffn_model.model.gather_bf16), BF16 activations.
+
+One layer, x_BxTxD (batch over data·fsdp, sequence over context; under sequence parallelism the
+sequence also over tensor between the matmuls):
+
+  h1 = RMSNorm(x)                     (FP32 statistics, BF16 out; no learned scale: rms_norm)
+  q, k, v = h1·W_q, h1·W_k, h1·W_v    [B,T,N,H], [B,T,K,H]: heads over tensor
+  o = causal attention(q, k, v)       ffn_model.attention: materialized or flash; with a context
+                                      axis, Ulysses (all-to-all) or ring (ppermute), in a shard_map
+                                      manual over every mesh axis
+  x = x + o·W_o                       partial sums over tensor: all-reduce (reduce-scatter under SP)
+  h2 = RMSNorm(x)
+  x = x + act(h2·W_in)·W_out          GELU, or SwiGLU silu(h2·W_gate)·(h2·W_in) when gated
+
+Weights are stored with D, the FSDP-sharded dimension, minor ([N,H,D], [K,H,D], [F,D]), like the FFN
+stack's (ffn_model.model.FFNStack says why). Remat policies: "none" keeps what the backward's matmuls
+and the attention need (SAVED below), "full" only each layer's input (everything recomputed);
+scaling.transformer counts both.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
+
+from ffn_model.attention import attention_materialized, flash_attention_o, ring_attention, ulysses_attention
+from ffn_model.model import COMPUTE_DTYPE, constrain, gather_bf16, init_normal, param, reshard
+from mesh.rules import logical_to_spec
+from scaling.config import Schedule, TransformerConfig
+
+# Logical axes (scaling.sharding's table)
+X_AXES = ("batch", "seq", "act_embed")  # x [B, T, D] at the matmuls
+X_SP_AXES = ("batch", "seq_sp", "act_embed")  # x between the matmuls under sequence parallelism
+Q_AXES = ("batch", "seq", "heads", "head_dim")
+KV_AXES = ("batch", "seq", "kv_heads", "head_dim")
+H_AXES = ("batch", "seq", "mlp")
+WQ_AXES = ("layers", "heads", "head_dim", "embed")  # W_q, W_o [L, N, H, D]
+WKV_AXES = ("layers", "kv_heads", "head_dim", "embed")  # W_k, W_v [L, K, H, D]
+W_MLP_AXES = ("layers", "mlp", "embed")  # W_in, W_gate, W_out [L, F, D]
+
+# What remat="none" keeps for the backward (jax.checkpoint save_only_these_names): the norms' outputs
+# (the projections' inputs; under SP their token split), q, k, v, the attention's own residuals (the
+# probabilities, or a flash attention's output and log-sum-exp), its output (W_o's input), the residual
+# stream after attention (the second norm's input) and the MLP's hidden (its matmuls' inputs).
+SAVED = ("norm1", "q", "k", "v", "attn_probs", "attn_lse", "attn_out", "mid", "norm2", "mlp_in", "mlp_gate")
+# Under sequence parallelism the norms' outputs are not kept: the backward recomputes them from the token
+# split of x and of mid and all-gathers them again (Korthikanti et al. 2022, section 4.2.2). Named, XLA
+# kept them whole (its sharding propagation gave the saved stacks the all-gathered layout).
+SAVED_SP = tuple(n for n in SAVED if n not in ("norm1", "norm2"))
+EPS = 1e-6
+
+
+def rms_norm(x_BxTxD):
+    """x / sqrt(mean(x²) + eps), statistics in FP32, BF16 out (Zhang & Sennrich 2019), without a learned
+    scale: a per-channel scale that feeds a linear layer can be folded into that layer's weights, and
+    its [D] gradient would need reductions of its own over every axis that splits the tokens."""
+    x = x_BxTxD.astype(jnp.float32)
+    return (x * jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True) + EPS)).astype(COMPUTE_DTYPE)
+
+
+def _named(q, k, v):
+    """q, k, v as the attention kernel takes them, named for the remat policy (SAVED): after Ulysses'
+    all-to-all, the head split over the whole sequence; otherwise the device's sequence chunk."""
+    return checkpoint_name(q, "q"), checkpoint_name(k, "k"), checkpoint_name(v, "v")
+
+
+def _local_attention(schedule: Schedule):
+    """attend(q, k, v, q_pos, k_pos) -> o for the schedule's attention form, q, k, v named (_named)."""
+    if schedule.attention == "flash":
+        kernel = functools.partial(flash_attention_o, block=schedule.attention_block)
+    else:
+        kernel = attention_materialized
+    return lambda q, k, v, q_pos, k_pos: kernel(*_named(q, k, v), q_pos, k_pos)
+
+
+def attention(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, schedule: Schedule):
+    """Causal attention on the global arrays. Without a context axis: the local form on every device's
+    batch and heads (GSPMD). With one: jax.shard_map manual over context and tensor (each device its
+    sequence chunk and its heads), Ulysses or ring (ffn_model.attention)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    local = _local_attention(schedule)
+    T = q_BxTxNxH.shape[1]
+    if mesh.empty or mesh.shape.get("context", 1) == 1:
+        pos = jnp.arange(T, dtype=jnp.int32)
+        return local(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, pos, pos)
+    # fully manual: every device its batch shard, sequence chunk and heads (left automatic, the batch axes
+    # made XLA all-gather q, k, v over fsdp around the all-to-all)
+    spec, kv_spec = logical_to_spec(Q_AXES), logical_to_spec(KV_AXES)
+    if schedule.context == "ulysses":
+        fn = functools.partial(ulysses_attention, axis_name="context", attend=local)
+    else:
+        ring = functools.partial(ring_attention, axis_name="context", block=schedule.attention_block)
+        fn = lambda q, k, v: ring(*_named(q, k, v))  # noqa: E731
+    return jax.shard_map(lambda q, k, v: fn(q, k, v), mesh=mesh, in_specs=(spec, kv_spec, kv_spec), out_specs=spec,
+                         axis_names=set(mesh.axis_names), check_vma=False)(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH)
+
+
+def _gather(w, axes):
+    return gather_bf16(w, axes[1:])
+
+
+def qkv_projection(h_BxTxD, wq_NxHxD, wk_KxHxD, wv_KxHxD):
+    """q, k, v = h·W_q, h·W_k, h·W_v (FP32 master shards in) as ONE matmul against the three weights laid
+    side by side per tensor shard, [Y, N/Y + 2K/Y, H, D]: a local concatenation of the masters (the
+    heads' split over tensor and D's over fsdp kept), gathered over fsdp as one BF16 array. So the
+    backward's input gradient dq·W_q + dk·W_k + dv·W_v is one partial sum over tensor (one all-reduce;
+    three matmuls made XLA all-reduce three [B,T,D] partials), and the weights' gradient one array
+    reduced like the MLP's (concatenated after the gather, XLA reduced its gradient over context before
+    fsdp, at the full size)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    Y = 1 if mesh.empty else mesh.shape["tensor"]
+    (N, H, D), K = wq_NxHxD.shape, wk_KxHxD.shape[0]
+    axes = ("tensor_split", None, "head_dim", "embed")
+    split = lambda w: constrain(w.reshape(Y, w.shape[0] // Y, H, D), axes)  # noqa: E731
+    w = jnp.concatenate([split(wq_NxHxD), split(wk_KxHxD), split(wv_KxHxD)], axis=1)  # [Y, (N+2K)/Y, H, D]
+    qkv = jnp.einsum("btd,yjhd->btyjh", h_BxTxD, gather_bf16(constrain(w, axes), axes))
+    n, kk = N // Y, K // Y
+    B, T = h_BxTxD.shape[:2]
+    q = constrain(qkv[:, :, :, :n].reshape(B, T, N, H), Q_AXES)
+    k = constrain(qkv[:, :, :, n:n + kk].reshape(B, T, K, H), KV_AXES)
+    v = constrain(qkv[:, :, :, n + kk:].reshape(B, T, K, H), KV_AXES)
+    return q, k, v
+
+
+def layer(x_BxTxD, w: dict, schedule: Schedule, gated: bool):
+    """One pre-norm layer (module docstring) on one layer's weights ``w`` (FP32 shards)."""
+    sp = schedule.sequence_parallel
+    between = X_SP_AXES if sp else X_AXES
+
+    def to_matmul(h, name):  # the norm's output, as the matmuls take it (all-gathered over tensor under SP)
+        h = checkpoint_name(constrain(h, between), name)
+        return reshard(h, X_AXES, X_SP_AXES) if sp else h
+
+    def from_matmul(y):  # partial sums over tensor: all-reduced, or reduce-scattered to the token split
+        return reshard(y, X_SP_AXES, X_AXES) if sp else constrain(y, X_AXES)
+
+    x = constrain(x_BxTxD, between)
+    h = to_matmul(rms_norm(x), "norm1")
+    q, k, v = qkv_projection(h, w["wq"], w["wk"], w["wv"])
+    o = checkpoint_name(constrain(attention(q, k, v, schedule), Q_AXES), "attn_out")
+    x = checkpoint_name(x + from_matmul(jnp.einsum("btnh,nhd->btd", o, _gather(w["wo"], WQ_AXES))), "mid")
+    h = to_matmul(rms_norm(x), "norm2")
+    if gated:  # W_in and W_gate as one [2, F, D] matmul: one partial sum (and all-reduce) for the input gradient
+        ug = jnp.einsum("btd,gfd->gbtf", h, jnp.stack([_gather(w["w_in"], W_MLP_AXES), _gather(w["w_gate"], W_MLP_AXES)]))
+        u = checkpoint_name(constrain(ug[0], H_AXES), "mlp_in")
+        g = checkpoint_name(constrain(ug[1], H_AXES), "mlp_gate")
+        a = jax.nn.silu(g) * u
+    else:
+        u = checkpoint_name(constrain(h @ _gather(w["w_in"], W_MLP_AXES).T, H_AXES), "mlp_in")
+        a = jax.nn.gelu(u)
+    return x + from_matmul(a @ _gather(w["w_out"], W_MLP_AXES))
+
+
+def stack_forward(x_BxTxD, weights: dict, schedule: Schedule, remat: str = "none", gated: bool = False):
+    """The L layers as one lax.scan over the stacked weights (a dict of [L, ...] arrays), each layer under
+    jax.checkpoint with the remat policy: "none" saves SAVED, "full" nothing but the layer's input."""
+    if remat not in ("none", "full"):
+        raise ValueError(f"remat for the transformer must be none or full, got {remat!r}")
+    saved = SAVED_SP if schedule.sequence_parallel else SAVED
+    policy = (jax.checkpoint_policies.save_only_these_names(*saved) if remat == "none"
+              else jax.checkpoint_policies.nothing_saveable)
+    body = jax.checkpoint(functools.partial(layer, schedule=schedule, gated=gated), policy=policy)
+    x = constrain(x_BxTxD, X_SP_AXES if schedule.sequence_parallel else X_AXES)
+    x, _ = jax.lax.scan(lambda c, w: (body(c, w), None), x, weights)
+    return x  # under sequence parallelism still split over tensor: the loss reduces it where it lies
+
+
+class TransformerStack(nnx.Module):
+    """``cfg.blocks`` scanned pre-norm layers (module docstring); parameters [L, ...] FP32 carrying their
+    logical axes."""
+
+    def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs, remat: str = "none",
+                 schedule: Schedule = Schedule()):
+        D, N, K, H, F, L = cfg.d_model, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.d_ff, cfg.blocks
+        self.remat, self.schedule, self.gated = remat, schedule, cfg.gated
+        self.output_axes = X_SP_AXES if schedule.sequence_parallel else X_AXES  # where the stack's output lies
+        self.wq = param(init_normal(rngs.params(), (L, N, H, D), D), WQ_AXES)
+        self.wk = param(init_normal(rngs.params(), (L, K, H, D), D), WKV_AXES)
+        self.wv = param(init_normal(rngs.params(), (L, K, H, D), D), WKV_AXES)
+        self.wo = param(init_normal(rngs.params(), (L, N, H, D), N * H), WQ_AXES)
+        self.w_in = param(init_normal(rngs.params(), (L, F, D), D), W_MLP_AXES)
+        if cfg.gated:
+            self.w_gate = param(init_normal(rngs.params(), (L, F, D), D), W_MLP_AXES)
+        self.w_out = param(init_normal(rngs.params(), (L, F, D), F), W_MLP_AXES)
+
+    def __call__(self, x_BxTxD):
+        names = ["wq", "wk", "wv", "wo", "w_in", "w_out"] + (["w_gate"] if self.gated else [])
+        weights = {n: getattr(self, n)[...] for n in names}
+        return stack_forward(x_BxTxD.astype(COMPUTE_DTYPE), weights, self.schedule, self.remat, self.gated)

@@ -1,0 +1,231 @@
+"""Closed forms of the transformer stack (scaling.config.TransformerConfig) as ffn_model.transformer
+compiles it: matmul FLOPs, collective volumes per mesh axis, memory per device, term by term.
+
+Notation (Scaling Book transformers page): B tokens (B/T sequences of T), D, F, L, N query heads, K kv
+heads, H head dim, m MLP matrices (2; 3 gated); mesh X = fsdp, Y = tensor, C = context, d = data.
+Per device: s = B/(T·d·X) sequences, t = s·T/C tokens. c = 2 bytes (BF16 activations and weights on
+the wire), 4 bytes FP32.
+
+One layer, per device (module docstring of ffn_model.transformer):
+  matmuls   qkv 2·t·D·H·(N+2K)/Y, out 2·t·N·H·D/Y, mlp 2·t·D·F·m/Y      (forward; backward 2x)
+  attention 4·s·T²·N·H/(Y·C) forward: q·kᵀ and p·v over every key, the causal half masked, not
+            skipped (Ulysses: N/(Y·C) heads over the whole sequence; ring: C chunks of T/C keys, the
+            future ones inside a cond that a static count of the program takes, while at run time
+            device i computes i+1 of them); backward 8 units (materialized: dv, dp, dq, dk from the
+            saved probabilities) or 10 (flash: the scores recomputed)
+  remat full recomputes the forward but W_out's matmul (its output is not needed for the backward)
+Collectives per layer (V, the Scaling Book's volume: the full array a collective spans per device):
+  fsdp      all-gather of the layer's BF16 weights W = c·(D·H·(2N+2K) + m·D·F)/Y, forward and again
+            in the backward; the gradients reduce-scattered, V = W
+  tensor    2 all-reduces forward (after W_o, after W_out) and 2 backward (the inputs' gradients of
+            the fused q/k/v and the MLP), V = c·t·D each; remat full one more (the recomputed W_o
+            output, which the second norm needs). Sequence parallel (Korthikanti et al. 2022):
+            forward 2 all-gathers + 2 reduce-scatters, backward 4 all-gathers (the norms' outputs
+            again, the outputs' gradients) + 2 reduce-scatters (+1 under remat full), V = c·t·D each
+  context   Ulysses: all-to-all of q, k, v and o forward and of their gradients backward,
+            V = c·t·H·(2N+2K)/Y per direction (Jacobs et al. 2023); ring: ffn_model.attention's
+            collective-permutes of K/V chunks (and their gradients); remat full runs the forward's
+            all-to-alls or permutes once more (the recomputed attention)
+  context   also the fsdp-sharded gradients all-reduced, W/X (the tokens are split over context)
+  data      the fsdp-sharded gradients all-reduced, W/X
+  loss      one FP32 all-reduce over every axis that splits the tokens (data, fsdp, context; tensor
+            under sequence parallelism)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from scaling.config import DEFAULT_PRECISION, Precision, Schedule, TransformerConfig
+
+
+def _dims(cfg: TransformerConfig, mesh: Mapping, batch_tokens):
+    """(s sequences per device, t tokens per device, X, Y, C, d)."""
+    X, Y, C, d = (mesh.get(a, 1) for a in ("fsdp", "tensor", "context", "data"))
+    s = batch_tokens / (cfg.seq_len * d * X)
+    return s, s * cfg.seq_len / C, X, Y, C, d
+
+
+def layer_weight_bytes(cfg: TransformerConfig, mesh: Mapping, precision: Precision = DEFAULT_PRECISION) -> float:
+    """W = c·(D·H·(2N+2K) + m·D·F)/Y: one layer's matrices per device after the fsdp all-gather (BF16)."""
+    Y = mesh.get("tensor", 1)
+    return precision.compute * (cfg.attention_params_per_block + cfg.mlp_matrices * cfg.d_model * cfg.d_ff) / Y
+
+
+def attention_units(schedule: Schedule, pass_: str) -> int:
+    """Matmuls of s·T²·N·H/(Y·C) FLOPs each attention runs (ffn_model.attention's docstrings): forward
+    4 (q·kᵀ, p·v: 2 each); backward 8 from the saved probabilities, 10 with the scores recomputed
+    (flash, and ring, which runs flash per chunk)."""
+    if pass_ == "forward":
+        return 4
+    flash = schedule.attention == "flash" or schedule.context == "ring"
+    return 10 if flash else 8
+
+
+def step_flops(cfg: TransformerConfig, mesh: Mapping, batch_tokens, step: str = "train", remat: str = "none",
+               schedule: Schedule = Schedule()) -> dict:
+    """Matmul FLOPs per device of one step, term by term (module docstring):
+    forward = L·(qkv + attention 4 units + out + mlp); backward = L·(2·(qkv + out + mlp) + attention
+    8 or 10 units); recompute (remat full) = L·(qkv + attention 4 units + out + mlp·(m−1)/m);
+    model = the matmuls the step needs with the causal half of attention: 6·P_matmul·B-style terms with
+    attention counted at T²/2 (Scaling Book transformers page), per device."""
+    s, t, X, Y, C, d = _dims(cfg, mesh, batch_tokens)
+    D, F, N, K, H, L, T, m = (cfg.d_model, cfg.d_ff, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.blocks, cfg.seq_len,
+                              cfg.mlp_matrices)
+    qkv, out, mlp = 2 * t * D * H * (N + 2 * K) / Y, 2 * t * N * H * D / Y, 2 * t * D * F * m / Y
+    unit = s * T * T * N * H / (Y * C)
+    terms = {"forward": L * (qkv + out + mlp + attention_units(schedule, "forward") * unit)}
+    model_attn = attention_units(schedule, "forward") * unit / 2  # the causal half
+    model = L * (qkv + out + mlp + model_attn)
+    if step == "train":
+        terms["backward"] = L * (2 * (qkv + out + mlp) + attention_units(schedule, "backward") * unit)
+        terms["recompute"] = L * (qkv + out + mlp * (m - 1) / m + 4 * unit) if remat == "full" else 0.0
+        model *= 3
+    terms["total"] = sum(terms.values())
+    terms["model"] = model
+    return terms
+
+
+def collective_volumes(cfg: TransformerConfig, mesh: Mapping, batch_tokens, step: str = "train",
+                       precision: Precision = DEFAULT_PRECISION, min_comm_bytes: int = 0,
+                       schedule: Schedule = Schedule(), remat: str = "none") -> dict[str, dict[str, float]]:
+    """{axis: {kind: V bytes}} per device for one step (module docstring). ``min_comm_bytes`` widens
+    narrower element types (XLA:CPU runs BF16 collectives in FP32)."""
+    s, t, X, Y, C, d = _dims(cfg, mesh, batch_tokens)
+    D, L, H, N, K = cfg.d_model, cfg.blocks, cfg.head_dim, cfg.heads, cfg.kv_heads
+    c = max(precision.compute, min_comm_bytes)
+    train = step == "train"
+    W = layer_weight_bytes(cfg, mesh, precision) * c / precision.compute
+    out: dict[str, dict[str, float]] = {}
+    if X > 1:
+        out["fsdp"] = {"all-gather": L * W * (2 if train else 1)}
+        if train:
+            out["fsdp"]["reduce-scatter"] = L * W
+    if Y > 1:
+        act = c * t * D
+        redo = 1 if train and remat == "full" else 0  # remat full recomputes mid = x + o·W_o: its reduction again
+        if schedule.sequence_parallel:
+            out["tensor"] = {"all-gather": L * act * (6 if train else 2),
+                             "reduce-scatter": L * act * ((4 if train else 2) + redo)}
+        else:
+            out["tensor"] = {"all-reduce": L * act * ((4 if train else 2) + redo)}
+    if C > 1:  # remat full recomputes the attention's forward, its all-to-alls or K/V permutes again
+        again = 1 if train and remat == "full" else 0
+        if schedule.context == "ulysses":
+            out["context"] = {"all-to-all": L * c * t * H * (2 * N + 2 * K) / Y * ((2 if train else 1) + again)}
+        else:
+            chunk = t * H * K / Y
+            out["context"] = {"collective-permute": L * (ring_permute_bytes(C, chunk, train, c)
+                                                         + again * ring_permute_bytes(C, chunk, False, c))}
+        if train:
+            out["context"]["all-reduce"] = L * W / X
+    if d > 1 and train:
+        out["data"] = {"all-reduce": L * W / X}
+    loss_axes = [a for a in ("data", "fsdp", "context", "tensor") if mesh.get(a, 1) > 1
+                 and (a != "tensor" or schedule.sequence_parallel)]
+    if loss_axes:  # the loss: one mean over the tokens, split over these axes together
+        key = "+".join(loss_axes)
+        out.setdefault(key, {})
+        out[key]["all-reduce"] = out[key].get("all-reduce", 0.0) + 4
+    return out
+
+
+def ring_permute_bytes(C: int, chunk: int, train: bool, c: int = 2) -> float:
+    """Bytes one device sends per layer in ring attention (ffn_model.attention.ring_attention), ``chunk``
+    the elements of one K or V chunk (s·(T/C)·(K/Y)·H): forward C − 1 permutes each of K and V (BF16);
+    backward C − 1 permutes of the stacked (K, V) (BF16), C − 1 of the stacked gradients (dK, dV) in FP32
+    (no rounding while they accumulate) and their last hop home in BF16 (the gradient's dtype; XLA:TPU
+    sinks that rounding before the permute itself): c·2(C−1)·chunk + (c·2(C−1) + 4·2(C−1) + c·2)·chunk.
+    ``c`` is the bytes of a BF16 element as the backend moves it (4 on XLA:CPU, which widens BF16)."""
+    if C == 1:
+        return 0.0
+    forward = c * 2 * (C - 1) * chunk
+    return forward + ((c * 2 * (C - 1) + 4 * 2 * (C - 1) + c * 2) * chunk if train else 0.0)
+
+
+def saved_per_layer(cfg: TransformerConfig, mesh: Mapping, batch_tokens, remat: str = "none",
+                    schedule: Schedule = Schedule(), precision: Precision = DEFAULT_PRECISION) -> dict:
+    """Bytes per device one layer keeps for the backward (ffn_model.transformer.SAVED), term by term:
+    remat none: x, norm1, norm2, mid (c·t·D each; /Y under sequence parallelism: the token split),
+    q, k, v (c·t·H·(N+2K)/Y), the attention's residuals (materialized: the BF16 probabilities
+    2·s·T²·N/(Y·C); flash and ring: o c·t·N·H/Y and the FP32 log-sum-exp 4·t·N/Y), its output for W_o
+    (c·t·N·H/Y; the same array as a local flash's or ring's o), the MLP hidden c·t·F·(m−1)/Y;
+    remat full: x only (Korthikanti et al. 2022, eq. 1-2, without dropout, with RMSNorm)."""
+    s, t, X, Y, C, d = _dims(cfg, mesh, batch_tokens)
+    D, F, N, K, H, T, m = cfg.d_model, cfg.d_ff, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.seq_len, cfg.mlp_matrices
+    c = precision.compute
+    xs = c * t * D / (Y if schedule.sequence_parallel else 1)
+    if remat == "full":
+        return {"x": xs}
+    flash = schedule.attention == "flash" or (C > 1 and schedule.context == "ring")
+    # the norms' outputs: not kept under sequence parallelism (recomputed and all-gathered again)
+    terms = {"x": xs, "norms": 0.0 if schedule.sequence_parallel else 2 * xs, "mid": xs,
+             "qkv": c * t * H * (N + 2 * K) / Y}
+    if flash:
+        terms["attention"] = c * t * N * H / Y + 4 * t * N / Y
+        separate_o = C > 1 and schedule.context == "ulysses"  # the head split o besides the sequence split
+        terms["attn_out"] = c * t * N * H / Y if separate_o else 0.0
+    else:
+        terms["attention"] = 2 * s * T * T * N / (Y * C)
+        terms["attn_out"] = c * t * N * H / Y
+    terms["mlp"] = c * t * F * (m - 1) / Y
+    return terms
+
+
+def memory_per_device(cfg: TransformerConfig, mesh: Mapping, batch_tokens, remat: str = "none",
+                      schedule: Schedule = Schedule(), precision: Precision = DEFAULT_PRECISION,
+                      step: str = "train") -> dict:
+    """Bytes per device, term by term: the FP32 state (16 B per parameter, the matrices sharded over
+    fsdp·tensor), L layers' saved activations (saved_per_layer), the
+    batch (x BF16 and y FP32, 6·t·D), two layers' gathered BF16 weights (layer_weight_bytes: the scan
+    prefetches the next layer's), one layer's weight gradients in FP32 before their reduce-scatter, under
+    full remat the residuals the backward's layer recomputes (saved_per_layer "none" less its x), and
+    the attention's working set in one layer: materialized, the backward's FP32 dp and BF16 ds and p
+    (8 B per score; XLA fuses the rest), the forward's FP32 scores (4 B per score: the probabilities
+    are fused into the p·v matmul); flash, the same per key block. A forward step holds the master
+    weights, one layer's gathered weights (none without fsdp: the casts fuse into the matmuls) and
+    working set. (Each term is an allocation in XLA's
+    memory-usage report of medium-tf, fsdp=4, tensor=2 on v5p:2x2x2: the stacked bf16[4,2,4,2,2048,2048]
+    probabilities, f32[2,4,2,2048,2048] scores, f32[4,4096,512] gradients.)"""
+    s, t, X, Y, C, d = _dims(cfg, mesh, batch_tokens)
+    D, N, T = cfg.d_model, cfg.heads, cfg.seq_len
+    L = cfg.blocks
+    train = step == "train"
+    shard = cfg.params / (X * Y)  # parameters per device
+    flash = schedule.attention == "flash" or (C > 1 and schedule.context == "ring")
+    keys = min(schedule.attention_block, T // C if schedule.context == "ring" else T) if flash else T
+    score_bytes = (8 if train else 4) * s * T * keys * N / (Y * C)
+    terms = {"master": precision.master * shard}
+    if train:
+        terms["optimizer"] = precision.adam_moments * precision.adam_moment * shard
+        terms["grads"] = precision.grad * shard
+    terms.update({"inputs": (precision.compute + 4) * t * D,
+             # forward without fsdp: nothing gathered, XLA fuses each FP32 -> BF16 cast into its matmul (the
+             # seed-000 layer's memory-usage report on v5p: no bf16 weight buffer)
+             "transient_weights": (2 if train else 1 if X > 1 else 0) * layer_weight_bytes(cfg, mesh, precision),
+             "attention_working_set": score_bytes})
+    if train:  # one layer's weight gradients in FP32 as the matmuls produce them, before the BF16 reduce-scatter
+        terms["layer_grads"] = precision.grad * layer_weight_bytes(cfg, mesh, precision) / precision.compute
+    if train:
+        terms["activations"] = L * sum(saved_per_layer(cfg, mesh, batch_tokens, remat, schedule, precision).values())
+    if train and remat == "full":  # the layer whose backward runs holds its recomputed forward's residuals
+        none = saved_per_layer(cfg, mesh, batch_tokens, "none", schedule, precision)
+        terms["recomputed_layer"] = sum(none.values()) - none["x"]
+    terms["total"] = sum(terms.values())
+    return terms
+
+
+def hbm_traffic_bytes(cfg: TransformerConfig, mesh: Mapping, batch_tokens, remat: str = "none", step: str = "train",
+                      schedule: Schedule = Schedule(), precision: Precision = DEFAULT_PRECISION) -> float:
+    """HBM bytes per device per step, as scaling.memory.hbm_traffic_bytes counts the FFN stack's: AdamW
+    reads 16 and writes 12 B per parameter shard; the gathered weights read by the forward, dX and dW
+    matmuls, 3·L·W; the saved activations written and read once (forward: the master weights once,
+    the gathered weights once, each layer's activations written and read once)."""
+    _, _, X, Y, _, _ = _dims(cfg, mesh, batch_tokens)
+    W = cfg.blocks * layer_weight_bytes(cfg, mesh, precision)
+    saved = cfg.blocks * sum(saved_per_layer(cfg, mesh, batch_tokens, "none", schedule, precision).values())
+    if step == "forward":
+        return precision.master * cfg.params / (X * Y) + W + 2 * saved
+    moments = precision.adam_moments * precision.adam_moment
+    optimizer = (precision.master + precision.grad + moments) + (precision.master + moments)
+    return optimizer * cfg.params / (X * Y) + 3 * W + 2 * saved

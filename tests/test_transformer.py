@@ -1,0 +1,94 @@
+"""The transformer stack and sequence parallelism train like one device: context=2, context=4,
+context=2×tensor=2 and fsdp=2×context=2×tensor=2 with Ulysses and ring attention, materialized and flash
+scores, Megatron sequence parallelism (transformer and FFN stack), on 8 emulated CPU devices; bad
+transformer settings are one-line errors."""
+
+import jax
+import numpy as np
+import pytest
+
+from ffn_model.train import train
+from mesh import make_mesh
+from scaling.config import Schedule, get_preset, parse_mesh_spec
+from tests.test_pipeline import assert_matches
+
+# D=64, 8 query heads of 8, 4 key/value heads (grouped-query), F=256, 2 layers, T=64: Ulysses on
+# context·tensor = 4 splits both head counts, ring on context=4 gives chunks of 16 tokens.
+TINY_TF = get_preset("tiny-tf").replace(kv_heads=4)
+TINY_FFN = get_preset("tiny")
+B = 4 * TINY_TF.seq_len  # 4 sequences of 64 tokens
+STEPS, LR = 3, 1e-3
+
+
+def _mesh(spec):
+    """The mesh on the first devices of the 8 (as many as the spec's axes multiply to)."""
+    return make_mesh(spec, jax.devices()[: parse_mesh_spec(spec).devices])
+
+
+def _one_device(cfg, batch_tokens, schedule=Schedule()):
+    losses, state = train(cfg, make_mesh("fsdp=1", jax.devices()[:1]), batch_tokens, STEPS, lr=LR,
+                          return_state=True, schedule=schedule)
+    return losses, jax.tree.map(np.asarray, state["params"])
+
+
+@pytest.fixture(scope="module")
+def tf_one_device():
+    """3 steps of TINY_TF on one device (materialized attention)."""
+    return _one_device(TINY_TF, B)
+
+
+# (mesh, schedule, remat): every mesh of the acceptance with each context strategy; flash scores (the
+# key block smaller than the keys: 2 blocks, or 2 per ring chunk of 32); sequence parallelism
+# with a context axis; full remat.
+CONTEXT = [
+    ("context=2", Schedule(context="ulysses"), "none"),
+    ("context=2", Schedule(context="ring"), "none"),
+    ("context=4", Schedule(context="ulysses"), "full"),
+    ("context=4", Schedule(context="ring", attention_block=8), "none"),
+    ("context=2,tensor=2", Schedule(context="ulysses", attention="flash", attention_block=32), "none"),
+    ("context=2,tensor=2", Schedule(context="ring"), "full"),
+    ("fsdp=2,context=2,tensor=2", Schedule(context="ulysses"), "none"),
+    ("fsdp=2,context=2,tensor=2", Schedule(context="ring", sequence_parallel=True), "none"),
+    ("data=2,context=2,tensor=2", Schedule(context="ulysses", attention="flash", attention_block=32,
+                                           sequence_parallel=True), "full"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec, schedule, remat", CONTEXT,
+                         ids=[f"{s}-{k.context}-{k.attention}{'-sp' if k.sequence_parallel else ''}-{r}"
+                              for s, k, r in CONTEXT])
+def test_transformer_matches_one_device(tf_one_device, spec, schedule, remat):
+    """Losses within 2^-7 relative, parameters within 2·steps·lr (mean 0.05·lr) of one device: the
+    tolerance test_ffn_model.test_sharded_training_matches_one_device derives. The one-device run uses
+    materialized attention, so flash and ring (online softmax over key blocks, FP32 running sums) are
+    held to the same tolerance as a reordering of the reductions."""
+    losses, state = train(TINY_TF, _mesh(spec), B, STEPS, lr=LR, remat=remat, schedule=schedule,
+                          return_state=True)
+    assert_matches(losses, state["params"], tf_one_device)
+    assert losses[-1] < losses[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec", ["tensor=8", "fsdp=4,tensor=2", "data=2,fsdp=2,tensor=2"])
+def test_sequence_parallel_ffn_matches_one_device(spec):
+    """The FFN stack with Megatron sequence parallelism (all-gather before W_in, reduce-scatter after
+    W_out, tokens split over tensor between blocks) within the same tolerance of one device."""
+    ref = _one_device(TINY_FFN, 64)
+    losses, state = train(TINY_FFN, _mesh(spec), 64, STEPS, lr=LR, return_state=True,
+                          schedule=Schedule(sequence_parallel=True))
+    assert_matches(losses, state["params"], ref)
+
+
+@pytest.mark.parametrize("spec, schedule, remat, match", [
+    ("context=8", Schedule(context="ulysses"), "none", "kv_heads=4 is not divisible by context·tensor"),
+    ("context=2,tensor=4", Schedule(context="ulysses"), "none", "kv_heads=4 is not divisible by context·tensor"),
+    ("tensor=8", Schedule(), "none", "kv_heads=4 is not divisible by tensor = 8"),
+    ("context=2", Schedule(attention="flash", attention_block=48), "none", "block"),
+    ("fsdp=2", Schedule(), "every-second", "every-second"),
+    ("stage=2", Schedule(2), "none", "stage"),
+])
+def test_bad_transformer_settings_raise(spec, schedule, remat, match):
+    """Each is refused before anything is built, with a ValueError naming the input."""
+    with pytest.raises(ValueError, match=match):
+        train(TINY_TF, _mesh(spec), B, 1, remat=remat, schedule=schedule)
