@@ -226,8 +226,10 @@ def predict(cfg: FFNConfig, mesh: MeshShape, batch_tokens, remat: str = "none", 
     schedule.check(cfg, mesh)
     if isinstance(cfg, TransformerConfig):  # the transformer's closed forms (scaling.transformer)
         f = transformer.step_flops(cfg, mesh, batch_tokens, step, remat, schedule)
-        vols = transformer.collective_volumes(cfg, mesh, batch_tokens, step, precision, min_comm_bytes, schedule, remat)
-        wire = transformer.collective_volumes(cfg, mesh, batch_tokens, step, precision, 0, schedule, remat)
+        vols = transformer.collective_volumes(cfg, mesh, batch_tokens, step, precision, min_comm_bytes, schedule, remat,
+                                              windowed_grad_rs)
+        wire = transformer.collective_volumes(cfg, mesh, batch_tokens, step, precision, 0, schedule, remat,
+                                              windowed_grad_rs)
         mem = transformer.memory_per_device(cfg, mesh, batch_tokens, remat, schedule, precision, step)
         hbm = transformer.hbm_traffic_bytes(cfg, mesh, batch_tokens, remat, step, schedule, precision)
     else:

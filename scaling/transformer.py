@@ -88,9 +88,12 @@ def step_flops(cfg: TransformerConfig, mesh: Mapping, batch_tokens, step: str = 
 
 def collective_volumes(cfg: TransformerConfig, mesh: Mapping, batch_tokens, step: str = "train",
                        precision: Precision = DEFAULT_PRECISION, min_comm_bytes: int = 0,
-                       schedule: Schedule = Schedule(), remat: str = "none") -> dict[str, dict[str, float]]:
+                       schedule: Schedule = Schedule(), remat: str = "none",
+                       windowed_grad_rs: bool = False) -> dict[str, dict[str, float]]:
     """{axis: {kind: V bytes}} per device for one step (module docstring). ``min_comm_bytes`` widens
-    narrower element types (XLA:CPU runs BF16 collectives in FP32)."""
+    narrower element types (XLA:CPU runs BF16 collectives in FP32). ``windowed_grad_rs``: XLA:TPU runs the
+    gradients' reduce-scatter as a windowed einsum, X+1 chunks of V/X as collective-permutes
+    (scaling.program's module docstring), V·(X+1)/X."""
     s, t, X, Y, C, d = _dims(cfg, mesh, batch_tokens)
     D, L, H, N, K = cfg.d_model, cfg.blocks, cfg.head_dim, cfg.heads, cfg.kv_heads
     c = max(precision.compute, min_comm_bytes)
@@ -99,7 +102,9 @@ def collective_volumes(cfg: TransformerConfig, mesh: Mapping, batch_tokens, step
     out: dict[str, dict[str, float]] = {}
     if X > 1:
         out["fsdp"] = {"all-gather": L * W * (2 if train else 1)}
-        if train:
+        if train and windowed_grad_rs:
+            out["fsdp"]["collective-permute"] = L * W * (X + 1) / X
+        elif train:
             out["fsdp"]["reduce-scatter"] = L * W
     if Y > 1:
         act = c * t * D

@@ -163,8 +163,8 @@ CPU_SEQUENCE_GRID = [
     (_SMALL_TF, "fsdp=2,context=4", 4096, "none", "forward", Schedule(context="ring")),
 ]
 # On TPU v5p ahead of time: a 4096-wide transformer (32 heads, 8 kv heads, F=16384, 4 layers, T=4096; 8
-# sequences) large enough that HBM dominates its peak (6 to 17 GB), and the XXL with sequence parallelism
-# at fsdp=16, tensor=4 beside XXL_TRAIN (tensor parallelism) on v5p:4x4x4.
+# sequences) large enough that HBM dominates its peak (3 to 17 GB), a Llama-8B shape, and the XXL with sequence
+# parallelism at fsdp=16, tensor=4 beside XXL_TRAIN (tensor parallelism) on v5p:4x4x4.
 _LARGE_TF = _SMALL_TF.replace(d_model=4096, heads=32, kv_heads=8, d_ff=16384, blocks=4, seq_len=4096)
 TPU_SEQUENCE_GRID = [
     ("tpu:v5p:2x2x2", _LARGE_TF, "fsdp=2,tensor=4", 32768, "full", "train", Schedule(sequence_parallel=True)),
@@ -172,6 +172,9 @@ TPU_SEQUENCE_GRID = [
     ("tpu:v5p:2x2x2", _LARGE_TF, "context=4,tensor=2", 32768, "none", "train", Schedule(attention="flash")),
     ("tpu:v5p:2x2x2", _LARGE_TF, "fsdp=2,context=4", 32768, "none", "train", Schedule(context="ring")),
     ("tpu:v5p:2x2x2", _LARGE_TF, "fsdp=2,context=2,tensor=2", 32768, "none", "forward", Schedule()),
+    # a Llama-3-8B shape (SwiGLU, 8 kv heads, T = 8192) at 16 sequences: XLA:TPU runs its gradients'
+    # reduce-scatter as a windowed einsum (scaling.transformer.collective_volumes' windowed_grad_rs)
+    ("tpu:v5p:4x4x4", get_preset("llama-8b"), "fsdp=16,tensor=4", 131072, "full", "train", Schedule(attention="flash")),
 ]
 XXL_SEQUENCE_PARALLEL = ("tpu:v5p:4x4x4", _XXL, "fsdp=16,tensor=4", 25600, "none", "train",
                          Schedule(sequence_parallel=True))
