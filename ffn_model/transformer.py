@@ -29,10 +29,10 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
-from ffn_model.attention import attention_materialized, flash_attention_o, ring_attention, ulysses_attention
+from ffn_model.attention import RESIDUAL_NAMES, attention_materialized, flash_attention_o, ring_attention, ulysses_attention
 from ffn_model.model import COMPUTE_DTYPE, constrain, gather_bf16, init_normal, param, reshard
 from mesh.rules import logical_to_spec
-from scaling.config import Schedule, TransformerConfig
+from scaling.config import Schedule, TransformerConfig, check_remat
 
 # Logical axes (scaling.sharding's table)
 X_AXES = ("batch", "seq", "act_embed")  # x [B, T, D] at the matmuls
@@ -48,7 +48,7 @@ W_MLP_AXES = ("layers", "mlp", "embed")  # W_in, W_gate, W_out [L, F, D]
 # (the projections' inputs; under SP their token split), q, k, v, the attention's own residuals (the
 # probabilities, or a flash attention's output and log-sum-exp), its output (W_o's input), the residual
 # stream after attention (the second norm's input) and the MLP's hidden (its matmuls' inputs).
-SAVED = ("norm1", "q", "k", "v", "attn_probs", "attn_lse", "attn_out", "mid", "norm2", "mlp_in", "mlp_gate")
+SAVED = ("norm1", "q", "k", "v", *RESIDUAL_NAMES, "mid", "norm2", "mlp_in", "mlp_gate")
 # Under sequence parallelism the norms' outputs are not kept: the backward recomputes them from the token
 # split of x and of mid and all-gathers them again (Korthikanti et al. 2022, section 4.2.2). Named, XLA
 # kept them whole (its sharding propagation gave the saved stacks the all-gathered layout).
@@ -159,9 +159,8 @@ def layer(x_BxTxD, w: dict, schedule: Schedule, gated: bool):
 
 def stack_forward(x_BxTxD, weights: dict, schedule: Schedule, remat: str = "none", gated: bool = False):
     """The L layers as one lax.scan over the stacked weights (a dict of [L, ...] arrays), each layer under
-    jax.checkpoint with the remat policy: "none" saves SAVED, "full" nothing but the layer's input."""
-    if remat not in ("none", "full"):
-        raise ValueError(f"remat for the transformer must be none or full, got {remat!r}")
+    jax.checkpoint with the remat policy (TransformerStack checks it: scaling.config.check_remat): "none"
+    saves SAVED, "full" nothing but the layer's input."""
     saved = SAVED_SP if schedule.sequence_parallel else SAVED
     policy = (jax.checkpoint_policies.save_only_these_names(*saved) if remat == "none"
               else jax.checkpoint_policies.nothing_saveable)
@@ -178,7 +177,7 @@ class TransformerStack(nnx.Module):
     def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs, remat: str = "none",
                  schedule: Schedule = Schedule()):
         D, N, K, H, F, L = cfg.d_model, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.d_ff, cfg.blocks
-        self.remat, self.schedule, self.gated = remat, schedule, cfg.gated
+        self.remat, self.schedule, self.gated = check_remat(remat, cfg), schedule, cfg.gated
         self.output_axes = X_SP_AXES if schedule.sequence_parallel else X_AXES  # where the stack's output lies
         self.wq = param(init_normal(rngs.params(), (L, N, H, D), D), WQ_AXES)
         self.wk = param(init_normal(rngs.params(), (L, K, H, D), D), WKV_AXES)

@@ -38,7 +38,7 @@ Two accounts of each point, as everywhere in this package:
 
 The ratio is **compiled / closed form**; a compiled figure is never adjusted to match."""
 
-SETUP = r"""import os, re, time
+SETUP = r"""import os, time
 
 # TPU programs are compiled ahead of time on this CPU machine through libtpu (nothing touches a TPU);
 # ALLOW_MULTIPLE_LIBTPU_LOAD lets this run beside another process that has libtpu loaded.
@@ -57,6 +57,7 @@ from scaling.hardware import CHIPS
 HAVE_TPU = mesh_devices.has_libtpu()
 if HAVE_TPU:
     from verify.check import check
+    from verify.hlo import refused_bytes
 %matplotlib inline
 plt.rcParams.update({"figure.dpi": 110, "font.size": 8})
 
@@ -218,7 +219,6 @@ COMPILE = r"""POINTS = [("TP", 8192), ("TP", 12288), ("SP", 20480), ("SP", 32768
           ("ring", 65536), ("ring", 131072), ("Ulysses, context only", 4096), ("Ulysses, context only", 12288),
           ("ring, context only", 4096), ("ring, context only", 8192)]
 COMPILE_BUDGET_S = 125
-REFUSAL = re.compile(r"required for HLO temporaries \(([\d.]+)G\)")
 
 def compile_point(name, T):
     # one compiled point: {outcome, compiled bytes or None, closed-form bytes, seconds, note}
@@ -233,9 +233,8 @@ def compile_point(name, T):
                     note=f"compiled in {rep['config']['compile_seconds']:.1f} s")
     except Exception as e:  # noqa: BLE001 - the compiler's refusal, or a failure to trace, is the result
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        m = REFUSAL.search(msg)
         if "RESOURCE_EXHAUSTED" in msg:
-            return dict(outcome="refused", compiled=float(m.group(1)) * 2**30 if m else None, closed=closed,
+            return dict(outcome="refused", compiled=refused_bytes(e), closed=closed,
                         seconds=time.perf_counter() - t0, note=msg[:160])
         outcome = f"error ({type(e).__name__})"
         return dict(outcome=outcome, compiled=None, closed=closed, seconds=time.perf_counter() - t0, note=msg[:160])

@@ -52,14 +52,19 @@ def layer_weight_bytes(cfg: TransformerConfig, mesh: Mapping, precision: Precisi
     return precision.compute * (cfg.attention_params_per_block + cfg.mlp_matrices * cfg.d_model * cfg.d_ff) / Y
 
 
-def attention_units(schedule: Schedule, pass_: str) -> int:
+def runs_flash(schedule: Schedule, mesh: Mapping) -> bool:
+    """Whether the program's attention is flash (ffn_model.transformer.attention): --attention flash, or
+    ring over a context axis (flash per chunk); without a context axis the strategy is unused."""
+    return schedule.attention == "flash" or (mesh.get("context", 1) > 1 and schedule.context == "ring")
+
+
+def attention_units(schedule: Schedule, pass_: str, mesh: Mapping) -> int:
     """Matmuls of s·T²·N·H/(Y·C) FLOPs each attention runs (ffn_model.attention's docstrings): forward
     4 (q·kᵀ, p·v: 2 each); backward 8 from the saved probabilities, 10 with the scores recomputed
-    (flash, and ring, which runs flash per chunk)."""
+    (runs_flash)."""
     if pass_ == "forward":
         return 4
-    flash = schedule.attention == "flash" or schedule.context == "ring"
-    return 10 if flash else 8
+    return 10 if runs_flash(schedule, mesh) else 8
 
 
 def step_flops(cfg: TransformerConfig, mesh: Mapping, batch_tokens, step: str = "train", remat: str = "none",
@@ -74,11 +79,11 @@ def step_flops(cfg: TransformerConfig, mesh: Mapping, batch_tokens, step: str = 
                               cfg.mlp_matrices)
     qkv, out, mlp = 2 * t * D * H * (N + 2 * K) / Y, 2 * t * N * H * D / Y, 2 * t * D * F * m / Y
     unit = s * T * T * N * H / (Y * C)
-    terms = {"forward": L * (qkv + out + mlp + attention_units(schedule, "forward") * unit)}
-    model_attn = attention_units(schedule, "forward") * unit / 2  # the causal half
+    terms = {"forward": L * (qkv + out + mlp + attention_units(schedule, "forward", mesh) * unit)}
+    model_attn = attention_units(schedule, "forward", mesh) * unit / 2  # the causal half
     model = L * (qkv + out + mlp + model_attn)
     if step == "train":
-        terms["backward"] = L * (2 * (qkv + out + mlp) + attention_units(schedule, "backward") * unit)
+        terms["backward"] = L * (2 * (qkv + out + mlp) + attention_units(schedule, "backward", mesh) * unit)
         terms["recompute"] = L * (qkv + out + mlp * (m - 1) / m + 4 * unit) if remat == "full" else 0.0
         model *= 3
     terms["total"] = sum(terms.values())
@@ -162,7 +167,7 @@ def saved_per_layer(cfg: TransformerConfig, mesh: Mapping, batch_tokens, remat: 
     xs = c * t * D / (Y if schedule.sequence_parallel else 1)
     if remat == "full":
         return {"x": xs}
-    flash = schedule.attention == "flash" or (C > 1 and schedule.context == "ring")
+    flash = runs_flash(schedule, mesh)
     # the norms' outputs: not kept under sequence parallelism (recomputed and all-gathered again)
     terms = {"x": xs, "norms": 0.0 if schedule.sequence_parallel else 2 * xs, "mid": xs,
              "qkv": c * t * H * (N + 2 * K) / Y}
@@ -197,7 +202,7 @@ def memory_per_device(cfg: TransformerConfig, mesh: Mapping, batch_tokens, remat
     L = cfg.blocks
     train = step == "train"
     shard = cfg.params / (X * Y)  # parameters per device
-    flash = schedule.attention == "flash" or (C > 1 and schedule.context == "ring")
+    flash = runs_flash(schedule, mesh)
     keys = min(schedule.attention_block, T // C if schedule.context == "ring" else T) if flash else T
     score_bytes = (8 if train else 4) * s * T * keys * N / (Y * C)
     terms = {"master": precision.master * shard}

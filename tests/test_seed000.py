@@ -136,5 +136,5 @@ def test_trace_verify_compiles_the_ulysses_layer():
     mat = res["materialized"]
     assert mat["compiled"] is None and "RESOURCE_EXHAUSTED" in mat["error"]
     assert mat["terms"]["attention_working_set"] == pytest.approx(4 * 8 * 60000**2)
-    assert mat["closed_form"] > CHIPS["v5p"].hbm_budget and mat["temporaries_gib"] * 2**30 > CHIPS["v5p"].hbm_budget
+    assert mat["closed_form"] > CHIPS["v5p"].hbm_budget and mat["refused_bytes"] > CHIPS["v5p"].hbm_budget
     assert "61.02" in render_compiled(res)

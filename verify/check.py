@@ -161,6 +161,8 @@ CPU_SEQUENCE_GRID = [
     (_GQA_TF, "data=2,context=2,tensor=2", 4096, "full", "train", Schedule(context="ulysses", sequence_parallel=True)),
     (_SMALL_TF, "fsdp=4,context=2", 4096, "none", "forward", Schedule(context="ulysses")),
     (_SMALL_TF, "fsdp=2,context=4", 4096, "none", "forward", Schedule(context="ring")),
+    # a context strategy without a context axis: unused, the attention is the local materialized one
+    (_SMALL_TF, "fsdp=8", 8192, "none", "train", Schedule(context="ring")),
 ]
 # On TPU v5p ahead of time: a 4096-wide transformer (32 heads, 8 kv heads, F=16384, 4 layers, T=4096; 8
 # sequences) large enough that HBM dominates its peak (3 to 17 GB), a Llama-8B shape, and the XXL with sequence

@@ -12,13 +12,13 @@ is reported with the compiler's own figure.
 
 from __future__ import annotations
 
-import re
 import sys
 
 from scaling.config import Schedule, get_preset, parse_mesh_spec
 from scaling.hardware import CHIPS
 from scaling.program import predict
 from verify.check import check
+from verify.hlo import refused_bytes
 
 SEED_PEAK_GB = 61.02  # the trace's "Peak memory allocation" of the Ulysses layer
 DEVICES = "tpu:v5p:2x2x4"  # 16 chips (v5p-32)
@@ -50,9 +50,7 @@ def compile_seed000_layer(verbose: bool = False) -> dict:
             msg = str(e).splitlines()[0] if str(e) else type(e).__name__
             if "RESOURCE_EXHAUSTED" not in msg:
                 raise
-            need = re.search(r"HLO temporaries \(([\d.]+)G\)", msg)
-            out[form] = {"error": msg, "compiled": None,
-                         "temporaries_gib": float(need.group(1)) if need else None}
+            out[form] = {"error": msg, "compiled": None, "refused_bytes": refused_bytes(e)}
         out[form]["terms"] = predict(cfg, parse_mesh_spec(MESH), cfg.seq_len, "none", "forward", CHIPS["v5p"],
                                      schedule=schedule)["memory"]
         out[form]["closed_form"] = out[form]["terms"]["total"]
@@ -72,12 +70,11 @@ def render_compiled(res: dict) -> str:
         ratio = "-" if r["compiled"] is None else f"{r['ratio']:.4f}"
         lines.append(f"  {form:<22} {r['closed_form'] / 1e9:>14.2f} {got:>12} {ratio:>7} {SEED_PEAK_GB:>8.2f}  {terms}")
         if r["compiled"] is None:
-            need = r.get("temporaries_gib")
+            need = r.get("refused_bytes")
             lines.append(f"  {'':<22} the compiler refuses it: {r['error']}"
-                         + (f": {need:.2f} GiB = {need * 2**30 / 1e9:.2f} GB, {need * 2**30 / r['closed_form']:.4f} x "
+                         + (f": {need / 2**30:.2f} GiB = {need / 1e9:.2f} GB, {need / r['closed_form']:.4f} x "
                             "the closed form (the figure is the program's whole need, arguments included, though the "
-                            "message says temporaries: refusals of the seed-000 model's train steps match the closed-"
-                            "form totals, 44 GB of state included, within 1.3%, notebooks/sequence_memory.ipynb)"
+                            "message says temporaries: verify.hlo.refused_bytes)"
                             if need else ""))
     lines.append("  Against the seed's 61.02 GB: the seed's A = q_·k_^T is BF16 and never softmaxed (57.60 GB for 8 heads "
                  "x 60,000^2); this program's scores are FP32 for the softmax (115.20 GB, twice the seed's A), so the "
