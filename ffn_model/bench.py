@@ -15,7 +15,7 @@ import jax
 
 from ffn_model.train import init_state, make_batch_fn, make_optimizer, make_train_step
 from mesh.devices import mesh_shape
-from scaling.config import FFNConfig, Schedule, check_divisible, check_remat, non_negative_int, positive_int
+from scaling.config import FFNConfig, Schedule, check_divisible, check_remat, check_seed, non_negative_int, positive_int
 
 
 def time_train_step(cfg: FFNConfig, mesh, batch_tokens: int, steps: int = 10, warmup: int = 2, remat: str = "none",
@@ -25,7 +25,7 @@ def time_train_step(cfg: FFNConfig, mesh, batch_tokens: int, steps: int = 10, wa
     ValueError naming any bad input, before anything is created."""
     positive_int("steps", steps)
     non_negative_int("warmup", warmup)
-    non_negative_int("seed", seed)
+    check_seed("seed", seed)
     check_remat(remat, cfg)
     check_divisible(cfg, mesh_shape(mesh), batch_tokens)
     schedule.check(cfg, mesh_shape(mesh), batch_tokens)

@@ -2,12 +2,14 @@
 
 Step ``k`` holds the state after k train steps (so a resumed run starts at step k) and, as orbax step
 metadata, what the data and model depend on: {"model": D, F, L, activation; "seed"; "batch_tokens";
-"lr"}. Resuming checks the model and the seed, so a resumed run sees the same data as an
-uninterrupted one (the batch is a function of (seed, step): ffn_model.train.make_batch_fn).
+"lr"}, and a checksum of every array (digest), which a restore compares. Resuming checks the model
+and the seed, so a resumed run sees the same data as an uninterrupted one (the batch is a function
+of (seed, step): ffn_model.train.make_batch_fn).
 
 Orbax writes each step into ``<step>.orbax-checkpoint-tmp`` and renames it to ``<step>`` only when
 every array is on disk, so a save interrupted half-way leaves no step that ``latest_step`` returns:
-the previous complete checkpoint stays the latest (the next run's manager removes the leftover).
+the previous complete checkpoint stays the latest (the next run's manager removes the leftover,
+also when it is all an interrupted first save left).
 Reading checks the step's metadata and the stored shapes before any array is read, and turns
 whatever orbax raises for damaged files into one ValueError. Restoring takes an abstract state (ShapeDtypeStructs with the target mesh's shardings),
 so a state saved on fsdp=4,tensor=2 restores bit-identically on fsdp=2,tensor=4 or on one device.
@@ -22,6 +24,7 @@ import gc
 import logging
 import os
 import sys
+import tempfile
 import time
 
 # Metadata keys that must match for a resumed run to continue the same run (the data and the model
@@ -51,23 +54,22 @@ def _quiet_unraisable(unraisable, previous):
 
 @contextlib.contextmanager
 def _reading():
-    """While orbax reads a checkpoint that may be damaged, its absl warnings and errors are not logged
-    (the caller turns the failure into one ValueError). Installs, once, _quiet_unraisable in front
-    of the current sys.unraisablehook, for the stray reports that can come later."""
-    absl = logging.getLogger("absl")
-    level = absl.level
-    absl.setLevel(logging.CRITICAL)
-    if getattr(sys.unraisablehook, "func", None) is not _quiet_unraisable:
-        sys.unraisablehook = functools.partial(_quiet_unraisable, previous=sys.unraisablehook)
+    """While orbax reads a checkpoint that may be damaged, and until the reads it abandons on a failure
+    are collected (_attempt), its absl warnings and errors, asyncio's reports of those reads' exceptions
+    nobody retrieved and their unraisable reports (_quiet_unraisable) are not shown: the caller turns
+    the failure into one ValueError. Everything is put back as it was when the block ends."""
+    loggers = [logging.getLogger(name) for name in ("absl", "asyncio")]
+    levels = [lg.level for lg in loggers]
+    hook = sys.unraisablehook
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL)
+    sys.unraisablehook = functools.partial(_quiet_unraisable, previous=hook)
     try:
         yield
-    except BaseException:
-        # a failed read leaves orbax's asyncio tasks with exceptions nobody retrieves; asyncio logs each when
-        # it is collected, after this block: the caller's one error line is the report
-        logging.getLogger("asyncio").setLevel(logging.CRITICAL)
-        raise
     finally:
-        absl.setLevel(level)
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+        sys.unraisablehook = hook
 
 
 def _ocp():
@@ -112,12 +114,15 @@ def directory_contents(directory) -> dict:
 
 
 def check_directory(directory, resume: bool) -> None:
-    """Validate ``directory`` before anything is written: not a file; with ``resume`` it must exist
-    (restore_latest then says whether it holds a complete checkpoint); without ``resume`` it must be
-    missing or empty: checkpoints already there would be mixed with, or replaced by, a new run's, and
-    files that are not checkpoints are not this run's to write beside. ValueError naming the
-    directory otherwise. Reads the file system only (directory_contents); creates nothing."""
+    """Validate ``directory`` before anything is written: a directory this process can write in (or
+    create: check_writable); with ``resume`` it must exist (restore_latest then says whether it holds
+    a complete checkpoint); without ``resume`` it must be missing or empty: checkpoints already there
+    would be mixed with, or replaced by, a new run's, and files that are not checkpoints are not this
+    run's to write beside. Unfinished saves (an interrupted save, possibly the run's first) do not
+    count: the run removes them (open_manager). ValueError naming the directory otherwise. Reads the
+    file system only (directory_contents); creates nothing that outlives the call."""
     path = _path(directory)
+    check_writable(directory)
     if path.exists() and not path.is_dir():
         raise ValueError(f"--checkpoint-dir {str(directory)!r} is a file, not a directory")
     if resume and not path.is_dir():
@@ -128,13 +133,44 @@ def check_directory(directory, resume: bool) -> None:
     if held["steps"]:
         raise ValueError(f"--checkpoint-dir {str(directory)!r} already holds checkpoints (latest step "
                          f"{held['steps'][-1]}); pass --resume to continue that run, or give an empty or new directory")
-    if held["unfinished"]:
-        raise ValueError(f"--checkpoint-dir {str(directory)!r} holds an unfinished save ({held['unfinished'][0]}) and "
-                         "no complete checkpoint; remove it, or give an empty or new directory")
     if held["other"]:
         shown = ", ".join(held["other"][:3]) + (", ..." if len(held["other"]) > 3 else "")
         raise ValueError(f"--checkpoint-dir {str(directory)!r} holds files that are not checkpoints ({shown}); "
                          "give an empty or new directory")
+
+
+def check_writable(directory) -> None:
+    """ValueError (one line naming ``directory`` and the reason) unless this process can create, read
+    and write ``directory``: a URL needs its file system's package (gs:// needs gcsfs); a local path
+    must lead to a directory, or to nothing below a directory, through no file, loop or dangling link,
+    and that directory must take a new entry: os.access, then a probe (a temporary directory made and
+    removed at once, the directory's times put back; it catches what os.access cannot: /proc, /sys,
+    where root's override of the mode bits does not reach)."""
+    where = f"--checkpoint-dir {str(directory)!r}"
+    path = _path(directory)
+    if "://" in str(path):
+        try:
+            path.exists()
+        except ImportError as e:  # etils: "Please install gcsfs to access Google Storage"
+            raise ValueError(f"{where}: {str(e).strip()}") from None
+        return
+    target = os.fspath(path)
+    while not os.path.lexists(target):  # the nearest entry that exists: the directory, or the one to create it in
+        target = os.path.dirname(target)
+    try:
+        is_dir = os.path.isdir(os.path.realpath(target, strict=True))
+    except OSError as e:  # a dangling link, a loop
+        raise ValueError(f"{where}: {target!r}: {e.strerror}") from None
+    if not is_dir:
+        raise ValueError(f"{where}: {target!r} is a file, not a directory")
+    if not os.access(target, os.R_OK | os.W_OK | os.X_OK):
+        raise ValueError(f"{where}: no permission to read and write in {target!r}")
+    before = os.stat(target)
+    try:
+        tempfile.TemporaryDirectory(dir=target, prefix=".ffn_model-probe-").cleanup()
+    except OSError as e:
+        raise ValueError(f"{where}: cannot write in {target!r}: {e.strerror}") from None
+    os.utime(target, ns=(before.st_atime_ns, before.st_mtime_ns))  # the probe leaves no trace, its time included
 
 
 def open_manager(directory, *, create: bool, max_to_keep: int | None = 3):
@@ -153,20 +189,61 @@ def open_manager(directory, *, create: bool, max_to_keep: int | None = 3):
 
 
 def save(mngr, step: int, state, meta: dict | None = None, wait: bool = True) -> None:
-    """Save ``state`` (a pytree of jax arrays) as ``step`` with ``meta`` as its step metadata. Orbax
-    copies the arrays to host before returning, so the caller may donate them to the next train step;
-    the files are written in the background unless ``wait``."""
+    """Save ``state`` (a pytree of jax arrays) as ``step`` with ``meta`` and the state's checksums
+    (digest) as its step metadata. ValueError, and nothing saved, if an array holds a value that is not
+    finite. Orbax copies the arrays to host before returning, so the caller may donate them to the next
+    train step; the files are written in the background unless ``wait`` (``mngr.is_saving_in_progress``
+    says when the step is committed)."""
     ocp = _ocp()
-    mngr.save(step, args=ocp.args.StandardSave(state), custom_metadata=meta or {}, force=True)
+    sums, bad = digest(state)
+    if bad:
+        raise ValueError(f"step {step}: the state holds values that are not finite ({', '.join(bad[:3])}); "
+                         "not saved")
+    mngr.save(step, args=ocp.args.StandardSave(state), custom_metadata={**(meta or {}), "checksums": sums},
+              force=True)
     if wait:
         mngr.wait_until_finished()
+
+
+def digest(state) -> tuple[dict, list[str]]:
+    """({leaf path: checksum}, [paths of leaves holding a NaN or an infinity]) of a pytree of jax arrays.
+    A leaf's checksum is the sum mod 2^32 of its elements read as unsigned integers of their width: a
+    flipped bit b of one element changes the sum by ±2^b (b < 32), never by a multiple of 2^32, so any
+    single flipped bit shows; integer addition is exact in any order, so the sum is the same on every
+    mesh. One jitted pass over the arrays where they are (each device sums its shards)."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    flat = jax.tree_util.tree_flatten_with_path(state)[0]
+    mesh = getattr(flat[0][1].sharding, "mesh", None) if flat else None
+    out = None if mesh is None else NamedSharding(mesh, PartitionSpec())  # replicated: every process reads it
+    got = jax.device_get(_digest_fn(out)([a for _, a in flat]))
+    names = [jax.tree_util.keystr(p) for p, _ in flat]
+    return {n: int(t) for n, (t, _) in zip(names, got)}, [n for n, (_, f) in zip(names, got) if not f]
+
+
+@functools.lru_cache(maxsize=None)
+def _digest_fn(out_sharding):
+    """The jitted digest of a list of arrays: [(checksum uint32, all finite)] (one per output sharding, so
+    every save after the first reuses the compiled program)."""
+    import jax
+    import jax.numpy as jnp
+
+    def leaf(a):
+        width = {1: jnp.uint8, 2: jnp.uint16}.get(a.dtype.itemsize, jnp.uint32)  # 8 bytes: two uint32 words
+        total = jnp.sum(jax.lax.bitcast_convert_type(a, width).astype(jnp.uint32), dtype=jnp.uint32)
+        finite = jnp.all(jnp.isfinite(a)) if jnp.issubdtype(a.dtype, jnp.inexact) else jnp.bool_(True)
+        return total, finite
+
+    return jax.jit(lambda xs: [leaf(x) for x in xs], out_shardings=out_sharding)
 
 
 def restore_latest(directory, abstract_state, expect: dict | None = None):
     """(step, state, metadata) of the newest complete checkpoint in ``directory``, restored onto the
     shardings of ``abstract_state``. ``expect``: metadata the checkpoint must match for the keys in MUST_MATCH
     (model and seed). ValueError if there is no checkpoint, it was written for another model or
-    seed, its arrays have other shapes or dtypes, or it cannot be read (damaged files). Writes nothing."""
+    seed, its arrays have other shapes or dtypes, it cannot be read, or what was read differs from the
+    checksums saved with it or is not finite (damaged files: digest). Writes nothing."""
     ocp = _ocp()
     where = f"in --checkpoint-dir {str(directory)!r}"
     with _reading(), contextlib.closing(open_manager(directory, create=False)) as mngr:
@@ -188,6 +265,13 @@ def restore_latest(directory, abstract_state, expect: dict | None = None):
         state, err = _attempt(lambda: mngr.restore(step, args=ocp.args.StandardRestore(abstract_state)))
         if err:  # damaged array files
             raise ValueError(f"checkpoint step {step} {where} cannot be restored: {err}")
+    sums, bad = digest(state)
+    saved = meta.get("checksums") or {}
+    damaged = [n for n, c in sums.items() if n in saved and saved[n] != c]
+    if damaged or bad:  # files changed after the save (a checkpoint written before checksums: finiteness only)
+        raise ValueError(f"checkpoint step {step} {where} is damaged: "
+                         + (f"{damaged[0]} does not match the checksum saved with it" if damaged
+                            else f"{bad[0]} holds values that are not finite"))
     return step, state, meta
 
 
@@ -217,8 +301,9 @@ def _attempt(read):
         return read(), None
     except Exception as e:
         err = _first_line(e)
-    time.sleep(0.2)
-    gc.collect()
+    for _ in range(5):  # inside _reading, which keeps their reports quiet until it ends
+        time.sleep(0.1)
+        gc.collect()
     return None, err
 
 

@@ -13,7 +13,9 @@ Several processes (multi-controller JAX): on a TPU slice or a SLURM / Open MPI c
 command on every host with --distributed (jax.distributed.initialize() detects the rest); elsewhere
 give --coordinator HOST:PORT --num-processes N --process-id I to every process, where --devices cpu:K
 means K emulated CPU devices in each process (collectives over gloo). With none of these flags and no
---devices, jax.distributed is initialized when JAX_COORDINATOR_ADDRESS is set (mesh.devices).
+--devices, jax.distributed is initialized when JAX_COORDINATOR_ADDRESS is set (mesh.devices). Every
+process waits at most --process-timeout seconds for the others, checks that they were started with the
+same flags, and ends with one line when another process stops (end_one_of_several).
 
 ``compile`` and ``bench`` read compiled programs, which is the top package's work: here they run
 ``python -m verify compile|bench`` (the same flags) in a child process; ``add_commands`` is how
@@ -21,8 +23,8 @@ means K emulated CPU devices in each process (collectives over gloo). With none 
 
 Bad input (a zero, negative or non-numeric number; an unknown preset, remat policy, mesh axis, device
 spec or chip; a mesh whose size is not the device count; a dimension not divisible by its shard count;
-a missing, damaged or already used checkpoint directory) prints one line "error: ..." on stderr and
-exits 2, before anything is created or written.
+a missing, damaged, already used or unwritable checkpoint directory) prints one line "error: ..." on
+stderr and exits 2, before anything is created or written.
 """
 
 from __future__ import annotations
@@ -31,10 +33,10 @@ import json
 import statistics
 import sys
 
-from mesh.devices import cpu_device_count, device_count, use_cpu_platform_for
-from scaling.cli import Parser, add_model_args, add_schedule_args, handover, model_config, run, schedule_of
-from scaling.config import (REMAT_POLICIES, check_divisible, check_remat, non_negative_int, parse_mesh_spec, positive_float,
-                            positive_int)
+from mesh.devices import PROCESS_TIMEOUT, cpu_device_count, device_count, use_cpu_platform_for
+from scaling.cli import Parser, add_model_args, add_schedule_args, check_size, handover, model_config, run, schedule_of
+from scaling.config import (REMAT_POLICIES, check_divisible, check_remat, check_seed, non_negative_int, parse_mesh_spec,
+                            positive_float, positive_int)
 from scaling.hardware import get_chip
 
 
@@ -78,6 +80,9 @@ def add_commands(sub, implementations: dict | None = None) -> None:
         g.add_argument("--coordinator", help="HOST:PORT of process 0's coordinator")
         g.add_argument("--num-processes", type=int, help="number of processes")
         g.add_argument("--process-id", type=int, help="this process: 0 .. num-processes-1")
+        g.add_argument("--process-timeout", type=float, default=PROCESS_TIMEOUT,
+                       help=f"seconds to wait for every process to connect, and at the end for all to finish "
+                            f"(default {PROCESS_TIMEOUT:g})")
         if name == "train":
             s.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (default 1e-3)")
             c = s.add_argument_group("checkpoints (orbax)")
@@ -93,6 +98,7 @@ def add_commands(sub, implementations: dict | None = None) -> None:
 
 def _processes(args) -> int | None:
     """Validate the multi-process flags; the process count when given explicitly (else None)."""
+    positive_float("--process-timeout", args.process_timeout)
     explicit = {"--coordinator": args.coordinator, "--num-processes": args.num_processes,
                 "--process-id": args.process_id}
     if all(v is None for v in explicit.values()):
@@ -118,7 +124,7 @@ def check_flags(args, cfg) -> None:
     processes = None
     if args.command != "compile":
         positive_int("--steps", args.steps)
-        non_negative_int("--seed", args.seed)
+        check_seed("--seed", args.seed)
         if args.devices is not None and n_cpu is None:
             raise ValueError(f"{args.command} runs on real devices or cpu:N, not {args.devices!r} "
                              "(a TPU topology is compile-only)")
@@ -140,6 +146,9 @@ def check_flags(args, cfg) -> None:
         shape = parse_mesh_spec(args.mesh, n_dev)
         check_divisible(cfg, shape, args.batch_tokens)
         schedule.check(cfg, shape, args.batch_tokens)
+    allocates = args.command != "compile" and n_cpu is not None  # train and bench on emulated CPU devices
+    check_size(cfg, shape if n_dev is not None else None, args.batch_tokens, args.remat, getattr(args, "step", "train"),
+               schedule, n_cpu if allocates else None)
     if args.command == "train" and args.checkpoint_dir is not None:
         from ffn_model.checkpoint import check_directory
 
@@ -147,21 +156,45 @@ def check_flags(args, cfg) -> None:
 
 
 def start_processes(args):
-    """Start jax.distributed when asked (before any jax computation); the device spec for make_mesh."""
+    """Start jax.distributed when asked (before any jax computation), waiting at most --process-timeout
+    for the other processes, then check that every process was started with the same flags (but
+    --process-id); the device spec for make_mesh."""
     import jax
 
-    from mesh import maybe_initialize_distributed
+    from mesh.devices import initialize_distributed, maybe_initialize_distributed
 
+    devices = args.devices
     if args.distributed or args.coordinator is not None:
         n_cpu = cpu_device_count(args.devices, "--devices")
         if n_cpu is not None:  # K emulated CPU devices in each process, collectives over gloo
             jax.config.update("jax_num_cpu_devices", n_cpu)
             jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        jax.distributed.initialize(args.coordinator, args.num_processes, args.process_id)
-        return None  # the global device list: every process's devices
-    if args.devices is None:
-        maybe_initialize_distributed()
-    return args.devices
+        initialize_distributed(args.coordinator, args.num_processes, args.process_id, args.process_timeout,
+                               hint=": start every process with the same --coordinator and --num-processes "
+                                    "(or raise --process-timeout)")
+        devices = None  # the global device list: every process's devices
+    elif args.devices is None:
+        maybe_initialize_distributed(args.process_timeout)
+    check_same_flags(args)
+    return devices
+
+
+def check_same_flags(args) -> None:
+    """ValueError naming the first flag another process was started with a different value of (only
+    --process-id may differ): processes that disagree on the model, the seed or the mesh would train
+    a run that is neither. Compared through jax.distributed's key-value store; nothing in one process."""
+    import jax
+
+    from mesh.devices import disagreements
+
+    flags = json.loads(json.dumps({k: v for k, v in vars(args).items() if k not in ("process_id", "func", "argv")},
+                                  default=str))
+    for j, theirs in disagreements("ffn_model/flags", flags, args.process_timeout).items():
+        name = next(k for k in sorted(flags.keys() | theirs.keys()) if flags.get(k) != theirs.get(k))
+        flag = "--" + name.replace("_", "-")
+        raise ValueError(f"process {j} was started with {flag} {theirs.get(name)!r}, this process "
+                         f"({jax.process_index()}) with {flags.get(name)!r}: start every process with the same flags "
+                         "(only --process-id differs)")
 
 
 def train_command(args, cfg) -> dict:
@@ -204,7 +237,11 @@ def run_command(args, impl) -> int:
     cfg = model_config(args)
     check_flags(args, cfg)
     run_, print_ = impl
-    rep = run_(args, cfg)
+    try:
+        rep = run_(args, cfg)
+    except Exception as e:
+        end_one_of_several(e)
+        raise
     import jax
 
     if jax.process_index() != 0:
@@ -214,6 +251,29 @@ def run_command(args, impl) -> int:
     elif print_ is not None:
         print_(rep)
     return 0
+
+
+def end_one_of_several(e: Exception) -> None:
+    """In a program of several processes (jax.distributed), end this one now, with one line on stderr, on a
+    ValueError ("error: ...", exit 2) or a runtime error of jax (a collective that failed because another
+    process stopped: "error: process i: ...", exit 1): exiting normally, jax's shutdown would wait up to
+    --process-timeout for the others at a barrier, then abort with a C++ stack. Returns otherwise."""
+    import os
+
+    import jax
+
+    if not jax.distributed.is_initialized():
+        return
+    if isinstance(e, ValueError):
+        line, code = str(e), 2
+    elif isinstance(e, jax.errors.JaxRuntimeError):
+        line, code = (f"process {jax.process_index()}: {str(e).strip().splitlines()[0][:300]} "
+                      "(another process has probably stopped)"), 1
+    else:
+        return
+    sys.stdout.flush()
+    print(f"error: {line}", file=sys.stderr, flush=True)
+    os._exit(code)
 
 
 def main(argv=None) -> int:

@@ -11,6 +11,7 @@ import jax
 
 from ffn_model.train import batch_structs, make_forward_step, make_train_step, state_shardings
 from mesh.devices import mesh_shape
+from scaling.cli import check_size
 from scaling.config import FFNConfig, Schedule, check_divisible, check_remat
 
 STEPS = ("train", "forward")
@@ -33,12 +34,14 @@ def abstract_compile(cfg: FFNConfig, mesh, batch_tokens: int, remat: str = "none
     ShapeDtypeStructs (nothing is allocated), with ``mesh`` set (jax.set_mesh) while tracing.
 
     compile_seconds covers tracing, lowering and compiling. ValueError for an unknown step or remat
-    policy, or a dimension not divisible by its shard count."""
+    policy, a dimension not divisible by its shard count, or a size jax or XLA cannot count
+    (scaling.cli.check_size)."""
     check_remat(remat, cfg)
     if step not in STEPS:
         raise ValueError(f"step must be one of {', '.join(STEPS)}, got {step!r}")
     check_divisible(cfg, mesh_shape(mesh), batch_tokens)
     schedule.check(cfg, mesh_shape(mesh), batch_tokens)
+    check_size(cfg, mesh_shape(mesh), batch_tokens, remat, step, schedule)  # sizes jax and XLA can count
     t0 = time.perf_counter()
     abstract, _ = state_shardings(cfg, mesh)
     batch = batch_structs(cfg, mesh, batch_tokens)

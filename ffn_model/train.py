@@ -36,7 +36,7 @@ from ffn_model.transformer import X_AXES as TF_X_AXES
 from ffn_model.transformer import TransformerStack
 from mesh.devices import mesh_shape
 from mesh.rules import logical_to_spec
-from scaling.config import (FFNConfig, Schedule, TransformerConfig, check_divisible, check_remat, non_negative_int,
+from scaling.config import (FFNConfig, Schedule, TransformerConfig, check_divisible, check_remat, check_seed,
                             positive_float, positive_int)
 from scaling.sharding import X_AXES, shards
 
@@ -198,12 +198,16 @@ def train_loop(state, step_fn, batch_fn, steps: int, batch_tokens: int, start_st
                save=None, save_every: int | None = None):
     """Run ``steps`` steps from ``start_step``; returns (losses, state). ``log(step, loss,
     tokens_per_s)`` is called after each step (the first step's time includes compilation);
-    ``save(k, state)`` after every step that completes a multiple k of ``save_every`` steps."""
+    ``save(k, state)`` after every step that completes a multiple k of ``save_every`` steps. A loss
+    that is not finite (NaN, inf) stops the loop with a ValueError before that step's state is saved."""
     losses = []
     for i in range(start_step, start_step + steps):
         t0 = time.perf_counter()
         state, loss = step_fn(state, batch_fn(i))
         loss = float(loss)  # waits for the step (the loss is replicated: every process holds it)
+        if not math.isfinite(loss):
+            raise ValueError(f"step {i}: the loss is {loss}, not a finite number: training stopped, "
+                             "its state not saved")
         losses.append(loss)
         if log is not None:
             log(i, loss, batch_tokens / (time.perf_counter() - t0))
@@ -226,11 +230,14 @@ def train(cfg: FFNConfig, mesh, batch_tokens: int, steps: int, lr: float = 1e-3,
     is created or written (ValueError naming the input).
 
     ``say(line)`` receives what a person running this wants to know besides the losses: "saved step
-    k to DIR", "resumed from step k ...", that a checkpoint is already at ``steps``, and a "warning:"
-    line for each setting (batch_tokens, lr) that differs from the checkpoint's."""
+    k to DIR" once step k is committed (at the first step that ends after it, or at the end), "resumed
+    from step k ...", unfinished saves removed, that a checkpoint is already at ``steps``, and a
+    "warning:" line for each setting (batch_tokens, lr) that differs from the checkpoint's. A loss or
+    a state that is not finite stops the run with a ValueError before it is saved (train_loop,
+    checkpoint.save); the checkpoints already committed stay."""
     positive_int("steps", steps)
     positive_float("lr", lr)
-    non_negative_int("seed", seed)
+    check_seed("seed", seed)
     check_remat(remat, cfg)
     check_divisible(cfg, mesh_shape(mesh), batch_tokens)
     schedule.check(cfg, mesh_shape(mesh), batch_tokens)
@@ -246,6 +253,10 @@ def train(cfg: FFNConfig, mesh, batch_tokens: int, steps: int, lr: float = 1e-3,
     meta = {"model": dataclasses.asdict(cfg), "seed": seed, "batch_tokens": batch_tokens, "lr": lr, "mesh": here,
             "schedule": dataclasses.asdict(schedule)}
     start = 0
+    held = ckpt.directory_contents(checkpoint_dir) if checkpoint_dir is not None else None
+    if resume and not held["steps"] and held["unfinished"]:  # an interrupted first save: nothing to resume
+        say(f"no complete checkpoint in {checkpoint_dir}, only an unfinished save: starting from step 0")
+        resume = False
     if resume:
         start, state, saved = ckpt.restore_latest(checkpoint_dir, state_shardings(cfg, mesh, tx)[0], meta)
         if start > steps:
@@ -260,18 +271,40 @@ def train(cfg: FFNConfig, mesh, batch_tokens: int, steps: int, lr: float = 1e-3,
     else:
         state = init_state(cfg, mesh, seed, tx)
     mngr = ckpt.open_manager(checkpoint_dir, create=True) if checkpoint_dir is not None else None
+    for name in held["unfinished"] if held else ():  # the manager removes them (cleanup_tmp_directories)
+        say(f"removed {name} from {checkpoint_dir}: a save that never finished")
+    started = []  # saves started and not yet reported: "saved step k" is said once step k is committed
 
     def save(k, s):
         ckpt.save(mngr, k, s, meta, wait=False)
-        say(f"saved step {k} to {checkpoint_dir}")
+        started.append(k)
+
+    def report(i=None, loss=None, tps=None, wait=False):
+        if i is not None and log is not None:
+            log(i, loss, tps)
+        if wait:
+            mngr.wait_until_finished()
+        if mngr is not None and not mngr.is_saving_in_progress():
+            for k in started:
+                say(f"saved step {k} to {checkpoint_dir}")
+            started.clear()
 
     step_fn, batch_fn = make_train_step(cfg, mesh, remat, tx, schedule), make_batch_fn(cfg, mesh, batch_tokens, seed)
-    with jax.set_mesh(mesh):  # the model's sharding constraints resolve against it while tracing
-        losses, state = train_loop(state, step_fn, batch_fn, steps - start, batch_tokens, start_step=start, log=log,
-                                   save=save if mngr is not None else None, save_every=save_every)
-    if mngr is not None:
-        if steps > start and (not save_every or steps % save_every):
+    try:
+        with jax.set_mesh(mesh):  # the model's sharding constraints resolve against it while tracing
+            losses, state = train_loop(state, step_fn, batch_fn, steps - start, batch_tokens, start_step=start,
+                                       log=report, save=save if mngr is not None else None, save_every=save_every)
+        if mngr is not None and steps > start and (not save_every or steps % save_every):
             save(steps, state)  # the final state
-        mngr.wait_until_finished()
-        mngr.close()
+    except ValueError as e:
+        if mngr is None:
+            raise
+        report(wait=True)
+        latest = mngr.latest_step()
+        raise ValueError(f"{e}; {checkpoint_dir} keeps " + (f"steps up to {latest}" if latest is not None
+                                                            else "no checkpoint")) from None
+    finally:
+        if mngr is not None:
+            report(wait=True)
+            mngr.close()
     return (losses, state) if return_state else losses

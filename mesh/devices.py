@@ -99,16 +99,25 @@ def _native_stderr(verbose: bool):
             os.close(saved)
 
 
+# The most emulated CPU devices one process compiles for: jax 0.10.2's CPU backend compiles a program over
+# 2048 devices and refuses one over 2049 ("Multiprocess computations aren't implemented on the CPU backend").
+MAX_CPU_DEVICES = 2048
+
+
 def cpu_device_count(devices, name: str = "devices") -> int | None:
-    """N of a "cpu:N" spec (ValueError naming ``name`` for an N that is not a positive integer), None
-    for any other spec. Needs no jax, so a command line can check its flags before jax starts."""
+    """N of a "cpu:N" spec (ValueError naming ``name`` for an N that is not an integer in 1..MAX_CPU_DEVICES),
+    None for any other spec. Needs no jax, so a command line can check its flags before jax starts."""
     if not isinstance(devices, str) or not devices.strip().lower().startswith("cpu:"):
         return None
     try:
         n = int(devices.strip()[4:])
     except ValueError:
         raise ValueError(f"{name} {devices!r}: expected cpu:N with N a positive integer") from None
-    return positive_int(f"{name} {devices!r}: N", n)
+    if positive_int(f"{name} {devices!r}: N", n) > MAX_CPU_DEVICES:
+        raise ValueError(f"{name} {devices!r}: jax's CPU backend compiles for at most {MAX_CPU_DEVICES} emulated "
+                         f"devices in one process; use cpu:N with N <= {MAX_CPU_DEVICES}, or a TPU topology "
+                         "(tpu:v5p:16x16x16) for more")
+    return n
 
 
 def device_count(devices) -> int | None:
@@ -259,14 +268,75 @@ def infer_chip(device) -> Chip | None:
     return chip
 
 
-def maybe_initialize_distributed() -> bool:
-    """Call jax.distributed.initialize() when this process is one of several: a coordinator address
-    in the environment (JAX_COORDINATOR_ADDRESS), or a multi-host Cloud TPU slice
-    (TPU_WORKER_HOSTNAMES lists more than one host; jax detects the rest). Returns whether it did."""
-    import jax
-
+def maybe_initialize_distributed(timeout: float | None = None) -> bool:
+    """Call jax.distributed.initialize() (initialize_distributed, waiting at most ``timeout`` s) when this
+    process is one of several: a coordinator address in the environment (JAX_COORDINATOR_ADDRESS), or a
+    multi-host Cloud TPU slice (TPU_WORKER_HOSTNAMES lists more than one host; jax detects the rest).
+    Returns whether it did."""
     multi_tpu = "," in os.environ.get("TPU_WORKER_HOSTNAMES", "")
     if os.environ.get("JAX_COORDINATOR_ADDRESS") or multi_tpu:
-        jax.distributed.initialize()
+        initialize_distributed(timeout=timeout or PROCESS_TIMEOUT)
         return True
     return False
+
+
+# Seconds a process waits for the others to connect (and, at exit, to finish) before it gives up.
+PROCESS_TIMEOUT = 60.0
+
+
+def initialize_distributed(coordinator: str | None = None, num_processes: int | None = None,
+                           process_id: int | None = None, timeout: float = PROCESS_TIMEOUT, hint: str = "") -> None:
+    """jax.distributed.initialize(coordinator, num_processes, process_id) with a bounded, reported wait:
+    after 3 s (or half ``timeout``) without every process connected it writes "waiting ..." on stderr; after ``timeout``
+    seconds one line "error: ... did not connect ... ``hint``" and exits with status 2 (os._exit:
+    jax's own timeout ends the process with SIGABRT and a C++ stack, and jax cannot be interrupted
+    while it waits). jax's timeouts: initialization ``timeout`` + 60 s (so this one comes first),
+    shutdown at exit ``timeout``."""
+    import sys
+    import threading
+
+    import jax
+
+    where = coordinator or os.environ.get("JAX_COORDINATOR_ADDRESS") or "the coordinator"
+    who = f"the {num_processes} processes" if num_processes else "every process"
+
+    def say(line, code=None):
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+        if code is not None:
+            os._exit(code)
+
+    timers = [threading.Timer(min(3.0, timeout / 2), say, [f"waiting up to {timeout:g} s for {who} to connect to "
+                                                            f"{where} ..."]),
+              threading.Timer(timeout, say, [f"error: {who} did not connect to {where} within {timeout:g} s{hint}", 2])]
+    for t in timers:
+        t.daemon = True
+        t.start()
+    try:
+        jax.distributed.initialize(coordinator, num_processes, process_id, initialization_timeout=int(timeout) + 60,
+                                   shutdown_timeout_seconds=max(1, int(timeout)))
+    finally:
+        for t in timers:
+            t.cancel()
+
+
+def disagreements(name: str, value, timeout: float = PROCESS_TIMEOUT) -> dict[int, object]:
+    """{process: its value} for every other process whose ``value`` (JSON-able) differs from this one's,
+    read through jax.distributed's key-value store under ``name`` (each process publishes its own,
+    then reads every other's, waiting at most ``timeout`` s). {} in a single process."""
+    import json
+
+    from jax._src.distributed import global_state  # the client jax.distributed.initialize made
+
+    client, n, me = global_state.client, global_state.num_processes, global_state.process_id
+    if client is None or n == 1:
+        return {}
+    mine = json.dumps(value, sort_keys=True)
+    client.key_value_set(f"{name}/{me}", mine)
+    out = {}
+    for j in range(n):
+        if j != me:
+            theirs = client.blocking_key_value_get(f"{name}/{j}", int(timeout * 1000))
+            if theirs != mine:
+                out[j] = json.loads(theirs)
+    return out

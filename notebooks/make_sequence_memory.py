@@ -346,9 +346,10 @@ The closed form's terms at each compiled point that fits and at each strategy's 
 `master`, `optimizer`, `grads`: the FP32 state, 16 B per parameter over fsdp·tensor; `activations`: what
 the L layers keep for the backward (remat full: each layer's input, 2·t·D bytes, /Y under SP);
 `attention_working_set`: one layer's scores in the backward (materialized: 8 B per score, FP32 dp and
-BF16 ds and p; flash: the same per 512-key block); `transient_weights`: two layers' gathered BF16 weights
-(the scan prefetches the next); `layer_grads`: one layer's FP32 weight gradients before their
-reduce-scatter; `recomputed_layer`: under remat full, what the layer whose backward runs holds of its
+BF16 ds and p; flash: the same per 512-key block); `transient_weights`: under remat full one layer's
+gathered BF16 weights (the backward's iteration gathers its own layer to recompute it, and makes each
+weight's gradient in BF16 as it reduce-scatters it: no FP32 layer gradient); `recomputed_layer`: what the
+layer whose backward runs holds of its
 recomputed forward (its norms, q, k, v, the attention's residuals, the MLP hidden); `inputs`: the batch
 (BF16 x, FP32 y, whole over tensor). The columns are the closed form's own terms
 (`scaling.transformer.memory_per_device`), whatever it names."""
@@ -421,7 +422,7 @@ FINDINGS_MD = r"""## Reading it
 
 Every program that fits, each near its strategy's limit, has its compiled peak within the ±10% band of the
 closed form (the table). A refusal's figure is the compiler's requirement for a schedule it could not fit
-into HBM; most match the closed form within 1.3%, but some lie above it (the table's ratios: SP at 32,768,
+into HBM; most match the closed form within 2%, but some lie above it (the table's ratios: SP at 32,768,
 ring at 131,072). A refused program has no memory report to say what that excess holds, and it is not
 modelled: it is a statement about a program that does not run, not a peak."""
 

@@ -10,12 +10,14 @@ from __future__ import annotations
 import math
 
 from scaling import memory, program, roofline
-from scaling.config import (DEFAULT_PRECISION, FSDP_GATHERS, FFNConfig, MeshShape, Schedule, check_divisible,
-                            positive_float, positive_int)
+from scaling.config import (DEFAULT_PRECISION, FSDP_GATHERS, PRESETS, FFNConfig, MeshShape, Schedule,
+                            check_divisible, positive_float, positive_int)
 from scaling.hardware import CHIPS
 
 QUESTION = dict(d_model=16384, d_ff=53248, blocks=126, fsdp=16, tensor=4, mx=2, my=1, flops=4.6e14, w_ici=1.8e11,
                 hbm=95e9, gpu_hbm=80e9, batch_tokens=25600, int8_bytes=1, stages=4)
+# HBM per device below 1 GB is a unit slip (GB given for bytes): the table's smallest chip, v5e, has 16 GiB.
+HBM_FLOOR = 1e9
 # The question's torus is 3D (TPU v5p): the FSDP and TP mesh axes together span at most 3 ICI axes.
 TORUS_AXES = 3
 # Which form of (c) the package recommends, and the compiled program's evidence for it (README,
@@ -26,6 +28,34 @@ RECOMMENDED_WHY = (
     "synchronously (0 asynchronous start/done pairs): XLA schedules the weight all-gathers and the TP "
     "all-reduces between the matmuls, not beside them, so their times add (check it: python -m scaling check "
     "--devices tpu:v5p:4x4x4 --mesh fsdp=16,tensor=4 --preset xxl --batch-tokens 25600 --step forward)")
+
+
+def axes_error(fsdp: int, tensor: int, mx: int, my: int) -> str | None:
+    """Why the FSDP axis of ``fsdp`` chips spanning ``mx`` ICI axes and the TP axis of ``tensor`` chips
+    spanning ``my`` cannot be laid on the question's 3D v5p torus, or None: mx + my <= 3 (TORUS_AXES), and
+    an axis spans m > 1 torus axes only with at least 2 chips on each (size >= 2^m). The one rule for the
+    inputs of answers() and for every mesh (d) suggests."""
+    if mx + my > TORUS_AXES:
+        return (f"mx={mx} and my={my} span {mx + my} ICI axes; the question's TPU v5p torus has {TORUS_AXES} "
+                f"(mx + my <= {TORUS_AXES})")
+    for name, size, m in (("fsdp", fsdp, mx), ("tensor", tensor, my)):
+        if m > 1 and size < 2**m:
+            return f"{name}={size} cannot span {m} ICI axes (each spanned axis needs at least 2 chips)"
+    return None
+
+
+def splits(cfg: FFNConfig, chips: int, mx: int, my: int) -> list[tuple[int, int]]:
+    """The meshes X·Y = ``chips`` that answers() accepts for ``cfg`` at M_X = ``mx``, M_Y = ``my``: X a divisor
+    of N, D and F divisible by their shard counts (config.check_divisible), the axes on the torus (axes_error)."""
+    out = []
+    for X in (k for k in range(1, chips + 1) if chips % k == 0):
+        try:
+            check_divisible(cfg, MeshShape(fsdp=X, tensor=chips // X))
+        except ValueError:
+            continue
+        if axes_error(X, chips // X, mx, my) is None:
+            out.append((X, chips // X))
+    return out
 
 
 def answers(
@@ -46,23 +76,29 @@ def answers(
     """All the numbers of (a)-(d). Raises ValueError naming any bad input. ``stages``: the pipeline
     stages of (d), which must divide ``fsdp`` (each stage takes fsdp/stages of the FSDP shards) and the
     ``blocks`` (each stage runs blocks/stages of them); None: the largest such count up to 4 (the
-    usual 4 cannot split the XXL's 126 = 2·3²·7 blocks evenly, so 2)."""
-    if stages is None:
-        positive_int("fsdp", fsdp)
-        positive_int("blocks", blocks)
-        stages = max(k for k in range(1, QUESTION["stages"] + 1) if fsdp % k == 0 and blocks % k == 0)
+    usual 4 cannot split the XXL's 126 = 2·3²·7 blocks evenly, so 2) whose X/S shards per stage can still
+    span the M_X ICI axes (axes_error). X·Y chips of one v5p slice: at most the hardware table's largest."""
     cfg = FFNConfig(d_model, d_ff, blocks)
-    for name, v in (("fsdp", fsdp), ("tensor", tensor), ("mx", mx), ("my", my), ("batch_tokens", batch_tokens), ("stages", stages)):
+    for name, v in (("fsdp", fsdp), ("tensor", tensor), ("mx", mx), ("my", my), ("batch_tokens", batch_tokens)):
         positive_int(name, v)
     for name, v in (("flops", flops), ("w_ici", w_ici), ("hbm", hbm), ("gpu_hbm", gpu_hbm)):
         positive_float(name, v)
+    for name, v in (("hbm", hbm), ("gpu_hbm", gpu_hbm)):
+        if v < HBM_FLOOR:
+            raise ValueError(f"{name}={v:g} bytes is less than {HBM_FLOOR:.0e}: give HBM in bytes (95 GB is 95e9), at "
+                             f"least {HBM_FLOOR:.0e}")
+    most = CHIPS["v5p"].max_slice_chips
+    if fsdp * tensor > most:
+        raise ValueError(f"fsdp·tensor = {fsdp}·{tensor} = {fsdp * tensor:,} chips; M_X and M_Y count the ICI axes of "
+                         f"one v5p slice, which has at most {most:,} chips (fsdp·tensor <= {most:,})")
     check_divisible(cfg, MeshShape(fsdp=fsdp, tensor=tensor))
-    if mx + my > TORUS_AXES:
-        raise ValueError(f"mx={mx} and my={my} span {mx + my} ICI axes; the question's TPU v5p torus has {TORUS_AXES} "
-                         "(mx + my <= 3)")
-    for name, size, m in (("fsdp", fsdp, mx), ("tensor", tensor, my)):
-        if m > 1 and size < 2**m:
-            raise ValueError(f"{name}={size} cannot span {m} ICI axes (each spanned axis needs at least 2 chips)")
+    if (why := axes_error(fsdp, tensor, mx, my)) is not None:
+        raise ValueError(why)
+    given_stages = stages is not None
+    if stages is None:
+        stages = max(k for k in range(1, QUESTION["stages"] + 1)
+                     if fsdp % k == 0 and blocks % k == 0 and axes_error(fsdp // k, tensor, mx, my) is None)
+    positive_int("stages", stages)
     if stages > fsdp or fsdp % stages or blocks % stages:
         valid = ", ".join(str(k) for k in range(1, fsdp + 1) if fsdp % k == 0 and blocks % k == 0)
         raise ValueError(f"stages={stages} must divide the FSDP size fsdp={fsdp} (each stage takes fsdp/stages of "
@@ -108,25 +144,35 @@ def answers(
     c["recommended_why"] = RECOMMENDED_WHY
     c["tp_limit_Y"] = my * F / al  # compute bound possible only for Y below this
     c["fsdp_term"] = t_fsdp_per_token
+    feasible = splits(cfg, N, mx, my)  # the meshes X·Y = N this function accepts (X, Y itself among them)
     for form in roofline.FORMS:
         per_dev = roofline.xopt_threshold_per_device(al, F, mx, my, form)
-        c[f"x_opt_{form}"] = {"per_device_batch": per_dev, "overall_batch": per_dev * N,
-                              "x_opt": roofline.x_opt(per_dev * N, F, N, mx, my)}
-    # (d)
+        xo = roofline.x_opt(per_dev * N, F, N, mx, my)
+        Xn, Yn = min(feasible, key=lambda s: abs(math.log(s[0] / xo)))  # nearest on a log scale (X·Y = N)
+        c[f"x_opt_{form}"] = {"per_device_batch": per_dev, "overall_batch": per_dev * N, "x_opt": xo,
+                              "nearest_split": {"X": Xn, "Y": Yn,
+                                                "overall_batch": roofline.critical_batch(F, Xn, Yn, al, mx, my, form)}}
+    # (d): only meshes answers() accepts
+    more_axes = [m for m in range(mx + 1, TORUS_AXES + 1) if axes_error(X, Y, m, my) is None]
     d = {}
     for form in roofline.FORMS:
-        split = roofline.best_split(N, F, al, mx, my, form)
+        bounds = [(x, y, roofline.critical_batch(F, x, y, al, mx, my, form)) for x, y in feasible]
+        split = min((t for t in bounds if t[2] is not None), key=lambda t: t[2], default=None)
         d[form] = {
             "baseline": c[form]["overall_batch"],
             "int8_weight_gathers": roofline.critical_batch(F, X, Y, al, mx, my, form, weight_bytes=1),
-            "fsdp_over_3_axes": roofline.critical_batch(F, X, Y, al, 3, my, form) if mx < 3 else None,
+            "fsdp_over_more_axes": None if not more_axes else {
+                "M_X": more_axes[-1], "overall_batch": roofline.critical_batch(F, X, Y, al, more_axes[-1], my, form)},
             "best_split": None if split is None else {"X": split[0], "Y": split[1], "overall_batch": split[2]},
             "pipeline": roofline.pipeline_critical_batch(F, X, Y, al, stages, mx, my, form),
             "pipeline_stages": stages,
         }
-    d["pipeline_stages_why"] = (
+    thin = [k for k in range(stages + 1, QUESTION["stages"] + 1) if X % k == 0 and L % k == 0]  # too few X/k for M_X
+    d["pipeline_stages_why"] = f"{stages} stages, as given" if given_stages else (
         f"{stages} stages: the largest count up to {QUESTION['stages']} that divides both the FSDP size X = {X} and "
-        f"the {L} blocks" + (f" ({QUESTION['stages']} cannot split {L} blocks evenly)" if L % QUESTION["stages"] else ""))
+        f"the {L} blocks" + (f" ({QUESTION['stages']} cannot split {L} blocks evenly)" if L % QUESTION["stages"] else "")
+        + (f" and leaves each stage FSDP shards enough to span M_X = {mx} ICI axes ({thin[-1]} stages would leave "
+           f"X/{thin[-1]} = {X // thin[-1]})" if thin else ""))
     d["pipeline_program"] = pipeline_program(cfg, X, Y, stages, batch_tokens)
     d["fsdp_only_per_device"] = al / mx  # pure FSDP: B/X > alpha/M_X
     return {"inputs": dict(d_model=D, d_ff=F, blocks=L, fsdp=X, tensor=Y, mx=mx, my=my, flops=flops, w_ici=w_ici,
@@ -161,6 +207,23 @@ def pipeline_program(cfg: FFNConfig, fsdp: int, tensor: int, stages: int, batch_
     return out
 
 
+def model_name(inputs: dict) -> str:
+    """How the text names the model of ``inputs`` (answers()["inputs"]): "the XXL" (the question's), a preset
+    of the same dimensions, or its D, F, L."""
+    cfg = FFNConfig(inputs["d_model"], inputs["d_ff"], inputs["blocks"])
+    name = next((k for k, v in PRESETS.items() if v == cfg), None)
+    dims = f"D={cfg.d_model:,}, F={cfg.d_ff:,}, L={cfg.blocks}"
+    return "the XXL" if name == "xxl" else f"the {name} preset ({dims})" if name else f"the FFN stack {dims}"
+
+
+# answers()' inputs that are the question's constants, and the flag of `python -m scaling answer` that sets each
+CONSTANT_FLAGS = {"flops": "--flops", "w_ici": "--w-ici", "hbm": "--hbm", "gpu_hbm": "--gpu-hbm"}
+
+
+def _gpus(n: int) -> str:
+    return f"{n:,} GPU" + ("" if n == 1 else "s")
+
+
 def _k(x) -> str:
     if x is None:
         return "none (never compute bound)"
@@ -175,21 +238,31 @@ def render(ans: dict) -> str:
     out = []
     w = out.append
     w(f"Model: D={D:,}  F={F:,}  L={L} blocks of two bias-free linears (D->F->D).")
-    w(f"Constants (the question's, not the hardware table's): C = {i['flops']:.3g} bf16 FLOP/s and W_ici = "
-      f"{i['w_ici']:.3g} B/s per chip (TPU v5p as the Scaling Book rounds it),")
     v5p = CHIPS["v5p"]
-    w(f"  {i['hbm'] / 1e9:g} GB HBM per v5p, {i['gpu_hbm'] / 1e9:g} GB per H100. (python -m scaling plan and check use the "
-      f"hardware table: v5p C = {v5p.bf16_flops:.3g}, {v5p.hbm_budget / 1e9:.4g} GB usable of {v5p.hbm_bytes / 1e9:.4g} GB.)")
+    table = (f"(python -m scaling plan and check use the hardware table: v5p C = {v5p.bf16_flops:.3g}, "
+             f"{v5p.hbm_budget / 1e9:.4g} GB usable of {v5p.hbm_bytes / 1e9:.4g} GB.)")
+    given = {k: f for k, f in CONSTANT_FLAGS.items() if i[k] != QUESTION[k]}
+    gpu = "GPU" if "gpu_hbm" in given else "H100"
+    if not given:
+        w(f"Constants (the question's, not the hardware table's): C = {i['flops']:.3g} bf16 FLOP/s and W_ici = "
+          f"{i['w_ici']:.3g} B/s per chip (TPU v5p as the Scaling Book rounds it),")
+        w(f"  {i['hbm'] / 1e9:g} GB HBM per v5p, {i['gpu_hbm'] / 1e9:g} GB per H100. " + table)
+    else:
+        src = {k: f"given by {given[k]}" if k in given else "the question's" for k in CONSTANT_FLAGS}
+        w(f"Constants: C = {i['flops']:.3g} bf16 FLOP/s ({src['flops']}) and W_ici = {i['w_ici']:.3g} B/s per chip "
+          f"({src['w_ici']}); the question's are TPU v5p's as the Scaling Book rounds them,")
+        w(f"  {i['hbm'] / 1e9:g} GB HBM per {'TPU' if 'hbm' in given else 'v5p'} ({src['hbm']}), {i['gpu_hbm'] / 1e9:g} "
+          f"GB per {gpu} ({src['gpu_hbm']}). " + table)
     w("")
     w("(a) Memory on one device")
     w(f"  P = 2·D·F·L = 2·{D}·{F}·{L} = {a['params']:,} parameters")
     w(f"  FP32 master + FP32 grads + 2 FP32 Adam moments = 4+4+8 = {a['bytes_per_param']} bytes/param")
     w(f"  state = 16·P = {a['fp32_state_bytes']:.4e} bytes = {a['fp32_state_bytes'] / 1e12:.3f} TB")
-    w(f"  = {a['gpu_equivalent']:.2f} H100s of {i['gpu_hbm'] / 1e9:g} GB -> {a['gpu_count']} GPUs (state alone)")
+    w(f"  = {a['gpu_equivalent']:.2f} {gpu}s of {i['gpu_hbm'] / 1e9:g} GB -> {_gpus(a['gpu_count'])} (state alone)")
     w("  activations saved for backward (BF16, no remat): each block keeps its input (D) and hidden (F)")
     w(f"  = 2·(D+F)·L = 2·({D}+{F})·{L} = {a['activation_bytes_per_token']:,} bytes per token")
     w(f"  at B = {B0:,} tokens (a batch the question does not state; --batch-tokens): "
-      f"{a['activation_bytes_at_batch'] / 1e9:,.1f} GB; state + activations = {a['gpu_count_with_activations_at_batch']} GPUs")
+      f"{a['activation_bytes_at_batch'] / 1e9:,.1f} GB; state + activations = {_gpus(a['gpu_count_with_activations_at_batch'])}")
     w("")
     w("(b) Sharding state and half the activations over N_FSDP devices")
     w("  M(N) = [16·P + (1/2)·2·(D+F)·L·B] / N  bytes per device   (B tokens in the global batch)")
@@ -222,17 +295,24 @@ def render(ans: dict) -> str:
           f" (B/N > {c[c['recommended_form']]['per_device_batch']:.0f} per chip). Why: " + c["recommended_why"] + ".")
         w(f"  The max form's {_k(c['max']['overall_batch'])} holds only where the two communications overlap.")
     for form, k in (("sum", 4), ("max", 1)):
-        xo = c[f"x_opt_{form}"]
+        xo, s = c[f"x_opt_{form}"], c[f"x_opt_{form}"]["nearest_split"]
+        off = (f": more than the N = {N} chips" if xo["x_opt"] > N else ": less than 1 chip" if xo["x_opt"] < 1 else "")
         w(f"  at X_opt = sqrt((B/F)·(M_X/M_Y)·N) instead of the given X ({form} form): B/N > {k}·alpha²/(M_X·M_Y·F)"
-          f" = {xo['per_device_batch']:.0f}, overall {_k(xo['overall_batch'])} (X_opt = {xo['x_opt']:.1f})")
+          f" = {xo['per_device_batch']:.0f}, overall {_k(xo['overall_batch'])} (X_opt = {xo['x_opt']:.1f} unconstrained"
+          f"{off}; the nearest mesh of X·Y = {N} chips: X={s['X']}, Y={s['Y']}, overall B > {_k(s['overall_batch'])})")
     w("")
     w("(d) Smaller batch, never communication bound: what helps (overall batch thresholds, this mesh)")
     for form in roofline.FORMS:
         e = d[form]
         w(f"  [{form} form]  baseline {_k(e['baseline'])}")
         w(f"    int8 weight all-gathers (FSDP bytes halved: 2DF instead of 4DF per block): {_k(e['int8_weight_gathers'])}")
-        if e["fsdp_over_3_axes"] is not None:
-            w(f"    FSDP spread over 3 ICI axes (M_X=3: more links per gather): {_k(e['fsdp_over_3_axes'])}")
+        if e["fsdp_over_more_axes"] is not None:
+            m = e["fsdp_over_more_axes"]["M_X"]
+            w(f"    FSDP spread over {m} ICI axes (M_X={m}, M_Y={c['M_Y']}: more links per gather): "
+              f"{_k(e['fsdp_over_more_axes']['overall_batch'])}")
+        else:
+            w(f"    FSDP over more ICI axes (M_X={c['M_X'] + 1}): not on this torus: "
+              + axes_error(X, Y, c["M_X"] + 1, c["M_Y"]))
         if e["best_split"]:
             s = e["best_split"]
             w(f"    re-split the same {N} chips near X_opt: X={s['X']}, Y={s['Y']}: {_k(s['overall_batch'])}")

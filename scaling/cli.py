@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import subprocess
 import sys
 import time
@@ -20,10 +21,11 @@ import time
 from scaling import layer_estimator, seed000
 from scaling import plan as planner
 from scaling.answers import QUESTION, answers, render
-from scaling.config import (ATTENTIONS, CONTEXT_STRATEGIES, FSDP_GATHERS, PRESETS, REMAT_POLICIES, FFNConfig, Schedule,
-                            TransformerConfig, get_preset, positive_int)
+from scaling.config import (ATTENTIONS, CONTEXT_STRATEGIES, FSDP_GATHERS, PRESETS, REMAT_POLICIES, FFNConfig, MeshShape,
+                            Schedule, TransformerConfig, get_preset, positive_int)
 
 from scaling.hardware import chips_in, get_chip, parse_slice, slice_name
+from scaling.program import predict
 
 
 class Parser(argparse.ArgumentParser):
@@ -40,14 +42,17 @@ def handover(argv: list[str]) -> int:
 
 def answer_command(args, verify_pipeline=None, render_pipeline=None) -> int:
     """Print (a)-(d); with --verify-pipeline, ``verify_pipeline(ans, verbose)`` (the top package's)
-    compiles (d)'s pipeline program and ``render_pipeline(ans)`` prints it after the answers."""
-    if args.verify_pipeline and verify_pipeline is None:
-        return handover(args.argv)
+    compiles (d)'s pipeline program and ``render_pipeline(ans)`` prints it after the answers. Sizes the package
+    could not build (check_size) are refused like any bad input."""
+    check_size(FFNConfig(args.d_model, args.d_ff, args.blocks), MeshShape(fsdp=args.fsdp, tensor=args.tensor),
+               args.batch_tokens)
     ans = answers(
         d_model=args.d_model, d_ff=args.d_ff, blocks=args.blocks, fsdp=args.fsdp, tensor=args.tensor, mx=args.mx,
         my=args.my, flops=args.flops, w_ici=args.w_ici, hbm=args.hbm, gpu_hbm=args.gpu_hbm,
         batch_tokens=args.batch_tokens, stages=args.stages,
     )
+    if args.verify_pipeline and verify_pipeline is None:
+        return handover(args.argv)
     if args.verify_pipeline:
         verify_pipeline(ans, args.verbose)
     print(json.dumps(ans, indent=2, default=str) if args.json else render(ans))
@@ -69,53 +74,112 @@ def add_schedule_args(p) -> None:
     g.add_argument("--sequence-parallel", action="store_true",
                    help="Megatron sequence parallelism on the tensor axis: activations split over tensor along the "
                         "tokens between blocks (all-gather + reduce-scatter instead of the all-reduce)")
-    g.add_argument("--attention", default="materialized", choices=ATTENTIONS,
+    # the transformer's flags default to None, so that model_config can refuse them given for an FFN preset;
+    # schedule_of fills in Schedule's defaults
+    d = Schedule()
+    g.add_argument("--attention", choices=ATTENTIONS,
                    help="transformer attention: materialized scores or flash (key blocks, online softmax; "
-                        "default %(default)s)")
-    g.add_argument("--attention-block", type=int, default=512, help="flash attention's key block (default %(default)s)")
-    g.add_argument("--context-strategy", default="ulysses", choices=CONTEXT_STRATEGIES,
+                        f"default {d.attention})")
+    g.add_argument("--attention-block", type=int, help=f"flash attention's key block (transformer; default "
+                   f"{d.attention_block})")
+    g.add_argument("--context-strategy", choices=CONTEXT_STRATEGIES,
                    help="transformer attention over a context axis: ulysses (all-to-all) or ring (ppermute; "
-                        "default %(default)s)")
+                        f"default {d.context})")
+
+
+# the transformer-only flags of add_schedule_args: argument name -> Schedule field
+TRANSFORMER_SCHEDULE = {"attention": "attention", "attention_block": "attention_block", "context_strategy": "context"}
 
 
 def schedule_of(args) -> Schedule:
-    """The Schedule of --microbatches, --repeats, --fsdp-gather, --sequence-parallel (ValueError naming a bad
-    value)."""
-    return Schedule(args.microbatches, args.repeats, args.fsdp_gather, args.sequence_parallel, args.attention,
-                    args.context_strategy, args.attention_block)
+    """The Schedule of --microbatches, --repeats, --fsdp-gather, --sequence-parallel and the transformer's
+    --attention, --attention-block, --context-strategy (Schedule's defaults where not given; ValueError naming a
+    bad value)."""
+    given = {f: getattr(args, a) for a, f in TRANSFORMER_SCHEDULE.items() if getattr(args, a, None) is not None}
+    return Schedule(args.microbatches, args.repeats, args.fsdp_gather, args.sequence_parallel, **given)
 
 
 # --flag: (help, model kinds it applies to)
 MODEL_OVERRIDES = {"d_model": "D", "d_ff": "F", "blocks": "L"}
 TRANSFORMER_OVERRIDES = {"seq_len": "T, tokens per sequence", "heads": "N, query heads",
-                         "kv_heads": "K, key/value heads (grouped-query attention)"}
+                         "kv_heads": "K, key/value heads (grouped-query attention)",
+                         "head_dim": "H, the head dimension (default D/N)"}
 
 
-def add_model_args(p, preset: str) -> None:
-    """--preset and the overrides of its dimensions (model_config)."""
-    p.add_argument("--preset", default=preset, help=f"model preset (default {preset}; transformer presets: "
-                   + ", ".join(k for k, v in PRESETS.items() if isinstance(v, TransformerConfig)) + ")")
+def add_model_args(p, preset: str, ffn_only: bool = False) -> None:
+    """--preset and the overrides of its dimensions (model_config). ``ffn_only`` (plan): the help offers the FFN
+    presets and no transformer flag (those flags stay parsed, for plan's one-line refusal)."""
+    kind = FFNConfig if ffn_only else TransformerConfig
+    p.add_argument("--preset", default=preset, help=f"model preset (default {preset}; {_presets_of(kind)})")
     for name, what in {**MODEL_OVERRIDES, **TRANSFORMER_OVERRIDES}.items():
+        transformer = name in TRANSFORMER_OVERRIDES
         p.add_argument(f"--{name.replace('_', '-')}", type=int,
-                       help=f"override the preset's {what}" + (" (transformer)" if name in TRANSFORMER_OVERRIDES else ""))
+                       help=argparse.SUPPRESS if ffn_only and transformer else
+                       f"override the preset's {what}" + (" (transformer)" if transformer else ""))
+
+
+def _presets_of(kind) -> str:
+    """'FFN presets: tiny, ...' or 'transformer presets: ...' (scaling.config.PRESETS)."""
+    return (("FFN" if kind is FFNConfig else "transformer") + " presets: "
+            + ", ".join(k for k, v in PRESETS.items() if isinstance(v, kind)))
 
 
 def model_config(args):
     """The preset named by --preset with the overrides of add_model_args (ValueError naming a bad value,
-    or a transformer flag given for an FFN preset)."""
+    or a transformer flag given for an FFN preset: a dimension of add_model_args or an attention flag of
+    add_schedule_args)."""
     cfg = get_preset(args.preset)
     over = {k: getattr(args, k, None) for k in {**MODEL_OVERRIDES, **TRANSFORMER_OVERRIDES}}
     for k, v in over.items():
         if v is not None:
             positive_int(f"--{k.replace('_', '-')}", v)
     if isinstance(cfg, FFNConfig):
-        extra = [k for k in TRANSFORMER_OVERRIDES if over[k] is not None]
+        extra = [k for k in (*TRANSFORMER_OVERRIDES, *TRANSFORMER_SCHEDULE) if getattr(args, k, None) is not None]
         if extra:
-            raise ValueError(f"--{extra[0].replace('_', '-')} is a transformer dimension; {args.preset!r} is an FFN "
+            what = "dimension" if extra[0] in TRANSFORMER_OVERRIDES else "flag"
+            raise ValueError(f"--{extra[0].replace('_', '-')} is a transformer {what}; {args.preset!r} is an FFN "
                              "stack (transformer presets: "
                              + ", ".join(k for k, v in PRESETS.items() if isinstance(v, TransformerConfig)) + ")")
         over = {k: over[k] for k in MODEL_OVERRIDES}
     return cfg.replace(**over)
+
+
+INT32_LIMIT = 2**31  # jax without 64-bit mode takes a Python int as int32: the layer scan's length L
+EXTENT_LIMIT = 2**63  # XLA's "static extent product" (an array's elements) is an int64
+
+
+def host_memory_bytes() -> int:
+    """This host's physical memory (os.sysconf: SC_PHYS_PAGES · SC_PAGE_SIZE), which emulated CPU devices share."""
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def check_size(cfg, mesh, batch_tokens: int, remat: str = "none", step: str = "train", schedule: Schedule = Schedule(),
+               cpu_devices: int | None = None) -> None:
+    """ValueError when a step is too large to build, before jax sees it: L of 2^31 blocks or more (INT32_LIMIT);
+    a global array of 2^63 elements or more (EXTENT_LIMIT), the largest being the activations B·max(D, F, N·H),
+    a weight stack L·D·max(F, N·H) and a transformer's attention scores B·N·T (one layer's, or flash attention's
+    key blocks stacked for the backward); and, for a run that allocates on ``cpu_devices`` emulated CPU devices,
+    the closed-form memory per device (scaling.program.predict) times the devices above this host's memory
+    (host_memory_bytes)."""
+    B, D, F, L = batch_tokens, cfg.d_model, cfg.d_ff, cfg.blocks
+    if L >= INT32_LIMIT:
+        raise ValueError(f"blocks={L:,} is too many: the scan over the blocks counts them in a 32-bit integer, "
+                         f"below 2^31 = {INT32_LIMIT:,}")
+    NH = cfg.heads * cfg.head_dim if isinstance(cfg, TransformerConfig) else 0
+    arrays = {"activations B·max(D, F)": B * max(D, F, NH), "weights L·D·F": L * D * max(F, NH)}
+    if isinstance(cfg, TransformerConfig):
+        arrays["attention scores B·N·T"] = B * cfg.heads * cfg.seq_len
+    name, n = max(arrays.items(), key=lambda kv: kv[1])
+    if n >= EXTENT_LIMIT:
+        raise ValueError(f"the step's {name} hold {n:.3g} elements; XLA counts an array's elements in 64 bits, "
+                         f"below 2^63 = {EXTENT_LIMIT:.3g}: use a smaller model or batch")
+    if cpu_devices is not None:
+        need = predict(cfg, mesh, batch_tokens, remat, step, schedule=schedule)["memory"]["total"]
+        have = host_memory_bytes()
+        if need * cpu_devices > have:
+            raise ValueError(f"the {step} step needs {need / 1e9:.4g} GB per device (closed form), "
+                             f"{need * cpu_devices / 1e9:.4g} GB on {cpu_devices} emulated CPU devices; this host has "
+                             f"{have / 1e9:.4g} GB: use a smaller model or batch (compile allocates none of it)")
 
 
 def plan_target(args):
@@ -133,12 +197,17 @@ def plan_target(args):
 def plan_command(args, verify=None) -> int:
     """Rank the plans and print them; ``verify(plans, cfg, chip, chips, remat, budget, verbose)`` (the
     top package's, with --verify-top) adds the compiled peak of the first K."""
+    if args.verify_top < 0:
+        raise ValueError(f"--verify-top must be 0 (compile none) or a positive count of plans, got {args.verify_top}")
+    extra = [k for k in TRANSFORMER_OVERRIDES if getattr(args, k, None) is not None]
+    preset = PRESETS.get(args.preset)
+    if extra or not isinstance(preset, FFNConfig):
+        what = (f"--{extra[0].replace('_', '-')} is a transformer dimension" if extra else f"unknown preset {args.preset!r}"
+                if preset is None else f"{args.preset!r} is a transformer")
+        raise ValueError(f"plan ranks meshes for the FFN stack only: {what}; {_presets_of(FFNConfig)}")
     if args.verify_top and verify is None:
         return handover(args.argv)
     cfg = model_config(args)
-    if not isinstance(cfg, FFNConfig):
-        raise ValueError(f"plan ranks meshes for the FFN stack; {args.preset!r} is a transformer (check and compile "
-                         "take it)")
     if args.top <= 0:
         raise ValueError(f"--top must be a positive integer, got {args.top}")
     chip, chips, dims = plan_target(args)
@@ -159,6 +228,10 @@ def plan_command(args, verify=None) -> int:
             f"; nearest miss: {_mesh_text(miss['mesh'])}{_schedule_text(miss)} needs {miss['memory_bytes'] / 1e9:.1f} GB per device ("
             + ", ".join(f"{k} {v / 1e9:.1f}" for k, v in miss["memory_terms"].items() if k != "total" and v >= 5e7)
             + " GB): " + f"{(miss['memory_bytes'] - budget) / 1e9:.1f} GB over")
+        B, most = args.batch_tokens, chips * args.max_microbatches
+        if all(B % k for k in range(2, min(B, most) + 1)):  # the batch splits no way: say so first
+            why = (f"; B = {B:,} tokens divides by no microbatches·data·fsdp from 2 to {most:,} (train and check "
+                   "need B divisible by it), so only data = fsdp = 1 with M = 1 can run it" + why)
         raise ValueError(f"no mesh of {where} fits {cfg} in {budget / 1e9:.4g} GB per device "
                          f"(--hbm {budget:.4g} bytes){why}")
     if args.verify_top:
@@ -172,11 +245,12 @@ def plan_command(args, verify=None) -> int:
     print(f"{len(plans)} meshes of {where} fit {budget / 1e9:.4g} GB per device, each with its best microbatch count "
           f"(of 1 to {args.max_microbatches}) and repeats; B = {args.batch_tokens:,} tokens, remat {args.remat} "
           f"({seconds * 1e3:.1f} ms)"
-          + (f"; {slices} slices joined by DCN (column dcn: the mesh axis whose outermost factor spans them)"
+          + (f"; {slices} {f'nodes of {chips // slices} GPUs on NVLink' if chip.kind == 'gpu' else 'slices'} joined by {chip.network_name} "
+             f"({chip.dcn_bw:.3g} B/s per chip; column dcn: the mesh axis whose outermost factor spans them)"
              if slices > 1 else ""))
     print(f"chip figures: {chip.describe()}")
-    print(f"Ranked by the {args.form} form" + (" (T_math + the ICI times; the compiled XXL forward step runs its "
-          "collectives synchronously: README, finding for (c))" if args.form == "sum" else
+    print(f"Ranked by the {args.form} form" + (" (max(T_math, T_HBM) + the collective times; the compiled XXL forward "
+          "step runs its collectives synchronously: README, finding for (c))" if args.form == "sum" else
           " (every collective overlapped with the math)") + f"; the {other} form beside it.")
     print("These are roofline bounds, not forecasts: step times are lower bounds, MFU and HFU upper bounds "
           "(MFU counts model FLOPs 6PB-2BDF, HFU the remat recompute too).")
@@ -213,13 +287,13 @@ def _plan_row(r: dict | None, k: int = 0, *, slices: int, form: str, other: str)
     if r is None:
         return (" ".join(f"{a:>6}" for a in ["#", *planner.PLAN_AXES]) + (f" {'dcn':>5}" if slices > 1 else "")
                 + f" {'M':>3} {'R':>2} {'bubble':>6} {'bubble s':>8} {'M_X':>3} {'M_Y':>3} {'step s ' + form:>10} "
-                f"{'step s ' + other:>10} {'MFU ' + form:>7} {'MFU ' + other:>7} {'HFU':>5} {'bound':>12} "
+                f"{'step s ' + other:>10} {'MFU ' + form:>7} {'MFU ' + other:>7} {'HFU':>5} {'bound':>15} "
                 f"{'GB/dev':>7} {'crit B':>9}")
     crit = "never" if r["critical_batch"] is None else f"{r['critical_batch']:,.0f}"
     return (" ".join(f"{v:>6}" for v in [k, *r["mesh"].values()]) + (f" {r['dcn_axis']:>5}" if slices > 1 else "")
             + f" {r['microbatches']:>3} {r['repeats']:>2} {r['bubble']:>6.3f} {r['bubble_seconds']:>8.3f} {r['M_X']:>3} "
             f"{r['M_Y']:>3} {r['step_seconds_' + form]:>10.3f} {r['step_seconds_' + other]:>10.3f} "
-            f"{r['mfu_' + form]:>7.3f} {r['mfu_' + other]:>7.3f} {r['hfu']:>5.2f} {r['bound']:>12} "
+            f"{r['mfu_' + form]:>7.3f} {r['mfu_' + other]:>7.3f} {r['hfu']:>5.2f} {r['bound']:>15} "
             f"{r['memory_bytes'] / 1e9:>7.1f} {crit:>9}")
 
 
@@ -284,7 +358,7 @@ def add_commands(sub, check_command=None, verify_plans=None, verify_pipeline=Non
     p.add_argument("--chips", type=int, help="chip count (default 64); more than one slice holds are slices over DCN")
     p.add_argument("--slice", help="a Cloud TPU slice instead of --chip/--chips: v5p-256 (TensorCores: 128 chips), "
                    "v6e-256 (chips), tpu7x-128, v5litepod-16, v4-512")
-    add_model_args(p, "xxl")
+    add_model_args(p, "xxl", ffn_only=True)
     p.add_argument("--batch-tokens", type=int, default=25600, help="global batch in tokens (default %(default)s)")
     p.add_argument("--hbm", type=float, help="memory budget per device in bytes (default: the table's usable HBM)")
     p.add_argument("--remat", default="none", choices=REMAT_POLICIES, help="remat policy (default %(default)s)")
@@ -334,15 +408,21 @@ def add_commands(sub, check_command=None, verify_plans=None, verify_pipeline=Non
 
 
 def run(parser: argparse.ArgumentParser, argv=None) -> int:
-    """Parse ``argv`` and run the command; a ValueError is one ``error:`` line on stderr and exit 2."""
+    """Parse ``argv`` and run the command; a ValueError is one ``error:`` line on stderr and exit 2; a reader
+    that closes the pipe early (``| head``) ends it quietly with exit 1 (signal module docs, "Note on SIGPIPE")."""
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
     args.argv = argv  # what a command that hands over passes on
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()  # a closed pipe raises here, not at exit
+        return code
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader went away (| head): the Python docs' recipe, no traceback at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 def main(argv=None) -> int:

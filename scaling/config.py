@@ -56,6 +56,18 @@ def non_negative_int(name: str, value) -> int:
     return value
 
 
+# Seeds are 32-bit: with jax's default 32-bit types, jax.random.key and flax's nnx.Rngs keep only a seed's
+# low 32 bits (so seed 2**32 + 1 would repeat seed 1), and a seed of 2**63 or more overflows.
+MAX_SEED = 2**32 - 1
+
+
+def check_seed(name: str, value) -> int:
+    """Return ``value`` if it is an integer in 0..MAX_SEED (2^32 - 1), else raise ValueError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SEED:
+        raise ValueError(f"{name} must be an integer in 0..{MAX_SEED} (a 32-bit seed), got {value!r}")
+    return value
+
+
 def positive_float(name: str, value) -> float:
     """Return ``value`` as a float if it is a finite positive number, else raise ValueError naming ``name``."""
     try:
@@ -126,7 +138,11 @@ class TransformerConfig:
             object.__setattr__(self, "kv_heads", self.heads)
         if self.head_dim is None:
             if self.d_model % self.heads:
-                raise ValueError(f"d_model={self.d_model} is not divisible by heads={self.heads}; give head_dim")
+                D, small = self.d_model, [k for k in range(1, math.isqrt(self.d_model) + 1) if self.d_model % k == 0]
+                valid = sorted({*small, *(D // k for k in small)})
+                raise ValueError(f"d_model={D} is not divisible by heads={self.heads}: use heads dividing {D} ("
+                                 + ", ".join(map(str, valid)) + "), or give head_dim (--head-dim) to set H apart "
+                                 "from D/N")
             object.__setattr__(self, "head_dim", self.d_model // self.heads)
         positive_int("kv_heads", self.kv_heads)
         positive_int("head_dim", self.head_dim)

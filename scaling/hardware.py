@@ -68,6 +68,17 @@ class Chip:
         return self.bf16_flops / self.ici_bidi
 
     @property
+    def link_name(self) -> str:
+        """What joins the devices of a slice: ICI (TPU) or a node's NVLink switch (GPU) [SB-tpus][SB-gpus]."""
+        return "ICI" if self.kind == "tpu" else "NVLink"
+
+    @property
+    def network_name(self) -> str:
+        """What joins slices (TPU: DCN) or nodes (GPU: the scale-out network, InfiniBand: IB) at ``dcn_bw`` per
+        chip [SB-tpus][SB-gpus]."""
+        return "DCN" if self.kind == "tpu" else "IB"
+
+    @property
     def device_flops(self) -> float:
         """Peak bf16 FLOP/s of one JAX device: C / devices per chip (TPU7x: half a chip)."""
         return self.bf16_flops / self.devices_per_chip

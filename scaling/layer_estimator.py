@@ -1,5 +1,5 @@
 """Per-layer FLOPs / memory / communication / time tables of one transformer block under 1D tensor
-parallelism, reproducing seed 001 (``shared/reference/seeds/001_layer_estimator.txt``).
+parallelism, reproducing seed 001 (``shared/reference/seeds/001_layer_estimator.txt``, shipped as SEED_FILE).
 
 The seed is a notebook dump of an MLP-layer and a self-attention (SA) layer estimator for
 b = 1, l = 2048, e = 12288, f = 4e, h = 96, depth = 96, fp16 (2e-9 GB per element), an int8 dropout
@@ -28,6 +28,8 @@ from __future__ import annotations
 import argparse
 import sys
 from typing import NamedTuple
+
+from scaling.seed000 import seed_text
 
 # ---------------------------------------------------------------------------------------------
 # inputs
@@ -441,52 +443,10 @@ def seed001_tables() -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
-# the seed's printed values (reference data, copied verbatim from the seed file)
+# the seed's printed values (reference data: the seed file, shipped with the package)
 # ---------------------------------------------------------------------------------------------
 
-_PRINTED_MLP = """\
-Unnamed: 0,layer,flops_fwd,activation_in_mem,activation_in_other_mem,activation_out_mem,activation_buffer,weights_mem,total_mem_fwd,flops_bwd,activation_grad_mem,weights_grad_mem,total_mem_bwd,comm_bwd,comm_bwd_type,comm_size,comm_fwd,comm_fwd_type,t_comp_fwd,t_mem_fwd,t_comp_bwd,t_mem_bwd,intensity,t_fwd,t_bwd,comm_topology,t_comm_fwd,t_comm_bwd,t_total_fwd,t_total_bwd,frac_t_comm_fwd,frac_t_comm_bwd
-0,fc1,0.618475,0.050332,0.0,0.050332,0.050332,0.302014,0.402678,1.2368,0.100663,0.302014,0.755024,0.050332,reducescatter,4.0,,,1.982293,0.258957,3.964101,0.485546,7.654917,1.982293,3.964101,nvlink,0.0,0.083886,1.982293,4.047987,0.0,0.020723
-1,act,2.5e-05,0.050332,0.0,0.050332,0.050332,0.0,0.100663,2.5e-05,0.050332,0.0,0.100663,,,,,,0.000323,0.064735,0.000323,0.064735,0.004984,0.064735,0.064735,,0.0,0.0,0.064735,0.064735,0.0,0.0
-2,dpr1,2.5e-05,0.050332,0.025166,0.050332,0.025166,0.0,0.125829,2.5e-05,0.050332,0.0,0.075497,,,,,,0.000323,0.080919,0.000323,0.048551,0.003987,0.080919,0.048551,,0.0,0.0,0.080919,0.048551,0.0,0.0
-3,fc2,0.618475,0.050332,0.0,0.050332,0.050332,0.302014,0.402678,1.2368,0.100663,0.302014,0.755024,,,4.0,0.050332,reducescatter,1.982293,0.258957,3.964101,0.485546,7.654917,1.982293,3.964101,nvlink,0.083886,0.0,2.066179,3.964101,0.0406,0.0
-4,dpr2,6e-06,0.012583,0.006291,0.012583,0.006291,0.0,0.031457,6e-06,0.012583,0.0,0.018874,0.050332,allgather,4.0,,,8.1e-05,0.02023,8.1e-05,0.012138,0.003987,0.02023,0.012138,nvlink,0.0,0.083886,0.02023,0.096024,0.0,0.873596"""
-
-_PRINTED_SA = """\
-Unnamed: 0,layer,flops_fwd,activation_in_mem,activation_in_other_mem,activation_out_mem,activation_buffer,weights_mem,total_mem_fwd,flops_bwd,activation_grad_mem,weights_grad_mem,total_mem_bwd,comm_bwd,comm_bwd_type,comm_size,comm_fwd,comm_fwd_type,t_comp_fwd,t_mem_fwd,t_comp_bwd,t_mem_bwd,intensity,t_fwd,t_bwd,comm_topology,t_comm_fwd,t_comm_bwd,t_total_fwd,t_total_bwd,frac_t_comm_fwd,frac_t_comm_bwd
-0,layer_norm_1,5.7e-05,0.012583,0.0,0.012583,0.012583,4.9e-05,0.025215,8.2e-05,0.025166,4.9e-05,0.037798,,,4.0,0.050332,allgather,0.000726,0.016215,0.001049,0.024307,0.044768,0.016215,0.024307,nvlink,0.083886,0.0,0.100101,0.024307,0.83801,0.0
-1,qkv_proj,0.463838,0.050332,0.0,0.037749,0.050332,0.226492,0.314573,0.927575,0.08808,0.226492,0.591397,0.050332,reducescatter,4.0,,,1.486659,0.202298,2.972995,0.38032,7.34887,1.486659,2.972995,nvlink,0.0,0.083886,1.486659,3.056881,0.0,0.027442
-2,logits,0.025669,0.012583,0.012583,0.201327,0.025166,0.0,0.226492,0.051527,0.226492,0.0,0.251658,,,,,,0.082273,0.145654,0.165151,0.161838,0.56485,0.145654,0.165151,,0.0,0.0,0.145654,0.165151,0.0,0.0
-3,softmax,0.000302,0.201327,0.0,0.201327,0.201327,0.0,0.402653,0.000403,0.402653,0.0,0.60398,,,,,,0.003871,0.258941,0.005162,0.388411,0.014949,0.258941,0.388411,,0.0,0.0,0.258941,0.388411,0.0,0.0
-4,dropout_softmax,0.000101,0.201327,0.100663,0.201327,0.100663,0.0,0.503316,0.000101,0.201327,0.0,0.30199,,,,,,0.001291,0.323676,0.001291,0.194206,0.003987,0.323676,0.194206,,0.0,0.0,0.323676,0.194206,0.0,0.0
-5,attend,0.025764,0.201327,0.012583,0.012583,0.21391,0.0,0.226492,0.051433,0.21391,0.0,0.427819,,,,,,0.082575,0.145654,0.164848,0.275125,0.566927,0.145654,0.275125,,0.0,0.0,0.145654,0.275125,0.0,0.0
-6,v_proj,0.154619,0.012583,0.0,0.050332,0.012583,0.075522,0.138437,0.309219,0.062915,0.075522,0.226542,,,4.0,0.050332,reducescatter,0.495573,0.089027,0.991086,0.145686,5.566564,0.495573,0.991086,nvlink,0.083886,0.0,0.579459,0.991086,0.144766,0.0
-7,dropout,6e-06,0.012583,0.006291,0.012583,0.006291,0.0,0.031457,6e-06,0.012583,0.0,0.018874,0.050332,allgather,4.0,,,8.1e-05,0.02023,8.1e-05,0.012138,0.003987,0.02023,0.012138,nvlink,0.0,0.083886,0.02023,0.096024,0.0,0.873596
-8,layer_norm_2,5.7e-05,0.012583,0.0,0.012583,0.012583,4.9e-05,0.025215,8.2e-05,0.025166,4.9e-05,0.037798,,,4.0,0.050332,allgather,0.000726,0.016215,0.001049,0.024307,0.044768,0.016215,0.024307,nvlink,0.083886,0.0,0.100101,0.024307,0.83801,0.0"""
-
-_PRINTED_MLP_TOTALS = """\
-activation_buffer     17.515414
-weights_mem           57.986777
-weights_grad_mem      57.986777
-flops_fwd            118.752692
-flops_bwd            237.470956
-t_total_fwd          404.578111
-t_total_bwd          789.254319
-t_comm_fwd             8.053064
-t_comm_bwd            16.106127
-dtype: float64"""
-
-_PRINTED_SA_TOTALS = """\
-activation_buffer     61.001957
-weights_mem           29.002826
-weights_grad_mem      29.002826
-flops_fwd             64.359476
-flops_bwd            128.680906
-t_total_fwd          303.405760
-t_total_bwd          500.687843
-t_comm_fwd            24.159191
-t_comm_bwd            16.106127
-dtype: float64"""
+SEED_FILE = "001_layer_estimator.txt"  # scaling/data/seeds/ (scaling.seed000.seed_text)
 
 
 def _cell(text: str, column: str):
@@ -514,14 +474,25 @@ def parse_printed_series(text: str) -> dict[str, float]:
     return out
 
 
-SEED001_PRINTED: dict = {
-    "mlp": parse_printed_table(_PRINTED_MLP),
-    "sa": parse_printed_table(_PRINTED_SA),
-    "mlp_totals": parse_printed_series(_PRINTED_MLP_TOTALS),
-    "sa_totals": parse_printed_series(_PRINTED_SA_TOTALS),
-    "mlp_comm_fraction": 0.019904842740418795,
-    "sa_comm_fraction": 0.07962667242415632,
-}
+def printed_from_seed(text: str) -> dict:
+    """The values seed 001 printed, read from its text: the MLP and SA tables (the two CSV dumps opening
+    'Unnamed: 0,', 5 and 9 rows), the depth totals under each (the Series dumps opening 'activation_buffer ',
+    9 rows and dtype) and the two 'time spend in comms = ' fractions, in that order."""
+    lines = text.splitlines()
+    heads = [i for i, s in enumerate(lines) if s.startswith("Unnamed: 0,")]
+    tots = [i for i, s in enumerate(lines) if s.startswith("activation_buffer ")]
+    fracs = [float(s.split("=")[1]) for s in lines if s.startswith("time spend in comms")]
+    if not len(heads) == len(tots) == len(fracs) == 2:
+        raise ValueError(f"seed 001: expected 2 tables, 2 totals, 2 fractions; found {len(heads)}, {len(tots)}, "
+                         f"{len(fracs)}")
+    return {"mlp": parse_printed_table("\n".join(lines[heads[0]:heads[0] + 6])),
+            "sa": parse_printed_table("\n".join(lines[heads[1]:heads[1] + 10])),
+            "mlp_totals": parse_printed_series("\n".join(lines[tots[0]:tots[0] + 10])),
+            "sa_totals": parse_printed_series("\n".join(lines[tots[1]:tots[1] + 10])),
+            "mlp_comm_fraction": fracs[0], "sa_comm_fraction": fracs[1]}
+
+
+SEED001_PRINTED: dict = printed_from_seed(seed_text(SEED_FILE))
 
 # (table, row, column) -> why our value differs from the seed's printed one beyond the tolerance
 # of printed_match. Empty: every printed cell is reproduced (tests/test_seed001.py asserts this set

@@ -8,7 +8,7 @@ it is a ring with wraparound when it owns the whole dimension and the chip's wra
 (scaling.hardware.Chip.has_wraparound), else a line (program.links: 1 link or 1/2). More chips than one
 slice holds are equal slices joined by DCN (hardware.split_slices), and the outermost factor of the
 data axis (MaxText's dcn_data_parallelism) or of the fsdp axis spans them (both are enumerated). GPUs: a node of up to 8 GPUs on an NVLink switch (every mesh axis gets the GPU's
-NVLink bandwidth), nodes joined like slices over the network (the table's dcn_bw).
+NVLink bandwidth), nodes joined like slices over the scale-out network (InfiniBand, IB: the table's dcn_bw).
 
 For each mesh, ``predict`` runs once on numpy arrays of the batch sizes and of the mesh's layouts' links;
 each (mesh, batch) keeps its fastest layout. The plans the planner ranks are therefore exactly what
@@ -26,7 +26,8 @@ import math
 import numpy as np
 
 from scaling import pipeline, program, roofline
-from scaling.config import MESH_AXES, FFNConfig, MeshShape, Schedule, check_remat, positive_float, positive_int
+from scaling.config import (MESH_AXES, FFNConfig, MeshShape, Schedule, check_divisible, check_remat, positive_float,
+                            positive_int)
 from scaling.hardware import Chip, split_slices
 
 GPU_NODE = 8  # GPUs on one NVLink switch [SB-gpus]: an H100/H200/B200 node
@@ -102,6 +103,18 @@ def microbatches_for(stages: int, repeats: int, max_microbatches: int) -> list[i
     return [first * 2**k for k in range(12) if first * 2**k <= max(max_microbatches, first)]
 
 
+def runs(cfg: FFNConfig, mesh: MeshShape, schedule: Schedule, batch_tokens: int | None = None) -> bool:
+    """Whether train, check and compile accept ``cfg`` on ``mesh`` with ``schedule`` (and ``batch_tokens``): the
+    same two checks they make (scaling.config.check_divisible, Schedule.check: D by fsdp, F by tensor, the blocks
+    by the stages, B by microbatches·data·fsdp, ...)."""
+    try:
+        check_divisible(cfg, mesh, batch_tokens)
+        schedule.check(cfg, mesh, batch_tokens)
+    except ValueError:
+        return False
+    return True
+
+
 def plan(cfg: FFNConfig, chip: Chip, chips: int, batch_tokens, hbm: float | None = None, remat: str = "none",
          form: str = "sum", dims: tuple[int, ...] | None = None, max_microbatches: int = 64,
          max_repeats: int = 4, per_mesh: bool = True) -> list[dict]:
@@ -112,10 +125,9 @@ def plan(cfg: FFNConfig, chip: Chip, chips: int, batch_tokens, hbm: float | None
     stages, GPipe or circular with them; microbatches_for, repeats_for), the bubble (Megatron's overhead
     (S−1)/(R·M), paid in the step time as executed FLOPs; bubble_seconds: the math time of the bubble
     iterations, T_math·(S−1)/(R·M+S−1)), layout, M_X/M_Y (physical axes spanned),
-    slices, predict's times (both forms), MFU/HFU, bound, memory and critical batch. ``dims``: the slice's shape (default: hardware.split_slices). Plans whose dims do
-    not divide (D by fsdp, F by tensor) or whose memory exceeds ``hbm`` are dropped;
-    ``batch_divides`` says whether B splits evenly over data·fsdp (the closed forms take fractional
-    tokens per device). ``per_mesh``: keep each mesh's best schedule only (the fastest that fits, then the
+    slices, predict's times (both forms), MFU/HFU, bound, memory and critical batch. ``dims``: the slice's shape
+    (default: hardware.split_slices). Plans that train and check refuse (``runs``: D by fsdp, F by tensor, B by
+    M·data·fsdp, ...) or whose memory exceeds ``hbm`` are dropped. ``per_mesh``: keep each mesh's best schedule only (the fastest that fits, then the
     least memory, then the fewest microbatches); False keeps every (mesh, M, R)."""
     positive_int("chips", chips)
     check_remat(remat)
@@ -144,7 +156,7 @@ def plan(cfg: FFNConfig, chip: Chip, chips: int, batch_tokens, hbm: float | None
             given[dcn_axis] *= n_slices
         mesh = MeshShape(given)
         S = mesh["stage"]
-        if cfg.d_model % mesh["fsdp"] or cfg.d_ff % mesh["tensor"] or cfg.blocks % S:
+        if not runs(cfg, mesh, Schedule()):
             continue
         lk = [program.links(lay) for lay in lays]
         axis_links = {a: np.array([x.get(a, 1.0) for x in lk])[None, None, :] for a in PLAN_AXES}
@@ -159,12 +171,12 @@ def plan(cfg: FFNConfig, chip: Chip, chips: int, batch_tokens, hbm: float | None
             best = step.argmin(axis=2)
             mem = np.broadcast_to(p["memory"]["total"], shape)[:, :, 0]
             for (i, B), (k, M) in itertools.product(enumerate(batches.tolist()), enumerate(ms.tolist())):
-                if mem[i, k] > hbm or B < M * mesh["data"] * mesh["fsdp"]:  # over budget, or < 1 token per device
+                sched = Schedule(M, R)
+                if mem[i, k] > hbm or not runs(cfg, mesh, sched, B):  # over budget, or a batch train refuses
                     continue
                 j = best[i, k]
                 pick = lambda x: float(np.broadcast_to(x, shape)[i, k, j])  # noqa: E731
                 lay = lays[j]
-                sched = Schedule(M, R)
                 results.append({
                     "batch_tokens": B,
                     "mesh": {a: mesh[a] for a in PLAN_AXES},
@@ -191,7 +203,6 @@ def plan(cfg: FFNConfig, chip: Chip, chips: int, batch_tokens, hbm: float | None
                     "memory_bytes": float(mem[i, k]),
                     "hbm_budget": hbm,
                     "per_device_batch": B / devices,
-                    "batch_divides": bool(B % (M * mesh["data"] * mesh["fsdp"]) == 0),
                     "critical_batch": (None if math.isnan(c := pick(t[f"critical_batch_{form}"])) else c),
                 })
     results.sort(key=lambda r: (r["batch_tokens"], round(r["step_seconds"], 12), r["memory_bytes"], r["microbatches"]))
@@ -212,6 +223,8 @@ def nearest_miss(cfg: FFNConfig, chip: Chip, chips: int, batch_tokens: int, rema
         return None
     best = min(plans, key=lambda r: r["memory_bytes"])
     best["memory_terms"] = {k: float(v) for k, v in program.predict(
-        cfg, MeshShape(best["mesh"]), batch_tokens, remat,
+        cfg, MeshShape(best["mesh"]), batch_tokens, remat, "train", chip,
+        {a: (v["lens"], v["wrap"]) for a, v in best["layout"].items()},
+        dcn={best["dcn_axis"]: best["slices"]} if best["dcn_axis"] else None,
         schedule=Schedule(best["microbatches"], best["repeats"]))["memory"].items()}
     return best

@@ -63,6 +63,32 @@ def links(layout: Mapping) -> dict:
     return {axis: sum(1.0 if w else 0.5 for n, w in zip(lens, wraps) if n > 1) for axis, (lens, wraps) in layout.items()}
 
 
+# XLA:TPU's windowed-einsum choice for the fsdp gradient reduce-scatter (windowed_einsum_rs): the fsdp sizes it
+# takes and its communication multiplier m, read from libtpu 0.0.42.1 programs compiled ahead of time (README,
+# "when XLA:TPU runs the windowed einsum").
+WINDOWED_RS_PARTITIONS = (8, 32)
+WINDOWED_RS_MULTIPLIER = 1.075
+
+
+def windowed_einsum_rs(mesh: Mapping, batch_tokens, chip: Chip | None, axis_links: Mapping | None = None,
+                       dcn: Mapping | None = None, step: str = "train", schedule: Schedule = Schedule()):
+    """Whether XLA:TPU runs the fsdp gradient reduce-scatter as a windowed einsum: the rule of XLA's SPMD
+    partitioner (xla/service/spmd/dot_handler.cc, GetWindowedEinsumConfiguration) for the dW matmul, whose
+    contracting tokens and output are split over the same X = fsdp partitions (so data = 1): windowed when
+    max(T_comp, m·T_comm) + 2·m·T_comm/X < T_comp + T_comm, i.e. with T_comp/T_comm = b·M_X/alpha (b = B/(M·X)
+    tokens per device and microbatch, M_X the fsdp links, alpha per device):  b·M_X/alpha > m·(1 + 2/X) − 1,  for X in
+    WINDOWED_RS_PARTITIONS, m = WINDOWED_RS_MULTIPLIER (both measured). False for a train step's absence, a
+    GPU, no chip, or an fsdp axis across slices (not measured). Arrays of B and links give an array."""
+    X, lo_hi = mesh["fsdp"], WINDOWED_RS_PARTITIONS
+    if (chip is None or chip.kind != "tpu" or step != "train" or mesh["data"] > 1 or not lo_hi[0] <= X <= lo_hi[1]
+            or (dcn or {}).get("fsdp", 1) > 1):
+        return False
+    b = np.asarray(batch_tokens) / (np.asarray(schedule.microbatches) * X)
+    ratio = b * np.asarray((axis_links or {}).get("fsdp", 1.0)) * chip.ici_bidi / chip.device_flops  # b·M_X/alpha
+    out = ratio > WINDOWED_RS_MULTIPLIER * (1 + 2 / X) - 1
+    return out.item() if out.ndim == 0 else out
+
+
 def collective_volumes(cfg: FFNConfig, mesh: MeshShape, batch_tokens, step: str = "train",
                        precision: Precision = DEFAULT_PRECISION, min_comm_bytes: int = 0,
                        windowed_grad_rs: bool = False, remat: str = "none",
@@ -171,6 +197,30 @@ def comm_times(volumes: dict, chip: Chip, axis_links: Mapping | None = None, dcn
     return times
 
 
+def axis_networks(chip: Chip, axis_links: Mapping | None = None, dcn: Mapping | None = None,
+                  mesh: Mapping | None = None, axes=("fsdp", "tensor")) -> dict:
+    """{axis: (ici, net)}: the seconds·W_ici per byte of V that comm_times charges an all-gather over the axis,
+    split into its ICI part 1/links (0 where the axis has one device per slice) and, for an axis whose
+    outermost factor n spans slices (``dcn``; m = size/n devices per slice), its network part
+    W_ici·(n−1)/(n·m·DCN bytes/s per device). The axis's effective links, what the roofline's M takes, are
+    1/(ici + net); it runs over the network (TPU: DCN, GPU: IB) where net > ici."""
+    axis_links, dcn, out = axis_links or {}, dcn or {}, {}
+    for a in axes:
+        n = dcn.get(a, 1)
+        m = mesh[a] // n if n > 1 else None
+        ici = 0.0 if m == 1 else 1 / np.asarray(axis_links.get(a, 1.0))
+        net = chip.ici_bidi * (n - 1) / (n * m * chip.dcn_bw / chip.devices_per_chip) if m else 0.0
+        out[a] = (ici, net)
+    return out
+
+
+def _select(w, yes, no):
+    """np.where(w, yes, no) through nested dicts (a key on one side only is 0 on the other)."""
+    if isinstance(yes, dict) or isinstance(no, dict):
+        return {k: _select(w, yes.get(k, 0.0), no.get(k, 0.0)) for k in {**no, **yes}}
+    return np.where(w, yes, no)
+
+
 def step_flops_per_device(cfg: FFNConfig, mesh: MeshShape, batch_tokens, step: str = "train", remat: str = "none",
                           schedule: Schedule = Schedule()) -> dict:
     """Matmul FLOPs one device executes in a step, term by term (scaling.flops.step_flops), plus "model"
@@ -198,7 +248,7 @@ def step_flops_per_device(cfg: FFNConfig, mesh: MeshShape, batch_tokens, step: s
 
 def predict(cfg: FFNConfig, mesh: MeshShape, batch_tokens, remat: str = "none", step: str = "train",
             chip: Chip | None = None, layout: Mapping | None = None, precision: Precision = DEFAULT_PRECISION,
-            min_comm_bytes: int = 0, windowed_grad_rs: bool = False, axis_links: Mapping | None = None,
+            min_comm_bytes: int = 0, windowed_grad_rs: bool | None = None, axis_links: Mapping | None = None,
             dcn: Mapping | None = None, merged_grad_allreduce: bool = False,
             schedule: Schedule = Schedule(), circular_relays: int = 2) -> dict:
     """Everything the closed forms say about one compiled step, per device:
@@ -207,23 +257,43 @@ def predict(cfg: FFNConfig, mesh: MeshShape, batch_tokens, remat: str = "none", 
                  block's unused input gradient, so it is counted here); model = the matmuls the step
                  needs (6·P·B − 2·B·D·F for train), executed = the total
     collectives  V per axis and kind (collective_volumes; ``windowed_grad_rs``, ``merged_grad_allreduce``,
-                 ``schedule``, ``circular_relays`` as there)
+                 ``schedule``, ``circular_relays`` as there; ``windowed_grad_rs`` None: XLA:TPU's rule,
+                 windowed_einsum_rs, which may differ per batch and layout of the arrays)
     memory       bytes per device, term by term (scaling.memory.memory_per_device; a forward step:
                  memory.forward_memory_per_device); hbm_bytes: HBM traffic (memory.hbm_traffic_bytes)
     times        (with ``chip``) T_math = executed FLOPs/C_device; T_axis per mesh axis over its links
                  (``layout`` {axis: (lengths, wraps)} as mesh.ici_layout gives it, or ``axis_links``;
                  ``dcn`` {axis: slices} for an axis whose outermost factor spans slices: comm_times);
-                 T_hbm = HBM bytes / HBM bandwidth; step_sum = T_math + Σ T_axis, step_max = max(all);
-                 bound = the largest term; mfu_<form> = model FLOPs / (C·step), hfu_<form> = executed;
-                 critical_batch_<form>: the overall batch above which the FSDP+TP forward pass is
-                 compute bound (scaling.roofline.critical_batch with M_X, M_Y = the links of fsdp and
-                 tensor), times the data size; NaN where no batch is.
+                 T_hbm = HBM bytes / HBM bandwidth. step_max = max(all terms) (everything overlapped);
+                 step_sum = max(T_math, T_hbm) + Σ T_axis: the collectives run between the matmuls
+                 (synchronous, README finding for (c)) while a kernel's HBM traffic overlaps its own math
+                 (the roofline of one kernel), so step_sum >= step_max always.
+                 bound = the largest term, named by the link it runs over (ICI/NVLink, or DCN/IB for an
+                 axis across slices or nodes where that part dominates: axis_networks);
+                 mfu_<form> = model FLOPs / (C·step), hfu_<form> = executed;
+                 critical_batch_<form>: the overall batch above which the passes are compute bound, per
+                 microbatch (each gathers the weights again), times data·M: scaling.roofline.critical_batch
+                 (FSDP+TP) with M_X, M_Y the effective links of fsdp and tensor (axis_networks: DCN/IB
+                 included) and the FSDP bytes of a train step (2 gathers + a reduce-scatter, (X+1)/X of V
+                 windowed, per 3 passes); with data > 1 at least alpha/M_d (data-parallel backward, M_d the
+                 data links); NaN where no batch is.
     The ICI times are those of the bytes the precision policy puts on the wire (bf16), also when
     ``min_comm_bytes`` widens the volumes reported for an XLA:CPU program.
     """
     check_remat(remat, cfg)
     check_divisible(cfg, mesh)
     schedule.check(cfg, mesh)
+    lk = {**(links(layout) if layout else {}), **(axis_links or {})}
+    if windowed_grad_rs is None:
+        windowed_grad_rs = windowed_einsum_rs(mesh, batch_tokens, chip, lk, dcn, step, schedule)
+    if np.ndim(windowed_grad_rs):  # the rule differs across the arrays: both programs, each where it applies
+        w = np.asarray(windowed_grad_rs)
+        if w.all() or not w.any():
+            windowed_grad_rs = bool(w.all())
+        else:
+            both = [predict(cfg, mesh, batch_tokens, remat, step, chip, layout, precision, min_comm_bytes, v,
+                            axis_links, dcn, merged_grad_allreduce, schedule, circular_relays) for v in (True, False)]
+            return _select(w, *both)
     if isinstance(cfg, TransformerConfig):  # the transformer's closed forms (scaling.transformer)
         f = transformer.step_flops(cfg, mesh, batch_tokens, step, remat, schedule)
         vols = transformer.collective_volumes(cfg, mesh, batch_tokens, step, precision, min_comm_bytes, schedule, remat,
@@ -246,23 +316,34 @@ def predict(cfg: FFNConfig, mesh: MeshShape, batch_tokens, remat: str = "none", 
     res = {"flops": f, "collectives": vols, "collective_bytes": axis_bytes(vols), "memory": mem, "hbm_bytes": hbm}
     if chip is None:
         return res
-    lk = {**(links(layout) if layout else {}), **(axis_links or {})}
     t_math = f["total"] / chip.device_flops
     t_axes = comm_times(wire, chip, lk, dcn, mesh)
     t_hbm = res["hbm_bytes"] / chip.device_hbm_bw
-    names = ["compute", *(f"ICI ({a})" for a in t_axes), "HBM"]
     terms = np.broadcast_arrays(t_math, *t_axes.values(), t_hbm)
     stacked = np.stack(terms)
-    t_sum = t_math + sum(t_axes.values())
+    t_sum = np.maximum(t_math, t_hbm) + sum(t_axes.values())
     t_max = stacked.max(axis=0)
-    bound = np.array(names)[stacked.argmax(axis=0)]
+    # the bound, named by the link it runs over: an axis across slices or nodes by its network where that part
+    # dominates (axis_networks)
+    nets = axis_networks(chip, lk, dcn, mesh, axes=tuple(t_axes))
+    over = np.stack(np.broadcast_arrays(False, *(net > ici for ici, net in nets.values()), False, stacked[0]))[:-1]
+    by = (-1,) + (1,) * (stacked.ndim - 1)
+    names = np.where(over, np.array(["compute", *(f"{chip.network_name} ({a})" for a in t_axes), "HBM"]).reshape(by),
+                     np.array(["compute", *(f"{chip.link_name} ({a})" for a in t_axes), "HBM"]).reshape(by))
+    bound = np.take_along_axis(names, stacked.argmax(axis=0)[None], 0)[0]
     d = mesh["data"]
-    m_x, m_y = lk.get("fsdp", 1.0), lk.get("tensor", 1.0)
+    m_x, m_y, m_d = (np.where(mesh[a] > 1, 1 / np.maximum(ici + net, 1e-300), 1.0)
+                     for a, (ici, net) in axis_networks(chip, lk, dcn, mesh, ("fsdp", "tensor", "data")).items())
+    per_micro = d * np.asarray(schedule.microbatches)
+    X = mesh["fsdp"]  # a train step moves 2 gathers and a reduce-scatter ((X+1)/X of V windowed) per 3 passes' math
+    fsdp_bytes = 2 * (2 + (X + 1) / X) / 3 if windowed_grad_rs and step == "train" else 2
     res["times"] = {"math": t_math, "comms": t_axes, "hbm": t_hbm, "step_sum": t_sum, "step_max": t_max,
                     "bound": bound.item() if bound.ndim == 0 else bound}
     for form, t in (("sum", t_sum), ("max", t_max)):
         res["times"][f"mfu_{form}"] = f["model"] / (chip.device_flops * t)
         res["times"][f"hfu_{form}"] = f["total"] / (chip.device_flops * t)
-        res["times"][f"critical_batch_{form}"] = (np.nan if isinstance(cfg, TransformerConfig) else d * roofline.critical_batch_array(
-            cfg.d_ff, mesh["fsdp"], mesh["tensor"], chip.alpha, m_x, m_y, form))
+        crit = per_micro * roofline.critical_batch_array(cfg.d_ff, X, mesh["tensor"], chip.alpha, m_x, m_y, form, fsdp_bytes)
+        if d > 1 and step == "train":  # and the data-parallel backward: B/(d·M) > alpha/M_d (training page)
+            crit = np.maximum(crit, per_micro * chip.alpha / m_d)
+        res["times"][f"critical_batch_{form}"] = np.nan if isinstance(cfg, TransformerConfig) else crit
     return res

@@ -1,17 +1,33 @@
-"""Seed 000 (shared/reference/seeds/000_ulysses_2d_tp_trace.txt): every figure its PyTorch trace printed
-(DeepSpeed-Ulysses attention, then a 2D tensor-parallel FFN, on rank 7 of P = 16 GPUs) beside its closed
-form. Shapes follow the seed's labels, elements = their product, bytes = 2·elements (bf16), FLOPs = 2·m·n·k
-per matmul, and the "Peak/Current memory allocation" lines come from a running model of PyTorch's CUDA
-caching allocator (torch.cuda.max_memory_allocated / memory_allocated). MB/GB/TFLOPs are SI (1e6/1e9/1e12).
+"""Seed 000 (shared/reference/seeds/000_ulysses_2d_tp_trace.txt, shipped as SEED_FILE): every figure its
+PyTorch trace printed (DeepSpeed-Ulysses attention, then a 2D tensor-parallel FFN, on rank 7 of P = 16 GPUs)
+beside its closed form. Shapes follow the seed's labels, elements = their product, bytes = 2·elements (bf16),
+FLOPs = 2·m·n·k per matmul, and the "Peak/Current memory allocation" lines come from a running model of
+PyTorch's CUDA caching allocator (torch.cuda.max_memory_allocated / memory_allocated). MB/GB/TFLOPs are SI
+(1e6/1e9/1e12).
 """
 
 from __future__ import annotations
 
 import math
+from importlib import resources
 
 from scaling.config import get_preset
 
-SEED_FILE = "shared/reference/seeds/000_ulysses_2d_tp_trace.txt"
+# the reference seeds ship with the package (pyproject.toml, package data): scaling/data/seeds/<name>, each a
+# verbatim copy of shared/reference/seeds/<name> below a header naming it
+SEED_FILE = "000_ulysses_2d_tp_trace.txt"
+
+
+def seed_text(name: str = SEED_FILE) -> str:
+    """The reference seed ``name`` as it was printed: scaling/data/seeds/<name> (importlib.resources) less its
+    header, the lines up to '# ---'."""
+    text = resources.files("scaling").joinpath("data", "seeds", name).read_text(encoding="utf-8")
+    header, sep, body = text.partition("# ---\n")
+    if not sep or not all(line.startswith("#") for line in header.splitlines()):
+        raise ValueError(f"scaling/data/seeds/{name}: no '# ---' line ending a header of '#' lines")
+    return body
+
+
 _CFG = get_preset("seed000")
 # the seed's setup: N tokens, d hidden, h heads, d' FFN width, L layers, P GPUs = DP x TP, bf16
 SETUP = {"N": _CFG.seq_len, "d": _CFG.d_model, "h": _CFG.heads, "d'": _CFG.d_ff, "L": _CFG.blocks,

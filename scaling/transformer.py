@@ -189,7 +189,10 @@ def memory_per_device(cfg: TransformerConfig, mesh: Mapping, batch_tokens, remat
     fsdp·tensor), L layers' saved activations (saved_per_layer), the
     batch (x BF16 and y FP32, 6·t·D), two layers' gathered BF16 weights (layer_weight_bytes: the scan
     prefetches the next layer's), one layer's weight gradients in FP32 before their reduce-scatter, under
-    full remat the residuals the backward's layer recomputes (saved_per_layer "none" less its x), and
+    full remat instead one layer's gathered weights and no FP32 layer gradient (the backward's iteration
+    gathers its own layer for the recomputation, and makes each weight's gradient in BF16 after the matmuls
+    that need that weight, reduce-scattering it as made) and the residuals the backward's layer recomputes
+    (saved_per_layer "none" less its x), and
     the attention's working set in one layer: materialized, the backward's FP32 dp and BF16 ds and p
     (8 B per score; XLA fuses the rest), the forward's FP32 scores (4 B per score: the probabilities
     are fused into the p·v matmul); flash, the same per key block. A forward step holds the master
@@ -201,6 +204,7 @@ def memory_per_device(cfg: TransformerConfig, mesh: Mapping, batch_tokens, remat
     D, N, T = cfg.d_model, cfg.heads, cfg.seq_len
     L = cfg.blocks
     train = step == "train"
+    full = train and remat == "full"
     shard = cfg.params / (X * Y)  # parameters per device
     flash = runs_flash(schedule, mesh)
     keys = min(schedule.attention_block, T // C if schedule.context == "ring" else T) if flash else T
@@ -212,9 +216,10 @@ def memory_per_device(cfg: TransformerConfig, mesh: Mapping, batch_tokens, remat
     terms.update({"inputs": (precision.compute + 4) * t * D,
              # forward without fsdp: nothing gathered, XLA fuses each FP32 -> BF16 cast into its matmul (the
              # seed-000 layer's memory-usage report on v5p: no bf16 weight buffer)
-             "transient_weights": (2 if train else 1 if X > 1 else 0) * layer_weight_bytes(cfg, mesh, precision),
+             "transient_weights": ((1 if full else 2) if train else 1 if X > 1 else 0)
+                                  * layer_weight_bytes(cfg, mesh, precision),
              "attention_working_set": score_bytes})
-    if train:  # one layer's weight gradients in FP32 as the matmuls produce them, before the BF16 reduce-scatter
+    if train and not full:  # one layer's FP32 weight gradients as the matmuls produce them, before the BF16 reduce-scatter
         terms["layer_grads"] = precision.grad * layer_weight_bytes(cfg, mesh, precision) / precision.compute
     if train:
         terms["activations"] = L * sum(saved_per_layer(cfg, mesh, batch_tokens, remat, schedule, precision).values())

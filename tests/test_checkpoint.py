@@ -2,13 +2,17 @@
 resumed run gives exactly the losses of an uninterrupted one, and a save cut off half-way leaves the
 previous checkpoint as the latest."""
 
+import importlib.util
 import json
+import logging
 import os
+import shutil
 import subprocess
 import sys
 
 import jax
 import numpy as np
+import pytest
 
 from ffn_model import checkpoint as ckpt
 from ffn_model.cli import main
@@ -161,3 +165,129 @@ def test_checkpoint_messages_and_changed_settings(tmp_path, capsys):
     assert "warning: resuming with lr 0.002, the checkpoint was written with 0.001" in err
     assert f"warning: resuming with batch_tokens {2 * B}, the checkpoint was written with {B}" in err
     assert f"saved step 5 to {d}" in out
+
+
+# --- issue 17, items 11-15: unusable directories, seeds, damaged or diverged state, save messages, leftovers ---
+
+
+def test_directories_that_cannot_be_written_are_refused_up_front(tmp_path, monkeypatch):
+    """Each way a checkpoint directory cannot be used is one ValueError from check_directory (which the
+    command line and train run before anything is built), and nothing is created."""
+    (tmp_path / "FILE").write_text("not a directory\n")
+    os.symlink(tmp_path / "loop", tmp_path / "loop")
+    os.symlink(tmp_path / "nothing", tmp_path / "dangling")
+    cases = [(tmp_path / "FILE" / "sub", False, r"'.*/FILE' is a file, not a directory"),
+             ("/proc/x", False, r"--checkpoint-dir '/proc/x': cannot write in '/proc'"),  # root can't either
+             (tmp_path / "loop", False, r"'.*/loop': Too many levels of symbolic links"),
+             (tmp_path / "loop" / "sub", True, r"'.*/loop': Too many levels of symbolic links"),
+             (tmp_path / "dangling", True, r"'.*/dangling': No such file or directory")]
+    if importlib.util.find_spec("gcsfs") is None:  # gs:// is what a multi-host slice uses
+        cases.append(("gs://bucket/run", False, r"--checkpoint-dir 'gs://bucket/run': .*install gcsfs"))
+    for directory, resume, match in cases:
+        with pytest.raises(ValueError, match=match):
+            ckpt.check_directory(directory, resume)
+
+    # A directory this user may not write in. Root writes anywhere, so os.access answers as it would for
+    # another user (it says False for a read-only mount to root as well).
+    ro, access = tmp_path / "ro", os.access
+    ro.mkdir()
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: os.fspath(p) != str(ro) and access(p, mode, **kw))
+    for directory, resume in ((ro / "sub", False), (ro, True)):
+        with pytest.raises(ValueError, match=r"no permission to read and write in '.*/ro'"):
+            ckpt.check_directory(directory, resume)
+    monkeypatch.undo()
+    # chmod 000 with --resume: refused for anyone but root, whose override makes it usable
+    os.chmod(ro, 0)
+    if os.geteuid() == 0:
+        ckpt.check_directory(ro, True)
+    else:
+        with pytest.raises(ValueError, match="no permission"):
+            ckpt.check_directory(ro, True)
+    os.chmod(ro, 0o755)
+    assert sorted(os.listdir(tmp_path)) == ["FILE", "dangling", "loop", "ro"] and os.listdir(ro) == []
+
+
+def test_seeds_are_32_bit():
+    """jax.random.key keeps a seed's low 32 bits (64-bit types off), so 2^32 + 1 trained as seed 1 while the
+    checkpoint's metadata called it another seed; 2^63 overflowed."""
+    m = make_mesh("fsdp=8", "cpu:8")
+    for seed in (2**32, 2**32 + 1, 2**63, -1):
+        with pytest.raises(ValueError, match=r"^seed must be an integer in 0\.\.4294967295 \(a 32-bit seed\)"):
+            train(TINY, m, B, 1, seed=seed)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A checkpoint of 2 steps of the tiny model on fsdp=4,tensor=2."""
+    d = tmp_path_factory.mktemp("saved") / "ck"
+    train(TINY, make_mesh("fsdp=4,tensor=2", "cpu:8"), B, 2, checkpoint_dir=d)
+    return d
+
+
+def test_a_flipped_bit_in_a_checkpoint_is_found(saved, tmp_path):
+    """The same checkpoint with one bit of one array flipped (the lowest mantissa bit: 1 ulp, finite, so only
+    a checksum sees it), written by orbax with the metadata the good state was saved with, as damage on
+    disk leaves it: the restore refuses it. A flip of bit b changes the sum mod 2^32 by 2^b."""
+    abstract = state_shardings(TINY, make_mesh("fsdp=2,tensor=4", "cpu:8"))[0]
+    step, state, meta = ckpt.restore_latest(saved, abstract)
+    w = np.asarray(state["params"]["w_out"]).copy()
+    w.view(np.uint32).flat[1000] ^= 1
+    bad = {**state, "params": {**state["params"], "w_out": jax.device_put(w, state["params"]["w_out"].sharding)}}
+    mngr = ckpt.open_manager(tmp_path / "flipped", create=True)
+    mngr.save(step, args=ckpt._ocp().args.StandardSave(bad), custom_metadata=meta)
+    mngr.wait_until_finished()
+    mngr.close()
+    with pytest.raises(ValueError, match=r"checkpoint step 2 in --checkpoint-dir '.*/flipped' is damaged: "
+                                         r"\['params'\]\['w_out'\] does not match the checksum saved with it"):
+        ckpt.restore_latest(tmp_path / "flipped", abstract)
+
+
+def test_a_loss_that_is_not_finite_stops_before_saving(tmp_path):
+    """lr = 1e30: step 0's AdamW update moves every weight by ~1e30 (finite, saved as step 1); step 1's
+    forward pass through six such matmuls overflows FP32 (3.4e38), loss NaN: the run stops there, saves
+    nothing more, and step 1 stays the latest checkpoint (before: it trained on, exit 0, saving NaN states
+    and rotating the good steps away)."""
+    d = tmp_path / "ck"
+    with pytest.raises(ValueError, match=rf"^step 1: the loss is nan, not a finite number: .*; {d} keeps steps up to"):
+        train(TINY, make_mesh("fsdp=8", "cpu:8"), B, 6, lr=1e30, checkpoint_dir=d, save_every=1)
+    assert os.listdir(d) == ["1"]
+
+
+def test_saved_is_said_once_committed_and_an_interrupted_first_save_is_removed(tmp_path):
+    """A crash during a run's first save leaves only ``<k>.orbax-checkpoint-tmp-<time>``: a new run removes it
+    and says so, and so does --resume, starting from step 0. "saved step k" is said once step k's directory
+    has its final name (orbax renames the temporary directory when every file is written)."""
+    m = make_mesh("fsdp=4,tensor=2", "cpu:8")
+    d, lines, committed = tmp_path / "ck", [], []
+    (d / "2.orbax-checkpoint-tmp-1764000000000000" / "default").mkdir(parents=True)
+
+    def say(line):
+        lines.append(line)
+        if line.startswith("saved step "):
+            committed.append((line.split()[2], os.path.isdir(d / line.split()[2])))
+
+    losses = train(TINY, m, B, 3, checkpoint_dir=d, save_every=1, say=say)
+    assert lines[0] == f"removed 2.orbax-checkpoint-tmp-1764000000000000 from {d}: a save that never finished"
+    assert committed == [("1", True), ("2", True), ("3", True)]
+    assert sorted(os.listdir(d)) == ["1", "2", "3"]
+
+    d2, lines = tmp_path / "ck2", []
+    (d2 / "1.orbax-checkpoint-tmp-1764000000000000").mkdir(parents=True)
+    assert train(TINY, m, B, 1, checkpoint_dir=d2, resume=True, say=lines.append) == losses[:1]
+    assert lines[:2] == [f"no complete checkpoint in {d2}, only an unfinished save: starting from step 0",
+                         f"removed 1.orbax-checkpoint-tmp-1764000000000000 from {d2}: a save that never finished"]
+    assert os.listdir(d2) == ["1"]
+
+
+def test_a_failed_read_changes_no_logging_of_the_process(saved, tmp_path):
+    """A truncated manifest.ocdbt is one ValueError; what keeps orbax's abandoned reads quiet meanwhile
+    (absl and asyncio log levels, sys.unraisablehook) is put back when restore_latest returns."""
+    shutil.copytree(saved, tmp_path / "ck")
+    with open(tmp_path / "ck" / "2" / "default" / "manifest.ocdbt", "r+b") as f:
+        f.truncate(50)
+    levels = {n: logging.getLogger(n).level for n in ("absl", "asyncio")}
+    hook = sys.unraisablehook
+    with pytest.raises(ValueError, match=r"checkpoint step 2 .* cannot be read: .*manifest"):
+        ckpt.restore_latest(tmp_path / "ck", state_shardings(TINY, make_mesh("fsdp=8", "cpu:8"))[0])
+    assert {n: logging.getLogger(n).level for n in levels} == levels
+    assert sys.unraisablehook is hook

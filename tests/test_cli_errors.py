@@ -54,7 +54,8 @@ CASES = [
     (f"{TRAIN} --lr nan", r"--lr must be a positive finite number, got nan"),
     (f"{TRAIN} --lr inf", r"--lr must be a positive finite number, got inf"),
     (f"{TRAIN} --lr fast", r"argument --lr: invalid float value: 'fast'"),
-    (f"{TRAIN} --seed -1", r"--seed must be a non-negative integer, got -1"),
+    (f"{TRAIN} --seed -1", r"--seed must be an integer in 0\.\.4294967295 \(a 32-bit seed\), got -1"),
+    (f"{TRAIN} --seed 4294967296", r"--seed must be an integer in 0\.\.4294967295 \(a 32-bit seed\), got 4294967296"),
     (f"{TRAIN} --seed x", r"argument --seed: invalid int value: 'x'"),
     # mesh and devices
     (f"{TRAIN} --mesh expert=8", r"unknown mesh axis 'expert' in 'expert=8'; valid axes: data, stage, fsdp, context, tensor"),
@@ -82,7 +83,8 @@ CASES = [
     (f"{TRAIN} --checkpoint-dir {{corrupt}} --resume", r"checkpoint step 2 in --checkpoint-dir '.*/corrupt' cannot be"),
     (f"{TRAIN} --checkpoint-dir {{full}}", r"'.*/full' already holds checkpoints \(latest step 2\); pass --resume"),
     (f"{TRAIN} --checkpoint-dir {{notes}}", r"'.*/notes' holds files that are not checkpoints \(notes.txt\)"),
-    (f"{TRAIN} --checkpoint-dir {{unfinished}}", r"'.*/unfinished' holds an unfinished save \(3.orbax-checkpoint-tmp-1\)"),
+    (f"{TRAIN} --checkpoint-dir {{file}}/sub", r"--checkpoint-dir '.*/file/sub': '.*/file' is a file, not a directory"),
+    (f"{TRAIN} --checkpoint-dir /proc/x", r"--checkpoint-dir '/proc/x': cannot write in '/proc'"),
     (f"{TRAIN} --checkpoint-dir {{full}} --resume --steps 1", r"steps=1 is fewer than the 2 steps already in the checkpoint"),
     (f"{TRAIN} --checkpoint-dir {{full}} --resume --seed 1", r"was written with seed 0, not 1; resume with the same seed"),
     (f"{TRAIN} --checkpoint-dir {{full}} --resume --d-ff 512", r"was written with model \{'d_model': 64, 'd_ff': 256"),
@@ -94,6 +96,7 @@ CASES = [
     (f"{TRAIN} {MP} --num-processes x", r"argument --num-processes: invalid int value: 'x'"),
     (f"{TRAIN} {MP} --process-id 2", r"--process-id must be in 0..1 for --num-processes 2, got 2"),
     (f"{TRAIN} {MP} --process-id -1", r"--process-id must be in 0..1 for --num-processes 2, got -1"),
+    (f"{TRAIN} {MP} --process-timeout 0", r"--process-timeout must be a positive finite number, got 0.0"),
     (f"{TRAIN} {MP} --devices cpu:4 --mesh fsdp=4", r"mesh 'fsdp=4' has 4 devices .* but 8 devices are given"),
     # compile
     ("compile --devices cpu:8 --mesh fsdp=8 --preset huge", r"unknown preset 'huge'"),
@@ -129,6 +132,41 @@ CASES = [
     (f"{TRAIN} --preset tiny-tf --batch-tokens 512 --mesh stage=2,fsdp=4 --microbatches 2", r"stage"),
     (f"{TRAIN} --sequence-parallel --attention sparse", r"argument --attention: invalid choice: 'sparse'"),
     (f"{TRAIN} --context-strategy star", r"argument --context-strategy: invalid choice: 'star'"),
+    # a transformer-only flag for an FFN preset, given explicitly (even at its default value): refused like --heads
+    (f"{TRAIN} --attention flash", r"--attention is a transformer flag; 'tiny' is an FFN stack \(transformer presets"),
+    (f"{TRAIN} --context-strategy ring", r"--context-strategy is a transformer flag; 'tiny' is an FFN stack"),
+    ("compile --devices cpu:8 --mesh fsdp=8 --preset tiny --attention materialized", r"--attention is a transformer flag"),
+    ("bench --preset tiny --devices cpu:8 --attention-block 64", r"--attention-block is a transformer flag"),
+    (f"{TRAIN} --head-dim 8", r"--head-dim is a transformer dimension; 'tiny' is an FFN stack"),
+    (f"{TRAIN} --preset tiny-tf --head-dim 0", r"--head-dim must be a positive integer, got 0"),
+    # D = 64 has the divisors 1, 2, 4, 8, 16, 32, 64
+    (f"{TRAIN} --preset tiny-tf --heads 7", r"d_model=64 is not divisible by heads=7: use heads dividing 64 "
+     r"\(1, 2, 4, 8, 16, 32, 64\), or give head_dim \(--head-dim\)"),
+    # too big for this host, before anything is built (train and bench allocate on emulated CPU devices): the XXL's
+    # state alone is 16 B × P / 8 = 16 × 219,848,638,464 / 8 = 439.7 GB per device, 3.5 TB on 8 devices
+    ("train --preset xxl --devices cpu:8 --mesh fsdp=8", r"the train step needs 4\d\d\.\d GB per device \(closed form\), "
+     r"3\d\d\d GB on 8 emulated CPU devices; this host has [\d.]+ GB"),
+    ("bench --preset xxl --devices cpu:8 --mesh fsdp=8", r"the train step needs .* on 8 emulated CPU devices"),
+    # the state alone, 16 B × 2·D·F·L / 8 per device (the mesh's fsdp·tensor = 8): L = 1e9 -> 65,536 GB;
+    # F = 1e9 -> 768 GB (D = 64, L = 3); D = 1e9 -> 3,072 GB (F = 256): each above this host's memory
+    (f"{TRAIN} --blocks 1000000000", r"the train step needs [\d.e+]+ GB per device \(closed form\)"),
+    (f"{TRAIN} --d-ff 1000000000", r"the train step needs [\d.e+]+ GB per device \(closed form\)"),
+    (f"{TRAIN} --d-model 1000000000", r"the train step needs [\d.e+]+ GB per device \(closed form\)"),
+    # attention scores B·N·T = 4e8 · 8 · 1e8 = 3.2e17 elements (below 2^63), 4 B each: far above the host
+    (f"{TRAIN} --preset tiny-tf --batch-tokens 400000000 --seq-len 100000000", r"needs .* GB on 8 emulated CPU devices"),
+    # what jax and XLA cannot count, also for compile (which allocates nothing): L >= 2^31 (the scan's int32 length);
+    # an array of 2^63 elements or more: x·W_in's B·F = 1e18 · 256 = 2.56e20; scores B·N·T = 4e9 · 8 · 1e9 = 3.2e19
+    (f"{TRAIN} --blocks 3000000000", r"blocks=3,000,000,000 is too many: .* below 2\^31 = 2,147,483,648"),
+    ("compile --devices cpu:8 --mesh fsdp=8 --preset tiny --blocks 3000000000", r"blocks=3,000,000,000 is too many"),
+    (f"{TRAIN} --batch-tokens 1000000000000000000", r"activations B·max\(D, F\) hold 2.56e\+20 elements; .* below 2\^63"),
+    ("compile --devices cpu:8 --mesh fsdp=8 --preset tiny --batch-tokens 1000000000000000000", r"hold 2.56e\+20 elements"),
+    ("compile --devices cpu:8 --mesh fsdp=4,tensor=2 --preset tiny-tf --batch-tokens 4000000000 --seq-len 1000000000",
+     r"attention scores B·N·T hold 3.2e\+19 elements"),
+    # more emulated CPU devices than jax's CPU backend compiles for (2049 and up: "Multiprocess computations aren't
+    # implemented on the CPU backend")
+    (f"{TRAIN} --devices cpu:4096 --mesh data=4096 --batch-tokens 16384",
+     r"--devices 'cpu:4096': jax's CPU backend compiles for at most 2048"),
+    ("compile --devices cpu:2049 --mesh data=2049 --preset tiny --batch-tokens 4098", r"devices 'cpu:2049': .* at most 2048"),
     # the command itself
     ("", r"the following arguments are required: command"),
     ("serve", r"argument command: invalid choice: 'serve'"),
@@ -231,7 +269,7 @@ def test_public_entry_points_raise_value_error(places, tmp_path):
         ckpt.restore_latest(places["full"], abstract, {"model": vars(TINY), "seed": 3})
 
     for kw, match in [({"steps": 0}, "steps must be a positive integer"), ({"lr": 0.0}, "lr must be a positive"),
-                      ({"seed": -1}, "seed must be a non-negative integer"), ({"remat": "half"}, "unknown remat"),
+                      ({"seed": -1}, "seed must be an integer in 0..4294967295"), ({"remat": "half"}, "unknown remat"),
                       ({"batch_tokens": 66}, "batch_tokens=66 is not divisible"),
                       ({"save_every": 2}, "need a checkpoint_dir"), ({"resume": True}, "need a checkpoint_dir"),
                       ({"save_every": 0, "checkpoint_dir": places["ck"]}, "save_every must be a positive"),
@@ -260,3 +298,64 @@ def test_chip_from_device_kind():
     assert infer_chip(jax.devices()[0]) is None  # CPU: no peak FLOP/s
     with pytest.raises(ValueError, match="cannot tell the chip from device kind 'NVIDIA A100-SXM4-40GB'; pass --chip"):
         infer_chip(dev("NVIDIA A100-SXM4-40GB"))
+
+
+def test_size_rule_weighs_the_closed_form_against_the_host(monkeypatch):
+    """train and bench on emulated CPU devices allocate in this host's memory: the closed-form memory per device
+    times the devices must fit it; compile (no cpu_devices) allocates nothing and is not held to it."""
+    from scaling import cli
+    from scaling.config import parse_mesh_spec
+
+    mesh = parse_mesh_spec("fsdp=8", 8)
+    # the tiny model's state alone: 16 B × 2·64·256·3 / 8 = 24,576 B per device, 196,608 B on 8 devices
+    monkeypatch.setattr(cli, "host_memory_bytes", lambda: 196_608)
+    with pytest.raises(ValueError, match=r"on 8 emulated CPU devices; this host has 0.0001966 GB"):
+        cli.check_size(TINY, mesh, 64, cpu_devices=8)
+    cli.check_size(TINY, mesh, 64)
+    monkeypatch.setattr(cli, "host_memory_bytes", lambda: 10**9)  # a few hundred kB fit in 1 GB
+    cli.check_size(TINY, mesh, 64, cpu_devices=8)
+
+
+def test_tpu_refusal_is_one_line():
+    """XLA:TPU's RESOURCE_EXHAUSTED message (G = GiB) as one line in GB: 928.48 · 2^30 = 996.94e9 B needed,
+    95.74 · 2^30 = 102.80e9 B available (the XXL train step at fsdp=4 on tpu:v5p:2x2x1)."""
+    from verify.hlo import refusal_error
+
+    msg = ("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO temporaries (928.48G) "
+           "exceeds available HBM (95.74G).")
+    assert str(refusal_error(RuntimeError(msg))).startswith(
+        "the program needs 996.9 GB per device, the device has 102.8 GB")
+    assert refusal_error(RuntimeError("INTERNAL: something else")) is None
+
+
+@pytest.mark.tpu
+def test_program_larger_than_the_tpu_is_one_line(capsys):
+    code = main("compile --preset xxl --devices tpu:v5p:2x2x1 --mesh fsdp=4 --batch-tokens 25600".split())
+    out, err = capsys.readouterr()
+    assert_one_error_line(code, out, err, r"the program needs 996.9 GB per device, the device has 102.8 GB")
+
+
+def test_head_dim_sets_h_apart_from_d_over_n():
+    """--heads 7 on a 64-wide model with --head-dim 8: W_q, W_o [N, H, D] and W_k, W_v [K, H, D] with K = N = 7,
+    D·H·(2N + 2K) = 64·8·28 = 14,336 attention and 2·D·F = 32,768 MLP parameters per layer, 2 layers."""
+    from scaling.cli import Parser, model_config
+    from ffn_model.cli import add_commands
+
+    p = Parser(prog="t")
+    add_commands(p.add_subparsers(dest="command"))
+    cfg = model_config(p.parse_args("train --preset tiny-tf --heads 7 --head-dim 8".split()))
+    assert (cfg.heads, cfg.kv_heads, cfg.head_dim) == (7, 7, 8)
+    assert cfg.params == 2 * (14_336 + 32_768)
+
+
+def test_closed_pipe_ends_quietly():
+    """A reader that goes away (``| head``): no BrokenPipeError traceback, exit 1. The pipe's read end is closed
+    before the command starts, so its first write fails."""
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        out = subprocess.run([sys.executable, "-m", "scaling", "layers", "--cells"], stdout=w, stderr=subprocess.PIPE,
+                             text=True, env=ENV, timeout=60)
+    finally:
+        os.close(w)
+    assert out.returncode == 1 and out.stderr == "", out.stderr

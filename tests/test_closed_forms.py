@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scaling import collectives, flops, memory, roofline
-from scaling.answers import answers
+from scaling.answers import answers, render
 from scaling.config import FFNConfig, MeshShape, parse_mesh_spec, PRESETS
 from scaling.hardware import get_chip, parse_slice, slice_topology
 
@@ -287,3 +287,109 @@ def test_cli_text_shows_both_conventions():
 def test_import_scaling_does_not_import_jax():
     code = "import sys, scaling, scaling.answers, scaling.roofline, scaling.memory; sys.exit('jax' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
+
+
+# --- issue 17, items 6 and 7: (d) suggests only what answer accepts; labels say what was given ---------
+
+# A Llama-8B-sized FFN stack on 16 chips with a faster chip: alpha = 9.18e14/9e10 = 10,200.
+SMALL_FAST = dict(d_model=4096, d_ff=14336, blocks=32, fsdp=8, tensor=2, mx=1, my=1, flops=9.18e14, w_ici=9e10)
+
+
+def _suggested_meshes(ans):
+    """Every (fsdp, tensor, mx, my) that ans's (c) and (d) name as a mesh to use instead."""
+    i, c, d = ans["inputs"], ans["c"], ans["d"]
+    out = [(c[f"x_opt_{f}"]["nearest_split"]["X"], c[f"x_opt_{f}"]["nearest_split"]["Y"], i["mx"], i["my"])
+           for f in ("sum", "max")]
+    for f in ("sum", "max"):
+        if d[f]["fsdp_over_more_axes"]:
+            out.append((i["fsdp"], i["tensor"], d[f]["fsdp_over_more_axes"]["M_X"], i["my"]))
+        if d[f]["best_split"]:
+            out.append((d[f]["best_split"]["X"], d[f]["best_split"]["Y"], i["mx"], i["my"]))
+    S = i["stages"]
+    out.append((i["fsdp"] // S, i["tensor"], i["mx"], i["my"]))  # one pipeline stage, M_X kept
+    return out
+
+
+@pytest.mark.parametrize("kwargs", [{}, dict(fsdp=4, mx=1, tensor=16, my=2), SMALL_FAST, dict(mx=1),
+                                    dict(fsdp=8, tensor=8, mx=1, my=2), dict(fsdp=4, tensor=16, mx=2, my=1)])
+def test_d_suggests_only_meshes_answer_accepts(kwargs):
+    """(d) once offered "FSDP spread over 3 ICI axes (M_X=3)" beside M_Y = 1 (4 axes of a 3-axis torus,
+    which answer refuses) and offered it for X = 4 (an axis of 4 chips spans at most 2 axes of 2+)."""
+    ans = answers(**kwargs)
+    q = {k: ans["inputs"][k] for k in ("d_model", "d_ff", "blocks", "flops", "w_ici")}
+    for fsdp, tensor, mx, my in _suggested_meshes(ans):
+        answers(**q, fsdp=fsdp, tensor=tensor, mx=mx, my=my, stages=1)  # raises if answer would refuse it
+
+
+def test_fsdp_over_more_axes_by_hand():
+    # defaults: M_X = 2 and M_Y = 1 already use the torus's 3 axes; the text says so instead of M_X = 3
+    ans = answers()
+    assert ans["d"]["sum"]["fsdp_over_more_axes"] is None and ans["d"]["max"]["fsdp_over_more_axes"] is None
+    text = render(ans)
+    assert "FSDP spread over" not in text and "FSDP over more ICI axes (M_X=3): not on this torus" in text
+    with pytest.raises(ValueError, match="span 4 ICI axes"):
+        answers(mx=3, my=1)
+    # X = 4 with M_Y = 2: one axis left, M_X = 1 already
+    assert answers(fsdp=4, mx=1, tensor=16, my=2)["d"]["sum"]["fsdp_over_more_axes"] is None
+    # the question's mesh at M_X = 1: spreading FSDP over 2 axes gives the question's own threshold,
+    # 6656/(0.325565 - 0.0625) = 25,301.7 (by hand above, test_xxl_answers_by_hand)
+    more = answers(mx=1)["d"]["sum"]["fsdp_over_more_axes"]
+    assert more["M_X"] == 2 and more["overall_batch"] == pytest.approx(25_301.7, abs=0.5)
+
+
+def test_x_opt_reported_within_the_mesh():
+    # alpha = 10,200; sum form at X_opt: B/N > 4·alpha²/F = 4·10200²/14336 = 29,029.0, B = 16·that = 464,464;
+    # X_opt = sqrt((464464/14336)·1·16) = sqrt(518.4) = 22.8 > N = 16. The divisor of 16 nearest it is X = 16,
+    # Y = 1: pure FSDP, B > X·alpha/M_X = 16·10200 = 163,200 tokens.
+    ans = answers(**SMALL_FAST)
+    xo = ans["c"]["x_opt_sum"]
+    assert xo["x_opt"] == pytest.approx(22.77, abs=0.01)
+    assert xo["nearest_split"]["X"] == 16 and xo["nearest_split"]["Y"] == 1
+    assert xo["nearest_split"]["overall_batch"] == pytest.approx(163_200, rel=1e-9)
+    text = render(ans)
+    assert "X_opt = 22.8 unconstrained: more than the N = 16 chips" in text
+    assert "the nearest mesh of X·Y = 16 chips: X=16, Y=1, overall B > 163,200 tokens" in text
+    # the question's: X_opt = 6.1 (sum), nearest divisor of 64 on a log scale is 8 (ln(8/6.1) = 0.27 <
+    # ln(6.1/4) = 0.42), and X = 8, Y = 8 is the (d) re-split's 16,593 tokens
+    assert answers()["c"]["x_opt_sum"]["nearest_split"]["X"] == 8
+
+
+@pytest.mark.parametrize("args, word", [
+    (["--d-model", str(10**30)], "weights L·D·F"),  # 1e30 itself is not an int to argparse (exit 2 there)
+    (["--batch-tokens", str(10**24)], "activations"),
+    (["--hbm", "95"], "hbm=95 bytes"),
+    (["--gpu-hbm", "1e-300"], "gpu_hbm"),
+    (["--fsdp", "4096", "--tensor", "4"], "at most 6,144 chips"),
+])
+def test_absurd_sizes_exit_2_one_line(args, word, capsys):
+    """--d-model 10^30 printed 2.7e27 GPUs and exit 0; --hbm 1e-300 an OverflowError traceback."""
+    from scaling.cli import main
+
+    assert main(["answer", *args]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1 and word in err, err
+
+
+def test_labels_say_what_was_given():
+    """Custom --flops/--hbm were labelled "(TPU v5p as the Scaling Book rounds it)" and "per v5p"; one GPU
+    was "1 GPUs". The state of SMALL_FAST: 16·2·4096·14336·32 = 6.01e10 B < 80 GB: 1 GPU."""
+    text = render(answers(**{**SMALL_FAST, "hbm": 32e9, "gpu_hbm": 141e9}))
+    assert "C = 9.18e+14 bf16 FLOP/s (given by --flops)" in text and "W_ici = 9e+10 B/s per chip (given by --w-ici)" in text
+    assert "32 GB HBM per TPU (given by --hbm)" in text and "141 GB per GPU (given by --gpu-hbm)" in text
+    assert "as the Scaling Book rounds it)" not in text and "per v5p" not in text and "H100" not in text
+    text = render(answers(**SMALL_FAST))
+    assert "-> 1 GPU (state alone)" in text and "1 GPUs" not in text
+    assert "95 GB HBM per v5p (the question's)" in text
+    # the question's own constants keep the question's label
+    assert "(TPU v5p as the Scaling Book rounds it)" in render(answers())
+
+
+def test_pipeline_label_names_the_compiled_model():
+    """answer --verify-pipeline on a 4096-wide model said "Forward step of the XXL" (label only: no compile here)."""
+    from verify.check import render_pipeline
+
+    for kwargs, name in (({}, "the XXL"), (SMALL_FAST, "the FFN stack D=4,096, F=14,336, L=32"),
+                         (dict(d_model=256, d_ff=1024, blocks=4, fsdp=4, tensor=2, mx=1), "the small preset")):
+        ans = answers(**kwargs)
+        ans["d"]["pipeline_program"]["devices"] = "tpu:v5p:2x2x2"
+        assert f"Forward step of {name}" in render_pipeline(ans)

@@ -70,3 +70,70 @@ def test_two_processes_match_one_process(tmp_path):
         assert g.shape == w.shape and g.dtype == w.dtype
         assert np.abs(g - w).max() <= 2**-8 * np.abs(w).max(), (np.abs(g - w).max(), np.abs(w).max())
         assert np.mean(g != w) <= 1e-3, np.mean(g != w)
+
+
+# --- issue 17, item 16: processes that do not fit together end with one line, in bounded time ---
+
+SMALL = ["train", "--preset", "tiny", "--devices", "cpu:4", "--mesh", "fsdp=4,tensor=2", "--batch-tokens", "64",
+         "--num-processes", "2"]
+
+
+def _start(port: int, process_id: int, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "ffn_model", *SMALL, "--coordinator", f"localhost:{port}",
+                             "--process-id", str(process_id), *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+
+
+def test_processes_started_with_other_flags_stop_at_start(tmp_path):
+    """--seed 0 and --seed 1 trained to the end with losses of neither run; now each process compares its
+    flags with the others' right after they connect (jax.distributed's key-value store) and stops, before
+    any checkpoint directory is created."""
+    port = free_port()
+    procs = [_start(port, i, "--seed", str(i), "--steps", "2", "--checkpoint-dir", str(tmp_path / "ck"))
+             for i in range(2)]
+    try:
+        outs = [p.communicate(timeout=60) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    for i, (p, (_, err)) in enumerate(zip(procs, outs)):
+        assert p.returncode == 2, err[-2000:]
+        assert err.splitlines() == [f"error: process {1 - i} was started with --seed {1 - i}, this process ({i}) with "
+                                    f"{i}: start every process with the same flags (only --process-id differs)"]
+    assert not os.path.exists(tmp_path / "ck")
+
+
+def test_a_partner_that_never_starts_is_one_line_after_the_timeout():
+    """jax waited 300 s in silence, then SIGABRT with a C++ stack: now a progress line, then one error line
+    after --process-timeout."""
+    port = free_port()
+    p = _start(port, 0, "--steps", "2", "--process-timeout", "2")
+    try:
+        _, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+    assert p.returncode == 2, err[-2000:]
+    assert err.splitlines() == [f"waiting up to 2 s for the 2 processes to connect to localhost:{port} ...",
+                                f"error: the 2 processes did not connect to localhost:{port} within 2 s: start every "
+                                "process with the same --coordinator and --num-processes (or raise --process-timeout)"]
+
+
+def test_a_peer_that_dies_mid_run_is_one_line():
+    """Process 1 killed while both train: process 0's next collective fails (gloo: the connection is
+    closed) and it ends at once with one line, exit 1 (it aborted after ~90 s with a traceback and a
+    shutdown-barrier error)."""
+    port = free_port()
+    procs = [_start(port, i, "--steps", "100000") for i in range(2)]
+    try:
+        for line in procs[0].stdout:  # gloo's "[Gloo] Rank ..." lines, then the steps
+            if line.startswith("step "):
+                break
+        procs[1].kill()
+        _, err = procs[0].communicate(timeout=60)
+    finally:
+        for p in procs:
+            p.kill()
+    assert procs[0].returncode == 1, err[-2000:]
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: process 0: ") and "Gloo" in lines[0], err[-2000:]
+    assert lines[0].endswith("(another process has probably stopped)")

@@ -1,6 +1,7 @@
 """The mesh planner (closed forms only)."""
 
 import json
+import math
 import subprocess
 import sys
 
@@ -35,8 +36,11 @@ def test_question_mesh_by_hand():
     # T_math = executed FLOPs/(N·C): the step needs 6·P·B − 2·B·D·F, and the scan also computes block 0's
     # dead dx (2·B·D·F), so 6·P·B/(N·C) = 6·219,848,638,464·25,600/(64·4.59e14) = 3.37687e16/2.9376e16 = 1.14954 s.
     # Max-form critical batch X·alpha/M_X = 16·2550/2 = 20,400 tokens; sum form (alpha = 2550)
-    # F/(Y·M_X) / (F/(N·alpha) − 1/(X·M_Y)) = 6656 / (53248/163200 − 1/16) = 6656/0.263775 = 25,233.7.
-    for form, crit in (("max", 20_400), ("sum", 25_233.7)):
+    # F/(Y·M_X) / (F/(N·alpha) − 1/(X·M_Y)) = 6656 / (53248/163200 − 1/16) = 6656/0.263775 = 25,233.7: the book's
+    # forward pass. The train step's FSDP bytes per pass are (2 gathers + a reduce-scatter)/3, and XLA:TPU runs
+    # this mesh's reduce-scatter windowed ((X+1)/X = 17/16 of V): (2 + 17/16)/3 = 49/48 of the forward's, so
+    # max 20,400·49/48 = 20,825 and sum 6656·49/48/0.263775 = 6794.67/0.263775 = 25,759.2.
+    for form, crit in (("max", 20_825), ("sum", 25_759.2)):
         plans = {tuple(p["mesh"].values()): p for p in plan(XXL, V5P, 64, 25600, hbm=95e9, form=form, per_mesh=False)
                  if p["microbatches"] == 1}
         p = plans[(1, 1, 16, 4)]
@@ -102,12 +106,15 @@ def test_gradient_accumulation_fits_what_one_pass_cannot():
     fsdp=32, tensor=4, M=4 (N = 128, P = 219,848,638,464): state 16·P/128 = 27.48 GB, the FP32 gradient
     accumulator 4·P/128 = 6.87 GB, one microbatch's activations 2^20/32/4 = 8192 tokens per device ×
     126 blocks × 2·(D + F/4) = 59,392 B = 61.31 GB, two blocks' gathered bf16 weights 2·2·2·D·F/4 =
-    1.745 GB, the batch 6·(2^20/32)·D = 3.22 GB: 100.6 GB <= 102.8 GB."""
+    1.745 GB, the batch 6·(2^20/32)·D = 3.22 GB: 100.6 GB <= 102.8 GB. XLA:TPU runs this mesh's gradient
+    reduce-scatter as a windowed einsum (compiled: verify.check.XXL_ACCUMULATE; 8192 tokens per device and
+    microbatch), whose backward holds one gathered bf16 matrix 2·D·F/4 = 0.436 GB instead of the two blocks':
+    100.6 − 1.745 + 0.436 = 99.3 GB."""
     plans = plan(XXL, V5P, 128, 2**20, per_mesh=False)
     assert plans and all(p["microbatches"] > 1 for p in plans)
     p = next(p for p in plans if tuple(p["mesh"].values()) == (1, 1, 32, 4) and p["microbatches"] == 4)
     P = 219_848_638_464
-    by_hand = 16 * P / 128 + 4 * P / 128 + 8192 * 126 * 2 * (16384 + 53248 / 4) + 8 * 16384 * 53248 / 4 + 6 * 2**15 * 16384
+    by_hand = 16 * P / 128 + 4 * P / 128 + 8192 * 126 * 2 * (16384 + 53248 / 4) + 2 * 16384 * 53248 / 4 + 6 * 2**15 * 16384
     assert p["memory_bytes"] == pytest.approx(by_hand, rel=1e-9)
 
 
@@ -129,7 +136,8 @@ def test_top_plans_with_and_without_stages():
         assert p["bubble_seconds"] == pytest.approx(p["times"]["math"] * (S - 1) / (R * M + S - 1), rel=1e-12)
     best = staged[0]
     assert f"{best['bubble']:.1%} of the ideal step, {best['bubble_seconds']:.3f} s" in tail[1]
-    j = json.loads(_plan_cli("--chips", "8960", "--preset", "xxl", "--batch-tokens", "1048576", "--remat", "full",
+    # 8960 = 2·4480 chips (2 slices of 8x20x28) = 2^8·5·7: 35·2^15 tokens split over any data·fsdp·M train accepts
+    j = json.loads(_plan_cli("--chips", "8960", "--preset", "xxl", "--batch-tokens", "1146880", "--remat", "full",
                              "--json", "--top", "1").stdout)
     assert j["count"] > 0 and j["enumerate_seconds"] < 1.0, j["enumerate_seconds"]
 
@@ -175,7 +183,7 @@ def test_verify_top_plan_compiles_and_fits(capsys):
     assert (top_max["mesh"]["data"], top_max["mesh"]["fsdp"], top_max["mesh"]["tensor"]) == (1, 16, 4)
 
 
-CASES = [("v5p", 64, 25600, "none"), ("v5p", 128, 262144, "full"), ("v5p", 8960, 2**20, "full"),
+CASES = [("v5p", 64, 25600, "none"), ("v5p", 128, 262144, "full"), ("v5p", 8960, 35 * 2**15, "full"),
          ("v6e", 1024, 2**20, "full"), ("v4", 512, 2**20, "full"), ("TPU7x", 256, 2**20, "full"),
          ("v5e", 256, 65536, "every-second"), ("H100", 64, 2**20, "full")]
 
@@ -253,3 +261,133 @@ def test_nothing_fits_says_why_with_the_nearest_miss():
     r = _plan_cli(*args)
     assert r.returncode == 2 and "nearest miss: fsdp=64,tensor=4 with M=64 needs 21.6 GB per device" in r.stderr
     assert "accumulated 3.4 GB): 4.7 GB over" in r.stderr
+
+
+def test_plan_offers_and_takes_only_ffn_presets(capsys):
+    """The planner ranks FFN stacks: its --help lists the FFN presets and no transformer flag; a transformer
+    preset or dimension is one line naming the FFN presets (issue 17, item 1)."""
+    from scaling.cli import main
+
+    r = _plan_cli("--help")
+    assert "FFN presets: xxl" in r.stdout and "llama-8b" not in r.stdout and "--heads" not in r.stdout
+    for args in (["--heads", "32"], ["--preset", "llama-8b"], ["--preset", "seed000", "--seq-len", "64"]):
+        assert main(["plan", *args]) == 2, args
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "FFN presets: xxl, xxl-2, small, tiny" in err[0] and "tiny-tf" not in err[0], err
+
+
+def test_sum_form_is_never_shorter_than_the_max_form():
+    """step_sum = max(T_math, T_HBM) + Σ T_axis >= max(every term) = step_max, for every plan, HBM-bound ones
+    included: at B = 100 tokens the XXL's weights and optimizer state stream through HBM for far longer than
+    the math (issue 17, item 2: step sum 0.006 s beside step max 0.049 s, bound HBM, MFU sum 0.690)."""
+    for chip, chips, batches in (("v5p", 64, [100, 25600, 2**20]), ("H200", 64, [2**20]), ("v5e", 256, [2**16])):
+        plans = plan(XXL, get_chip(chip), chips, batches, hbm=1e30, remat="full")
+        assert plans
+        for p in plans:
+            assert p["step_seconds_sum"] >= p["step_seconds_max"] and p["mfu_sum"] <= p["mfu_max"], p
+            assert p["step_seconds_sum"] >= max(p["times"]["math"], p["times"]["hbm"])
+    hbm_bound = [p for p in plan(XXL, V5P, 64, 100, per_mesh=False) if p["bound"] == "HBM"]
+    assert hbm_bound and all(p["step_seconds_sum"] >= p["times"]["hbm"] for p in hbm_bound)
+
+
+def test_planner_ranks_only_batches_train_accepts():
+    """train and check need B divisible by microbatches·data·fsdp (Schedule.check): 25,601 (odd, no divisor up
+    to 4,096) runs only on meshes with data = fsdp = 1 and M = 1, none of which holds the XXL in 102.8 GB, so
+    nothing ranks and the error says why; at 100 tokens every ranked plan splits B evenly (issue 17, item 3:
+    M = 64 on 1.56 tokens per device was ranked first)."""
+    assert all(p["mesh"]["data"] * p["mesh"]["fsdp"] * p["microbatches"] == 1
+               for p in plan(XXL, V5P, 64, 25601, hbm=1e30, per_mesh=False))
+    plans = plan(XXL, V5P, 64, 100, per_mesh=False)
+    assert plans and all(100 % (p["microbatches"] * p["mesh"]["data"] * p["mesh"]["fsdp"]) == 0 for p in plans)
+    r = _plan_cli("--batch-tokens", "25601")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert "B = 25,601 tokens divides by no microbatches·data·fsdp from 2 to 4,096" in r.stderr
+
+
+def test_verify_top_must_not_be_negative(capsys):
+    """--verify-top -1 compiled 11 of 12 plans (plans[:-1]); it is refused before anything compiles."""
+    from scaling.cli import main
+
+    assert main(["plan", "--verify-top", "-1"]) == 2
+    assert "--verify-top must be 0" in capsys.readouterr().err
+
+
+# XLA:TPU's choice of the windowed-einsum gradient reduce-scatter, read from programs compiled ahead of time for
+# v5p (libtpu 0.0.42.1; D=1024, F=2048, L=2, train, no remat; windowed = a windowed_dot_general_body_rs loop):
+# (topology, mesh, batch tokens, windowed). Tokens per device b at the flip: fsdp=16 over 4x4 (wrapped): 256 no,
+# 272 yes; fsdp=32 over 2x4x4: 128 no, 192 yes; fsdp=8 over 2x4: 512 no (the XXL with 2 stages: 800 yes);
+# fsdp=4 and 64 and data > 1 never (XXL widths, up to 16,000 tokens per device).
+COMPILED_WINDOWED = [
+    ("4x4x4", "fsdp=16,tensor=4", 16 * 256, False), ("4x4x4", "fsdp=16,tensor=4", 16 * 272, True),
+    ("4x4x4", "fsdp=32,tensor=2", 32 * 128, False), ("4x4x4", "fsdp=32,tensor=2", 32 * 192, True),
+    ("4x4x4", "fsdp=8,tensor=8", 8 * 512, False), ("4x4x4", "fsdp=4,tensor=16", 64000, False),
+    ("4x4x4", "fsdp=64", 1024000, False), ("4x4x4", "data=4,fsdp=16", 1024000, False),
+    ("2x2x2", "fsdp=8", 8192, True), ("4x4x4", "fsdp=16,tensor=4", 25600, True),
+]
+
+
+@pytest.mark.parametrize("topology, mesh, batch, windowed", COMPILED_WINDOWED)
+def test_windowed_einsum_rule_matches_the_compiler(topology, mesh, batch, windowed):
+    """scaling.program.windowed_einsum_rs (XLA's cost rule, used by predict for TPU chips) gives what the
+    compiler did on every measured program (issue 17, item 4)."""
+    from scaling import program
+    from scaling.config import parse_mesh_spec
+
+    dims = [int(n) for n in topology.split("x")]
+    shape = parse_mesh_spec(mesh)
+    # mesh.ici_layout's reading of these meshes (outermost axis on the first physical axes); links: 1 a ring, 1/2 a line
+    lk = {"4x4x4": {"fsdp=16,tensor=4": 2, "fsdp=32,tensor=2": 2.5, "fsdp=8,tensor=8": 1.5, "fsdp=4,tensor=16": 1,
+                    "fsdp=64": 3, "data=4,fsdp=16": 2}, "2x2x2": {"fsdp=8": 1.5}}[topology][mesh]
+    assert math.prod(dims) == shape.devices
+    assert program.windowed_einsum_rs(shape, batch, V5P, {"fsdp": lk}) is windowed
+
+
+def test_plan_and_check_give_one_answer_on_the_question_mesh():
+    """fsdp=16, tensor=4 on 64 v5p chips, the XXL at 25,600 tokens: the plan row is predict with the windowed
+    reduce-scatter the compiler runs there, what check compares (before: plan 2.212 s / 68.8 GB, check 2.231 s
+    / 67.5 GB). Memory by hand: the windowed backward holds one gathered bf16 matrix 2·D·F/Y = 436.2 MB
+    instead of two blocks' W_in and W_out (4 matrices): 1.309 GB less."""
+    from scaling import program
+    from scaling.config import MeshShape
+
+    p = next(p for p in plan(XXL, V5P, 64, 25600) if tuple(p["mesh"].values()) == (1, 1, 16, 4))
+    lay = {a: (v["lens"], v["wrap"]) for a, v in p["layout"].items()}
+    args = (XXL, MeshShape(p["mesh"]), 25600, "none", "train", V5P, lay)
+    checked, unwindowed = (program.predict(*args, windowed_grad_rs=w) for w in (True, False))
+    assert p["step_seconds_sum"] == pytest.approx(checked["times"]["step_sum"], rel=1e-12)
+    assert p["memory_bytes"] == pytest.approx(checked["memory"]["total"], rel=1e-12)
+    assert unwindowed["memory"]["total"] - p["memory_bytes"] == pytest.approx(3 * 2 * 16384 * 53248 / 4, rel=1e-9)
+
+
+@pytest.mark.tpu
+def test_check_holds_the_windowed_rule_against_the_program():
+    """check reads the windowed einsum from the compiled XXL step and reports the rule's prediction beside it;
+    plan prints the same step time and memory as check's closed form."""
+    from verify.check import XXL_TRAIN, check
+
+    dev, cfg, mesh, batch, remat, step = XXL_TRAIN
+    rep = check(cfg, dev, mesh, batch, remat, step)
+    assert rep["config"]["windowed_grad_rs"] is True and rep["config"]["windowed_grad_rs_rule"] is True
+    assert "MISMATCH" not in rep["collectives"]["by_axis"]["fsdp"]["note"]
+    p = next(p for p in plan(XXL, V5P, 64, 25600) if tuple(p["mesh"].values()) == (1, 1, 16, 4))
+    assert p["step_seconds_sum"] == pytest.approx(rep["times"]["step_sum"], rel=1e-12)
+    assert p["memory_bytes"] == pytest.approx(rep["memory"]["peak"]["closed_form"], rel=1e-12)
+
+
+def test_gpu_plans_speak_gpu_and_critical_batch_agrees_with_the_bound():
+    """H200 x 64 at 1M tokens: 8 nodes of 8 GPUs joined by InfiniBand (IB), 5e10 B/s per GPU; fsdp=16 spans the
+    nodes (2 GPUs per node): its all-gather costs V·[1/W + (n−1)/(n·m·W_IB)] = V/W·(1 + 9e11·7/(8·2·5e10)) =
+    V/W·8.875, effective links 1/8.875 = 0.1127, so the bound is "IB (fsdp)", not ICI, and the critical batch
+    (sum form, per microbatch, times M = 8) is above 1M (before: 19,185 tokens beside bound ICI (fsdp)). Across
+    a sweep, no plan bound by a network term has a batch above its critical batch."""
+    H200 = get_chip("H200")
+    p = next(p for p in plan(XXL, H200, 64, 2**20) if tuple(p["mesh"].values()) == (1, 1, 16, 4))
+    assert p["dcn_axis"] == "fsdp" and p["bound"] == "IB (fsdp)" and p["critical_batch"] > 2**20
+    r = _plan_cli("--chip", "H200", "--chips", "64", "--batch-tokens", "1048576")
+    assert "8 nodes of 8 GPUs on NVLink joined by IB" in r.stdout and "ICI" not in r.stdout and "DCN" not in r.stdout
+    for chip, chips, batches in (("H200", 64, [2**18, 2**20, 2**22]), ("v5p", 64, [100, 25600, 2**20]),
+                                 ("v6e", 1024, [2**20]), ("B200", 16, [2**18, 2**20])):
+        for form in ("sum", "max"):
+            for q in plan(XXL, get_chip(chip), chips, batches, form=form, hbm=1e30, remat="full"):
+                if q["bound"] not in ("compute", "HBM") and q["critical_batch"] is not None:
+                    assert q["batch_tokens"] <= q["critical_batch"], q

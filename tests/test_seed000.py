@@ -1,7 +1,8 @@
-"""Seed 000 (shared/reference/seeds/000_ulysses_2d_tp_trace.txt): scaling.seed000 gives one row per printed
-figure, in trace order, each reproduced or explained. Expected values are hand calculations from the seed's
-dims (N = 60000, d = 16384, h = 128, d' = 53248, L = 126, P = 16 = DP 2 x TP 8, bf16), written out below,
-and the trace file itself (parsed here with regexes), never scaling.seed000's own output."""
+"""Seed 000 (shared/reference/seeds/000_ulysses_2d_tp_trace.txt, shipped with the package as
+scaling/data/seeds/000_ulysses_2d_tp_trace.txt): scaling.seed000 gives one row per printed figure, in trace
+order, each reproduced or explained. Expected values are hand calculations from the seed's dims (N = 60000,
+d = 16384, h = 128, d' = 53248, L = 126, P = 16 = DP 2 x TP 8, bf16), written out below, and the trace itself
+(parsed here with regexes), never scaling.seed000's own output."""
 
 from __future__ import annotations
 
@@ -20,7 +21,6 @@ from scaling.transformer import step_flops
 from verify.trace import compile_seed000_layer, render_compiled
 
 ROOT = Path(__file__).resolve().parents[1]
-SEED_FILE = ROOT.parent / "shared/reference/seeds/000_ulysses_2d_tp_trace.txt"
 MIB = 2**20
 
 
@@ -31,9 +31,18 @@ def rows():
 
 @pytest.fixture(scope="module")
 def trace():
-    if not SEED_FILE.exists():
-        pytest.skip(f"{SEED_FILE} not present")
-    return SEED_FILE.read_text()
+    return s0.seed_text()  # the copy shipped with the package: present in every clone and install
+
+
+def test_shipped_trace_is_the_seed(trace):
+    """The shipped copy's header names its source, and the text below it is the trace: its first and last
+    lines as the seed printed them (copied by hand)."""
+    from importlib import resources
+
+    head = resources.files("scaling").joinpath("data", "seeds", s0.SEED_FILE).read_text().split("# ---\n")[0]
+    assert "shared/reference/seeds/000_ulysses_2d_tp_trace.txt" in head
+    lines = trace.splitlines()
+    assert lines[0] == "my_rank 7/16 my_device 7/8" and lines[-1] == "Peak memory allocation: 61.02 GB"
 
 
 def test_one_row_per_printed_figure(rows, trace):

@@ -23,12 +23,13 @@ from ffn_model.compile import abstract_compile
 from mesh import device_count, ici_layout, make_mesh, mesh_shape
 from mesh.devices import parse_tpu_spec, use_cpu_platform_for
 from scaling import pipeline, program
-from scaling.cli import model_config, schedule_of
+from scaling.answers import model_name
+from scaling.cli import check_size, model_config, schedule_of
 from scaling.config import (FFNConfig, MeshShape, Schedule, TransformerConfig, check_divisible, check_remat, get_preset,
                             parse_mesh_spec)
 from scaling.hardware import CHIPS, Chip, get_chip, slice_topology
 from scaling.pipeline import relay_moves
-from verify.hlo import read_compiled
+from verify.hlo import read_compiled, refusal_error
 
 
 # The acceptance grid of ``scaling check`` (tests/test_check.py asserts the bands on it;
@@ -177,6 +178,15 @@ TPU_SEQUENCE_GRID = [
     # a Llama-3-8B shape (SwiGLU, 8 kv heads, T = 8192) at 16 sequences: XLA:TPU runs its gradients'
     # reduce-scatter as a windowed einsum (scaling.transformer.collective_volumes' windowed_grad_rs)
     ("tpu:v5p:4x4x4", get_preset("llama-8b"), "fsdp=16,tensor=4", 131072, "full", "train", Schedule(attention="flash")),
+    # the same shape over fsdp·context (Ulysses), no tensor axis: each layer's gathered weights are 4x those
+    # above, so the peak shows what a fully rematerialized layer's backward holds of them
+    # (scaling.transformer.memory_per_device)
+    ("tpu:v5p:4x4x4", get_preset("llama-8b"), "fsdp=16,context=4", 131072, "full", "train",
+     Schedule(context="ulysses", attention="flash")),
+    # the FFN stack with sequence parallelism at D = 4096: its activations are carried transposed so that the
+    # reduce-scatter over tensor splits their minor dimension (ffn_model.model.block; README, residuals)
+    ("tpu:v5p:2x2x2", _MEDIUM.replace(blocks=3), "fsdp=2,tensor=4", 8192, "none", "train",
+     Schedule(sequence_parallel=True)),
 ]
 XXL_SEQUENCE_PARALLEL = ("tpu:v5p:4x4x4", _XXL, "fsdp=16,tensor=4", 25600, "none", "train",
                          Schedule(sequence_parallel=True))
@@ -247,8 +257,11 @@ def compare(
     got = read_compiled(res.compiled, dict(shape))
     cb = got.collective_bytes
     # Which implementation of the gradient reduce-scatter XLA chose is a fact of the program: a
-    # windowed einsum is a while loop XLA names windowed_dot_general_body_rs. The closed form models both.
+    # windowed einsum is a while loop XLA names windowed_dot_general_body_rs. The closed form models both; the
+    # planner predicts it by XLA's rule (program.windowed_einsum_rs), held here against the program.
     windowed = step == "train" and bool(got.windowed_rs_loops)
+    rule = platform != "cpu" and program.windowed_einsum_rs(shape, batch_tokens, chip_, program.links(layout), None,
+                                                            step, schedule)
     # Likewise whether it reduces the weight gradients with one all-reduce over data·fsdp (TPU7x): an
     # all-reduce over both axes that carries more than the 4-byte loss.
     merged = step == "train" and any(c.kind == "all-reduce" and set(c.axes) == {"data", "fsdp"} and c.volume > 4
@@ -268,7 +281,8 @@ def compare(
     out = {"config": {"model": vars(cfg), "devices": devices, "mesh": shape.as_dict(), "batch_tokens": batch_tokens,
                       "remat": remat, "step": step, "schedule": vars(schedule), "chip": chip_.name,
                       "compile_seconds": res.compile_seconds,
-                      "ici_layout": layout, "windowed_grad_rs": windowed, "merged_grad_allreduce": merged,
+                      "ici_layout": layout, "windowed_grad_rs": windowed, "windowed_grad_rs_rule": rule,
+                      "merged_grad_allreduce": merged,
                       "circular_relays": relays}}
     f = pred["flops"]
     out["flops"] = {
@@ -284,7 +298,7 @@ def compare(
     out["memory"] = {
         "arguments": _row(args_cf, gm["argument_bytes"],
                           "fp32 master (+ Adam mu, nu and the int32 step count) + the batch (bf16 x, fp32 y)"),
-        "peak": _row(m["total"], gm["peak_bytes"], _peak_note(cfg, step, windowed)),
+        "peak": _row(m["total"], gm["peak_bytes"], _peak_note(cfg, step, windowed, remat)),
         "temp": _row(None, gm["temp_bytes"]),
         "outputs": _row(None, gm["output_bytes"]),
         "aliases": _row(None, gm["alias_bytes"]),
@@ -297,8 +311,10 @@ def compare(
     by_axis = {}
     for axis in sorted(set(cf_axes) | set(cb["by_axis"])):
         by_axis[axis] = _row(cf_axes.get(axis, 0.0), cb["by_axis"].get(axis, 0.0),
-                             "gradient reduce-scatter as a windowed einsum: X+1 chunks of V/X as collective-permutes"
-                             if axis == "fsdp" and windowed else "")
+                             ("gradient reduce-scatter as a windowed einsum: X+1 chunks of V/X as collective-permutes"
+                              if axis == "fsdp" and windowed else "")
+                             + (f"; MISMATCH: XLA's rule (scaling.program.windowed_einsum_rs) predicts windowed={rule}, "
+                                f"the program windowed={windowed}" if axis == "fsdp" and rule != windowed else ""))
     out["collectives"] = {
         "total_bytes": _row(sum(cf_axes.values()), cb["total"], "Scaling Book volume V: the full array each collective spans"
                             + ("; XLA:CPU widens bf16 collectives to f32, modelled as 4 B/element" if widen else "")),
@@ -314,11 +330,13 @@ def compare(
     return out
 
 
-def _peak_note(cfg, step: str, windowed: bool) -> str:
+def _peak_note(cfg, step: str, windowed: bool, remat: str = "none") -> str:
     """What the closed-form peak adds up (scaling.memory / scaling.transformer memory_per_device)."""
     if isinstance(cfg, TransformerConfig):
-        return ("16 B/param/N + L layers' saved activations + the batch + two layers' gathered bf16 weights + one "
-                "layer's fp32 weight gradients + the attention working set (scores of one layer or key block)"
+        return ("16 B/param/N + L layers' saved activations + the batch + "
+                + ("one layer's gathered bf16 weights + its recomputed residuals" if remat == "full" else
+                   "two layers' gathered bf16 weights + one layer's fp32 weight gradients")
+                + " + the attention working set (scores of one layer or key block)"
                 if step == "train" else "master weights + one layer's gathered bf16 weights + the attention working set "
                 "+ the batch")
     if step == "train":
@@ -334,12 +352,16 @@ def check_command(args) -> int:
     shape, schedule = parse_mesh_spec(args.mesh, device_count(args.devices)), schedule_of(args)
     check_divisible(cfg, shape, args.batch_tokens)
     schedule.check(cfg, shape, args.batch_tokens)
+    check_size(cfg, shape, args.batch_tokens, args.remat, args.step, schedule)
     if args.chip is not None:
         get_chip(args.chip)
     use_cpu_platform_for(args.devices)
     print(f"compiling the {args.step} step for {args.devices} ...", file=sys.stderr, flush=True)
-    rep = check(cfg, args.devices, args.mesh, args.batch_tokens, args.remat, args.step, args.chip, verbose=args.verbose,
-                schedule=schedule)
+    try:
+        rep = check(cfg, args.devices, args.mesh, args.batch_tokens, args.remat, args.step, args.chip,
+                    verbose=args.verbose, schedule=schedule)
+    except Exception as e:  # a program larger than the TPU's HBM: one line (verify.hlo.refusal_error)
+        raise refusal_error(e) or e
     print(json.dumps(rep, indent=2, default=str) if args.json else render(rep))
     return 0
 
@@ -374,6 +396,12 @@ def _schedule_text(cfgd: dict) -> str:
             f"((S-1)/(R*M)), {bub['idle_share']:.3f} of this one ((S-1)/(R*M+S-1))")
 
 
+def optimal_seconds_text(seconds: float) -> str:
+    """XLA:TPU's cost_analysis ``optimal_seconds`` for a person: "12.3 s", or for a negative figure (v6e and
+    TPU7x report some) "n/a (XLA reports -13.99, not meaningful)"; the JSON reports keep the raw figure."""
+    return f"{seconds:.4g} s" if seconds >= 0 else f"n/a (XLA reports {seconds:.4g}, not meaningful)"
+
+
 def render(rep: dict) -> str:
     """The side-by-side table: quantity, closed form, compiled, ratio, note."""
     cfgd = rep["config"]
@@ -399,7 +427,8 @@ def render(rep: dict) -> str:
         lines.append(f"  (the ICI times are of the bytes a {cfgd['chip']} moves, bf16 as the precision policy says, "
                      "not of XLA:CPU's f32-widened bytes above)")
     if t["xla_optimal_seconds"] is not None:
-        lines.append(f"XLA:TPU's cost-model estimate (cost_analysis optimal_seconds): {t['xla_optimal_seconds']:.4g} s. "
+        lines.append("XLA:TPU's cost-model estimate (cost_analysis optimal_seconds): "
+                     f"{optimal_seconds_text(t['xla_optimal_seconds'])}. "
                      "Not a step time: like cost_analysis FLOPs it counts each while-loop body once (a scan over L "
                      "blocks as one block)")
     return "\n".join(lines)
@@ -454,8 +483,8 @@ def render_pipeline(ans: dict) -> str:
     beside compiled."""
     pp, d = ans["d"]["pipeline_program"], ans["d"]
     lines = [f"(d) pipeline, compiled: {d['pipeline_stages_why']}.",
-             f"Forward step of the XXL on {pp['devices']} as {pp['mesh']}, M = {pp['microbatches']} microbatches, "
-             f"B = {pp['batch_tokens']:,} tokens; per device:",
+             f"Forward step of {model_name(ans['inputs'])} on {pp['devices']} as {pp['mesh']}, M = {pp['microbatches']} "
+             f"microbatches, B = {pp['batch_tokens']:,} tokens; per device:",
              f"  {'weights gathered once per':<26} {'quantity':<26} {'closed form':>12} {'compiled':>12} {'ratio':>7}"]
     for gather, g in pp["gathers"].items():
         if "check" not in g:

@@ -13,8 +13,8 @@ from mesh.devices import infer_chip
 from scaling import cli as closed_form_cli
 from scaling.hardware import get_chip
 from verify.bench import bench
-from verify.check import check_command, render_pipeline, verify_pipeline, verify_plans
-from verify.hlo import read_compiled
+from verify.check import check_command, optimal_seconds_text, render_pipeline, verify_pipeline, verify_plans
+from verify.hlo import read_compiled, refusal_error
 from verify.trace import compile_seed000_layer, render_compiled
 
 COST_KEYS = ("flops", "bytes accessed", "transcendentals", "optimal_seconds")
@@ -24,7 +24,10 @@ def compile_report(args, cfg) -> dict:
     """``compile``: compile one step ahead of time and read it (verify.hlo.read_compiled)."""
     mesh = make_mesh(args.mesh, args.devices, args.verbose)
     schedule = model_cli.schedule_of(args)
-    res = abstract_compile(cfg, mesh, args.batch_tokens, remat=args.remat, step=args.step, schedule=schedule)
+    try:
+        res = abstract_compile(cfg, mesh, args.batch_tokens, remat=args.remat, step=args.step, schedule=schedule)
+    except Exception as e:  # a program larger than the TPU's HBM: one line (verify.hlo.refusal_error)
+        raise refusal_error(e) or e
     got = read_compiled(res.compiled, dict(mesh_shape(mesh)))
     return {"command": "compile", "model": vars(cfg), "mesh": mesh_shape(mesh).as_dict(), "devices": args.devices,
             "platform": mesh.devices.flat[0].platform, "batch_tokens": args.batch_tokens, "remat": args.remat,
@@ -42,7 +45,8 @@ def print_compile(rep: dict) -> None:
     for axis, v in rep["collective_bytes"].items():
         print(f"  collectives.{axis:<14} {v:.6g} B per device")
     for k, v in rep["cost"].items():
-        print(f"  cost.{k:<21} {v:.6g}" + ("  (XLA's cost_analysis: a while-loop body counted once)" if k == "flops" else ""))
+        text = optimal_seconds_text(v) if k == "optimal_seconds" else f"{v:.6g}"
+        print(f"  cost.{k:<21} {text}" + ("  (XLA's cost_analysis: a while-loop body counted once)" if k == "flops" else ""))
 
 
 def bench_report(args, cfg) -> dict:

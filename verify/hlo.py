@@ -665,6 +665,7 @@ def read_compiled(compiled, mesh_axes: dict[str, int]) -> CompiledProgram:
 
 
 _REFUSAL = re.compile(r"RESOURCE_EXHAUSTED.*required for HLO temporaries \(([\d.]+)G\)")
+_AVAILABLE = re.compile(r"RESOURCE_EXHAUSTED.*exceeds available HBM \(([\d.]+)G\)")
 
 
 def refused_bytes(error: BaseException | str) -> float | None:
@@ -672,8 +673,21 @@ def refused_bytes(error: BaseException | str) -> float | None:
     ("... the total memory required for HLO temporaries (121.89G) exceeds available HBM (95.74G)", G =
     GiB); None for any other error. Despite the wording the figure is the program's whole need, arguments
     included: most refusals measured match the closed-form total (the XXL at M = 1 0.993; the seed-000
-    model's train steps with 710 GB of state, which no temporaries-only figure could reach, 0.993-0.996),
-    some lie above it (1.084, 1.141: notebooks/sequence_memory.ipynb)."""
+    model's train steps with 710 GB of state, which no temporaries-only figure could reach, 1.016-1.019),
+    some lie above it (1.093, 1.150: notebooks/sequence_memory.ipynb)."""
     m = _REFUSAL.search(str(error))
     return float(m.group(1)) * 2**30 if m else None
+
+
+def refusal_error(error: BaseException | str) -> ValueError | None:
+    """XLA:TPU's refusal of a program larger than HBM as one line, "the program needs X GB per device, the
+    device has Y GB" (refused_bytes; the available figure from the same message; GB = 1e9 B); None for any
+    other error."""
+    need = refused_bytes(error)
+    if need is None:
+        return None
+    m = _AVAILABLE.search(str(error))
+    has = f", the device has {float(m.group(1)) * 2**30 / 1e9:.1f} GB" if m else ""
+    return ValueError(f"the program needs {need / 1e9:.1f} GB per device{has} (XLA:TPU refused it: RESOURCE_EXHAUSTED); "
+                      "use more devices, more fsdp, remat or a smaller batch")
 
