@@ -204,6 +204,7 @@ def train_command(args, cfg) -> dict:
     from mesh import make_mesh, mesh_shape
 
     mesh = make_mesh(args.mesh, start_processes(args))
+    check_real_cpu_size(args, cfg, mesh)
     main = jax.process_index() == 0
     out = sys.stderr if args.json else sys.stdout
     rates = []
@@ -226,6 +227,16 @@ def train_command(args, cfg) -> dict:
             "schedule": vars(schedule_of(args)),
             "checkpoint_dir": args.checkpoint_dir, "losses": losses,
             "tokens_per_s": statistics.median(rates[1:] or rates) if rates else None}
+
+
+def check_real_cpu_size(args, cfg, mesh) -> None:
+    """check_size against this host's memory for a run on the real devices (no --devices) when they are CPUs,
+    which check_flags could not know before jax started: the closed form per device times the local devices."""
+    from mesh import mesh_shape
+
+    local = [d for d in mesh.devices.flat if d.process_index == mesh.devices.flat[0].process_index]
+    if args.devices is None and local[0].platform == "cpu":
+        check_size(cfg, mesh_shape(mesh), args.batch_tokens, args.remat, "train", schedule_of(args), len(local))
 
 
 def run_command(args, impl) -> int:

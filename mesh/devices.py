@@ -280,8 +280,9 @@ def maybe_initialize_distributed(timeout: float | None = None) -> bool:
     return False
 
 
-# Seconds a process waits for the others to connect (and, at exit, to finish) before it gives up.
-PROCESS_TIMEOUT = 60.0
+# Seconds a process waits for the others to connect (and, at exit, to finish) before it gives up: jax's own
+# initialization_timeout (300 s in jax 0.10.2), since the hosts of a multi-host slice may start minutes apart.
+PROCESS_TIMEOUT = 300.0
 
 
 def initialize_distributed(coordinator: str | None = None, num_processes: int | None = None,

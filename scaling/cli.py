@@ -178,7 +178,7 @@ def check_size(cfg, mesh, batch_tokens: int, remat: str = "none", step: str = "t
         have = host_memory_bytes()
         if need * cpu_devices > have:
             raise ValueError(f"the {step} step needs {need / 1e9:.4g} GB per device (closed form), "
-                             f"{need * cpu_devices / 1e9:.4g} GB on {cpu_devices} emulated CPU devices; this host has "
+                             f"{need * cpu_devices / 1e9:.4g} GB on {cpu_devices} CPU devices, which share this host's memory: "
                              f"{have / 1e9:.4g} GB: use a smaller model or batch (compile allocates none of it)")
 
 
@@ -289,7 +289,8 @@ def _plan_row(r: dict | None, k: int = 0, *, slices: int, form: str, other: str)
                 + f" {'M':>3} {'R':>2} {'bubble':>6} {'bubble s':>8} {'M_X':>3} {'M_Y':>3} {'step s ' + form:>10} "
                 f"{'step s ' + other:>10} {'MFU ' + form:>7} {'MFU ' + other:>7} {'HFU':>5} {'bound':>15} "
                 f"{'GB/dev':>7} {'crit B':>9}")
-    crit = "never" if r["critical_batch"] is None else f"{r['critical_batch']:,.0f}"
+    crit = ("never" if r["critical_batch"] is None else "any" if r["critical_batch"] == 0
+            else f"{r['critical_batch']:,.0f}")
     return (" ".join(f"{v:>6}" for v in [k, *r["mesh"].values()]) + (f" {r['dcn_axis']:>5}" if slices > 1 else "")
             + f" {r['microbatches']:>3} {r['repeats']:>2} {r['bubble']:>6.3f} {r['bubble_seconds']:>8.3f} {r['M_X']:>3} "
             f"{r['M_Y']:>3} {r['step_seconds_' + form]:>10.3f} {r['step_seconds_' + other]:>10.3f} "

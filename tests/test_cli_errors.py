@@ -145,7 +145,7 @@ CASES = [
     # too big for this host, before anything is built (train and bench allocate on emulated CPU devices): the XXL's
     # state alone is 16 B × P / 8 = 16 × 219,848,638,464 / 8 = 439.7 GB per device, 3.5 TB on 8 devices
     ("train --preset xxl --devices cpu:8 --mesh fsdp=8", r"the train step needs 4\d\d\.\d GB per device \(closed form\), "
-     r"3\d\d\d GB on 8 emulated CPU devices; this host has [\d.]+ GB"),
+     r"3\d\d\d GB on 8 CPU devices, which share this host.s memory: [\d.]+ GB"),
     ("bench --preset xxl --devices cpu:8 --mesh fsdp=8", r"the train step needs .* on 8 emulated CPU devices"),
     # the state alone, 16 B × 2·D·F·L / 8 per device (the mesh's fsdp·tensor = 8): L = 1e9 -> 65,536 GB;
     # F = 1e9 -> 768 GB (D = 64, L = 3); D = 1e9 -> 3,072 GB (F = 256): each above this host's memory
@@ -238,7 +238,10 @@ def test_bad_flag_gives_one_error_line_and_writes_nothing(argv, match, places, t
     (f"{TRAIN} --checkpoint-dir {{corrupt}} --resume", r"checkpoint step 2 in --checkpoint-dir '.*/corrupt' cannot be"),
     (f"{TRAIN} --checkpoint-dir {{ck}} --save-every 1.5", r"argument --save-every: invalid int value: '1.5'"),
     (f"{TRAIN} {MP} --devices cpu:4 --mesh fsdp=4", r"mesh 'fsdp=4' has 4 devices .* but 8 devices are given"),
-], ids=["corrupt-checkpoint", "non-numeric", "multiprocess-mesh"])
+    # no --devices: the real devices, here one CPU (ENV), known only once jax starts; 1e9 blocks of the tiny
+    # model hold 16 B × 2·64·256·1e9 = 5.2e14 B of state alone, far above any host's memory
+    ("train --preset tiny --blocks 1000000000 --batch-tokens 64 --steps 2", r"on 1 CPU devices, which share this host"),
+], ids=["corrupt-checkpoint", "non-numeric", "multiprocess-mesh", "real-cpu-too-large"])
 def test_bad_flag_in_a_fresh_process_has_no_traceback(argv, match, places, tmp_path):
     before = snapshot(tmp_path)
     out = subprocess.run([sys.executable, "-m", "ffn_model", *argv.format(**places).split()], capture_output=True,
@@ -309,7 +312,7 @@ def test_size_rule_weighs_the_closed_form_against_the_host(monkeypatch):
     mesh = parse_mesh_spec("fsdp=8", 8)
     # the tiny model's state alone: 16 B × 2·64·256·3 / 8 = 24,576 B per device, 196,608 B on 8 devices
     monkeypatch.setattr(cli, "host_memory_bytes", lambda: 196_608)
-    with pytest.raises(ValueError, match=r"on 8 emulated CPU devices; this host has 0.0001966 GB"):
+    with pytest.raises(ValueError, match=r"on 8 CPU devices, which share this host.s memory: 0.0001966 GB"):
         cli.check_size(TINY, mesh, 64, cpu_devices=8)
     cli.check_size(TINY, mesh, 64)
     monkeypatch.setattr(cli, "host_memory_bytes", lambda: 10**9)  # a few hundred kB fit in 1 GB

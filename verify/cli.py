@@ -52,6 +52,7 @@ def print_compile(rep: dict) -> None:
 def bench_report(args, cfg) -> dict:
     """``bench``: time the train step on this process's devices (or cpu:N) and report it."""
     mesh = make_mesh(args.mesh, model_cli.start_processes(args))
+    model_cli.check_real_cpu_size(args, cfg, mesh)
     dev = mesh.devices.flat[0]
     chip = get_chip(args.chip) if args.chip is not None else infer_chip(dev)
     rep = bench(cfg, mesh, args.batch_tokens, args.steps, args.warmup, args.remat, chip, args.seed,
