@@ -146,14 +146,14 @@ CASES = [
     # state alone is 16 B × P / 8 = 16 × 219,848,638,464 / 8 = 439.7 GB per device, 3.5 TB on 8 devices
     ("train --preset xxl --devices cpu:8 --mesh fsdp=8", r"the train step needs 4\d\d\.\d GB per device \(closed form\), "
      r"3\d\d\d GB on 8 CPU devices, which share this host.s memory: [\d.]+ GB"),
-    ("bench --preset xxl --devices cpu:8 --mesh fsdp=8", r"the train step needs .* on 8 emulated CPU devices"),
+    ("bench --preset xxl --devices cpu:8 --mesh fsdp=8", r"the train step needs .* on 8 CPU devices, which share"),
     # the state alone, 16 B × 2·D·F·L / 8 per device (the mesh's fsdp·tensor = 8): L = 1e9 -> 65,536 GB;
     # F = 1e9 -> 768 GB (D = 64, L = 3); D = 1e9 -> 3,072 GB (F = 256): each above this host's memory
     (f"{TRAIN} --blocks 1000000000", r"the train step needs [\d.e+]+ GB per device \(closed form\)"),
     (f"{TRAIN} --d-ff 1000000000", r"the train step needs [\d.e+]+ GB per device \(closed form\)"),
     (f"{TRAIN} --d-model 1000000000", r"the train step needs [\d.e+]+ GB per device \(closed form\)"),
     # attention scores B·N·T = 4e8 · 8 · 1e8 = 3.2e17 elements (below 2^63), 4 B each: far above the host
-    (f"{TRAIN} --preset tiny-tf --batch-tokens 400000000 --seq-len 100000000", r"needs .* GB on 8 emulated CPU devices"),
+    (f"{TRAIN} --preset tiny-tf --batch-tokens 400000000 --seq-len 100000000", r"needs .* GB on 8 CPU devices, which share"),
     # what jax and XLA cannot count, also for compile (which allocates nothing): L >= 2^31 (the scan's int32 length);
     # an array of 2^63 elements or more: x·W_in's B·F = 1e18 · 256 = 2.56e20; scores B·N·T = 4e9 · 8 · 1e9 = 3.2e19
     (f"{TRAIN} --blocks 3000000000", r"blocks=3,000,000,000 is too many: .* below 2\^31 = 2,147,483,648"),
