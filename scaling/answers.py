@@ -156,8 +156,7 @@ def answers(
     more_axes = [m for m in range(mx + 1, TORUS_AXES + 1) if axes_error(X, Y, m, my) is None]
     d = {}
     for form in roofline.FORMS:
-        bounds = [(x, y, roofline.critical_batch(F, x, y, al, mx, my, form)) for x, y in feasible]
-        split = min((t for t in bounds if t[2] is not None), key=lambda t: t[2], default=None)
+        split = roofline.best_split(N, F, al, mx, my, form, splits=feasible)
         d[form] = {
             "baseline": c[form]["overall_batch"],
             "int8_weight_gathers": roofline.critical_batch(F, X, Y, al, mx, my, form, weight_bytes=1),

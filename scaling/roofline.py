@@ -122,17 +122,16 @@ def xopt_threshold_per_device(alpha_: float, F: int, M_X: int = 1, M_Y: int = 1,
     return k * alpha_**2 / (M_X * M_Y * F)
 
 
-def best_split(N: int, F: int, alpha_: float, M_X: int = 1, M_Y: int = 1, form: str = "sum", weight_bytes: float = 2):
-    """Over the integer factorisations N = X·Y, the one with the smallest critical batch:
-    returns (X, Y, B) or None when no split is ever compute bound."""
+def best_split(N: int, F: int, alpha_: float, M_X: int = 1, M_Y: int = 1, form: str = "sum", weight_bytes: float = 2,
+               splits=None):
+    """Over the integer factorisations N = X·Y (or the (X, Y) of ``splits``, those a caller accepts), the one with
+    the smallest critical batch: returns (X, Y, B) or None when no split is ever compute bound."""
     positive_int("N", N)
     best = None
-    for X in range(1, N + 1):
-        if N % X:
-            continue
-        B = critical_batch(F, X, N // X, alpha_, M_X, M_Y, form, weight_bytes)
+    for X, Y in splits if splits is not None else ((X, N // X) for X in range(1, N + 1) if N % X == 0):
+        B = critical_batch(F, X, Y, alpha_, M_X, M_Y, form, weight_bytes)
         if B is not None and (best is None or B < best[2]):
-            best = (X, N // X, B)
+            best = (X, Y, B)
     return best
 
 
