@@ -17,7 +17,7 @@ $(VENV)/.dev: $(VENV)/.base
 	touch $@
 
 answer: $(VENV)/.base
-	$(PY) -m scaling answer
+	$(VENV)/bin/jax-scaling answer
 
 test: $(VENV)/.dev
 	$(PY) -m pytest -q

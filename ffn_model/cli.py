@@ -17,9 +17,9 @@ means K emulated CPU devices in each process (collectives over gloo). With none 
 process waits at most --process-timeout seconds for the others, checks that they were started with the
 same flags, and ends with one line when another process stops (end_one_of_several).
 
-``compile`` and ``bench`` read compiled programs, which is the top package's work: here they run
-``python -m verify compile|bench`` (the same flags) in a child process; ``add_commands`` is how
-``python -m verify`` offers all three commands with the same flags.
+``compile`` and ``bench`` read compiled programs, which is verify's work: ``add_commands`` takes their
+implementations from the command layer (jax_scaling.cli), which imports them from verify when such a
+command runs.
 
 Bad input (a zero, negative or non-numeric number; an unknown preset, remat policy, mesh axis, device
 spec or chip; a mesh whose size is not the device count; a dimension not divisible by its shard count;
@@ -34,7 +34,7 @@ import statistics
 import sys
 
 from mesh.devices import PROCESS_TIMEOUT, cpu_device_count, device_count, use_cpu_platform_for
-from scaling.cli import Parser, add_model_args, add_schedule_args, check_size, handover, model_config, run, schedule_of
+from scaling.cli import add_model_args, add_schedule_args, check_size, model_config, schedule_of
 from scaling.config import (REMAT_POLICIES, check_divisible, check_remat, check_seed, non_negative_int, parse_mesh_spec,
                             positive_float, positive_int)
 from scaling.hardware import get_chip
@@ -47,11 +47,10 @@ COMMANDS = {  # name: (default preset, default batch tokens, help)
 }
 
 
-def add_commands(sub, implementations: dict | None = None) -> None:
-    """Add train, compile and bench to an argparse subparsers object. ``implementations`` maps a
-    command to (run(args, cfg) -> report, print(report)): python -m verify passes compile's and
-    bench's; a command without one hands over to python -m verify."""
-    impls = {"train": (train_command, None), **(implementations or {})}
+def add_commands(sub, implementations: dict) -> None:
+    """Add train, compile and bench to an argparse subparsers object. ``implementations`` maps compile and
+    bench to (run(args, cfg) -> report, print(report)): verify's, passed in by jax_scaling.cli."""
+    impls = {"train": (train_command, None), **implementations}
     for name, (preset, batch, help_) in COMMANDS.items():
         s = sub.add_parser(name, help=help_)
         add_model_args(s, preset)
@@ -65,7 +64,7 @@ def add_commands(sub, implementations: dict | None = None) -> None:
         add_schedule_args(s)
         s.add_argument("--json", action="store_true", help="print one JSON object on stdout (process 0; "
                        "gloo adds its own [Gloo] lines with cpu:N over several processes)")
-        s.set_defaults(func=lambda args, impl=impls.get(name): run_command(args, impl))
+        s.set_defaults(func=lambda args, impl=impls[name]: run_command(args, impl))
         if name == "compile":
             s.add_argument("--step", default="train", choices=("train", "forward"), help="which step to compile")
             s.add_argument("--verbose", action="store_true", help="let libtpu's start-up lines through to stderr")
@@ -187,7 +186,7 @@ def check_same_flags(args) -> None:
 
     from mesh.devices import disagreements
 
-    flags = json.loads(json.dumps({k: v for k, v in vars(args).items() if k not in ("process_id", "func", "argv")},
+    flags = json.loads(json.dumps({k: v for k, v in vars(args).items() if k not in ("process_id", "func")},
                                   default=str))
     for j, theirs in disagreements("ffn_model/flags", flags, args.process_timeout).items():
         name = next(k for k in sorted(flags.keys() | theirs.keys()) if flags.get(k) != theirs.get(k))
@@ -241,9 +240,7 @@ def check_real_cpu_size(args, cfg, mesh) -> None:
 
 def run_command(args, impl) -> int:
     """Check every flag that needs no devices, run ``impl`` = (run, print) and print its report (process 0):
-    one JSON object with --json, else the command's own text. No impl: hand over to python -m verify."""
-    if impl is None:
-        return handover(args.argv)
+    one JSON object with --json, else the command's own text."""
     use_cpu_platform_for(args.devices)
     cfg = model_config(args)
     check_flags(args, cfg)
@@ -285,9 +282,3 @@ def end_one_of_several(e: Exception) -> None:
     sys.stdout.flush()
     print(f"error: {line}", file=sys.stderr, flush=True)
     os._exit(code)
-
-
-def main(argv=None) -> int:
-    p = Parser(prog="python -m ffn_model", description=__doc__.split("\n\n")[0])
-    add_commands(p.add_subparsers(dest="command", required=True))
-    return run(p, argv)

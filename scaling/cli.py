@@ -1,9 +1,9 @@
 """The closed forms on the command line: ``python -m scaling {answer, plan, check, trace, layers}``.
 
-``answer`` and ``plan`` are closed forms only (no jax; instant). ``check`` and ``plan --verify-top``
-compile programs, which the closed forms never do: they run the top package's program,
-``python -m verify`` (the same flags), in a child process. ``add_commands`` is how ``python -m verify``
-offers these commands with the same flags.
+``answer`` and ``plan`` are closed forms only (no jax; instant). ``check``, ``plan --verify-top``,
+``answer --verify-pipeline`` and ``trace --verify`` compile programs, which the closed forms never do:
+``add_commands`` takes those implementations from the command layer (jax_scaling.cli), which imports
+them from verify when such a command runs.
 
 Bad input prints one line on stderr and exits 2 (no traceback).
 """
@@ -14,7 +14,6 @@ import argparse
 import functools
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -35,13 +34,8 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {self.prog}: {message}\n")
 
 
-def handover(argv: list[str]) -> int:
-    """Run ``python -m verify <argv>`` (the commands that compile) and return its exit status."""
-    return subprocess.call([sys.executable, "-m", "verify", *argv])
-
-
-def answer_command(args, verify_pipeline=None, render_pipeline=None) -> int:
-    """Print (a)-(d); with --verify-pipeline, ``verify_pipeline(ans, verbose)`` (the top package's)
+def answer_command(args, verify_pipeline, render_pipeline) -> int:
+    """Print (a)-(d); with --verify-pipeline, ``verify_pipeline(ans, verbose)`` (verify's)
     compiles (d)'s pipeline program and ``render_pipeline(ans)`` prints it after the answers. Sizes the package
     could not build (check_size) are refused like any bad input."""
     check_size(FFNConfig(args.d_model, args.d_ff, args.blocks), MeshShape(fsdp=args.fsdp, tensor=args.tensor),
@@ -51,8 +45,6 @@ def answer_command(args, verify_pipeline=None, render_pipeline=None) -> int:
         my=args.my, flops=args.flops, w_ici=args.w_ici, hbm=args.hbm, gpu_hbm=args.gpu_hbm,
         batch_tokens=args.batch_tokens, stages=args.stages,
     )
-    if args.verify_pipeline and verify_pipeline is None:
-        return handover(args.argv)
     if args.verify_pipeline:
         verify_pipeline(ans, args.verbose)
     print(json.dumps(ans, indent=2, default=str) if args.json else render(ans))
@@ -194,9 +186,9 @@ def plan_target(args):
     return get_chip(args.chip or "v5p"), 64 if args.chips is None else args.chips, None
 
 
-def plan_command(args, verify=None) -> int:
-    """Rank the plans and print them; ``verify(plans, cfg, chip, chips, remat, budget, verbose)`` (the
-    top package's, with --verify-top) adds the compiled peak of the first K."""
+def plan_command(args, verify) -> int:
+    """Rank the plans and print them; ``verify(plans, cfg, chip, chips, remat, budget, verbose)``
+    (verify's, with --verify-top) adds the compiled peak of the first K."""
     if args.verify_top < 0:
         raise ValueError(f"--verify-top must be 0 (compile none) or a positive count of plans, got {args.verify_top}")
     extra = [k for k in TRANSFORMER_OVERRIDES if getattr(args, k, None) is not None]
@@ -205,8 +197,6 @@ def plan_command(args, verify=None) -> int:
         what = (f"--{extra[0].replace('_', '-')} is a transformer dimension" if extra else f"unknown preset {args.preset!r}"
                 if preset is None else f"{args.preset!r} is a transformer")
         raise ValueError(f"plan ranks meshes for the FFN stack only: {what}; {_presets_of(FFNConfig)}")
-    if args.verify_top and verify is None:
-        return handover(args.argv)
     cfg = model_config(args)
     if args.top <= 0:
         raise ValueError(f"--top must be a positive integer, got {args.top}")
@@ -306,11 +296,9 @@ def _mesh_text(mesh: dict) -> str:
     return ",".join(f"{a}={n}" for a, n in mesh.items() if n > 1) or "1 device"
 
 
-def trace_command(args, verify_trace=None) -> int:
+def trace_command(args, verify_trace) -> int:
     """Seed 000's trace from the closed forms (scaling.seed000); with --verify, ``verify_trace(verbose)``
-    (the top package's) compiles its Ulysses layer and the table follows."""
-    if args.verify and verify_trace is None:
-        return handover(args.argv)
+    (verify's) compiles its Ulysses layer and the table follows."""
     print(seed000.render())
     if args.verify:
         print()
@@ -324,12 +312,10 @@ def layers_command(args) -> int:
     return 0
 
 
-def add_commands(sub, check_command=None, verify_plans=None, verify_pipeline=None, render_pipeline=None,
-                 verify_trace=None) -> None:
+def add_commands(sub, *, check_command, verify_plans, verify_pipeline, render_pipeline, verify_trace) -> None:
     """Add answer, plan, check, trace and layers to an argparse subparsers object. ``check_command``,
-    ``verify_plans``, ``verify_pipeline``/``render_pipeline`` and ``verify_trace`` are the top package's
-    (python -m verify); without them check, plan --verify-top, answer --verify-pipeline and
-    trace --verify hand over to it."""
+    ``verify_plans``, ``verify_pipeline``/``render_pipeline`` and ``verify_trace`` implement check,
+    plan --verify-top, answer --verify-pipeline and trace --verify (verify's, passed in by jax_scaling.cli)."""
     Q = QUESTION
     a = sub.add_parser("answer", help="answers to the 4D-parallelism questions (a)-(d), derived")
     a.add_argument("--d-model", type=int, default=Q["d_model"], help="D (default %(default)s)")
@@ -391,7 +377,7 @@ def add_commands(sub, check_command=None, verify_plans=None, verify_pipeline=Non
     c.add_argument("--chip", help="chip for the time estimates (default: the TPU topology's, else v5p)")
     c.add_argument("--json", action="store_true")
     c.add_argument("--verbose", action="store_true", help="let libtpu's start-up lines through to stderr")
-    c.set_defaults(func=check_command or (lambda args: handover(args.argv)))
+    c.set_defaults(func=check_command)
 
     t = sub.add_parser("trace", help="seed 000's Ulysses + 2D-TP memory and FLOP trace, from the closed forms")
     t.add_argument("--seed", default="000", choices=["000"], help="the reference trace (default %(default)s)")
@@ -413,7 +399,6 @@ def run(parser: argparse.ArgumentParser, argv=None) -> int:
     that closes the pipe early (``| head``) ends it quietly with exit 1 (signal module docs, "Note on SIGPIPE")."""
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
-    args.argv = argv  # what a command that hands over passes on
     try:
         code = args.func(args)
         sys.stdout.flush()  # a closed pipe raises here, not at exit
@@ -424,9 +409,3 @@ def run(parser: argparse.ArgumentParser, argv=None) -> int:
     except BrokenPipeError:  # the reader went away (| head): the Python docs' recipe, no traceback at exit
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
-
-
-def main(argv=None) -> int:
-    p = Parser(prog="python -m scaling", description=__doc__.split("\n\n")[0])
-    add_commands(p.add_subparsers(dest="cmd", required=True))
-    return run(p, argv)

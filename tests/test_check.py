@@ -196,7 +196,7 @@ def test_answer_verify_pipeline(capsys):
     what it moves gathering per microbatch; every axis within 2%, the peaks within 10%."""
     import json
 
-    from verify.cli import main
+    from jax_scaling.cli import main
 
     assert main(["answer", "--verify-pipeline", "--json"]) == 0
     gathers = json.loads(capsys.readouterr().out)["d"]["pipeline_program"]["gathers"]
@@ -252,7 +252,7 @@ def test_check_cli_json():
                  "the program needs 996.9 GB per device, the device has 102.8 GB", marks=pytest.mark.tpu),
 ])
 def test_check_cli_bad_input(argv, match, capsys):
-    from verify.cli import main
+    from jax_scaling.cli import main
 
     with pytest.raises(SystemExit) as e:
         raise SystemExit(main(["check", *argv]))

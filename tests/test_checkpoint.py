@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from ffn_model import checkpoint as ckpt
-from ffn_model.cli import main
+from jax_scaling.cli import main
 from ffn_model.train import state_shardings, train
 from mesh import make_mesh, mesh_shape
 from scaling.config import PRESETS

@@ -15,7 +15,7 @@ import pytest
 from ffn_model import checkpoint as ckpt
 from mesh.devices import infer_chip
 from verify.bench import bench
-from verify.cli import main
+from jax_scaling.cli import main
 from ffn_model.train import state_shardings, train
 from mesh import make_mesh
 from scaling.config import PRESETS, get_preset
@@ -341,12 +341,10 @@ def test_program_larger_than_the_tpu_is_one_line(capsys):
 def test_head_dim_sets_h_apart_from_d_over_n():
     """--heads 7 on a 64-wide model with --head-dim 8: W_q, W_o [N, H, D] and W_k, W_v [K, H, D] with K = N = 7,
     D·H·(2N + 2K) = 64·8·28 = 14,336 attention and 2·D·F = 32,768 MLP parameters per layer, 2 layers."""
-    from scaling.cli import Parser, model_config
-    from ffn_model.cli import add_commands
+    from jax_scaling.cli import parser
+    from scaling.cli import model_config
 
-    p = Parser(prog="t")
-    add_commands(p.add_subparsers(dest="command"))
-    cfg = model_config(p.parse_args("train --preset tiny-tf --heads 7 --head-dim 8".split()))
+    cfg = model_config(parser().parse_args("train --preset tiny-tf --heads 7 --head-dim 8".split()))
     assert (cfg.heads, cfg.kv_heads, cfg.head_dim) == (7, 7, 8)
     assert cfg.params == 2 * (14_336 + 32_768)
 

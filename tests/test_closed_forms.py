@@ -363,7 +363,7 @@ def test_x_opt_reported_within_the_mesh():
 ])
 def test_absurd_sizes_exit_2_one_line(args, word, capsys):
     """--d-model 10^30 printed 2.7e27 GPUs and exit 0; --hbm 1e-300 an OverflowError traceback."""
-    from scaling.cli import main
+    from jax_scaling.cli import main
 
     assert main(["answer", *args]) == 2
     out, err = capsys.readouterr()

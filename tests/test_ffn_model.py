@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from verify.cli import main
+from jax_scaling.cli import main
 from ffn_model.compile import abstract_compile
 from ffn_model.model import to_bf16
 from ffn_model.train import train

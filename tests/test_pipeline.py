@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from ffn_model.cli import main
+from jax_scaling.cli import main
 from ffn_model.train import init_state, make_batch_fn, make_train_step, train
 from mesh import make_mesh
 from scaling import pipeline as closed

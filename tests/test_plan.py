@@ -169,7 +169,7 @@ def test_verify_top_plan_compiles_and_fits(capsys):
     smallest memory wins)."""
     import json
 
-    from verify.cli import main
+    from jax_scaling.cli import main
 
     assert main(["plan", "--chips", "64", "--preset", "xxl", "--batch-tokens", "25600",
                  "--verify-top", "1", "--json"]) == 0
@@ -266,7 +266,7 @@ def test_nothing_fits_says_why_with_the_nearest_miss():
 def test_plan_offers_and_takes_only_ffn_presets(capsys):
     """The planner ranks FFN stacks: its --help lists the FFN presets and no transformer flag; a transformer
     preset or dimension is one line naming the FFN presets (issue 17, item 1)."""
-    from scaling.cli import main
+    from jax_scaling.cli import main
 
     r = _plan_cli("--help")
     assert "FFN presets: xxl" in r.stdout and "llama-8b" not in r.stdout and "--heads" not in r.stdout
@@ -306,7 +306,7 @@ def test_planner_ranks_only_batches_train_accepts():
 
 def test_verify_top_must_not_be_negative(capsys):
     """--verify-top -1 compiled 11 of 12 plans (plans[:-1]); it is refused before anything compiles."""
-    from scaling.cli import main
+    from jax_scaling.cli import main
 
     assert main(["plan", "--verify-top", "-1"]) == 2
     assert "--verify-top must be 0" in capsys.readouterr().err

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from scaling import seed000 as s0
-from scaling.cli import main
+from jax_scaling.cli import main
 from scaling.hardware import CHIPS
 from scaling.config import get_preset
 from scaling.transformer import step_flops

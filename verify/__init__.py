@@ -1,10 +1,10 @@
-"""The top layer: the closed forms (scaling) held against the programs XLA compiles for the model
-(ffn_model) on a mesh (mesh). The only package that imports both sides.
+"""The comparison layer, below the command layer (jax_scaling): the closed forms (scaling) held against the
+programs XLA compiles for the model (ffn_model) on a mesh (mesh). The only package that imports both sides.
 
   hlo     reading a compiled program: one dataclass (CompiledProgram) with dot FLOPs x loop trips,
           collectives by mesh axis, memory and cost analysis
   check   closed form beside compiled, term by term; plan verification; the check grids
   bench   the measured step beside the compiled program's FLOPs and the closed form's prediction
-  cli     python -m verify {check, plan, compile, bench, answer, train}: the commands of python -m scaling
-          and python -m ffn_model, with the ones that compile or measure implemented here
+  cli     compile and bench for the command line (jax_scaling.cli, which also offers check, plan --verify-top,
+          answer --verify-pipeline and trace --verify from check and trace)
 """

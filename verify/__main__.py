@@ -1,7 +1,9 @@
-"""python -m verify: see verify.cli."""
+"""python -m verify {answer, plan, check, trace, layers, train, compile, bench}: the command layer's program
+(jax_scaling.cli) with the commands it offered before the console script. An entry point, not part of the verify
+layer (tests/test_layers.py)."""
 
 import sys
 
-from verify.cli import main
+from jax_scaling.cli import main
 
-sys.exit(main())
+sys.exit(main(prog="python -m verify"))

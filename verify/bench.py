@@ -1,5 +1,5 @@
 """The benchmark report: a measured step time beside what the compiled program executes and what the
-closed form predicts (``python -m ffn_model bench``, run by ``python -m verify bench``).
+closed form predicts (``jax-scaling bench``, or ``python -m ffn_model bench``).
 
   step time     ffn_model.bench.time_train_step: median of ``steps`` timed steps after ``warmup``
   FLOPs         executed = the compiled program's own matmul FLOPs per device (verify.hlo: dot FLOPs x

@@ -1,7 +1,6 @@
-"""python -m verify {check, plan, compile, bench, answer, train, trace, layers}: one program for every command of
-``python -m scaling`` and ``python -m ffn_model``, with the same flags. Those two run the commands that
-compile or measure (check, plan --verify-top, compile, bench) through this one, which implements them;
-the others are theirs.
+"""The commands that compile or measure, implemented here: ``compile`` and ``bench`` (the report and its
+text). check, plan --verify-top, answer --verify-pipeline are verify.check's, trace --verify verify.trace's.
+The command layer (jax_scaling.cli) imports them when such a command runs.
 """
 
 from __future__ import annotations
@@ -10,12 +9,10 @@ from ffn_model import cli as model_cli
 from ffn_model.compile import abstract_compile
 from mesh import make_mesh, mesh_shape
 from mesh.devices import infer_chip
-from scaling import cli as closed_form_cli
 from scaling.hardware import get_chip
 from verify.bench import bench
-from verify.check import check_command, optimal_seconds_text, render_pipeline, verify_pipeline, verify_plans
+from verify.check import optimal_seconds_text
 from verify.hlo import read_compiled, refusal_error
-from verify.trace import compile_seed000_layer, render_compiled
 
 COST_KEYS = ("flops", "bytes accessed", "transcendentals", "optimal_seconds")
 
@@ -80,13 +77,3 @@ def print_bench(rep: dict) -> None:
         comms = ", ".join(f"{a} {ms(t)}" for a, t in p["comms"].items()) or "none"
         print(f"  predicted   {ms(p['step_max'])} (max form) .. {ms(p['step_sum'])} (sum form): "
               f"math {ms(p['math'])}, comms {comms}, HBM {ms(p['hbm'])}; {p['bound']} bound")
-
-
-def main(argv=None) -> int:
-    p = closed_form_cli.Parser(prog="python -m verify", description=__doc__.split("\n\n")[0])
-    sub = p.add_subparsers(dest="command", required=True)
-    closed_form_cli.add_commands(sub, check_command=check_command, verify_plans=verify_plans,
-                                 verify_pipeline=verify_pipeline, render_pipeline=render_pipeline,
-                                 verify_trace=lambda verbose: render_compiled(compile_seed000_layer(verbose)))
-    model_cli.add_commands(sub, {"compile": (compile_report, print_compile), "bench": (bench_report, print_bench)})
-    return closed_form_cli.run(p, argv)
