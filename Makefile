@@ -1,4 +1,4 @@
-# make answer: create .venv, install, print the 4D answers.   make test: install dev+tpu extras, run pytest.
+# make answer: create .venv, install, print the 4D answers.   make test: install dev+tpu extras, ruff, pytest.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -20,6 +20,7 @@ answer: $(VENV)/.base
 	$(VENV)/bin/jax-scaling answer
 
 test: $(VENV)/.dev
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q
 
 clean:

@@ -15,20 +15,20 @@ import jax
 
 from ffn_model.train import init_state, make_batch_fn, make_optimizer, make_train_step
 from mesh.devices import mesh_shape
-from scaling.config import FFNConfig, Schedule, check_divisible, check_remat, check_seed, non_negative_int, positive_int
+from scaling.config import check_seed, non_negative_int, positive_int
+from scaling.workload import Workload
 
 
-def time_train_step(cfg: FFNConfig, mesh, batch_tokens: int, steps: int = 10, warmup: int = 2, remat: str = "none",
-                    seed: int = 0, schedule: Schedule = Schedule()) -> dict:
-    """Time the train step of ``cfg`` on ``mesh`` with a global batch of ``batch_tokens`` tokens. Returns
+def time_train_step(w: Workload, mesh, steps: int = 10, warmup: int = 2, seed: int = 0) -> dict:
+    """Time the workload's train step on ``mesh`` (a jax Mesh of w.mesh's shape). Returns
     {"step_seconds" (median), "step_seconds_all", "final_loss", "compiled" (the executable that ran)}.
     ValueError naming any bad input, before anything is created."""
     positive_int("steps", steps)
     non_negative_int("warmup", warmup)
     check_seed("seed", seed)
-    check_remat(remat, cfg)
-    check_divisible(cfg, mesh_shape(mesh), batch_tokens)
-    schedule.check(cfg, mesh_shape(mesh), batch_tokens)
+    if mesh_shape(mesh) != w.mesh:
+        raise ValueError(f"the workload's mesh is {w.mesh}, the devices' mesh {mesh_shape(mesh)}")
+    cfg, batch_tokens, remat, schedule = w.model, w.batch_tokens, w.remat, w.schedule
     tx = make_optimizer()
     state = init_state(cfg, mesh, seed, tx)
     batch_fn = make_batch_fn(cfg, mesh, batch_tokens, seed)

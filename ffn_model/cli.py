@@ -35,9 +35,10 @@ import sys
 
 from mesh.devices import PROCESS_TIMEOUT, cpu_device_count, device_count, use_cpu_platform_for
 from scaling.cli import add_model_args, add_schedule_args, check_size, model_config, schedule_of
-from scaling.config import (REMAT_POLICIES, check_divisible, check_remat, check_seed, non_negative_int, parse_mesh_spec,
+from scaling.config import (REMAT_POLICIES, MeshShape, check_remat, check_seed, non_negative_int, parse_mesh_spec,
                             positive_float, positive_int)
 from scaling.hardware import get_chip
+from scaling.workload import Workload
 
 
 COMMANDS = {  # name: (default preset, default batch tokens, help)
@@ -141,13 +142,13 @@ def check_flags(args, cfg) -> None:
     schedule = schedule_of(args)
     n_dev = device_count(args.devices) if args.command == "compile" else (
         None if n_cpu is None else n_cpu * (processes or 1))
-    if n_dev is not None:  # the device count is known without starting jax: check the mesh now
-        shape = parse_mesh_spec(args.mesh, n_dev)
-        check_divisible(cfg, shape, args.batch_tokens)
-        schedule.check(cfg, shape, args.batch_tokens)
+    step = getattr(args, "step", "train")
+    if n_dev is not None:  # the device count is known without starting jax: the workload's rules checked now
+        w = Workload(cfg, parse_mesh_spec(args.mesh, n_dev), args.batch_tokens, step, args.remat, schedule)
+    else:  # the mesh once the devices are known (make_mesh); the sizes now
+        w = Workload(cfg, MeshShape(), args.batch_tokens, step, args.remat)
     allocates = args.command != "compile" and n_cpu is not None  # train and bench on emulated CPU devices
-    check_size(cfg, shape if n_dev is not None else None, args.batch_tokens, args.remat, getattr(args, "step", "train"),
-               schedule, n_cpu if allocates else None)
+    check_size(w, n_cpu if allocates else None)
     if args.command == "train" and args.checkpoint_dir is not None:
         from ffn_model.checkpoint import check_directory
 
@@ -235,7 +236,8 @@ def check_real_cpu_size(args, cfg, mesh) -> None:
 
     local = [d for d in mesh.devices.flat if d.process_index == mesh.devices.flat[0].process_index]
     if args.devices is None and local[0].platform == "cpu":
-        check_size(cfg, mesh_shape(mesh), args.batch_tokens, args.remat, "train", schedule_of(args), len(local))
+        check_size(Workload(cfg, mesh_shape(mesh), args.batch_tokens, remat=args.remat, schedule=schedule_of(args)),
+                   len(local))
 
 
 def run_command(args, impl) -> int:

@@ -12,9 +12,7 @@ import jax
 from ffn_model.train import batch_structs, make_forward_step, make_train_step, state_shardings
 from mesh.devices import mesh_shape
 from scaling.cli import check_size
-from scaling.config import FFNConfig, Schedule, check_divisible, check_remat
-
-STEPS = ("train", "forward")
+from scaling.workload import Workload
 
 
 @dataclass
@@ -27,21 +25,17 @@ class CompileResult:
     compile_seconds: float
 
 
-def abstract_compile(cfg: FFNConfig, mesh, batch_tokens: int, remat: str = "none", step: str = "train",
-                     schedule: Schedule = Schedule()) -> CompileResult:
-    """Lower and compile ``step`` ("train": state + batch -> state, loss; "forward": params + batch
-    -> loss) for ``cfg`` on ``mesh`` with a global batch of ``batch_tokens`` tokens, from
-    ShapeDtypeStructs (nothing is allocated), with ``mesh`` set (jax.set_mesh) while tracing.
+def abstract_compile(w: Workload, mesh) -> CompileResult:
+    """Lower and compile the workload's step ("train": state + batch -> state, loss; "forward": params + batch
+    -> loss) on ``mesh`` (a jax Mesh of w.mesh's shape), from ShapeDtypeStructs (nothing is allocated), with
+    ``mesh`` set (jax.set_mesh) while tracing.
 
-    compile_seconds covers tracing, lowering and compiling. ValueError for an unknown step or remat
-    policy, a dimension not divisible by its shard count, or a size jax or XLA cannot count
-    (scaling.cli.check_size)."""
-    check_remat(remat, cfg)
-    if step not in STEPS:
-        raise ValueError(f"step must be one of {', '.join(STEPS)}, got {step!r}")
-    check_divisible(cfg, mesh_shape(mesh), batch_tokens)
-    schedule.check(cfg, mesh_shape(mesh), batch_tokens)
-    check_size(cfg, mesh_shape(mesh), batch_tokens, remat, step, schedule)  # sizes jax and XLA can count
+    compile_seconds covers tracing, lowering and compiling. ValueError for a mesh of another shape than the
+    workload's or a size jax or XLA cannot count (scaling.cli.check_size)."""
+    if mesh_shape(mesh) != w.mesh:
+        raise ValueError(f"the workload's mesh is {w.mesh}, the devices' mesh {mesh_shape(mesh)}")
+    check_size(w)  # sizes jax and XLA can count
+    cfg, batch_tokens, remat, step, schedule = w.model, w.batch_tokens, w.remat, w.step, w.schedule
     t0 = time.perf_counter()
     abstract, _ = state_shardings(cfg, mesh)
     batch = batch_structs(cfg, mesh, batch_tokens)

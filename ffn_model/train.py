@@ -36,7 +36,7 @@ from ffn_model.transformer import X_AXES as TF_X_AXES
 from ffn_model.transformer import TransformerStack
 from mesh.devices import mesh_shape
 from mesh.rules import logical_to_spec
-from scaling.config import (FFNConfig, Schedule, TransformerConfig, check_divisible, check_remat, check_seed,
+from scaling.config import (Model, Schedule, TransformerConfig, check_divisible, check_remat, check_seed,
                             positive_float, positive_int)
 from scaling.sharding import X_AXES, shards
 
@@ -46,14 +46,14 @@ def make_optimizer(lr: float = 1e-3, weight_decay: float = 1e-4) -> optax.Gradie
     return optax.adamw(lr, b1=0.9, b2=0.95, weight_decay=weight_decay, mu_dtype=jnp.float32)
 
 
-def _model(cfg: FFNConfig | TransformerConfig, seed: int = 0, remat: str = "none", schedule: Schedule = Schedule()):
+def _model(cfg: Model, seed: int = 0, remat: str = "none", schedule: Schedule = Schedule()):
     """The model of ``cfg``: the FFN stack, or the transformer stack (ffn_model.transformer)."""
     if isinstance(cfg, TransformerConfig):
         return lambda: TransformerStack(cfg, rngs=nnx.Rngs(seed), remat=remat, schedule=schedule)
     return lambda: FFNStack(cfg, rngs=nnx.Rngs(seed), remat=remat, sequence_parallel=schedule.sequence_parallel)
 
 
-def input_layout(cfg: FFNConfig | TransformerConfig, batch_tokens: int):
+def input_layout(cfg: Model, batch_tokens: int):
     """(shape, logical axes) of a batch's x and y: [B, D] over (batch, act_embed) for the FFN stack;
     [B/T, T, D] sequences over (batch, seq, act_embed) for a transformer."""
     if isinstance(cfg, TransformerConfig):
@@ -61,7 +61,7 @@ def input_layout(cfg: FFNConfig | TransformerConfig, batch_tokens: int):
     return (batch_tokens, cfg.d_model), X_AXES
 
 
-def state_shardings(cfg: FFNConfig, mesh, tx=None):
+def state_shardings(cfg: Model, mesh, tx=None):
     """(abstract state with shardings, state shardings): ShapeDtypeStructs carrying NamedShardings
     for every leaf. The parameters' come from their logical axes through flax
     (nnx.get_abstract_model on ``mesh``); Adam's mu and nu follow their parameter, the step count is
@@ -79,7 +79,7 @@ def state_shardings(cfg: FFNConfig, mesh, tx=None):
     return abstract, shardings
 
 
-def init_state(cfg: FFNConfig, mesh, seed: int = 0, tx=None):
+def init_state(cfg: Model, mesh, seed: int = 0, tx=None):
     """The train state, created directly in its shardings (no device holds a full weight)."""
     tx = tx or make_optimizer()
     _, shardings = state_shardings(cfg, mesh, tx)
@@ -93,12 +93,12 @@ def init_state(cfg: FFNConfig, mesh, seed: int = 0, tx=None):
         return init()
 
 
-def batch_shardings(cfg: FFNConfig | TransformerConfig, mesh) -> dict:
+def batch_shardings(cfg: Model, mesh) -> dict:
     s = NamedSharding(mesh, logical_to_spec(input_layout(cfg, cfg.d_model)[1]))
     return {"x": s, "y": s}
 
 
-def batch_structs(cfg: FFNConfig | TransformerConfig, mesh, batch_tokens: int) -> dict:
+def batch_structs(cfg: Model, mesh, batch_tokens: int) -> dict:
     """ShapeDtypeStructs of one batch: x BF16 and y FP32 (input_layout: [B, D], or [B/T, T, D])."""
     sh = batch_shardings(cfg, mesh)
     shape, _ = input_layout(cfg, batch_tokens)
@@ -106,7 +106,7 @@ def batch_structs(cfg: FFNConfig | TransformerConfig, mesh, batch_tokens: int) -
             "y": jax.ShapeDtypeStruct(shape, jnp.float32, sharding=sh["y"])}
 
 
-def make_batch_fn(cfg: FFNConfig | TransformerConfig, mesh, batch_tokens: int, seed: int = 0):
+def make_batch_fn(cfg: Model, mesh, batch_tokens: int, seed: int = 0):
     """step -> batch (jitted, sharded). Deterministic in (seed, step), independent of the mesh; no
     host data, so in a multi-process program each process computes just its own shards."""
     shape, _ = input_layout(cfg, batch_tokens)
@@ -150,7 +150,7 @@ def _loss(graphdef, params, batch):
     return mse(model(batch["x"]), batch["y"], model.output_axes)
 
 
-def loss_fn(cfg: FFNConfig, mesh, remat: str = "none", schedule: Schedule = Schedule(), for_grad: bool = True):
+def loss_fn(cfg: Model, mesh, remat: str = "none", schedule: Schedule = Schedule(), for_grad: bool = True):
     """(params, batch) -> loss for ``mesh`` and ``schedule``: the stack as one scan; with a stage axis,
     a pipeline (ffn_model.pipeline; ``for_grad=False``: a forward-only step, which holds weights gathered
     once per step in BF16). Gradient accumulation (microbatches without a stage axis) is the train
@@ -165,7 +165,7 @@ def loss_fn(cfg: FFNConfig, mesh, remat: str = "none", schedule: Schedule = Sche
     return functools.partial(_loss, graphdef)
 
 
-def make_train_step(cfg: FFNConfig, mesh, remat: str = "none", tx=None, schedule: Schedule = Schedule()):
+def make_train_step(cfg: Model, mesh, remat: str = "none", tx=None, schedule: Schedule = Schedule()):
     """(state, batch) -> (state, loss): value_and_grad of the loss, AdamW update. With microbatches and
     no stage axis, the gradient is accumulated over them (ffn_model.pipeline.accumulate). Jitted with the
     state donated and out_shardings pinned to the state shardings (loss replicated). Call it (or
@@ -189,7 +189,7 @@ def make_train_step(cfg: FFNConfig, mesh, remat: str = "none", tx=None, schedule
     return jax.jit(step, donate_argnums=(0,), out_shardings=(shardings, NamedSharding(mesh, PartitionSpec())))
 
 
-def make_forward_step(cfg: FFNConfig, mesh, remat: str = "none", schedule: Schedule = Schedule()):
+def make_forward_step(cfg: Model, mesh, remat: str = "none", schedule: Schedule = Schedule()):
     """(params, batch) -> loss: the forward pass only (no gradients); call it with ``mesh`` set."""
     return jax.jit(loss_fn(cfg, mesh, remat, schedule, for_grad=False), out_shardings=NamedSharding(mesh, PartitionSpec()))
 
@@ -216,7 +216,7 @@ def train_loop(state, step_fn, batch_fn, steps: int, batch_tokens: int, start_st
     return losses, state
 
 
-def train(cfg: FFNConfig, mesh, batch_tokens: int, steps: int, lr: float = 1e-3, seed: int = 0,
+def train(cfg: Model, mesh, batch_tokens: int, steps: int, lr: float = 1e-3, seed: int = 0,
           remat: str = "none", log=None, return_state: bool = False, checkpoint_dir=None,
           save_every: int | None = None, resume: bool = False, say=None, schedule: Schedule = Schedule()):
     """Train on the synthetic task up to ``steps`` steps in all and return the losses of the steps

@@ -9,4 +9,5 @@ of each chip figure and each sharding rule.
 from scaling.config import DEFAULT_PRECISION, PRESETS, FFNConfig, MeshShape, Precision, parse_mesh_spec
 from scaling.hardware import CHIPS, get_chip
 
-__all__ = ["CHIPS", "DEFAULT_PRECISION", "FFNConfig", "MeshShape", "PRESETS", "Precision", "get_chip", "parse_mesh_spec"]
+__all__ = ["CHIPS", "DEFAULT_PRECISION", "FFNConfig", "MeshShape", "PRESETS", "Precision", "get_chip",
+           "parse_mesh_spec"]

@@ -13,6 +13,7 @@ from scaling import memory, program, roofline
 from scaling.config import (DEFAULT_PRECISION, FSDP_GATHERS, PRESETS, FFNConfig, MeshShape, Schedule,
                             check_divisible, positive_float, positive_int)
 from scaling.hardware import CHIPS
+from scaling.workload import Workload
 
 QUESTION = dict(d_model=16384, d_ff=53248, blocks=126, fsdp=16, tensor=4, mx=2, my=1, flops=4.6e14, w_ici=1.8e11,
                 hbm=95e9, gpu_hbm=80e9, batch_tokens=25600, int8_bytes=1, stages=4)
@@ -124,7 +125,8 @@ def answers(
     # (b)
     b = {
         "min_n_fsdp_without_activations": memory.min_shards_for_state(cfg, hbm, prec),
-        "min_n_fsdp_with_half_activations_at_batch": memory.min_shards_with_activations(cfg, hbm, batch_tokens, 0.5, prec),
+        "min_n_fsdp_with_half_activations_at_batch": memory.min_shards_with_activations(
+            cfg, hbm, batch_tokens, 0.5, prec),
         "batch_tokens": batch_tokens,
         "hbm": hbm,
     }
@@ -169,7 +171,8 @@ def answers(
     thin = [k for k in range(stages + 1, QUESTION["stages"] + 1) if X % k == 0 and L % k == 0]  # too few X/k for M_X
     d["pipeline_stages_why"] = f"{stages} stages, as given" if given_stages else (
         f"{stages} stages: the largest count up to {QUESTION['stages']} that divides both the FSDP size X = {X} and "
-        f"the {L} blocks" + (f" ({QUESTION['stages']} cannot split {L} blocks evenly)" if L % QUESTION["stages"] else "")
+        f"the {L} blocks"
+        + (f" ({QUESTION['stages']} cannot split {L} blocks evenly)" if L % QUESTION["stages"] else "")
         + (f" and leaves each stage FSDP shards enough to span M_X = {mx} ICI axes ({thin[-1]} stages would leave "
            f"X/{thin[-1]} = {X // thin[-1]})" if thin else ""))
     d["pipeline_program"] = pipeline_program(cfg, X, Y, stages, batch_tokens)
@@ -201,8 +204,8 @@ def pipeline_program(cfg: FFNConfig, fsdp: int, tensor: int, stages: int, batch_
         except ValueError as e:
             out["gathers"][gather] = {"error": str(e)}
             continue
-        p = program.predict(cfg, mesh, batch_tokens, step="forward", schedule=sched)
-        out["gathers"][gather] = {"collective_bytes": p["collective_bytes"], "memory": p["memory"]}
+        p = program.predict(Workload(cfg, mesh, batch_tokens, "forward", schedule=sched))
+        out["gathers"][gather] = {"collective_bytes": p.collective_bytes, "memory": p.memory}
     return out
 
 
@@ -250,8 +253,8 @@ def render(ans: dict) -> str:
         src = {k: f"given by {given[k]}" if k in given else "the question's" for k in CONSTANT_FLAGS}
         w(f"Constants: C = {i['flops']:.3g} bf16 FLOP/s ({src['flops']}) and W_ici = {i['w_ici']:.3g} B/s per chip "
           f"({src['w_ici']}); the question's are TPU v5p's as the Scaling Book rounds them,")
-        w(f"  {i['hbm'] / 1e9:g} GB HBM per {'TPU' if 'hbm' in given else 'v5p'} ({src['hbm']}), {i['gpu_hbm'] / 1e9:g} "
-          f"GB per {gpu} ({src['gpu_hbm']}). " + table)
+        w(f"  {i['hbm'] / 1e9:g} GB HBM per {'TPU' if 'hbm' in given else 'v5p'} ({src['hbm']}), "
+          f"{i['gpu_hbm'] / 1e9:g} GB per {gpu} ({src['gpu_hbm']}). " + table)
     w("")
     w("(a) Memory on one device")
     w(f"  P = 2·D·F·L = 2·{D}·{F}·{L} = {a['params']:,} parameters")
@@ -261,7 +264,8 @@ def render(ans: dict) -> str:
     w("  activations saved for backward (BF16, no remat): each block keeps its input (D) and hidden (F)")
     w(f"  = 2·(D+F)·L = 2·({D}+{F})·{L} = {a['activation_bytes_per_token']:,} bytes per token")
     w(f"  at B = {B0:,} tokens (a batch the question does not state; --batch-tokens): "
-      f"{a['activation_bytes_at_batch'] / 1e9:,.1f} GB; state + activations = {_gpus(a['gpu_count_with_activations_at_batch'])}")
+      f"{a['activation_bytes_at_batch'] / 1e9:,.1f} GB; "
+      f"state + activations = {_gpus(a['gpu_count_with_activations_at_batch'])}")
     w("")
     w("(b) Sharding state and half the activations over N_FSDP devices")
     w("  M(N) = [16·P + (1/2)·2·(D+F)·L·B] / N  bytes per device   (B tokens in the global batch)")
@@ -290,7 +294,8 @@ def render(ans: dict) -> str:
         w(f"    overall B > {_k(c['max']['overall_batch'])}")
         w(f"    B/N > {c['max']['per_device_batch']:.0f};  B/X > {c['max']['per_fsdp_shard_batch']:.0f}")
     if not c["tp_never_bound"]:
-        w(f"  Recommended: the {c['recommended_form']} form, overall B > {_k(c[c['recommended_form']]['overall_batch'])}"
+        w(f"  Recommended: the {c['recommended_form']} form, "
+          f"overall B > {_k(c[c['recommended_form']]['overall_batch'])}"
           f" (B/N > {c[c['recommended_form']]['per_device_batch']:.0f} per chip). Why: " + c["recommended_why"] + ".")
         w(f"  The max form's {_k(c['max']['overall_batch'])} holds only where the two communications overlap.")
     for form, k in (("sum", 4), ("max", 1)):
@@ -304,7 +309,8 @@ def render(ans: dict) -> str:
     for form in roofline.FORMS:
         e = d[form]
         w(f"  [{form} form]  baseline {_k(e['baseline'])}")
-        w(f"    int8 weight all-gathers (FSDP bytes halved: 2DF instead of 4DF per block): {_k(e['int8_weight_gathers'])}")
+        w("    int8 weight all-gathers (FSDP bytes halved: 2DF instead of 4DF per block): "
+          f"{_k(e['int8_weight_gathers'])}")
         if e["fsdp_over_more_axes"] is not None:
             m = e["fsdp_over_more_axes"]["M_X"]
             w(f"    FSDP spread over {m} ICI axes (M_X={m}, M_Y={c['M_Y']}: more links per gather): "
@@ -317,8 +323,9 @@ def render(ans: dict) -> str:
             w(f"    re-split the same {N} chips near X_opt: X={s['X']}, Y={s['Y']}: {_k(s['overall_batch'])}")
         S = e["pipeline_stages"]
         if S > 1:
-            w(f"    {S} pipeline stages of N/{S} chips (FSDP X/{S} = {X // S} per stage, M_X kept), weights gathered once "
-              f"per step: {_k(e['pipeline'])} (plus the bubble (S-1)/(m+S-1) of the step with m microbatches)")
+            w(f"    {S} pipeline stages of N/{S} chips (FSDP X/{S} = {X // S} per stage, M_X kept), "
+              f"weights gathered once per step: {_k(e['pipeline'])} "
+              f"(plus the bubble (S-1)/(m+S-1) of the step with m microbatches)")
     if i["stages"] > 1:
         pp = d["pipeline_program"]
         w(f"  Pipeline: {d['pipeline_stages_why']}. The program it names: the forward step on {pp['chips']} chips as "

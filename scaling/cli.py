@@ -11,7 +11,6 @@ Bad input prints one line on stderr and exits 2 (no traceback).
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import sys
@@ -20,11 +19,13 @@ import time
 from scaling import layer_estimator, seed000
 from scaling import plan as planner
 from scaling.answers import QUESTION, answers, render
-from scaling.config import (ATTENTIONS, CONTEXT_STRATEGIES, FSDP_GATHERS, PRESETS, REMAT_POLICIES, FFNConfig, MeshShape,
-                            Schedule, TransformerConfig, get_preset, positive_int)
+from scaling.config import (ATTENTIONS, CONTEXT_STRATEGIES, FSDP_GATHERS, PRESETS, REMAT_POLICIES, FFNConfig, Schedule,
+                            TransformerConfig, get_preset, positive_int)
 
 from scaling.hardware import chips_in, get_chip, parse_slice, slice_name
 from scaling.program import predict
+from scaling.table import table
+from scaling.workload import Workload
 
 
 class Parser(argparse.ArgumentParser):
@@ -38,8 +39,7 @@ def answer_command(args, verify_pipeline, render_pipeline) -> int:
     """Print (a)-(d); with --verify-pipeline, ``verify_pipeline(ans, verbose)`` (verify's)
     compiles (d)'s pipeline program and ``render_pipeline(ans)`` prints it after the answers. Sizes the package
     could not build (check_size) are refused like any bad input."""
-    check_size(FFNConfig(args.d_model, args.d_ff, args.blocks), MeshShape(fsdp=args.fsdp, tensor=args.tensor),
-               args.batch_tokens)
+    check_size(Workload(FFNConfig(args.d_model, args.d_ff, args.blocks), batch_tokens=args.batch_tokens))
     ans = answers(
         d_model=args.d_model, d_ff=args.d_ff, blocks=args.blocks, fsdp=args.fsdp, tensor=args.tensor, mx=args.mx,
         my=args.my, flops=args.flops, w_ici=args.w_ici, hbm=args.hbm, gpu_hbm=args.gpu_hbm,
@@ -145,15 +145,15 @@ def host_memory_bytes() -> int:
     return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-def check_size(cfg, mesh, batch_tokens: int, remat: str = "none", step: str = "train", schedule: Schedule = Schedule(),
-               cpu_devices: int | None = None) -> None:
+def check_size(w: Workload, cpu_devices: int | None = None) -> None:
     """ValueError when a step is too large to build, before jax sees it: L of 2^31 blocks or more (INT32_LIMIT);
     a global array of 2^63 elements or more (EXTENT_LIMIT), the largest being the activations B·max(D, F, N·H),
     a weight stack L·D·max(F, N·H) and a transformer's attention scores B·N·T (one layer's, or flash attention's
     key blocks stacked for the backward); and, for a run that allocates on ``cpu_devices`` emulated CPU devices,
     the closed-form memory per device (scaling.program.predict) times the devices above this host's memory
     (host_memory_bytes)."""
-    B, D, F, L = batch_tokens, cfg.d_model, cfg.d_ff, cfg.blocks
+    cfg, step = w.model, w.step
+    B, D, F, L = w.batch_tokens, cfg.d_model, cfg.d_ff, cfg.blocks
     if L >= INT32_LIMIT:
         raise ValueError(f"blocks={L:,} is too many: the scan over the blocks counts them in a 32-bit integer, "
                          f"below 2^31 = {INT32_LIMIT:,}")
@@ -166,11 +166,12 @@ def check_size(cfg, mesh, batch_tokens: int, remat: str = "none", step: str = "t
         raise ValueError(f"the step's {name} hold {n:.3g} elements; XLA counts an array's elements in 64 bits, "
                          f"below 2^63 = {EXTENT_LIMIT:.3g}: use a smaller model or batch")
     if cpu_devices is not None:
-        need = predict(cfg, mesh, batch_tokens, remat, step, schedule=schedule)["memory"]["total"]
+        need = predict(w).memory["total"]
         have = host_memory_bytes()
         if need * cpu_devices > have:
             raise ValueError(f"the {step} step needs {need / 1e9:.4g} GB per device (closed form), "
-                             f"{need * cpu_devices / 1e9:.4g} GB on {cpu_devices} CPU devices, which share this host's memory: "
+                             f"{need * cpu_devices / 1e9:.4g} GB on {cpu_devices} CPU devices, "
+                             "which share this host's memory: "
                              f"{have / 1e9:.4g} GB: use a smaller model or batch (compile allocates none of it)")
 
 
@@ -194,8 +195,8 @@ def plan_command(args, verify) -> int:
     extra = [k for k in TRANSFORMER_OVERRIDES if getattr(args, k, None) is not None]
     preset = PRESETS.get(args.preset)
     if extra or not isinstance(preset, FFNConfig):
-        what = (f"--{extra[0].replace('_', '-')} is a transformer dimension" if extra else f"unknown preset {args.preset!r}"
-                if preset is None else f"{args.preset!r} is a transformer")
+        what = (f"--{extra[0].replace('_', '-')} is a transformer dimension" if extra
+                else f"unknown preset {args.preset!r}" if preset is None else f"{args.preset!r} is a transformer")
         raise ValueError(f"plan ranks meshes for the FFN stack only: {what}; {_presets_of(FFNConfig)}")
     cfg = model_config(args)
     if args.top <= 0:
@@ -215,7 +216,8 @@ def plan_command(args, verify) -> int:
         miss = planner.nearest_miss(cfg, chip, chips, args.batch_tokens, args.remat, args.form,
                                     max_microbatches=args.max_microbatches, max_repeats=args.max_repeats)
         why = "" if miss is None else (
-            f"; nearest miss: {_mesh_text(miss['mesh'])}{_schedule_text(miss)} needs {miss['memory_bytes'] / 1e9:.1f} GB per device ("
+            f"; nearest miss: {_mesh_text(miss['mesh'])}{_schedule_text(miss)} "
+            f"needs {miss['memory_bytes'] / 1e9:.1f} GB per device ("
             + ", ".join(f"{k} {v / 1e9:.1f}" for k, v in miss["memory_terms"].items() if k != "total" and v >= 5e7)
             + " GB): " + f"{(miss['memory_bytes'] - budget) / 1e9:.1f} GB over")
         B, most = args.batch_tokens, chips * args.max_microbatches
@@ -235,61 +237,63 @@ def plan_command(args, verify) -> int:
     print(f"{len(plans)} meshes of {where} fit {budget / 1e9:.4g} GB per device, each with its best microbatch count "
           f"(of 1 to {args.max_microbatches}) and repeats; B = {args.batch_tokens:,} tokens, remat {args.remat} "
           f"({seconds * 1e3:.1f} ms)"
-          + (f"; {slices} {f'nodes of {chips // slices} GPUs on NVLink' if chip.kind == 'gpu' else 'slices'} joined by {chip.network_name} "
+          + (f"; {slices} {f'nodes of {chips // slices} GPUs on NVLink' if chip.kind == 'gpu' else 'slices'} "
+             f"joined by {chip.network_name} "
              f"({chip.dcn_bw:.3g} B/s per chip; column dcn: the mesh axis whose outermost factor spans them)"
              if slices > 1 else ""))
     print(f"chip figures: {chip.describe()}")
     print(f"Ranked by the {args.form} form" + (" (max(T_math, T_HBM) + the collective times; the compiled XXL forward "
-          "step runs its collectives synchronously: README, finding for (c))" if args.form == "sum" else
+          "step runs its collectives synchronously: docs/findings.md, question (c))" if args.form == "sum" else
           " (every collective overlapped with the math)") + f"; the {other} form beside it.")
     print("These are roofline bounds, not forecasts: step times are lower bounds, MFU and HFU upper bounds "
           "(MFU counts model FLOPs 6PB-2BDF, HFU the remat recompute too).")
     print("M: microbatches (gradient accumulation without stages; GPipe/circular with them), R: circular repeats, "
           "bubble: (S-1)/(R*M) of the ideal step, paid as executed FLOPs (the scan computes in bubble iterations); "
           "bubble s: T_math of the bubble iterations.")
-    row = functools.partial(_plan_row, slices=slices, form=args.form, other=other)
-    hdr = row(None)
-    if args.verify_top:
-        hdr += f" {'compiled GB':>11} {'fits':>4}"
-    print(hdr)
-    for k, r in enumerate(plans[: args.top], 1):
-        line = row(r, k)
-        if "compiled_peak_bytes" in r:
-            peak = r["compiled_peak_bytes"]
-            line += f" {peak / 1e9 if peak else float('nan'):>11.1f} {'yes' if r['compiled_fits'] else 'no':>4}"
-        print(line)
     best = {}
     for k, r in enumerate(plans, 1):
         best.setdefault(r["mesh"]["stage"] > 1, (k, r))
+    shown = list(enumerate(plans[: args.top], 1)) + [best[s] for s in (False, True) if s in best]
+    header = ["#", *planner.PLAN_AXES, *(["dcn"] if slices > 1 else []), "M", "R", "bubble", "bubble s", "M_X",
+              "M_Y", f"step s {args.form}", f"step s {other}", f"MFU {args.form}", f"MFU {other}", "HFU", "bound",
+              "GB/dev", "crit B", *(["compiled GB", "fits"] if args.verify_top else [])]
+    lines = table(header, [_plan_cells(r, k, slices, args.form, bool(args.verify_top)) for k, r in shown],
+                  right=range(len(header)))
+    print("\n".join(lines[: min(args.top, len(plans)) + 1]))
     print("Best with and without pipeline stages (# is the rank):")
+    rest = iter(lines[min(args.top, len(plans)) + 1:])
     for staged, label in ((False, "without stages"), (True, "with stages")):
         if staged in best:
-            k, r = best[staged]
-            print(row(r, k) + f"   {label}" + (f": bubble {r['bubble']:.1%} of the ideal step, {r['bubble_seconds']:.3f} s"
-                                                 if staged else ""))
+            r = best[staged][1]
+            print(next(rest) + f"   {label}" + (f": bubble {r['bubble']:.1%} of the ideal step, "
+                                                f"{r['bubble_seconds']:.3f} s" if staged else ""))
         else:
             print(f"{'':>6} no plan {label} fits")
     return 0
 
 
-def _plan_row(r: dict | None, k: int = 0, *, slices: int, form: str, other: str) -> str:
-    """One row of the plan table (the header for ``r`` None)."""
-    if r is None:
-        return (" ".join(f"{a:>6}" for a in ["#", *planner.PLAN_AXES]) + (f" {'dcn':>5}" if slices > 1 else "")
-                + f" {'M':>3} {'R':>2} {'bubble':>6} {'bubble s':>8} {'M_X':>3} {'M_Y':>3} {'step s ' + form:>10} "
-                f"{'step s ' + other:>10} {'MFU ' + form:>7} {'MFU ' + other:>7} {'HFU':>5} {'bound':>15} "
-                f"{'GB/dev':>7} {'crit B':>9}")
+def _plan_cells(r: dict, k: int, slices: int, form: str, compiled: bool) -> list[str]:
+    """The cells of one plan's row (plan_command's header); the other form's step time and MFU beside the
+    ranking form's."""
     crit = ("never" if r["critical_batch"] is None else "any" if r["critical_batch"] == 0
             else f"{r['critical_batch']:,.0f}")
-    return (" ".join(f"{v:>6}" for v in [k, *r["mesh"].values()]) + (f" {r['dcn_axis']:>5}" if slices > 1 else "")
-            + f" {r['microbatches']:>3} {r['repeats']:>2} {r['bubble']:>6.3f} {r['bubble_seconds']:>8.3f} {r['M_X']:>3} "
-            f"{r['M_Y']:>3} {r['step_seconds_' + form]:>10.3f} {r['step_seconds_' + other]:>10.3f} "
-            f"{r['mfu_' + form]:>7.3f} {r['mfu_' + other]:>7.3f} {r['hfu']:>5.2f} {r['bound']:>15} "
-            f"{r['memory_bytes'] / 1e9:>7.1f} {crit:>9}")
+    step = {"sum": r["step_seconds_sum"], "max": r["step_seconds_max"]}
+    mfu = {"sum": r["mfu_sum"], "max": r["mfu_max"]}
+    other = "max" if form == "sum" else "sum"
+    cells = [k, *r["mesh"].values(), *([r["dcn_axis"]] if slices > 1 else []), r["microbatches"], r["repeats"],
+             f"{r['bubble']:.3f}", f"{r['bubble_seconds']:.3f}", r["M_X"], r["M_Y"], f"{step[form]:.3f}",
+             f"{step[other]:.3f}", f"{mfu[form]:.3f}", f"{mfu[other]:.3f}", f"{r['hfu']:.2f}", r["bound"],
+             f"{r['memory_bytes'] / 1e9:.1f}", crit]
+    if compiled:
+        peak = r.get("compiled_peak_bytes")
+        cells += ["", ""] if "compiled_fits" not in r else [f"{peak / 1e9 if peak else float('nan'):.1f}",
+                                                             "yes" if r["compiled_fits"] else "no"]
+    return cells
 
 
 def _schedule_text(r: dict) -> str:
-    return (f" with M={r['microbatches']}" if r["microbatches"] > 1 else "") + (f", R={r['repeats']}" if r["repeats"] > 1 else "")
+    return ((f" with M={r['microbatches']}" if r["microbatches"] > 1 else "")
+            + (f", R={r['repeats']}" if r["repeats"] > 1 else ""))
 
 
 def _mesh_text(mesh: dict) -> str:
@@ -331,7 +335,8 @@ def add_commands(sub, *, check_command, verify_plans, verify_pipeline, render_pi
     a.add_argument("--gpu-hbm", type=float, default=Q["gpu_hbm"], help="HBM bytes per GPU (default %(default)g)")
     a.add_argument("--batch-tokens", type=int, default=Q["batch_tokens"],
                    help="stated global batch for the activation figures of (a), (b) (default %(default)s)")
-    a.add_argument("--stages", type=int, help=f"pipeline stages for (d), a divisor of --fsdp and --blocks (default: the "
+    a.add_argument("--stages", type=int,
+                   help="pipeline stages for (d), a divisor of --fsdp and --blocks (default: the "
                    f"largest such count up to {Q['stages']}: 2 for the XXL's 126 blocks)")
     a.add_argument("--verify-pipeline", action="store_true",
                    help="compile (d)'s pipeline program for v5p ahead of time (weights gathered once per microbatch "
@@ -389,7 +394,8 @@ def add_commands(sub, *, check_command, verify_plans, verify_pipeline, render_pi
 
     y = sub.add_parser("layers", help="seed 001's per-layer estimates (MLP and self-attention, TP 4, A100 figures)")
     y.add_argument("--seed", default="001", choices=["001"], help="the reference estimator (default %(default)s)")
-    y.add_argument("--table", nargs="+", default=["mlp", "sa"], choices=["mlp", "sa"], help="which tables (default both)")
+    y.add_argument("--table", nargs="+", default=["mlp", "sa"], choices=["mlp", "sa"],
+                   help="which tables (default both)")
     y.add_argument("--cells", action="store_true", help="every printed cell: ours, the seed's, whether they match")
     y.set_defaults(func=layers_command)
 

@@ -12,6 +12,7 @@ parameter count is P = 2·D·F·L.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -23,7 +24,49 @@ from scaling.sharding import LOGICAL_RULES, shards
 # The mesh axes, outermost first (MaxText's names). Each is an entry of this one tuple; the sharding
 # table (scaling.sharding) says what each one splits.
 MESH_AXES = ("data", "stage", "fsdp", "context", "tensor")
-REMAT_POLICIES = ("none", "every-second", "full")
+
+
+class Remat(enum.StrEnum):
+    """What a block keeps for its backward (check_remat, saved_blocks)."""
+    NONE = "none"
+    EVERY_SECOND = "every-second"
+    FULL = "full"
+
+
+class Step(enum.StrEnum):
+    """The compiled step: train (forward, backward, AdamW update) or forward (the loss only)."""
+    TRAIN = "train"
+    FORWARD = "forward"
+
+
+class FsdpGather(enum.StrEnum):
+    """When a pipeline stage gathers its weights over fsdp (Schedule.fsdp_gather)."""
+    MICROBATCH = "microbatch"
+    STEP = "step"
+
+
+class Attention(enum.StrEnum):
+    """The attention computation of the transformer (Schedule.attention)."""
+    MATERIALIZED = "materialized"
+    FLASH = "flash"
+
+
+class ContextStrategy(enum.StrEnum):
+    """How attention runs with a context axis (Schedule.context)."""
+    ULYSSES = "ulysses"
+    RING = "ring"
+
+
+def choose(kind: type[enum.StrEnum], value, what: str) -> enum.StrEnum:
+    """``value`` as a member of ``kind``; ValueError naming ``what`` and the valid names otherwise."""
+    try:
+        return kind(value)
+    except ValueError:
+        raise ValueError(f"{what} must be one of {', '.join(kind)}, got {value!r}") from None
+
+
+REMAT_POLICIES = tuple(Remat)
+STEPS = tuple(Step)
 
 
 def positive_int(name: str, value) -> int:
@@ -147,7 +190,8 @@ class TransformerConfig:
         positive_int("kv_heads", self.kv_heads)
         positive_int("head_dim", self.head_dim)
         if self.heads % self.kv_heads:
-            raise ValueError(f"heads={self.heads} is not divisible by kv_heads={self.kv_heads} (grouped-query attention)")
+            raise ValueError(f"heads={self.heads} is not divisible by kv_heads={self.kv_heads} "
+                             "(grouped-query attention)")
 
     @property
     def mlp_matrices(self) -> int:
@@ -202,7 +246,10 @@ PRESETS: dict[str, FFNConfig | TransformerConfig] = {
 }
 
 
-def get_preset(name: str) -> FFNConfig | TransformerConfig:
+Model = FFNConfig | TransformerConfig  # the models the package builds, closes forms for and checks
+
+
+def get_preset(name: str) -> Model:
     """The preset named ``name``; ValueError listing the valid names otherwise."""
     try:
         return PRESETS[name]
@@ -237,7 +284,7 @@ class Precision:
 DEFAULT_PRECISION = Precision()
 
 
-def check_remat(remat: str, cfg: "FFNConfig | TransformerConfig | None" = None) -> str:
+def check_remat(remat: str, cfg: "FFNConfig | TransformerConfig | None" = None) -> Remat:
     """Validate a remat policy name: none, every-second (keep every second block's activations,
     recompute the others), full (keep only each block's input). The transformer stack has none and full
     (ffn_model.transformer.stack_forward): every-second is refused for a TransformerConfig."""
@@ -245,7 +292,7 @@ def check_remat(remat: str, cfg: "FFNConfig | TransformerConfig | None" = None) 
         raise ValueError(f"unknown remat policy {remat!r}; valid: {', '.join(REMAT_POLICIES)}")
     if isinstance(cfg, TransformerConfig) and remat == "every-second":
         raise ValueError("remat every-second is for the FFN stack; the transformer's remat is none or full")
-    return remat
+    return Remat(remat)
 
 
 def saved_blocks(blocks: int, remat: str) -> tuple[int, int]:
@@ -364,9 +411,9 @@ def parse_mesh_spec(spec: str, devices: int | None = None) -> MeshShape:
     return shape
 
 
-FSDP_GATHERS = ("microbatch", "step")
-ATTENTIONS = ("materialized", "flash")  # the attention computation (transformer)
-CONTEXT_STRATEGIES = ("ulysses", "ring")  # how attention runs with a context axis
+FSDP_GATHERS = tuple(FsdpGather)
+ATTENTIONS = tuple(Attention)
+CONTEXT_STRATEGIES = tuple(ContextStrategy)
 
 
 @dataclass(frozen=True)
@@ -395,26 +442,23 @@ class Schedule:
 
     microbatches: int = 1
     repeats: int = 1
-    fsdp_gather: str = "microbatch"
+    fsdp_gather: FsdpGather = FsdpGather.MICROBATCH
     sequence_parallel: bool = False
-    attention: str = "materialized"
-    context: str = "ulysses"
+    attention: Attention = Attention.MATERIALIZED
+    context: ContextStrategy = ContextStrategy.ULYSSES
     attention_block: int = 512
 
     def __post_init__(self):
         positive_ints("microbatches", self.microbatches)  # the planner passes a numpy array of candidates
         positive_int("repeats", self.repeats)
-        if self.fsdp_gather not in FSDP_GATHERS:
-            raise ValueError(f"fsdp_gather must be one of {', '.join(FSDP_GATHERS)}, got {self.fsdp_gather!r}")
+        for name, kind, what in (("fsdp_gather", FsdpGather, "fsdp_gather"), ("attention", Attention, "attention"),
+                                 ("context", ContextStrategy, "context strategy")):
+            object.__setattr__(self, name, choose(kind, getattr(self, name), what))
         if not isinstance(self.sequence_parallel, bool):
             raise ValueError(f"sequence_parallel must be True or False, got {self.sequence_parallel!r}")
-        if self.attention not in ATTENTIONS:
-            raise ValueError(f"attention must be one of {', '.join(ATTENTIONS)}, got {self.attention!r}")
-        if self.context not in CONTEXT_STRATEGIES:
-            raise ValueError(f"context strategy must be one of {', '.join(CONTEXT_STRATEGIES)}, got {self.context!r}")
         positive_int("attention_block", self.attention_block)
 
-    def check(self, cfg: FFNConfig, mesh: Mapping, batch_tokens: int | None = None) -> "Schedule":
+    def check(self, cfg: Model, mesh: Mapping, batch_tokens: int | None = None) -> "Schedule":
         """ValueError naming the input when the schedule cannot run ``cfg`` on ``mesh``: the stages must
         split the blocks evenly, the repeats the blocks of a stage, a circular pipeline needs at least
         as many microbatches as stages, B must split into M microbatches over data·fsdp."""
@@ -474,7 +518,7 @@ def _check_transformer(cfg: TransformerConfig, mesh: Mapping, schedule: "Schedul
                          "attends to at a time")
 
 
-def check_divisible(cfg: FFNConfig | TransformerConfig, mesh: Mapping, batch_tokens: int | None = None) -> None:
+def check_divisible(cfg: Model, mesh: Mapping, batch_tokens: int | None = None) -> None:
     """Every sharded dimension must divide by its shard count, through the sharding table
     (scaling.sharding): D by the shards of ``embed``, F by those of ``mlp``, B by those of ``batch``
     (a transformer's batch in whole sequences: B/T sequences by the shards of ``batch``)."""

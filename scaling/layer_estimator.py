@@ -30,6 +30,7 @@ import sys
 from typing import NamedTuple
 
 from scaling.seed000 import seed_text
+from scaling.table import table
 
 # ---------------------------------------------------------------------------------------------
 # inputs
@@ -588,10 +589,8 @@ def _fmt(v) -> str:
 
 
 def _table_text(header: list[str], lines: list[list[str]]) -> list[str]:
-    widths = [max(len(x) for x in col) for col in zip(header, *lines)]
-    fmt = lambda cells: "  ".join(x.ljust(w) if i == 0 else x.rjust(w)  # noqa: E731
-                                  for i, (x, w) in enumerate(zip(cells, widths)))
-    return [fmt(header), *(fmt(line) for line in lines)]
+    """The first column left-aligned, the figures right-aligned (scaling.table)."""
+    return table(header, lines, right=range(1, len(header)))
 
 
 def render(tables: tuple[str, ...] = ("mlp", "sa"), columns: tuple[str, ...] = COLUMNS,

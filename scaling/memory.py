@@ -18,9 +18,11 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from scaling import pipeline
-from scaling.config import DEFAULT_PRECISION, FFNConfig, Precision, Schedule, positive_int, positive_ints, saved_blocks
+from scaling import pipeline, transformer
+from scaling.config import (DEFAULT_PRECISION, FFNConfig, Precision, TransformerConfig, positive_int, positive_ints,
+                            saved_blocks)
 from scaling.sharding import shards
+from scaling.workload import Workload
 
 
 def weight_shards(mesh: Mapping):
@@ -59,10 +61,17 @@ def saved_activation_bytes(cfg: FFNConfig, mesh: Mapping, batch_tokens, remat: s
     return precision.compute * b * (n_full * (x + F / Y) + n_input * x)
 
 
-def memory_per_device(cfg: FFNConfig, mesh: Mapping, batch_tokens, remat: str = "none",
-                      precision: Precision = DEFAULT_PRECISION, windowed_grad_rs: bool = False,
-                      schedule: Schedule = Schedule()) -> dict:
-    """Training memory per device in bytes, term by term.
+def memory_per_device(w: Workload) -> dict:
+    """Bytes per device of the workload's step, term by term, "total" their sum: the FFN stack's train step
+    (train_memory_per_device) or forward step (forward_memory_per_device), the transformer's
+    (scaling.transformer.memory_per_device)."""
+    if isinstance(w.model, TransformerConfig):
+        return transformer.memory_per_device(w)
+    return (train_memory_per_device if w.step == "train" else forward_memory_per_device)(w)
+
+
+def train_memory_per_device(w: Workload) -> dict:
+    """Training memory per device of the FFN stack in bytes, term by term.
 
     master  = master·P/(X·Y)             fp32 weights, 4 B/param
     optimizer = moments·moment·P/(X·Y)   Adam mu, nu, 8 B/param
@@ -72,29 +81,30 @@ def memory_per_device(cfg: FFNConfig, mesh: Mapping, batch_tokens, remat: str = 
         (the scan gathers one block's W_in and W_out; XLA prefetches the next block's; the
         backward needs the same). With ``windowed_grad_rs`` (XLA:TPU's windowed-einsum gradient
         reduce-scatter, scaling.program) the backward streams dW in chunks and holds one gathered
-        matrix at a time: c·D·F/Y (compiled XXL, fsdp=16, tensor=4, v5p:4x4x4: 67.79 GB peak
-        against 67.53 GB with this term, 68.84 GB with the two-layer one)
+        matrix at a time: c·D·F/Y
     inputs  = x and targets of the batch per device, bf16 and fp32: (c + 4)·D·B/(data·fsdp)
     With microbatches (``schedule``, scaling.pipeline): the activations of the microbatches in flight
     (one for gradient accumulation; all T = R·M + S − 1 iterations of a pipeline) at B/(M·data·fsdp)
     tokens each; gradient accumulation adds an FP32 accumulator (accumulated = grad·P/N); a pipeline
     adds stage 0's buffer of every microbatch's input and output, c·D·B/(data·fsdp) (buffer); its
     backward loop holds the current iteration's stage gradient beside the accumulated one
-    (grad_iteration = grad·P/N: the inner scan's stacked per-block gradients) and one iteration's residuals as the inner scan stacks them before
-    they join the loop's stack (staging = Lc blocks' saved bytes of one microbatch); a circular
+    (grad_iteration = grad·P/N: the inner scan's stacked per-block gradients) and one iteration's
+    residuals as the inner scan stacks them before they join the loop's stack (staging = Lc blocks'
+    saved bytes of one microbatch); a circular
     schedule also holds the FP32 stacks re-laid as chunks, recomputed for the backward loop and held
     through it (relaid = master·P/N); with fsdp_gather="step" the stage's L/S blocks gathered (FP32
     holding BF16, what the forward and backward reuse): master·2·D·F·(L/S)/Y in place of the
-    per-block transients. (Each term is visible in XLA's memory-usage report of the compiled XXL at
-    stage=2, fsdp=8, tensor=4 on v5p:4x4x4: f32[63,13312,2048] stacks, bf16[63,800,16384] staging.)
-    Where a chunk's blocks run as one scan trip (Lc = 1, or one pair under every-second remat) XLA drops
-    the one-trip loop: no stacked per-iteration gradient (a circular schedule still holds the chunk's,
+    per-block transients. Where a chunk's blocks run as one scan trip (Lc = 1, or one pair under
+    every-second remat) XLA drops the one-trip loop: no stacked per-iteration gradient (a circular
+    schedule still holds the chunk's,
     grad·P/(N·R), to update its slot of the accumulator), and only that trip's blocks gathered
-    (c·2·Lc·D·F/Y: nothing to prefetch). Measured on v5p:2x2x2 (8192 x 32768 blocks, B = 8192): GPipe
-    stage=8 and stage=4,fsdp=2 (Lc = 1) 11.54 / 6.31 GB against 11.56 / 6.11 compiled; circular stage=4,
-    fsdp=2, R=2, L=8: 14.16 against 14.16.
+    (c·2·Lc·D·F/Y: nothing to prefetch). Each term is an allocation of XLA's memory-usage report
+    (docs/findings.md, memory).
     total   = sum of the above.  16·P/N + activations + transients (training page: 16 B/param).
     """
+    cfg, mesh, batch_tokens, remat, precision, schedule = (w.model, w.mesh, w.batch_tokens, w.remat, w.precision,
+                                                           w.schedule)
+    windowed_grad_rs = w.compiler.windowed_grad_rs
     shards_w = weight_shards(mesh)
     P, D, F = cfg.params, cfg.d_model, cfg.d_ff
     S, M, Y = mesh.get("stage", 1), schedule.microbatches, shards(mesh, "mlp")
@@ -130,9 +140,8 @@ def memory_per_device(cfg: FFNConfig, mesh: Mapping, batch_tokens, remat: str = 
     return terms
 
 
-def forward_memory_per_device(cfg: FFNConfig, mesh: Mapping, batch_tokens,
-                              precision: Precision = DEFAULT_PRECISION, schedule: Schedule = Schedule()) -> dict:
-    """Memory per device of a forward-only step (the loss, no gradients), term by term.
+def forward_memory_per_device(w: Workload) -> dict:
+    """Memory per device of the FFN stack's forward-only step (the loss, no gradients), term by term.
 
     master      = master·P/(X·Y)                   fp32 weights
     transient_weights = c·D·F/Y                     one gathered bf16 weight matrix at a time
@@ -143,9 +152,9 @@ def forward_memory_per_device(cfg: FFNConfig, mesh: Mapping, batch_tokens,
     With microbatches the working set is one microbatch's (B/(M·data·fsdp) tokens); a pipeline adds
     stage 0's buffer of the batch, and with fsdp_gather="step" the stage's weights gathered, held as BF16
     (nothing accumulates a gradient in them): c·2·D·F·(L/S)/Y in place of the one matrix.
-    Source: this package's reading of the compiled forward step (XXL, fsdp=16, tensor=4 on
-    v5p:4x4x4: 14.43 GB compiled against 14.48 GB here).
+    Source: this package's reading of the compiled forward step (docs/findings.md, memory).
     """
+    cfg, mesh, batch_tokens, precision, schedule = w.model, w.mesh, w.batch_tokens, w.precision, w.schedule
     D, F, Y, c = cfg.d_model, cfg.d_ff, shards(mesh, "mlp"), precision.compute
     b = tokens_per_device(mesh, batch_tokens)
     S, M = mesh.get("stage", 1), schedule.microbatches
@@ -162,9 +171,9 @@ def forward_memory_per_device(cfg: FFNConfig, mesh: Mapping, batch_tokens,
     return terms
 
 
-def hbm_traffic_bytes(cfg: FFNConfig, mesh: Mapping, batch_tokens, remat: str = "none", step: str = "train",
-                      precision: Precision = DEFAULT_PRECISION):
-    """HBM bytes one device reads and writes in a step (the memory-bandwidth roofline's numerator).
+def hbm_traffic_bytes(w: Workload):
+    """HBM bytes one device reads and writes in a step (the memory-bandwidth roofline's numerator); the
+    transformer's: scaling.transformer.hbm_traffic_bytes. The FFN stack's:
 
     train:   AdamW reads master, grad, mu, nu and writes master, mu, nu: 7·4 = 28 B/param/N;
              the gathered bf16 weights are read by the forward, dX and dW matmuls: 3·L·c·2·D·F/Y;
@@ -173,6 +182,9 @@ def hbm_traffic_bytes(cfg: FFNConfig, mesh: Mapping, batch_tokens, remat: str = 
              block's input and hidden written and read once, 2·c·b·(D + F/Y)·L
     (Scaling Book roofline page: T_mem = bytes moved / HBM bandwidth.)
     """
+    if isinstance(w.model, TransformerConfig):
+        return transformer.hbm_traffic_bytes(w)
+    cfg, mesh, batch_tokens, remat, step, precision = w.model, w.mesh, w.batch_tokens, w.remat, w.step, w.precision
     D, F, L, Y, c = cfg.d_model, cfg.d_ff, cfg.blocks, shards(mesh, "mlp"), precision.compute
     weights = L * c * 2 * D * F / Y
     if step == "forward":
@@ -217,5 +229,6 @@ def min_shards_with_activations(
 ) -> int:
     """Smallest N with (16·P + f·A·B)/N <= HBM, A = activation_bytes_per_token, f the fraction of
     activations kept (1/2: "every second layer", questions-4d.md (b)); everything sharded over N."""
-    total = state_bytes(cfg, precision) + activation_fraction * activation_bytes_per_token(cfg, precision) * batch_tokens
+    total = (state_bytes(cfg, precision)
+             + activation_fraction * activation_bytes_per_token(cfg, precision) * batch_tokens)
     return math.ceil(total / hbm_bytes)

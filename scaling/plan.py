@@ -7,8 +7,9 @@ the physical axes where its factor is > 1 (their count is its M: M_X for fsdp, M
 it is a ring with wraparound when it owns the whole dimension and the chip's wraparound rule holds
 (scaling.hardware.Chip.has_wraparound), else a line (program.links: 1 link or 1/2). More chips than one
 slice holds are equal slices joined by DCN (hardware.split_slices), and the outermost factor of the
-data axis (MaxText's dcn_data_parallelism) or of the fsdp axis spans them (both are enumerated). GPUs: a node of up to 8 GPUs on an NVLink switch (every mesh axis gets the GPU's
-NVLink bandwidth), nodes joined like slices over the scale-out network (InfiniBand, IB: the table's dcn_bw).
+data axis (MaxText's dcn_data_parallelism) or of the fsdp axis spans them (both are enumerated).
+GPUs: a node of up to 8 GPUs on an NVLink switch (every mesh axis gets the GPU's NVLink bandwidth),
+nodes joined like slices over the scale-out network (InfiniBand, IB: the table's dcn_bw).
 
 For each mesh, ``predict`` runs once on numpy arrays of the batch sizes and of the mesh's layouts' links;
 each (mesh, batch) keeps its fastest layout. The plans the planner ranks are therefore exactly what
@@ -29,6 +30,7 @@ from scaling import pipeline, program, roofline
 from scaling.config import (MESH_AXES, FFNConfig, MeshShape, Schedule, check_divisible, check_remat, positive_float,
                             positive_int)
 from scaling.hardware import Chip, split_slices
+from scaling.workload import Workload
 
 GPU_NODE = 8  # GPUs on one NVLink switch [SB-gpus]: an H100/H200/B200 node
 # The axes the planner factorises the chips into: the FFN stack's (its tokens have no sequence for a
@@ -127,8 +129,9 @@ def plan(cfg: FFNConfig, chip: Chip, chips: int, batch_tokens, hbm: float | None
     iterations, T_math·(S−1)/(R·M+S−1)), layout, M_X/M_Y (physical axes spanned),
     slices, predict's times (both forms), MFU/HFU, bound, memory and critical batch. ``dims``: the slice's shape
     (default: hardware.split_slices). Plans that train and check refuse (``runs``: D by fsdp, F by tensor, B by
-    M·data·fsdp, ...) or whose memory exceeds ``hbm`` are dropped. ``per_mesh``: keep each mesh's best schedule only (the fastest that fits, then the
-    least memory, then the fewest microbatches); False keeps every (mesh, M, R)."""
+    M·data·fsdp, ...) or whose memory exceeds ``hbm`` are dropped. ``per_mesh``: keep each mesh's best
+    schedule only (the fastest that fits, then the least memory, then the fewest microbatches); False keeps
+    every (mesh, M, R)."""
     positive_int("chips", chips)
     check_remat(remat)
     if form not in roofline.FORMS:
@@ -150,7 +153,8 @@ def plan(cfg: FFNConfig, chip: Chip, chips: int, batch_tokens, hbm: float | None
         if n_slices * math.prod(dims) != chips:
             raise ValueError(f"topology {dims} has {math.prod(dims)} chips, which do not divide {chips}")
     results = []
-    for (sizes, lays), dcn_axis in itertools.product(layouts(dims, chip).items(), DCN_AXES if n_slices > 1 else (None,)):
+    for (sizes, lays), dcn_axis in itertools.product(layouts(dims, chip).items(),
+                                                     DCN_AXES if n_slices > 1 else (None,)):
         given = dict(zip(PLAN_AXES, sizes))
         if dcn_axis:
             given[dcn_axis] *= n_slices
@@ -162,14 +166,14 @@ def plan(cfg: FFNConfig, chip: Chip, chips: int, batch_tokens, hbm: float | None
         axis_links = {a: np.array([x.get(a, 1.0) for x in lk])[None, None, :] for a in PLAN_AXES}
         for R in repeats_for(cfg, S, max_repeats):
             ms = np.array(microbatches_for(S, R, max_microbatches))
-            p = program.predict(cfg, mesh, batches[:, None, None], remat, "train", chip, axis_links=axis_links,
-                                dcn={dcn_axis: n_slices} if dcn_axis else None,
-                                schedule=Schedule(microbatches=ms[None, :, None], repeats=R))
-            t = p["times"]
+            w = Workload(cfg, mesh, batches[:, None, None], remat=remat,
+                         schedule=Schedule(microbatches=ms[None, :, None], repeats=R))
+            p = program.predict(w, chip, axis_links=axis_links, dcn={dcn_axis: n_slices} if dcn_axis else None)
+            t = p.times
             shape = (len(batches), len(ms), len(lays))
-            step = np.broadcast_to(t[f"step_{form}"], shape)
+            step = np.broadcast_to(t.step[form], shape)
             best = step.argmin(axis=2)
-            mem = np.broadcast_to(p["memory"]["total"], shape)[:, :, 0]
+            mem = np.broadcast_to(p.memory["total"], shape)[:, :, 0]
             for (i, B), (k, M) in itertools.product(enumerate(batches.tolist()), enumerate(ms.tolist())):
                 sched = Schedule(M, R)
                 if mem[i, k] > hbm or not runs(cfg, mesh, sched, B):  # over budget, or a batch train refuses
@@ -183,32 +187,33 @@ def plan(cfg: FFNConfig, chip: Chip, chips: int, batch_tokens, hbm: float | None
                     "microbatches": M,
                     "repeats": R,
                     "bubble": pipeline.bubble(sched, S)["overhead"] if S > 1 else 0.0,
-                    "bubble_seconds": pick(t["math"]) * (pipeline.bubble(sched, S)["idle_share"] if S > 1 else 0.0),
+                    "bubble_seconds": pick(t.math) * (pipeline.bubble(sched, S)["idle_share"] if S > 1 else 0.0),
                     "slices": n_slices,
                     "dcn_axis": dcn_axis,
                     "layout": {a: {"lens": v[0], "wrap": v[1]} for a, v in lay.items()},
                     "M_X": len(lay.get("fsdp", ([], []))[0]),
                     "M_Y": len(lay.get("tensor", ([], []))[0]),
                     "form": form,
-                    "step_seconds": pick(t[f"step_{form}"]),
-                    "step_seconds_sum": pick(t["step_sum"]),
-                    "step_seconds_max": pick(t["step_max"]),
-                    "mfu": pick(t[f"mfu_{form}"]),
-                    "mfu_sum": pick(t["mfu_sum"]),
-                    "mfu_max": pick(t["mfu_max"]),
-                    "hfu": pick(t[f"hfu_{form}"]),
-                    "bound": str(np.broadcast_to(t["bound"], shape)[i, k, j]),
-                    "times": {"math": pick(t["math"]), **{a: pick(v) for a, v in t["comms"].items()},
-                              "hbm": pick(t["hbm"])},
+                    "step_seconds": pick(t.step[form]),
+                    "step_seconds_sum": pick(t.step["sum"]),
+                    "step_seconds_max": pick(t.step["max"]),
+                    "mfu": pick(t.mfu[form]),
+                    "mfu_sum": pick(t.mfu["sum"]),
+                    "mfu_max": pick(t.mfu["max"]),
+                    "hfu": pick(t.hfu[form]),
+                    "bound": str(np.broadcast_to(t.bound, shape)[i, k, j]),
+                    "times": {"math": pick(t.math), **{a: pick(v) for a, v in t.comms.items()},
+                              "hbm": pick(t.hbm)},
                     "memory_bytes": float(mem[i, k]),
                     "hbm_budget": hbm,
                     "per_device_batch": B / devices,
-                    "critical_batch": (None if math.isnan(c := pick(t[f"critical_batch_{form}"])) else c),
+                    "critical_batch": (None if math.isnan(c := pick(t.critical_batch[form])) else c),
                 })
     results.sort(key=lambda r: (r["batch_tokens"], round(r["step_seconds"], 12), r["memory_bytes"], r["microbatches"]))
     if per_mesh:
         seen = set()
-        results = [r for r in results if (key := (r["batch_tokens"], tuple(r["mesh"].values()), r["dcn_axis"])) not in seen
+        results = [r for r in results
+                   if (key := (r["batch_tokens"], tuple(r["mesh"].values()), r["dcn_axis"])) not in seen
                    and not seen.add(key)]
     return results
 
@@ -222,9 +227,9 @@ def nearest_miss(cfg: FFNConfig, chip: Chip, chips: int, batch_tokens: int, rema
     if not plans:
         return None
     best = min(plans, key=lambda r: r["memory_bytes"])
+    w = Workload(cfg, MeshShape(best["mesh"]), batch_tokens, remat=remat,
+                 schedule=Schedule(best["microbatches"], best["repeats"]))
     best["memory_terms"] = {k: float(v) for k, v in program.predict(
-        cfg, MeshShape(best["mesh"]), batch_tokens, remat, "train", chip,
-        {a: (v["lens"], v["wrap"]) for a, v in best["layout"].items()},
-        dcn={best["dcn_axis"]: best["slices"]} if best["dcn_axis"] else None,
-        schedule=Schedule(best["microbatches"], best["repeats"]))["memory"].items()}
+        w, chip, {a: (v["lens"], v["wrap"]) for a, v in best["layout"].items()},
+        dcn={best["dcn_axis"]: best["slices"]} if best["dcn_axis"] else None).memory.items()}
     return best

@@ -31,8 +31,9 @@ V is the Scaling Book's volume (the full array a collective spans on each device
 Times (sharding page): an all-gather or reduce-scatter of V bytes over a mesh axis takes V/(links·W_ici),
 an all-reduce twice that, an all-to-all a quarter; ``links`` counts the physical ICI axes the mesh axis
 spans, 1 for a ring that closes (wraparound) and 1/2 for a line (about twice as long). The step time:
-sum form T_math + Σ T_axis (the compiled XXL forward step runs its collectives synchronously: README,
-finding for (c)); max form max(T_math, T_axis..., T_hbm) (everything overlapped). Both are rooflines.
+sum form max(T_math, T_hbm) + Σ T_axis (the compiled XXL forward step runs its collectives synchronously:
+docs/findings.md, question (c)); max form max(T_math, T_axis..., T_hbm) (everything overlapped). Both are
+rooflines.
 Slices joined by DCN (more chips than one slice holds) carry the outermost factor of one mesh axis
 (data, as MaxText's dcn_data_parallelism, or fsdp); a collective over that axis is hierarchical: over
 ICI within a slice and, for 1/(size within a slice) of the bytes, over DCN (tpus page: V·(n−1)/n per chip).
@@ -43,35 +44,37 @@ planner evaluates every batch size and every ICI layout of a mesh in one call.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 
 from scaling import collectives, flops, memory, pipeline, roofline, transformer
-from scaling.config import (DEFAULT_PRECISION, FFNConfig, MeshShape, Precision, Schedule, TransformerConfig,
-                            check_divisible, check_remat)
+from scaling.config import TransformerConfig
 from scaling.hardware import Chip
+from scaling.workload import Workload
 
 KIND_FACTOR = collectives.KIND_FACTOR
-STEPS = ("train", "forward")
 
 
 def links(layout: Mapping) -> dict:
     """Effective ICI links of each mesh axis from its layout {axis: (lengths, wraps)} (mesh.ici_layout,
     or the planner's enumeration): Σ over the physical axes it spans of 1 (ring with wraparound) or 1/2
     (line). An axis absent from the layout is taken as one ring."""
-    return {axis: sum(1.0 if w else 0.5 for n, w in zip(lens, wraps) if n > 1) for axis, (lens, wraps) in layout.items()}
+    return {axis: sum(1.0 if w else 0.5 for n, w in zip(lens, wraps) if n > 1)
+            for axis, (lens, wraps) in layout.items()}
 
 
 # XLA:TPU's windowed-einsum choice for the fsdp gradient reduce-scatter (windowed_einsum_rs): the fsdp sizes it
-# takes and its communication multiplier m, read from libtpu 0.0.42.1 programs compiled ahead of time (README,
-# "when XLA:TPU runs the windowed einsum").
+# takes and its communication multiplier m, read from libtpu 0.0.42.1 programs compiled ahead of time
+# (docs/findings.md, closed forms against the compiler).
 WINDOWED_RS_PARTITIONS = (8, 32)
 WINDOWED_RS_MULTIPLIER = 1.075
 
 
-def windowed_einsum_rs(mesh: Mapping, batch_tokens, chip: Chip | None, axis_links: Mapping | None = None,
-                       dcn: Mapping | None = None, step: str = "train", schedule: Schedule = Schedule()):
+def windowed_einsum_rs(w: Workload, chip: Chip | None, axis_links: Mapping | None = None,
+                       dcn: Mapping | None = None):
     """Whether XLA:TPU runs the fsdp gradient reduce-scatter as a windowed einsum: the rule of XLA's SPMD
     partitioner (xla/service/spmd/dot_handler.cc, GetWindowedEinsumConfiguration) for the dW matmul, whose
     contracting tokens and output are split over the same X = fsdp partitions (so data = 1): windowed when
@@ -79,24 +82,21 @@ def windowed_einsum_rs(mesh: Mapping, batch_tokens, chip: Chip | None, axis_link
     tokens per device and microbatch, M_X the fsdp links, alpha per device):  b·M_X/alpha > m·(1 + 2/X) − 1,  for X in
     WINDOWED_RS_PARTITIONS, m = WINDOWED_RS_MULTIPLIER (both measured). False for a train step's absence, a
     GPU, no chip, or an fsdp axis across slices (not measured). Arrays of B and links give an array."""
-    X, lo_hi = mesh["fsdp"], WINDOWED_RS_PARTITIONS
-    if (chip is None or chip.kind != "tpu" or step != "train" or mesh["data"] > 1 or not lo_hi[0] <= X <= lo_hi[1]
-            or (dcn or {}).get("fsdp", 1) > 1):
+    X, lo_hi = w.mesh["fsdp"], WINDOWED_RS_PARTITIONS
+    if (chip is None or chip.kind != "tpu" or w.step != "train" or w.mesh["data"] > 1
+            or not lo_hi[0] <= X <= lo_hi[1] or (dcn or {}).get("fsdp", 1) > 1):
         return False
-    b = np.asarray(batch_tokens) / (np.asarray(schedule.microbatches) * X)
+    b = np.asarray(w.batch_tokens) / (np.asarray(w.schedule.microbatches) * X)
     ratio = b * np.asarray((axis_links or {}).get("fsdp", 1.0)) * chip.ici_bidi / chip.device_flops  # b·M_X/alpha
     out = ratio > WINDOWED_RS_MULTIPLIER * (1 + 2 / X) - 1
     return out.item() if out.ndim == 0 else out
 
 
-def collective_volumes(cfg: FFNConfig, mesh: MeshShape, batch_tokens, step: str = "train",
-                       precision: Precision = DEFAULT_PRECISION, min_comm_bytes: int = 0,
-                       windowed_grad_rs: bool = False, remat: str = "none",
-                       merged_grad_allreduce: bool = False, schedule: Schedule = Schedule(),
-                       circular_relays: int = 2) -> dict[str, dict[str, float]]:
+def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
     """Per device, per mesh axis, per collective kind: the summed volume V (bytes) of one step.
 
-    Returns {axis: {kind: bytes}} for the axes of size > 1 (see the module docstring for each term).
+    Returns {axis: {kind: bytes}} for the axes of size > 1 (see the module docstring for each term; the
+    transformer's: scaling.transformer.collective_volumes). The compiler facts (w.compiler):
     ``min_comm_bytes`` widens narrower element types on the wire: XLA's CPU backend runs bf16
     all-gathers and all-reduces in f32 (``min_comm_bytes=4``; seen in every CPU compile with jax
     0.10.2), while TPU moves bf16 as the precision policy says. ``merged_grad_allreduce``: the program
@@ -112,13 +112,15 @@ def collective_volumes(cfg: FFNConfig, mesh: MeshShape, batch_tokens, step: str 
     ``circular_relays`` = 2 per stack in a train step, 3 where XLA re-lays the stacks again for the
     backward rather than keep them (read from the program by verify.check).
     """
-    if step not in STEPS:
-        raise ValueError(f"step must be 'train' or 'forward', got {step!r}")
+    if isinstance(w.model, TransformerConfig):
+        return transformer.collective_volumes(w)
+    cfg, mesh, step, precision, remat, schedule = w.model, w.mesh, w.step, w.precision, w.remat, w.schedule
+    windowed_grad_rs, min_comm_bytes = w.compiler.windowed_grad_rs, w.compiler.min_comm_bytes
     D, F, L = cfg.d_model, cfg.d_ff, cfg.blocks
     X, Y, d, S = mesh["fsdp"], mesh["tensor"], mesh["data"], mesh["stage"]
     M = schedule.microbatches
     c, cw, cg = (max(b, min_comm_bytes) for b in (precision.compute, precision.weight_comm, precision.grad_comm))
-    b_loc = memory.tokens_per_device(mesh, batch_tokens) / M  # tokens per device in one microbatch
+    b_loc = memory.tokens_per_device(mesh, w.batch_tokens) / M  # tokens per device in one microbatch
     passes = 2 if step == "train" else 1  # weight gathers / activation all-reduces: forward (+ backward)
     n = pipeline.block_passes(cfg, schedule, S)  # block-passes per device (M·L without stages)
     T, Ls = pipeline.iterations(schedule, S), L // S
@@ -127,7 +129,7 @@ def collective_volumes(cfg: FFNConfig, mesh: MeshShape, batch_tokens, step: str 
     n_bwd = 0 if once else n  # gathered once: the backward reuses the gathered stage
     matrix = 2 * D * F / Y  # W_in and W_out of one block, per device after the fsdp gather
     out: dict[str, dict[str, float]] = {}
-    merged = merged_grad_allreduce and step == "train" and d > 1 and X > 1
+    merged = w.compiler.merged_grad_allreduce and step == "train" and d > 1 and X > 1
     if X > 1:
         out["fsdp"] = {"all-gather": (n_fwd + (n_bwd if step == "train" else 0)) * cw * matrix}
         if step == "train" and windowed_grad_rs:
@@ -158,7 +160,7 @@ def collective_volumes(cfg: FFNConfig, mesh: MeshShape, batch_tokens, step: str 
         if schedule.repeats > 1:  # circular: the FP32 stacks re-laid so stage s holds chunks s, S+s, ...,
             # in rounds of one chunk (pipeline.relay_rounds): forward, the gradient back, and again for the
             # backward where XLA re-lays them rather than keep them (``circular_relays``)
-            relays = circular_relays if step == "train" else 1
+            relays = w.compiler.circular_relays if step == "train" else 1
             chunk = precision.master * pipeline.chunk_blocks(cfg, schedule, S) * matrix / X
             out["stage"]["collective-permute"] += relays * pipeline.relay_moves(S, schedule.repeats) * chunk
     loss_axes = ("data", "fsdp", "tensor") if schedule.sequence_parallel else ("data", "fsdp")
@@ -215,14 +217,18 @@ def axis_networks(chip: Chip, axis_links: Mapping | None = None, dcn: Mapping | 
 
 
 def _select(w, yes, no):
-    """np.where(w, yes, no) through nested dicts (a key on one side only is 0 on the other)."""
+    """np.where(w, yes, no) through predictions and nested dicts (a key on one side only is 0 on the other)."""
+    if dataclasses.is_dataclass(yes):
+        return type(yes)(**{f.name: _select(w, getattr(yes, f.name), getattr(no, f.name))
+                            for f in dataclasses.fields(yes)})
+    if yes is None and no is None:
+        return None
     if isinstance(yes, dict) or isinstance(no, dict):
         return {k: _select(w, yes.get(k, 0.0), no.get(k, 0.0)) for k in {**no, **yes}}
     return np.where(w, yes, no)
 
 
-def step_flops_per_device(cfg: FFNConfig, mesh: MeshShape, batch_tokens, step: str = "train", remat: str = "none",
-                          schedule: Schedule = Schedule()) -> dict:
+def step_flops_per_device(w: Workload) -> dict:
     """Matmul FLOPs one device executes in a step, term by term (scaling.flops.step_flops), plus "model"
     (the matmuls the step needs: 6·P·B − 2·B·D·F for train, 2·P·B forward) per device.
 
@@ -230,7 +236,11 @@ def step_flops_per_device(cfg: FFNConfig, mesh: MeshShape, batch_tokens, step: s
     dead dx of block 0, where the scan computes it, once per microbatch, the same total):
     step_flops(B)/N. With S stages a device runs its stage's chunk of Lc = L/(S·R) blocks on B/M tokens
     in each of the T = R·M + S − 1 iterations, bubble ones included, every pass's dx computed:
-    step_flops(chunk of Lc blocks, B)·(T/M)/(data·fsdp·tensor) (scaling.pipeline)."""
+    step_flops(chunk of Lc blocks, B)·(T/M)/(data·fsdp·tensor) (scaling.pipeline). The transformer's:
+    scaling.transformer.step_flops."""
+    if isinstance(w.model, TransformerConfig):
+        return transformer.step_flops(w)
+    cfg, mesh, batch_tokens, step, remat, schedule = w.model, w.mesh, w.batch_tokens, w.step, w.remat, w.schedule
     S = mesh["stage"]
     plain = flops.step_flops(cfg, batch_tokens, step, remat,
                              first_block_input_grad=flops.first_block_dx_computed(cfg.blocks, remat))
@@ -241,37 +251,72 @@ def step_flops_per_device(cfg: FFNConfig, mesh: MeshShape, batch_tokens, step: s
     else:
         chunk = cfg.replace(blocks=pipeline.chunk_blocks(cfg, schedule, S))
         per = pipeline.iterations(schedule, S) / schedule.microbatches / (mesh["data"] * mesh["fsdp"] * mesh["tensor"])
-        f = {k: v * per for k, v in flops.step_flops(chunk, batch_tokens, step, remat, first_block_input_grad=True).items()}
+        f = {k: v * per
+             for k, v in flops.step_flops(chunk, batch_tokens, step, remat, first_block_input_grad=True).items()}
     f["model"] = model
     return f
 
 
-def predict(cfg: FFNConfig, mesh: MeshShape, batch_tokens, remat: str = "none", step: str = "train",
-            chip: Chip | None = None, layout: Mapping | None = None, precision: Precision = DEFAULT_PRECISION,
-            min_comm_bytes: int = 0, windowed_grad_rs: bool | None = None, axis_links: Mapping | None = None,
-            dcn: Mapping | None = None, merged_grad_allreduce: bool = False,
-            schedule: Schedule = Schedule(), circular_relays: int = 2) -> dict:
-    """Everything the closed forms say about one compiled step, per device:
+@dataclass(frozen=True)
+class StepTimes:
+    """Seconds per device of one step, by roofline term, and what follows from them (predict's docstring).
+    ``step``, ``mfu``, ``hfu`` and ``critical_batch`` are keyed by form: "sum" and "max" (roofline.FORMS)."""
 
-    flops        matmul FLOPs per device, term by term (scaling.flops; the scan computes the first
+    math: object
+    comms: dict
+    hbm: object
+    step: dict
+    bound: object
+    mfu: dict
+    hfu: dict
+    critical_batch: dict
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What predict says of one step per device: FLOPs, collective volumes (per axis and kind, and per axis),
+    memory terms, HBM traffic, and with a chip the times. Fields may hold numpy arrays (the planner's)."""
+
+    flops: dict
+    collectives: dict
+    collective_bytes: dict
+    memory: dict
+    hbm_bytes: object
+    times: StepTimes | None = None
+
+    def to_json(self) -> dict:
+        """The prediction as plain JSON values (arrays as lists)."""
+        return _plain(dataclasses.asdict(self))
+
+
+def _plain(x):
+    if isinstance(x, dict):
+        return {k: _plain(v) for k, v in x.items()}
+    return np.asarray(x).tolist() if isinstance(x, (np.ndarray, np.generic)) else x
+
+
+def predict(w: Workload, chip: Chip | None = None, layout: Mapping | None = None, axis_links: Mapping | None = None,
+            dcn: Mapping | None = None) -> Prediction:
+    """Everything the closed forms say about one compiled step of the workload ``w``, per device:
+
+    flops        matmul FLOPs per device, term by term (step_flops_per_device; the scan computes the first
                  block's unused input gradient, so it is counted here); model = the matmuls the step
                  needs (6·P·B − 2·B·D·F for train), executed = the total
-    collectives  V per axis and kind (collective_volumes; ``windowed_grad_rs``, ``merged_grad_allreduce``,
-                 ``schedule``, ``circular_relays`` as there; ``windowed_grad_rs`` None: XLA:TPU's rule,
-                 windowed_einsum_rs, which may differ per batch and layout of the arrays)
-    memory       bytes per device, term by term (scaling.memory.memory_per_device; a forward step:
-                 memory.forward_memory_per_device); hbm_bytes: HBM traffic (memory.hbm_traffic_bytes)
+    collectives  V per axis and kind (collective_volumes, with w.compiler's facts; windowed_grad_rs None:
+                 XLA:TPU's rule, windowed_einsum_rs, which may differ per batch and layout of the arrays)
+    memory       bytes per device, term by term (scaling.memory.memory_per_device); hbm_bytes: HBM traffic
+                 (memory.hbm_traffic_bytes)
     times        (with ``chip``) T_math = executed FLOPs/C_device; T_axis per mesh axis over its links
                  (``layout`` {axis: (lengths, wraps)} as mesh.ici_layout gives it, or ``axis_links``;
                  ``dcn`` {axis: slices} for an axis whose outermost factor spans slices: comm_times);
                  T_hbm = HBM bytes / HBM bandwidth. step_max = max(all terms) (everything overlapped);
                  step_sum = max(T_math, T_hbm) + Σ T_axis: the collectives run between the matmuls
-                 (synchronous, README finding for (c)) while a kernel's HBM traffic overlaps its own math
-                 (the roofline of one kernel), so step_sum >= step_max always.
+                 (synchronous: docs/findings.md, question (c)) while a kernel's HBM traffic overlaps its own
+                 math (the roofline of one kernel), so step_sum >= step_max always.
                  bound = the largest term, named by the link it runs over (ICI/NVLink, or DCN/IB for an
                  axis across slices or nodes where that part dominates: axis_networks);
-                 mfu_<form> = model FLOPs / (C·step), hfu_<form> = executed;
-                 critical_batch_<form>: the overall batch above which the passes are compute bound, per
+                 mfu[form] = model FLOPs / (C·step), hfu[form] = executed;
+                 critical_batch[form]: the overall batch above which the passes are compute bound, per
                  microbatch (each gathers the weights again), times data·M: scaling.roofline.critical_batch
                  (FSDP+TP) with M_X, M_Y the effective links of fsdp and tensor (axis_networks: DCN/IB
                  included) and the FSDP bytes of a train step (2 gathers + a reduce-scatter, (X+1)/X of V
@@ -280,45 +325,29 @@ def predict(cfg: FFNConfig, mesh: MeshShape, batch_tokens, remat: str = "none", 
     The ICI times are those of the bytes the precision policy puts on the wire (bf16), also when
     ``min_comm_bytes`` widens the volumes reported for an XLA:CPU program.
     """
-    check_remat(remat, cfg)
-    check_divisible(cfg, mesh)
-    schedule.check(cfg, mesh)
     lk = {**(links(layout) if layout else {}), **(axis_links or {})}
-    if windowed_grad_rs is None:
-        windowed_grad_rs = windowed_einsum_rs(mesh, batch_tokens, chip, lk, dcn, step, schedule)
-    if np.ndim(windowed_grad_rs):  # the rule differs across the arrays: both programs, each where it applies
-        w = np.asarray(windowed_grad_rs)
-        if w.all() or not w.any():
-            windowed_grad_rs = bool(w.all())
+    if w.compiler.windowed_grad_rs is None:
+        w = w.with_facts(windowed_grad_rs=windowed_einsum_rs(w, chip, lk, dcn))
+    if np.ndim(w.compiler.windowed_grad_rs):  # the rule differs across the arrays: both programs, each where it applies
+        rule = np.asarray(w.compiler.windowed_grad_rs)
+        if rule.all() or not rule.any():
+            w = w.with_facts(windowed_grad_rs=bool(rule.all()))
         else:
-            both = [predict(cfg, mesh, batch_tokens, remat, step, chip, layout, precision, min_comm_bytes, v,
-                            axis_links, dcn, merged_grad_allreduce, schedule, circular_relays) for v in (True, False)]
-            return _select(w, *both)
-    if isinstance(cfg, TransformerConfig):  # the transformer's closed forms (scaling.transformer)
-        f = transformer.step_flops(cfg, mesh, batch_tokens, step, remat, schedule)
-        vols = transformer.collective_volumes(cfg, mesh, batch_tokens, step, precision, min_comm_bytes, schedule, remat,
-                                              windowed_grad_rs)
-        wire = transformer.collective_volumes(cfg, mesh, batch_tokens, step, precision, 0, schedule, remat,
-                                              windowed_grad_rs)
-        mem = transformer.memory_per_device(cfg, mesh, batch_tokens, remat, schedule, precision, step)
-        hbm = transformer.hbm_traffic_bytes(cfg, mesh, batch_tokens, remat, step, schedule, precision)
-    else:
-        f = step_flops_per_device(cfg, mesh, batch_tokens, step, remat, schedule)
-        facts = dict(windowed_grad_rs=windowed_grad_rs, remat=remat, merged_grad_allreduce=merged_grad_allreduce,
-                     schedule=schedule, circular_relays=circular_relays)
-        vols = collective_volumes(cfg, mesh, batch_tokens, step, precision, min_comm_bytes, **facts)
-        wire = collective_volumes(cfg, mesh, batch_tokens, step, precision, 0, **facts) if min_comm_bytes else vols
-        if step == "forward":
-            mem = memory.forward_memory_per_device(cfg, mesh, batch_tokens, precision, schedule)
-        else:
-            mem = memory.memory_per_device(cfg, mesh, batch_tokens, remat, precision, windowed_grad_rs, schedule)
-        hbm = memory.hbm_traffic_bytes(cfg, mesh, batch_tokens, remat, step, precision)
-    res = {"flops": f, "collectives": vols, "collective_bytes": axis_bytes(vols), "memory": mem, "hbm_bytes": hbm}
+            both = [predict(w.with_facts(windowed_grad_rs=v), chip, layout, axis_links, dcn) for v in (True, False)]
+            return _select(rule, *both)
+    mesh, step, schedule, cfg = w.mesh, w.step, w.schedule, w.model
+    windowed_grad_rs = w.compiler.windowed_grad_rs
+    f = step_flops_per_device(w)
+    vols = collective_volumes(w)
+    wire = collective_volumes(w.with_facts(min_comm_bytes=0)) if w.compiler.min_comm_bytes else vols
+    mem = memory.memory_per_device(w)
+    hbm = memory.hbm_traffic_bytes(w)
+    res = Prediction(f, vols, axis_bytes(vols), mem, hbm)
     if chip is None:
         return res
     t_math = f["total"] / chip.device_flops
     t_axes = comm_times(wire, chip, lk, dcn, mesh)
-    t_hbm = res["hbm_bytes"] / chip.device_hbm_bw
+    t_hbm = hbm / chip.device_hbm_bw
     terms = np.broadcast_arrays(t_math, *t_axes.values(), t_hbm)
     stacked = np.stack(terms)
     t_sum = np.maximum(t_math, t_hbm) + sum(t_axes.values())
@@ -337,13 +366,15 @@ def predict(cfg: FFNConfig, mesh: MeshShape, batch_tokens, remat: str = "none", 
     per_micro = d * np.asarray(schedule.microbatches)
     X = mesh["fsdp"]  # a train step moves 2 gathers and a reduce-scatter ((X+1)/X of V windowed) per 3 passes' math
     fsdp_bytes = 2 * (2 + (X + 1) / X) / 3 if windowed_grad_rs and step == "train" else 2
-    res["times"] = {"math": t_math, "comms": t_axes, "hbm": t_hbm, "step_sum": t_sum, "step_max": t_max,
-                    "bound": bound.item() if bound.ndim == 0 else bound}
-    for form, t in (("sum", t_sum), ("max", t_max)):
-        res["times"][f"mfu_{form}"] = f["model"] / (chip.device_flops * t)
-        res["times"][f"hfu_{form}"] = f["total"] / (chip.device_flops * t)
-        crit = per_micro * roofline.critical_batch_array(cfg.d_ff, X, mesh["tensor"], chip.alpha, m_x, m_y, form, fsdp_bytes)
+    steps = {"sum": t_sum, "max": t_max}
+    crits = {}
+    for form in steps:
+        crit = per_micro * roofline.critical_batch_array(cfg.d_ff, X, mesh["tensor"], chip.alpha, m_x, m_y, form,
+                                                         fsdp_bytes)
         if d > 1 and step == "train":  # and the data-parallel backward: B/(d·M) > alpha/M_d (training page)
             crit = np.maximum(crit, per_micro * chip.alpha / m_d)
-        res["times"][f"critical_batch_{form}"] = np.nan if isinstance(cfg, TransformerConfig) else crit
-    return res
+        crits[form] = np.nan if isinstance(cfg, TransformerConfig) else crit
+    times = StepTimes(t_math, t_axes, t_hbm, steps, bound.item() if bound.ndim == 0 else bound,
+                      {k: f["model"] / (chip.device_flops * t) for k, t in steps.items()},
+                      {k: f["total"] / (chip.device_flops * t) for k, t in steps.items()}, crits)
+    return dataclasses.replace(res, times=times)

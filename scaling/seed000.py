@@ -12,6 +12,7 @@ import math
 from importlib import resources
 
 from scaling.config import get_preset
+from scaling.table import table
 
 # the reference seeds ship with the package (pyproject.toml, package data): scaling/data/seeds/<name>, each a
 # verbatim copy of shared/reference/seeds/<name> below a header naming it
@@ -220,11 +221,9 @@ def render(rows: list[dict] | None = None) -> str:
             return f"{c / 1e9:.4f} GB" if c >= 1e9 else f"{c / 1e6:.3f} MB"
         return str(c)
 
-    table = [("section", "quantity", "seed label", "seed value", "closed form", "match", "note")]
-    table += [(r["section"], f"{r['name']} {r['quantity']}", r["label"], r["printed"], show(r),
-               "✓" if r["match"] else "✗", r["note"]) for r in rows]
-    width = [max(len(t[i]) for t in table) for i in range(6)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(t, width)) + "  " + t[6] for t in table]
+    lines = table(("section", "quantity", "seed label", "seed value", "closed form", "match", "note"),
+                  [(r["section"], f"{r['name']} {r['quantity']}", r["label"], r["printed"], show(r),
+                    "✓" if r["match"] else "✗", r["note"]) for r in rows])
     ok = sum(r["match"] for r in rows)
     explained = sum(bool(r["note"]) for r in rows if not r["match"])
     bad = sum(r["note"].startswith("INCONSISTENT") for r in rows)

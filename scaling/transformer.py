@@ -37,6 +37,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from scaling.config import DEFAULT_PRECISION, Precision, Schedule, TransformerConfig
+from scaling.workload import Workload
 
 
 def _dims(cfg: TransformerConfig, mesh: Mapping, batch_tokens):
@@ -67,13 +68,13 @@ def attention_units(schedule: Schedule, pass_: str, mesh: Mapping) -> int:
     return 10 if runs_flash(schedule, mesh) else 8
 
 
-def step_flops(cfg: TransformerConfig, mesh: Mapping, batch_tokens, step: str = "train", remat: str = "none",
-               schedule: Schedule = Schedule()) -> dict:
+def step_flops(w: Workload) -> dict:
     """Matmul FLOPs per device of one step, term by term (module docstring):
     forward = L·(qkv + attention 4 units + out + mlp); backward = L·(2·(qkv + out + mlp) + attention
     8 or 10 units); recompute (remat full) = L·(qkv + attention 4 units + out + mlp·(m−1)/m);
     model = the matmuls the step needs with the causal half of attention: 6·P_matmul·B-style terms with
     attention counted at T²/2 (Scaling Book transformers page), per device."""
+    cfg, mesh, batch_tokens, step, remat, schedule = w.model, w.mesh, w.batch_tokens, w.step, w.remat, w.schedule
     s, t, X, Y, C, d = _dims(cfg, mesh, batch_tokens)
     D, F, N, K, H, L, T, m = (cfg.d_model, cfg.d_ff, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.blocks, cfg.seq_len,
                               cfg.mlp_matrices)
@@ -91,14 +92,14 @@ def step_flops(cfg: TransformerConfig, mesh: Mapping, batch_tokens, step: str = 
     return terms
 
 
-def collective_volumes(cfg: TransformerConfig, mesh: Mapping, batch_tokens, step: str = "train",
-                       precision: Precision = DEFAULT_PRECISION, min_comm_bytes: int = 0,
-                       schedule: Schedule = Schedule(), remat: str = "none",
-                       windowed_grad_rs: bool = False) -> dict[str, dict[str, float]]:
-    """{axis: {kind: V bytes}} per device for one step (module docstring). ``min_comm_bytes`` widens
-    narrower element types (XLA:CPU runs BF16 collectives in FP32). ``windowed_grad_rs``: XLA:TPU runs the
+def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
+    """{axis: {kind: V bytes}} per device for one step (module docstring). w.compiler: ``min_comm_bytes`` widens
+    narrower element types (XLA:CPU runs BF16 collectives in FP32); ``windowed_grad_rs``: XLA:TPU runs the
     gradients' reduce-scatter as a windowed einsum, X+1 chunks of V/X as collective-permutes
     (scaling.program's module docstring), V·(X+1)/X."""
+    cfg, mesh, batch_tokens, step, precision, schedule, remat = (w.model, w.mesh, w.batch_tokens, w.step, w.precision,
+                                                                w.schedule, w.remat)
+    min_comm_bytes, windowed_grad_rs = w.compiler.min_comm_bytes, w.compiler.windowed_grad_rs
     s, t, X, Y, C, d = _dims(cfg, mesh, batch_tokens)
     D, L, H, N, K = cfg.d_model, cfg.blocks, cfg.head_dim, cfg.heads, cfg.kv_heads
     c = max(precision.compute, min_comm_bytes)
@@ -182,9 +183,7 @@ def saved_per_layer(cfg: TransformerConfig, mesh: Mapping, batch_tokens, remat: 
     return terms
 
 
-def memory_per_device(cfg: TransformerConfig, mesh: Mapping, batch_tokens, remat: str = "none",
-                      schedule: Schedule = Schedule(), precision: Precision = DEFAULT_PRECISION,
-                      step: str = "train") -> dict:
+def memory_per_device(w: Workload) -> dict:
     """Bytes per device, term by term: the FP32 state (16 B per parameter, the matrices sharded over
     fsdp·tensor), L layers' saved activations (saved_per_layer), the
     batch (x BF16 and y FP32, 6·t·D), two layers' gathered BF16 weights (layer_weight_bytes: the scan
@@ -197,9 +196,9 @@ def memory_per_device(cfg: TransformerConfig, mesh: Mapping, batch_tokens, remat
     (8 B per score; XLA fuses the rest), the forward's FP32 scores (4 B per score: the probabilities
     are fused into the p·v matmul); flash, the same per key block. A forward step holds the master
     weights, one layer's gathered weights (none without fsdp: the casts fuse into the matmuls) and
-    working set. (Each term is an allocation in XLA's
-    memory-usage report of medium-tf, fsdp=4, tensor=2 on v5p:2x2x2: the stacked bf16[4,2,4,2,2048,2048]
-    probabilities, f32[2,4,2,2048,2048] scores, f32[4,4096,512] gradients.)"""
+    working set. (Each term is an allocation of XLA's memory-usage report: docs/findings.md, memory.)"""
+    cfg, mesh, batch_tokens, remat, schedule, precision, step = (w.model, w.mesh, w.batch_tokens, w.remat,
+                                                                w.schedule, w.precision, w.step)
     s, t, X, Y, C, d = _dims(cfg, mesh, batch_tokens)
     D, N, T = cfg.d_model, cfg.heads, cfg.seq_len
     L = cfg.blocks
@@ -230,12 +229,12 @@ def memory_per_device(cfg: TransformerConfig, mesh: Mapping, batch_tokens, remat
     return terms
 
 
-def hbm_traffic_bytes(cfg: TransformerConfig, mesh: Mapping, batch_tokens, remat: str = "none", step: str = "train",
-                      schedule: Schedule = Schedule(), precision: Precision = DEFAULT_PRECISION) -> float:
+def hbm_traffic_bytes(w: Workload) -> float:
     """HBM bytes per device per step, as scaling.memory.hbm_traffic_bytes counts the FFN stack's: AdamW
     reads 16 and writes 12 B per parameter shard; the gathered weights read by the forward, dX and dW
     matmuls, 3·L·W; the saved activations written and read once (forward: the master weights once,
     the gathered weights once, each layer's activations written and read once)."""
+    cfg, mesh, batch_tokens, step, schedule, precision = w.model, w.mesh, w.batch_tokens, w.step, w.schedule, w.precision
     _, _, X, Y, _, _ = _dims(cfg, mesh, batch_tokens)
     W = cfg.blocks * layer_weight_bytes(cfg, mesh, precision)
     saved = cfg.blocks * sum(saved_per_layer(cfg, mesh, batch_tokens, "none", schedule, precision).values())

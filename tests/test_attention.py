@@ -290,7 +290,8 @@ def test_ring_residuals(C):
 @pytest.mark.parametrize("C", [2, 4, 8])
 def test_ring_permutes_and_flops(C):
     """Per device: forward C-1 permutes of k and of v; backward C-1 of the stacked (k, v), C-1 of the
-    stacked FP32 (dk, dv) and their BF16 hop home, nothing else. Static dot FLOPs (every cond branch counted): C chunks."""
+    stacked FP32 (dk, dv) and their BF16 hop home, nothing else. Static dot FLOPs (every cond branch
+    counted): C chunks."""
     q, k, v, w = _inputs()
     N, K, Tc = q.shape[2], k.shape[2], T // C
     f = _ring(C)

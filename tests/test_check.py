@@ -16,10 +16,11 @@ import sys
 
 import pytest
 
-from verify.check import (CPU_GRID, CPU_SEQUENCE_GRID, CPU_STAGE_GRID, PEAK_BANDED_ABOVE, TPU_CHIP_GRID, TPU_GRID,
-                          TPU_MID_GRID, TPU_SEQUENCE_GRID, TPU_STAGE_GRID, XXL_ACCUMULATE, XXL_SEQUENCE_PARALLEL, XXL_STAGES,
-                          XXL_TRAIN, CACHE_ENV, check, render)
+from verify.check import (CPU_GRID, grid_workload, CPU_SEQUENCE_GRID, CPU_STAGE_GRID, PEAK_BANDED_ABOVE, TPU_CHIP_GRID,
+                          TPU_GRID, TPU_MID_GRID, TPU_SEQUENCE_GRID, TPU_STAGE_GRID, XXL_ACCUMULATE,
+                          XXL_SEQUENCE_PARALLEL, XXL_STAGES, XXL_TRAIN, CACHE_ENV, check, render)
 from scaling.config import TransformerConfig, get_preset
+from scaling.workload import Workload
 from scaling.hardware import get_chip
 
 
@@ -59,7 +60,7 @@ def _assert_bands(rep):
 
 @pytest.mark.parametrize("cfg,mesh,batch,remat,step", CPU_GRID, ids=_ids(CPU_GRID))
 def test_cpu_grid(cfg, mesh, batch, remat, step):
-    rep = check(cfg, "cpu:8", mesh, batch, remat, step)
+    rep = check(grid_workload(cfg, mesh, batch, remat, step), "cpu:8")
     _assert_bands(rep)
     assert rep["collectives"]["total_bytes"]["compiled"] > 0 or mesh == "data=8,fsdp=1,tensor=1"
     text = render(rep)
@@ -68,9 +69,10 @@ def test_cpu_grid(cfg, mesh, batch, remat, step):
 
 @pytest.mark.tpu
 @pytest.mark.parametrize("devices,cfg,mesh,batch,remat,step", TPU_GRID,
-                         ids=[f"{d[8:]}-{i}" for d, i in zip([g[0] for g in TPU_GRID], _ids([g[1:] for g in TPU_GRID]))])
+                         ids=[f"{d[8:]}-{i}"
+                              for d, i in zip([g[0] for g in TPU_GRID], _ids([g[1:] for g in TPU_GRID]))])
 def test_tpu_targets(devices, cfg, mesh, batch, remat, step):
-    rep = check(cfg, devices, mesh, batch, remat, step)
+    rep = check(grid_workload(cfg, mesh, batch, remat, step), devices)
     _assert_bands(rep)
     assert 0.90 <= rep["memory"]["peak"]["ratio"] <= 1.10, rep["memory"]["peak"]
     assert rep["times"]["xla_optimal_seconds"] is not None  # TPU reports its own time estimate
@@ -78,22 +80,24 @@ def test_tpu_targets(devices, cfg, mesh, batch, remat, step):
 
 @pytest.mark.tpu
 @pytest.mark.parametrize("devices,cfg,mesh,batch,remat,step", TPU_MID_GRID,
-                         ids=[f"{d[8:]}-{i}" for d, i in zip([g[0] for g in TPU_MID_GRID], _ids([g[1:] for g in TPU_MID_GRID]))])
+                         ids=[f"{d[8:]}-{i}"
+                              for d, i in zip([g[0] for g in TPU_MID_GRID], _ids([g[1:] for g in TPU_MID_GRID]))])
 def test_tpu_mid_sized_models(devices, cfg, mesh, batch, remat, step):
     """1024- to 3072-wide models: FLOPs, arguments and collectives (total and per axis) in their bands.
     2048 x 8192 x 3 at fsdp=4, tensor=2 on 2x2x2 is the configuration that moved 2.7% more bytes over
     fsdp while W_in was stored [D, F] (XLA:TPU padded its gradient's reduce-scatter)."""
-    _assert_bands(check(cfg, devices, mesh, batch, remat, step))
+    _assert_bands(check(grid_workload(cfg, mesh, batch, remat, step), devices))
 
 
 @pytest.mark.tpu
 @pytest.mark.parametrize("devices,cfg,mesh,batch,remat,step", TPU_CHIP_GRID,
-                         ids=[f"{d[4:]}-{i}" for d, i in zip([g[0] for g in TPU_CHIP_GRID], _ids([g[1:] for g in TPU_CHIP_GRID]))])
+                         ids=[f"{d[4:]}-{i}"
+                              for d, i in zip([g[0] for g in TPU_CHIP_GRID], _ids([g[1:] for g in TPU_CHIP_GRID]))])
 def test_tpu_other_generations(devices, cfg, mesh, batch, remat, step):
     """v5e and v6e (2D tori), v4 (megacore: one device per chip) and TPU7x (two devices per chip): FLOPs,
     arguments and collectives in their bands; the peak in its band where the program is large enough for
     HBM to dominate (closed-form peak >= 4 GiB: verify.check.PEAK_BANDED_ABOVE)."""
-    rep = check(cfg, devices, mesh, batch, remat, step)
+    rep = check(grid_workload(cfg, mesh, batch, remat, step), devices)
     _assert_bands(rep)
     peak = rep["memory"]["peak"]
     if peak["closed_form"] >= PEAK_BANDED_ABOVE:
@@ -108,9 +112,8 @@ def test_chip_grid_covers_every_generation():
     chips = {d.split(":")[1] for d, *_ in TPU_CHIP_GRID}
     assert {"v4", "TPU7x"} <= chips and chips & {"v5e", "v6e"}
     from scaling import program
-    from scaling.config import parse_mesh_spec
     for chip in chips:
-        peaks = [program.predict(c, parse_mesh_spec(m), b, r, s)["memory"]["total"]
+        peaks = [program.predict(grid_workload(c, m, b, r, s)).memory["total"]
                  for d, c, m, b, r, s in TPU_CHIP_GRID if d.split(":")[1] == chip]
         assert max(peaks) >= PEAK_BANDED_ABOVE, chip
         assert max(peaks) <= get_chip(chip).hbm_budget, chip  # and it fits the chip
@@ -120,7 +123,7 @@ def test_chip_grid_covers_every_generation():
 def test_tpu_xxl_train_step():
     """The full XXL train step, fsdp=16, tensor=4, 25,600 tokens, on v5p:4x4x4: every band, and the
     compiler's peak within 5% of 16 B/param/N + saved activations + the named transients."""
-    rep = check(get_preset("xxl"), "tpu:v5p:4x4x4", "fsdp=16,tensor=4", 25600, "none", "train")
+    rep = check(grid_workload(get_preset("xxl"), "fsdp=16,tensor=4", 25600), "tpu:v5p:4x4x4")
     _assert_bands(rep)
     # hand derivation of the argument bytes: 12 B/param/N = 12 x 219,848,638,464 / 64
     # = 41,221,619,712, + x bf16 + y fp32 per device (1600 tokens x 16384 x 6 B = 157,286,400) + 4 B step
@@ -151,7 +154,8 @@ def test_stage_grid_covers_the_acceptance_configurations():
 
 
 def _stage_ids(grid):
-    return [f"{c.d_model}x{c.blocks}-{m}-{r}-{s}-M{k.microbatches}R{k.repeats}{'-once' if k.fsdp_gather == 'step' else ''}"
+    return [f"{c.d_model}x{c.blocks}-{m}-{r}-{s}-M{k.microbatches}R{k.repeats}"
+            f"{'-once' if k.fsdp_gather == 'step' else ''}"
             for c, m, _, r, s, k in grid]
 
 
@@ -159,15 +163,16 @@ def _stage_ids(grid):
 def test_cpu_stage_grid(cfg, mesh, batch, remat, step, schedule):
     """Pipeline stages and gradient accumulation on 8 CPU devices: FLOPs (the bubble iterations' included),
     arguments, and collectives per axis, stage's collective-permutes among them, in their bands."""
-    rep = check(cfg, "cpu:8", mesh, batch, remat, step, schedule=schedule)
+    rep = check(grid_workload(cfg, mesh, batch, remat, step, schedule), "cpu:8")
     _assert_bands(rep)
 
 
 @pytest.mark.tpu
 @pytest.mark.parametrize("devices,cfg,mesh,batch,remat,step,schedule", TPU_STAGE_GRID,
-                         ids=[f"{g[0][8:]}-{i}" for g, i in zip(TPU_STAGE_GRID, _stage_ids([g[1:] for g in TPU_STAGE_GRID]))])
+                         ids=[f"{g[0][8:]}-{i}"
+                              for g, i in zip(TPU_STAGE_GRID, _stage_ids([g[1:] for g in TPU_STAGE_GRID]))])
 def test_tpu_stage_grid(devices, cfg, mesh, batch, remat, step, schedule):
-    _assert_tpu_bands(check(cfg, devices, mesh, batch, remat, step, schedule=schedule))
+    _assert_tpu_bands(check(grid_workload(cfg, mesh, batch, remat, step, schedule), devices))
 
 
 def _assert_tpu_bands(rep):
@@ -183,7 +188,7 @@ def test_tpu_xxl_with_stages_and_accumulation():
     fits where one pass does not (tests/test_plan.py): every band, the peak within 5%, and the compiled
     peak under the chip's usable HBM."""
     for devices, cfg, mesh, batch, remat, step, schedule in (XXL_STAGES, XXL_ACCUMULATE):
-        rep = check(cfg, devices, mesh, batch, remat, step, schedule=schedule)
+        rep = check(grid_workload(cfg, mesh, batch, remat, step, schedule), devices)
         _assert_bands(rep)
         assert 0.95 <= rep["memory"]["peak"]["ratio"] <= 1.05, (mesh, rep["memory"]["peak"])
         assert rep["memory"]["peak"]["compiled"] <= get_chip("v5p").hbm_budget
@@ -224,7 +229,8 @@ def test_check_cli_json():
                          capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     rep = json.loads(out.stdout)
-    rows = [rep["flops"]["matmul"], rep["memory"]["arguments"], rep["memory"]["peak"], rep["collectives"]["total_bytes"]]
+    rows = [rep["flops"]["matmul"], rep["memory"]["arguments"], rep["memory"]["peak"],
+            rep["collectives"]["total_bytes"]]
     rows += [rep["collectives"]["by_axis"][a] for a in ("data", "fsdp", "tensor")]
     for row in rows:
         assert {"closed_form", "compiled", "ratio"} <= set(row)
@@ -239,14 +245,16 @@ def test_check_cli_json():
     (["--remat", "sometimes"], "remat"),
     (["--step", "sideways"], "step"),
     # a transformer-only flag for an FFN preset is refused, not ignored
-    (["--preset", "small", "--context-strategy", "ring"], "--context-strategy is a transformer flag; 'small' is an FFN"),
+    (["--preset", "small", "--context-strategy", "ring"],
+     "--context-strategy is a transformer flag; 'small' is an FFN"),
     (["--preset", "small", "--attention", "flash"], "--attention is a transformer flag"),
     (["--preset", "small", "--attention-block", "64"], "--attention-block is a transformer flag"),
     # sizes: more emulated devices than jax's CPU backend compiles for; an array of 2^63 elements or more
     # (B·F = 2^62 · 256 for the tiny model)
     (["--devices", "cpu:4096", "--mesh", "data=4096", "--preset", "tiny", "--batch-tokens", "16384"],
      "at most 2048 emulated devices"),
-    (["--devices", "cpu:8", "--mesh", "fsdp=8", "--preset", "tiny", "--batch-tokens", str(2**62)], "hold 1.18e+21 elements"),
+    (["--devices", "cpu:8", "--mesh", "fsdp=8", "--preset", "tiny", "--batch-tokens", str(2**62)],
+     "hold 1.18e+21 elements"),
     # larger than the device: XLA:TPU's RESOURCE_EXHAUSTED as one line (928.48 GiB = 996.9 GB, 95.74 GiB = 102.8 GB)
     pytest.param(["--preset", "xxl", "--devices", "tpu:v5p:2x2x1", "--mesh", "fsdp=4", "--batch-tokens", "25600"],
                  "the program needs 996.9 GB per device, the device has 102.8 GB", marks=pytest.mark.tpu),
@@ -268,7 +276,8 @@ def test_negative_xla_optimal_seconds_is_not_shown_as_a_time(capsys):
 
     from verify.cli import print_compile
 
-    rep = copy.deepcopy(check(get_preset("tiny"), "cpu:8", "data=2,fsdp=2,tensor=2", 1024, "none", "forward"))
+    rep = copy.deepcopy(check(grid_workload(get_preset("tiny"), "data=2,fsdp=2,tensor=2", 1024, "none", "forward"),
+                              "cpu:8"))
     rep["times"]["xla_optimal_seconds"] = -13.99
     text = render(rep)
     assert "optimal_seconds): n/a (XLA reports -13.99, not meaningful)" in text and "-13.99 s" not in text
@@ -289,11 +298,11 @@ def test_cpu_check_times_the_bytes_a_tpu_moves():
     from scaling.config import MeshShape
 
     cfg = get_preset("small")
-    rep = check(cfg, "cpu:8", "fsdp=4,tensor=2", 4096)
+    rep = check(grid_workload(cfg, "fsdp=4,tensor=2", 4096), "cpu:8")
     chip = get_chip("v5p")
     layout = rep["config"]["ici_layout"]
-    tpu = program.predict(cfg, MeshShape(fsdp=4, tensor=2), 4096, chip=chip, layout=layout)
-    assert rep["times"]["comms"] == tpu["times"]["comms"]
+    tpu = program.predict(Workload(cfg, MeshShape(fsdp=4, tensor=2), 4096), chip, layout)
+    assert rep["times"]["comms"] == tpu.times.comms
     widened = program.comm_times(rep["collectives"]["closed_form_by_kind"], chip, program.links(layout))
     assert rep["times"]["comms"]["tensor"] == pytest.approx(widened["tensor"] / 2, rel=1e-12)
     assert "not of XLA:CPU's f32-widened bytes" in render(rep)
@@ -345,7 +354,7 @@ def test_cpu_sequence_grid(cfg, mesh, batch, remat, step, schedule):
     """Sequence parallelism, Ulysses and ring on 8 CPU devices: FLOPs (every attention key block the
     program computes), arguments, and collectives per axis (tensor's all-gathers and reduce-scatters,
     context's all-to-alls or collective-permutes) in their bands."""
-    rep = check(cfg, "cpu:8", mesh, batch, remat, step, schedule=schedule)
+    rep = check(grid_workload(cfg, mesh, batch, remat, step, schedule), "cpu:8")
     _assert_bands(rep)
     text = render(rep)
     form = "flash" if "context" in mesh and schedule.context == "ring" else schedule.attention  # ring: flash per chunk
@@ -362,7 +371,7 @@ def test_tpu_sequence_grid(devices, cfg, mesh, batch, remat, step, schedule):
     layer gradient under remat full), and the 4096-wide FFN stack with sequence parallelism (its tensor bytes were
     1.066 of the closed form when XLA:TPU padded the reduce-scatter of [B, D] activations): every band, the peak
     within 10%."""
-    _assert_tpu_bands(check(cfg, devices, mesh, batch, remat, step, schedule=schedule))
+    _assert_tpu_bands(check(grid_workload(cfg, mesh, batch, remat, step, schedule), devices))
 
 
 @pytest.mark.tpu
@@ -371,13 +380,13 @@ def test_tpu_xxl_sequence_parallel_saves_the_block_inputs():
     and it saves what the closed form says against tensor parallelism alone: the 126 saved block inputs
     shrink by Y = 4, 126 x 2 B x 1600 tokens x 16384 x 3/4 = 4.95 GB (hand figure),
     compiled beside closed form within 5%. Tensor's bytes: XLA:TPU's fused all-reduce-scatter of the
-    reduce-scatter after W_out pads the token dimension it splits (README, residuals): +1.4% measured,
+    reduce-scatter after W_out pads the token dimension it splits (docs/findings.md, residuals): +1.4% measured,
     held within 2% with the other axes."""
     devices, cfg, mesh, batch, remat, step, schedule = XXL_SEQUENCE_PARALLEL
-    sp = check(cfg, devices, mesh, batch, remat, step, schedule=schedule)
+    sp = check(grid_workload(cfg, mesh, batch, remat, step, schedule), devices)
     _assert_bands(sp)
     assert 0.95 <= sp["memory"]["peak"]["ratio"] <= 1.05, sp["memory"]["peak"]
-    tp = check(XXL_TRAIN[1], XXL_TRAIN[0], *XXL_TRAIN[2:6])
+    tp = check(grid_workload(*XXL_TRAIN[1:6]), XXL_TRAIN[0])
     saved_compiled = tp["memory"]["peak"]["compiled"] - sp["memory"]["peak"]["compiled"]
     saved_closed = tp["memory"]["peak"]["closed_form"] - sp["memory"]["peak"]["closed_form"]
     assert saved_closed == pytest.approx(126 * 2 * 1600 * 16384 * 3 / 4, rel=1e-6)

@@ -17,8 +17,9 @@ from mesh.devices import infer_chip
 from verify.bench import bench
 from jax_scaling.cli import main
 from ffn_model.train import state_shardings, train
-from mesh import make_mesh
+from mesh import make_mesh, mesh_shape
 from scaling.config import PRESETS, get_preset
+from scaling.workload import Workload
 
 TINY = PRESETS["tiny"]  # D=64, F=256, L=3
 ENV = {**os.environ, "JAX_PLATFORMS": "cpu"}
@@ -58,7 +59,8 @@ CASES = [
     (f"{TRAIN} --seed 4294967296", r"--seed must be an integer in 0\.\.4294967295 \(a 32-bit seed\), got 4294967296"),
     (f"{TRAIN} --seed x", r"argument --seed: invalid int value: 'x'"),
     # mesh and devices
-    (f"{TRAIN} --mesh expert=8", r"unknown mesh axis 'expert' in 'expert=8'; valid axes: data, stage, fsdp, context, tensor"),
+    (f"{TRAIN} --mesh expert=8",
+     r"unknown mesh axis 'expert' in 'expert=8'; valid axes: data, stage, fsdp, context, tensor"),
     (f"{TRAIN} --mesh fsdp", r"mesh spec item 'fsdp' must be axis=size"),
     (f"{TRAIN} --mesh fsdp=0", r"mesh axis 'fsdp' size must be positive, got 0"),
     (f"{TRAIN} --mesh fsdp=x", r"mesh axis 'fsdp' size must be an integer, got 'x'"),
@@ -70,7 +72,8 @@ CASES = [
     (f"{TRAIN} --devices cpu:0", r"--devices 'cpu:0': N must be a positive integer, got 0"),
     (f"{TRAIN} --devices cpu:x", r"--devices 'cpu:x': expected cpu:N with N a positive integer"),
     (f"{TRAIN} --devices tpu:v5p:2x2x2", r"not 'tpu:v5p:2x2x2' \(a TPU topology is compile-only\)"),
-    ("train --preset tiny --batch-tokens 64 --mesh fsdp=16", r"mesh 'fsdp=16' has 16 devices .* but 8 devices are given"),
+    ("train --preset tiny --batch-tokens 64 --mesh fsdp=16",
+     r"mesh 'fsdp=16' has 16 devices .* but 8 devices are given"),
     # checkpoints
     (f"{TRAIN} --checkpoint-dir {{ck}} --save-every 0", r"--save-every must be a positive integer, got 0"),
     (f"{TRAIN} --checkpoint-dir {{ck}} --save-every -2", r"--save-every must be a positive integer, got -2"),
@@ -85,8 +88,10 @@ CASES = [
     (f"{TRAIN} --checkpoint-dir {{notes}}", r"'.*/notes' holds files that are not checkpoints \(notes.txt\)"),
     (f"{TRAIN} --checkpoint-dir {{file}}/sub", r"--checkpoint-dir '.*/file/sub': '.*/file' is a file, not a directory"),
     (f"{TRAIN} --checkpoint-dir /proc/x", r"--checkpoint-dir '/proc/x': cannot write in '/proc'"),
-    (f"{TRAIN} --checkpoint-dir {{full}} --resume --steps 1", r"steps=1 is fewer than the 2 steps already in the checkpoint"),
-    (f"{TRAIN} --checkpoint-dir {{full}} --resume --seed 1", r"was written with seed 0, not 1; resume with the same seed"),
+    (f"{TRAIN} --checkpoint-dir {{full}} --resume --steps 1",
+     r"steps=1 is fewer than the 2 steps already in the checkpoint"),
+    (f"{TRAIN} --checkpoint-dir {{full}} --resume --seed 1",
+     r"was written with seed 0, not 1; resume with the same seed"),
     (f"{TRAIN} --checkpoint-dir {{full}} --resume --d-ff 512", r"was written with model \{'d_model': 64, 'd_ff': 256"),
     # several processes (validated before jax.distributed.initialize, which would wait for the others)
     (f"{TRAIN} --coordinator localhost:1234", r"go together; missing --num-processes, --process-id"),
@@ -104,9 +109,12 @@ CASES = [
     ("compile --devices cpu:8 --mesh fsdp=8 --batch-tokens 0", r"--batch-tokens must be a positive integer, got 0"),
     ("compile --devices cpu:8 --mesh fsdp=16", r"mesh 'fsdp=16' has 16 devices .* but 8 devices are given"),
     ("compile --devices cpu:8 --mesh fsdp=8 --preset tiny --d-model 60", r"d_model=60 is not divisible by the fsdp"),
-    ("compile --devices tpu:v9:2x2 --mesh fsdp=4", r"devices 'tpu:v9:2x2': unknown chip 'v9'; valid chips: v4, v5e, v5p"),
-    ("compile --devices tpu:v6e:3x3 --mesh fsdp=9", r"v6e has no topology 3x3; valid: 1x1, 2x2, 2x4, 4x4, 4x8, 8x8, 8x16, 16x16"),
-    ("compile --devices tpu:v5p:2x2 --mesh fsdp=4", r"v5p has no topology 2x2; valid: 2x2x1, 2x2x2, 2x2x4, 2x4x4, or whole"),
+    ("compile --devices tpu:v9:2x2 --mesh fsdp=4",
+     r"devices 'tpu:v9:2x2': unknown chip 'v9'; valid chips: v4, v5e, v5p"),
+    ("compile --devices tpu:v6e:3x3 --mesh fsdp=9",
+     r"v6e has no topology 3x3; valid: 1x1, 2x2, 2x4, 4x4, 4x8, 8x8, 8x16, 16x16"),
+    ("compile --devices tpu:v5p:2x2 --mesh fsdp=4",
+     r"v5p has no topology 2x2; valid: 2x2x1, 2x2x2, 2x2x4, 2x4x4, or whole"),
     ("compile --devices tpu:v5litepod-12 --mesh fsdp=4", r"v5e has no slice of 12 chips"),
     ("compile --devices abc --mesh fsdp=4", r"unknown devices 'abc'; use cpu:N, tpu:<chip>:<shape>"),
     ("compile --devices cpu:8 --mesh fsdp=8 --steps 3", r"unrecognized arguments: --steps 3"),
@@ -114,15 +122,19 @@ CASES = [
     ("bench --preset tiny --devices cpu:8 --steps 0", r"--steps must be a positive integer, got 0"),
     ("bench --preset tiny --devices cpu:8 --warmup -1", r"--warmup must be a non-negative integer, got -1"),
     ("bench --preset tiny --devices cpu:8 --warmup x", r"argument --warmup: invalid int value: 'x'"),
-    ("bench --preset tiny --devices cpu:8 --chip tpu9", r"unknown chip 'tpu9'; valid chips: v4, v5e, v5p, v6e, TPU7x, H100"),
-    ("bench --preset tiny --devices cpu:8 --mesh fsdp=8 --d-model 60", r"d_model=60 is not divisible by the fsdp shard count 8"),
+    ("bench --preset tiny --devices cpu:8 --chip tpu9",
+     r"unknown chip 'tpu9'; valid chips: v4, v5e, v5p, v6e, TPU7x, H100"),
+    ("bench --preset tiny --devices cpu:8 --mesh fsdp=8 --d-model 60",
+     r"d_model=60 is not divisible by the fsdp shard count 8"),
     ("bench --preset tiny --devices cpu:8 --mesh fsdp=16", r"mesh 'fsdp=16' has 16 devices"),
     ("bench --preset tiny --devices tpu:v5p-8", r"bench runs on real devices or cpu:N"),
-    ("bench --preset tiny --devices cpu:8 --batch-tokens 12", r"batch_tokens=12 is not divisible by the data·fsdp shard count 8"),
+    ("bench --preset tiny --devices cpu:8 --batch-tokens 12",
+     r"batch_tokens=12 is not divisible by the data·fsdp shard count 8"),
     # the transformer, sequence and context parallelism
     (f"{TRAIN} --heads 8", r"--heads is a transformer dimension; 'tiny' is an FFN stack \(transformer presets: "),
     (f"{TRAIN} --preset tiny-tf --heads 0", r"--heads must be a positive integer, got 0"),
-    (f"{TRAIN} --preset tiny-tf --mesh context=8 --batch-tokens 512 --kv-heads 4", r"kv_heads=4 is not divisible by context·tensor"),
+    (f"{TRAIN} --preset tiny-tf --mesh context=8 --batch-tokens 512 --kv-heads 4",
+     r"kv_heads=4 is not divisible by context·tensor"),
     (f"{TRAIN} --preset tiny-tf --mesh context=8 --batch-tokens 480 --context-strategy ring --seq-len 60",
      r"seq_len=60 is not divisible by context = 8"),
     (f"{TRAIN} --preset tiny-tf --batch-tokens 100", r"batch_tokens=100 is not whole sequences of seq_len=64"),
@@ -135,7 +147,8 @@ CASES = [
     # a transformer-only flag for an FFN preset, given explicitly (even at its default value): refused like --heads
     (f"{TRAIN} --attention flash", r"--attention is a transformer flag; 'tiny' is an FFN stack \(transformer presets"),
     (f"{TRAIN} --context-strategy ring", r"--context-strategy is a transformer flag; 'tiny' is an FFN stack"),
-    ("compile --devices cpu:8 --mesh fsdp=8 --preset tiny --attention materialized", r"--attention is a transformer flag"),
+    ("compile --devices cpu:8 --mesh fsdp=8 --preset tiny --attention materialized",
+     r"--attention is a transformer flag"),
     ("bench --preset tiny --devices cpu:8 --attention-block 64", r"--attention-block is a transformer flag"),
     (f"{TRAIN} --head-dim 8", r"--head-dim is a transformer dimension; 'tiny' is an FFN stack"),
     (f"{TRAIN} --preset tiny-tf --head-dim 0", r"--head-dim must be a positive integer, got 0"),
@@ -144,7 +157,8 @@ CASES = [
      r"\(1, 2, 4, 8, 16, 32, 64\), or give head_dim \(--head-dim\)"),
     # too big for this host, before anything is built (train and bench allocate on emulated CPU devices): the XXL's
     # state alone is 16 B × P / 8 = 16 × 219,848,638,464 / 8 = 439.7 GB per device, 3.5 TB on 8 devices
-    ("train --preset xxl --devices cpu:8 --mesh fsdp=8", r"the train step needs 4\d\d\.\d GB per device \(closed form\), "
+    ("train --preset xxl --devices cpu:8 --mesh fsdp=8",
+     r"the train step needs 4\d\d\.\d GB per device \(closed form\), "
      r"3\d\d\d GB on 8 CPU devices, which share this host.s memory: [\d.]+ GB"),
     ("bench --preset xxl --devices cpu:8 --mesh fsdp=8", r"the train step needs .* on 8 CPU devices, which share"),
     # the state alone, 16 B × 2·D·F·L / 8 per device (the mesh's fsdp·tensor = 8): L = 1e9 -> 65,536 GB;
@@ -153,20 +167,24 @@ CASES = [
     (f"{TRAIN} --d-ff 1000000000", r"the train step needs [\d.e+]+ GB per device \(closed form\)"),
     (f"{TRAIN} --d-model 1000000000", r"the train step needs [\d.e+]+ GB per device \(closed form\)"),
     # attention scores B·N·T = 4e8 · 8 · 1e8 = 3.2e17 elements (below 2^63), 4 B each: far above the host
-    (f"{TRAIN} --preset tiny-tf --batch-tokens 400000000 --seq-len 100000000", r"needs .* GB on 8 CPU devices, which share"),
+    (f"{TRAIN} --preset tiny-tf --batch-tokens 400000000 --seq-len 100000000",
+     r"needs .* GB on 8 CPU devices, which share"),
     # what jax and XLA cannot count, also for compile (which allocates nothing): L >= 2^31 (the scan's int32 length);
     # an array of 2^63 elements or more: x·W_in's B·F = 1e18 · 256 = 2.56e20; scores B·N·T = 4e9 · 8 · 1e9 = 3.2e19
     (f"{TRAIN} --blocks 3000000000", r"blocks=3,000,000,000 is too many: .* below 2\^31 = 2,147,483,648"),
     ("compile --devices cpu:8 --mesh fsdp=8 --preset tiny --blocks 3000000000", r"blocks=3,000,000,000 is too many"),
-    (f"{TRAIN} --batch-tokens 1000000000000000000", r"activations B·max\(D, F\) hold 2.56e\+20 elements; .* below 2\^63"),
-    ("compile --devices cpu:8 --mesh fsdp=8 --preset tiny --batch-tokens 1000000000000000000", r"hold 2.56e\+20 elements"),
+    (f"{TRAIN} --batch-tokens 1000000000000000000",
+     r"activations B·max\(D, F\) hold 2.56e\+20 elements; .* below 2\^63"),
+    ("compile --devices cpu:8 --mesh fsdp=8 --preset tiny --batch-tokens 1000000000000000000",
+     r"hold 2.56e\+20 elements"),
     ("compile --devices cpu:8 --mesh fsdp=4,tensor=2 --preset tiny-tf --batch-tokens 4000000000 --seq-len 1000000000",
      r"attention scores B·N·T hold 3.2e\+19 elements"),
     # more emulated CPU devices than jax's CPU backend compiles for (2049 and up: "Multiprocess computations aren't
     # implemented on the CPU backend")
     (f"{TRAIN} --devices cpu:4096 --mesh data=4096 --batch-tokens 16384",
      r"--devices 'cpu:4096': jax's CPU backend compiles for at most 2048"),
-    ("compile --devices cpu:2049 --mesh data=2049 --preset tiny --batch-tokens 4098", r"devices 'cpu:2049': .* at most 2048"),
+    ("compile --devices cpu:2049 --mesh data=2049 --preset tiny --batch-tokens 4098",
+     r"devices 'cpu:2049': .* at most 2048"),
     # the command itself
     ("", r"the following arguments are required: command"),
     ("serve", r"argument command: invalid choice: 'serve'"),
@@ -266,7 +284,8 @@ def test_public_entry_points_raise_value_error(places, tmp_path):
                          ("corrupt", "cannot be")]:
         with pytest.raises(ValueError, match=match):
             ckpt.restore_latest(places[where], abstract)
-    with pytest.raises(ValueError, match=r"holds \['opt'\]\[0\].mu\['w_in'\] as float32\[3, 256, 64\], this run needs float32\[3, 512, 64\]"):
+    with pytest.raises(ValueError, match=r"holds \['opt'\]\[0\].mu\['w_in'\] as float32\[3, 256, 64\], "
+                                         r"this run needs float32\[3, 512, 64\]"):
         ckpt.restore_latest(places["full"], state_shardings(TINY.replace(d_ff=512), m)[0])  # no metadata check
     with pytest.raises(ValueError, match="written with seed 0, not 3"):
         ckpt.restore_latest(places["full"], abstract, {"model": vars(TINY), "seed": 3})
@@ -287,7 +306,7 @@ def test_public_entry_points_raise_value_error(places, tmp_path):
                       ({"batch_tokens": 66}, "batch_tokens=66 is not divisible"), ({"seed": -2}, "seed must be")]:
         args = {"batch_tokens": 64, **kw}
         with pytest.raises(ValueError, match=match):
-            bench(TINY, m, args.pop("batch_tokens"), **args)
+            bench(Workload(TINY, mesh_shape(m), args.pop("batch_tokens")), m, **args)
     assert snapshot(tmp_path) == before and not os.path.exists(places["ck"])
 
 
@@ -313,10 +332,10 @@ def test_size_rule_weighs_the_closed_form_against_the_host(monkeypatch):
     # the tiny model's state alone: 16 B × 2·64·256·3 / 8 = 24,576 B per device, 196,608 B on 8 devices
     monkeypatch.setattr(cli, "host_memory_bytes", lambda: 196_608)
     with pytest.raises(ValueError, match=r"on 8 CPU devices, which share this host.s memory: 0.0001966 GB"):
-        cli.check_size(TINY, mesh, 64, cpu_devices=8)
-    cli.check_size(TINY, mesh, 64)
+        cli.check_size(Workload(TINY, mesh, 64), cpu_devices=8)
+    cli.check_size(Workload(TINY, mesh, 64))
     monkeypatch.setattr(cli, "host_memory_bytes", lambda: 10**9)  # a few hundred kB fit in 1 GB
-    cli.check_size(TINY, mesh, 64, cpu_devices=8)
+    cli.check_size(Workload(TINY, mesh, 64), cpu_devices=8)
 
 
 def test_tpu_refusal_is_one_line():

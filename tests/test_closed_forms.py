@@ -17,6 +17,7 @@ from scaling import collectives, flops, memory, roofline
 from scaling.answers import answers, render
 from scaling.config import FFNConfig, MeshShape, parse_mesh_spec, PRESETS
 from scaling.hardware import get_chip, parse_slice, slice_topology
+from scaling.workload import Workload
 
 XXL = PRESETS["xxl"]
 
@@ -140,8 +141,8 @@ def test_memory_sharded_covers_unsharded(D, F, L, data, fsdp, tensor, remat):
     cfg = FFNConfig(D, F, L)
     mesh = MeshShape(data=data, fsdp=fsdp, tensor=tensor)
     B = 1024
-    per_dev = memory.memory_per_device(cfg, mesh, B, remat)
-    unsharded = memory.memory_per_device(cfg, MeshShape(), B, remat)
+    per_dev = memory.memory_per_device(Workload(cfg, mesh, B, remat=remat))
+    unsharded = memory.memory_per_device(Workload(cfg, MeshShape(), B, remat=remat))
     assert per_dev["total"] * mesh.devices >= unsharded["total"] - unsharded["transient_weights"] - 1e-6
 
 
@@ -150,10 +151,11 @@ def test_memory_sharded_covers_unsharded(D, F, L, data, fsdp, tensor, remat):
 def test_memory_monotone_in_shards(D, F, L, data, fsdp, tensor):
     cfg = FFNConfig(D, F, L)
     B = 1024
-    base = memory.memory_per_device(cfg, MeshShape(data=data, fsdp=fsdp, tensor=tensor), B)["total"]
-    for bigger in (MeshShape(data=2 * data, fsdp=fsdp, tensor=tensor), MeshShape(data=data, fsdp=2 * fsdp, tensor=tensor),
+    base = memory.memory_per_device(Workload(cfg, MeshShape(data=data, fsdp=fsdp, tensor=tensor), B))["total"]
+    for bigger in (MeshShape(data=2 * data, fsdp=fsdp, tensor=tensor),
+                   MeshShape(data=data, fsdp=2 * fsdp, tensor=tensor),
                    MeshShape(data=data, fsdp=fsdp, tensor=2 * tensor)):
-        assert memory.memory_per_device(cfg, bigger, B)["total"] <= base
+        assert memory.memory_per_device(Workload(cfg, bigger, B))["total"] <= base
 
 
 @settings(max_examples=300, deadline=None)
@@ -374,7 +376,8 @@ def test_labels_say_what_was_given():
     """Custom --flops/--hbm were labelled "(TPU v5p as the Scaling Book rounds it)" and "per v5p"; one GPU
     was "1 GPUs". The state of SMALL_FAST: 16·2·4096·14336·32 = 6.01e10 B < 80 GB: 1 GPU."""
     text = render(answers(**{**SMALL_FAST, "hbm": 32e9, "gpu_hbm": 141e9}))
-    assert "C = 9.18e+14 bf16 FLOP/s (given by --flops)" in text and "W_ici = 9e+10 B/s per chip (given by --w-ici)" in text
+    assert ("C = 9.18e+14 bf16 FLOP/s (given by --flops)" in text
+            and "W_ici = 9e+10 B/s per chip (given by --w-ici)" in text)
     assert "32 GB HBM per TPU (given by --hbm)" in text and "141 GB per GPU (given by --gpu-hbm)" in text
     assert "as the Scaling Book rounds it)" not in text and "per v5p" not in text and "H100" not in text
     text = render(answers(**SMALL_FAST))

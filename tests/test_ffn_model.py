@@ -17,7 +17,8 @@ from ffn_model.compile import abstract_compile
 from ffn_model.model import to_bf16
 from ffn_model.train import train
 from mesh import make_mesh, mesh_shape
-from scaling.config import PRESETS, FFNConfig
+from scaling.config import PRESETS, FFNConfig, MeshShape
+from scaling.workload import Workload
 from verify.hlo import read_compiled
 
 TINY = PRESETS["tiny"]  # D=64, F=256, L=3 (odd: every-second remat has a leftover block)
@@ -27,6 +28,11 @@ XXL = PRESETS["xxl"]  # D=16384, F=53248, L=126
 # devices: 12·P/64 = 41,221,619,712 bytes per device.
 XXL_STATE_BYTES_PER_DEVICE_64 = 41_221_619_712
 ENV = {**os.environ, "JAX_PLATFORMS": "cpu"}
+
+
+def compile_on(cfg, mesh, batch_tokens, remat="none", step="train"):
+    """abstract_compile of the workload (cfg, the mesh's shape, B, step, remat) on ``mesh``."""
+    return abstract_compile(Workload(cfg, mesh_shape(mesh), batch_tokens, step, remat), mesh)
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +115,7 @@ def test_weight_collectives_are_bf16_before_partitioning():
     """XLA:CPU runs every collective in f32 (it has no bf16 collectives), so on CPU check the program
     handed to the partitioner: each weight is resharded (gathered / reduce-scattered) as BF16."""
     cfg = FFNConfig(d_model=256, d_ff=1536, blocks=2)
-    res = abstract_compile(cfg, make_mesh("data=2,fsdp=2,tensor=2", "cpu:8"), 2560)
+    res = compile_on(cfg, make_mesh("data=2,fsdp=2,tensor=2", "cpu:8"), 2560)
     text = res.lowered.as_text()
     resharded = re.findall(r"sdy.sharding_constraint \S+ <@mesh, (.*)> : tensor<([0-9x]+)x([a-z0-9]+)>", text)
     weights = [(spec, dt) for spec, dims, dt in resharded
@@ -125,7 +131,7 @@ def test_weight_collectives_are_bf16_before_partitioning():
 def test_weight_collectives_are_bf16_on_tpu(spec):
     # D=256, F=1536, per-device tokens 640: no activation has a weight-like shape.
     cfg = FFNConfig(d_model=256, d_ff=1536, blocks=4)
-    res = abstract_compile(cfg, make_mesh(spec, "tpu:v5p:2x2x2"), 2560)
+    res = compile_on(cfg, make_mesh(spec, "tpu:v5p:2x2x2"), 2560)
     found = _weight_collectives(res.compiled.as_text(), 256, 1536)
     gathers = [dt for op, dt in found if op == "all-gather"]
     grads = [dt for op, dt in found if op != "all-gather"]
@@ -160,7 +166,7 @@ def test_xxl_abstract_compile_cpu64_subprocess():
 @pytest.mark.tpu
 def test_xxl_abstract_compile_tpu_v5p_4x4x4():
     m = make_mesh("fsdp=16,tensor=4", "tpu:v5p:4x4x4")
-    res = abstract_compile(XXL, m, 25600, remat="none", step="train")
+    res = compile_on(XXL, m, 25600)
     memory = read_compiled(res.compiled, dict(mesh_shape(m))).memory
     _check_xxl_arguments(memory, res.compile_seconds)
     # peak: 16·P/N = 54.96 GB + saved x and h (2·1600·(16384 + 13312)·126 = 11.97 GB) + gathered
@@ -172,7 +178,7 @@ def test_xxl_abstract_compile_tpu_v5p_4x4x4():
 
 def test_forward_step_compiles():
     m = make_mesh("fsdp=4,tensor=2", "cpu:8")
-    got = read_compiled(abstract_compile(TINY, m, 256, step="forward").compiled, dict(mesh_shape(m)))
+    got = read_compiled(compile_on(TINY, m, 256, step="forward").compiled, dict(mesh_shape(m)))
     # forward-only arguments: fp32 params 4·P/N (P = 2·64·256·3 = 98,304 -> 49,152 B) + batch
     # (x bf16 + y fp32 = 6·64·256/4 = 24,576 B)
     assert got.memory["argument_bytes"] == 49_152 + 24_576
@@ -182,13 +188,15 @@ def test_forward_step_compiles():
 def test_bad_inputs_raise():
     m = make_mesh("fsdp=8", "cpu:8")
     with pytest.raises(ValueError, match="d_model=60 is not divisible by the fsdp shard count 8"):
-        abstract_compile(FFNConfig(60, 256, 2), m, 64)
+        compile_on(FFNConfig(60, 256, 2), m, 64)
     with pytest.raises(ValueError, match="batch_tokens=100 is not divisible"):
-        abstract_compile(TINY, m, 100)
+        compile_on(TINY, m, 100)
     with pytest.raises(ValueError, match="remat"):
-        abstract_compile(TINY, m, 64, remat="half")
+        compile_on(TINY, m, 64, remat="half")
     with pytest.raises(ValueError, match="step"):
-        abstract_compile(TINY, m, 64, step="backward")
+        compile_on(TINY, m, 64, step="backward")
+    with pytest.raises(ValueError, match="the workload's mesh is fsdp=4, the devices' mesh fsdp=8"):
+        abstract_compile(Workload(TINY, MeshShape(fsdp=4), 64), m)
 
 
 @pytest.mark.parametrize("argv, match", [
@@ -216,7 +224,7 @@ def test_cli_train_json_subprocess():
     assert out.returncode == 0, out.stderr[-2000:]
     rep = json.loads(out.stdout)
     assert len(rep["losses"]) == 3 and rep["losses"][2] < rep["losses"][0]
-    assert len([l for l in out.stderr.splitlines() if l.startswith("step")]) == 3  # progress on stderr
+    assert len([line for line in out.stderr.splitlines() if line.startswith("step")]) == 3  # progress on stderr
 
 
 def test_bench_reports_step_time_flops_and_mfu(capsys):

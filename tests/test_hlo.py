@@ -74,17 +74,17 @@ def test_scan_dot_flops_times_trip_count():
 
 
 def test_nested_scan_multiplies():
-    O, I, B, D = 3, 4, 8, 16
+    n_outer, n_inner, B, D = 3, 4, 8, 16
 
     def f(x, W):
         inner = lambda c, w: (jnp.tanh(c @ w), None)  # noqa: E731
         return jax.lax.scan(lambda c, ws: (jax.lax.scan(inner, c, ws)[0], None), x, W)[0]
 
     c = jax.jit(f).lower(jax.ShapeDtypeStruct((B, D), jnp.float32),
-                         jax.ShapeDtypeStruct((O, I, D, D), jnp.float32)).compile()
+                         jax.ShapeDtypeStruct((n_outer, n_inner, D, D), jnp.float32)).compile()
     prog = hlo.parse_hlo(c.as_text())
-    assert sorted(n for n, _ in prog.trip_counts.values()) == sorted([O, I])
-    assert prog.dot_flops() == 2 * B * D * D * O * I  # the inner body runs O*I times
+    assert sorted(n for n, _ in prog.trip_counts.values()) == sorted([n_outer, n_inner])
+    assert prog.dot_flops() == 2 * B * D * D * n_outer * n_inner  # the inner body runs n_outer*n_inner times
 
 
 # --- sharded programs on 8 CPU devices ----------------------------------------------------------
@@ -144,7 +144,8 @@ def test_cpu_fsdp_gradient_reduce_scatter(cpu_mesh):
 def test_memory_report_cpu(cpu_mesh):
     c = jax.jit(lambda x: x * 2).lower(_sds(cpu_mesh, (64, 128), (DF, None))).compile()
     m = hlo.read_compiled(c, AXES).memory
-    assert set(m) == {"argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "peak_bytes", "generated_code_bytes"}
+    assert set(m) == {"argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "peak_bytes",
+                      "generated_code_bytes"}
     assert m["argument_bytes"] == 64 / 4 * 128 * 4 and m["output_bytes"] == 64 / 4 * 128 * 4  # the local shard
     assert m["peak_bytes"] is None or m["peak_bytes"] > 0
 
@@ -270,13 +271,15 @@ HloModule m, num_partitions=8
   %t = (s32[], bf16[4,16]{1,0}) parameter(0)
   %i = s32[] get-tuple-element(%t), index=0
   %x = bf16[4,16]{1,0} get-tuple-element(%t), index=1
-  %ags = (bf16[4,16]{1,0}, bf16[8,16]{1,0}) all-gather-start(%x), channel_id=1, replica_groups={{0,2},{4,6},{1,3},{5,7}}, dimensions={0}
+  %ags = (bf16[4,16]{1,0}, bf16[8,16]{1,0}) all-gather-start(%x), channel_id=1, \
+replica_groups={{0,2},{4,6},{1,3},{5,7}}, dimensions={0}
   %agd = bf16[8,16]{1,0} all-gather-done(%ags)
   %ars = bf16[8,16]{1,0} all-reduce-start(%agd), channel_id=2, replica_groups=[2,4]<=[8], to_apply=%add
   %ard = bf16[8,16]{1,0} all-reduce-done(%ars)
   %as = ((bf16[4,16]{1,0}), bf16[8,16]{1,0}, s32[]) async-start(%x), calls=%wrapped_ag
   %ad = bf16[8,16]{1,0} async-done(%as), calls=%wrapped_ag
-  %w = bf16[8,16]{1,0} dot(bf16[8,16]{1,0} %ard, bf16[16,16]{1,0} %ad), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %w = bf16[8,16]{1,0} dot(bf16[8,16]{1,0} %ard, bf16[16,16]{1,0} %ad), lhs_contracting_dims={1}, \
+rhs_contracting_dims={0}
   %one = s32[] constant(1)
   %j = s32[] add(%i, %one)
   ROOT %r = (s32[], bf16[4,16]{1,0}) tuple(%j, %x)
@@ -323,12 +326,14 @@ def test_unrolled_loop_steps_by_two():
     # steps x 2 ring directions = 16 chunks).
     text = ASYNC_LOOP.replace("%one = s32[] constant(1)", "%one = s32[] constant(2)") \
         .replace("%j = s32[] add(%i, %one)", "%ic = s32[] copy(%i)\n  %j = s32[] add(%ic, %one)") \
-        .replace("%n = s32[] constant(7)", "%n = s32[] constant(8)").replace("%z = s32[] constant(1)", "%z = s32[] constant(0)")
+        .replace("%n = s32[] constant(7)", "%n = s32[] constant(8)") \
+        .replace("%z = s32[] constant(1)", "%z = s32[] constant(0)")
     prog = hlo.parse_hlo(text)
     assert prog.trip_counts == {"loop": (4, "condition")}
     assert prog.dot_flops() == 2 * 8 * 16 * 16 * 4
     # an odd bound rounds up: i = 0, 2, 4, 6 < 7 is 4 trips
-    assert hlo.parse_hlo(text.replace("%n = s32[] constant(8)", "%n = s32[] constant(7)")).trip_counts["loop"] == (4, "condition")
+    odd = text.replace("%n = s32[] constant(8)", "%n = s32[] constant(7)")
+    assert hlo.parse_hlo(odd).trip_counts["loop"] == (4, "condition")
 
 
 def test_convolution_flops():
@@ -340,7 +345,8 @@ def test_convolution_flops():
   %w = f32[128,256]{1,0:T(8,128)} parameter(1)
   %a = f32[4,64,128]{2,1,0:T(8,128)} parameter(2)
   %b = f32[4,128,256]{2,1,0:T(8,128)} parameter(3)
-  %c2 = f32[4,64,256]{2,1,0:T(8,128)} convolution(%a, %b), window={size=4 stride=3 lhs_dilate=4}, dim_labels=0bf_0io->0bf
+  %c2 = f32[4,64,256]{2,1,0:T(8,128)} convolution(%a, %b), window={size=4 stride=3 lhs_dilate=4}, \
+dim_labels=0bf_0io->0bf
   ROOT %c1 = f32[32,256]{1,0:T(8,128)} convolution(%x, %w), dim_labels=bf_io->bf
 }
 """

@@ -10,6 +10,7 @@ import pytest
 from scaling.config import PRESETS, Schedule
 from scaling.hardware import get_chip
 from scaling.plan import plan
+from scaling.workload import Workload
 
 XXL, V5P = PRESETS["xxl"], get_chip("v5p")
 
@@ -114,7 +115,8 @@ def test_gradient_accumulation_fits_what_one_pass_cannot():
     assert plans and all(p["microbatches"] > 1 for p in plans)
     p = next(p for p in plans if tuple(p["mesh"].values()) == (1, 1, 32, 4) and p["microbatches"] == 4)
     P = 219_848_638_464
-    by_hand = 16 * P / 128 + 4 * P / 128 + 8192 * 126 * 2 * (16384 + 53248 / 4) + 2 * 16384 * 53248 / 4 + 6 * 2**15 * 16384
+    by_hand = (16 * P / 128 + 4 * P / 128 + 8192 * 126 * 2 * (16384 + 53248 / 4) + 2 * 16384 * 53248 / 4
+               + 6 * 2**15 * 16384)
     assert p["memory_bytes"] == pytest.approx(by_hand, rel=1e-9)
 
 
@@ -201,15 +203,14 @@ def test_planner_ranks_what_predict_says(chip, chips, batch, remat):
     assert plans
     for p in plans:
         layout = {a: (v["lens"], v["wrap"]) for a, v in p["layout"].items()}
-        one = program.predict(XXL, MeshShape(p["mesh"]), batch, remat, "train", chip_, layout,
-                              dcn={p["dcn_axis"]: p["slices"]} if p["dcn_axis"] else None,
-                              schedule=Schedule(p["microbatches"], p["repeats"]))
-        t = one["times"]
-        assert p["step_seconds_sum"] == pytest.approx(t["step_sum"], rel=1e-12)
-        assert p["step_seconds_max"] == pytest.approx(t["step_max"], rel=1e-12)
-        assert p["memory_bytes"] == pytest.approx(one["memory"]["total"], rel=1e-12)
-        assert p["bound"] == t["bound"] and p["mfu_sum"] == pytest.approx(t["mfu_sum"], rel=1e-12)
-        crit = t["critical_batch_sum"]
+        w = Workload(XXL, MeshShape(p["mesh"]), batch, remat=remat, schedule=Schedule(p["microbatches"], p["repeats"]))
+        one = program.predict(w, chip_, layout, dcn={p["dcn_axis"]: p["slices"]} if p["dcn_axis"] else None)
+        t = one.times
+        assert p["step_seconds_sum"] == pytest.approx(t.step["sum"], rel=1e-12)
+        assert p["step_seconds_max"] == pytest.approx(t.step["max"], rel=1e-12)
+        assert p["memory_bytes"] == pytest.approx(one.memory["total"], rel=1e-12)
+        assert p["bound"] == t.bound and p["mfu_sum"] == pytest.approx(t.mfu["sum"], rel=1e-12)
+        crit = t.critical_batch["sum"]
         assert (p["critical_batch"] is None and crit != crit) or p["critical_batch"] == pytest.approx(crit, rel=1e-12)
 
 
@@ -339,7 +340,7 @@ def test_windowed_einsum_rule_matches_the_compiler(topology, mesh, batch, window
     lk = {"4x4x4": {"fsdp=16,tensor=4": 2, "fsdp=32,tensor=2": 2.5, "fsdp=8,tensor=8": 1.5, "fsdp=4,tensor=16": 1,
                     "fsdp=64": 3, "data=4,fsdp=16": 2}, "2x2x2": {"fsdp=8": 1.5}}[topology][mesh]
     assert math.prod(dims) == shape.devices
-    assert program.windowed_einsum_rs(shape, batch, V5P, {"fsdp": lk}) is windowed
+    assert program.windowed_einsum_rs(Workload(XXL, shape, batch), V5P, {"fsdp": lk}) is windowed
 
 
 def test_plan_and_check_give_one_answer_on_the_question_mesh():
@@ -352,21 +353,20 @@ def test_plan_and_check_give_one_answer_on_the_question_mesh():
 
     p = next(p for p in plan(XXL, V5P, 64, 25600) if tuple(p["mesh"].values()) == (1, 1, 16, 4))
     lay = {a: (v["lens"], v["wrap"]) for a, v in p["layout"].items()}
-    args = (XXL, MeshShape(p["mesh"]), 25600, "none", "train", V5P, lay)
-    checked, unwindowed = (program.predict(*args, windowed_grad_rs=w) for w in (True, False))
-    assert p["step_seconds_sum"] == pytest.approx(checked["times"]["step_sum"], rel=1e-12)
-    assert p["memory_bytes"] == pytest.approx(checked["memory"]["total"], rel=1e-12)
-    assert unwindowed["memory"]["total"] - p["memory_bytes"] == pytest.approx(3 * 2 * 16384 * 53248 / 4, rel=1e-9)
+    w = Workload(XXL, MeshShape(p["mesh"]), 25600)
+    checked, unwindowed = (program.predict(w.with_facts(windowed_grad_rs=v), V5P, lay) for v in (True, False))
+    assert p["step_seconds_sum"] == pytest.approx(checked.times.step["sum"], rel=1e-12)
+    assert p["memory_bytes"] == pytest.approx(checked.memory["total"], rel=1e-12)
+    assert unwindowed.memory["total"] - p["memory_bytes"] == pytest.approx(3 * 2 * 16384 * 53248 / 4, rel=1e-9)
 
 
 @pytest.mark.tpu
 def test_check_holds_the_windowed_rule_against_the_program():
     """check reads the windowed einsum from the compiled XXL step and reports the rule's prediction beside it;
     plan prints the same step time and memory as check's closed form."""
-    from verify.check import XXL_TRAIN, check
+    from verify.check import XXL_TRAIN, check, grid_workload
 
-    dev, cfg, mesh, batch, remat, step = XXL_TRAIN
-    rep = check(cfg, dev, mesh, batch, remat, step)
+    rep = check(grid_workload(*XXL_TRAIN[1:]), XXL_TRAIN[0])
     assert rep["config"]["windowed_grad_rs"] is True and rep["config"]["windowed_grad_rs_rule"] is True
     assert "MISMATCH" not in rep["collectives"]["by_axis"]["fsdp"]["note"]
     p = next(p for p in plan(XXL, V5P, 64, 25600) if tuple(p["mesh"].values()) == (1, 1, 16, 4))

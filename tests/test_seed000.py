@@ -16,7 +16,8 @@ import pytest
 from scaling import seed000 as s0
 from jax_scaling.cli import main
 from scaling.hardware import CHIPS
-from scaling.config import get_preset
+from scaling.config import MeshShape, get_preset
+from scaling.workload import Workload
 from scaling.transformer import step_flops
 from verify.trace import compile_seed000_layer, render_compiled
 
@@ -81,7 +82,7 @@ def test_flops_are_global_and_per_gpu_is_one_sixteenth(rows):
     # per GPU, the forward matmuls of one layer of scaling.transformer minus its MLP (2·3750·16384·53248·2):
     # 6.0398e12 + 2·7.3728e12 + 2.0133e12 = 22,798,663,680,000
     cfg = get_preset("seed000").replace(blocks=1)
-    fwd = step_flops(cfg, {"context": 16}, 60000, step="forward")["forward"] - 2 * 3750 * 16384 * 53248 * 2
+    fwd = step_flops(Workload(cfg, MeshShape(context=16), 60000, "forward"))["forward"] - 2 * 3750 * 16384 * 53248 * 2
     assert sum(r["per_gpu"] for r in f) == pytest.approx(fwd) == pytest.approx(22_798_663_680_000)
 
 

@@ -18,23 +18,22 @@ from __future__ import annotations
 from ffn_model.bench import time_train_step
 from mesh import ici_layout, mesh_shape
 from scaling import program
-from scaling.config import FFNConfig, Schedule
+from scaling.workload import Workload
 from scaling.hardware import Chip
 from verify.hlo import read_compiled
 
 
-def bench(cfg: FFNConfig, mesh, batch_tokens: int, steps: int = 10, warmup: int = 2, remat: str = "none",
-          chip: Chip | None = None, seed: int = 0, schedule: Schedule = Schedule()) -> dict:
-    """Time the train step and report it against ``chip`` (None: no MFU and no prediction). Returns
+def bench(w: Workload, mesh, steps: int = 10, warmup: int = 2, chip: Chip | None = None, seed: int = 0) -> dict:
+    """Time the workload's train step on ``mesh`` and report it against ``chip`` (None: no MFU and no
+    prediction). Returns
     step_seconds (median), step_seconds_all, flops {model, executed} (global), tflops_per_s (all
     devices), tflops_per_s_per_device, mfu, hfu, predicted (predict's times) and final_loss."""
-    timing = time_train_step(cfg, mesh, batch_tokens, steps, warmup, remat, seed, schedule)
+    timing = time_train_step(w, mesh, steps, warmup, seed)
     shape = mesh_shape(mesh)
     n = shape.devices
     executed = read_compiled(timing["compiled"], dict(shape)).dot_flops * n
-    pred = program.predict(cfg, shape, batch_tokens, remat, "train", chip, ici_layout(mesh, chip) if chip else None,
-                           schedule=schedule)
-    model = pred["flops"]["model"] * n
+    pred = program.predict(w, chip, ici_layout(mesh, chip) if chip else None)
+    model = pred.flops["model"] * n
     t = timing["step_seconds"]
     rep = {"step_seconds": t, "step_seconds_all": timing["step_seconds_all"],
            "flops": {"model": model, "executed": executed}, "tflops_per_s": executed / t / 1e12,
@@ -42,7 +41,9 @@ def bench(cfg: FFNConfig, mesh, batch_tokens: int, steps: int = 10, warmup: int 
            "mfu": None, "hfu": None, "predicted": None, "final_loss": timing["final_loss"]}
     if chip is not None:
         peak = chip.device_flops
-        times = pred["times"]
-        rep.update(chip=chip.name, peak_flops_per_device=peak, mfu=model / (t * n * peak), hfu=executed / (t * n * peak),
-                   predicted={k: times[k] for k in ("math", "comms", "hbm", "step_sum", "step_max", "bound")})
+        times = pred.times
+        rep.update(chip=chip.name, peak_flops_per_device=peak, mfu=model / (t * n * peak),
+                   hfu=executed / (t * n * peak),
+                   predicted={"math": times.math, "comms": times.comms, "hbm": times.hbm, "step_sum": times.step["sum"],
+                              "step_max": times.step["max"], "bound": times.bound})
     return rep

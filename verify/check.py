@@ -1,5 +1,5 @@
-"""Closed forms against the compiled program, term by term: ``python -m scaling check`` (which runs
-``python -m verify check``), plan verification, and the grids the tests and notebooks use.
+"""Closed forms against the compiled program, term by term: ``jax-scaling check``, plan verification
+(plan --verify-top, answer --verify-pipeline), and the grids the tests and notebooks use.
 
 The closed-form side is ``scaling.program.predict``; the compiled side compiles the same step with
 ``ffn_model.compile.abstract_compile`` for the chosen devices (emulated CPU, or any TPU topology
@@ -25,10 +25,12 @@ from mesh.devices import parse_tpu_spec, use_cpu_platform_for
 from scaling import pipeline, program
 from scaling.answers import model_name
 from scaling.cli import check_size, model_config, schedule_of
-from scaling.config import (FFNConfig, MeshShape, Schedule, TransformerConfig, check_divisible, check_remat, get_preset,
+from scaling.config import (FFNConfig, MeshShape, Schedule, TransformerConfig, check_remat, get_preset,
                             parse_mesh_spec)
 from scaling.hardware import CHIPS, Chip, get_chip, slice_topology
 from scaling.pipeline import relay_moves
+from scaling.table import table
+from scaling.workload import Workload
 from verify.hlo import read_compiled, refusal_error
 
 
@@ -72,7 +74,7 @@ TPU_GRID = [
 # Mid-sized models (1024- to 3072-wide) on v5p: the collective bytes hold to the same band (the
 # all-reduce-scatter padding XLA:TPU applied to W_in's gradient when it was stored [D, F] is gone with
 # W_in stored [F, D]: ffn_model.model.FFNStack). Their peak is not held to the ±10% band: at a few
-# hundred MB the compiler's working set and buffer reuse move it by 0.93 to 1.15 (README, residuals).
+# hundred MB the compiler's working set and buffer reuse move it by 0.93 to 1.15 (docs/findings.md, residuals).
 _MID = _SMALL.replace(d_model=2048, d_ff=8192, blocks=4)
 TPU_MID_GRID = [
     ("tpu:v5p:2x2x2", _MID.replace(blocks=3), "fsdp=4,tensor=2", 8192, "none", "train"),
@@ -184,7 +186,7 @@ TPU_SEQUENCE_GRID = [
     ("tpu:v5p:4x4x4", get_preset("llama-8b"), "fsdp=16,context=4", 131072, "full", "train",
      Schedule(context="ulysses", attention="flash")),
     # the FFN stack with sequence parallelism at D = 4096: its activations are carried transposed so that the
-    # reduce-scatter over tensor splits their minor dimension (ffn_model.model.block; README, residuals)
+    # reduce-scatter over tensor splits their minor dimension (ffn_model.model.block; docs/findings.md, residuals)
     ("tpu:v5p:2x2x2", _MEDIUM.replace(blocks=3), "fsdp=2,tensor=4", 8192, "none", "train",
      Schedule(sequence_parallel=True)),
 ]
@@ -217,51 +219,47 @@ def default_chip(devices) -> Chip:
 CACHE_ENV = "VERIFY_CHECK_CACHE"
 
 
-def check(cfg, devices: str, mesh_spec: str, batch_tokens: int, remat: str = "none", step: str = "train",
-          chip: str | None = None, verbose: bool = False, schedule: Schedule = Schedule()) -> dict:
+def grid_workload(cfg, mesh: str, batch_tokens: int, remat: str = "none", step: str = "train",
+                  schedule: Schedule = Schedule()) -> Workload:
+    """A row of the grids above, (cfg, mesh spec, batch, remat, step[, schedule]), as the Workload it is."""
+    return Workload(cfg, parse_mesh_spec(mesh), batch_tokens, step, remat, schedule)
+
+
+def check(w: Workload, devices: str, chip: str | None = None, verbose: bool = False) -> dict:
     """compare() (below), or the report an identical call already left in $VERIFY_CHECK_CACHE."""
     folder = os.environ.get(CACHE_ENV)
     if not folder:
-        return compare(cfg, devices, mesh_spec, batch_tokens, remat, step, chip, verbose, schedule)
-    key = repr((cfg, devices, mesh_spec, batch_tokens, remat, step, chip, schedule))
+        return compare(w, devices, chip, verbose)
+    key = repr((w, devices, chip))
     path = Path(folder) / f"{hashlib.sha256(key.encode()).hexdigest()}.pickle"
     if path.exists():
         return pickle.loads(path.read_bytes())
-    rep = compare(cfg, devices, mesh_spec, batch_tokens, remat, step, chip, verbose, schedule)
+    rep = compare(w, devices, chip, verbose)
     path.write_bytes(pickle.dumps(rep))
     return rep
 
 
-def compare(
-    cfg: FFNConfig,
-    devices: str,
-    mesh_spec: str,
-    batch_tokens: int,
-    remat: str = "none",
-    step: str = "train",
-    chip: str | None = None,
-    verbose: bool = False,
-    schedule: Schedule = Schedule(),
-) -> dict:
-    """Compile one step for ``devices`` and compare it with the closed forms. Returns
+def compare(w: Workload, devices: str, chip: str | None = None, verbose: bool = False) -> dict:
+    """Compile the workload's step for ``devices`` and compare it with the closed forms. Returns
     {"config", "flops": {"matmul": row}, "memory": {...rows}, "collectives": {"total_bytes": row,
     "by_axis": {axis: row}, "by_kind": {...}, "async": ...}, "times": {...}} where each row is
-    {closed_form, compiled, ratio, note}."""
-    mesh = make_mesh(mesh_spec, devices, verbose)
+    {closed_form, compiled, ratio, note}. The compiler facts of ``w`` are replaced by those read from the
+    program."""
+    cfg, batch_tokens, remat, step, schedule = w.model, w.batch_tokens, w.remat, w.step, w.schedule
+    mesh = make_mesh(w.mesh, devices, verbose)
     shape = mesh_shape(mesh)
     chip_ = get_chip(chip) if chip else default_chip(devices)
     layout = ici_layout(mesh, chip_)
     platform = mesh.devices.flat[0].platform
     widen = 4 if platform == "cpu" else 0  # XLA:CPU runs bf16 collectives in f32 (program.collective_volumes)
-    res = abstract_compile(cfg, mesh, batch_tokens, remat=remat, step=step, schedule=schedule)
+    res = abstract_compile(w, mesh)
     got = read_compiled(res.compiled, dict(shape))
     cb = got.collective_bytes
     # Which implementation of the gradient reduce-scatter XLA chose is a fact of the program: a
     # windowed einsum is a while loop XLA names windowed_dot_general_body_rs. The closed form models both; the
     # planner predicts it by XLA's rule (program.windowed_einsum_rs), held here against the program.
     windowed = step == "train" and bool(got.windowed_rs_loops)
-    rule = platform != "cpu" and program.windowed_einsum_rs(shape, batch_tokens, chip_, program.links(layout), None,
-                                                            step, schedule)
+    rule = platform != "cpu" and program.windowed_einsum_rs(w, chip_, program.links(layout))
     # Likewise whether it reduces the weight gradients with one all-reduce over data·fsdp (TPU7x): an
     # all-reduce over both axes that carries more than the 4-byte loss.
     merged = step == "train" and any(c.kind == "all-reduce" and set(c.axes) == {"data", "fsdp"} and c.volume > 4
@@ -274,9 +272,9 @@ def compare(
         once = sum(c.count for c in got.collectives if c.kind == "collective-permute" and c.axes == ("stage",)
                    and c.count == 1)
         relays = round(once / (2 * relay_moves(shape["stage"], schedule.repeats)))
-    pred = program.predict(cfg, shape, batch_tokens, remat, step, chip_, layout, min_comm_bytes=widen,
-                           windowed_grad_rs=windowed, merged_grad_allreduce=merged, schedule=schedule,
-                           circular_relays=relays)
+    w = w.with_facts(min_comm_bytes=widen, windowed_grad_rs=windowed, merged_grad_allreduce=merged,
+                     circular_relays=relays)
+    pred = program.predict(w, chip_, layout)
 
     out = {"config": {"model": vars(cfg), "devices": devices, "mesh": shape.as_dict(), "batch_tokens": batch_tokens,
                       "remat": remat, "step": step, "schedule": vars(schedule), "chip": chip_.name,
@@ -284,7 +282,7 @@ def compare(
                       "ici_layout": layout, "windowed_grad_rs": windowed, "windowed_grad_rs_rule": rule,
                       "merged_grad_allreduce": merged,
                       "circular_relays": relays}}
-    f = pred["flops"]
+    f = pred.flops
     out["flops"] = {
         "matmul": _row(f["total"], got.dot_flops,
                        "dot/convolution FLOPs × loop trip counts; closed form includes the first block's unused "
@@ -293,7 +291,7 @@ def compare(
         "cost_analysis": _row(f["total"], got.cost.get("flops"),
                               "XLA's cost_analysis counts a while-loop body once, not per trip"),
     }
-    m, gm = pred["memory"], got.memory
+    m, gm = pred.memory, got.memory
     args_cf = m["master"] + m.get("optimizer", 0.0) + m["inputs"] + (4 if step == "train" else 0)
     out["memory"] = {
         "arguments": _row(args_cf, gm["argument_bytes"],
@@ -307,26 +305,28 @@ def compare(
         out["memory"]["peak"]["ratio"] = None
         out["memory"]["peak"]["note"] = ("not compared: XLA:CPU's peak_memory_in_bytes is about the arguments alone "
                                          "(XXL on cpu:64: 41.38 GB peak beside 44.40 GB of temp)")
-    cf_axes = pred["collective_bytes"]
+    cf_axes = pred.collective_bytes
     by_axis = {}
     for axis in sorted(set(cf_axes) | set(cb["by_axis"])):
         by_axis[axis] = _row(cf_axes.get(axis, 0.0), cb["by_axis"].get(axis, 0.0),
                              ("gradient reduce-scatter as a windowed einsum: X+1 chunks of V/X as collective-permutes"
                               if axis == "fsdp" and windowed else "")
-                             + (f"; MISMATCH: XLA's rule (scaling.program.windowed_einsum_rs) predicts windowed={rule}, "
-                                f"the program windowed={windowed}" if axis == "fsdp" and rule != windowed else ""))
+                             + (f"; MISMATCH: XLA's rule (scaling.program.windowed_einsum_rs) "
+                                f"predicts windowed={rule}, the program windowed={windowed}"
+                                if axis == "fsdp" and rule != windowed else ""))
     out["collectives"] = {
-        "total_bytes": _row(sum(cf_axes.values()), cb["total"], "Scaling Book volume V: the full array each collective spans"
+        "total_bytes": _row(sum(cf_axes.values()), cb["total"],
+                            "Scaling Book volume V: the full array each collective spans"
                             + ("; XLA:CPU widens bf16 collectives to f32, modelled as 4 B/element" if widen else "")),
         "by_axis": by_axis,
         "by_kind": cb["by_kind"],
-        "closed_form_by_kind": pred["collectives"],
+        "closed_form_by_kind": pred.collectives,
         "async": got.async_count,
         "count": len(got.collectives),
     }
-    t = pred["times"]
-    out["times"] = {"math": t["math"], "comms": t["comms"], "step_sum": t["step_sum"], "step_max": t["step_max"],
-                    "bound": t["bound"], "xla_optimal_seconds": got.cost.get("optimal_seconds")}
+    t = pred.times
+    out["times"] = {"math": t.math, "comms": t.comms, "step_sum": t.step["sum"], "step_max": t.step["max"],
+                    "bound": t.bound, "xla_optimal_seconds": got.cost.get("optimal_seconds")}
     return out
 
 
@@ -337,8 +337,8 @@ def _peak_note(cfg, step: str, windowed: bool, remat: str = "none") -> str:
                 + ("one layer's gathered bf16 weights + its recomputed residuals" if remat == "full" else
                    "two layers' gathered bf16 weights + one layer's fp32 weight gradients")
                 + " + the attention working set (scores of one layer or key block)"
-                if step == "train" else "master weights + one layer's gathered bf16 weights + the attention working set "
-                "+ the batch")
+                if step == "train" else "master weights + one layer's gathered bf16 weights "
+                "+ the attention working set + the batch")
     if step == "train":
         return ("16 B/param/N + saved activations + the batch + gathered bf16 weights: "
                 + ("one matrix (windowed-einsum backward)" if windowed else "two blocks' W_in, W_out"))
@@ -350,16 +350,14 @@ def check_command(args) -> int:
     cfg = model_config(args)
     check_remat(args.remat, cfg)
     shape, schedule = parse_mesh_spec(args.mesh, device_count(args.devices)), schedule_of(args)
-    check_divisible(cfg, shape, args.batch_tokens)
-    schedule.check(cfg, shape, args.batch_tokens)
-    check_size(cfg, shape, args.batch_tokens, args.remat, args.step, schedule)
+    w = Workload(cfg, shape, args.batch_tokens, args.step, args.remat, schedule)
+    check_size(w)
     if args.chip is not None:
         get_chip(args.chip)
     use_cpu_platform_for(args.devices)
     print(f"compiling the {args.step} step for {args.devices} ...", file=sys.stderr, flush=True)
     try:
-        rep = check(cfg, args.devices, args.mesh, args.batch_tokens, args.remat, args.step, args.chip,
-                    verbose=args.verbose, schedule=schedule)
+        rep = check(w, args.devices, args.chip, verbose=args.verbose)
     except Exception as e:  # a program larger than the TPU's HBM: one line (verify.hlo.refusal_error)
         raise refusal_error(e) or e
     print(json.dumps(rep, indent=2, default=str) if args.json else render(rep))
@@ -388,7 +386,6 @@ def _schedule_text(cfgd: dict) -> str:
                    if cfgd["mesh"].get("context", 1) > 1 else ""))
     if S == 1:
         return seq + (f"; {sch.microbatches} microbatches (gradient accumulation)" if sch.microbatches > 1 else "")
-        return f"; {sch.microbatches} microbatches (gradient accumulation)" if sch.microbatches > 1 else ""
     bub = pipeline.bubble(sch, S)
     return (f"; pipeline of {S} stages, {sch.microbatches} microbatches, "
             + ("GPipe" if sch.repeats == 1 else f"circular with {sch.repeats} repeats")
@@ -408,14 +405,14 @@ def render(rep: dict) -> str:
     lines = [f"{cfgd['step']} step, {cfgd['model']}, mesh {cfgd['mesh']}, B={cfgd['batch_tokens']:,} tokens, "
              f"remat {cfgd['remat']}, devices {cfgd['devices']} (compiled in {cfgd['compile_seconds']:.1f} s)"
              + _schedule_text(cfgd),
-             f"chip figures for the times: {get_chip(cfgd['chip']).describe()}",
-             f"{'quantity':<28} {'closed form':>12} {'compiled':>12} {'ratio':>7}  note"]
+             f"chip figures for the times: {get_chip(cfgd['chip']).describe()}"]
     rows = [(f"{a}.{b}", rep[a][b]) for a, b in ROW_ORDER]
     rows += [(f"collectives.by_axis.{k}", v) for k, v in rep["collectives"]["by_axis"].items()]
     rows += [(f"memory.{k}", rep["memory"][k]) for k in ("temp", "outputs", "aliases")]
-    for name, r in rows:
-        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.4f}"
-        lines.append(f"{name:<28} {_fmt(r['closed_form']):>12} {_fmt(r['compiled']):>12} {ratio:>7}  {r['note']}")
+    lines += table(("quantity", "closed form", "compiled", "ratio", "note"),
+                   [(name, _fmt(r["closed_form"]), _fmt(r["compiled"]),
+                     "-" if r["ratio"] is None else f"{r['ratio']:.4f}", r["note"]) for name, r in rows],
+                   right=(1, 2, 3))
     c = rep["collectives"]
     lines.append(f"collectives: {c['count']} in the program, {c['async']} asynchronous (start/done); by kind: "
                  + ", ".join(f"{k} {v:.4g}" for k, v in c["by_kind"].items()))
@@ -448,8 +445,9 @@ def verify_plans(plans: list[dict], cfg: FFNConfig, chip: Chip, chips: int, rema
     topo = "x".join(str(d) for d in slice_topology(chip, chips))
     for p in plans:
         mesh = make_mesh(MeshShape(p["mesh"]), f"tpu:{chip.name}:{topo}", verbose)
-        res = abstract_compile(cfg, mesh, p["batch_tokens"], remat=remat, step="train",
-                               schedule=Schedule(p["microbatches"], p["repeats"]))
+        w = Workload(cfg, MeshShape(p["mesh"]), p["batch_tokens"], remat=remat,
+                     schedule=Schedule(p["microbatches"], p["repeats"]))
+        res = abstract_compile(w, mesh)
         peak = read_compiled(res.compiled, p["mesh"]).memory["peak_bytes"]
         p["compiled_peak_bytes"] = peak
         p["compiled_fits"] = peak is not None and peak <= hbm
@@ -473,8 +471,9 @@ def verify_pipeline(ans: dict, verbose: bool = False) -> dict:
             continue
         print(f"compiling the forward step for {pp['devices']}, {pp['mesh']}, weights gathered once per {gather} ...",
               file=sys.stderr, flush=True)
-        g["check"] = check(cfg, pp["devices"], pp["mesh"], pp["batch_tokens"], "none", "forward", verbose=verbose,
-                           schedule=Schedule(pp["microbatches"], 1, gather))
+        w = Workload(cfg, parse_mesh_spec(pp["mesh"]), pp["batch_tokens"], "forward",
+                     schedule=Schedule(pp["microbatches"], 1, gather))
+        g["check"] = check(w, pp["devices"], verbose=verbose)
     return ans
 
 
@@ -483,19 +482,21 @@ def render_pipeline(ans: dict) -> str:
     beside compiled."""
     pp, d = ans["d"]["pipeline_program"], ans["d"]
     lines = [f"(d) pipeline, compiled: {d['pipeline_stages_why']}.",
-             f"Forward step of {model_name(ans['inputs'])} on {pp['devices']} as {pp['mesh']}, M = {pp['microbatches']} "
-             f"microbatches, B = {pp['batch_tokens']:,} tokens; per device:",
-             f"  {'weights gathered once per':<26} {'quantity':<26} {'closed form':>12} {'compiled':>12} {'ratio':>7}"]
+             f"Forward step of {model_name(ans['inputs'])} on {pp['devices']} as {pp['mesh']}, "
+             f"M = {pp['microbatches']} "
+             f"microbatches, B = {pp['batch_tokens']:,} tokens; per device:"]
+    cells = []
     for gather, g in pp["gathers"].items():
         if "check" not in g:
-            lines.append(f"  {gather:<26} {g.get('error', 'not compiled')}")
+            cells.append((gather, g.get("error", "not compiled"), "", "", ""))
             continue
         rep = g["check"]
         rows = [(f"collectives.{a} bytes", r) for a, r in rep["collectives"]["by_axis"].items()]
         rows.append(("memory.peak bytes", rep["memory"]["peak"]))
-        for name, r in rows:
-            ratio = "-" if r["ratio"] is None else f"{r['ratio']:.4f}"
-            lines.append(f"  {gather:<26} {name:<26} {_fmt(r['closed_form']):>12} {_fmt(r['compiled']):>12} {ratio:>7}")
+        cells += [(gather, name, _fmt(r["closed_form"]), _fmt(r["compiled"]),
+                   "-" if r["ratio"] is None else f"{r['ratio']:.4f}") for name, r in rows]
+    lines += ["  " + line for line in table(("weights gathered once per", "quantity", "closed form", "compiled",
+                                             "ratio"), cells, right=(2, 3, 4))]
     per_mb, per_step = (pp["gathers"][g].get("check") for g in ("microbatch", "step"))
     if per_mb and per_step:
         a, b = (r["collectives"]["by_axis"]["fsdp"]["compiled"] for r in (per_mb, per_step))

@@ -10,6 +10,7 @@ from ffn_model.compile import abstract_compile
 from mesh import make_mesh, mesh_shape
 from mesh.devices import infer_chip
 from scaling.hardware import get_chip
+from scaling.workload import Workload
 from verify.bench import bench
 from verify.check import optimal_seconds_text
 from verify.hlo import read_compiled, refusal_error
@@ -22,7 +23,8 @@ def compile_report(args, cfg) -> dict:
     mesh = make_mesh(args.mesh, args.devices, args.verbose)
     schedule = model_cli.schedule_of(args)
     try:
-        res = abstract_compile(cfg, mesh, args.batch_tokens, remat=args.remat, step=args.step, schedule=schedule)
+        res = abstract_compile(Workload(cfg, mesh_shape(mesh), args.batch_tokens, args.step, args.remat, schedule),
+                               mesh)
     except Exception as e:  # a program larger than the TPU's HBM: one line (verify.hlo.refusal_error)
         raise refusal_error(e) or e
     got = read_compiled(res.compiled, dict(mesh_shape(mesh)))
@@ -43,7 +45,8 @@ def print_compile(rep: dict) -> None:
         print(f"  collectives.{axis:<14} {v:.6g} B per device")
     for k, v in rep["cost"].items():
         text = optimal_seconds_text(v) if k == "optimal_seconds" else f"{v:.6g}"
-        print(f"  cost.{k:<21} {text}" + ("  (XLA's cost_analysis: a while-loop body counted once)" if k == "flops" else ""))
+        print(f"  cost.{k:<21} {text}"
+              + ("  (XLA's cost_analysis: a while-loop body counted once)" if k == "flops" else ""))
 
 
 def bench_report(args, cfg) -> dict:
@@ -52,8 +55,8 @@ def bench_report(args, cfg) -> dict:
     model_cli.check_real_cpu_size(args, cfg, mesh)
     dev = mesh.devices.flat[0]
     chip = get_chip(args.chip) if args.chip is not None else infer_chip(dev)
-    rep = bench(cfg, mesh, args.batch_tokens, args.steps, args.warmup, args.remat, chip, args.seed,
-                model_cli.schedule_of(args))
+    w = Workload(cfg, mesh_shape(mesh), args.batch_tokens, remat=args.remat, schedule=model_cli.schedule_of(args))
+    rep = bench(w, mesh, args.steps, args.warmup, chip, args.seed)
     return {"command": "bench", "model": vars(cfg), "mesh": mesh_shape(mesh).as_dict(), "devices": args.devices,
             "platform": dev.platform, "device_kind": dev.device_kind, "batch_tokens": args.batch_tokens,
             "remat": args.remat, "steps": args.steps, "warmup": args.warmup, **rep}
@@ -67,7 +70,8 @@ def print_bench(rep: dict) -> None:
     if rep["chip"]:
         print(f"  chip figures: {get_chip(rep['chip']).describe()}")
     print(f"  step time   {ms(rep['step_seconds'])}  (median of {rep['steps']} after {rep['warmup']} warmup)")
-    print(f"  FLOPs/step  {rep['flops']['executed']:.4g} executed (the compiled program's), {rep['flops']['model']:.4g} model")
+    print(f"  FLOPs/step  {rep['flops']['executed']:.4g} executed (the compiled program's), "
+          f"{rep['flops']['model']:.4g} model")
     print(f"  TFLOP/s     {rep['tflops_per_s']:.4g} ({rep['tflops_per_s_per_device']:.4g} per device)")
     print(f"  MFU         {pct(rep['mfu'])}  (HFU {pct(rep['hfu'])})")
     p = rep["predicted"]

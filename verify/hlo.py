@@ -179,7 +179,8 @@ class HloProgram:
             else:
                 total = 0.0
                 for site, key in self.callers.get(comp, []):
-                    factor = self.trip_counts[site.name][0] if site.opcode == "while" and key in ("body", "condition") else 1
+                    factor = (self.trip_counts[site.name][0]
+                              if site.opcode == "while" and key in ("body", "condition") else 1)
                     total += self._mult(site.computation) * factor
             self.multiplier[comp] = total
         return self.multiplier[comp]
@@ -272,7 +273,8 @@ class HloProgram:
             src, s = self.instructions.get(x), self._const(y)
             while src is not None and src.opcode in ("copy", "bitcast", "convert") and src.operands:
                 src = self.instructions.get(src.operands[0])
-            if src is not None and src.opcode == "get-tuple-element" and re.search(rf"index={k}\b", src.attrs) and s and s > 0:
+            if (src is not None and src.opcode == "get-tuple-element" and re.search(rf"index={k}\b", src.attrs)
+                    and s and s > 0):
                 return s
         return 1
 
@@ -390,7 +392,8 @@ class HloProgram:
                     sliced = self._sliced_elements(ins.name, math.prod(result[0][1]) // group_size)
                     if sliced:
                         c.kind, c.result_bytes = "reduce-scatter", dtype_bytes(c.dtype) * sliced
-                        c.note = "all-reduce followed by a dynamic-slice by partition id: the reduce-scatter it implements"
+                        c.note = ("all-reduce followed by a dynamic-slice by partition id: "
+                                  "the reduce-scatter it implements")
                 channel = re.search(r"\bchannel_id=(\d+)", ins.attrs)
                 sites = self.callers.get(comp.name, [])
                 if channel and sites and all(site.opcode == "fusion" for site, _ in sites):
@@ -401,7 +404,8 @@ class HloProgram:
                 keep = next((c for comp, c in clones if comp.root is not None and
                              'custom_call_target="AsyncCollectiveStart"' in comp.root.attrs), clones[0][1])
                 keep.async_ = True
-                keep.note = (keep.note + "; " if keep.note else "") + f"one asynchronous collective cloned into {len(clones)} fusions"
+                keep.note = ((keep.note + "; " if keep.note else "")
+                             + f"one asynchronous collective cloned into {len(clones)} fusions")
                 out = [c for c in out if c is keep or all(c is not x for _, x in clones)]
         return out
 
@@ -413,13 +417,15 @@ class HloProgram:
             return None
         for user in self.users.get(name, []):
             if user.opcode == "dynamic-slice" and user.operands[0] == name:
-                if math.prod(arrays(user.shape)[0][1]) == want and any(self._from_partition_id(o) for o in user.operands[1:]):
+                if (math.prod(arrays(user.shape)[0][1]) == want
+                        and any(self._from_partition_id(o) for o in user.operands[1:])):
                     return want
                 continue
             if user.opcode == "fusion":  # look inside, at the parameters this value feeds
                 callee = self.computations.get(dict(_callees(user.attrs)).get("calls"))
                 ks = {str(k) for k, op in enumerate(user.operands) if op == name}
-                params = [i.name for i in (callee.instructions if callee else []) if i.opcode == "parameter" and i.args.strip() in ks]
+                params = [i.name for i in (callee.instructions if callee else [])
+                          if i.opcode == "parameter" and i.args.strip() in ks]
                 if any(self._sliced_elements(p, want, depth + 1) for p in params):
                     return want
             if user.opcode in _PASS_THROUGH and self._sliced_elements(user.name, want, depth + 1):
@@ -658,7 +664,8 @@ def read_compiled(compiled, mesh_axes: dict[str, int]) -> CompiledProgram:
     peak = get("peak_memory_in_bytes")
     memory = {"argument_bytes": get("argument_size_in_bytes"), "output_bytes": get("output_size_in_bytes"),
               "alias_bytes": get("alias_size_in_bytes"), "temp_bytes": get("temp_size_in_bytes"),
-              "generated_code_bytes": get("generated_code_size_in_bytes"), "peak_bytes": peak if peak and peak > 0 else None}
+              "generated_code_bytes": get("generated_code_size_in_bytes"),
+              "peak_bytes": peak if peak and peak > 0 else None}
     return CompiledProgram(dot_flops=prog.dot_flops(), collectives=cols, collective_bytes=collective_bytes(cols),
                            windowed_rs_loops=prog.windowed_einsum_loops("rs"), memory=memory,
                            cost={k: float(v) for k, v in (cost or {}).items()})
@@ -688,6 +695,6 @@ def refusal_error(error: BaseException | str) -> ValueError | None:
         return None
     m = _AVAILABLE.search(str(error))
     has = f", the device has {float(m.group(1)) * 2**30 / 1e9:.1f} GB" if m else ""
-    return ValueError(f"the program needs {need / 1e9:.1f} GB per device{has} (XLA:TPU refused it: RESOURCE_EXHAUSTED); "
-                      "use more devices, more fsdp, remat or a smaller batch")
+    return ValueError(f"the program needs {need / 1e9:.1f} GB per device{has} "
+                      "(XLA:TPU refused it: RESOURCE_EXHAUSTED); use more devices, more fsdp, remat or a smaller batch")
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import sys
 
 from scaling.config import Schedule, get_preset, parse_mesh_spec
+from scaling.workload import Workload
 from scaling.hardware import CHIPS
 from scaling.program import predict
 from verify.check import check
@@ -39,10 +40,11 @@ def compile_seed000_layer(verbose: bool = False) -> dict:
     out = {}
     for form, (tokens, schedule) in SCHEDULES.items():
         cfg = get_preset("seed000").replace(blocks=1, seq_len=tokens)
+        workload = Workload(cfg, parse_mesh_spec(MESH), cfg.seq_len, "forward", schedule=schedule)
         print(f"compiling seed 000's Ulysses layer ({form} attention) for {DEVICES}, {MESH} ...", file=sys.stderr,
               flush=True)
         try:
-            rep = check(cfg, DEVICES, MESH, cfg.seq_len, "none", "forward", verbose=verbose, schedule=schedule)
+            rep = check(workload, DEVICES, verbose=verbose)
             peak = rep["memory"]["peak"]
             out[form] = {"closed_form": peak["closed_form"], "compiled": peak["compiled"], "ratio": peak["ratio"],
                          "context_bytes": rep["collectives"]["by_axis"]["context"]}
@@ -51,8 +53,7 @@ def compile_seed000_layer(verbose: bool = False) -> dict:
             if "RESOURCE_EXHAUSTED" not in msg:
                 raise
             out[form] = {"error": msg, "compiled": None, "refused_bytes": refused_bytes(e)}
-        out[form]["terms"] = predict(cfg, parse_mesh_spec(MESH), cfg.seq_len, "none", "forward", CHIPS["v5p"],
-                                     schedule=schedule)["memory"]
+        out[form]["terms"] = predict(workload, CHIPS["v5p"]).memory
         out[form]["closed_form"] = out[form]["terms"]["total"]
     return out
 
@@ -61,9 +62,10 @@ def render_compiled(res: dict) -> str:
     """The compiled layer beside the seed's 61.02 GB and the closed form, per attention form."""
     hbm = CHIPS["v5p"].hbm_budget
     lines = [f"Seed 000's Ulysses layer compiled: one layer of preset seed000 (attention + MLP, FP32 master weights), "
-             f"forward, one 60,000-token sequence (30,000 where marked), {MESH} on {DEVICES} (16 v5p chips, {hbm / 1e9:.4g} GB usable HBM each).",
-             f"  {'attention':<22} {'closed form GB':>14} {'compiled GB':>12} {'ratio':>7} {'seed GB':>8}  terms of the "
-             "closed form (GB)"]
+             f"forward, one 60,000-token sequence (30,000 where marked), {MESH} on {DEVICES} "
+             f"(16 v5p chips, {hbm / 1e9:.4g} GB usable HBM each).",
+             f"  {'attention':<22} {'closed form GB':>14} {'compiled GB':>12} {'ratio':>7} {'seed GB':>8}  "
+             "terms of the closed form (GB)"]
     for form, r in res.items():
         terms = ", ".join(f"{k} {v / 1e9:.2f}" for k, v in r["terms"].items() if k != "total" and v)
         got = "-" if r["compiled"] is None else f"{r['compiled'] / 1e9:.2f}"
@@ -76,10 +78,12 @@ def render_compiled(res: dict) -> str:
                             "the closed form (the figure is the program's whole need, arguments included, though the "
                             "message says temporaries: verify.hlo.refused_bytes)"
                             if need else ""))
-    lines.append("  Against the seed's 61.02 GB: the seed's A = q_·k_^T is BF16 and never softmaxed (57.60 GB for 8 heads "
-                 "x 60,000^2); this program's scores are FP32 for the softmax (115.20 GB, twice the seed's A), so the "
+    lines.append("  Against the seed's 61.02 GB: the seed's A = q_·k_^T is BF16 and never softmaxed "
+                 "(57.60 GB for 8 heads x 60,000^2); this program's scores are FP32 for the softmax "
+                 "(115.20 GB, twice the seed's A), so the "
                  "materialized layer does not fit a v5p; flash attention holds one 480-key block's FP32 scores "
-                 "(0.92 GB) instead. The seed's weights are the attention's BF16 Q, K, V, O (2.15 GB); this layer holds "
-                 "FP32 masters of the attention and its MLP (11.27 GB), their BF16 casts fused into the matmuls. "
+                 "(0.92 GB) instead. The seed's weights are the attention's BF16 Q, K, V, O (2.15 GB); "
+                 "this layer holds FP32 masters of the attention and its MLP (11.27 GB), "
+                 "their BF16 casts fused into the matmuls. "
                  "At 30,000 tokens the materialized layer compiles and its peak follows the closed form.")
     return "\n".join(lines)

@@ -1,0 +1,94 @@
+"""The workload: one step of one model on one mesh, everything the closed forms, the model builder and the
+check need to know about it, validated once where it is built. A new input is one field here.
+
+    model      FFNConfig | TransformerConfig (Model)
+    mesh       MeshShape: the sizes of data, stage, fsdp, context, tensor
+    batch_tokens  B, the global batch in tokens (the planner passes a numpy array of candidates)
+    step       Step: train or forward
+    remat      Remat: none, every-second, full
+    schedule   Schedule: microbatches, pipeline repeats, sequence parallelism, attention (scaling.config)
+    precision  Precision: bytes per element of each kind of state (questions-4d.md)
+    compiler   CompilerFacts: what the compiler does that changes the program's bytes
+
+The chip and the links a mesh axis runs over are where the workload runs, not what it is: they are the
+step model's other arguments (scaling.program.predict).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from scaling.config import (DEFAULT_PRECISION, FFNConfig, MeshShape, Model, Precision, Remat, Schedule, Step,
+                            TransformerConfig, check_divisible, check_remat, choose, non_negative_int, positive_int)
+
+
+@dataclass(frozen=True)
+class CompilerFacts:
+    """What XLA does with the program that the closed forms model (each read from compiled programs; their
+    rules and measurements in docs/findings.md):
+
+    windowed_grad_rs       the fsdp gradient reduce-scatter runs as a windowed einsum ((X+1)/X of V as
+                           collective-permutes); None: XLA:TPU's rule decides (scaling.program.windowed_einsum_rs)
+    merged_grad_allreduce  the weight gradients reduced by one all-reduce over data·fsdp (XLA:TPU for TPU7x)
+    circular_relays        re-lays of the FP32 stacks per train step in a circular pipeline (2, or 3 where
+                           XLA re-lays them again for the backward)
+    min_comm_bytes         the narrowest element on the wire (XLA:CPU runs bf16 collectives in f32: 4)
+    """
+
+    windowed_grad_rs: bool | None = None
+    merged_grad_allreduce: bool = False
+    circular_relays: int = 2
+    min_comm_bytes: int = 0
+
+    def __post_init__(self):
+        positive_int("circular_relays", self.circular_relays)
+        non_negative_int("min_comm_bytes", self.min_comm_bytes)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One step of ``model`` on ``mesh`` with a batch of ``batch_tokens`` (module docstring). Built, it has
+    passed every rule the model builder enforces: the remat policy exists for the model
+    (config.check_remat), every sharded dimension divides by its shard count (config.check_divisible, the
+    sharding table) and the schedule can run the batch (Schedule.check); a ValueError names the input
+    otherwise. An array batch (the planner's candidates) is checked for what does not depend on it."""
+
+    model: Model
+    mesh: MeshShape = MeshShape()
+    batch_tokens: int | np.ndarray = 1
+    step: Step = Step.TRAIN
+    remat: Remat = Remat.NONE
+    schedule: Schedule = Schedule()
+    precision: Precision = DEFAULT_PRECISION
+    compiler: CompilerFacts = field(default_factory=CompilerFacts)
+
+    def __post_init__(self):
+        if not isinstance(self.model, (FFNConfig, TransformerConfig)):
+            raise ValueError(f"model must be an FFNConfig or a TransformerConfig, got {type(self.model).__name__}")
+        set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen)
+        if not isinstance(self.mesh, MeshShape):
+            set_("mesh", MeshShape(self.mesh) if isinstance(self.mesh, Mapping) else self.mesh)
+        set_("step", choose(Step, self.step, "step"))
+        set_("remat", check_remat(self.remat, self.model))
+        batch = self.batch_tokens if np.ndim(self.batch_tokens) == 0 and self.scalar_schedule else None
+        if batch is not None:
+            set_("batch_tokens", positive_int("batch_tokens", batch))
+        check_divisible(self.model, self.mesh, batch)
+        self.schedule.check(self.model, self.mesh, batch)
+
+    @property
+    def scalar_schedule(self) -> bool:
+        """Whether the schedule holds one microbatch count (not the planner's array of candidates)."""
+        return np.ndim(self.schedule.microbatches) == 0
+
+    def replace(self, **kw) -> Workload:
+        """A copy with the fields in ``kw`` changed, validated again."""
+        return dataclasses.replace(self, **kw)
+
+    def with_facts(self, **kw) -> Workload:
+        """A copy whose compiler facts have the fields in ``kw`` changed."""
+        return dataclasses.replace(self, compiler=dataclasses.replace(self.compiler, **kw))
