@@ -5,14 +5,14 @@ PY := $(VENV)/bin/python
 
 .PHONY: answer test clean
 
-$(VENV)/.base: pyproject.toml
+$(VENV)/.base: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e .
+	$(PY) -m pip install -q -c constraints.txt -e .
 	touch $@
 
 $(VENV)/.dev: $(VENV)/.base
-	$(PY) -m pip install -q -e ".[dev,tpu]"
+	$(PY) -m pip install -q -c constraints.txt -e ".[dev,tpu]"
 	$(PY) -m ipykernel install --sys-prefix --name python3 > /dev/null
 	touch $@
 

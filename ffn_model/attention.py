@@ -10,14 +10,10 @@ softmax in FP32, probabilities cast to BF16 for the P.V matmul (FP32 accumulatio
 backward matmuls also take BF16 operands (p, ds cast to BF16, as FlashAttention-2 does) with FP32
 accumulation; ds itself is formed in FP32.
 
-Executed matmul FLOPs (every key block is computed and masked; no causal skipping inside a kernel):
-forward 4.B.T.S.N.H (q.k^T and p.v, 2.B.T.S.N.H each); backward 8.B.T.S.N.H from saved p (materialized)
-or 10.B.T.S.N.H with the scores recomputed (flash). The causal half is masked, not skipped; ring attention
-skips whole future chunks at run time (ring_attention says what a static count of its program gives).
-
-Remat: the kernels are custom_vjps, whose residuals a jax.checkpoint policy keeps only by name: the fwd
-rules name them with checkpoint_name, RESIDUAL_NAMES, so save_only_these_names("q", "k", "v",
-*RESIDUAL_NAMES) keeps them and the backward recomputes no forward.
+Executed matmul FLOPs (the causal half is computed and masked): forward 4.B.T.S.N.H; backward
+8.B.T.S.N.H from saved p (materialized) or 10.B.T.S.N.H with the scores recomputed (flash). The kernels are
+custom_vjps whose residuals carry checkpoint_names (RESIDUAL_NAMES). What each saves, moves and counts, as
+compiled: docs/findings.md, "Attention kernels".
 """
 
 import functools
@@ -77,8 +73,8 @@ def _materialized_fwd(q, k, v, q_pos, k_pos):
     q5 = _split_heads(q, k.shape[2])
     s = _scores(q5, k, q_pos, k_pos)
     e = jnp.exp(s - _safe(jnp.max(s, axis=-1, keepdims=True)))
-    l = jnp.sum(e, axis=-1, keepdims=True)
-    p = (e / jnp.where(l > 0, l, 1.0)).astype(COMPUTE_DTYPE)  # a row with no visible key: p = 0, o = 0
+    row_sum = jnp.sum(e, axis=-1, keepdims=True)
+    p = (e / jnp.where(row_sum > 0, row_sum, 1.0)).astype(COMPUTE_DTYPE)  # a row with no visible key: p = 0, o = 0
     p = checkpoint_name(p, "attn_probs")
     o = _pv(p, v).reshape(q.shape).astype(COMPUTE_DTYPE)
     return o, (q, k, v, p)
@@ -97,17 +93,11 @@ def _materialized_bwd(res, do):
 @jax.custom_vjp
 def attention_materialized(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, q_pos_T, k_pos_S):
     """Causal softmax attention o = softmax(q.k^T * H**-0.5 + mask) . v, the [B, K, G, T, S] scores
-    materialized at once -> o_BxTxNxH (BF16). A row with no visible key gives o = 0.
-
-    Saved for backward (custom_vjp residuals, nothing else): q, k, v and the BF16 probabilities
-    p [B, K, G, T, S] (checkpoint_name "attn_probs") = 2.B.N.T.S bytes for p (exactly 2 bytes per score) + 2.B.(T.N.H + 2.S.K.H) for
-    q, k, v. The backward recomputes nothing: dv = p^T.do, dp = do.v^T, ds = p * (dp - rowsum(dp * p))
-    (FP32), dq = ds.k * H**-0.5, dk = ds^T.q * H**-0.5. Positions get no cotangent (None, which jax
-    turns into float0 zeros for integer inputs).
-
-    Executed matmul FLOPs: forward 4.B.T.S.N.H (q.k^T, p.v), backward 8.B.T.S.N.H (dv, dp, dq, dk);
-    the masked half is computed. Source: scaled dot-product attention, Vaswani et al. 2017, eq. 1;
-    the softmax backward as in FlashAttention-2 (Dao 2023), Algorithm 2 without the recomputation."""
+    materialized at once -> o_BxTxNxH (BF16); a row with no visible key gives o = 0. Saves q, k, v and the
+    BF16 probabilities p ("attn_probs"); backward dv = p^T.do, dp = do.v^T, ds = p * (dp - rowsum(dp * p)),
+    dq = ds.k * H**-0.5, dk = ds^T.q * H**-0.5. FLOPs: forward 4.B.T.S.N.H, backward 8.B.T.S.N.H.
+    Source: Vaswani et al. 2017, eq. 1; the backward as FlashAttention-2 (Dao 2023), Algorithm 2 without the
+    recomputation."""
     return _materialized_fwd(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, q_pos_T, k_pos_S)[0]
 
 
@@ -145,24 +135,24 @@ def _flash_fwd(q, k, v, q_pos, k_pos, block):
     q5 = _split_heads(q, K)
 
     def step(carry, blk):
-        m, l, acc = carry  # [B,K,G,T] running max and sum, [B,T,K,G,H] FP32 accumulator
+        m, row_sum, acc = carry  # [B,K,G,T] running max and sum, [B,T,K,G,H] FP32 accumulator
         k_blk, v_blk, k_pos_blk = blk
         s = _scores(q5, k_blk, q_pos, k_pos_blk)
         m_new = jnp.maximum(m, jnp.max(s, axis=-1))
         m_safe = _safe(m_new)
         p = jnp.exp(s - m_safe[..., None])
         alpha = jnp.exp(m - m_safe)  # 0 on the first visible block (m = -inf)
-        l = alpha * l + jnp.sum(p, axis=-1)
+        row_sum = alpha * row_sum + jnp.sum(p, axis=-1)
         acc = jnp.moveaxis(alpha, 3, 1)[..., None] * acc + _pv(p, v_blk)
-        return (m_new, l, acc), None
+        return (m_new, row_sum, acc), None
 
     # carries built *_like q, so that inside a shard_map with check_vma they vary as q does
     m0 = jnp.moveaxis(jnp.full_like(q5[..., 0], -jnp.inf, dtype=jnp.float32), 1, 3)  # [B, K, G, T]
     init = (m0, jnp.zeros_like(m0), jnp.zeros_like(q5, dtype=jnp.float32))
-    (m, l, acc), _ = jax.lax.scan(step, init, (_blocks(k, nb), _blocks(v, nb), k_pos.reshape(nb, -1)))
-    l_safe = jnp.where(l > 0, l, 1.0)
+    (m, row_sum, acc), _ = jax.lax.scan(step, init, (_blocks(k, nb), _blocks(v, nb), k_pos.reshape(nb, -1)))
+    l_safe = jnp.where(row_sum > 0, row_sum, 1.0)
     o = (acc / jnp.moveaxis(l_safe, 3, 1)[..., None]).reshape(q.shape).astype(COMPUTE_DTYPE)
-    lse = jnp.where(l > 0, m + jnp.log(l_safe), -jnp.inf)  # [B, K, G, T]; -inf: no visible key
+    lse = jnp.where(row_sum > 0, m + jnp.log(l_safe), -jnp.inf)  # [B, K, G, T]; -inf: no visible key
     return o, lse.reshape(B, N, T)
 
 
@@ -206,26 +196,11 @@ def _flash_bwd(block, res, cts):
 def flash_attention(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, q_pos_T, k_pos_S, block=512):
     """Causal attention by key blocks with an online softmax -> (o_BxTxNxH BF16, lse_BxNxT FP32).
 
-    Forward: a jax.lax.scan over S/block key blocks (queries unblocked) carrying the running max m,
-    running sum l and an FP32 accumulator; per block s = q.k_blk^T * H**-0.5 (masked), m' = max(m,
-    rowmax s), p = exp(s - m'), l' = exp(m - m').l + rowsum p, acc' = exp(m - m').acc + p.v_blk; at the
-    end o = acc / l and lse = m + log l. A row with no visible key (possible in ring attention) gives
-    o = 0 and lse = -inf, without NaNs, forward and backward. S must be divisible by ``block``;
-    block >= S means one block.
-
-    Saved for backward (custom_vjp residuals, nothing O(T.S)): q, k, v, o in BF16, lse in FP32 and the
-    positions: 2.B.(2.T.N.H + 2.S.K.H) + 4.B.N.T + 4.(T + S) bytes; o and lse carry the checkpoint_names
-    "attn_out" and "attn_lse" (RESIDUAL_NAMES). Transient memory O(T.block) per
-    head: one block's scores. Backward (FlashAttention-2 style), a scan over the key blocks again:
-    recompute s and p = exp(s - lse); dv_blk = p^T.do, dp = do.v_blk^T, ds = p * (dp - D + dlse) with
-    D = rowsum(do * o) (FP32; dlse the cotangent of lse, used when partial attentions are merged),
-    dq += ds.k_blk * H**-0.5, dk_blk = ds^T.q * H**-0.5.
-
-    Executed matmul FLOPs: every key block is computed and masked (no causal skipping inside), so the
-    FLOPs are those of the full T.S scores: forward 4.B.T.S.N.H (q.k^T, p.v); backward 10.B.T.S.N.H
-    (the recomputed q.k^T, then dv, dp, dq, dk, 2.B.T.S.N.H each) + 2.B.T.N.H for D (counted from the
-    jaxpr's dot_generals, scan lengths included). Source: FlashAttention-2 (Dao 2023),
-    Algorithms 1 and 2."""
+    A lax.scan over S/block key blocks (S divisible by ``block``; block >= S is one block): m' = max(m,
+    rowmax s), p = exp(s - m'), l' = exp(m - m').l + rowsum p, acc' = exp(m - m').acc + p.v_blk; o = acc / l,
+    lse = m + log l. Saves q, k, v, o ("attn_out"), lse ("attn_lse"): nothing O(T.S). Backward recomputes
+    p = exp(s - lse) per block: ds = p * (dp - D + dlse), D = rowsum(do * o). FLOPs: forward 4.B.T.S.N.H,
+    backward 10.B.T.S.N.H + 2.B.T.N.H. Source: FlashAttention-2 (Dao 2023), Algorithms 1 and 2."""
     return _flash_fwd(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, q_pos_T, k_pos_S, block)
 
 
@@ -254,9 +229,9 @@ def merge(o1_BxTxNxH, lse1_BxNxT, o2_BxTxNxH, lse2_BxNxT):
     rescaling of FlashAttention (Dao et al. 2022, sec. 3.1) / Ring Attention (Liu et al. 2023)."""
     m = jax.lax.stop_gradient(_safe(jnp.maximum(lse1_BxNxT, lse2_BxNxT)))
     e1, e2 = jnp.exp(lse1_BxNxT - m), jnp.exp(lse2_BxNxT - m)
-    l = e1 + e2
-    l_safe = jnp.where(l > 0, l, 1.0)
-    lse = jnp.where(l > 0, m + jnp.log(l_safe), -jnp.inf)
+    row_sum = e1 + e2
+    l_safe = jnp.where(row_sum > 0, row_sum, 1.0)
+    lse = jnp.where(row_sum > 0, m + jnp.log(l_safe), -jnp.inf)
     w1, w2 = (jnp.moveaxis(e / l_safe, 2, 1)[..., None] for e in (e1, e2))  # [B, T, N, 1]
     o = w1 * o1_BxTxNxH.astype(jnp.float32) + w2 * o2_BxTxNxH.astype(jnp.float32)
     return o, lse
@@ -267,17 +242,12 @@ def merge(o1_BxTxNxH, lse1_BxNxT, o2_BxTxNxH, lse2_BxNxT):
 
 def ulysses_attention(q_BxTcxNxH, k_BxTcxKxH, v_BxTcxKxH, axis_name, attend=attention_materialized):
     """DeepSpeed-Ulysses sequence parallelism, inside a jax.shard_map manual over ``axis_name`` (size C):
-    q, k, v are this device's contiguous sequence shards [B, T/C, heads, H] (in axis order). An
-    all_to_all turns them head-sharded over the full sequence ([B, T, N/C, H], [B, T, K/C, H]; query
-    heads of one kv head stay together since the N/C = (K/C).G heads are contiguous), ``attend(q, k,
-    v, q_pos, k_pos)`` runs causal attention on them with positions arange(T), and a second all_to_all
-    returns o to [B, T/C, N, H] BF16. N and K must be divisible by C. ``attend``: attention_materialized
-    or functools.partial(flash_attention_o, block=...).
-
-    Saved for backward: what ``attend`` saves, for N/C heads over the full T (the all_to_alls save
-    nothing). Executed matmul FLOPs per device: ``attend``'s with N/C heads and S = T, i.e. forward
-    4.B.T.T.N.H / C. Communication per device: 3 all_to_alls forward (q, k, v) and 1 back (o), each moving
-    (C-1)/C of the local shard. Source: DeepSpeed-Ulysses (Jacobs et al. 2023), sec. 3."""
+    q, k, v are this device's sequence shards [B, T/C, heads, H]; an all_to_all makes them head-sharded over
+    the full sequence, ``attend(q, k, v, q_pos, k_pos)`` (attention_materialized or a partial of
+    flash_attention_o) runs on N/C heads, and a second all_to_all returns o [B, T/C, N, H] BF16. N and K must
+    be divisible by C. Per device: ``attend``'s FLOPs and residuals with N/C heads and S = T; 3 all_to_alls
+    forward and 1 back, each (C-1)/C of the local shard. Source: DeepSpeed-Ulysses (Jacobs et al. 2023,
+    arXiv:2309.14509), sec. 3."""
     C = jax.lax.axis_size(axis_name)
     N, K = q_BxTcxNxH.shape[2], k_BxTcxKxH.shape[2]
     if N % C or K % C:
@@ -384,57 +354,15 @@ _ring.defvjp(_ring_fwd_rule, _ring_bwd)
 
 
 def ring_attention(q_BxTcxNxH, k_BxTcxKxH, v_BxTcxKxH, axis_name, block=512):
-    """Ring attention, inside a jax.shard_map manual over ``axis_name`` (size C): device i holds the
-    contiguous chunk of positions i.T/C .. (i+1).T/C - 1 (i = axis_index) of q, k, v, [B, T/C, heads, H].
-    Returns o [B, T/C, N, H] BF16. A jax.custom_vjp; Tc = T/C below, "per device" is per sequence chunk
-    (B and the heads as the caller shards them).
-
-    Forward, C steps j = 0 .. C-1: the device holds the K/V chunk of device (i - j) mod C, runs flash
-    attention (_flash_fwd: ``block`` keys per block, capped at Tc) of its queries against it, merges the
-    partial (o, lse) into its FP32 running (o, lse) with ``merge``, and meanwhile passes (k, v) on with
-    jax.lax.ppermute i -> i+1 mod C, independent of that step's compute so that XLA can overlap them.
-    Steps 0 .. C-2 are one jax.lax.scan (the program does not grow with C); step C-1, which sends nothing,
-    follows it. Causal: a chunk in the future of every local query (source device > i, i.e. j > i) is
-    skipped with jax.lax.cond.
-
-    Saved for backward (custom_vjp residuals, nothing per step): the local q, k, v, the final o (BF16,
-    checkpoint_name "attn_out") and lse (FP32 [B, N, Tc], "attn_lse"):
-    2.B.Tc.N.H (q) + 2.2.B.Tc.K.H (k, v) + 2.B.Tc.N.H (o) + 4.B.N.Tc (lse)
-    = 4.B.Tc.(N + K).H + 4.B.N.Tc bytes per device, O(T/C). Positions are recomputed from axis_index.
-
-    Backward (Ring Attention's second ring; the FlashAttention-2 backward per visiting chunk, with the
-    FINAL lse, so p is exact): D = rowsum(do * o) once; then C steps, the visiting (k, v) travelling with
-    their FP32 gradient accumulators (dk, dv): at step j the device runs, unless the chunk is in its future
-    (lax.cond), _flash_bwd_keys of its queries against chunk (i - j): p = exp(s - lse), dv += p^T.do,
-    dp = do.v^T, ds = p * (dp - D), dq += ds.k * H**-0.5 (local, FP32), dk += ds^T.q * H**-0.5. The
-    accumulator of chunk (i - j) arrives from device i-1 while the device computes its own part on that
-    chunk (the permute does not wait for the compute), then the two are added; after step C-1 the
-    accumulator held is chunk i+1's, and a last permute sends it home, so every chunk's dk, dv end on its
-    owner. Step 0 runs before the scan, steps 1 .. C-2 are one jax.lax.scan, step C-1 follows it. k and v
-    travel stacked as one array [2, B, Tc, K, H], and so do dk and dv: one permute of each per step, and
-    never the same op as a forward permute (XLA would merge identical ones outside loops, at C = 2, and
-    keep the received chunk alive from forward to backward). Transient: the visiting and the received
-    (k, v) and (dk, dv), and one key block's scores.
-
-    Collective-permutes per device per layer, all i -> i+1 mod C (one ppermute eqn per array in the jaxpr,
-    one collective-permute per array in the compiled program), Sk = B.Tc.K.H elements (one chunk of k):
-      forward:  C-1 of k and C-1 of v, BF16 [B, Tc, K, H]: 2.(C-1) permutes, 4.(C-1).Sk bytes sent;
-      backward: C-1 of the stacked (k, v), BF16 [2, B, Tc, K, H], C-1 of the stacked (dk, dv), FP32
-                [2, B, Tc, K, H], and the last hop home of (dk, dv) in BF16: 2.C - 1 permutes,
-                4.(C-1).Sk + 8.(C-1).Sk + 4.Sk bytes sent.
-    Layout: forward, k and v in a scan of C-1 trips; backward, (k, v) before a scan of C-2 trips that holds
-    (k, v) and (dk, dv), then (dk, dv) at step C-1 and once more (BF16) after it. C = 1 sends nothing. (XLA:CPU
-    moves BF16 collectives as FP32, so an emulated program shows 2x the BF16 bytes; TPU moves BF16.)
-
-    Matmul FLOPs per device per layer, F = B.Tc^2.N.H (one chunk against one chunk): the program holds
-    the chunk computation inside a lax.cond at each of the C steps (the backward's step 0, never in the
-    future, unconditionally), so a static count of its dot FLOPs,
-    scan trips multiplied out and each cond's compute branch counted as taken (the skip branch has none),
-    gives C chunks: forward 4.C.F = 4.B.T.Tc.N.H, backward 10.C.F + 2.B.Tc.N.H (per chunk the recomputed
-    q.k^T and dv, dp, dq, dk, 2.F each; D once) — the full non-causal T x Tc scores, every key block
-    computed and masked. What runs on device i: i+1 chunks, forward 4.(i+1).F, backward 10.(i+1).F +
-    2.B.Tc.N.H; the last device runs all C (the static count, and the step time: the ring skips but does
-    not balance), the mean over devices is (C+1)/2 chunks. merge has no matmuls.
-    Source: Ring Attention (Liu et al. 2023), Algorithm 1 and its blockwise backward; the per-chunk kernel
-    FlashAttention-2 (Dao 2023), Algorithms 1 and 2."""
+    """Ring attention, inside a jax.shard_map manual over ``axis_name`` (size C): device i holds positions
+    i.T/C .. (i+1).T/C - 1 of q, k, v [B, Tc, heads, H], Tc = T/C; returns o [B, Tc, N, H] BF16 (custom_vjp).
+    Forward, steps j = 0 .. C-1: flash attention of the local queries against the K/V chunk of device
+    (i - j) mod C, merged into a running FP32 (o, lse) with ``merge``, while (k, v) pass on by ppermute
+    i -> i+1; chunks in the queries' future (j > i) are skipped with lax.cond. Backward: a second ring, the
+    visiting (k, v) carrying FP32 (dk, dv) accumulators, FlashAttention-2's backward per chunk with the final
+    lse, and a last BF16 hop home. Saves q, k, v, o, lse: 4.B.Tc.(N + K).H + 4.B.N.Tc bytes. Permutes per
+    layer, Sk = B.Tc.K.H: forward 2(C-1), 4(C-1).Sk bytes; backward 2C-1, 4(C-1).Sk + 8(C-1).Sk + 4.Sk bytes.
+    Device i computes i+1 chunks (F = B.Tc^2.N.H: forward 4F, backward 10F each). Layout, counts and compiler
+    notes: docs/findings.md, "Attention kernels". Source: Ring Attention (Liu, Zaharia, Abbeel 2023,
+    arXiv:2310.01889), Algorithm 1; per chunk FlashAttention-2 (Dao 2023), Algorithms 1 and 2."""
     return _ring(q_BxTcxNxH, k_BxTcxKxH, v_BxTcxKxH, axis_name, block)

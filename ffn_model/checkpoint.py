@@ -11,8 +11,9 @@ every array is on disk, so a save interrupted half-way leaves no step that ``lat
 the previous complete checkpoint stays the latest (the next run's manager removes the leftover,
 also when it is all an interrupted first save left).
 Reading checks the step's metadata and the stored shapes before any array is read, and turns
-whatever orbax raises for damaged files into one ValueError. Restoring takes an abstract state (ShapeDtypeStructs with the target mesh's shardings),
-so a state saved on fsdp=4,tensor=2 restores bit-identically on fsdp=2,tensor=4 or on one device.
+whatever orbax raises for damaged files into one ValueError. Restoring takes an abstract state
+(ShapeDtypeStructs with the target mesh's shardings), so a state saved on fsdp=4,tensor=2 restores
+bit-identically on fsdp=2,tensor=4 or on one device.
 In a multi-process program every process calls these functions; orbax coordinates the writes.
 """
 

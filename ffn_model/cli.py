@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import statistics
 import sys
+import time
 
 from mesh.devices import PROCESS_TIMEOUT, cpu_device_count, device_count, use_cpu_platform_for
 from scaling.cli import add_model_args, add_schedule_args, check_size, model_config, schedule_of
@@ -155,6 +156,18 @@ def check_flags(args, cfg) -> None:
         check_directory(args.checkpoint_dir, args.resume)
 
 
+def check_workload(args) -> Workload:
+    """check's flags as the workload they describe, each checked without starting jax (a ValueError naming the
+    flag): the model, the mesh over --devices, the batch, the schedule, sizes jax can count, --chip."""
+    cfg = model_config(args)
+    shape = parse_mesh_spec(args.mesh, device_count(args.devices))
+    w = Workload(cfg, shape, args.batch_tokens, args.step, args.remat, schedule_of(args))
+    check_size(w)
+    if args.chip is not None:
+        get_chip(args.chip)
+    return w
+
+
 def start_processes(args):
     """Start jax.distributed when asked (before any jax computation), waiting at most --process-timeout
     for the other processes, then check that every process was started with the same flags (but
@@ -204,7 +217,8 @@ def train_command(args, cfg) -> dict:
     from mesh import make_mesh, mesh_shape
 
     mesh = make_mesh(args.mesh, start_processes(args))
-    check_real_cpu_size(args, cfg, mesh)
+    w = Workload(cfg, mesh_shape(mesh), args.batch_tokens, remat=args.remat, schedule=schedule_of(args))
+    check_real_cpu_size(args, w, mesh)
     main = jax.process_index() == 0
     out = sys.stderr if args.json else sys.stdout
     rates = []
@@ -218,9 +232,8 @@ def train_command(args, cfg) -> dict:
         if main:
             print(line, file=sys.stderr if args.json or line.startswith("warning:") else sys.stdout, flush=True)
 
-    losses = train(cfg, mesh, args.batch_tokens, args.steps, lr=args.lr, seed=args.seed, remat=args.remat,
-                   log=log, checkpoint_dir=args.checkpoint_dir, save_every=args.save_every, resume=args.resume,
-                   say=say, schedule=schedule_of(args))
+    losses = train(w, mesh, args.steps, lr=args.lr, seed=args.seed, log=log, checkpoint_dir=args.checkpoint_dir,
+                   save_every=args.save_every, resume=args.resume, say=say)
     return {"command": "train", "model": vars(cfg), "mesh": mesh_shape(mesh).as_dict(), "devices": args.devices,
             "processes": jax.process_count(), "batch_tokens": args.batch_tokens, "steps": args.steps,
             "start_step": args.steps - len(losses), "lr": args.lr, "seed": args.seed, "remat": args.remat,
@@ -229,15 +242,12 @@ def train_command(args, cfg) -> dict:
             "tokens_per_s": statistics.median(rates[1:] or rates) if rates else None}
 
 
-def check_real_cpu_size(args, cfg, mesh) -> None:
+def check_real_cpu_size(args, w: Workload, mesh) -> None:
     """check_size against this host's memory for a run on the real devices (no --devices) when they are CPUs,
     which check_flags could not know before jax started: the closed form per device times the local devices."""
-    from mesh import mesh_shape
-
     local = [d for d in mesh.devices.flat if d.process_index == mesh.devices.flat[0].process_index]
     if args.devices is None and local[0].platform == "cpu":
-        check_size(Workload(cfg, mesh_shape(mesh), args.batch_tokens, remat=args.remat, schedule=schedule_of(args)),
-                   len(local))
+        check_size(w, len(local))
 
 
 def run_command(args, impl) -> int:
@@ -263,6 +273,9 @@ def run_command(args, impl) -> int:
     return 0
 
 
+COORDINATOR_GRACE = 1.0  # seconds process 0 waits before it ends on an error (end_one_of_several)
+
+
 def end_one_of_several(e: Exception) -> None:
     """In a program of several processes (jax.distributed), end this one now, with one line on stderr, on a
     ValueError ("error: ...", exit 2) or a runtime error of jax (a collective that failed because another
@@ -283,4 +296,8 @@ def end_one_of_several(e: Exception) -> None:
         return
     sys.stdout.flush()
     print(f"error: {line}", file=sys.stderr, flush=True)
+    if jax.process_index() == 0 and jax.process_count() > 1:
+        # process 0 holds the coordination service: the others' jax aborts (a C++ stack) when it disappears
+        # before they have ended, so it ends last
+        time.sleep(COORDINATOR_GRACE)
     os._exit(code)

@@ -48,11 +48,8 @@ def _gathered(logical_axes):
 
 def to_bf16(w):
     """FP32 -> BF16 rounded to nearest even: the same values as ``w.astype(jnp.bfloat16)`` for
-    finite w. The rounding is done with integer ops on purpose, and the final convert is exact:
-    XLA:TPU's bfloat16-propagation pass rewrites a plain ``convert(dynamic-slice(W))`` inside the
-    scan into a BF16 copy of the whole stacked W made before the loop (libtpu 0.0.42.1: +2
-    bytes/param/N, 6.9 GB per device for the XXL on v5p 4x4x4). It cannot narrow through a bitcast,
-    so here only one layer's BF16 weights exist at a time."""
+    finite w, rounded with integer ops (through a bitcast) so that only one layer's BF16 weights exist at a
+    time; why: docs/findings.md, "BF16 weight casts inside the scan"."""
     u = jax.lax.bitcast_convert_type(w.astype(jnp.float32), jnp.uint32)
     u = (u + jnp.uint32(0x7FFF) + ((u >> 16) & jnp.uint32(1))) & jnp.uint32(0xFFFF0000)
     return jax.lax.bitcast_convert_type(u, jnp.float32).astype(COMPUTE_DTYPE)
@@ -149,7 +146,8 @@ XT_AXES, XT_SP_AXES, HT_AXES = X_AXES[::-1], X_SP_AXES[::-1], H_AXES[::-1]
 
 
 def block(x, w_in, w_out, activation=None, hidden_name="hidden", gather=gather_bf16, sp=False):
-    """One block on one layer's weight shards: x[B,D] bf16 -> x·W_in^T (W_in [F,D]) -> act -> ·W_out ([F,D]) -> [B,D] bf16.
+    """One block on one layer's weight shards: x[B,D] bf16 -> x·W_in^T (W_in [F,D]) -> act -> ·W_out ([F,D])
+    -> [B,D] bf16.
     The hidden (before the activation) is tagged ``hidden_name`` for the remat policies. ``gather``
     turns a weight shard into the BF16 weight the matmul uses (default: gathered over fsdp here).
     ``sp`` (sequence parallelism): x arrives transposed, x^T [D, B], split over tensor along the tokens
@@ -226,7 +224,8 @@ def _scan_blocks(x, w_in, w_out, activation, remat, gather, sp):
     L = w_in.shape[0]
     pairs = L // 2
     if pairs:
-        body = jax.checkpoint(functools.partial(_pair, activation=activation, gather=gather, sp=sp), policy=_KEEP_HIDDEN)
+        body = jax.checkpoint(functools.partial(_pair, activation=activation, gather=gather, sp=sp),
+                              policy=_KEEP_HIDDEN)
         # [2k, D, F] -> [k, 2, D, F] is free for even L; odd L slices off the last block first.
         wi, wo = (w_in, w_out) if L % 2 == 0 else (w_in[: 2 * pairs], w_out[: 2 * pairs])
         x, _ = jax.lax.scan(lambda c, w: (body(c, *w), None), x, (_pairs(wi), _pairs(wo)))
@@ -253,11 +252,7 @@ class FFNStack(nnx.Module):
     (``param``).
 
     W_in is stored transposed, [F, D] per block (h = x·W_in^T), so that both weights keep D, the
-    FSDP-sharded dimension, minor. XLA:TPU's all-reduce-scatter fusion pads a reduce-scatter along a
-    2nd-minor dimension to a multiple of its pipelining spans and fixes the shards up with a
-    collective-permute (libtpu 0.0.42.1, pass tpu-all-reduce-scatter-fusion): with W_in as [D, F]
-    the gradient of a 2048 x 4096 slice on v5p:2x2x2 (fsdp=4) moved 560 rows per shard instead of 512
-    plus a 144-row permute, +2.7% of the step's fsdp bytes. Along the minor dimension it never pads."""
+    FSDP-sharded dimension, minor (why: docs/findings.md, "W_in's layout")."""
 
     def __init__(self, cfg: FFNConfig, *, rngs: nnx.Rngs, remat: str = "none", sequence_parallel: bool = False):
         D, F, L = cfg.d_model, cfg.d_ff, cfg.blocks

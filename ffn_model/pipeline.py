@@ -101,7 +101,8 @@ def pipeline_outputs(x_MxbxD, w_in, w_out, mesh, *, repeats: int = 1, remat: str
             w_in, w_out = (gather_bf16(w, axes) for w in (w_in, w_out))
             gather = lambda w, axes: w  # noqa: E731
 
-    @functools.partial(jax.shard_map, mesh=mesh, in_specs=(PartitionSpec(), PartitionSpec("stage"), PartitionSpec("stage")),
+    @functools.partial(jax.shard_map, mesh=mesh,
+                       in_specs=(PartitionSpec(), PartitionSpec("stage"), PartitionSpec("stage")),
                        out_specs=PartitionSpec("stage"), axis_names={"stage"}, check_vma=False)
     def run(x, wi, wo):
         s = jax.lax.axis_index("stage")

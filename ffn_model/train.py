@@ -36,9 +36,10 @@ from ffn_model.transformer import X_AXES as TF_X_AXES
 from ffn_model.transformer import TransformerStack
 from mesh.devices import mesh_shape
 from mesh.rules import logical_to_spec
-from scaling.config import (Model, Schedule, TransformerConfig, check_divisible, check_remat, check_seed,
+from scaling.config import (Model, Schedule, TransformerConfig, check_remat, check_seed,
                             positive_float, positive_int)
 from scaling.sharding import X_AXES, shards
+from scaling.workload import Workload
 
 
 def make_optimizer(lr: float = 1e-3, weight_decay: float = 1e-4) -> optax.GradientTransformation:
@@ -191,7 +192,8 @@ def make_train_step(cfg: Model, mesh, remat: str = "none", tx=None, schedule: Sc
 
 def make_forward_step(cfg: Model, mesh, remat: str = "none", schedule: Schedule = Schedule()):
     """(params, batch) -> loss: the forward pass only (no gradients); call it with ``mesh`` set."""
-    return jax.jit(loss_fn(cfg, mesh, remat, schedule, for_grad=False), out_shardings=NamedSharding(mesh, PartitionSpec()))
+    return jax.jit(loss_fn(cfg, mesh, remat, schedule, for_grad=False),
+                   out_shardings=NamedSharding(mesh, PartitionSpec()))
 
 
 def train_loop(state, step_fn, batch_fn, steps: int, batch_tokens: int, start_step: int = 0, log=None,
@@ -216,11 +218,11 @@ def train_loop(state, step_fn, batch_fn, steps: int, batch_tokens: int, start_st
     return losses, state
 
 
-def train(cfg: Model, mesh, batch_tokens: int, steps: int, lr: float = 1e-3, seed: int = 0,
-          remat: str = "none", log=None, return_state: bool = False, checkpoint_dir=None,
-          save_every: int | None = None, resume: bool = False, say=None, schedule: Schedule = Schedule()):
-    """Train on the synthetic task up to ``steps`` steps in all and return the losses of the steps
-    this call ran (and the final state with ``return_state=True``).
+def train(w: Workload, mesh, steps: int, lr: float = 1e-3, seed: int = 0, log=None, return_state: bool = False,
+          checkpoint_dir=None, save_every: int | None = None, resume: bool = False, say=None):
+    """Train the workload's model on the synthetic task on ``mesh`` (a jax Mesh of w.mesh's shape) up to ``steps``
+    steps in all and return the losses of the steps this call ran (and the final state with
+    ``return_state=True``).
 
     Without ``resume`` the state is created fresh and steps 0..steps-1 run. With ``checkpoint_dir``
     (ffn_model.checkpoint) the state is saved after every ``save_every`` steps (asynchronously) and
@@ -238,9 +240,9 @@ def train(cfg: Model, mesh, batch_tokens: int, steps: int, lr: float = 1e-3, see
     positive_int("steps", steps)
     positive_float("lr", lr)
     check_seed("seed", seed)
-    check_remat(remat, cfg)
-    check_divisible(cfg, mesh_shape(mesh), batch_tokens)
-    schedule.check(cfg, mesh_shape(mesh), batch_tokens)
+    if mesh_shape(mesh) != w.mesh:
+        raise ValueError(f"the workload's mesh is {w.mesh}, the devices' mesh {mesh_shape(mesh)}")
+    cfg, batch_tokens, remat, schedule = w.model, w.batch_tokens, w.remat, w.schedule
     if save_every is not None:
         positive_int("save_every", save_every)
     if checkpoint_dir is None and (save_every is not None or resume):

@@ -29,7 +29,8 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
-from ffn_model.attention import RESIDUAL_NAMES, attention_materialized, flash_attention_o, ring_attention, ulysses_attention
+from ffn_model.attention import (RESIDUAL_NAMES, attention_materialized, flash_attention_o, ring_attention,
+                                 ulysses_attention)
 from ffn_model.model import COMPUTE_DTYPE, constrain, gather_bf16, init_normal, param, reshard
 from mesh.rules import logical_to_spec
 from scaling.config import Schedule, TransformerConfig, check_remat
@@ -147,7 +148,8 @@ def layer(x_BxTxD, w: dict, schedule: Schedule, gated: bool):
     x = checkpoint_name(x + from_matmul(jnp.einsum("btnh,nhd->btd", o, _gather(w["wo"], WQ_AXES))), "mid")
     h = to_matmul(rms_norm(x), "norm2")
     if gated:  # W_in and W_gate as one [2, F, D] matmul: one partial sum (and all-reduce) for the input gradient
-        ug = jnp.einsum("btd,gfd->gbtf", h, jnp.stack([_gather(w["w_in"], W_MLP_AXES), _gather(w["w_gate"], W_MLP_AXES)]))
+        w_in_gate = jnp.stack([_gather(w["w_in"], W_MLP_AXES), _gather(w["w_gate"], W_MLP_AXES)])
+        ug = jnp.einsum("btd,gfd->gbtf", h, w_in_gate)
         u = checkpoint_name(constrain(ug[0], H_AXES), "mlp_in")
         g = checkpoint_name(constrain(ug[1], H_AXES), "mlp_gate")
         a = jax.nn.silu(g) * u

@@ -42,9 +42,10 @@ def parser(prog: str = "jax-scaling") -> closed_form_cli.Parser:
     p = closed_form_cli.Parser(prog=prog, description=description)
     sub = p.add_subparsers(dest="command", required=True)
     if closed_forms:
+        check = lazy("verify.check", "check_command")
         closed_form_cli.add_commands(
-            sub, verify_trace=verify_trace, **{f: lazy("verify.check", f) for f in (
-                "check_command", "verify_plans", "verify_pipeline", "render_pipeline")})
+            sub, verify_trace=verify_trace, check_command=lambda args: check(args, model_cli.check_workload(args)),
+            **{f: lazy("verify.check", f) for f in ("verify_plans", "verify_pipeline", "render_pipeline")})
     if model:
         model_cli.add_commands(sub, {c: (lazy("verify.cli", f"{c}_report"), lazy("verify.cli", f"print_{c}"))
                                      for c in ("compile", "bench")})

@@ -20,15 +20,17 @@ import os
 import tempfile
 
 from scaling.config import MESH_AXES, MeshShape, parse_mesh_spec, positive_int
-from scaling.hardware import CHIPS, Chip, chip_of_device_kind, chips_in, get_chip, parse_slice, parse_topology
+from scaling.hardware import (CHIPS, DEFAULT_CHIP, Chip, chip_of_device_kind, chips_in, get_chip, parse_slice,
+                              parse_topology)
 
 
 def _emulated_cpu_devices(n: int) -> list:
     import jax
-    from jax._src import xla_bridge
 
-    if not xla_bridge.backends_are_initialized():
+    try:
         jax.config.update("jax_num_cpu_devices", n)
+    except RuntimeError:  # jax refuses a new count once its backends run: what they have is checked below
+        pass
     have = jax.devices("cpu")
     if len(have) != n:
         raise ValueError(
@@ -45,7 +47,7 @@ def has_libtpu() -> bool:
 
 def parse_tpu_spec(spec: str) -> tuple[Chip, tuple[int, ...]]:
     """A TPU device spec -> (chip, slice shape), checked against the hardware table without jax:
-    ``tpu:<chip>:<shape>``, ``tpu:<slice name>``, a bare slice name, or ``tpu:<shape>`` (v5p).
+    ``tpu:<chip>:<shape>``, ``tpu:<slice name>``, a bare slice name, or ``tpu:<shape>`` (DEFAULT_CHIP).
     ValueError naming what is valid otherwise."""
     s = str(spec).strip()
     body = s[4:] if s.lower().startswith("tpu:") else s
@@ -53,7 +55,7 @@ def parse_tpu_spec(spec: str) -> tuple[Chip, tuple[int, ...]]:
     if sep:
         return (chip := get_chip(chip_name)), parse_topology(chip, shape)
     if body[:1].isdigit():
-        return CHIPS["v5p"], parse_topology(CHIPS["v5p"], body)
+        return CHIPS[DEFAULT_CHIP], parse_topology(CHIPS[DEFAULT_CHIP], body)
     return parse_slice(body)
 
 
@@ -324,13 +326,18 @@ def initialize_distributed(coordinator: str | None = None, num_processes: int | 
 def disagreements(name: str, value, timeout: float = PROCESS_TIMEOUT) -> dict[int, object]:
     """{process: its value} for every other process whose ``value`` (JSON-able) differs from this one's,
     read through jax.distributed's key-value store under ``name`` (each process publishes its own,
-    then reads every other's, waiting at most ``timeout`` s). {} in a single process."""
+    then reads every other's, waiting at most ``timeout`` s); every process has read every value when it
+    returns (a barrier), so none stops on a difference while another still reads. {} in a single process."""
     import json
 
-    from jax._src.distributed import global_state  # the client jax.distributed.initialize made
+    client, n, me = _kv_client()
+    if n == 1:
+        return {}
+    if client is None:
+        import warnings
 
-    client, n, me = global_state.client, global_state.num_processes, global_state.process_id
-    if client is None or n == 1:
+        warnings.warn(f"cannot compare {name!r} across processes: jax.distributed's key-value store is not "
+                      "reachable in this jax version (mesh.devices._kv_client)", RuntimeWarning, stacklevel=2)
         return {}
     mine = json.dumps(value, sort_keys=True)
     client.key_value_set(f"{name}/{me}", mine)
@@ -340,4 +347,21 @@ def disagreements(name: str, value, timeout: float = PROCESS_TIMEOUT) -> dict[in
             theirs = client.blocking_key_value_get(f"{name}/{j}", int(timeout * 1000))
             if theirs != mine:
                 out[j] = json.loads(theirs)
+    client.wait_at_barrier(f"{name}/read", int(timeout * 1000))
     return out
+
+
+def _kv_client():
+    """(client, number of processes, this process) of the key-value store jax.distributed.initialize
+    made; client None when there is none. The one private jax import of the package: jax 0.10.2 has no
+    public accessor of that client (jax.distributed exposes initialize, is_initialized, shutdown only),
+    and jax.experimental.multihost_utils compares values with a collective, which cannot time out or
+    say which process differs. Fallback if the private module moves: no client, from public jax."""
+    try:
+        from jax._src.distributed import global_state
+
+        return global_state.client, global_state.num_processes, global_state.process_id
+    except (ImportError, AttributeError):
+        import jax
+
+        return None, jax.process_count(), jax.process_index()

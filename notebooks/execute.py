@@ -1,7 +1,9 @@
-"""Execute notebooks in place, outputs included: ``.venv/bin/python notebooks/execute.py notebooks/X.ipynb ...``.
+"""Generate notebooks from their paired .py files and execute them in place, outputs included:
+``.venv/bin/python notebooks/execute.py notebooks/X.py ...`` (or ``notebooks/X.ipynb``: the same, from X.py).
 
-Each runs top to bottom in a fresh kernel ("python3") with notebooks/ as its working directory, as
-tests/test_notebooks.py runs them; the committed copy keeps its outputs for reading on a code host.
+X.py (jupytext "percent" format, pairing declared in notebooks/jupytext.toml) is the source of truth; its cells
+replace X.ipynb's, which then runs top to bottom in a fresh kernel ("python3") with notebooks/ as its working
+directory, as tests/test_notebooks.py runs them; the committed X.ipynb keeps its outputs for reading on a code host.
 """
 
 from __future__ import annotations
@@ -10,15 +12,29 @@ import sys
 import time
 from pathlib import Path
 
+import jupytext
 import nbformat
 from nbclient import NotebookClient
 
+KERNELSPEC = {"display_name": "Python 3", "language": "python", "name": "python3"}
+
+
+def generate(py: Path) -> nbformat.NotebookNode:
+    """The notebook of X.py: its cells (jupytext), the python3 kernel, no outputs."""
+    nb = jupytext.read(py)
+    nb.metadata.pop("jupytext", None)
+    nb.metadata["kernelspec"] = KERNELSPEC
+    nb.metadata.setdefault("language_info", {"name": "python"})
+    return nb
+
 
 def execute(path: Path, timeout: int = 600) -> float:
-    nb = nbformat.read(path, as_version=4)
+    """Regenerate path.with_suffix('.ipynb') from path.with_suffix('.py'), execute it, write it; seconds taken."""
+    nb = generate(path.with_suffix(".py"))
     t0 = time.perf_counter()
-    NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
-    nbformat.write(nb, path)
+    NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                   resources={"metadata": {"path": str(path.parent)}}).execute()
+    nbformat.write(nb, path.with_suffix(".ipynb"))
     return time.perf_counter() - t0
 
 

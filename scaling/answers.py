@@ -12,7 +12,7 @@ import math
 from scaling import memory, program, roofline
 from scaling.config import (DEFAULT_PRECISION, FSDP_GATHERS, PRESETS, FFNConfig, MeshShape, Schedule,
                             check_divisible, positive_float, positive_int)
-from scaling.hardware import CHIPS
+from scaling.hardware import CHIPS, DEFAULT_CHIP
 from scaling.workload import Workload
 
 QUESTION = dict(d_model=16384, d_ff=53248, blocks=126, fsdp=16, tensor=4, mx=2, my=1, flops=4.6e14, w_ici=1.8e11,
@@ -21,7 +21,7 @@ QUESTION = dict(d_model=16384, d_ff=53248, blocks=126, fsdp=16, tensor=4, mx=2, 
 HBM_FLOOR = 1e9
 # The question's torus is 3D (TPU v5p): the FSDP and TP mesh axes together span at most 3 ICI axes.
 TORUS_AXES = 3
-# Which form of (c) the package recommends, and the compiled program's evidence for it (README,
+# Which form of (c) the package recommends, and the compiled program's evidence for it (docs/findings.md,
 # "Finding for question (c)"; notebooks/4d_parallelism.ipynb, last section).
 RECOMMENDED_FORM = "sum"
 RECOMMENDED_WHY = (
@@ -88,7 +88,7 @@ def answers(
         if v < HBM_FLOOR:
             raise ValueError(f"{name}={v:g} bytes is less than {HBM_FLOOR:.0e}: give HBM in bytes (95 GB is 95e9), at "
                              f"least {HBM_FLOOR:.0e}")
-    most = CHIPS["v5p"].max_slice_chips
+    most = CHIPS[DEFAULT_CHIP].max_slice_chips
     if fsdp * tensor > most:
         raise ValueError(f"fsdp·tensor = {fsdp}·{tensor} = {fsdp * tensor:,} chips; M_X and M_Y count the ICI axes of "
                          f"one v5p slice, which has at most {most:,} chips (fsdp·tensor <= {most:,})")
@@ -240,7 +240,7 @@ def render(ans: dict) -> str:
     out = []
     w = out.append
     w(f"Model: D={D:,}  F={F:,}  L={L} blocks of two bias-free linears (D->F->D).")
-    v5p = CHIPS["v5p"]
+    v5p = CHIPS[DEFAULT_CHIP]
     table = (f"(python -m scaling plan and check use the hardware table: v5p C = {v5p.bf16_flops:.3g}, "
              f"{v5p.hbm_budget / 1e9:.4g} GB usable of {v5p.hbm_bytes / 1e9:.4g} GB.)")
     given = {k: f for k, f in CONSTANT_FLAGS.items() if i[k] != QUESTION[k]}

@@ -22,7 +22,7 @@ from scaling.answers import QUESTION, answers, render
 from scaling.config import (ATTENTIONS, CONTEXT_STRATEGIES, FSDP_GATHERS, PRESETS, REMAT_POLICIES, FFNConfig, Schedule,
                             TransformerConfig, get_preset, positive_int)
 
-from scaling.hardware import chips_in, get_chip, parse_slice, slice_name
+from scaling.hardware import DEFAULT_CHIP, chips_in, get_chip, parse_slice, slice_name
 from scaling.program import predict
 from scaling.table import table
 from scaling.workload import Workload
@@ -184,7 +184,7 @@ def plan_target(args):
         if args.chip is not None and get_chip(args.chip) is not chip:
             raise ValueError(f"--slice {args.slice} is a {chip.name} slice, not {args.chip}")
         return chip, chips_in(dims), dims
-    return get_chip(args.chip or "v5p"), 64 if args.chips is None else args.chips, None
+    return get_chip(args.chip or DEFAULT_CHIP), 64 if args.chips is None else args.chips, None
 
 
 def plan_command(args, verify) -> int:
@@ -346,7 +346,8 @@ def add_commands(sub, *, check_command, verify_plans, verify_pipeline, render_pi
     a.set_defaults(func=lambda args: answer_command(args, verify_pipeline, render_pipeline))
 
     p = sub.add_parser("plan", help="rank every mesh of a slice by predicted step time")
-    p.add_argument("--chip", help="chip from the hardware table (default v5p): v4, v5e, v5p, v6e, TPU7x, H100, ...")
+    p.add_argument("--chip", help=f"chip from the hardware table (default {DEFAULT_CHIP}): v4, v5e, v5p, v6e, TPU7x, "
+                   "H100, ...")
     p.add_argument("--chips", type=int, help="chip count (default 64); more than one slice holds are slices over DCN")
     p.add_argument("--slice", help="a Cloud TPU slice instead of --chip/--chips: v5p-256 (TensorCores: 128 chips), "
                    "v6e-256 (chips), tpu7x-128, v5litepod-16, v4-512")
@@ -379,7 +380,7 @@ def add_commands(sub, *, check_command, verify_plans, verify_pipeline, render_pi
     c.add_argument("--remat", default="none", choices=REMAT_POLICIES, help="remat policy (default %(default)s)")
     c.add_argument("--step", default="train", choices=["train", "forward"], help="(default %(default)s)")
     add_schedule_args(c)
-    c.add_argument("--chip", help="chip for the time estimates (default: the TPU topology's, else v5p)")
+    c.add_argument("--chip", help=f"chip for the time estimates (default: the TPU topology's, else {DEFAULT_CHIP})")
     c.add_argument("--json", action="store_true")
     c.add_argument("--verbose", action="store_true", help="let libtpu's start-up lines through to stderr")
     c.set_defaults(func=check_command)

@@ -53,7 +53,8 @@ def allgather_time(V: float, axis_lens: Sequence[int], w_ici: float, wraparound=
     return max(t_hop * hops, V / bw)
 
 
-def collective_time(kind: str, V: float, axis_lens: Sequence[int], w_ici: float, wraparound=True, t_hop: float = T_HOP) -> float:
+def collective_time(kind: str, V: float, axis_lens: Sequence[int], w_ici: float, wraparound=True,
+                    t_hop: float = T_HOP) -> float:
     """Time of one collective over ICI: all-gather = reduce-scatter = AG(V); all-reduce = 2·AG(V);
     all-to-all = AG(V)/4 (sharding page)."""
     if kind not in KIND_FACTOR:

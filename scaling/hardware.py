@@ -1,5 +1,6 @@
 """The one table of chips: one row per chip, every figure with its source, and what follows from a row
-(slices, topologies, wraparound, per-device figures). Adding a chip is adding a row.
+(slices, topologies, wraparound, per-device figures). The rows live in scaling/data/chips.toml (package
+data, read at import); adding a chip is adding a [[chip]] table there.
 
 Sources (abbreviated in the table):
   [SB-tpus]  Scaling Book, "How to Think About TPUs", jax-ml.github.io/scaling-book/tpus/: spec table
@@ -27,7 +28,9 @@ per device (TPU7x: two devices per chip, each with half the chip's FLOP/s and HB
 from __future__ import annotations
 
 import math
+import tomllib
 from dataclasses import dataclass
+from importlib import resources
 
 GiB = 2**30
 
@@ -114,43 +117,30 @@ class Chip:
         return self.wrap_length is not None and full_len == self.wrap_length
 
 
-_CUBE3 = ((2, 2, 1), (2, 2, 2), (2, 2, 4), (2, 4, 4))
-_TORUS2 = ((1, 1), (2, 2), (2, 4), (4, 4), (4, 8), (8, 8), (8, 16), (16, 16))
+# The chip assumed when none is given: the question's TPU (v5p).
+DEFAULT_CHIP = "v5p"
 
-CHIPS: dict[str, Chip] = {
-    c.name: c
-    for c in [
-        Chip("v4", "tpu", 2.75e14, 32 * GiB, 1.2e12, 4.5e10, 3, 6.25e9,
-             "[SB-tpus]; [GC-v4] 32 GiB, 2 TensorCores; [libtpu] 30.75 GiB available; DCN: SB's per-chip figure",
-             usable_hbm=30.75 * GiB, cores_per_chip=2, device_kinds=("tpu v4",), aliases=("v4p",),
-             libtpu_name="v4", libtpu_args=(("chip_config_name", "megacore"),), slice_prefix="v4",
-             slice_counts_cores=True, small_topologies=_CUBE3, cube=4, max_slice_chips=4096),
-        Chip("v5e", "tpu", 1.97e14, 16 * GiB, 8.2e11, 4.5e10, 2, 3.125e9,
-             "[SB-tpus]; [GC-v5e] 16 GiB, 1 TensorCore; [libtpu] 15.75 GiB available",
-             usable_hbm=15.75 * GiB, device_kinds=("tpu v5 lite", "tpu v5e"), aliases=("v5litepod", "v5lite"),
-             libtpu_name="v5e", slice_prefix="v5litepod", small_topologies=_TORUS2, wrap_length=16,
-             max_slice_chips=256),
-        Chip("v5p", "tpu", 4.59e14, 96 * GiB, 2.8e12, 9e10, 3, 6.25e9,
-             "[SB-tpus]; [GC-v5p] 96 GiB, DCN 50 Gb/s; [libtpu] 95.74 GiB available",
-             usable_hbm=95.74 * GiB, cores_per_chip=2, device_kinds=("tpu v5", "tpu v5p"), libtpu_name="v5p",
-             slice_prefix="v5p", slice_counts_cores=True, small_topologies=_CUBE3, cube=4, max_slice_chips=6144),
-        Chip("v6e", "tpu", 9.2e14, 32 * GiB, 1.6e12, 9e10, 2, 1.25e10,
-             "[SB-tpus]; [GC-v6e] 32 GiB, 1 TensorCore; [libtpu] 31.25 GiB available",
-             usable_hbm=31.25 * GiB, device_kinds=("tpu v6 lite", "tpu v6e"), aliases=("trillium",),
-             libtpu_name="v6e", slice_prefix="v6e", small_topologies=_TORUS2, wrap_length=16,
-             max_slice_chips=256),
-        Chip("TPU7x", "tpu", 2.307e15, 192 * GiB, 7.38e12, 9e10, 3, 1.25e10,
-             "[GC-7x] 2307 TFLOP/s, 192 GiB, 7.38 TB/s, DCN 100 Gb/s, 2 TensorCores; [SB-tpus] ICI per link; "
-             "[libtpu] 2 devices per chip, 94.75 GiB available each; [XPK] slices",
-             usable_hbm=94.75 * GiB, devices_per_chip=2, cores_per_chip=2, device_kinds=("tpu7x", "tpu v7x"),
-             aliases=("ironwood", "v7x"), libtpu_name="TPU7x", slice_prefix="tpu7x", slice_counts_cores=True,
-             small_topologies=_CUBE3, cube=4, max_slice_chips=9216),
-        Chip("H100", "gpu", 9.9e14, 80e9, 3.35e12, 4.5e11, 0, 5e10, "[SB-gpus] H100 SXM",
-             device_kinds=("nvidia h100",)),
-        Chip("H200", "gpu", 9.9e14, 141e9, 4.8e12, 4.5e11, 0, 5e10, "[SB-gpus]", device_kinds=("nvidia h200",)),
-        Chip("B200", "gpu", 2.3e15, 192e9, 8.0e12, 9e11, 0, 5e10, "[SB-gpus]", device_kinds=("nvidia b200",)),
-    ]
-}
+_TABLE = "data/chips.toml"  # the rows, shipped as package data (pyproject.toml [tool.setuptools.package-data])
+_GIB_KEYS = {"hbm_gib": "hbm_bytes", "usable_hbm_gib": "usable_hbm"}  # keys the file gives in GiB
+
+
+def _tuples(value):
+    """TOML arrays (lists, nested) -> tuples, so a Chip stays hashable."""
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
+
+
+def _load_chips() -> dict[str, Chip]:
+    """CHIPS from scaling/data/chips.toml: one [[chip]] table per row; ``*_gib`` keys are multiplied by GiB."""
+    with resources.files(__package__).joinpath(_TABLE).open("rb") as f:
+        rows = tomllib.load(f)["chip"]
+    chips = {}
+    for row in rows:
+        fields = {_GIB_KEYS.get(k, k): (v * GiB if k in _GIB_KEYS else _tuples(v)) for k, v in row.items()}
+        chips[fields["name"]] = Chip(**fields)
+    return chips
+
+
+CHIPS: dict[str, Chip] = _load_chips()
 
 
 def get_chip(name: str) -> Chip:
@@ -193,7 +183,8 @@ def _tpus() -> list[Chip]:
 def valid_topologies(chip: Chip, limit: int = 8) -> str:
     """A short list of the shapes ``chip`` has, for error messages."""
     shapes = ["x".join(map(str, t)) for t in chip.small_topologies[:limit]]
-    more = f", or whole {chip.cube}x{chip.cube}x{chip.cube} cubes up to {chip.max_slice_chips} chips" if chip.cube else ""
+    c = chip.cube
+    more = f", or whole {c}x{c}x{c} cubes up to {chip.max_slice_chips} chips" if c else ""
     return ", ".join(shapes) + more
 
 

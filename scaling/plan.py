@@ -15,8 +15,8 @@ For each mesh, ``predict`` runs once on numpy arrays of the batch sizes and of t
 each (mesh, batch) keeps its fastest layout. The plans the planner ranks are therefore exactly what
 ``predict`` says of them (tests/test_plan.py holds the two equal), and what ``python -m scaling check``
 compares with the compiler. Ranked by the sum form unless told otherwise (the compiled forward step
-runs its collectives synchronously: README, finding for (c)); plans over the HBM budget (the table's
-usable HBM per device unless ``hbm``) are dropped.
+runs its collectives synchronously: docs/findings.md, "Finding for question (c)"); plans over the HBM
+budget (the table's usable HBM per device unless ``hbm``) are dropped.
 """
 
 from __future__ import annotations

@@ -44,18 +44,9 @@ def dp_times(B: float, D: int, F: int, N: int, C: float, w_ici: float, M: int = 
     return {"math": 8 * B * D * F / (N * C), "comms": 8 * D * F / (M * w_ici)}
 
 
-def fsdp_times(B: float, D: int, F: int, X: int, C: float, w_ici: float, M_X: int = 1, weight_bytes: float = 2) -> dict[str, float]:
-    """FSDP, forward pass of one block: T_math = 4BDF/(XC), T_comms = 2·c_w·DF/(M_X·W_ici)."""
-    return {"math": 4 * B * D * F / (X * C), "comms": 2 * weight_bytes * D * F / (M_X * w_ici)}
-
-
-def tp_times(B: float, D: int, F: int, Y: int, C: float, w_ici: float, M_Y: int = 1) -> dict[str, float]:
-    """Tensor parallel, forward pass of one block: T_math = 4BDF/(YC), T_comms = 4BD/(M_Y·W_ici)."""
-    return {"math": 4 * B * D * F / (Y * C), "comms": 4 * B * D / (M_Y * w_ici)}
-
-
 def mixed_times(
-    B: float, D: int, F: int, X: int, Y: int, C: float, w_ici: float, M_X: int = 1, M_Y: int = 1, weight_bytes: float = 2
+    B: float, D: int, F: int, X: int, Y: int, C: float, w_ici: float, M_X: int = 1, M_Y: int = 1,
+    weight_bytes: float = 2,
 ) -> dict[str, float]:
     """FSDP+TP, forward pass of one block (N = X·Y):
     T_math = 4BDF/(NC), T_FSDP = 2·c_w·DF/(Y·M_X·W_ici), T_TP = 4BD/(X·M_Y·W_ici);

@@ -218,7 +218,7 @@ def memory_per_device(w: Workload) -> dict:
              "transient_weights": ((1 if full else 2) if train else 1 if X > 1 else 0)
                                   * layer_weight_bytes(cfg, mesh, precision),
              "attention_working_set": score_bytes})
-    if train and not full:  # one layer's FP32 weight gradients as the matmuls produce them, before the BF16 reduce-scatter
+    if train and not full:  # one layer's FP32 weight gradients as the matmuls make them, before the BF16 reduce-scatter
         terms["layer_grads"] = precision.grad * layer_weight_bytes(cfg, mesh, precision) / precision.compute
     if train:
         terms["activations"] = L * sum(saved_per_layer(cfg, mesh, batch_tokens, remat, schedule, precision).values())
@@ -234,7 +234,8 @@ def hbm_traffic_bytes(w: Workload) -> float:
     reads 16 and writes 12 B per parameter shard; the gathered weights read by the forward, dX and dW
     matmuls, 3·L·W; the saved activations written and read once (forward: the master weights once,
     the gathered weights once, each layer's activations written and read once)."""
-    cfg, mesh, batch_tokens, step, schedule, precision = w.model, w.mesh, w.batch_tokens, w.step, w.schedule, w.precision
+    cfg, mesh, batch_tokens, step = w.model, w.mesh, w.batch_tokens, w.step
+    schedule, precision = w.schedule, w.precision
     _, _, X, Y, _, _ = _dims(cfg, mesh, batch_tokens)
     W = cfg.blocks * layer_weight_bytes(cfg, mesh, precision)
     saved = cfg.blocks * sum(saved_per_layer(cfg, mesh, batch_tokens, "none", schedule, precision).values())

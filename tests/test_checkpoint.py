@@ -19,6 +19,7 @@ from jax_scaling.cli import main
 from ffn_model.train import state_shardings, train
 from mesh import make_mesh, mesh_shape
 from scaling.config import PRESETS
+from scaling.workload import Workload
 
 TINY = PRESETS["tiny"]  # D=64, F=256, L=3
 B = 64
@@ -39,7 +40,8 @@ def test_restore_on_other_meshes_is_bit_identical(tmp_path):
     target mesh's sharding."""
     m1, m2 = make_mesh("fsdp=4,tensor=2", "cpu:8"), make_mesh("fsdp=2,tensor=4", "cpu:8")
     one = make_mesh("fsdp=1", jax.devices()[:1])
-    _, s1 = train(TINY, m1, B, 2, checkpoint_dir=tmp_path / "a", return_state=True)  # saved at the end
+    # saved at the end
+    _, s1 = train(Workload(TINY, mesh_shape(m1), B), m1, 2, checkpoint_dir=tmp_path / "a", return_state=True)
     want = jax.tree.map(np.asarray, s1)
 
     step, s2, _ = ckpt.restore_latest(tmp_path / "a", state_shardings(TINY, m2)[0])
@@ -66,7 +68,7 @@ def _cli(argv, capsys) -> dict:
 
 def test_stop_and_resume_gives_the_uninterrupted_losses(tmp_path, capsys):
     m = make_mesh("fsdp=4,tensor=2", "cpu:8")
-    full = train(TINY, m, B, 6)  # uninterrupted, no checkpoints
+    full = train(Workload(TINY, mesh_shape(m), B), m, 6)  # uninterrupted, no checkpoints
     base = ["train", "--preset", "tiny", "--devices", "cpu:8", "--batch-tokens", str(B),
             "--checkpoint-dir", str(tmp_path / "ck"), "--mesh", "fsdp=4,tensor=2"]
 
@@ -97,11 +99,13 @@ import jax
 jax.config.update("jax_num_cpu_devices", 8)
 from ffn_model import checkpoint as ckpt
 from ffn_model.train import train
-from mesh import make_mesh
+from mesh import make_mesh, mesh_shape
 from scaling.config import PRESETS
+from scaling.workload import Workload
 
 d = sys.argv[1]
-_, state = train(PRESETS["tiny"], make_mesh("fsdp=4,tensor=2"), 64, 2, checkpoint_dir=d, return_state=True)
+m = make_mesh("fsdp=4,tensor=2")
+_, state = train(Workload(PRESETS["tiny"], mesh_shape(m), 64), m, 2, checkpoint_dir=d, return_state=True)
 mngr = ckpt.open_manager(d, create=True)
 ckpt.save(mngr, 3, jax.tree.map(lambda x: x + 1, state), wait=False)  # returns before the files are written
 os._exit(1)  # die half-way through the save of step 3
@@ -118,14 +122,15 @@ def test_interrupted_save_keeps_the_previous_checkpoint(tmp_path):
     assert "2" in names and "3" not in names and any(n.startswith("3.orbax-checkpoint-tmp") for n in names), names
 
     m = make_mesh("fsdp=4,tensor=2", "cpu:8")
-    full, want = train(TINY, m, B, 4, return_state=True)
-    _, at_2 = train(TINY, m, B, 2, return_state=True)  # computed here, independently of the subprocess
+    full, want = train(Workload(TINY, mesh_shape(m), B), m, 4, return_state=True)
+    # computed here, independently of the subprocess
+    _, at_2 = train(Workload(TINY, mesh_shape(m), B), m, 2, return_state=True)
     step, got, _ = ckpt.restore_latest(d, state_shardings(TINY, make_mesh("fsdp=8", "cpu:8"))[0])
     assert step == 2
     assert_bit_identical(got, jax.tree.map(np.asarray, at_2))
 
     # resuming writes over the leftover: the new manager removes the unfinished step 3
-    losses, state = train(TINY, m, B, 4, checkpoint_dir=d, resume=True, return_state=True)
+    losses, state = train(Workload(TINY, mesh_shape(m), B), m, 4, checkpoint_dir=d, resume=True, return_state=True)
     assert losses == full[2:]
     assert sorted(os.listdir(d)) == ["2", "4"]
     assert_bit_identical(state, jax.tree.map(np.asarray, want))
@@ -213,14 +218,15 @@ def test_seeds_are_32_bit():
     m = make_mesh("fsdp=8", "cpu:8")
     for seed in (2**32, 2**32 + 1, 2**63, -1):
         with pytest.raises(ValueError, match=r"^seed must be an integer in 0\.\.4294967295 \(a 32-bit seed\)"):
-            train(TINY, m, B, 1, seed=seed)
+            train(Workload(TINY, mesh_shape(m), B), m, 1, seed=seed)
 
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     """A checkpoint of 2 steps of the tiny model on fsdp=4,tensor=2."""
     d = tmp_path_factory.mktemp("saved") / "ck"
-    train(TINY, make_mesh("fsdp=4,tensor=2", "cpu:8"), B, 2, checkpoint_dir=d)
+    m = make_mesh("fsdp=4,tensor=2", "cpu:8")
+    train(Workload(TINY, mesh_shape(m), B), m, 2, checkpoint_dir=d)
     return d
 
 
@@ -249,7 +255,8 @@ def test_a_loss_that_is_not_finite_stops_before_saving(tmp_path):
     and rotating the good steps away)."""
     d = tmp_path / "ck"
     with pytest.raises(ValueError, match=rf"^step 1: the loss is nan, not a finite number: .*; {d} keeps steps up to"):
-        train(TINY, make_mesh("fsdp=8", "cpu:8"), B, 6, lr=1e30, checkpoint_dir=d, save_every=1)
+        m = make_mesh("fsdp=8", "cpu:8")
+        train(Workload(TINY, mesh_shape(m), B), m, 6, lr=1e30, checkpoint_dir=d, save_every=1)
     assert os.listdir(d) == ["1"]
 
 
@@ -266,14 +273,14 @@ def test_saved_is_said_once_committed_and_an_interrupted_first_save_is_removed(t
         if line.startswith("saved step "):
             committed.append((line.split()[2], os.path.isdir(d / line.split()[2])))
 
-    losses = train(TINY, m, B, 3, checkpoint_dir=d, save_every=1, say=say)
+    losses = train(Workload(TINY, mesh_shape(m), B), m, 3, checkpoint_dir=d, save_every=1, say=say)
     assert lines[0] == f"removed 2.orbax-checkpoint-tmp-1764000000000000 from {d}: a save that never finished"
     assert committed == [("1", True), ("2", True), ("3", True)]
     assert sorted(os.listdir(d)) == ["1", "2", "3"]
 
     d2, lines = tmp_path / "ck2", []
     (d2 / "1.orbax-checkpoint-tmp-1764000000000000").mkdir(parents=True)
-    assert train(TINY, m, B, 1, checkpoint_dir=d2, resume=True, say=lines.append) == losses[:1]
+    assert train(Workload(TINY, mesh_shape(m), B), m, 1, checkpoint_dir=d2, resume=True, say=lines.append) == losses[:1]
     assert lines[:2] == [f"no complete checkpoint in {d2}, only an unfinished save: starting from step 0",
                          f"removed 1.orbax-checkpoint-tmp-1764000000000000 from {d2}: a save that never finished"]
     assert os.listdir(d2) == ["1"]
@@ -291,3 +298,31 @@ def test_a_failed_read_changes_no_logging_of_the_process(saved, tmp_path):
         ckpt.restore_latest(tmp_path / "ck", state_shardings(TINY, make_mesh("fsdp=8", "cpu:8"))[0])
     assert {n: logging.getLogger(n).level for n in levels} == levels
     assert sys.unraisablehook is hook
+
+
+def test_the_unraisable_hook_is_replaced_only_inside_a_read(monkeypatch):
+    """Importing checkpoint leaves sys.unraisablehook alone; inside _reading (around restore_latest's reads)
+    it drops only what orbax's abandoned reads report ("Event loop is closed") and passes the rest on to the
+    hook installed before; when the block ends, also by an exception, that hook is back."""
+    reported = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: reported.append((u.exc_type, str(u.exc_value))))
+    mine = sys.unraisablehook
+
+    class RaisesOnDelete:  # CPython reports an exception raised in __del__ to sys.unraisablehook
+        def __init__(self, exc):
+            self.exc = exc
+
+        def __del__(self):
+            raise self.exc
+
+    check = "import sys; h = sys.unraisablehook; import ffn_model.checkpoint; sys.exit(sys.unraisablehook is not h)"
+    assert subprocess.run([sys.executable, "-c", check], env=ENV).returncode == 0
+    with pytest.raises(KeyError):
+        with ckpt._reading():
+            assert sys.unraisablehook is not mine
+            RaisesOnDelete(RuntimeError("Event loop is closed"))
+            RaisesOnDelete(ZeroDivisionError("not orbax's"))
+            raise KeyError("the read failed")
+    assert sys.unraisablehook is mine
+    RaisesOnDelete(RuntimeError("Event loop is closed"))
+    assert reported == [(ZeroDivisionError, "not orbax's"), (RuntimeError, "Event loop is closed")]

@@ -196,7 +196,8 @@ CASES = [
 def saved(tmp_path_factory):
     """A complete checkpoint (2 steps of the tiny model, seed 0) and a copy with damaged array files."""
     root = tmp_path_factory.mktemp("saved")
-    train(TINY, make_mesh("fsdp=4,tensor=2", "cpu:8"), 64, 2, checkpoint_dir=root / "full")
+    m = make_mesh("fsdp=4,tensor=2", "cpu:8")
+    train(Workload(TINY, mesh_shape(m), 64), m, 2, checkpoint_dir=root / "full")
     shutil.copytree(root / "full", root / "corrupt")
     for dirpath, _, files in os.walk(root / "corrupt" / "2"):
         for f in files:
@@ -300,7 +301,8 @@ def test_public_entry_points_raise_value_error(places, tmp_path):
                       ({"checkpoint_dir": places["full"], "resume": True, "seed": 2}, "written with seed 0")]:
         args = {"batch_tokens": 64, "steps": 2, **kw}
         with pytest.raises(ValueError, match=match):
-            train(TINY, m, args.pop("batch_tokens"), args.pop("steps"), **args)
+            w = Workload(TINY, mesh_shape(m), args.pop("batch_tokens"), remat=args.pop("remat", "none"))
+            train(w, m, args.pop("steps"), **args)
 
     for kw, match in [({"steps": 0}, "steps must be"), ({"warmup": -1}, "warmup must be"),
                       ({"batch_tokens": 66}, "batch_tokens=66 is not divisible"), ({"seed": -2}, "seed must be")]:

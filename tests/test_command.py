@@ -41,6 +41,9 @@ def test_console_script_is_the_command_layer():
     ("python -m scaling", "train", "python -m scaling: argument command: invalid choice: 'train'"),
     ("python -m ffn_model", "bench --devices cpu:8 --steps 0", "--steps must be a positive integer, got 0"),
     ("python -m verify", "plan --verify-top -1", "--verify-top must be 0 (compile none) or a positive count"),
+    # check's values: the workload is built and refused before verify (and jax) is imported
+    ("jax-scaling", "check --batch-tokens 0", "batch_tokens must be a positive integer, got 0"),
+    ("jax-scaling", "check --devices cpu:8 --mesh fsdp=8 --batch-tokens 100", "batch_tokens=100 is not divisible"),
 ])
 def test_bad_flag_fails_in_under_a_second_without_jax(prog, argv, match):
     """Exit 2, one line on stderr, nothing on stdout, under 1 s of wall clock for the whole process (start-up

@@ -39,7 +39,7 @@ def compile_on(cfg, mesh, batch_tokens, remat="none", step="train"):
 def reference_run():
     """3 steps of the tiny stack on one device."""
     one = make_mesh("fsdp=1", jax.devices()[:1])
-    losses, state = train(TINY, one, 64, 3, lr=1e-3, return_state=True)
+    losses, state = train(Workload(TINY, mesh_shape(one), 64), one, 3, lr=1e-3, return_state=True)
     return losses, jax.tree.map(np.asarray, state["params"])
 
 
@@ -47,7 +47,8 @@ def reference_run():
 def test_sharded_training_matches_one_device(reference_run, spec):
     ref_losses, ref_params = reference_run
     lr, steps = 1e-3, 3
-    losses, state = train(TINY, make_mesh(spec, "cpu:8"), 64, steps, lr=lr, return_state=True)
+    m = make_mesh(spec, "cpu:8")
+    losses, state = train(Workload(TINY, mesh_shape(m), 64), m, steps, lr=lr, return_state=True)
     # Tolerance. Sharding changes only the order of reductions (partial sums over tensor, gradient
     # sums over data·fsdp), each of which may round differently in BF16 (relative step 2^-8). The
     # loss is a mean over B·D squared errors, so those roundings mostly average out: we allow 2^-7
@@ -71,15 +72,15 @@ def test_sharded_training_matches_one_device(reference_run, spec):
 
 def test_loss_falls_and_remat_policies_agree():
     m = make_mesh("fsdp=4,tensor=2", "cpu:8")
-    losses = train(TINY, m, 128, 50, lr=3e-3)
+    losses = train(Workload(TINY, mesh_shape(m), 128), m, 50, lr=3e-3)
     assert len(losses) == 50 and all(np.isfinite(losses))
     # random teacher, student starts near the unit-variance output: loss ~2 at step 0
     assert losses[0] > 1.0
     assert np.mean(losses[-5:]) < 0.25 * losses[0], losses[::10]
     # remat changes what is saved for backward, not the maths
-    base = train(TINY, m, 128, 3, remat="none")
+    base = train(Workload(TINY, mesh_shape(m), 128, remat="none"), m, 3)
     for remat in ("full", "every-second"):
-        np.testing.assert_allclose(train(TINY, m, 128, 3, remat=remat), base, rtol=2**-7)
+        np.testing.assert_allclose(train(Workload(TINY, mesh_shape(m), 128, remat=remat), m, 3), base, rtol=2**-7)
 
 
 def test_to_bf16_rounds_like_astype():

@@ -13,8 +13,9 @@ import numpy as np
 
 from ffn_model import checkpoint as ckpt
 from ffn_model.train import state_shardings, train
-from mesh import make_mesh
+from mesh import make_mesh, mesh_shape
 from scaling.config import PRESETS
+from scaling.workload import Workload
 
 TINY = PRESETS["tiny"]
 ENV = {**os.environ, "JAX_PLATFORMS": "cpu"}
@@ -49,7 +50,7 @@ def test_two_processes_match_one_process(tmp_path):
     assert rep["processes"] == 2 and rep["mesh"] == {"data": 1, "stage": 1, "fsdp": 4, "context": 1, "tensor": 2}
 
     m = make_mesh("fsdp=4,tensor=2", "cpu:8")
-    want, state = train(TINY, m, 64, 3, return_state=True)  # one process, 8 devices
+    want, state = train(Workload(TINY, mesh_shape(m), 64), m, 3, return_state=True)  # one process, 8 devices
     # Same program, same global arrays; only the collectives run over gloo between the processes
     # (bit-identical here; the tolerance allows a different reduction order, one f32 ulp or so).
     np.testing.assert_allclose(rep["losses"], want, rtol=1e-6)

@@ -1,6 +1,7 @@
 """Every notebook under notebooks/ runs top to bottom (nbclient, kernel python3), in a copy, within
 3 minutes, with no error output. The committed notebooks keep their outputs for reading on a code
-host; this test re-executes them so a change that breaks one fails here."""
+host; this test re-executes them so a change that breaks one fails here. Each X.ipynb is generated from its
+paired X.py (jupytext "percent" format, notebooks/jupytext.toml); a cheap test holds their cells equal."""
 
 from __future__ import annotations
 
@@ -16,9 +17,33 @@ NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 LIMIT_S = 180
 
 
+def cells(nb):
+    """(type, source) of each markdown and code cell, sources without trailing blank lines."""
+    return [(c.cell_type, c.source.rstrip("\n")) for c in nb.cells if c.cell_type in ("markdown", "code")]
+
+
 def test_notebooks_exist():
     names = {p.name for p in NOTEBOOKS}
     assert {"4d_parallelism.ipynb", "closed_form_vs_compiled.ipynb", "plan_v5p.ipynb"} <= names
+
+
+def test_pairing_declared():
+    tomllib = pytest.importorskip("tomllib")
+    config = tomllib.loads((NOTEBOOKS[0].parent / "jupytext.toml").read_text())
+    assert set(config["formats"].split(",")) == {"ipynb", "py:percent"}
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_matches_paired_py(path):
+    """X.ipynb's cells are X.py's, in order: regenerate with notebooks/execute.py after editing X.py."""
+    jupytext = pytest.importorskip("jupytext")
+    py = path.with_suffix(".py")
+    assert py.exists(), f"{path.name} has no paired {py.name}"
+    assert "# %%" in py.read_text(), f"{py.name} is not in jupytext percent format"
+    ipynb, paired = cells(jupytext.read(path)), cells(jupytext.read(py))
+    assert [t for t, _ in ipynb] == [t for t, _ in paired], f"{path.name}: cell types differ from {py.name}"
+    for i, ((kind, a), (_, b)) in enumerate(zip(ipynb, paired)):
+        assert a == b, f"{path.name} cell {i} ({kind}) differs from {py.name}; run notebooks/execute.py {py.name}"
 
 
 @pytest.mark.slow

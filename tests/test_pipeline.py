@@ -12,9 +12,10 @@ import pytest
 
 from jax_scaling.cli import main
 from ffn_model.train import init_state, make_batch_fn, make_train_step, train
-from mesh import make_mesh
+from mesh import make_mesh, mesh_shape
 from scaling import pipeline as closed
 from scaling.config import FFNConfig, Schedule
+from scaling.workload import Workload
 
 # 8 blocks: 2 or 4 stages, and circular R = 2 on 4 stages (2 chunks of 1 block) or on 2 (2 chunks of 2).
 TINY8 = FFNConfig(d_model=64, d_ff=256, blocks=8)
@@ -25,7 +26,8 @@ ENV = {**os.environ, "JAX_PLATFORMS": "cpu"}
 @pytest.fixture(scope="module")
 def one_device():
     """3 steps of TINY8 on one device, one pass over the batch."""
-    losses, state = train(TINY8, make_mesh("fsdp=1", jax.devices()[:1]), B, STEPS, lr=LR, return_state=True)
+    one = make_mesh("fsdp=1", jax.devices()[:1])
+    losses, state = train(Workload(TINY8, mesh_shape(one), B), one, STEPS, lr=LR, return_state=True)
     return losses, jax.tree.map(np.asarray, state["params"])
 
 
@@ -61,7 +63,8 @@ PIPELINES = [
                          ids=[f"{s}-M{k.microbatches}R{k.repeats}-{k.fsdp_gather}-{r}" for s, _, k, r in PIPELINES])
 def test_pipeline_matches_one_device(one_device, spec, n, schedule, remat):
     m = make_mesh(spec, jax.devices()[:n])
-    losses, state = train(TINY8, m, B, STEPS, lr=LR, remat=remat, schedule=schedule, return_state=True)
+    w = Workload(TINY8, mesh_shape(m), B, remat=remat, schedule=schedule)
+    losses, state = train(w, m, STEPS, lr=LR, return_state=True)
     assert_matches(losses, state["params"], one_device)
     # each stage holds its L/S blocks: W_in [L, F, D] split along L over stage
     w = state["params"]["w_in"]
@@ -76,8 +79,8 @@ def test_gradient_accumulation_is_one_pass(spec):
     the M gradients the batch's gradient; only the order of the sums differs (FP32 accumulation of
     gradients whose BF16 parts round per microbatch), within the 1-device tolerance above."""
     m = make_mesh(spec, "cpu:8")
-    one_loss, one = train(TINY8, m, B, STEPS, lr=LR, return_state=True)
-    ga_loss, ga = train(TINY8, m, B, STEPS, lr=LR, schedule=Schedule(4), return_state=True)
+    one_loss, one = train(Workload(TINY8, mesh_shape(m), B), m, STEPS, lr=LR, return_state=True)
+    ga_loss, ga = train(Workload(TINY8, mesh_shape(m), B, schedule=Schedule(4)), m, STEPS, lr=LR, return_state=True)
     assert_matches(ga_loss, ga["params"], (one_loss, jax.tree.map(np.asarray, one["params"])))
 
 

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from ffn_model.train import train
-from mesh import make_mesh
+from mesh import make_mesh, mesh_shape
 from scaling.config import Schedule, get_preset, parse_mesh_spec
+from scaling.workload import Workload
 from tests.test_pipeline import assert_matches
 
 # D=64, 8 query heads of 8, 4 key/value heads (grouped-query), F=256, 2 layers, T=64: Ulysses on
@@ -26,8 +27,9 @@ def _mesh(spec):
 
 
 def _one_device(cfg, batch_tokens, schedule=Schedule()):
-    losses, state = train(cfg, make_mesh("fsdp=1", jax.devices()[:1]), batch_tokens, STEPS, lr=LR,
-                          return_state=True, schedule=schedule)
+    one = make_mesh("fsdp=1", jax.devices()[:1])
+    losses, state = train(Workload(cfg, mesh_shape(one), batch_tokens, schedule=schedule), one, STEPS, lr=LR,
+                          return_state=True)
     return losses, jax.tree.map(np.asarray, state["params"])
 
 
@@ -63,8 +65,8 @@ def test_transformer_matches_one_device(tf_one_device, spec, schedule, remat):
     tolerance test_ffn_model.test_sharded_training_matches_one_device derives. The one-device run uses
     materialized attention, so flash and ring (online softmax over key blocks, FP32 running sums) are
     held to the same tolerance as a reordering of the reductions."""
-    losses, state = train(TINY_TF, _mesh(spec), B, STEPS, lr=LR, remat=remat, schedule=schedule,
-                          return_state=True)
+    losses, state = train(Workload(TINY_TF, parse_mesh_spec(spec), B, remat=remat, schedule=schedule), _mesh(spec),
+                          STEPS, lr=LR, return_state=True)
     assert_matches(losses, state["params"], tf_one_device)
     assert losses[-1] < losses[0]
 
@@ -75,8 +77,8 @@ def test_sequence_parallel_ffn_matches_one_device(spec):
     """The FFN stack with Megatron sequence parallelism (all-gather before W_in, reduce-scatter after
     W_out, tokens split over tensor between blocks) within the same tolerance of one device."""
     ref = _one_device(TINY_FFN, 64)
-    losses, state = train(TINY_FFN, _mesh(spec), 64, STEPS, lr=LR, return_state=True,
-                          schedule=Schedule(sequence_parallel=True))
+    w = Workload(TINY_FFN, parse_mesh_spec(spec), 64, schedule=Schedule(sequence_parallel=True))
+    losses, state = train(w, _mesh(spec), STEPS, lr=LR, return_state=True)
     assert_matches(losses, state["params"], ref)
 
 
@@ -91,4 +93,4 @@ def test_sequence_parallel_ffn_matches_one_device(spec):
 def test_bad_transformer_settings_raise(spec, schedule, remat, match):
     """Each is refused before anything is built, with a ValueError naming the input."""
     with pytest.raises(ValueError, match=match):
-        train(TINY_TF, _mesh(spec), B, 1, remat=remat, schedule=schedule)
+        train(Workload(TINY_TF, parse_mesh_spec(spec), B, remat=remat, schedule=schedule), _mesh(spec), 1)

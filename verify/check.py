@@ -20,14 +20,13 @@ import sys
 from pathlib import Path
 
 from ffn_model.compile import abstract_compile
-from mesh import device_count, ici_layout, make_mesh, mesh_shape
+from mesh import ici_layout, make_mesh, mesh_shape
 from mesh.devices import parse_tpu_spec, use_cpu_platform_for
 from scaling import pipeline, program
 from scaling.answers import model_name
-from scaling.cli import check_size, model_config, schedule_of
-from scaling.config import (FFNConfig, MeshShape, Schedule, TransformerConfig, check_remat, get_preset,
+from scaling.config import (FFNConfig, MeshShape, Schedule, TransformerConfig, get_preset,
                             parse_mesh_spec)
-from scaling.hardware import CHIPS, Chip, get_chip, slice_topology
+from scaling.hardware import CHIPS, DEFAULT_CHIP, Chip, get_chip, slice_topology
 from scaling.pipeline import relay_moves
 from scaling.table import table
 from scaling.workload import Workload
@@ -207,10 +206,10 @@ def _row(closed, compiled, note=""):
 
 
 def default_chip(devices) -> Chip:
-    """The chip whose figures time a check: the TPU topology's own chip, else (CPU devices) v5p."""
+    """The chip whose figures time a check: the TPU topology's own chip, else (CPU devices) DEFAULT_CHIP."""
     if isinstance(devices, str) and not devices.strip().lower().startswith("cpu:"):
         return parse_tpu_spec(devices)[0]
-    return CHIPS["v5p"]
+    return CHIPS[DEFAULT_CHIP]
 
 
 # A directory where check() keeps its reports for the process and its children (tests/conftest.py makes a
@@ -345,15 +344,9 @@ def _peak_note(cfg, step: str, windowed: bool, remat: str = "none") -> str:
     return "master weights + one gathered bf16 weight matrix + one block's activations + the batch"
 
 
-def check_command(args) -> int:
-    """``check`` on the command line: every flag checked before anything is printed or compiled."""
-    cfg = model_config(args)
-    check_remat(args.remat, cfg)
-    shape, schedule = parse_mesh_spec(args.mesh, device_count(args.devices)), schedule_of(args)
-    w = Workload(cfg, shape, args.batch_tokens, args.step, args.remat, schedule)
-    check_size(w)
-    if args.chip is not None:
-        get_chip(args.chip)
+def check_command(args, w: Workload) -> int:
+    """``check`` on the command line, for the workload ffn_model.cli.check_workload built from its flags (every
+    one checked before jax starts)."""
     use_cpu_platform_for(args.devices)
     print(f"compiling the {args.step} step for {args.devices} ...", file=sys.stderr, flush=True)
     try:
@@ -464,8 +457,8 @@ def verify_pipeline(ans: dict, verbose: bool = False) -> dict:
     pp = ans["d"]["pipeline_program"]
     i = ans["inputs"]
     cfg = FFNConfig(i["d_model"], i["d_ff"], i["blocks"])
-    topo = "x".join(str(n) for n in slice_topology(CHIPS["v5p"], pp["chips"]))
-    pp["devices"] = f"tpu:v5p:{topo}"
+    topo = "x".join(str(n) for n in slice_topology(CHIPS[DEFAULT_CHIP], pp["chips"]))
+    pp["devices"] = f"tpu:{DEFAULT_CHIP}:{topo}"
     for gather, g in pp["gathers"].items():
         if "error" in g:
             continue

@@ -52,10 +52,10 @@ def print_compile(rep: dict) -> None:
 def bench_report(args, cfg) -> dict:
     """``bench``: time the train step on this process's devices (or cpu:N) and report it."""
     mesh = make_mesh(args.mesh, model_cli.start_processes(args))
-    model_cli.check_real_cpu_size(args, cfg, mesh)
+    w = Workload(cfg, mesh_shape(mesh), args.batch_tokens, remat=args.remat, schedule=model_cli.schedule_of(args))
+    model_cli.check_real_cpu_size(args, w, mesh)
     dev = mesh.devices.flat[0]
     chip = get_chip(args.chip) if args.chip is not None else infer_chip(dev)
-    w = Workload(cfg, mesh_shape(mesh), args.batch_tokens, remat=args.remat, schedule=model_cli.schedule_of(args))
     rep = bench(w, mesh, args.steps, args.warmup, chip, args.seed)
     return {"command": "bench", "model": vars(cfg), "mesh": mesh_shape(mesh).as_dict(), "devices": args.devices,
             "platform": dev.platform, "device_kind": dev.device_kind, "batch_tokens": args.batch_tokens,

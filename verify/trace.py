@@ -16,13 +16,13 @@ import sys
 
 from scaling.config import Schedule, get_preset, parse_mesh_spec
 from scaling.workload import Workload
-from scaling.hardware import CHIPS
+from scaling.hardware import CHIPS, DEFAULT_CHIP
 from scaling.program import predict
 from verify.check import check
 from verify.hlo import refused_bytes
 
 SEED_PEAK_GB = 61.02  # the trace's "Peak memory allocation" of the Ulysses layer
-DEVICES = "tpu:v5p:2x2x4"  # 16 chips (v5p-32)
+DEVICES = f"tpu:{DEFAULT_CHIP}:2x2x4"  # 16 chips (v5p-32)
 MESH = "context=16"
 # flash key blocks must divide the 60,000 keys: 480 (125 blocks) is the largest multiple of 8·60 below 512
 # label: (tokens, schedule). The materialized layer at half the sequence too: it compiles, so its peak
@@ -53,14 +53,14 @@ def compile_seed000_layer(verbose: bool = False) -> dict:
             if "RESOURCE_EXHAUSTED" not in msg:
                 raise
             out[form] = {"error": msg, "compiled": None, "refused_bytes": refused_bytes(e)}
-        out[form]["terms"] = predict(workload, CHIPS["v5p"]).memory
+        out[form]["terms"] = predict(workload, CHIPS[DEFAULT_CHIP]).memory
         out[form]["closed_form"] = out[form]["terms"]["total"]
     return out
 
 
 def render_compiled(res: dict) -> str:
     """The compiled layer beside the seed's 61.02 GB and the closed form, per attention form."""
-    hbm = CHIPS["v5p"].hbm_budget
+    hbm = CHIPS[DEFAULT_CHIP].hbm_budget
     lines = [f"Seed 000's Ulysses layer compiled: one layer of preset seed000 (attention + MLP, FP32 master weights), "
              f"forward, one 60,000-token sequence (30,000 where marked), {MESH} on {DEVICES} "
              f"(16 v5p chips, {hbm / 1e9:.4g} GB usable HBM each).",

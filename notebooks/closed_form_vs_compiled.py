@@ -1,51 +1,36 @@
-"""Build notebooks/closed_form_vs_compiled.ipynb with nbformat and execute it in place with nbclient.
+# %% [markdown]
+# # Closed forms against the compiled program
+#
+# Two independent accounts of one training (or forward) step of the FFN stack, per device:
+#
+# - **closed form**: `scaling.program.predict`, built from `scaling.flops`, `scaling.memory` and the
+#   Scaling Book collective volumes. It is derived from the model's structure (D, F, L), the mesh, the
+#   batch, the remat policy and the step, and never looks at a compiled program.
+# - **compiled**: the same step compiled by XLA ahead of time (`ffn_model.compile.abstract_compile`)
+#   for 8 emulated CPU devices or a TPU v5p topology (through libtpu, no TPU needed), read back by
+#   `verify.hlo`: dot/convolution FLOPs times loop trip counts, each collective's volume assigned to
+#   mesh axes from its replica groups, and the compiler's `memory_analysis()`.
+#
+# `verify.check.check` puts the two side by side; every number in this notebook is one of its rows,
+# or computed from them. The ratio is **compiled / closed form**. The closed forms are what
+# `scaling.plan` ranks meshes with for slices we cannot run on, so this is the check that they describe
+# the program XLA actually builds.
+#
+# Acceptance bands (the same as `tests/test_check.py`):
+#
+# | quantity | band |
+# |---|---|
+# | matmul FLOPs, argument bytes | 0.99 – 1.01 |
+# | collective bytes, total and per mesh axis | 0.98 – 1.02 |
+# | compiler's peak memory (TPU targets only) | 0.90 – 1.10 |
+#
+# The peak is compared on TPU targets only: XLA:CPU's buffer assignment is not XLA:TPU's, so the CPU
+# peak says nothing about the closed form. XLA:CPU runs bf16 collectives in f32; the closed form for
+# CPU devices models that as 4 bytes per element.
 
-Run from anywhere with the project's environment: ``.venv/bin/python notebooks/make_closed_form_vs_compiled.py``.
-The kernel ("python3") runs with notebooks/ as its working directory; the executed notebook, outputs
-included, is written next to this script.
-"""
-
-from __future__ import annotations
-
+# %%
+import os
 import time
-from pathlib import Path
-
-import nbformat
-from nbclient import NotebookClient
-
-HERE = Path(__file__).resolve().parent
-NOTEBOOK = HERE / "closed_form_vs_compiled.ipynb"
-
-INTRO = r"""# Closed forms against the compiled program
-
-Two independent accounts of one training (or forward) step of the FFN stack, per device:
-
-- **closed form**: `scaling.program.predict`, built from `scaling.flops`, `scaling.memory` and the
-  Scaling Book collective volumes. It is derived from the model's structure (D, F, L), the mesh, the
-  batch, the remat policy and the step, and never looks at a compiled program.
-- **compiled**: the same step compiled by XLA ahead of time (`ffn_model.compile.abstract_compile`)
-  for 8 emulated CPU devices or a TPU v5p topology (through libtpu, no TPU needed), read back by
-  `verify.hlo`: dot/convolution FLOPs times loop trip counts, each collective's volume assigned to
-  mesh axes from its replica groups, and the compiler's `memory_analysis()`.
-
-`verify.check.check` puts the two side by side; every number in this notebook is one of its rows,
-or computed from them. The ratio is **compiled / closed form**. The closed forms are what
-`scaling.plan` ranks meshes with for slices we cannot run on, so this is the check that they describe
-the program XLA actually builds.
-
-Acceptance bands (the same as `tests/test_check.py`):
-
-| quantity | band |
-|---|---|
-| matmul FLOPs, argument bytes | 0.99 – 1.01 |
-| collective bytes, total and per mesh axis | 0.98 – 1.02 |
-| compiler's peak memory (TPU targets only) | 0.90 – 1.10 |
-
-The peak is compared on TPU targets only: XLA:CPU's buffer assignment is not XLA:TPU's, so the CPU
-peak says nothing about the closed form. XLA:CPU runs bf16 collectives in f32; the closed form for
-CPU devices models that as 4 bytes per element."""
-
-SETUP = r"""import os, time
 
 # 8 emulated CPU devices, asked for before jax starts its backend; TPU targets are compiled ahead
 # of time through libtpu. ALLOW_MULTIPLE_LIBTPU_LOAD lets this run beside another process that
@@ -61,57 +46,64 @@ import matplotlib.pyplot as plt
 from IPython.display import HTML, display
 
 from mesh import devices as mesh_devices
-from verify.check import check
+from verify.check import check, grid_workload
 
-%matplotlib inline
+# %matplotlib inline
 plt.rcParams.update({"figure.dpi": 110, "font.size": 8})
-print(f"jax {jax.__version__}, {len(jax.devices('cpu'))} CPU devices, libtpu installed: {mesh_devices.has_libtpu()}")"""
+print(f"jax {jax.__version__}, {len(jax.devices('cpu'))} CPU devices, libtpu installed: {mesh_devices.has_libtpu()}")
 
-GRID_MD = r"""## The grid
+# %% [markdown]
+# ## The grid
+#
+# The configurations `tests/test_check.py` asserts, from `verify.check` (`CPU_GRID`, `TPU_GRID`,
+# `XXL_TRAIN`): on 8 CPU devices every data × fsdp × tensor factorisation of 8, then an odd number of
+# blocks, two batch sizes, remat none / every-second / full, train and forward; on TPU v5p topologies
+# (2x2x1, 2x2x2, 4x4x4) a 4096 × 16384 model large enough that XLA:TPU keeps its arrays in HBM, and the
+# XXL (D = 16384, F = 53248, L = 126) on 4x4x4 with fsdp = 16, tensor = 4 at 25,600 tokens, including
+# the full train step of `test_tpu_xxl_train_step`. Then `TPU_MID_GRID`: 1024- to 3072-wide models on
+# 2x2x1 to 2x2x4, held to the FLOPs, argument and collective bands; their peak is shown but not held to
+# the ±10% band (at a few hundred MB, XLA's backward working set, which the closed form does not model,
+# is a tenth of it).
 
-The configurations `tests/test_check.py` asserts, from `verify.check` (`CPU_GRID`, `TPU_GRID`,
-`XXL_TRAIN`): on 8 CPU devices every data × fsdp × tensor factorisation of 8, then an odd number of
-blocks, two batch sizes, remat none / every-second / full, train and forward; on TPU v5p topologies
-(2x2x1, 2x2x2, 4x4x4) a 4096 × 16384 model large enough that XLA:TPU keeps its arrays in HBM, and the
-XXL (D = 16384, F = 53248, L = 126) on 4x4x4 with fsdp = 16, tensor = 4 at 25,600 tokens, including
-the full train step of `test_tpu_xxl_train_step`. Then `TPU_MID_GRID`: 1024- to 3072-wide models on
-2x2x1 to 2x2x4, held to the FLOPs, argument and collective bands; their peak is shown but not held to
-the ±10% band (at a few hundred MB, XLA's backward working set, which the closed form does not model,
-is a tenth of it)."""
-
-GRID = r"""from verify.check import CPU_GRID, TPU_GRID, TPU_MID_GRID, XXL_TRAIN
+# %%
+from verify.check import CPU_GRID, TPU_GRID, TPU_MID_GRID, XXL_TRAIN
 
 TPU_GRID = TPU_GRID + [XXL_TRAIN]
-print(f"{len(CPU_GRID)} CPU configurations, {len(TPU_GRID)} TPU configurations, {len(TPU_MID_GRID)} mid-sized TPU ones")"""
+print(f"{len(CPU_GRID)} CPU configurations, {len(TPU_GRID)} TPU configurations, {len(TPU_MID_GRID)} mid-sized TPU ones")
 
-RUN_CPU = r"""t0 = time.perf_counter()
-cpu_reports = [check(cfg, "cpu:8", mesh, batch, remat, step) for cfg, mesh, batch, remat, step in CPU_GRID]
+# %%
+t0 = time.perf_counter()
+cpu_reports = [check(grid_workload(*row), "cpu:8") for row in CPU_GRID]
 print(f"CPU grid: {len(cpu_reports)} steps compiled and read in {time.perf_counter() - t0:.1f} s "
-      f"(compile {sum(r['config']['compile_seconds'] for r in cpu_reports):.1f} s)")"""
+      f"(compile {sum(r['config']['compile_seconds'] for r in cpu_reports):.1f} s)")
 
-RUN_TPU = r"""tpu_reports, mid_reports = [], []
+# %%
+tpu_reports, mid_reports = [], []
 if not mesh_devices.has_libtpu():
     print("libtpu is not installed: the TPU grid is skipped (pip install -e '.[tpu]')")
 else:
     t0 = time.perf_counter()
     for grid, reports in ((TPU_GRID, tpu_reports), (TPU_MID_GRID, mid_reports)):
         for devices, cfg, mesh, batch, remat, step in grid:
-            reports.append(check(cfg, devices, mesh, batch, remat, step))
+            reports.append(check(grid_workload(cfg, mesh, batch, remat, step), devices))
             reports[-1]["config"]["mid"] = grid is TPU_MID_GRID
             c = reports[-1]["config"]
-            print(f"{devices:<14} {cfg.d_model}x{cfg.d_ff}x{cfg.blocks:<4} {mesh:<24} B={batch:<6} {remat:<12} {step:<8}"
-                  f" compiled in {c['compile_seconds']:5.1f} s")
-    print(f"TPU grids: {len(tpu_reports) + len(mid_reports)} steps compiled and read in {time.perf_counter() - t0:.1f} s")"""
+            print(f"{devices:<14} {cfg.d_model}x{cfg.d_ff}x{cfg.blocks:<4} {mesh:<24} B={batch:<6} {remat:<12} "
+                  f"{step:<8} compiled in {c['compile_seconds']:5.1f} s")
+    print(f"TPU grids: {len(tpu_reports) + len(mid_reports)} steps compiled and read in "
+          f"{time.perf_counter() - t0:.1f} s")
 
-TABLE_MD = r"""## Ratios, compiled / closed form
+# %% [markdown]
+# ## Ratios, compiled / closed form
+#
+# One row per configuration. `per-axis`: collective bytes per mesh axis (keys as `verify.hlo` assigns
+# them from the replica groups); `peak`: the compiler's peak memory (TPU only); `windowed RS`: whether
+# XLA ran the gradient reduce-scatter as a windowed einsum (collective-permutes in a loop), a fact of
+# the program that `verify.check` passes to the closed form, which models both implementations.
+# Ratios outside their band are shown in red.
 
-One row per configuration. `per-axis`: collective bytes per mesh axis (keys as `verify.hlo` assigns
-them from the replica groups); `peak`: the compiler's peak memory (TPU only); `windowed RS`: whether
-XLA ran the gradient reduce-scatter as a windowed einsum (collective-permutes in a loop), a fact of
-the program that `verify.check` passes to the closed form, which models both implementations.
-Ratios outside their band are shown in red."""
-
-TABLE = r"""BANDS = {"flops": (0.99, 1.01), "args": (0.99, 1.01), "coll": (0.98, 1.02), "axis": (0.98, 1.02), "peak": (0.90, 1.10),
+# %%
+BANDS = {"flops": (0.99, 1.01), "args": (0.99, 1.01), "coll": (0.98, 1.02), "axis": (0.98, 1.02), "peak": (0.90, 1.10),
          "peak_mid": (0.0, math.inf)}  # mid-sized models: the peak is shown, not banded
 
 def ratios(rep):
@@ -147,7 +139,8 @@ def html_table(reports):
                            for a, v in r["axis"].items()) or "-"
         rows.append("<tr>" + "".join([
             f"<td>{c['devices']}</td>", f"<td>{model_text(rep)}</td>", f"<td>{mesh_text(rep)}</td>",
-            f"<td style='text-align:right'>{c['batch_tokens']:,}</td>", f"<td>{c['remat']}</td>", f"<td>{c['step']}</td>",
+            f"<td style='text-align:right'>{c['batch_tokens']:,}</td>", f"<td>{c['remat']}</td>",
+            f"<td>{c['step']}</td>",
             cell(r["flops"], BANDS["flops"]), cell(r["args"], BANDS["args"]), cell(r["coll"], BANDS["coll"]),
             f"<td style='text-align:right'>{axes}</td>", cell(r["peak"], BANDS["peak_mid" if r["mid"] else "peak"]),
             f"<td>{'yes' if c['windowed_grad_rs'] else 'no'}</td>"]) + "</tr>")
@@ -157,17 +150,20 @@ def html_table(reports):
 display(HTML("<h4>8 emulated CPU devices</h4>" + html_table(cpu_reports)))
 if tpu_reports:
     display(HTML("<h4>TPU v5p topologies (ahead of time)</h4>" + html_table(tpu_reports)))
-    display(HTML("<h4>TPU v5p, mid-sized models (peak not banded)</h4>" + html_table(mid_reports)))"""
+    display(HTML("<h4>TPU v5p, mid-sized models (peak not banded)</h4>" + html_table(mid_reports)))
 
-PLOT_MD = r"""## The same ratios, plotted
+# %% [markdown]
+# ## The same ratios, plotted
+#
+# Each configuration (x) carries one marker per quantity; the shaded bands are the acceptance bands
+# (darkest 0.99 – 1.01 for FLOPs and arguments, then 0.98 – 1.02 for collectives, lightest
+# 0.90 – 1.10 for the TPU peak). Markers are spread a little sideways so that coinciding ratios stay
+# visible. The y range of each panel is set from the data so that no point is clipped.
 
-Each configuration (x) carries one marker per quantity; the shaded bands are the acceptance bands
-(darkest 0.99 – 1.01 for FLOPs and arguments, then 0.98 – 1.02 for collectives, lightest
-0.90 – 1.10 for the TPU peak). Markers are spread a little sideways so that coinciding ratios stay
-visible. The y range of each panel is set from the data so that no point is clipped."""
-
-PLOT = r"""MARKERS = {"flops": ("matmul FLOPs", "o"), "args": ("argument bytes", "s"), "coll": ("collective bytes, total", "^"),
-           "data": ("collectives on data", "v"), "fsdp": ("collectives on fsdp", "<"), "tensor": ("collectives on tensor", ">"),
+# %%
+MARKERS = {"flops": ("matmul FLOPs", "o"), "args": ("argument bytes", "s"), "coll": ("collective bytes, total", "^"),
+           "data": ("collectives on data", "v"), "fsdp": ("collectives on fsdp", "<"),
+           "tensor": ("collectives on tensor", ">"),
            "peak": ("peak memory (TPU)", "D"), "peak_mid": ("peak memory (mid-sized, not banded)", "d")}
 
 def short_label(rep):
@@ -190,7 +186,8 @@ def series(reports):
 
 def panel(ax, reports, title):
     s = series(reports)
-    for lo, hi, shade, label in [(0.90, 1.10, 0.93, "0.90–1.10 (TPU peak)"), (0.98, 1.02, 0.85, "0.98–1.02 (collectives)"),
+    for lo, hi, shade, label in [(0.90, 1.10, 0.93, "0.90–1.10 (TPU peak)"),
+                                 (0.98, 1.02, 0.85, "0.98–1.02 (collectives)"),
                                  (0.99, 1.01, 0.74, "0.99–1.01 (FLOPs, arguments)")]:
         ax.axhspan(lo, hi, color=str(shade), zorder=0, label=label)
     ax.axhline(1.0, color="k", lw=0.6, zorder=1)
@@ -219,20 +216,24 @@ for ax, (reports, title) in zip(axes[0], panels):
     panel(ax, reports, title)
 handles, labels = {}, {}
 for ax in axes[0]:
-    for h, l in zip(*ax.get_legend_handles_labels()):
-        handles.setdefault(l, h)
-axes[0][-1].legend(handles.values(), handles.keys(), loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
+    for h, lab in zip(*ax.get_legend_handles_labels()):
+        handles.setdefault(lab, h)
+axes[0][-1].legend(handles.values(), handles.keys(), loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7,
+                   frameon=False)
 fig.suptitle("Closed forms (scaling.program) against XLA's compiled program (verify.hlo): ratio per configuration")
 fig.supxlabel("configuration: [TPU topology] DxFxL, mesh (d/f/t = data/fsdp/tensor), B tokens, remat, step", fontsize=8)
 fig.tight_layout()
-plt.show()"""
+plt.show()
 
-RESID_MD = r"""## Residuals
 
-For each quantity, the largest |ratio − 1| over the grid, the configuration where it occurs, and
-whether every configuration is inside the quantity's band. Computed from the reports above."""
+# %% [markdown]
+# ## Residuals
+#
+# For each quantity, the largest |ratio − 1| over the grid, the configuration where it occurs, and
+# whether every configuration is inside the quantity's band. Computed from the reports above.
 
-RESID = r"""def residuals(reports, platform):
+# %%
+def residuals(reports, platform):
     s = series(reports)
     print(f"{platform}: {len(reports)} configurations")
     print(f"  {'quantity':<26} {'max |ratio-1|':>13}  {'band':>11}  {'all in band':>11}  worst configuration")
@@ -251,27 +252,4 @@ if tpu_reports:
     residuals(tpu_reports, "TPU v5p (ahead of time)")
     residuals(mid_reports, "TPU v5p, mid-sized models")
 else:
-    print("TPU grid skipped: libtpu is not installed")"""
-
-
-def build() -> nbformat.NotebookNode:
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"display_name": "Python 3", "language": "python", "name": "python3"}
-    nb.metadata["language_info"] = {"name": "python"}
-    md, code = nbformat.v4.new_markdown_cell, nbformat.v4.new_code_cell
-    nb.cells = [md(INTRO), code(SETUP), md(GRID_MD), code(GRID), code(RUN_CPU), code(RUN_TPU),
-                md(TABLE_MD), code(TABLE), md(PLOT_MD), code(PLOT), md(RESID_MD), code(RESID)]
-    return nb
-
-
-def main() -> None:
-    nb = build()
-    t0 = time.perf_counter()
-    NotebookClient(nb, kernel_name="python3", timeout=900, resources={"metadata": {"path": str(HERE)}}).execute()
-    print(f"executed in {time.perf_counter() - t0:.1f} s")
-    nbformat.write(nb, NOTEBOOK)
-    print(f"wrote {NOTEBOOK}")
-
-
-if __name__ == "__main__":
-    main()
+    print("TPU grid skipped: libtpu is not installed")
