@@ -8,9 +8,9 @@
 # table: 95.74 GiB = 102.8 GB, what the compiler reports as available on a v5p), and ranks the rest by
 # predicted step time in the **sum form** (max(T_math, T_HBM) + the FSDP, TP and DP communication times: the
 # compiled XXL forward step runs its collectives synchronously, docs/findings.md "Finding for question (c)"),
-# with the max form (everything overlapped) beside it. Each mesh is listed once, with its best microbatch count. Both are
-# roofline bounds: the step times are lower bounds and the MFU figures upper bounds. Slices are named by
-# TensorCores (v5p-128 = 64 chips = 4x4x4).
+# with the max form (everything overlapped) beside it. Each mesh is listed once, with its best microbatch
+# count. Both are roofline bounds: the step times are lower bounds and the MFU figures upper bounds. Slices
+# are named by TensorCores (v5p-128 = 64 chips = 4x4x4).
 
 # %%
 import math
