@@ -19,8 +19,8 @@ import time
 from scaling import layer_estimator, seed000
 from scaling import plan as planner
 from scaling.answers import QUESTION, answers, render
-from scaling.config import (ATTENTIONS, CONTEXT_STRATEGIES, FSDP_GATHERS, PRESETS, REMAT_POLICIES, FFNConfig, Schedule,
-                            TransformerConfig, get_preset, positive_int)
+from scaling.config import (ATTENTIONS, CONTEXT_STRATEGIES, FSDP_GATHERS, PRESETS, REMAT_POLICIES, FFNConfig,
+                            MeshShape, Schedule, TransformerConfig, get_preset, positive_int)
 
 from scaling.hardware import DEFAULT_CHIP, chips_in, get_chip, parse_slice, slice_name
 from scaling.program import predict
@@ -39,7 +39,7 @@ def answer_command(args, verify_pipeline, render_pipeline) -> int:
     """Print (a)-(d); with --verify-pipeline, ``verify_pipeline(ans, verbose)`` (verify's)
     compiles (d)'s pipeline program and ``render_pipeline(ans)`` prints it after the answers. Sizes the package
     could not build (check_size) are refused like any bad input."""
-    check_size(Workload(FFNConfig(args.d_model, args.d_ff, args.blocks), batch_tokens=args.batch_tokens))
+    check_size(Workload(FFNConfig(args.d_model, args.d_ff, args.blocks), MeshShape(), args.batch_tokens))
     ans = answers(
         d_model=args.d_model, d_ff=args.d_ff, blocks=args.blocks, fsdp=args.fsdp, tensor=args.tensor, mx=args.mx,
         my=args.my, flops=args.flops, w_ici=args.w_ici, hbm=args.hbm, gpu_hbm=args.gpu_hbm,

@@ -58,8 +58,8 @@ class Workload:
     otherwise. An array batch (the planner's candidates) is checked for what does not depend on it."""
 
     model: Model
-    mesh: MeshShape = MeshShape()
-    batch_tokens: int | np.ndarray = 1
+    mesh: MeshShape
+    batch_tokens: int | np.ndarray
     step: Step = Step.TRAIN
     remat: Remat = Remat.NONE
     schedule: Schedule = Schedule()

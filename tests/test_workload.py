@@ -27,7 +27,7 @@ def test_built_once_validated_once():
         with pytest.raises(ValueError, match=match):
             Workload(**{"model": TINY, "mesh": MeshShape(fsdp=4), "batch_tokens": 64, **kw})
     with pytest.raises(ValueError, match="transformer's remat is none or full"):
-        Workload(PRESETS["tiny-tf"], batch_tokens=PRESETS["tiny-tf"].seq_len, remat="every-second")
+        Workload(PRESETS["tiny-tf"], MeshShape(), PRESETS["tiny-tf"].seq_len, remat="every-second")
     with pytest.raises(ValueError, match="circular_relays must be"):
         CompilerFacts(circular_relays=0)
     with pytest.raises(ValueError, match="batch_tokens=66 is not divisible"):  # replace validates again
@@ -35,7 +35,7 @@ def test_built_once_validated_once():
 
 
 def test_policies_are_enums_that_read_as_their_names():
-    w = Workload(TINY, batch_tokens=64, remat="every-second")
+    w = Workload(TINY, MeshShape(), 64, remat="every-second")
     assert w.remat == "every-second" and f"{w.remat}" == "every-second" and json.dumps(w.remat) == '"every-second"'
     s = Schedule(attention="flash", context="ring")
     assert type(s.attention).__name__ == "Attention" and s.context == "ring"
