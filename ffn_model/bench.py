@@ -34,7 +34,8 @@ def time_train_step(w: Workload, mesh, steps: int = 10, warmup: int = 2, seed: i
     batch_fn = make_batch_fn(cfg, mesh, batch_tokens, seed)
     times = []
     with jax.set_mesh(mesh):
-        compiled = make_train_step(cfg, mesh, remat, tx, schedule).lower(state, batch_fn(0)).compile()
+        lowered = make_train_step(cfg, mesh, remat, tx, schedule).lower(state, batch_fn(0))
+        compiled = lowered.compile(compiler_options=w.flags.options(mesh.devices.flat[0].platform) or None)
         for i in range(warmup + steps):
             batch = jax.block_until_ready(batch_fn(i))
             t0 = time.perf_counter()

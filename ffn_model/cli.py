@@ -35,7 +35,7 @@ import sys
 import time
 
 from mesh.devices import PROCESS_TIMEOUT, cpu_device_count, device_count, use_cpu_platform_for
-from scaling.cli import add_model_args, add_schedule_args, check_size, model_config, schedule_of
+from scaling.cli import add_model_args, add_schedule_args, check_size, flags_of, model_config, schedule_of
 from scaling.config import (REMAT_POLICIES, MeshShape, check_remat, check_seed, non_negative_int, parse_mesh_spec,
                             positive_float, positive_int)
 from scaling.hardware import get_chip
@@ -145,9 +145,10 @@ def check_flags(args, cfg) -> None:
         None if n_cpu is None else n_cpu * (processes or 1))
     step = getattr(args, "step", "train")
     if n_dev is not None:  # the device count is known without starting jax: the workload's rules checked now
-        w = Workload(cfg, parse_mesh_spec(args.mesh, n_dev), args.batch_tokens, step, args.remat, schedule)
+        w = Workload(cfg, parse_mesh_spec(args.mesh, n_dev), args.batch_tokens, step, args.remat, schedule,
+                     flags=flags_of(args))
     else:  # the mesh once the devices are known (make_mesh); the sizes now
-        w = Workload(cfg, MeshShape(), args.batch_tokens, step, args.remat)
+        w = Workload(cfg, MeshShape(), args.batch_tokens, step, args.remat, flags=flags_of(args))
     allocates = args.command != "compile" and n_cpu is not None  # train and bench on emulated CPU devices
     check_size(w, n_cpu if allocates else None)
     if args.command == "train" and args.checkpoint_dir is not None:
@@ -161,7 +162,7 @@ def check_workload(args) -> Workload:
     flag): the model, the mesh over --devices, the batch, the schedule, sizes jax can count, --chip."""
     cfg = model_config(args)
     shape = parse_mesh_spec(args.mesh, device_count(args.devices))
-    w = Workload(cfg, shape, args.batch_tokens, args.step, args.remat, schedule_of(args))
+    w = Workload(cfg, shape, args.batch_tokens, args.step, args.remat, schedule_of(args), flags=flags_of(args))
     check_size(w)
     if args.chip is not None:
         get_chip(args.chip)
@@ -217,7 +218,8 @@ def train_command(args, cfg) -> dict:
     from mesh import make_mesh, mesh_shape
 
     mesh = make_mesh(args.mesh, start_processes(args))
-    w = Workload(cfg, mesh_shape(mesh), args.batch_tokens, remat=args.remat, schedule=schedule_of(args))
+    w = Workload(cfg, mesh_shape(mesh), args.batch_tokens, remat=args.remat, schedule=schedule_of(args),
+                 flags=flags_of(args))
     check_real_cpu_size(args, w, mesh)
     main = jax.process_index() == 0
     out = sys.stderr if args.json else sys.stdout

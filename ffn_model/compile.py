@@ -12,6 +12,7 @@ import jax
 from ffn_model.train import batch_structs, make_forward_step, make_train_step, state_shardings
 from mesh.devices import mesh_shape
 from scaling.cli import check_size
+from scaling.flags import unknown_flag
 from scaling.workload import Workload
 
 
@@ -28,7 +29,8 @@ class CompileResult:
 def abstract_compile(w: Workload, mesh) -> CompileResult:
     """Lower and compile the workload's step ("train": state + batch -> state, loss; "forward": params + batch
     -> loss) on ``mesh`` (a jax Mesh of w.mesh's shape), from ShapeDtypeStructs (nothing is allocated), with
-    ``mesh`` set (jax.set_mesh) while tracing.
+    ``mesh`` set (jax.set_mesh) while tracing, under the workload's XLA flags (w.flags.options: libtpu's flags on a
+    TPU, none elsewhere; ValueError naming a flag XLA does not know).
 
     compile_seconds covers tracing, lowering and compiling. ValueError for a mesh of another shape than the
     workload's or a size jax or XLA cannot count (scaling.cli.check_size)."""
@@ -45,5 +47,10 @@ def abstract_compile(w: Workload, mesh) -> CompileResult:
         fn, args = make_forward_step(cfg, mesh, remat, schedule), (abstract["params"], batch)
     with jax.set_mesh(mesh):  # the model's sharding constraints resolve against it while tracing
         lowered = fn.lower(*args)
-    compiled = lowered.compile()
+    try:  # the flag set's flags, per compile (scaling.flags: none on CPU)
+        compiled = lowered.compile(compiler_options=w.flags.options(mesh.devices.flat[0].platform) or None)
+    except Exception as e:
+        if flag := unknown_flag(e):
+            raise ValueError(f"XLA does not know the flag --{flag} (XLA flags {w.flags.name!r})") from None
+        raise
     return CompileResult(compiled, lowered, time.perf_counter() - t0)

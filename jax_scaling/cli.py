@@ -29,11 +29,11 @@ def lazy(module: str, name: str):
     return lambda *args, **kwargs: getattr(importlib.import_module(module), name)(*args, **kwargs)
 
 
-def verify_trace(verbose: bool) -> str:
-    """trace --verify: seed 000's Ulysses layer compiled (verify.trace), as a table."""
+def verify_trace(verbose: bool, flags=None) -> str:
+    """trace --verify: seed 000's Ulysses layer compiled (verify.trace) under the XLA flags ``flags``, as a table."""
     from verify.trace import compile_seed000_layer, render_compiled
 
-    return render_compiled(compile_seed000_layer(verbose))
+    return render_compiled(compile_seed000_layer(verbose, flags))
 
 
 def parser(prog: str = "jax-scaling") -> closed_form_cli.Parser:

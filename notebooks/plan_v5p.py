@@ -99,6 +99,22 @@ for a in axes:
 fig.tight_layout()
 
 # %% [markdown]
+# ## The ranking under the flags production runs pass
+# The sum form is what libtpu's default flags compile (every gather synchronous). MaxText's v5p scripts pass
+# flags that overlap the FSDP gathers (`maxtext` in scaling/data/xla_flags.toml), and the `overlap` set pipelines
+# them across blocks; the **scheduled** form follows each set's schedule (math + the collectives it leaves
+# exposed + its loop copies; `plan --form scheduled --xla-flags NAME`). The top three meshes of v5p-128 at the
+# question's 25,600 tokens under each, with the memory each set's prefetched weights add:
+
+# %%
+chip, dims = parse_slice("v5p-128")
+for form, flags in (("sum", "default"), ("scheduled", "maxtext"), ("scheduled", "overlap")):
+    top = plan(cfg, chip, 64, 25600, dims=dims, form=form, flags=flags)[:3]
+    print(f"{form:>9} form, {flags:8} flags: " + "; ".join(
+        f"{','.join(f'{a}={n}' for a, n in p['mesh'].items() if n > 1)} {p['step_seconds']:.3f} s "
+        f"{p['memory_bytes'] / 1e9:.1f} GB" for p in top))
+
+# %% [markdown]
 # ## Enumeration speed
 # The closed forms only: 4,480 chips (v5p-8960) and the full 8,960-chip pod, 20 batch sizes each.
 

@@ -12,6 +12,7 @@ import math
 from scaling import memory, program, roofline
 from scaling.config import (DEFAULT_PRECISION, FSDP_GATHERS, PRESETS, FFNConfig, MeshShape, Schedule,
                             check_divisible, positive_float, positive_int)
+from scaling.flags import DEFAULT_FLAGS, FLAG_SETS
 from scaling.hardware import CHIPS, DEFAULT_CHIP
 from scaling.workload import Workload
 
@@ -23,12 +24,25 @@ HBM_FLOOR = 1e9
 TORUS_AXES = 3
 # Which form of (c) the package recommends, and the compiled program's evidence for it (docs/findings.md,
 # "Finding for question (c)"; notebooks/4d_parallelism.ipynb, last section).
-RECOMMENDED_FORM = "sum"
-RECOMMENDED_WHY = (
-    "the compiled XXL forward step at fsdp=16, tensor=4 on v5p:4x4x4 runs all 4 of its collectives "
-    "synchronously (0 asynchronous start/done pairs): XLA schedules the weight all-gathers and the TP "
-    "all-reduces between the matmuls, not beside them, so their times add (check it: python -m scaling check "
-    "--devices tpu:v5p:4x4x4 --mesh fsdp=16,tensor=4 --preset xxl --batch-tokens 25600 --step forward)")
+RECOMMENDED_FORM = "scheduled"  # the schedule of DEFAULT_FLAGS, the flags production runs pass (FLAGS_RULE)
+SUM_FORM_WHY = (
+    "under libtpu's default flags the compiled XXL forward step at fsdp=16, tensor=4 on v5p:4x4x4 runs all 4 of "
+    "its collectives synchronously (0 asynchronous start/done pairs): XLA schedules the weight all-gathers and the "
+    "TP all-reduces between the matmuls, not beside them, so their times add (check it: python -m scaling check "
+    "--xla-flags default --devices tpu:v5p:4x4x4 --mesh fsdp=16,tensor=4 --preset xxl --batch-tokens 25600 "
+    "--step forward)")
+# What the compiled forward step supports under each flag set's schedule (scaling.flags), per block: compute
+# bound when the exposed communication is less than the math and the hidden gathers fit behind the matmuls they
+# overlap. Critical batches as (form, FSDP bytes relative to bf16) pairs of roofline.critical_batch, the largest.
+FLAGS_RULE = {
+    "exposed": ([("sum", 2)], "every gather and TP all-reduce between the matmuls: the sum form"),
+    "within-block": ([("sum", 1), ("max", 2)],
+                     "W_out's gather hides behind x·W_in (half the math: T_FSDP/2 < T_math/2, the max form's "
+                     "B > X·alpha/M_X), W_in's stays exposed (the sum form with half the FSDP bytes)"),
+    "across-blocks": ([("max", 2)], "block i+1's gathers hide behind block i's matmuls while T_FSDP < T_math: the max "
+                                    "form, B > X·alpha/M_X; each gathered matrix is also copied once into the loop "
+                                    "state (HBM time, not in the question's figures)"),
+}
 
 
 def axes_error(fsdp: int, tensor: int, mx: int, my: int) -> str | None:
@@ -143,7 +157,16 @@ def answers(
         }
     c["tp_never_bound"] = c["sum"]["overall_batch"] is None
     c["recommended_form"] = RECOMMENDED_FORM
-    c["recommended_why"] = RECOMMENDED_WHY
+    c["sum_form_why"] = SUM_FORM_WHY
+    c["by_flags"] = {}
+    for name, fs in FLAG_SETS.items():
+        forms, rule = FLAGS_RULE[fs.gathers]
+        bs = [roofline.critical_batch(F, X, Y, al, mx, my, form, weight_bytes=wb) for form, wb in forms]
+        c["by_flags"][name] = {"gathers": str(fs.gathers), "rule": rule,
+                               "overall_batch": None if None in bs else max(bs),
+                               "tp_share_of_math": (Y * al / (my * F)) if Y > 1 else 0.0}
+    c["assumed_flags"] = DEFAULT_FLAGS
+    c["recommended_with_flags"] = c["by_flags"][DEFAULT_FLAGS]
     c["tp_limit_Y"] = my * F / al  # compute bound possible only for Y below this
     c["fsdp_term"] = t_fsdp_per_token
     feasible = splits(cfg, N, mx, my)  # the meshes X·Y = N this function accepts (X, Y itself among them)
@@ -294,10 +317,18 @@ def render(ans: dict) -> str:
         w(f"    overall B > {_k(c['max']['overall_batch'])}")
         w(f"    B/N > {c['max']['per_device_batch']:.0f};  B/X > {c['max']['per_fsdp_shard_batch']:.0f}")
     if not c["tp_never_bound"]:
-        w(f"  Recommended: the {c['recommended_form']} form, "
-          f"overall B > {_k(c[c['recommended_form']]['overall_batch'])}"
-          f" (B/N > {c[c['recommended_form']]['per_device_batch']:.0f} per chip). Why: " + c["recommended_why"] + ".")
+        w(f"  The sum form's {_k(c['sum']['overall_batch'])} is what libtpu's default flags give: "
+          + c["sum_form_why"] + ".")
         w(f"  The max form's {_k(c['max']['overall_batch'])} holds only where the two communications overlap.")
+    w("  What the compiled program supports under each XLA flag set (scaling/data/xla_flags.toml; jax-scaling check "
+      "--xla-flags NAME shows the schedule):")
+    for name, e in c["by_flags"].items():
+        w(f"    {name:<8} overall B > {_k(e['overall_batch'])}: {e['rule']}")
+    e = c["recommended_with_flags"]
+    w(f"  Recommended: the scheduled form under the flags production runs pass ({c['assumed_flags']!r}, MaxText's "
+      f"v5p scripts), overall B > {_k(e['overall_batch'])} (below it the hidden gathers outlast the matmuls they "
+      f"hide behind); the TP all-reduce stays exposed under every set, Y·alpha/(M_Y·F) = "
+      f"{e['tp_share_of_math']:.1%} of the math at any batch.")
     for form, k in (("sum", 4), ("max", 1)):
         xo, s = c[f"x_opt_{form}"], c[f"x_opt_{form}"]["nearest_split"]
         off = (f": more than the N = {N} chips" if xo["x_opt"] > N else ": less than 1 chip" if xo["x_opt"] < 1 else "")

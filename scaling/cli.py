@@ -22,6 +22,7 @@ from scaling.answers import QUESTION, answers, render
 from scaling.config import (ATTENTIONS, CONTEXT_STRATEGIES, FSDP_GATHERS, PRESETS, REMAT_POLICIES, FFNConfig,
                             MeshShape, Schedule, TransformerConfig, get_preset, positive_int)
 
+from scaling.flags import DEFAULT_FLAGS, FLAG_SETS, FlagSet, get_flag_set
 from scaling.hardware import DEFAULT_CHIP, chips_in, get_chip, parse_slice, slice_name
 from scaling.program import predict
 from scaling.table import table
@@ -39,14 +40,15 @@ def answer_command(args, verify_pipeline, render_pipeline) -> int:
     """Print (a)-(d); with --verify-pipeline, ``verify_pipeline(ans, verbose)`` (verify's)
     compiles (d)'s pipeline program and ``render_pipeline(ans)`` prints it after the answers. Sizes the package
     could not build (check_size) are refused like any bad input."""
-    check_size(Workload(FFNConfig(args.d_model, args.d_ff, args.blocks), MeshShape(), args.batch_tokens))
+    check_size(Workload(FFNConfig(args.d_model, args.d_ff, args.blocks), MeshShape(), args.batch_tokens,
+                        flags=flags_of(args)))
     ans = answers(
         d_model=args.d_model, d_ff=args.d_ff, blocks=args.blocks, fsdp=args.fsdp, tensor=args.tensor, mx=args.mx,
         my=args.my, flops=args.flops, w_ici=args.w_ici, hbm=args.hbm, gpu_hbm=args.gpu_hbm,
         batch_tokens=args.batch_tokens, stages=args.stages,
     )
     if args.verify_pipeline:
-        verify_pipeline(ans, args.verbose)
+        verify_pipeline(ans, args.verbose, flags_of(args))
     print(json.dumps(ans, indent=2, default=str) if args.json else render(ans))
     if args.verify_pipeline and not args.json:
         print()
@@ -54,8 +56,21 @@ def answer_command(args, verify_pipeline, render_pipeline) -> int:
     return 0
 
 
+def add_xla_flags_arg(p) -> None:
+    """--xla-flags: a flag set of scaling/data/xla_flags.toml, or the user's flags (scaling.flags)."""
+    p.add_argument("--xla-flags", metavar="NAME|='--flag=value ...'",
+                   help=f"XLA flags for every compile: a set ({', '.join(FLAG_SETS)}; default {DEFAULT_FLAGS}, what "
+                        "MaxText's v5p scripts pass) or your own, written --xla-flags='--xla_name=value ...'")
+
+
+def flags_of(args) -> FlagSet:
+    """The flag set --xla-flags names (checked without jax: ValueError naming an unknown set or a bad flag)."""
+    return get_flag_set(getattr(args, "xla_flags", None) or DEFAULT_FLAGS)
+
+
 def add_schedule_args(p) -> None:
-    """--microbatches, --repeats, --fsdp-gather (scaling.config.Schedule)."""
+    """--microbatches, --repeats, --fsdp-gather (scaling.config.Schedule), and --xla-flags."""
+    add_xla_flags_arg(p)
     g = p.add_argument_group("microbatches and pipeline stages (with a stage axis in --mesh)")
     g.add_argument("--microbatches", type=int, default=1,
                    help="M microbatches: the pipeline's with a stage axis, else gradient accumulation (default 1)")
@@ -190,6 +205,7 @@ def plan_target(args):
 def plan_command(args, verify) -> int:
     """Rank the plans and print them; ``verify(plans, cfg, chip, chips, remat, budget, verbose)``
     (verify's, with --verify-top) adds the compiled peak of the first K."""
+    flags_of(args)
     if args.verify_top < 0:
         raise ValueError(f"--verify-top must be 0 (compile none) or a positive count of plans, got {args.verify_top}")
     extra = [k for k in TRANSFORMER_OVERRIDES if getattr(args, k, None) is not None]
@@ -207,14 +223,15 @@ def plan_command(args, verify) -> int:
         if getattr(args, flag) <= 0:
             raise ValueError(f"--{flag.replace('_', '-')} must be a positive integer, got {getattr(args, flag)}")
     plans = planner.plan(cfg, chip, chips, args.batch_tokens, hbm=args.hbm, remat=args.remat, form=args.form, dims=dims,
-                         max_microbatches=args.max_microbatches, max_repeats=args.max_repeats)
+                         max_microbatches=args.max_microbatches, max_repeats=args.max_repeats, flags=flags_of(args))
     seconds = time.perf_counter() - t0
     budget = args.hbm if args.hbm is not None else chip.hbm_budget
     name = slice_name(chip, chips)
     where = f"{chips} {chip.name} chips" + (f" ({name})" if name else "")
     if not plans:
         miss = planner.nearest_miss(cfg, chip, chips, args.batch_tokens, args.remat, args.form,
-                                    max_microbatches=args.max_microbatches, max_repeats=args.max_repeats)
+                                    max_microbatches=args.max_microbatches, max_repeats=args.max_repeats,
+                                    flags=flags_of(args))
         why = "" if miss is None else (
             f"; nearest miss: {_mesh_text(miss['mesh'])}{_schedule_text(miss)} "
             f"needs {miss['memory_bytes'] / 1e9:.1f} GB per device ("
@@ -227,7 +244,7 @@ def plan_command(args, verify) -> int:
         raise ValueError(f"no mesh of {where} fits {cfg} in {budget / 1e9:.4g} GB per device "
                          f"(--hbm {budget:.4g} bytes){why}")
     if args.verify_top:
-        verify(plans[: args.verify_top], cfg, chip, chips, args.remat, budget, args.verbose)
+        verify(plans[: args.verify_top], cfg, chip, chips, args.remat, budget, args.verbose, flags_of(args))
     if args.json:
         print(json.dumps({"plans": plans[: args.top], "count": len(plans), "enumerate_seconds": seconds,
                           "chip": chip.name, "chips": chips, "slice": name, "hbm_budget": budget}, indent=2))
@@ -243,8 +260,10 @@ def plan_command(args, verify) -> int:
              if slices > 1 else ""))
     print(f"chip figures: {chip.describe()}")
     print(f"Ranked by the {args.form} form" + (" (max(T_math, T_HBM) + the collective times; the compiled XXL forward "
-          "step runs its collectives synchronously: docs/findings.md, question (c))" if args.form == "sum" else
-          " (every collective overlapped with the math)") + f"; the {other} form beside it.")
+          "step runs its collectives synchronously under libtpu's default flags: docs/findings.md, question (c))"
+          if args.form == "sum" else " (every collective overlapped with the math)" if args.form == "max" else
+          f" (math + the collectives the schedule of {flags_of(args).describe()} leaves exposed + its loop copies)")
+          + f"; the {other} form beside it.")
     print("These are roofline bounds, not forecasts: step times are lower bounds, MFU and HFU upper bounds "
           "(MFU counts model FLOPs 6PB-2BDF, HFU the remat recompute too).")
     print("M: microbatches (gradient accumulation without stages; GPipe/circular with them), R: circular repeats, "
@@ -277,8 +296,8 @@ def _plan_cells(r: dict, k: int, slices: int, form: str, compiled: bool) -> list
     ranking form's."""
     crit = ("never" if r["critical_batch"] is None else "any" if r["critical_batch"] == 0
             else f"{r['critical_batch']:,.0f}")
-    step = {"sum": r["step_seconds_sum"], "max": r["step_seconds_max"]}
-    mfu = {"sum": r["mfu_sum"], "max": r["mfu_max"]}
+    step = {"sum": r["step_seconds_sum"], "max": r["step_seconds_max"], "scheduled": r["step_seconds_scheduled"]}
+    mfu = {"sum": r["mfu_sum"], "max": r["mfu_max"], "scheduled": r["mfu"]}
     other = "max" if form == "sum" else "sum"
     cells = [k, *r["mesh"].values(), *([r["dcn_axis"]] if slices > 1 else []), r["microbatches"], r["repeats"],
              f"{r['bubble']:.3f}", f"{r['bubble_seconds']:.3f}", r["M_X"], r["M_Y"], f"{step[form]:.3f}",
@@ -303,10 +322,11 @@ def _mesh_text(mesh: dict) -> str:
 def trace_command(args, verify_trace) -> int:
     """Seed 000's trace from the closed forms (scaling.seed000); with --verify, ``verify_trace(verbose)``
     (verify's) compiles its Ulysses layer and the table follows."""
+    flags_of(args)
     print(seed000.render())
     if args.verify:
         print()
-        print(verify_trace(args.verbose))
+        print(verify_trace(args.verbose, flags_of(args)))
     return 0
 
 
@@ -342,6 +362,7 @@ def add_commands(sub, *, check_command, verify_plans, verify_pipeline, render_pi
                    help="compile (d)'s pipeline program for v5p ahead of time (weights gathered once per microbatch "
                         "and once per step) and show its collective bytes and peak beside the closed forms")
     a.add_argument("--verbose", action="store_true", help="with --verify-pipeline: let libtpu's start-up lines through")
+    add_xla_flags_arg(a)
     a.add_argument("--json", action="store_true", help="one JSON object instead of the text")
     a.set_defaults(func=lambda args: answer_command(args, verify_pipeline, render_pipeline))
 
@@ -352,12 +373,14 @@ def add_commands(sub, *, check_command, verify_plans, verify_pipeline, render_pi
     p.add_argument("--slice", help="a Cloud TPU slice instead of --chip/--chips: v5p-256 (TensorCores: 128 chips), "
                    "v6e-256 (chips), tpu7x-128, v5litepod-16, v4-512")
     add_model_args(p, "xxl", ffn_only=True)
+    add_xla_flags_arg(p)
     p.add_argument("--batch-tokens", type=int, default=25600, help="global batch in tokens (default %(default)s)")
     p.add_argument("--hbm", type=float, help="memory budget per device in bytes (default: the table's usable HBM)")
     p.add_argument("--remat", default="none", choices=REMAT_POLICIES, help="remat policy (default %(default)s)")
-    p.add_argument("--form", default="sum", choices=["sum", "max"],
-                   help="rank by the sum form (math + comms, what the compiled program supports) or the max form "
-                        "(overlapped comms) (default %(default)s)")
+    p.add_argument("--form", default="sum", choices=["sum", "max", "scheduled"],
+                   help="rank by the sum form (math + comms: synchronous collectives, libtpu's default flags), the max "
+                        "form (every collective overlapped) or the scheduled form (math + the collectives --xla-flags' "
+                        "schedule leaves exposed + its loop copies) (default %(default)s)")
     p.add_argument("--top", type=int, default=10, help="rows to show (default %(default)s)")
     p.add_argument("--max-microbatches", type=int, default=64, metavar="M",
                    help="largest microbatch count to try (gradient accumulation, pipeline; default %(default)s; "
@@ -391,6 +414,7 @@ def add_commands(sub, *, check_command, verify_plans, verify_pipeline, render_pi
                    help="also compile its Ulysses layer ahead of time for 16 v5p chips (context=16, 60,000 tokens; "
                         "materialized and flash attention) and show the compiled peak beside the trace's 61.02 GB")
     t.add_argument("--verbose", action="store_true", help="with --verify: let libtpu's start-up lines through")
+    add_xla_flags_arg(t)
     t.set_defaults(func=lambda args: trace_command(args, verify_trace))
 
     y = sub.add_parser("layers", help="seed 001's per-layer estimates (MLP and self-attention, TP 4, A100 figures)")

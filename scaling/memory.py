@@ -121,6 +121,8 @@ def train_memory_per_device(w: Workload) -> dict:
                               else c * (1 if windowed_grad_rs else 4) * D * F / Y),
         "inputs": (c + 4) * D * b,
     }
+    if prefetched_weights(w):
+        terms["prefetched"] = prefetched_weights(w)
     if S == 1 and np.any(np.asarray(M) > 1):
         terms["accumulated"] = precision.grad * P / shards_w * (np.asarray(M) > 1)
     if S > 1:
@@ -167,8 +169,26 @@ def forward_memory_per_device(w: Workload) -> dict:
     }
     if S > 1:
         terms["buffer"] = c * D * b
+    if prefetched_weights(w):
+        terms["prefetched"] = prefetched_weights(w)
     terms["total"] = sum(terms.values())
     return terms
+
+
+def prefetched_weights(w: Workload) -> float:
+    """Bytes of the gathered bf16 weight matrices (c·D·F/Y each) that XLA:TPU's schedule holds beyond the ones
+    in use, because their all-gathers run ahead asynchronously (w.flags.gathers, scaling.flags): one matrix
+    within a block (the forward's W_out during h = x·W_in; the train step's next gather in its backward), two
+    across blocks in the forward (block i+1's W_in and W_out during block i). 0 with synchronous gathers, no
+    fsdp axis, stages or weights gathered once per step; remat none only (other policies: not yet modelled).
+    Read from libtpu 0.0.42.1 programs
+    (docs/findings.md, "Compiler flags")."""
+    mesh, flags = w.mesh, w.flags
+    if (flags.gathers == "exposed" or mesh["fsdp"] == 1 or mesh["stage"] > 1 or w.schedule.fsdp_gather == "step"
+            or isinstance(w.model, TransformerConfig) or w.remat != "none"):  # others: not yet modelled
+        return 0.0
+    matrices = 2 if flags.gathers == "across-blocks" and w.step == "forward" else 1
+    return matrices * w.precision.compute * w.model.d_model * w.model.d_ff / shards(mesh, "mlp")
 
 
 def hbm_traffic_bytes(w: Workload):

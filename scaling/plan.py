@@ -117,9 +117,12 @@ def runs(cfg: FFNConfig, mesh: MeshShape, schedule: Schedule, batch_tokens: int 
     return True
 
 
+PLAN_FORMS = (*roofline.FORMS, "scheduled")  # scheduled: predict's form under the flags' schedule
+
+
 def plan(cfg: FFNConfig, chip: Chip, chips: int, batch_tokens, hbm: float | None = None, remat: str = "none",
          form: str = "sum", dims: tuple[int, ...] | None = None, max_microbatches: int = 64,
-         max_repeats: int = 4, per_mesh: bool = True) -> list[dict]:
+         max_repeats: int = 4, per_mesh: bool = True, flags=None) -> list[dict]:
     """Ranked plans (best first) for one or more batch sizes; see the module docstring.
 
     ``batch_tokens`` is an int or a list of ints; each plan dict carries its batch, mesh (data, stage,
@@ -131,11 +134,12 @@ def plan(cfg: FFNConfig, chip: Chip, chips: int, batch_tokens, hbm: float | None
     (default: hardware.split_slices). Plans that train and check refuse (``runs``: D by fsdp, F by tensor, B by
     M·data·fsdp, ...) or whose memory exceeds ``hbm`` are dropped. ``per_mesh``: keep each mesh's best
     schedule only (the fastest that fits, then the least memory, then the fewest microbatches); False keeps
-    every (mesh, M, R)."""
+    every (mesh, M, R). ``flags``: the XLA flag set the programs are compiled with (scaling.flags), whose
+    schedule the "scheduled" form follows."""
     positive_int("chips", chips)
     check_remat(remat)
-    if form not in roofline.FORMS:
-        raise ValueError(f"form must be one of {roofline.FORMS}, got {form!r}")
+    if form not in PLAN_FORMS:
+        raise ValueError(f"form must be one of {PLAN_FORMS}, got {form!r}")
     hbm = positive_float("hbm", chip.hbm_budget if hbm is None else hbm)
     batches = np.array([batch_tokens] if isinstance(batch_tokens, int) else list(batch_tokens))
     for b in batches.tolist():
@@ -167,7 +171,7 @@ def plan(cfg: FFNConfig, chip: Chip, chips: int, batch_tokens, hbm: float | None
         for R in repeats_for(cfg, S, max_repeats):
             ms = np.array(microbatches_for(S, R, max_microbatches))
             w = Workload(cfg, mesh, batches[:, None, None], remat=remat,
-                         schedule=Schedule(microbatches=ms[None, :, None], repeats=R))
+                         schedule=Schedule(microbatches=ms[None, :, None], repeats=R), flags=flags)
             p = program.predict(w, chip, axis_links=axis_links, dcn={dcn_axis: n_slices} if dcn_axis else None)
             t = p.times
             shape = (len(batches), len(ms), len(lays))
@@ -197,6 +201,7 @@ def plan(cfg: FFNConfig, chip: Chip, chips: int, batch_tokens, hbm: float | None
                     "step_seconds": pick(t.step[form]),
                     "step_seconds_sum": pick(t.step["sum"]),
                     "step_seconds_max": pick(t.step["max"]),
+                    "step_seconds_scheduled": pick(t.step["scheduled"]),
                     "mfu": pick(t.mfu[form]),
                     "mfu_sum": pick(t.mfu["sum"]),
                     "mfu_max": pick(t.mfu["max"]),
@@ -207,7 +212,7 @@ def plan(cfg: FFNConfig, chip: Chip, chips: int, batch_tokens, hbm: float | None
                     "memory_bytes": float(mem[i, k]),
                     "hbm_budget": hbm,
                     "per_device_batch": B / devices,
-                    "critical_batch": (None if math.isnan(c := pick(t.critical_batch[form])) else c),
+                    "critical_batch": (None if math.isnan(c := pick(t.critical_batch.get(form, np.nan))) else c),
                 })
     results.sort(key=lambda r: (r["batch_tokens"], round(r["step_seconds"], 12), r["memory_bytes"], r["microbatches"]))
     if per_mesh:

@@ -52,6 +52,7 @@ import numpy as np
 
 from scaling import collectives, flops, memory, pipeline, roofline, transformer
 from scaling.config import TransformerConfig
+from scaling.flags import FLAG_SETS
 from scaling.hardware import Chip
 from scaling.workload import Workload
 
@@ -171,6 +172,72 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
     return out
 
 
+def forward_exposed_matrices(w: Workload) -> int:
+    """Gathered weight matrices per microbatch whose forward all-gather XLA:TPU's schedule leaves exposed under
+    w.flags.gathers (scaling.flags), of the FFN stack's 2·L; trips = the forward scan's trips (L, or L//2 pairs
+    + L%2 under every-second remat). Read from libtpu 0.0.42.1 programs (docs/findings.md, "Compiler flags"):
+      exposed        2·L
+      within-block   the first gather of each trip: trips; full remat: 2·L (nothing runs beside them)
+      across-blocks  block 0's two (peeled out of the rotated loop): 2; every-second: 1 per scan (1 + L%2);
+                     full remat: 2·L"""
+    L, remat, g = w.model.blocks, w.remat, w.flags.gathers
+    trips = L // 2 + L % 2 if remat == "every-second" else L
+    if g == "exposed" or remat == "full":
+        return 2 * L
+    if g == "within-block":
+        return trips
+    return 2 if remat == "none" else 1 + L % 2
+
+
+def overlapped_volumes(w: Workload) -> dict[str, dict[str, float]]:
+    """The part of collective_volumes(w) that XLA:TPU's schedule runs behind matmuls under the workload's flags
+    (w.flags, scaling.flags), per axis and kind; the rest is exposed. The FFN stack without stages, per
+    microbatch, with m = cw·D·F/Y one gathered matrix:
+      forward gathers   (2·L − forward_exposed_matrices)·m
+      backward gathers  all of them, under within-block and across-blocks
+      windowed gradient reduce-scatter: all of it, but where the flags leave the last hop of one ring exposed
+                        (rs_last_hop_exposed): one chunk cg·m/X per forward scan trip
+    Tensor, data and stage collectives stay synchronous under every set. Stages and the transformer: only the
+    windowed reduce-scatter counts as hidden (not yet modelled; the check shows the residual)."""
+    vols = collective_volumes(w)
+    if isinstance(w.model, TransformerConfig) or "fsdp" not in vols:
+        return {}
+    cfg, mesh, schedule, precision = w.model, w.mesh, w.schedule, w.precision
+    X, Y, M, L = mesh["fsdp"], mesh["tensor"], schedule.microbatches, cfg.blocks
+    cw, cg = (max(b, w.compiler.min_comm_bytes) for b in (precision.weight_comm, precision.grad_comm))
+    m_w, m_g = cw * cfg.d_model * cfg.d_ff / Y, cg * cfg.d_model * cfg.d_ff / Y
+    trips = L // 2 + L % 2 if w.remat == "every-second" else L
+    fsdp, out = vols["fsdp"], {}
+    if "collective-permute" in fsdp:
+        out["collective-permute"] = fsdp["collective-permute"] - (M * trips * m_g / X if w.flags.rs_last_hop_exposed
+                                                                  else 0.0)
+    if mesh["stage"] == 1 and schedule.fsdp_gather == "microbatch" and w.flags.gathers != "exposed":
+        out["all-gather"] = M * (2 * L - forward_exposed_matrices(w)) * m_w + (2 * M * L * m_w if w.step == "train"
+                                                                                else 0.0)
+    return {"fsdp": out} if out else {}
+
+
+def loop_copy_bytes(w: Workload) -> float:
+    """Bytes the rotated loop of across-blocks gathers (scaling.flags) copies into its state per step, on the FFN
+    stack without stages: each gathered matrix of the forward's blocks but the first, M·2·(L − 1)·cw·D·F/Y; one
+    per block under full remat, M·(L − 1)·cw·D·F/Y; none under every-second (its pairs are not rotated). Read
+    from libtpu 0.0.42.1 programs; 0 for other flag sets."""
+    if (isinstance(w.model, TransformerConfig) or w.flags.gathers != "across-blocks" or w.mesh["fsdp"] == 1
+            or w.mesh["stage"] > 1 or w.remat == "every-second" or w.schedule.fsdp_gather == "step"):
+        return 0.0
+    per_block = 2 if w.remat == "none" else 1
+    return (w.schedule.microbatches * per_block * (w.model.blocks - 1) * w.precision.weight_comm
+            * w.model.d_model * w.model.d_ff / w.mesh["tensor"])
+
+
+def exposed_volumes(w: Workload) -> dict[str, dict[str, float]]:
+    """collective_volumes(w) less overlapped_volumes(w), per axis and kind (the axes with bytes left)."""
+    hidden = overlapped_volumes(w)
+    out = {a: {k: v - hidden.get(a, {}).get(k, 0.0) for k, v in kinds.items()}
+           for a, kinds in collective_volumes(w).items()}
+    return {a: k for a, k in out.items() if any(np.any(np.asarray(v) > 0) for v in k.values())}
+
+
 def axis_bytes(volumes: dict[str, dict[str, float]]) -> dict[str, float]:
     """Total V per axis: sum over kinds."""
     return {axis: sum(kinds.values()) for axis, kinds in volumes.items()}
@@ -260,7 +327,9 @@ def step_flops_per_device(w: Workload) -> dict:
 @dataclass(frozen=True)
 class StepTimes:
     """Seconds per device of one step, by roofline term, and what follows from them (predict's docstring).
-    ``step``, ``mfu``, ``hfu`` and ``critical_batch`` are keyed by form: "sum" and "max" (roofline.FORMS)."""
+    ``step``, ``mfu`` and ``hfu`` are keyed by form: "sum", "max" (roofline.FORMS) and "scheduled";
+    ``critical_batch`` by "sum" and "max". ``exposed``: seconds per axis of the exposed collectives; ``copies``:
+    seconds of the loop-state copies (both under the workload's flags)."""
 
     math: object
     comms: dict
@@ -270,6 +339,8 @@ class StepTimes:
     mfu: dict
     hfu: dict
     critical_batch: dict
+    exposed: dict = dataclasses.field(default_factory=dict)
+    copies: object = 0.0
 
 
 @dataclass(frozen=True)
@@ -283,6 +354,8 @@ class Prediction:
     memory: dict
     hbm_bytes: object
     times: StepTimes | None = None
+    exposed_bytes: dict = dataclasses.field(default_factory=dict)
+    loop_copy_bytes: object = 0.0
 
     def to_json(self) -> dict:
         """The prediction as plain JSON values (arrays as lists)."""
@@ -306,13 +379,18 @@ def predict(w: Workload, chip: Chip | None = None, layout: Mapping | None = None
                  XLA:TPU's rule, windowed_einsum_rs, which may differ per batch and layout of the arrays)
     memory       bytes per device, term by term (scaling.memory.memory_per_device); hbm_bytes: HBM traffic
                  (memory.hbm_traffic_bytes)
+    exposed_bytes  V per axis that the schedule under w.flags leaves exposed (exposed_volumes; a non-TPU chip
+                 takes the flags as "default": synchronous); loop_copy_bytes (loop_copy_bytes)
     times        (with ``chip``) T_math = executed FLOPs/C_device; T_axis per mesh axis over its links
                  (``layout`` {axis: (lengths, wraps)} as mesh.ici_layout gives it, or ``axis_links``;
                  ``dcn`` {axis: slices} for an axis whose outermost factor spans slices: comm_times);
                  T_hbm = HBM bytes / HBM bandwidth. step_max = max(all terms) (everything overlapped);
                  step_sum = max(T_math, T_hbm) + Σ T_axis: the collectives run between the matmuls
                  (synchronous: docs/findings.md, question (c)) while a kernel's HBM traffic overlaps its own
-                 math (the roofline of one kernel), so step_sum >= step_max always.
+                 math (the roofline of one kernel), so step_sum >= step_max always. step_scheduled = max(T_math,
+                 T_hbm, T_hidden) + Σ T_axis of the exposed volumes (exposed_volumes, under w.flags) + 2·loop-state
+                 copy bytes / HBM bandwidth (loop_copy_bytes), T_hidden the time of the overlapped volumes (they
+                 hide only behind as much math as there is): the form that follows the compiled schedule.
                  bound = the largest term, named by the link it runs over (ICI/NVLink, or DCN/IB for an
                  axis across slices or nodes where that part dominates: axis_networks);
                  mfu[form] = model FLOPs / (C·step), hfu[form] = executed;
@@ -326,6 +404,8 @@ def predict(w: Workload, chip: Chip | None = None, layout: Mapping | None = None
     ``min_comm_bytes`` widens the volumes reported for an XLA:CPU program.
     """
     lk = {**(links(layout) if layout else {}), **(axis_links or {})}
+    if chip is not None and chip.kind != "tpu" and w.flags.gathers != "exposed":  # the sets hold libtpu's flags
+        w = w.replace(flags=FLAG_SETS["default"])
     if w.compiler.windowed_grad_rs is None:
         w = w.with_facts(windowed_grad_rs=windowed_einsum_rs(w, chip, lk, dcn))
     if np.ndim(w.compiler.windowed_grad_rs):  # the rule differs across the arrays: both programs, each where it applies
@@ -342,7 +422,7 @@ def predict(w: Workload, chip: Chip | None = None, layout: Mapping | None = None
     wire = collective_volumes(w.with_facts(min_comm_bytes=0)) if w.compiler.min_comm_bytes else vols
     mem = memory.memory_per_device(w)
     hbm = memory.hbm_traffic_bytes(w)
-    res = Prediction(f, vols, axis_bytes(vols), mem, hbm)
+    res = Prediction(f, vols, axis_bytes(vols), mem, hbm, None, axis_bytes(exposed_volumes(w)), loop_copy_bytes(w))
     if chip is None:
         return res
     t_math = f["total"] / chip.device_flops
@@ -366,9 +446,14 @@ def predict(w: Workload, chip: Chip | None = None, layout: Mapping | None = None
     per_micro = d * np.asarray(schedule.microbatches)
     X = mesh["fsdp"]  # a train step moves 2 gathers and a reduce-scatter ((X+1)/X of V windowed) per 3 passes' math
     fsdp_bytes = 2 * (2 + (X + 1) / X) / 3 if windowed_grad_rs and step == "train" else 2
-    steps = {"sum": t_sum, "max": t_max}
+    on_wire = w.with_facts(min_comm_bytes=0)
+    t_exposed = comm_times(exposed_volumes(on_wire), chip, lk, dcn, mesh)
+    t_hidden = sum(comm_times(overlapped_volumes(on_wire), chip, lk, dcn, mesh).values())
+    t_copies = 2 * loop_copy_bytes(w) / chip.device_hbm_bw  # each copy reads and writes its bytes
+    steps = {"sum": t_sum, "max": t_max,
+             "scheduled": np.maximum(np.maximum(t_math, t_hbm), t_hidden) + sum(t_exposed.values()) + t_copies}
     crits = {}
-    for form in steps:
+    for form in roofline.FORMS:
         crit = per_micro * roofline.critical_batch_array(cfg.d_ff, X, mesh["tensor"], chip.alpha, m_x, m_y, form,
                                                          fsdp_bytes)
         if d > 1 and step == "train":  # and the data-parallel backward: B/(d·M) > alpha/M_d (training page)
@@ -376,5 +461,5 @@ def predict(w: Workload, chip: Chip | None = None, layout: Mapping | None = None
         crits[form] = np.nan if isinstance(cfg, TransformerConfig) else crit
     times = StepTimes(t_math, t_axes, t_hbm, steps, bound.item() if bound.ndim == 0 else bound,
                       {k: f["model"] / (chip.device_flops * t) for k, t in steps.items()},
-                      {k: f["total"] / (chip.device_flops * t) for k, t in steps.items()}, crits)
+                      {k: f["total"] / (chip.device_flops * t) for k, t in steps.items()}, crits, t_exposed, t_copies)
     return dataclasses.replace(res, times=times)

@@ -9,6 +9,9 @@ check need to know about it, validated once where it is built. A new input is on
     schedule   Schedule: microbatches, pipeline repeats, sequence parallelism, attention (scaling.config)
     precision  Precision: bytes per element of each kind of state (questions-4d.md)
     compiler   CompilerFacts: what the compiler does that changes the program's bytes
+    flags      FlagSet: the XLA flags the step is compiled with and how its schedule overlaps collectives
+               (scaling.flags; default libtpu's own, no flags, as jax.jit compiles; the commands' --xla-flags
+               default is DEFAULT_FLAGS, what production runs pass)
 
 The chip and the links a mesh axis runs over are where the workload runs, not what it is: they are the
 step model's other arguments (scaling.program.predict).
@@ -24,6 +27,7 @@ import numpy as np
 
 from scaling.config import (DEFAULT_PRECISION, FFNConfig, MeshShape, Model, Precision, Remat, Schedule, Step,
                             TransformerConfig, check_divisible, check_remat, choose, non_negative_int, positive_int)
+from scaling.flags import FlagSet, get_flag_set
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,7 @@ class Workload:
     schedule: Schedule = Schedule()
     precision: Precision = DEFAULT_PRECISION
     compiler: CompilerFacts = field(default_factory=CompilerFacts)
+    flags: FlagSet = field(default_factory=get_flag_set)
 
     def __post_init__(self):
         if not isinstance(self.model, (FFNConfig, TransformerConfig)):
@@ -73,6 +78,7 @@ class Workload:
         if not isinstance(self.mesh, MeshShape):
             set_("mesh", MeshShape(self.mesh) if isinstance(self.mesh, Mapping) else self.mesh)
         set_("step", choose(Step, self.step, "step"))
+        set_("flags", get_flag_set(self.flags))
         set_("remat", check_remat(self.remat, self.model))
         batch = self.batch_tokens if np.ndim(self.batch_tokens) == 0 and self.scalar_schedule else None
         if batch is not None:

@@ -275,8 +275,17 @@ def test_answer_states_its_constants_batch_and_recommended_form():
     r = _cli("answer")
     assert "C = 4.6e+14" in r.stdout and "95 GB HBM per v5p" in r.stdout and "v5p C = 4.59e+14" in r.stdout
     assert "a batch the question does not state" in r.stdout
-    assert "Recommended: the sum form" in r.stdout and "0 asynchronous" in r.stdout
-    assert json.loads(_cli("answer", "--json").stdout)["c"]["recommended_form"] == "sum"
+    assert "Recommended: the scheduled form under the flags production runs pass ('maxtext'" in r.stdout
+    assert "0 asynchronous" in r.stdout
+    c = json.loads(_cli("answer", "--json").stdout)["c"]
+    assert (c["recommended_form"], c["assumed_flags"]) == ("scheduled", "maxtext")
+    # by hand: alpha = 4.6e14/1.8e11 = 2555.6; hidden gathers fit behind the math for B > X·alpha/M_X = 16·2555.6/2
+    # = 20,444 (maxtext, overlap); under libtpu's defaults the sum form's 25,302 (test_cli_text_shows_both_conventions)
+    assert c["by_flags"]["overlap"]["overall_batch"] == pytest.approx(16 * 4.6e14 / 1.8e11 / 2, rel=1e-9)
+    assert c["by_flags"]["maxtext"]["overall_batch"] == c["by_flags"]["overlap"]["overall_batch"]
+    assert c["by_flags"]["default"]["overall_batch"] == c["sum"]["overall_batch"]
+    # TP exposed under every set: Y·alpha/(M_Y·F) = 4·2555.6/53248 = 19.2% of the math
+    assert c["recommended_with_flags"]["tp_share_of_math"] == pytest.approx(4 * 4.6e14 / 1.8e11 / 53248, rel=1e-9)
 
 
 def test_cli_text_shows_both_conventions():

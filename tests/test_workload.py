@@ -68,7 +68,7 @@ def test_prediction_is_a_dataclass_with_json():
     p = program.predict(Workload(XXL, MeshShape(fsdp=16, tensor=4), 25600), get_chip("v5p"))
     P, B, D, F = 219_848_638_464, 25600, 16384, 53248
     assert p.flops["model"] == pytest.approx((6 * P * B - 2 * B * D * F) / 64, rel=1e-12)
-    assert set(p.times.step) == {"sum", "max"} and p.times.step["sum"] >= p.times.step["max"]
+    assert set(p.times.step) == {"sum", "max", "scheduled"} and p.times.step["sum"] >= p.times.step["max"]
     assert p.times.mfu["sum"] == pytest.approx(p.flops["model"] / (4.59e14 * p.times.step["sum"]), rel=1e-12)
     plain = json.loads(json.dumps(p.to_json()))
     assert plain["times"]["step"]["sum"] == p.times.step["sum"] and plain["memory"]["total"] == p.memory["total"]

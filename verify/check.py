@@ -24,6 +24,7 @@ from mesh import ici_layout, make_mesh, mesh_shape
 from mesh.devices import parse_tpu_spec, use_cpu_platform_for
 from scaling import pipeline, program
 from scaling.answers import model_name
+from scaling.flags import FLAG_SETS, FlagSet, get_flag_set
 from scaling.config import (FFNConfig, MeshShape, Schedule, TransformerConfig, get_preset,
                             parse_mesh_spec)
 from scaling.hardware import CHIPS, DEFAULT_CHIP, Chip, get_chip, slice_topology
@@ -251,6 +252,8 @@ def compare(w: Workload, devices: str, chip: str | None = None, verbose: bool = 
     layout = ici_layout(mesh, chip_)
     platform = mesh.devices.flat[0].platform
     widen = 4 if platform == "cpu" else 0  # XLA:CPU runs bf16 collectives in f32 (program.collective_volumes)
+    if platform != "tpu":  # the sets hold libtpu's flags: XLA:CPU gets none (scaling.flags), synchronous collectives
+        w = w.replace(flags=FlagSet(w.flags.name, w.flags.flags, w.flags.source))
     res = abstract_compile(w, mesh)
     got = read_compiled(res.compiled, dict(shape))
     cb = got.collective_bytes
@@ -280,7 +283,8 @@ def compare(w: Workload, devices: str, chip: str | None = None, verbose: bool = 
                       "compile_seconds": res.compile_seconds,
                       "ici_layout": layout, "windowed_grad_rs": windowed, "windowed_grad_rs_rule": rule,
                       "merged_grad_allreduce": merged,
-                      "circular_relays": relays}}
+                      "circular_relays": relays, "xla_flags": w.flags.name, "xla_flags_gathers": str(w.flags.gathers),
+                      "platform": platform}}
     f = pred.flops
     out["flops"] = {
         "matmul": _row(f["total"], got.dot_flops,
@@ -295,7 +299,8 @@ def compare(w: Workload, devices: str, chip: str | None = None, verbose: bool = 
     out["memory"] = {
         "arguments": _row(args_cf, gm["argument_bytes"],
                           "fp32 master (+ Adam mu, nu and the int32 step count) + the batch (bf16 x, fp32 y)"),
-        "peak": _row(m["total"], gm["peak_bytes"], _peak_note(cfg, step, windowed, remat)),
+        "peak": _row(m["total"], gm["peak_bytes"], _peak_note(cfg, step, windowed, remat)
+                     + ("; + the gathered matrices the flags' schedule prefetches" if m.get("prefetched") else "")),
         "temp": _row(None, gm["temp_bytes"]),
         "outputs": _row(None, gm["output_bytes"]),
         "aliases": _row(None, gm["alias_bytes"]),
@@ -323,8 +328,22 @@ def compare(w: Workload, devices: str, chip: str | None = None, verbose: bool = 
         "async": got.async_count,
         "count": len(got.collectives),
     }
+    ov = got.overlap
+    out["overlap"] = {
+        "exposed": {a: _row(pred.exposed_bytes.get(a, 0.0), ov["exposed"].get(a, 0.0),
+                            "collectives no matmul runs beside in the schedule (verify.hlo, HloProgram.overlaps)")
+                    for a in sorted(set(pred.exposed_bytes) | set(ov["exposed"]) | set(ov["overlapped"]))},
+        "overlapped": ov["overlapped"],
+        "overlapped_share": {a: ov["overlapped"].get(a, 0.0) / v for a, v in cb["by_axis"].items() if v},
+        "loop_copies": _row(pred.loop_copy_bytes, got.loop_copy_bytes,
+                            "gathered matrices copied into the rotated loop's state (across-blocks gathers)"),
+    }
+    if platform != "tpu":
+        out["overlap"]["note"] = (f"XLA:{platform.upper()} is given none of libtpu's flags and runs every collective "
+                                  "synchronously: exposed = all, under every flag set")
     t = pred.times
     out["times"] = {"math": t.math, "comms": t.comms, "step_sum": t.step["sum"], "step_max": t.step["max"],
+                    "step_scheduled": t.step["scheduled"], "exposed": t.exposed, "copies": t.copies,
                     "bound": t.bound, "xla_optimal_seconds": got.cost.get("optimal_seconds")}
     return out
 
@@ -398,9 +417,13 @@ def render(rep: dict) -> str:
     lines = [f"{cfgd['step']} step, {cfgd['model']}, mesh {cfgd['mesh']}, B={cfgd['batch_tokens']:,} tokens, "
              f"remat {cfgd['remat']}, devices {cfgd['devices']} (compiled in {cfgd['compile_seconds']:.1f} s)"
              + _schedule_text(cfgd),
-             f"chip figures for the times: {get_chip(cfgd['chip']).describe()}"]
+             f"chip figures for the times: {get_chip(cfgd['chip']).describe()}",
+             get_flag_set(cfgd.get("xla_flags", "default")).describe() if cfgd.get("xla_flags", "default") in FLAG_SETS
+             else f"XLA flags {cfgd['xla_flags']!r} (FSDP gathers {cfgd['xla_flags_gathers']})"]
     rows = [(f"{a}.{b}", rep[a][b]) for a, b in ROW_ORDER]
     rows += [(f"collectives.by_axis.{k}", v) for k, v in rep["collectives"]["by_axis"].items()]
+    rows += [(f"exposed.{k}", v) for k, v in rep["overlap"]["exposed"].items()]
+    rows.append(("loop_copies", rep["overlap"]["loop_copies"]))
     rows += [(f"memory.{k}", rep["memory"][k]) for k in ("temp", "outputs", "aliases")]
     lines += table(("quantity", "closed form", "compiled", "ratio", "note"),
                    [(name, _fmt(r["closed_form"]), _fmt(r["compiled"]),
@@ -409,10 +432,16 @@ def render(rep: dict) -> str:
     c = rep["collectives"]
     lines.append(f"collectives: {c['count']} in the program, {c['async']} asynchronous (start/done); by kind: "
                  + ", ".join(f"{k} {v:.4g}" for k, v in c["by_kind"].items()))
+    share = rep["overlap"]["overlapped_share"]
+    lines.append("overlapped by the schedule (compiled): " + (", ".join(f"{a} {100 * v:.1f}% of its bytes"
+                                                                      for a, v in share.items()) or "nothing")
+                 + (f" ({rep['overlap']['note']})" if "note" in rep["overlap"] else ""))
     t = rep["times"]
     lines.append(f"times (chip {cfgd['chip']}, closed form): T_math {t['math']:.4g} s; T_comms " +
                  ", ".join(f"{k} {v:.4g} s" for k, v in t["comms"].items()) +
-                 f"; step sum {t['step_sum']:.4g} s, max {t['step_max']:.4g} s; bound: {t['bound']}")
+                 f"; step sum {t['step_sum']:.4g} s, max {t['step_max']:.4g} s, scheduled {t['step_scheduled']:.4g} s "
+                 f"(exposed comms " + (", ".join(f"{k} {v:.4g} s" for k, v in t["exposed"].items()) or "none")
+                 + f", loop copies {t['copies']:.4g} s); bound: {t['bound']}")
     if cfgd["devices"].startswith("cpu"):
         lines.append(f"  (the ICI times are of the bytes a {cfgd['chip']} moves, bf16 as the precision policy says, "
                      "not of XLA:CPU's f32-widened bytes above)")
@@ -425,11 +454,11 @@ def render(rep: dict) -> str:
 
 
 def verify_plans(plans: list[dict], cfg: FFNConfig, chip: Chip, chips: int, remat: str = "none",
-                 hbm: float | None = None, verbose: bool = False) -> list[dict]:
+                 hbm: float | None = None, verbose: bool = False, flags=None) -> list[dict]:
     """Compile each plan's train step ahead of time for the chip's real topology of ``chips`` chips
     (hardware.slice_topology; one slice) and add ``compiled_peak_bytes``, ``compiled_fits`` (peak <=
     hbm, the chip's usable HBM by default) and ``compiled_ici_layout`` (the physical axes make_mesh gave
-    each mesh axis) to the plan dicts, in place."""
+    each mesh axis) to the plan dicts, in place; compiled under the XLA flags ``flags`` (scaling.flags)."""
     if chip.kind != "tpu":
         raise ValueError(f"--verify-top compiles for TPU topologies, not {chip.name}")
     if any(p["slices"] > 1 for p in plans):
@@ -439,7 +468,7 @@ def verify_plans(plans: list[dict], cfg: FFNConfig, chip: Chip, chips: int, rema
     for p in plans:
         mesh = make_mesh(MeshShape(p["mesh"]), f"tpu:{chip.name}:{topo}", verbose)
         w = Workload(cfg, MeshShape(p["mesh"]), p["batch_tokens"], remat=remat,
-                     schedule=Schedule(p["microbatches"], p["repeats"]))
+                     schedule=Schedule(p["microbatches"], p["repeats"]), flags=flags)
         res = abstract_compile(w, mesh)
         peak = read_compiled(res.compiled, p["mesh"]).memory["peak_bytes"]
         p["compiled_peak_bytes"] = peak
@@ -449,7 +478,7 @@ def verify_plans(plans: list[dict], cfg: FFNConfig, chip: Chip, chips: int, rema
     return plans
 
 
-def verify_pipeline(ans: dict, verbose: bool = False) -> dict:
+def verify_pipeline(ans: dict, verbose: bool = False, flags=None) -> dict:
     """(d)'s pipeline program (scaling.answers.pipeline_program) compiled ahead of time for v5p (the
     question's chip) with the weights gathered once per microbatch and once per step: for each, the
     check report (collective bytes per axis and peak memory, closed form beside compiled). Added to
@@ -465,7 +494,7 @@ def verify_pipeline(ans: dict, verbose: bool = False) -> dict:
         print(f"compiling the forward step for {pp['devices']}, {pp['mesh']}, weights gathered once per {gather} ...",
               file=sys.stderr, flush=True)
         w = Workload(cfg, parse_mesh_spec(pp["mesh"]), pp["batch_tokens"], "forward",
-                     schedule=Schedule(pp["microbatches"], 1, gather))
+                     schedule=Schedule(pp["microbatches"], 1, gather), flags=flags)
         g["check"] = check(w, pp["devices"], verbose=verbose)
     return ans
 
@@ -501,3 +530,24 @@ def render_pipeline(ans: dict) -> str:
                      f"{per_mb['memory']['peak']['compiled'] / 1e9:.3g} GB (the stage's "
                      f"{ans['inputs']['blocks'] // ans['inputs']['stages']} blocks held gathered).")
     return "\n".join(lines)
+
+
+def flag_grid(grids=("TPU_GRID", "TPU_MID_GRID"), sets=("default", "maxtext", "overlap")) -> list[dict]:
+    """Each row of the named grids compiled under each XLA flag set (compare with ``w.replace(flags=...)``):
+    {"devices", "row", "flags", "exposed": {axis: row}, "loop_copies": row, "peak": row}, printed as a table
+    while it runs (docs/findings.md, "Compiler flags", is this over TPU_GRID and TPU_MID_GRID)."""
+    out = []
+    for name in grids:
+        for row in globals()[name]:
+            devices, rest = (row[0], row[1:]) if isinstance(row[0], str) else ("cpu:8", row)
+            for flags in sets:
+                rep = compare(grid_workload(*rest).replace(flags=flags), devices)
+                r = {"devices": devices, "row": f"{rest[0].d_model}x{rest[0].d_ff}x{rest[0].blocks} "
+                     + " ".join(map(str, rest[1:])), "flags": flags, "exposed": rep["overlap"]["exposed"],
+                     "loop_copies": rep["overlap"]["loop_copies"], "peak": rep["memory"]["peak"]}
+                out.append(r)
+                print(f"{devices:14} {r['row'][:60]:60} {flags:8} exposed "
+                      + " ".join(f"{a} {_fmt(e['ratio'])}" for a, e in r["exposed"].items())
+                      + f"; copies {_fmt(r['loop_copies']['closed_form'])} / {_fmt(r['loop_copies']['compiled'])}"
+                      + f"; peak {_fmt(r['peak']['ratio'])}", flush=True)
+    return out

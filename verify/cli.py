@@ -23,21 +23,23 @@ def compile_report(args, cfg) -> dict:
     mesh = make_mesh(args.mesh, args.devices, args.verbose)
     schedule = model_cli.schedule_of(args)
     try:
-        res = abstract_compile(Workload(cfg, mesh_shape(mesh), args.batch_tokens, args.step, args.remat, schedule),
-                               mesh)
+        res = abstract_compile(Workload(cfg, mesh_shape(mesh), args.batch_tokens, args.step, args.remat, schedule,
+                                        flags=model_cli.flags_of(args)), mesh)
     except Exception as e:  # a program larger than the TPU's HBM: one line (verify.hlo.refusal_error)
         raise refusal_error(e) or e
     got = read_compiled(res.compiled, dict(mesh_shape(mesh)))
     return {"command": "compile", "model": vars(cfg), "mesh": mesh_shape(mesh).as_dict(), "devices": args.devices,
             "platform": mesh.devices.flat[0].platform, "batch_tokens": args.batch_tokens, "remat": args.remat,
-            "step": args.step, "schedule": vars(schedule), "compile_seconds": res.compile_seconds, "memory": got.memory,
+            "step": args.step, "schedule": vars(schedule), "xla_flags": model_cli.flags_of(args).name,
+            "compile_seconds": res.compile_seconds, "memory": got.memory,
             "cost": {k: v for k, v in got.cost.items() if k in COST_KEYS}, "dot_flops": got.dot_flops,
             "collective_bytes": got.collective_bytes["by_axis"]}
 
 
 def print_compile(rep: dict) -> None:
     print(f"{rep['step']} step of {rep['model']} on {rep['devices'] or rep['platform']} mesh {rep['mesh']}, "
-          f"B={rep['batch_tokens']:,} tokens, remat {rep['remat']}: compiled in {rep['compile_seconds']:.1f} s")
+          f"B={rep['batch_tokens']:,} tokens, remat {rep['remat']}, XLA flags {rep.get('xla_flags', 'default')!r}: "
+          f"compiled in {rep['compile_seconds']:.1f} s")
     for k, v in rep["memory"].items():
         print(f"  memory.{k:<21} {'-' if v is None else f'{v:,.0f} B ({v / 1e9:.3f} GB)'}  per device")
     print(f"  dot FLOPs x loop trips  {rep['dot_flops']:.6g} per device")
@@ -52,7 +54,8 @@ def print_compile(rep: dict) -> None:
 def bench_report(args, cfg) -> dict:
     """``bench``: time the train step on this process's devices (or cpu:N) and report it."""
     mesh = make_mesh(args.mesh, model_cli.start_processes(args))
-    w = Workload(cfg, mesh_shape(mesh), args.batch_tokens, remat=args.remat, schedule=model_cli.schedule_of(args))
+    w = Workload(cfg, mesh_shape(mesh), args.batch_tokens, remat=args.remat, schedule=model_cli.schedule_of(args),
+                 flags=model_cli.flags_of(args))
     model_cli.check_real_cpu_size(args, w, mesh)
     dev = mesh.devices.flat[0]
     chip = get_chip(args.chip) if args.chip is not None else infer_chip(dev)

@@ -121,7 +121,8 @@ class Computation:
 class Collective:
     """One collective as the program runs it, per device. ``volume`` is the Scaling Book's V, the
     full array the collective spans on each device; ``count`` is how many times it runs (loop trip
-    counts); ``async_`` is True for start/done pairs and async-start wrappers."""
+    counts); ``async_`` is True for start/done pairs and async-start wrappers; ``overlapped`` where the
+    schedule runs a matmul while it is in flight (HloProgram.overlaps)."""
     kind: str
     dtype: str
     operand_bytes: float
@@ -132,6 +133,7 @@ class Collective:
     name: str
     async_: bool = False
     note: str = ""
+    overlapped: bool = False
 
     @property
     def volume(self) -> float:
@@ -149,6 +151,7 @@ class HloProgram:
         self.computations = computations
         self.num_partitions = num_partitions  # from the HloModule line; None if not printed
         self.instructions = {i.name: i for c in computations.values() for i in c.instructions}
+        self.position = {i.name: k for c in computations.values() for k, i in enumerate(c.instructions)}
         self.entry = next((c.name for c in computations.values() if c.is_entry), None)
         self.users: dict[str, list[Instruction]] = {}
         for ins in self.instructions.values():
@@ -407,7 +410,74 @@ class HloProgram:
                 keep.note = ((keep.note + "; " if keep.note else "")
                              + f"one asynchronous collective cloned into {len(clones)} fusions")
                 out = [c for c in out if c is keep or all(c is not x for _, x in clones)]
+                keep.overlapped = self.overlaps([site for comp, _ in clones for site, _ in self.callers[comp.name]])
+        for c in out:
+            if c.name not in self.clone_names(by_channel):
+                c.overlapped = self.overlaps(self._span(c.name, done_of))
         return out
+
+    @staticmethod
+    def clone_names(by_channel: dict) -> set:
+        return {c.name for clones in by_channel.values() if len(clones) > 1 for _, c in clones}
+
+    def _span(self, name: str, done_of: dict) -> list[Instruction]:
+        """The instructions that bracket one collective in its caller's schedule: a start and its done, an
+        async-start wrapper and its done, a fusion holding it (with a matmul, it is one); [] if synchronous."""
+        ins = self.instructions[name]
+        if ins.opcode.endswith("-start"):
+            return [ins, done_of[name]] if name in done_of else []
+        sites = [s for s, _ in self.callers.get(ins.computation, [])]
+        if ins.computation in self.async_computations:
+            out = []
+            for site in sites:
+                done = site
+                while done.opcode.endswith(("-start", "-update")) and done.name in done_of:
+                    done = done_of[done.name]
+                out += [site, done]
+            return out
+        return [s for s in sites if s.opcode == "fusion"]
+
+    def runs_compute(self, ins: Instruction, depth: int = 0) -> bool:
+        """Whether an instruction runs a matmul: a dot, a convolution, a TPU kernel (custom-call
+        tpu_custom_call), or a fusion, call, while or conditional whose computations hold one."""
+        if ins.opcode in ("dot", "convolution") or 'custom_call_target="tpu_custom_call"' in ins.attrs:
+            return True
+        return depth < 8 and ins.opcode in ("fusion", "call", "while", "conditional") and any(
+            self.runs_compute(i, depth + 1) for _, callee in _callees(ins.attrs) if callee in self.computations
+            for i in self.computations[callee].instructions)
+
+    def overlaps(self, bracket: list[Instruction]) -> bool:
+        """Whether a matmul runs while a collective is in flight: ``bracket`` holds the instructions that
+        start, continue and finish it in one computation's schedule (the program text is scheduled,
+        ``is_scheduled=true``); it overlaps when any of them, or any instruction scheduled between the first and
+        the last, runs compute (runs_compute). A synchronous collective (an empty bracket) is exposed."""
+        if not bracket:
+            return False
+        comp = self.computations[bracket[0].computation]
+        at = sorted(self.position[i.name] for i in bracket if i.computation == comp.name)
+        return any(self.runs_compute(i) for i in comp.instructions[at[0]:at[-1] + 1])
+
+    def loop_copies(self) -> float:
+        """Bytes written per run by ``copy`` instructions in while-loop bodies that copy an all-gather's result,
+        times their trips: the copies a rotated loop makes of the gathered weights it carries into the next trip
+        (XLA:TPU, gathers pipelined across blocks)."""
+        bodies = {c for c, sites in self.callers.items() if any(s.opcode == "while" and k == "body" for s, k in sites)}
+        return sum(shape_bytes(i.shape) * self.multiplier.get(c, 0.0) for c in bodies
+                   for i in self.computations[c].instructions if i.opcode == "copy" and self._gathered(i.operands[0]))
+
+    def _gathered(self, name: str, depth: int = 0) -> bool:
+        """Whether an instruction's value is an all-gather's result, through bitcasts and tuple elements: an
+        all-gather(-done), or the done fusion of an asynchronous collective (root AsyncCollectiveDone)."""
+        ins = self.instructions.get(name)
+        if ins is None or depth > 8:
+            return False
+        if ins.opcode in ("all-gather", "all-gather-done"):
+            return True
+        if ins.opcode == "fusion":
+            return any('custom_call_target="AsyncCollectiveDone"' in (self.computations[c].root.attrs or "")
+                       for _, c in _callees(ins.attrs) if c in self.computations and self.computations[c].root)
+        return ins.opcode in ("bitcast", "get-tuple-element", "copy") and bool(ins.operands) and self._gathered(
+            ins.operands[0], depth + 1)
 
     def _sliced_elements(self, name: str, want: int, depth: int = 0) -> int | None:
         """If the value ``name`` flows (through converts, bitcasts, copies, transposes, reshapes and
@@ -607,6 +677,17 @@ def _instruction(name: str, rest: str, comp: str, is_root: bool) -> Instruction:
     return ins
 
 
+def overlap_bytes(collectives: list[Collective]) -> dict:
+    """{"overlapped": {axes: bytes}, "exposed": {axes: bytes}}: V x count of the collectives a matmul hides
+    (Collective.overlapped) and of the others, keyed as collective_bytes keys them."""
+    out = {"overlapped": {}, "exposed": {}}
+    for c in collectives:
+        side = out["overlapped" if c.overlapped else "exposed"]
+        key = "+".join(c.axes) or "none"
+        side[key] = side.get(key, 0.0) + c.volume * c.count
+    return out
+
+
 def collective_bytes(collectives: list[Collective]) -> dict:
     """{"total": sum of volume x count, "by_axis": {"fsdp": .., "data+fsdp": .., ...},
     "by_kind": {"all-gather": .., ...}}: each collective contributes V x count, keyed by its
@@ -629,6 +710,8 @@ class CompiledProgram:
     dot_flops         dot/convolution FLOPs times the trip counts of the loops around them
     collectives       every collective (Collective: kind, axes, volume V, count, async)
     collective_bytes  {"total", "by_axis", "by_kind"}: V x count summed (collective_bytes)
+    overlap           {"overlapped", "exposed"}: the same bytes per axis split by the schedule (overlap_bytes)
+    loop_copy_bytes   bytes the loops' copy instructions write (HloProgram.loop_copies)
     windowed_rs_loops while loops XLA made for a windowed-einsum reduce-scatter
     memory            memory_analysis(): argument_bytes, output_bytes, alias_bytes, temp_bytes,
                       generated_code_bytes, peak_bytes (peak_memory_in_bytes where > 0, TPU; else None:
@@ -643,6 +726,8 @@ class CompiledProgram:
     windowed_rs_loops: list[str]
     memory: dict
     cost: dict
+    overlap: dict = field(default_factory=dict)
+    loop_copy_bytes: float = 0.0
 
     @property
     def async_count(self) -> int:
@@ -668,7 +753,8 @@ def read_compiled(compiled, mesh_axes: dict[str, int]) -> CompiledProgram:
               "peak_bytes": peak if peak and peak > 0 else None}
     return CompiledProgram(dot_flops=prog.dot_flops(), collectives=cols, collective_bytes=collective_bytes(cols),
                            windowed_rs_loops=prog.windowed_einsum_loops("rs"), memory=memory,
-                           cost={k: float(v) for k, v in (cost or {}).items()})
+                           cost={k: float(v) for k, v in (cost or {}).items()}, overlap=overlap_bytes(cols),
+                           loop_copy_bytes=prog.loop_copies())
 
 
 _REFUSAL = re.compile(r"RESOURCE_EXHAUSTED.*required for HLO temporaries \(([\d.]+)G\)")

@@ -32,7 +32,7 @@ SCHEDULES = {"materialized": (60000, Schedule(attention="materialized")),
              "materialized, T=30000": (30000, Schedule(attention="materialized"))}
 
 
-def compile_seed000_layer(verbose: bool = False) -> dict:
+def compile_seed000_layer(verbose: bool = False, flags=None) -> dict:
     """{attention form: {"closed_form": bytes, "terms": {...}, "compiled": bytes | None, "error": str}} for
     seed 000's Ulysses layer on DEVICES (module docstring). The closed form is scaling.program.predict's
     forward memory (master weights + the batch + the attention working set: FP32 scores of 8 heads, or of
@@ -40,7 +40,7 @@ def compile_seed000_layer(verbose: bool = False) -> dict:
     out = {}
     for form, (tokens, schedule) in SCHEDULES.items():
         cfg = get_preset("seed000").replace(blocks=1, seq_len=tokens)
-        workload = Workload(cfg, parse_mesh_spec(MESH), cfg.seq_len, "forward", schedule=schedule)
+        workload = Workload(cfg, parse_mesh_spec(MESH), cfg.seq_len, "forward", schedule=schedule, flags=flags)
         print(f"compiling seed 000's Ulysses layer ({form} attention) for {DEVICES}, {MESH} ...", file=sys.stderr,
               flush=True)
         try:
