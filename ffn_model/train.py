@@ -166,11 +166,13 @@ def loss_fn(cfg: Model, mesh, remat: str = "none", schedule: Schedule = Schedule
     return functools.partial(_loss, graphdef)
 
 
-def make_train_step(cfg: Model, mesh, remat: str = "none", tx=None, schedule: Schedule = Schedule()):
+def make_train_step(cfg: Model, mesh, remat: str = "none", tx=None, schedule: Schedule = Schedule(),
+                    compiler_options: dict | None = None):
     """(state, batch) -> (state, loss): value_and_grad of the loss, AdamW update. With microbatches and
     no stage axis, the gradient is accumulated over them (ffn_model.pipeline.accumulate). Jitted with the
-    state donated and out_shardings pinned to the state shardings (loss replicated). Call it (or
-    lower it) with ``mesh`` set (jax.set_mesh), so that the model's sharding constraints resolve."""
+    state donated and out_shardings pinned to the state shardings (loss replicated), and ``compiler_options``
+    (XLA flags, scaling.flags.FlagSet.options) for its compile. Call it (or lower it) with ``mesh`` set
+    (jax.set_mesh), so that the model's sharding constraints resolve."""
     check_remat(remat, cfg)
     tx = tx or make_optimizer()
     shape = mesh_shape(mesh)
@@ -187,7 +189,8 @@ def make_train_step(cfg: Model, mesh, remat: str = "none", tx=None, schedule: Sc
         updates, opt = tx.update(grads, state["opt"], state["params"])
         return {"params": optax.apply_updates(state["params"], updates), "opt": opt}, loss
 
-    return jax.jit(step, donate_argnums=(0,), out_shardings=(shardings, NamedSharding(mesh, PartitionSpec())))
+    return jax.jit(step, donate_argnums=(0,), out_shardings=(shardings, NamedSharding(mesh, PartitionSpec())),
+                   compiler_options=compiler_options or None)
 
 
 def make_forward_step(cfg: Model, mesh, remat: str = "none", schedule: Schedule = Schedule()):
@@ -291,7 +294,9 @@ def train(w: Workload, mesh, steps: int, lr: float = 1e-3, seed: int = 0, log=No
                 say(f"saved step {k} to {checkpoint_dir}")
             started.clear()
 
-    step_fn, batch_fn = make_train_step(cfg, mesh, remat, tx, schedule), make_batch_fn(cfg, mesh, batch_tokens, seed)
+    options = w.flags.options(mesh.devices.flat[0].platform)  # the workload's XLA flags (none off TPU)
+    step_fn = make_train_step(cfg, mesh, remat, tx, schedule, options)
+    batch_fn = make_batch_fn(cfg, mesh, batch_tokens, seed)
     try:
         with jax.set_mesh(mesh):  # the model's sharding constraints resolve against it while tracing
             losses, state = train_loop(state, step_fn, batch_fn, steps - start, batch_tokens, start_step=start,

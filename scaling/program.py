@@ -172,31 +172,47 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
     return out
 
 
-def forward_exposed_matrices(w: Workload) -> int:
-    """Gathered weight matrices per microbatch whose forward all-gather XLA:TPU's schedule leaves exposed under
-    w.flags.gathers (scaling.flags), of the FFN stack's 2·L; trips = the forward scan's trips (L, or L//2 pairs
-    + L%2 under every-second remat). Read from libtpu 0.0.42.1 programs (docs/findings.md, "Compiler flags"):
-      exposed        2·L
-      within-block   the first gather of each trip: trips; full remat: 2·L (nothing runs beside them)
-      across-blocks  block 0's two (peeled out of the rotated loop): 2; every-second: 1 per scan (1 + L%2);
-                     full remat: 2·L"""
-    L, remat, g = w.model.blocks, w.remat, w.flags.gathers
-    trips = L // 2 + L % 2 if remat == "every-second" else L
-    if g == "exposed" or remat == "full":
-        return 2 * L
+# XLA:TPU rotates a scanned loop of FFN blocks (gathers across blocks, scaling.flags) only when it runs at least this
+# many trips; a loop of fewer is unrolled (libtpu 0.0.42.1: 2 trips unrolled, 3 rotated; docs/findings.md).
+ROTATED_MIN_TRIPS = 3
+
+
+def forward_trips(w: Workload) -> int:
+    """Trips of the forward scan over the FFN blocks: L, or L//2 pairs under every-second remat (its odd last
+    block, L%2, runs after the loop)."""
+    L = w.model.blocks
+    return L // 2 if w.remat == "every-second" else L
+
+
+def exposed_gathers(w: Workload) -> tuple[int, int]:
+    """(forward, backward) weight all-gathers per microbatch that XLA:TPU's schedule under w.flags.gathers
+    (scaling.flags) leaves exposed, of the FFN stack's 2·L each way; P = forward_trips(w), rotated = P >= 3
+    (ROTATED_MIN_TRIPS). Read from libtpu 0.0.42.1 programs
+    (docs/findings.md, "Compiler flags"):
+      exposed        2·L, 2·L
+      within-block   forward: the first gather of each trip (P + L%2; full remat: 2·L); backward: 0
+      across-blocks  rotated: the first trip's gathers, peeled out of the loop (2; every-second: the first
+                     pair's 4, + L%2); full remat: also one per block of the backward's recompute (L). Not
+                     rotated (unrolled): only the first gather (1; every-second 1 + L%2; full: 1, L)."""
+    L, P, remat, g = w.model.blocks, forward_trips(w), w.remat, w.flags.gathers
+    if g == "exposed":
+        return 2 * L, 2 * L
     if g == "within-block":
-        return trips
-    return 2 if remat == "none" else 1 + L % 2
+        return (2 * L if remat == "full" else P + (L % 2 if remat == "every-second" else 0)), 0
+    rotated = P >= ROTATED_MIN_TRIPS
+    if remat == "every-second":
+        return (4 if rotated else 1) + L % 2, 0
+    return (2 if rotated else 1), (L if remat == "full" else 0)
 
 
 def overlapped_volumes(w: Workload) -> dict[str, dict[str, float]]:
     """The part of collective_volumes(w) that XLA:TPU's schedule runs behind matmuls under the workload's flags
     (w.flags, scaling.flags), per axis and kind; the rest is exposed. The FFN stack without stages, per
-    microbatch, with m = cw·D·F/Y one gathered matrix:
-      forward gathers   (2·L − forward_exposed_matrices)·m
-      backward gathers  all of them, under within-block and across-blocks
+    microbatch, with m = cw·D·F/Y one gathered matrix and (f, b) = exposed_gathers(w):
+      gathers   (2·L − f)·m forward, (2·L − b)·m backward (train)
       windowed gradient reduce-scatter: all of it, but where the flags leave the last hop of one ring exposed
-                        (rs_last_hop_exposed): one chunk cg·m/X per forward scan trip
+                        (rs_last_hop_exposed): one chunk cg·m/X per forward scan trip (under full remat the
+                        recomputed forward's matmuls hide it too)
     Tensor, data and stage collectives stay synchronous under every set. Stages and the transformer: only the
     windowed reduce-scatter counts as hidden (not yet modelled; the check shows the residual)."""
     vols = collective_volumes(w)
@@ -209,24 +225,24 @@ def overlapped_volumes(w: Workload) -> dict[str, dict[str, float]]:
     trips = L // 2 + L % 2 if w.remat == "every-second" else L
     fsdp, out = vols["fsdp"], {}
     if "collective-permute" in fsdp:
-        out["collective-permute"] = fsdp["collective-permute"] - (M * trips * m_g / X if w.flags.rs_last_hop_exposed
-                                                                  else 0.0)
+        last_hop = w.flags.rs_last_hop_exposed and w.remat != "full"
+        out["collective-permute"] = fsdp["collective-permute"] - (M * trips * m_g / X if last_hop else 0.0)
     if mesh["stage"] == 1 and schedule.fsdp_gather == "microbatch" and w.flags.gathers != "exposed":
-        out["all-gather"] = M * (2 * L - forward_exposed_matrices(w)) * m_w + (2 * M * L * m_w if w.step == "train"
-                                                                                else 0.0)
+        fwd, bwd = exposed_gathers(w)
+        out["all-gather"] = M * ((2 * L - fwd) + (2 * L - bwd if w.step == "train" else 0)) * m_w
     return {"fsdp": out} if out else {}
 
 
 def loop_copy_bytes(w: Workload) -> float:
-    """Bytes the rotated loop of across-blocks gathers (scaling.flags) copies into its state per step, on the FFN
-    stack without stages: each gathered matrix of the forward's blocks but the first, M·2·(L − 1)·cw·D·F/Y; one
-    per block under full remat, M·(L − 1)·cw·D·F/Y; none under every-second (its pairs are not rotated). Read
-    from libtpu 0.0.42.1 programs; 0 for other flag sets."""
+    """Bytes the rotated forward loop of across-blocks gathers (scaling.flags) copies into its state per step, on
+    the FFN stack without stages: the two gathered matrices of every trip but the first, M·2·(P − 1)·cw·D·F/Y
+    (P = forward_trips(w); every-second: two per pair); 0 where the loop is not rotated (P < ROTATED_MIN_TRIPS)
+    and for other flag sets. Read from libtpu 0.0.42.1 programs."""
+    P = forward_trips(w)
     if (isinstance(w.model, TransformerConfig) or w.flags.gathers != "across-blocks" or w.mesh["fsdp"] == 1
-            or w.mesh["stage"] > 1 or w.remat == "every-second" or w.schedule.fsdp_gather == "step"):
+            or w.mesh["stage"] > 1 or w.schedule.fsdp_gather == "step" or P < ROTATED_MIN_TRIPS):
         return 0.0
-    per_block = 2 if w.remat == "none" else 1
-    return (w.schedule.microbatches * per_block * (w.model.blocks - 1) * w.precision.weight_comm
+    return (w.schedule.microbatches * 2 * (P - 1) * w.precision.weight_comm
             * w.model.d_model * w.model.d_ff / w.mesh["tensor"])
 
 

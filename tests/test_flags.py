@@ -91,6 +91,41 @@ def test_closed_form_exposure_by_hand():
         assert p.exposed_bytes["tensor"] == p.collective_bytes["tensor"]  # the TP all-reduce: never hidden
 
 
+def test_rotated_loop_by_hand():
+    """'overlap' gathers across blocks by rotating the scanned loop, which XLA:TPU does only for 3 trips or more
+    (2 are unrolled: only the very first gather is exposed, nothing is copied). In matrices m = 2·D·F/Y, XXL:
+      remat none, forward   L=2: 1 exposed, 0 copied;  L=3: block 0's 2 exposed, blocks 1-2's 4 copied
+      every-second, train   L=4 (2 pairs): 1 forward exposed, 0 copied; L=126 (63 pairs): the first pair's 4,
+                            2 per later pair copied (124); the backward's gathers all hidden
+      full remat, train     L=126: 2 forward + one per block of the backward's recompute (126), 250 copied."""
+    m = 2 * 16384 * 53248 / 4
+    mesh = parse_mesh_spec("fsdp=16,tensor=4")
+    for L, remat, step, exposed, copies in [(2, "none", "forward", 1, 0), (3, "none", "forward", 2, 4),
+                                            (4, "every-second", "train", 1, 0), (126, "every-second", "train", 4, 124),
+                                            (126, "full", "train", 2 + 126, 250)]:
+        w = Workload(XXL.replace(blocks=L), mesh, 25600, step, remat, flags="overlap")
+        assert program.exposed_volumes(w)["fsdp"]["all-gather"] == pytest.approx(exposed * m, rel=1e-12), (L, remat)
+        assert program.loop_copy_bytes(w) == pytest.approx(copies * m, rel=1e-12), (L, remat)
+
+
+@pytest.mark.tpu
+@pytest.mark.parametrize("blocks,remat,step", [(2, "none", "forward"), (3, "none", "forward"),
+                                               (6, "every-second", "train")])
+def test_rotated_or_unrolled_as_the_program_says(blocks, remat, step):
+    """The trip-count rule against libtpu: a 2-block forward unrolled, a 3-block one rotated, 3 pairs rotated
+    (4096-wide, fsdp=4 on v5p:2x2x1): exposed fsdp bytes and loop copies within 2% of the closed form."""
+    pytest.importorskip("libtpu")
+    from verify.check import check
+
+    cfg = XXL.replace(d_model=3072, d_ff=12288) if step == "forward" else XXL.replace(d_model=4096, d_ff=16384)
+    w = Workload(cfg.replace(blocks=blocks), parse_mesh_spec("fsdp=4"), 8192 if step == "forward" else 4096, step,
+                 remat, flags="overlap")
+    ov = check(w, "tpu:v5p:2x2x1")["overlap"]
+    assert ov["exposed"]["fsdp"]["ratio"] == pytest.approx(1, abs=0.02), ov["exposed"]
+    copies = ov["loop_copies"]
+    assert copies["compiled"] == pytest.approx(copies["closed_form"], rel=0.02, abs=1.0), copies
+
+
 @pytest.mark.tpu
 @pytest.mark.parametrize("step", ["forward", "train"])
 def test_xxl_under_each_flag_set_on_v5p(step):
