@@ -45,6 +45,17 @@ FLAGS_RULE = {
 }
 
 
+def flags_batch(F: int, X: int, Y: int, alpha_: float, mx: int, my: int, gathers: str,
+                weight_bytes: float = 2) -> float | None:
+    """The overall batch above which the compiled step is compute bound under a flag set's schedule: the largest
+    of the critical batches (roofline.critical_batch) its FLAGS_RULE names, with the FSDP bytes per weight scaled
+    by weight_bytes/2 (int8 gathers: 1); None where one of them is never compute bound."""
+    forms, _ = FLAGS_RULE[gathers]
+    bs = [roofline.critical_batch(F, X, Y, alpha_, mx, my, form, weight_bytes=wb * weight_bytes / 2)
+          for form, wb in forms]
+    return None if None in bs else max(bs)
+
+
 def axes_error(fsdp: int, tensor: int, mx: int, my: int) -> str | None:
     """Why the FSDP axis of ``fsdp`` chips spanning ``mx`` ICI axes and the TP axis of ``tensor`` chips
     spanning ``my`` cannot be laid on the question's 3D v5p torus, or None: mx + my <= 3 (TORUS_AXES), and
@@ -160,10 +171,8 @@ def answers(
     c["sum_form_why"] = SUM_FORM_WHY
     c["by_flags"] = {}
     for name, fs in FLAG_SETS.items():
-        forms, rule = FLAGS_RULE[fs.gathers]
-        bs = [roofline.critical_batch(F, X, Y, al, mx, my, form, weight_bytes=wb) for form, wb in forms]
-        c["by_flags"][name] = {"gathers": str(fs.gathers), "rule": rule,
-                               "overall_batch": None if None in bs else max(bs),
+        c["by_flags"][name] = {"gathers": str(fs.gathers), "rule": FLAGS_RULE[fs.gathers][1],
+                               "overall_batch": flags_batch(F, X, Y, al, mx, my, fs.gathers),
                                "tp_share_of_math": (Y * al / (my * F)) if Y > 1 else 0.0}
     c["assumed_flags"] = DEFAULT_FLAGS
     c["recommended_with_flags"] = c["by_flags"][DEFAULT_FLAGS]
@@ -191,6 +200,21 @@ def answers(
             "pipeline": roofline.pipeline_critical_batch(F, X, Y, al, stages, mx, my, form),
             "pipeline_stages": stages,
         }
+    g = FLAG_SETS[DEFAULT_FLAGS].gathers  # and under the schedule of the flags production runs pass
+    by_split = [(x, y, flags_batch(F, x, y, al, mx, my, g)) for x, y in feasible]
+    by_split = [t for t in by_split if t[2] is not None]
+    split = min(by_split, key=lambda t: t[2]) if by_split else None
+    d["scheduled"] = {
+        "flags": DEFAULT_FLAGS,
+        "baseline": flags_batch(F, X, Y, al, mx, my, g),
+        "int8_weight_gathers": flags_batch(F, X, Y, al, mx, my, g, weight_bytes=1),
+        "fsdp_over_more_axes": None if not more_axes else {
+            "M_X": more_axes[-1], "overall_batch": flags_batch(F, X, Y, al, more_axes[-1], my, g)},
+        "best_split": None if split is None else {"X": split[0], "Y": split[1], "overall_batch": split[2]},
+        "pipeline": flags_batch(F, X // stages, Y, al, mx, my, g) if X % stages == 0 else None,
+        "pipeline_stages": stages,
+        "tp_share_of_math": c["by_flags"][DEFAULT_FLAGS]["tp_share_of_math"],
+    }
     thin = [k for k in range(stages + 1, QUESTION["stages"] + 1) if X % k == 0 and L % k == 0]  # too few X/k for M_X
     d["pipeline_stages_why"] = f"{stages} stages, as given" if given_stages else (
         f"{stages} stages: the largest count up to {QUESTION['stages']} that divides both the FSDP size X = {X} and "
@@ -337,9 +361,10 @@ def render(ans: dict) -> str:
           f"{off}; the nearest mesh of X·Y = {N} chips: X={s['X']}, Y={s['Y']}, overall B > {_k(s['overall_batch'])})")
     w("")
     w("(d) Smaller batch, never communication bound: what helps (overall batch thresholds, this mesh)")
-    for form in roofline.FORMS:
+    for form in (*roofline.FORMS, "scheduled"):
         e = d[form]
-        w(f"  [{form} form]  baseline {_k(e['baseline'])}")
+        w(f"  [{form} form{', XLA flags ' + repr(e['flags']) if form == 'scheduled' else ''}]  baseline "
+          f"{_k(e['baseline'])}")
         w("    int8 weight all-gathers (FSDP bytes halved: 2DF instead of 4DF per block): "
           f"{_k(e['int8_weight_gathers'])}")
         if e["fsdp_over_more_axes"] is not None:
@@ -357,6 +382,9 @@ def render(ans: dict) -> str:
             w(f"    {S} pipeline stages of N/{S} chips (FSDP X/{S} = {X // S} per stage, M_X kept), "
               f"weights gathered once per step: {_k(e['pipeline'])} "
               f"(plus the bubble (S-1)/(m+S-1) of the step with m microbatches)")
+        if form == "scheduled":
+            w(f"    under every set the TP all-reduce stays exposed, {e['tp_share_of_math']:.1%} of the math at any "
+              "batch: fewer tensor shards (a smaller Y) is what lowers it")
     if i["stages"] > 1:
         pp = d["pipeline_program"]
         w(f"  Pipeline: {d['pipeline_stages_why']}. The program it names: the forward step on {pp['chips']} chips as "

@@ -377,10 +377,10 @@ def add_commands(sub, *, check_command, verify_plans, verify_pipeline, render_pi
     p.add_argument("--batch-tokens", type=int, default=25600, help="global batch in tokens (default %(default)s)")
     p.add_argument("--hbm", type=float, help="memory budget per device in bytes (default: the table's usable HBM)")
     p.add_argument("--remat", default="none", choices=REMAT_POLICIES, help="remat policy (default %(default)s)")
-    p.add_argument("--form", default="sum", choices=["sum", "max", "scheduled"],
-                   help="rank by the sum form (math + comms: synchronous collectives, libtpu's default flags), the max "
-                        "form (every collective overlapped) or the scheduled form (math + the collectives --xla-flags' "
-                        "schedule leaves exposed + its loop copies) (default %(default)s)")
+    p.add_argument("--form", default="scheduled", choices=["sum", "max", "scheduled"],
+                   help="rank by the scheduled form (math + the collectives --xla-flags' schedule leaves exposed + its "
+                        "loop copies), the sum form (math + every collective: synchronous) or the max form (every "
+                        "collective overlapped) (default %(default)s)")
     p.add_argument("--top", type=int, default=10, help="rows to show (default %(default)s)")
     p.add_argument("--max-microbatches", type=int, default=64, metavar="M",
                    help="largest microbatch count to try (gradient accumulation, pipeline; default %(default)s; "

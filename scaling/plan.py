@@ -135,7 +135,7 @@ def plan(cfg: FFNConfig, chip: Chip, chips: int, batch_tokens, hbm: float | None
     M·data·fsdp, ...) or whose memory exceeds ``hbm`` are dropped. ``per_mesh``: keep each mesh's best
     schedule only (the fastest that fits, then the least memory, then the fewest microbatches); False keeps
     every (mesh, M, R). ``flags``: the XLA flag set the programs are compiled with (scaling.flags), whose
-    schedule the "scheduled" form follows."""
+    schedule the "scheduled" form follows (the plan command's default form)."""
     positive_int("chips", chips)
     check_remat(remat)
     if form not in PLAN_FORMS:

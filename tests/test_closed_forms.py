@@ -288,6 +288,28 @@ def test_answer_states_its_constants_batch_and_recommended_form():
     assert c["recommended_with_flags"]["tp_share_of_math"] == pytest.approx(4 * 4.6e14 / 1.8e11 / 53248, rel=1e-9)
 
 
+def test_d_under_the_flags_production_runs_pass():
+    """(d) under 'maxtext' (within-block gathers): compute bound above the larger of the max form and the sum form
+    with half the FSDP bytes (W_in's gather exposed, W_out's hidden). By hand, alpha = 2555.6, F = 53248, M_X = 2:
+      X=16, Y=4:  max 16·alpha/2 = 20,444; half-bytes sum (F/2)/(Y·M_X) / (F/(N·alpha) − 1/X)
+                  = 3328/(0.32556 − 0.0625) = 12,651  ->  20,444
+      int8:       max 10,222, sum 6,326                                   -> 10,222
+      X=8, Y=8:   max 10,222; sum 1664/(0.32556 − 0.125) = 8,297          -> 10,222 (the best split: X=4, Y=16 gives
+                  max 5,111 but sum 832/(0.32556 − 0.25) = 11,011; X=2 is never compute bound)
+      2 stages:   X=8, Y=4 per stage: max 10,222, sum 3328/(0.65111 − 0.125) = 6,326 -> 10,222"""
+    d = json.loads(_cli("answer", "--json").stdout)["d"]["scheduled"]
+    al = 4.6e14 / 1.8e11
+    assert d["flags"] == "maxtext"
+    assert d["baseline"] == pytest.approx(16 * al / 2, rel=1e-9)
+    assert d["int8_weight_gathers"] == pytest.approx(8 * al / 2, rel=1e-9)
+    assert (d["best_split"]["X"], d["best_split"]["Y"]) == (8, 8)
+    assert d["best_split"]["overall_batch"] == pytest.approx(8 * al / 2, rel=1e-9)
+    assert d["pipeline"] == pytest.approx(8 * al / 2, rel=1e-9)
+    # the X=4, Y=16 split: its half-bytes sum form (11,011 by hand) is what the best split beats
+    from scaling.answers import flags_batch
+    assert flags_batch(53248, 4, 16, al, 2, 1, "within-block") == pytest.approx(11_011, abs=1)
+
+
 def test_cli_text_shows_both_conventions():
     r = _cli("answer")
     assert r.returncode == 0

@@ -164,6 +164,21 @@ def test_plan_cli_json():
     assert len(j["plans"]) == 3 and j["count"] == len(plan(XXL, V5P, 64, 25600))
 
 
+def test_the_command_ranks_by_the_schedule_of_its_flags():
+    """plan (the command) ranks by the scheduled form of the flags in force (default 'maxtext'): each plan's step is
+    that form's, between the max form (everything overlapped) and the sum form (nothing overlapped); under
+    'maxtext' the XXL's FSDP gathers partly hide, so the question's fsdp=16, tensor=4 ranks above the sum form's
+    fsdp=4, tensor=16 (docs/findings.md, "Compiler flags")."""
+    j = json.loads(_plan_cli("--json").stdout)
+    for p in j["plans"]:
+        assert p["form"] == "scheduled" and p["step_seconds"] == p["step_seconds_scheduled"]
+        assert p["step_seconds_max"] <= p["step_seconds"] <= p["step_seconds_sum"] * (1 + 1e-12)
+    ranked = [(p["mesh"]["fsdp"], p["mesh"]["tensor"]) for p in j["plans"]]
+    assert ranked.index((16, 4)) < ranked.index((4, 16))
+    summed = json.loads(_plan_cli("--json", "--form", "sum").stdout)["plans"][0]["mesh"]
+    assert (summed["fsdp"], summed["tensor"]) == (4, 16)
+
+
 @pytest.mark.tpu
 def test_verify_top_plan_compiles_and_fits(capsys):
     """The planner's top plan for the XXL on v5p-64 at the question's batch (25,600 tokens), ranked by
@@ -175,7 +190,7 @@ def test_verify_top_plan_compiles_and_fits(capsys):
 
     from jax_scaling.cli import main
 
-    assert main(["plan", "--chips", "64", "--preset", "xxl", "--batch-tokens", "25600",
+    assert main(["plan", "--chips", "64", "--preset", "xxl", "--batch-tokens", "25600", "--form", "sum",
                  "--verify-top", "1", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     top = out["plans"][0]
