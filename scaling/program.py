@@ -222,7 +222,7 @@ def overlapped_volumes(w: Workload) -> dict[str, dict[str, float]]:
     X, Y, M, L = mesh["fsdp"], mesh["tensor"], schedule.microbatches, cfg.blocks
     cw, cg = (max(b, w.compiler.min_comm_bytes) for b in (precision.weight_comm, precision.grad_comm))
     m_w, m_g = cw * cfg.d_model * cfg.d_ff / Y, cg * cfg.d_model * cfg.d_ff / Y
-    trips = L // 2 + L % 2 if w.remat == "every-second" else L
+    trips = forward_trips(w) + (L % 2 if w.remat == "every-second" else 0)  # the odd last block's pass too
     fsdp, out = vols["fsdp"], {}
     if "collective-permute" in fsdp:
         last_hop = w.flags.rs_last_hop_exposed and w.remat != "full"
