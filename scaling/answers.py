@@ -188,33 +188,25 @@ def answers(
                                                 "overall_batch": roofline.critical_batch(F, Xn, Yn, al, mx, my, form)}}
     # (d): only meshes answers() accepts
     more_axes = [m for m in range(mx + 1, TORUS_AXES + 1) if axes_error(X, Y, m, my) is None]
-    d = {}
-    for form in roofline.FORMS:
-        split = roofline.best_split(N, F, al, mx, my, form, splits=feasible)
-        d[form] = {
-            "baseline": c[form]["overall_batch"],
-            "int8_weight_gathers": roofline.critical_batch(F, X, Y, al, mx, my, form, weight_bytes=1),
-            "fsdp_over_more_axes": None if not more_axes else {
-                "M_X": more_axes[-1], "overall_batch": roofline.critical_batch(F, X, Y, al, more_axes[-1], my, form)},
-            "best_split": None if split is None else {"X": split[0], "Y": split[1], "overall_batch": split[2]},
-            "pipeline": roofline.pipeline_critical_batch(F, X, Y, al, stages, mx, my, form),
-            "pipeline_stages": stages,
-        }
+
+    def tricks(batch) -> dict:
+        """(d)'s levers under one form, ``batch(X, Y, M_X, weight_bytes)`` its overall critical batch: int8
+        gathers, FSDP over more ICI axes, the best split X·Y = N of the feasible ones, and pipeline stages of N/S
+        chips with the weights gathered once per step (each stage: FSDP X/S, TP Y, the whole batch, so the
+        threshold is the form's with X -> X/S; the bubble (S−1)/(m+S−1) not counted; training page, pipelining)."""
+        by_split = [(x, y, b) for x, y in feasible if (b := batch(x, y, mx, 2)) is not None]
+        split = min(by_split, key=lambda t: t[2], default=None)
+        return {"baseline": batch(X, Y, mx, 2), "int8_weight_gathers": batch(X, Y, mx, 1),
+                "fsdp_over_more_axes": None if not more_axes else {
+                    "M_X": more_axes[-1], "overall_batch": batch(X, Y, more_axes[-1], 2)},
+                "best_split": None if split is None else {"X": split[0], "Y": split[1], "overall_batch": split[2]},
+                "pipeline": batch(X // stages, Y, mx, 2), "pipeline_stages": stages}
+
+    d = {form: tricks(lambda x, y, m, wb, form=form: roofline.critical_batch(F, x, y, al, m, my, form, wb))
+         for form in roofline.FORMS}
     g = FLAG_SETS[DEFAULT_FLAGS].gathers  # and under the schedule of the flags production runs pass
-    by_split = [(x, y, flags_batch(F, x, y, al, mx, my, g)) for x, y in feasible]
-    by_split = [t for t in by_split if t[2] is not None]
-    split = min(by_split, key=lambda t: t[2]) if by_split else None
-    d["scheduled"] = {
-        "flags": DEFAULT_FLAGS,
-        "baseline": flags_batch(F, X, Y, al, mx, my, g),
-        "int8_weight_gathers": flags_batch(F, X, Y, al, mx, my, g, weight_bytes=1),
-        "fsdp_over_more_axes": None if not more_axes else {
-            "M_X": more_axes[-1], "overall_batch": flags_batch(F, X, Y, al, more_axes[-1], my, g)},
-        "best_split": None if split is None else {"X": split[0], "Y": split[1], "overall_batch": split[2]},
-        "pipeline": flags_batch(F, X // stages, Y, al, mx, my, g) if X % stages == 0 else None,
-        "pipeline_stages": stages,
-        "tp_share_of_math": c["by_flags"][DEFAULT_FLAGS]["tp_share_of_math"],
-    }
+    d["scheduled"] = {"flags": DEFAULT_FLAGS, **tricks(lambda x, y, m, wb: flags_batch(F, x, y, al, m, my, g, wb)),
+                      "tp_share_of_math": c["by_flags"][DEFAULT_FLAGS]["tp_share_of_math"]}
     thin = [k for k in range(stages + 1, QUESTION["stages"] + 1) if X % k == 0 and L % k == 0]  # too few X/k for M_X
     d["pipeline_stages_why"] = f"{stages} stages, as given" if given_stages else (
         f"{stages} stages: the largest count up to {QUESTION['stages']} that divides both the FSDP size X = {X} and "

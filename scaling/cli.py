@@ -40,15 +40,15 @@ def answer_command(args, verify_pipeline, render_pipeline) -> int:
     """Print (a)-(d); with --verify-pipeline, ``verify_pipeline(ans, verbose)`` (verify's)
     compiles (d)'s pipeline program and ``render_pipeline(ans)`` prints it after the answers. Sizes the package
     could not build (check_size) are refused like any bad input."""
-    check_size(Workload(FFNConfig(args.d_model, args.d_ff, args.blocks), MeshShape(), args.batch_tokens,
-                        flags=flags_of(args)))
+    flags = flags_of(args)
+    check_size(Workload(FFNConfig(args.d_model, args.d_ff, args.blocks), MeshShape(), args.batch_tokens, flags=flags))
     ans = answers(
         d_model=args.d_model, d_ff=args.d_ff, blocks=args.blocks, fsdp=args.fsdp, tensor=args.tensor, mx=args.mx,
         my=args.my, flops=args.flops, w_ici=args.w_ici, hbm=args.hbm, gpu_hbm=args.gpu_hbm,
         batch_tokens=args.batch_tokens, stages=args.stages,
     )
     if args.verify_pipeline:
-        verify_pipeline(ans, args.verbose, flags_of(args))
+        verify_pipeline(ans, args.verbose, flags)
     print(json.dumps(ans, indent=2, default=str) if args.json else render(ans))
     if args.verify_pipeline and not args.json:
         print()
@@ -205,7 +205,7 @@ def plan_target(args):
 def plan_command(args, verify) -> int:
     """Rank the plans and print them; ``verify(plans, cfg, chip, chips, remat, budget, verbose)``
     (verify's, with --verify-top) adds the compiled peak of the first K."""
-    flags_of(args)
+    flags = flags_of(args)  # an unknown set or a bad flag: refused before anything is enumerated
     if args.verify_top < 0:
         raise ValueError(f"--verify-top must be 0 (compile none) or a positive count of plans, got {args.verify_top}")
     extra = [k for k in TRANSFORMER_OVERRIDES if getattr(args, k, None) is not None]
@@ -223,7 +223,7 @@ def plan_command(args, verify) -> int:
         if getattr(args, flag) <= 0:
             raise ValueError(f"--{flag.replace('_', '-')} must be a positive integer, got {getattr(args, flag)}")
     plans = planner.plan(cfg, chip, chips, args.batch_tokens, hbm=args.hbm, remat=args.remat, form=args.form, dims=dims,
-                         max_microbatches=args.max_microbatches, max_repeats=args.max_repeats, flags=flags_of(args))
+                         max_microbatches=args.max_microbatches, max_repeats=args.max_repeats, flags=flags)
     seconds = time.perf_counter() - t0
     budget = args.hbm if args.hbm is not None else chip.hbm_budget
     name = slice_name(chip, chips)
@@ -231,7 +231,7 @@ def plan_command(args, verify) -> int:
     if not plans:
         miss = planner.nearest_miss(cfg, chip, chips, args.batch_tokens, args.remat, args.form,
                                     max_microbatches=args.max_microbatches, max_repeats=args.max_repeats,
-                                    flags=flags_of(args))
+                                    flags=flags)
         why = "" if miss is None else (
             f"; nearest miss: {_mesh_text(miss['mesh'])}{_schedule_text(miss)} "
             f"needs {miss['memory_bytes'] / 1e9:.1f} GB per device ("
@@ -244,7 +244,7 @@ def plan_command(args, verify) -> int:
         raise ValueError(f"no mesh of {where} fits {cfg} in {budget / 1e9:.4g} GB per device "
                          f"(--hbm {budget:.4g} bytes){why}")
     if args.verify_top:
-        verify(plans[: args.verify_top], cfg, chip, chips, args.remat, budget, args.verbose, flags_of(args))
+        verify(plans[: args.verify_top], cfg, chip, chips, args.remat, budget, args.verbose, flags)
     if args.json:
         print(json.dumps({"plans": plans[: args.top], "count": len(plans), "enumerate_seconds": seconds,
                           "chip": chip.name, "chips": chips, "slice": name, "hbm_budget": budget}, indent=2))
@@ -262,7 +262,7 @@ def plan_command(args, verify) -> int:
     print(f"Ranked by the {args.form} form" + (" (max(T_math, T_HBM) + the collective times; the compiled XXL forward "
           "step runs its collectives synchronously under libtpu's default flags: docs/findings.md, question (c))"
           if args.form == "sum" else " (every collective overlapped with the math)" if args.form == "max" else
-          f" (math + the collectives the schedule of {flags_of(args).describe()} leaves exposed + its loop copies)")
+          f" (math + the collectives the schedule of {flags.describe()} leaves exposed + its loop copies)")
           + f"; the {other} form beside it.")
     print("These are roofline bounds, not forecasts: step times are lower bounds, MFU and HFU upper bounds "
           "(MFU counts model FLOPs 6PB-2BDF, HFU the remat recompute too).")
@@ -322,11 +322,11 @@ def _mesh_text(mesh: dict) -> str:
 def trace_command(args, verify_trace) -> int:
     """Seed 000's trace from the closed forms (scaling.seed000); with --verify, ``verify_trace(verbose)``
     (verify's) compiles its Ulysses layer and the table follows."""
-    flags_of(args)
+    flags = flags_of(args)  # refused before anything is printed
     print(seed000.render())
     if args.verify:
         print()
-        print(verify_trace(args.verbose, flags_of(args)))
+        print(verify_trace(args.verbose, flags))
     return 0
 
 

@@ -46,10 +46,14 @@ class FlagSet:
         CPU or GPU (the sets hold libtpu flags)."""
         return dict(_split(f) for f in self.flags) if platform == "tpu" else {}
 
+    def on(self, platform: str) -> FlagSet:
+        """The set as a compile on ``platform`` runs it: itself on TPU; elsewhere (XLA:CPU, a GPU) none of its
+        flags reach XLA (options) and every collective runs synchronously."""
+        return self if platform == "tpu" else FlagSet(self.name, self.flags, self.source)
+
     def describe(self) -> str:
         """One line for a report's header."""
-        return (f"XLA flags {self.name!r} ({len(self.flags)} flags; FSDP gathers {self.gathers}"
-                + ")")
+        return f"XLA flags {self.name!r} ({len(self.flags)} flags; FSDP gathers {self.gathers})"
 
 
 def _split(flag: str) -> tuple[str, str]:

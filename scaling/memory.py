@@ -121,8 +121,8 @@ def train_memory_per_device(w: Workload) -> dict:
                               else c * (1 if windowed_grad_rs else 4) * D * F / Y),
         "inputs": (c + 4) * D * b,
     }
-    if prefetched_weights(w):
-        terms["prefetched"] = prefetched_weights(w)
+    if prefetched := prefetched_weights(w):
+        terms["prefetched"] = prefetched
     if S == 1 and np.any(np.asarray(M) > 1):
         terms["accumulated"] = precision.grad * P / shards_w * (np.asarray(M) > 1)
     if S > 1:
@@ -169,8 +169,8 @@ def forward_memory_per_device(w: Workload) -> dict:
     }
     if S > 1:
         terms["buffer"] = c * D * b
-    if prefetched_weights(w):
-        terms["prefetched"] = prefetched_weights(w)
+    if prefetched := prefetched_weights(w):
+        terms["prefetched"] = prefetched
     terms["total"] = sum(terms.values())
     return terms
 

@@ -52,7 +52,6 @@ import numpy as np
 
 from scaling import collectives, flops, memory, pipeline, roofline, transformer
 from scaling.config import TransformerConfig
-from scaling.flags import FLAG_SETS
 from scaling.hardware import Chip
 from scaling.workload import Workload
 
@@ -420,8 +419,8 @@ def predict(w: Workload, chip: Chip | None = None, layout: Mapping | None = None
     ``min_comm_bytes`` widens the volumes reported for an XLA:CPU program.
     """
     lk = {**(links(layout) if layout else {}), **(axis_links or {})}
-    if chip is not None and chip.kind != "tpu" and w.flags.gathers != "exposed":  # the sets hold libtpu's flags
-        w = w.replace(flags=FLAG_SETS["default"])
+    if chip is not None and chip.kind != "tpu":  # the sets hold libtpu's flags: a GPU runs none of them
+        w = w.replace(flags=w.flags.on(chip.kind))
     if w.compiler.windowed_grad_rs is None:
         w = w.with_facts(windowed_grad_rs=windowed_einsum_rs(w, chip, lk, dcn))
     if np.ndim(w.compiler.windowed_grad_rs):  # the rule differs across the arrays: both programs, each where it applies

@@ -111,31 +111,3 @@ def xopt_threshold_per_device(alpha_: float, F: int, M_X: int = 1, M_Y: int = 1,
     _check_form(form)
     k = 4 if form == "sum" else 1
     return k * alpha_**2 / (M_X * M_Y * F)
-
-
-def best_split(N: int, F: int, alpha_: float, M_X: int = 1, M_Y: int = 1, form: str = "sum", weight_bytes: float = 2,
-               splits=None):
-    """Over the integer factorisations N = X·Y (or the (X, Y) of ``splits``, those a caller accepts), the one with
-    the smallest critical batch: returns (X, Y, B) or None when no split is ever compute bound."""
-    positive_int("N", N)
-    best = None
-    for X, Y in splits if splits is not None else ((X, N // X) for X in range(1, N + 1) if N % X == 0):
-        B = critical_batch(F, X, Y, alpha_, M_X, M_Y, form, weight_bytes)
-        if B is not None and (best is None or B < best[2]):
-            best = (X, Y, B)
-    return best
-
-
-def pipeline_critical_batch(
-    F: int, X: int, Y: int, alpha_: float, stages: int, M_X: int = 1, M_Y: int = 1, form: str = "sum"
-) -> float | None:
-    """Overall batch for compute-bound FSDP+TP when the N chips are split into ``stages`` pipeline
-    stages of N/stages chips (FSDP X/stages, TP Y each), every stage running the whole batch B with
-    its weights gathered once per step (kept across microbatches). The stage condition is
-    F/(Y·M_X) + B/((X/P)·M_Y) < B·F/((N/P)·alpha), i.e. critical_batch with X -> X/P: the
-    threshold falls by P (sum form: exactly B_min/P). Ignores the bubble, (P−1)/(m+P−1) of the step
-    with m microbatches (training page, pipelining)."""
-    positive_int("stages", stages)
-    if X % stages:
-        raise ValueError(f"X={X} is not divisible by {stages} pipeline stages")
-    return critical_batch(F, X // stages, Y, alpha_, M_X, M_Y, form)

@@ -24,7 +24,6 @@ from mesh import ici_layout, make_mesh, mesh_shape
 from mesh.devices import parse_tpu_spec, use_cpu_platform_for
 from scaling import pipeline, program
 from scaling.answers import model_name
-from scaling.flags import FLAG_SETS, FlagSet, get_flag_set
 from scaling.config import (FFNConfig, MeshShape, Schedule, TransformerConfig, get_preset,
                             parse_mesh_spec)
 from scaling.hardware import CHIPS, DEFAULT_CHIP, Chip, get_chip, slice_topology
@@ -252,8 +251,7 @@ def compare(w: Workload, devices: str, chip: str | None = None, verbose: bool = 
     layout = ici_layout(mesh, chip_)
     platform = mesh.devices.flat[0].platform
     widen = 4 if platform == "cpu" else 0  # XLA:CPU runs bf16 collectives in f32 (program.collective_volumes)
-    if platform != "tpu":  # the sets hold libtpu's flags: XLA:CPU gets none (scaling.flags), synchronous collectives
-        w = w.replace(flags=FlagSet(w.flags.name, w.flags.flags, w.flags.source))
+    w = w.replace(flags=w.flags.on(platform))  # XLA:CPU gets none of libtpu's flags: synchronous collectives
     res = abstract_compile(w, mesh)
     got = read_compiled(res.compiled, dict(shape))
     cb = got.collective_bytes
@@ -418,8 +416,7 @@ def render(rep: dict) -> str:
              f"remat {cfgd['remat']}, devices {cfgd['devices']} (compiled in {cfgd['compile_seconds']:.1f} s)"
              + _schedule_text(cfgd),
              f"chip figures for the times: {get_chip(cfgd['chip']).describe()}",
-             get_flag_set(cfgd.get("xla_flags", "default")).describe() if cfgd.get("xla_flags", "default") in FLAG_SETS
-             else f"XLA flags {cfgd['xla_flags']!r} (FSDP gathers {cfgd['xla_flags_gathers']})"]
+             f"XLA flags {cfgd['xla_flags']!r} (FSDP gathers {cfgd['xla_flags_gathers']} on {cfgd['platform']})"]
     rows = [(f"{a}.{b}", rep[a][b]) for a, b in ROW_ORDER]
     rows += [(f"collectives.by_axis.{k}", v) for k, v in rep["collectives"]["by_axis"].items()]
     rows += [(f"exposed.{k}", v) for k, v in rep["overlap"]["exposed"].items()]

@@ -411,14 +411,11 @@ class HloProgram:
                              + f"one asynchronous collective cloned into {len(clones)} fusions")
                 out = [c for c in out if c is keep or all(c is not x for _, x in clones)]
                 keep.overlapped = self.overlaps([site for comp, _ in clones for site, _ in self.callers[comp.name]])
+        cloned = {c.name for clones in by_channel.values() if len(clones) > 1 for _, c in clones}
         for c in out:
-            if c.name not in self.clone_names(by_channel):
+            if c.name not in cloned:
                 c.overlapped = self.overlaps(self._span(c.name, done_of))
         return out
-
-    @staticmethod
-    def clone_names(by_channel: dict) -> set:
-        return {c.name for clones in by_channel.values() if len(clones) > 1 for _, c in clones}
 
     def _span(self, name: str, done_of: dict) -> list[Instruction]:
         """The instructions that bracket one collective in its caller's schedule: a start and its done, an
