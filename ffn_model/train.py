@@ -32,6 +32,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from ffn_model import checkpoint as ckpt
 from ffn_model.model import COMPUTE_DTYPE, FFNStack
 from ffn_model.pipeline import accumulate, pipeline_loss
+from ffn_model.transformer import IDS_AXES, token_cross_entropy
 from ffn_model.transformer import X_AXES as TF_X_AXES
 from ffn_model.transformer import TransformerStack
 from mesh.devices import mesh_shape
@@ -56,10 +57,17 @@ def _model(cfg: Model, seed: int = 0, remat: str = "none", schedule: Schedule = 
 
 def input_layout(cfg: Model, batch_tokens: int):
     """(shape, logical axes) of a batch's x and y: [B, D] over (batch, act_embed) for the FFN stack;
-    [B/T, T, D] sequences over (batch, seq, act_embed) for a transformer."""
+    [B/T, T, D] sequences over (batch, seq, act_embed) for a transformer; [B/T, T] token ids over
+    (batch, seq) for a transformer with a vocabulary."""
     if isinstance(cfg, TransformerConfig):
+        if cfg.vocab is not None:
+            return (batch_tokens // cfg.seq_len, cfg.seq_len), IDS_AXES
         return (batch_tokens // cfg.seq_len, cfg.seq_len, cfg.d_model), TF_X_AXES
     return (batch_tokens, cfg.d_model), X_AXES
+
+
+def _tokens(cfg: Model) -> bool:
+    return isinstance(cfg, TransformerConfig) and cfg.vocab is not None
 
 
 def state_shardings(cfg: Model, mesh, tx=None):
@@ -100,11 +108,13 @@ def batch_shardings(cfg: Model, mesh) -> dict:
 
 
 def batch_structs(cfg: Model, mesh, batch_tokens: int) -> dict:
-    """ShapeDtypeStructs of one batch: x BF16 and y FP32 (input_layout: [B, D], or [B/T, T, D])."""
+    """ShapeDtypeStructs of one batch: x BF16 and y FP32 (input_layout: [B, D], or [B/T, T, D]); token
+    ids and labels int32 [B/T, T] with a vocabulary."""
     sh = batch_shardings(cfg, mesh)
     shape, _ = input_layout(cfg, batch_tokens)
-    return {"x": jax.ShapeDtypeStruct(shape, COMPUTE_DTYPE, sharding=sh["x"]),
-            "y": jax.ShapeDtypeStruct(shape, jnp.float32, sharding=sh["y"])}
+    x_dtype, y_dtype = (jnp.int32, jnp.int32) if _tokens(cfg) else (COMPUTE_DTYPE, jnp.float32)
+    return {"x": jax.ShapeDtypeStruct(shape, x_dtype, sharding=sh["x"]),
+            "y": jax.ShapeDtypeStruct(shape, y_dtype, sharding=sh["y"])}
 
 
 def make_batch_fn(cfg: Model, mesh, batch_tokens: int, seed: int = 0):
@@ -112,6 +122,14 @@ def make_batch_fn(cfg: Model, mesh, batch_tokens: int, seed: int = 0):
     host data, so in a multi-process program each process computes just its own shards."""
     shape, _ = input_layout(cfg, batch_tokens)
     D = cfg.d_model
+    if _tokens(cfg):  # ids uniform over the vocabulary; the label of position t is the id at t − 1 (at 0, its own)
+        @functools.partial(jax.jit, out_shardings=batch_shardings(cfg, mesh))
+        def tokens(step):
+            key = jax.random.fold_in(jax.random.split(jax.random.key(seed))[1], step)
+            ids = jax.random.randint(key, shape, 0, cfg.vocab, jnp.int32)
+            return {"x": ids, "y": jnp.concatenate([ids[:, :1], ids[:, :-1]], axis=1)}
+
+        return tokens
 
     @functools.partial(jax.jit, out_shardings=batch_shardings(cfg, mesh))
     def batch(step):
@@ -124,31 +142,45 @@ def make_batch_fn(cfg: Model, mesh, batch_tokens: int, seed: int = 0):
     return batch
 
 
-def mse(pred, y, logical_axes):
-    """Mean squared error in FP32 of the BF16 output ``pred`` (laid out on ``logical_axes``) against the FP32
-    targets: every device sums its own tokens' squared errors and one psum over the mesh axes that split
-    the tokens adds them (inside a shard_map, so that the loss is one all-reduce of 4 bytes over those axes
-    together on every backend; left to XLA it reduced over the sequence and the batch separately on CPU
-    and together on TPU)."""
+def token_mean(local_sum, arrays, logical_axes):
+    """Σ local_sum(device's shards of ``arrays``) over the mesh / the element count of ``arrays[0]``: every
+    device sums its own tokens' terms and one psum over the mesh axes that split the tokens adds them
+    (inside a shard_map, so that the loss is one all-reduce of 4 bytes over those axes together on every
+    backend; left to XLA it reduced over the sequence and the batch separately on CPU and together on TPU)."""
     mesh = jax.sharding.get_abstract_mesh()
-    count = float(math.prod(pred.shape))  # a Python float: 2**32 elements and more overflow an int32 weak type
+    count = float(math.prod(arrays[0].shape))  # a Python float: 2**32 elements and more overflow an int32 weak type
     if mesh.empty:
-        return jnp.sum(jnp.square(pred.astype(jnp.float32) - y)) / count
+        return local_sum(*arrays) / count
     spec = logical_to_spec(logical_axes)
     split = tuple(a for entry in spec if entry for a in ((entry,) if isinstance(entry, str) else entry))
 
-    def local(p, t):
-        s = jnp.sum(jnp.square(p.astype(jnp.float32) - t))
+    def local(*a):
+        s = local_sum(*a)
         return (jax.lax.psum(s, split) if split else s) / count
 
-    return jax.shard_map(local, mesh=mesh, in_specs=(spec, spec), out_specs=PartitionSpec(),
-                         axis_names=set(mesh.axis_names))(pred, y)
+    return jax.shard_map(local, mesh=mesh, in_specs=(spec,) * len(arrays), out_specs=PartitionSpec(),
+                         axis_names=set(mesh.axis_names))(*arrays)
+
+
+def mse(pred, y, logical_axes):
+    """Mean squared error in FP32 of the BF16 output ``pred`` (laid out on ``logical_axes``) against the FP32
+    targets (token_mean)."""
+    return token_mean(lambda p, t: jnp.sum(jnp.square(p.astype(jnp.float32) - t)), (pred, y), logical_axes)
+
+
+def cross_entropy(logits_BxTxV, labels_BxT):
+    """Mean softmax cross-entropy in FP32 over the tokens of vocab-parallel logits
+    (ffn_model.transformer.token_cross_entropy per token, then token_mean)."""
+    return token_mean(jnp.sum, (token_cross_entropy(logits_BxTxV, labels_BxT),), IDS_AXES)
 
 
 def _loss(graphdef, params, batch):
-    """The stack's loss on one batch (mse)."""
+    """The stack's loss on one batch: mse, or with a vocabulary the cross-entropy of its logits."""
     model = nnx.merge(graphdef, params)
-    return mse(model(batch["x"]), batch["y"], model.output_axes)
+    out = model(batch["x"])
+    if getattr(model, "vocab", None) is not None:
+        return cross_entropy(out, batch["y"])
+    return mse(out, batch["y"], model.output_axes)
 
 
 def loss_fn(cfg: Model, mesh, remat: str = "none", schedule: Schedule = Schedule(), for_grad: bool = True):

@@ -31,7 +31,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from ffn_model.attention import (RESIDUAL_NAMES, attention_materialized, flash_attention_o, ring_attention,
                                  ulysses_attention)
-from ffn_model.model import COMPUTE_DTYPE, constrain, gather_bf16, init_normal, param, reshard
+from ffn_model.model import COMPUTE_DTYPE, constrain, gather_bf16, init_normal, param, reshard, to_bf16
 from mesh.rules import logical_to_spec
 from scaling.config import Schedule, TransformerConfig, check_remat
 
@@ -44,6 +44,9 @@ H_AXES = ("batch", "seq", "mlp")
 WQ_AXES = ("layers", "heads", "head_dim", "embed")  # W_q, W_o [L, N, H, D]
 WKV_AXES = ("layers", "kv_heads", "head_dim", "embed")  # W_k, W_v [L, K, H, D]
 W_MLP_AXES = ("layers", "mlp", "embed")  # W_in, W_gate, W_out [L, F, D]
+VOCAB_AXES = ("vocab", "embed")  # the embedding E and the output projection U [V, D]
+IDS_AXES = ("batch", "seq")  # token ids and labels [B, T]
+LOGITS_AXES = ("batch", "seq", "vocab")  # logits [B, T, V]: vocab-parallel, never gathered
 
 # What remat="none" keeps for the backward (jax.checkpoint save_only_these_names): the norms' outputs
 # (the projections' inputs; under SP their token split), q, k, v, the attention's own residuals (the
@@ -172,6 +175,116 @@ def stack_forward(x_BxTxD, weights: dict, schedule: Schedule, remat: str = "none
     return x  # under sequence parallelism still split over tensor: the loss reduces it where it lies
 
 
+def _token_axes(spec) -> tuple[str, ...]:
+    """The mesh axes a PartitionSpec's entries name (the axes that split the tokens, for ids' specs)."""
+    return tuple(a for entry in spec if entry for a in ((entry,) if isinstance(entry, str) else entry))
+
+
+def _rows(ids_BxT, rows: int):
+    """Inside a shard_map manual over tensor: the ids relative to the device's V/Y rows, and which fall in them."""
+    local = ids_BxT - jax.lax.axis_index("tensor") * rows
+    return jnp.clip(local, 0, rows - 1), (local >= 0) & (local < rows)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _lookup(e_VxD, ids_BxT, vocab: int, tied: bool):
+    """(E[ids], the gathered E if ``tied`` else None): the FP32 shard of E (VOCAB_AXES) cast to BF16 and
+    gathered over fsdp, each device's V/Y rows looked up (zeros for the ids outside them) and summed over
+    tensor, in a shard_map manual over every axis. Tied, the output layer uses the same gathered E."""
+    return _lookup_fwd(e_VxD, ids_BxT, vocab, tied)[0]
+
+
+def _lookup_fwd(e_VxD, ids_BxT, vocab: int, tied: bool):
+    P, mesh = jax.sharding.PartitionSpec, jax.sharding.get_abstract_mesh()
+    e = constrain(to_bf16(e_VxD), ("vocab", None))
+    rows = vocab // mesh.shape["tensor"]
+
+    def local(e_RxD, ids):
+        idx, hit = _rows(ids, rows)
+        return jax.lax.psum(jnp.where(hit[..., None], jnp.take(e_RxD, idx, axis=0), 0).astype(e_RxD.dtype), "tensor")
+
+    x = jax.shard_map(local, mesh=mesh, in_specs=(P("tensor", None), logical_to_spec(IDS_AXES)),
+                      out_specs=logical_to_spec(X_AXES), axis_names=set(mesh.axis_names), check_vma=False)(e, ids_BxT)
+    return (x, e if tied else None), ids_BxT
+
+
+def _lookup_bwd(vocab: int, tied: bool, ids_BxT, cotangents):
+    """Each device scatters its tokens' gradients into its own V/Y rows (FP32 sums), rounds them to BF16,
+    reduce-scatters them over fsdp (D) and all-reduces them over the other axes that split the tokens (data,
+    context), then FP32: E's gradient in its shard's layout (written out: left to XLA's SPMD partitioner, the
+    scatter's partial sums were all-reduced over data·fsdp whole before the slice to the fsdp shard). Tied,
+    the output layer's gradient of the gathered E is reduce-scattered (as gather_bf16's) and added."""
+    dx_BxTxD, de_VxD = cotangents
+    mesh = jax.sharding.get_abstract_mesh()
+    ids_spec = logical_to_spec(IDS_AXES)
+    others = tuple(a for a in _token_axes(ids_spec) if a != "fsdp")
+    rows = vocab // mesh.shape["tensor"]
+
+    def local(ids, dx):
+        idx, hit = _rows(ids, rows)
+        g = jnp.zeros((rows, dx.shape[-1]), jnp.float32).at[idx].add(jnp.where(hit[..., None], dx, 0))
+        g = g.astype(COMPUTE_DTYPE)
+        if mesh.shape["fsdp"] > 1:
+            g = jax.lax.psum_scatter(g, "fsdp", scatter_dimension=1, tiled=True)
+        return jax.lax.psum(g, others) if others else g
+
+    g = jax.shard_map(local, mesh=mesh, in_specs=(ids_spec, logical_to_spec(X_AXES)),
+                      out_specs=logical_to_spec(VOCAB_AXES), axis_names=set(mesh.axis_names),
+                      check_vma=False)(ids_BxT, constrain(dx_BxTxD, X_AXES)).astype(jnp.float32)
+    if tied:
+        g = g + constrain(de_VxD, VOCAB_AXES).astype(jnp.float32)
+    return g, None
+
+
+_lookup.defvjp(_lookup_fwd, _lookup_bwd)
+
+
+def embed(ids_BxT, e_VxD, schedule: Schedule, tied: bool = False):
+    """(x, the gathered E if ``tied``): x = E[ids] (BF16), E's rows split over tensor (vocab), gathered over
+    fsdp in BF16: each device looks up the ids in its V/Y rows (zeros for the others) and the [B,T,D]
+    partial sums are all-reduced over tensor (Shoeybi et al. 2019, section 3: the parallel input
+    embedding); the backward scatters each row's gradient into the device's own rows (_lookup_bwd). Under
+    sequence parallelism the sum is split to the token split (the backward all-gathers its gradient)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        e = gather_bf16(e_VxD, VOCAB_AXES)
+        x, e = jnp.take(e, ids_BxT, axis=0), e if tied else None
+    else:
+        x, e = _lookup(e_VxD, ids_BxT, e_VxD.shape[0], tied)
+    return constrain(x, X_SP_AXES if schedule.sequence_parallel else X_AXES), e
+
+
+def output_logits(x_BxTxD, u_VxD, schedule: Schedule):
+    """logits = RMSNorm(x)·Uᵀ, a BF16 matmul whose output is then widened to FP32 (as MaxText's default,
+    so that the backward's matmuls take a BF16 gradient and the input gradient's all-reduce and U's
+    reduce-scatter move BF16; an FP32 matmul output made both FP32), [B, T, V] with V split over tensor:
+    each device its vocabulary shard; under sequence parallelism the stack's output is all-gathered
+    over tensor first. ``u_VxD``: U's FP32 shard, or (tied) the BF16 E the lookup gathered, whose gradient
+    is reduce-scattered to E's shard as soon as it is made (held gathered until the lookup's backward, it
+    stayed alive through the layers' backward: the peak 1.13 of the closed form)."""
+    h = rms_norm(x_BxTxD)
+    h = reshard(h, X_AXES, X_SP_AXES) if schedule.sequence_parallel else constrain(h, X_AXES)
+    if u_VxD.dtype == COMPUTE_DTYPE:  # tied: its gradient reduce-scattered here, not held through the layers' backward
+        u = reshard(u_VxD, ("vocab", None), VOCAB_AXES)
+    else:
+        u = gather_bf16(u_VxD, VOCAB_AXES)
+    z = jnp.einsum("btd,vd->btv", h, u)
+    return constrain(z, LOGITS_AXES).astype(jnp.float32)
+
+
+def token_cross_entropy(logits_BxTxV, labels_BxT):
+    """Per token log Σ_v exp z_v − z_label, FP32, on vocab-split logits without gathering them: the max,
+    the sum of exponentials and the label's logit are each a [B,T] partial over the device's vocabulary
+    shard reduced over tensor (Shoeybi et al. 2019, section 3: the parallel cross-entropy). The label's
+    logit is picked by comparing a vocabulary iota with the label (no gather across shards)."""
+    z = logits_BxTxV
+    m = jax.lax.stop_gradient(jnp.max(z, axis=-1, keepdims=True))
+    lse = jnp.log(jnp.sum(jnp.exp(z - m), axis=-1)) + m[..., 0]
+    iota = jax.lax.broadcasted_iota(jnp.int32, z.shape, 2)
+    target = jnp.sum(jnp.where(iota == labels_BxT[..., None], z, 0.0), axis=-1)
+    return lse - target
+
+
 class TransformerStack(nnx.Module):
     """``cfg.blocks`` scanned pre-norm layers (module docstring); parameters [L, ...] FP32 carrying their
     logical axes."""
@@ -189,8 +302,20 @@ class TransformerStack(nnx.Module):
         if cfg.gated:
             self.w_gate = param(init_normal(rngs.params(), (L, F, D), D), W_MLP_AXES)
         self.w_out = param(init_normal(rngs.params(), (L, F, D), F), W_MLP_AXES)
+        self.vocab, self.tied = cfg.vocab, cfg.tied_embeddings
+        if cfg.vocab is not None:  # E, U ~ N(0, 1/D): unit-scale logits (the first norm rescales E's rows)
+            self.embedding = param(init_normal(rngs.params(), (cfg.vocab, D), D), VOCAB_AXES)
+            if not cfg.tied_embeddings:
+                self.unembedding = param(init_normal(rngs.params(), (cfg.vocab, D), D), VOCAB_AXES)
+            self.output_axes = LOGITS_AXES
 
-    def __call__(self, x_BxTxD):
+    def __call__(self, x):
+        """x: token vectors [B, T, D] -> the stack's output; with a vocabulary, token ids [B, T] -> logits
+        [B, T, V] (FP32, vocab over tensor)."""
         names = ["wq", "wk", "wv", "wo", "w_in", "w_out"] + (["w_gate"] if self.gated else [])
         weights = {n: getattr(self, n)[...] for n in names}
-        return stack_forward(x_BxTxD.astype(COMPUTE_DTYPE), weights, self.schedule, self.remat, self.gated)
+        if self.vocab is None:
+            return stack_forward(x.astype(COMPUTE_DTYPE), weights, self.schedule, self.remat, self.gated)
+        x, e = embed(x, self.embedding[...], self.schedule, self.tied)
+        y = stack_forward(x, weights, self.schedule, self.remat, self.gated)
+        return output_logits(y, e if self.tied else self.unembedding[...], self.schedule)

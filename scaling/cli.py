@@ -110,7 +110,9 @@ def schedule_of(args) -> Schedule:
 MODEL_OVERRIDES = {"d_model": "D", "d_ff": "F", "blocks": "L"}
 TRANSFORMER_OVERRIDES = {"seq_len": "T, tokens per sequence", "heads": "N, query heads",
                          "kv_heads": "K, key/value heads (grouped-query attention)",
-                         "head_dim": "H, the head dimension (default D/N)"}
+                         "head_dim": "H, the head dimension (default D/N)",
+                         "vocab": "V, the vocabulary: token ids in, an embedding, logits and a cross-entropy loss "
+                                  "(default none: token vectors in and out)"}
 
 
 def add_model_args(p, preset: str, ffn_only: bool = False) -> None:
@@ -123,6 +125,9 @@ def add_model_args(p, preset: str, ffn_only: bool = False) -> None:
         p.add_argument(f"--{name.replace('_', '-')}", type=int,
                        help=argparse.SUPPRESS if ffn_only and transformer else
                        f"override the preset's {what}" + (" (transformer)" if transformer else ""))
+    p.add_argument("--tied-embeddings", action="store_true", default=None,
+                   help=argparse.SUPPRESS if ffn_only else "the output projection is the embedding (transformer "
+                   "with --vocab)")
 
 
 def _presets_of(kind) -> str:
@@ -140,8 +145,10 @@ def model_config(args):
     for k, v in over.items():
         if v is not None:
             positive_int(f"--{k.replace('_', '-')}", v)
+    over["tied_embeddings"] = getattr(args, "tied_embeddings", None)
     if isinstance(cfg, FFNConfig):
-        extra = [k for k in (*TRANSFORMER_OVERRIDES, *TRANSFORMER_SCHEDULE) if getattr(args, k, None) is not None]
+        extra = [k for k in (*TRANSFORMER_OVERRIDES, *TRANSFORMER_SCHEDULE, "tied_embeddings")
+                 if getattr(args, k, None) is not None]
         if extra:
             what = "dimension" if extra[0] in TRANSFORMER_OVERRIDES else "flag"
             raise ValueError(f"--{extra[0].replace('_', '-')} is a transformer {what}; {args.preset!r} is an FFN "
@@ -176,6 +183,7 @@ def check_size(w: Workload, cpu_devices: int | None = None) -> None:
     arrays = {"activations B·max(D, F)": B * max(D, F, NH), "weights L·D·F": L * D * max(F, NH)}
     if isinstance(cfg, TransformerConfig):
         arrays["attention scores B·N·T"] = B * cfg.heads * cfg.seq_len
+        arrays["logits B·V"] = B * (cfg.vocab or 0)
     name, n = max(arrays.items(), key=lambda kv: kv[1])
     if n >= EXTENT_LIMIT:
         raise ValueError(f"the step's {name} hold {n:.3g} elements; XLA counts an array's elements in 64 bits, "

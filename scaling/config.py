@@ -158,11 +158,14 @@ class TransformerConfig:
     """A pre-norm causal transformer stack: ``blocks`` layers of RMSNorm -> multi-head self-attention
     (``heads`` query heads N, ``kv_heads`` key/value heads K for grouped-query attention, head dim H)
     with a residual, then RMSNorm -> MLP (D -> F -> D, GELU; ``gated``: SwiGLU, three matrices) with a
-    residual; sequences of ``seq_len`` tokens T, no embedding or output projection (the synthetic task
-    maps token vectors to token vectors like the FFN stack's).
+    residual; sequences of ``seq_len`` tokens T. Without ``vocab`` there is no embedding or output
+    projection (the synthetic task maps token vectors to token vectors like the FFN stack's); with it,
+    token ids in, an embedding E [V, D], a final RMSNorm, logits h·Uᵀ (U = E with ``tied_embeddings``)
+    and the softmax cross-entropy against the next token's id.
 
     Parameters per layer (Scaling Book transformers page): attention D·H·(2N + 2K) (W_q, W_k, W_v,
     W_o), MLP m·D·F (m = 2, or 3 gated); the RMSNorms carry no learned scale (ffn_model.transformer.rms_norm).
+    Embeddings: V·D, or 2·V·D untied.
     """
 
     d_model: int
@@ -173,10 +176,16 @@ class TransformerConfig:
     kv_heads: int | None = None
     head_dim: int | None = None
     gated: bool = False
+    vocab: int | None = None
+    tied_embeddings: bool = False
 
     def __post_init__(self):
         for name in ("d_model", "heads", "d_ff", "blocks", "seq_len"):
             positive_int(name, getattr(self, name))
+        if self.vocab is not None:
+            positive_int("vocab", self.vocab)
+        elif self.tied_embeddings:
+            raise ValueError("tied_embeddings needs a vocabulary (--vocab N)")
         if self.kv_heads is None:
             object.__setattr__(self, "kv_heads", self.heads)
         if self.head_dim is None:
@@ -208,9 +217,19 @@ class TransformerConfig:
         return self.attention_params_per_block + self.mlp_matrices * self.d_model * self.d_ff
 
     @property
+    def embedding_matrices(self) -> int:
+        """How many [V, D] matrices the model holds: 0 without a vocabulary, 1 tied (E = U), 2 untied."""
+        return 0 if self.vocab is None else 1 if self.tied_embeddings else 2
+
+    @property
+    def embedding_params(self) -> int:
+        """V·D per embedding matrix (embedding_matrices of them)."""
+        return self.embedding_matrices * (self.vocab or 0) * self.d_model
+
+    @property
     def params(self) -> int:
-        """P = L·(D·H·(2N + 2K) + m·D·F)."""
-        return self.blocks * self.params_per_block
+        """P = L·(D·H·(2N + 2K) + m·D·F) + the embeddings' V·D (tied) or 2·V·D."""
+        return self.blocks * self.params_per_block + self.embedding_params
 
     def replace(self, **kw) -> "TransformerConfig":
         kw = {k: v for k, v in kw.items() if v is not None}
@@ -524,6 +543,8 @@ def check_divisible(cfg: Model, mesh: Mapping, batch_tokens: int | None = None) 
     (a transformer's batch in whole sequences: B/T sequences by the shards of ``batch``)."""
     if isinstance(cfg, TransformerConfig):
         checks = [("d_model", cfg.d_model, "embed"), ("d_ff", cfg.d_ff, "mlp")]
+        if cfg.vocab is not None:
+            checks.append(("vocab", cfg.vocab, "vocab"))
         if batch_tokens is not None:
             positive_int("batch_tokens", batch_tokens)
             if batch_tokens % cfg.seq_len:

@@ -19,6 +19,7 @@ jax PartitionSpecs and flax logical-axis rules) and the closed forms (which coun
   kv_heads   -> tensor        key/value heads K (grouped-query attention)
   head_dim   -> (replicated)  H, the head dimension
   tensor_split -> tensor      a dimension of size Y made to hold the tensor split (the fused q, k, v weights)
+  vocab      -> tensor        the vocabulary V of the embeddings and of the logits (vocab-parallel, Megatron)
 
 A logical axis that is not in the table is an error (ValueError), never a silent replication.
 """
@@ -42,6 +43,7 @@ LOGICAL_RULES: dict[str, tuple[str, ...]] = {
     "kv_heads": ("tensor",),
     "head_dim": (),
     "tensor_split": ("tensor",),
+    "vocab": ("tensor",),
 }
 
 # Logical axes of each parameter and activation of the FFN stack (shapes in Scaling Book letters).

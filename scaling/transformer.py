@@ -29,7 +29,18 @@ Collectives per layer (V, the Scaling Book's volume: the full array a collective
   context   also the fsdp-sharded gradients all-reduced, W/X (the tokens are split over context)
   data      the fsdp-sharded gradients all-reduced, W/X
   loss      one FP32 all-reduce over every axis that splits the tokens (data, fsdp, context; tensor
-            under sequence parallelism)
+            under sequence parallelism without a vocabulary: the logits' tokens are whole over tensor)
+With a vocabulary V (k = 1 tied or 2 untied [V, D] matrices, V over tensor, D over fsdp; Shoeybi et al.
+2019, section 3):
+  matmuls   logits 2·t·D·V/Y forward, 4·t·D·V/Y backward (dh and dU); the lookup is a gather, no matmul
+  fsdp      each matrix gathered once per step (c·V·D/Y, kept for the backward), its gradient
+            reduce-scattered (V = c·V·D/Y); tied, E is gathered once and its two gradients (the lookup's
+            scatter, the output's matmul) reduce-scattered apart: 2 matrices' worth, as untied
+  tensor    the lookup's partial sums all-reduced, c·t·D; the output's input gradient, c·t·D (train);
+            the loss's max (on the BF16 logits: c·t) and its sum of exponentials and label logit
+            (one FP32 all-reduce, 8·t). Sequence parallel: the lookup reduce-scattered and its gradient
+            all-gathered, the final norm's output all-gathered and its gradient reduce-scattered, c·t·D each
+  data      the gradients all-reduced, 2·c·V·D/(X·Y) (tied or not); context the same
 """
 
 from __future__ import annotations
@@ -70,8 +81,8 @@ def attention_units(schedule: Schedule, pass_: str, mesh: Mapping) -> int:
 
 def step_flops(w: Workload) -> dict:
     """Matmul FLOPs per device of one step, term by term (module docstring):
-    forward = L·(qkv + attention 4 units + out + mlp); backward = L·(2·(qkv + out + mlp) + attention
-    8 or 10 units); recompute (remat full) = L·(qkv + attention 4 units + out + mlp·(m−1)/m);
+    forward = L·(qkv + attention 4 units + out + mlp) + logits; backward = L·(2·(qkv + out + mlp) + attention
+    8 or 10 units) + 2·logits; recompute (remat full) = L·(qkv + attention 4 units + out + mlp·(m−1)/m);
     model = the matmuls the step needs with the causal half of attention: 6·P_matmul·B-style terms with
     attention counted at T²/2 (Scaling Book transformers page), per device."""
     cfg, mesh, batch_tokens, step, remat, schedule = w.model, w.mesh, w.batch_tokens, w.step, w.remat, w.schedule
@@ -80,11 +91,13 @@ def step_flops(w: Workload) -> dict:
                               cfg.mlp_matrices)
     qkv, out, mlp = 2 * t * D * H * (N + 2 * K) / Y, 2 * t * N * H * D / Y, 2 * t * D * F * m / Y
     unit = s * T * T * N * H / (Y * C)
-    terms = {"forward": L * (qkv + out + mlp + attention_units(schedule, "forward", mesh) * unit)}
+    logits = 2 * t * D * (cfg.vocab or 0) / Y
+    terms = {"forward": L * (qkv + out + mlp + attention_units(schedule, "forward", mesh) * unit) + logits}
     model_attn = attention_units(schedule, "forward", mesh) * unit / 2  # the causal half
-    model = L * (qkv + out + mlp + model_attn)
+    model = L * (qkv + out + mlp + model_attn) + logits
     if step == "train":
-        terms["backward"] = L * (2 * (qkv + out + mlp) + attention_units(schedule, "backward", mesh) * unit)
+        terms["backward"] = (L * (2 * (qkv + out + mlp) + attention_units(schedule, "backward", mesh) * unit)
+                             + 2 * logits)
         terms["recompute"] = L * (qkv + out + mlp * (m - 1) / m + 4 * unit) if remat == "full" else 0.0
         model *= 3
     terms["total"] = sum(terms.values())
@@ -106,20 +119,28 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
     train = step == "train"
     W = layer_weight_bytes(cfg, mesh, precision) * c / precision.compute
     out: dict[str, dict[str, float]] = {}
+    E = cfg.embedding_matrices * c * (cfg.vocab or 0) * D / Y  # the [V, D] matrices gathered (BF16)
+    dE = 2 * c * (cfg.vocab or 0) * D / Y  # their gradients: two, tied or not
     if X > 1:
-        out["fsdp"] = {"all-gather": L * W * (2 if train else 1)}
+        out["fsdp"] = {"all-gather": L * W * (2 if train else 1) + E}
         if train and windowed_grad_rs:
             out["fsdp"]["collective-permute"] = L * W * (X + 1) / X
         elif train:
             out["fsdp"]["reduce-scatter"] = L * W
+        if train and dE:
+            out["fsdp"]["reduce-scatter"] = out["fsdp"].get("reduce-scatter", 0.0) + dE
     if Y > 1:
         act = c * t * D
         redo = 1 if train and remat == "full" else 0  # remat full recomputes mid = x + o·W_o: its reduction again
+        vocab = 0 if cfg.vocab is None else 1  # the lookup, and the output layer's input (and its gradient)
+        ends = vocab * act * (2 if train else 1)
         if schedule.sequence_parallel:
-            out["tensor"] = {"all-gather": L * act * (6 if train else 2),
-                             "reduce-scatter": L * act * ((4 if train else 2) + redo)}
+            out["tensor"] = {"all-gather": L * act * (6 if train else 2) + ends,
+                             "reduce-scatter": L * act * ((4 if train else 2) + redo) + ends}
         else:
-            out["tensor"] = {"all-reduce": L * act * ((4 if train else 2) + redo)}
+            out["tensor"] = {"all-reduce": L * act * ((4 if train else 2) + redo) + ends}
+        if vocab:  # the loss over the vocabulary shards: the max (BF16 logits), Σ exp and the label's logit (FP32)
+            out["tensor"]["all-reduce"] = out["tensor"].get("all-reduce", 0.0) + (c + 8) * t
     if C > 1:  # remat full recomputes the attention's forward, its all-to-alls or K/V permutes again
         again = 1 if train and remat == "full" else 0
         if schedule.context == "ulysses":
@@ -129,11 +150,11 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
             out["context"] = {"collective-permute": L * (ring_permute_bytes(C, chunk, train, c)
                                                          + again * ring_permute_bytes(C, chunk, False, c))}
         if train:
-            out["context"]["all-reduce"] = L * W / X
+            out["context"]["all-reduce"] = (L * W + dE) / X
     if d > 1 and train:
-        out["data"] = {"all-reduce": L * W / X}
-    loss_axes = [a for a in ("data", "fsdp", "context", "tensor") if mesh.get(a, 1) > 1
-                 and (a != "tensor" or schedule.sequence_parallel)]
+        out["data"] = {"all-reduce": (L * W + dE) / X}
+    loss_axes = [a for a in ("data", "fsdp", "context", "tensor") if mesh.get(a, 1) > 1  # tensor: the SP output
+                 and (a != "tensor" or (schedule.sequence_parallel and cfg.vocab is None))]
     if loss_axes:  # the loss: one mean over the tokens, split over these axes together
         key = "+".join(loss_axes)
         out.setdefault(key, {})
@@ -194,7 +215,9 @@ def memory_per_device(w: Workload) -> dict:
     (saved_per_layer "none" less its x), and
     the attention's working set in one layer: materialized, the backward's FP32 dp and BF16 ds and p
     (8 B per score; XLA fuses the rest), the forward's FP32 scores (4 B per score: the probabilities
-    are fused into the p·v matmul); flash, the same per key block. A forward step holds the master
+    are fused into the p·v matmul); flash, the same per key block. With a vocabulary: int32 ids and
+    labels as the batch, and the loss's phase, c·(t·D + t·V/Y + V·D/Y) (the final norm's output, the
+    BF16 logits, the gathered U), where it exceeds a layer's transients. A forward step holds the master
     weights, one layer's gathered weights (none without fsdp: the casts fuse into the matmuls) and
     working set. (Each term is an allocation of XLA's memory-usage report: docs/findings.md, memory.)"""
     cfg, mesh, batch_tokens, remat, schedule, precision, step = (w.model, w.mesh, w.batch_tokens, w.remat,
@@ -208,11 +231,14 @@ def memory_per_device(w: Workload) -> dict:
     flash = runs_flash(schedule, mesh)
     keys = min(schedule.attention_block, T // C if schedule.context == "ring" else T) if flash else T
     score_bytes = (8 if train else 4) * s * T * keys * N / (Y * C)
+    V = cfg.vocab or 0
     terms = {"master": precision.master * shard}
     if train:
         terms["optimizer"] = precision.adam_moments * precision.adam_moment * shard
-        terms["grads"] = precision.grad * shard
-    terms.update({"inputs": (precision.compute + 4) * t * D,
+        # the layers' FP32 gradients; the embeddings' are made after the layers' backward and consumed by the
+        # update (XLA schedules dU's matmul after the scan): at neither peak below
+        terms["grads"] = precision.grad * (cfg.params - cfg.embedding_params) / (X * Y)
+    terms.update({"inputs": 8 * t if V else (precision.compute + 4) * t * D,  # int32 ids and labels, or x and y
              # forward without fsdp: nothing gathered, XLA fuses each FP32 -> BF16 cast into its matmul (the
              # seed-000 layer's memory-usage report on v5p: no bf16 weight buffer)
              "transient_weights": ((1 if full else 2) if train else 1 if X > 1 else 0)
@@ -225,6 +251,12 @@ def memory_per_device(w: Workload) -> dict:
     if train and remat == "full":  # the layer whose backward runs holds its recomputed forward's residuals
         none = saved_per_layer(cfg, mesh, batch_tokens, "none", schedule, precision)
         terms["recomputed_layer"] = sum(none.values()) - none["x"]
+    if train and V:  # the loss's phase: the norm's output, the BF16 logits and the gathered U, beside the saved
+        # activations; the peak is the larger of it and a layer's phase (the transients above)
+        layer = sum(terms.get(k, 0.0) for k in ("transient_weights", "attention_working_set", "layer_grads",
+                                                 "recomputed_layer"))
+        loss = precision.compute * (t * D + t * V / Y + V * D / Y)
+        terms["loss_phase"] = max(0.0, loss - layer)
     terms["total"] = sum(terms.values())
     return terms
 

@@ -144,6 +144,12 @@ CASES = [
     (f"{TRAIN} --preset tiny-tf --batch-tokens 512 --mesh stage=2,fsdp=4 --microbatches 2", r"stage"),
     (f"{TRAIN} --sequence-parallel --attention sparse", r"argument --attention: invalid choice: 'sparse'"),
     (f"{TRAIN} --context-strategy star", r"argument --context-strategy: invalid choice: 'star'"),
+    # the vocabulary: split over tensor; tied only with one
+    (f"{TRAIN} --preset tiny-tf --batch-tokens 512 --mesh fsdp=2,tensor=4 --vocab 1001",
+     r"vocab=1001 is not divisible by the tensor shard count 4"),
+    (f"{TRAIN} --preset tiny-tf --tied-embeddings", r"tied_embeddings needs a vocabulary \(--vocab N\)"),
+    (f"{TRAIN} --vocab 512", r"--vocab is a transformer dimension; 'tiny' is an FFN stack"),
+    (f"{TRAIN} --tied-embeddings", r"--tied-embeddings is a transformer flag; 'tiny' is an FFN stack"),
     # a transformer-only flag for an FFN preset, given explicitly (even at its default value): refused like --heads
     (f"{TRAIN} --attention flash", r"--attention is a transformer flag; 'tiny' is an FFN stack \(transformer presets"),
     (f"{TRAIN} --context-strategy ring", r"--context-strategy is a transformer flag; 'tiny' is an FFN stack"),

@@ -427,3 +427,30 @@ def test_pipeline_label_names_the_compiled_model():
         ans = answers(**kwargs)
         ans["d"]["pipeline_program"]["devices"] = "tpu:v5p:2x2x2"
         assert f"Forward step of {name}" in render_pipeline(ans)
+
+
+def test_vocabulary_terms_by_hand():
+    """small-tf (D=256, N=K=8, H=32, F=1024, L=4, T=256) with V=1024 on fsdp=2, tensor=4, B=4,096 tokens: each
+    device t = 4096/2 = 2,048 tokens; BF16 c = 2. By hand, what the vocabulary adds to the same model without one:
+      parameters   2·V·D = 2·1024·256 = 524,288 (untied), 262,144 tied
+      FLOPs        logits 2·t·D·V/Y = 2·2048·256·256 = 268,435,456 forward, twice that backward
+      fsdp         E and U gathered once, c·V·D/Y = 2·1024·256/4 = 131,072 B each; two gradients reduce-scattered
+      tensor       the lookup's sum and the output's input gradient, c·t·D = 1,048,576 B each; the loss's max on
+                   the BF16 logits 2·t = 4,096 and its two FP32 sums 8·t = 16,384
+      inputs       int32 ids and labels 8·t = 16,384 B instead of x and y, 6·t·D = 3,145,728"""
+    from scaling.transformer import collective_volumes, memory_per_device, step_flops
+
+    base = PRESETS["small-tf"]
+    mesh = parse_mesh_spec("fsdp=2,tensor=4")
+    plain = Workload(base, mesh, 4096)
+    for tied, params in ((False, 524_288), (True, 262_144)):
+        w = Workload(base.replace(vocab=1024, tied_embeddings=tied), mesh, 4096)
+        assert w.model.params - base.params == params
+        f0, f1 = step_flops(plain), step_flops(w)
+        assert f1["forward"] - f0["forward"] == 268_435_456
+        assert f1["backward"] - f0["backward"] == 2 * 268_435_456
+        c0, c1 = collective_volumes(plain), collective_volumes(w)
+        assert c1["fsdp"]["all-gather"] - c0["fsdp"]["all-gather"] == (1 if tied else 2) * 131_072
+        assert c1["fsdp"]["reduce-scatter"] - c0["fsdp"]["reduce-scatter"] == 2 * 131_072
+        assert c1["tensor"]["all-reduce"] - c0["tensor"]["all-reduce"] == 2 * 1_048_576 + 4_096 + 16_384
+        assert memory_per_device(plain)["inputs"] == 3_145_728 and memory_per_device(w)["inputs"] == 16_384

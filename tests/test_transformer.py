@@ -1,7 +1,7 @@
 """The transformer stack and sequence parallelism train like one device: context=2, context=4,
 context=2×tensor=2 and fsdp=2×context=2×tensor=2 with Ulysses and ring attention, materialized and flash
-scores, Megatron sequence parallelism (transformer and FFN stack), on 8 emulated CPU devices; bad
-transformer settings are one-line errors."""
+scores, Megatron sequence parallelism (transformer and FFN stack), the vocab-parallel embedding, logits and
+loss (tied and untied), on 8 emulated CPU devices; bad transformer settings are one-line errors."""
 
 import jax
 import numpy as np
@@ -68,6 +68,38 @@ def test_transformer_matches_one_device(tf_one_device, spec, schedule, remat):
     losses, state = train(Workload(TINY_TF, parse_mesh_spec(spec), B, remat=remat, schedule=schedule), _mesh(spec),
                           STEPS, lr=LR, return_state=True)
     assert_matches(losses, state["params"], tf_one_device)
+    assert losses[-1] < losses[0]
+
+
+# A 512-token vocabulary: tensor=4 holds 128 rows of E (and U) per device
+VOCAB = 512
+VOCAB_MESHES = [
+    ("tensor=4", Schedule(), "none", False),
+    ("fsdp=2,tensor=4", Schedule(), "full", True),
+    ("data=2,context=2,tensor=2", Schedule(context="ring", sequence_parallel=True), "none", False),
+]
+
+
+@pytest.fixture(scope="module")
+def vocab_one_device():
+    """3 steps of TINY_TF with the vocabulary on one device, untied and tied: {tied: (losses, params)}."""
+    return {tied: _one_device(TINY_TF.replace(vocab=VOCAB, tied_embeddings=tied), B) for tied in (False, True)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec, schedule, remat, tied", VOCAB_MESHES,
+                         ids=[f"{s}-{r}{'-sp' if k.sequence_parallel else ''}{'-tied' if t else ''}"
+                              for s, k, r, t in VOCAB_MESHES])
+def test_vocab_parallel_loss_matches_one_device(vocab_one_device, spec, schedule, remat, tied):
+    """Token ids in, E looked up in each device's V/Y rows and summed over tensor, logits split over the
+    vocabulary, the cross-entropy reduced over the shards without gathering them: the losses and every
+    parameter, E and U among them, within the tolerance above of one device; the loss starts near ln V (the
+    logits' scale is about 1 at init) and falls."""
+    cfg = TINY_TF.replace(vocab=VOCAB, tied_embeddings=tied)
+    losses, state = train(Workload(cfg, parse_mesh_spec(spec), B, remat=remat, schedule=schedule), _mesh(spec),
+                          STEPS, lr=LR, return_state=True)
+    assert_matches(losses, state["params"], vocab_one_device[tied])
+    assert abs(losses[0] - np.log(VOCAB)) < 1.0
     assert losses[-1] < losses[0]
 
 

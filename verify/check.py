@@ -165,6 +165,12 @@ CPU_SEQUENCE_GRID = [
     (_SMALL_TF, "fsdp=2,context=4", 4096, "none", "forward", Schedule(context="ring")),
     # a context strategy without a context axis: unused, the attention is the local materialized one
     (_SMALL_TF, "fsdp=8", 8192, "none", "train", Schedule(context="ring")),
+    # token ids in, the vocab-parallel embedding, logits and cross-entropy (V = 1024), untied and tied
+    (_SMALL_TF.replace(vocab=1024), "fsdp=2,tensor=4", 4096, "none", "train", Schedule()),
+    (_SMALL_TF.replace(vocab=1024, tied_embeddings=True), "data=2,fsdp=2,tensor=2", 4096, "full", "train", Schedule()),
+    (_SMALL_TF.replace(vocab=1024), "fsdp=2,context=2,tensor=2", 4096, "none", "train",
+     Schedule(context="ring", sequence_parallel=True)),
+    (_SMALL_TF.replace(vocab=1024, tied_embeddings=True), "fsdp=2,tensor=4", 4096, "none", "forward", Schedule()),
 ]
 # On TPU v5p ahead of time: a 4096-wide transformer (32 heads, 8 kv heads, F=16384, 4 layers, T=4096; 8
 # sequences) large enough that HBM dominates its peak (3 to 17 GB), a Llama-8B shape, and the XXL with sequence
@@ -188,6 +194,8 @@ TPU_SEQUENCE_GRID = [
     # reduce-scatter over tensor splits their minor dimension (ffn_model.model.block; docs/findings.md, residuals)
     ("tpu:v5p:2x2x2", _MEDIUM.replace(blocks=3), "fsdp=2,tensor=4", 8192, "none", "train",
      Schedule(sequence_parallel=True)),
+    # a 32k vocabulary (MaxText's), vocab-parallel logits: the loss's phase beside the layers'
+    ("tpu:v5p:2x2x2", _LARGE_TF.replace(vocab=32768), "fsdp=2,tensor=4", 32768, "none", "train", Schedule()),
 ]
 XXL_SEQUENCE_PARALLEL = ("tpu:v5p:4x4x4", _XXL, "fsdp=16,tensor=4", 25600, "none", "train",
                          Schedule(sequence_parallel=True))
@@ -296,7 +304,8 @@ def compare(w: Workload, devices: str, chip: str | None = None, verbose: bool = 
     args_cf = m["master"] + m.get("optimizer", 0.0) + m["inputs"] + (4 if step == "train" else 0)
     out["memory"] = {
         "arguments": _row(args_cf, gm["argument_bytes"],
-                          "fp32 master (+ Adam mu, nu and the int32 step count) + the batch (bf16 x, fp32 y)"),
+                          "fp32 master (+ Adam mu, nu and the int32 step count) + the batch (bf16 x, fp32 y; "
+                          "int32 ids, labels)"),
         "peak": _row(m["total"], gm["peak_bytes"], _peak_note(cfg, step, windowed, remat)
                      + ("; + the gathered matrices the flags' schedule prefetches" if m.get("prefetched") else "")),
         "temp": _row(None, gm["temp_bytes"]),
