@@ -12,7 +12,9 @@ sequence also over tensor between the matmuls):
                                       manual over every mesh axis
   x = x + o·W_o                       partial sums over tensor: all-reduce (reduce-scatter under SP)
   h2 = RMSNorm(x)
-  x = x + act(h2·W_in)·W_out          GELU, or SwiGLU silu(h2·W_gate)·(h2·W_in) when gated
+  x = x + act(h2·W_in)·W_out          ReLU, GELU, or SwiGLU silu(h2·W_gate)·(h2·W_in) (cfg.mlp)
+Parallel (cfg.block, GPT-J / PaLM): x = x + o·W_o + act(h1·W_in)·W_out, one norm, the two partial sums added
+before one all-reduce (reduce-scatter under SP) over tensor.
 
 Weights are stored with D, the FSDP-sharded dimension, minor ([N,H,D], [K,H,D], [F,D]), like the FFN
 stack's (ffn_model.model.FFNStack says why). Remat policies: "none" keeps what the backward's matmuls
@@ -57,6 +59,26 @@ SAVED = ("norm1", "q", "k", "v", *RESIDUAL_NAMES, "mid", "norm2", "mlp_in", "mlp
 # split of x and of mid and all-gathers them again (Korthikanti et al. 2022, section 4.2.2). Named, XLA
 # kept them whole (its sharding propagation gave the saved stacks the all-gathered layout).
 SAVED_SP = tuple(n for n in SAVED if n not in ("norm1", "norm2"))
+# The named policies (scaling.config.Remat): what each keeps besides the layer's input. MaxText's (its
+# decoders' get_remat_policy): the projections' outputs, q, k, v ("query/key/value_proj"), o·W_o after its
+# reduction ("out_proj": attn_proj), the MLP's first matmul(s) ("mlpwi": mlp_in, mlp_gate) and its output
+# ("mlpwo": mlp_out); Korthikanti et al. 2022's selective recompute: everything but the attention's
+# probabilities (what remat none keeps less the O(T²) scores; the same as none for flash attention).
+POLICY_SAVES = {
+    "minimal": ("q", "k", "v", "attn_proj", "mlp_in", "mlp_gate"),
+    "save_dot_except_mlpwi": ("q", "k", "v", "attn_proj", "mlp_out"),
+    "save_dot_except_mlp": ("q", "k", "v", "attn_proj"),
+    "save_qkv_proj": ("q", "k", "v"),
+    "full": (),
+}
+
+
+def policy_saves(remat: str, schedule: Schedule) -> tuple[str, ...]:
+    """The checkpoint names a remat policy keeps (module docstring; POLICY_SAVES)."""
+    if remat in ("none", "selective"):
+        saved = SAVED_SP if schedule.sequence_parallel else SAVED
+        return tuple(n for n in saved if n != "attn_probs") if remat == "selective" else saved
+    return POLICY_SAVES[remat]
 EPS = 1e-6
 
 
@@ -132,8 +154,84 @@ def qkv_projection(h_BxTxD, wq_NxHxD, wk_KxHxD, wv_KxHxD):
     return q, k, v
 
 
-def layer(x_BxTxD, w: dict, schedule: Schedule, gated: bool):
-    """One pre-norm layer (module docstring) on one layer's weights ``w`` (FP32 shards)."""
+ACTIVATIONS = {"relu": jax.nn.relu, "gelu": jax.nn.gelu}
+SHARD_ROWS = ("tensor_split", None, "embed")  # [Y, rows of one tensor shard, D]
+
+
+def _tensor_size() -> int:
+    mesh = jax.sharding.get_abstract_mesh()
+    return 1 if mesh.empty else mesh.shape["tensor"]
+
+
+def _side_by_side(ws):
+    """FP32 master shards [R, ..., D] (R over tensor) laid side by side per tensor shard, [Y, Σ rows, D]
+    (a local concatenation), gathered over fsdp as one BF16 array; and each weight's row count."""
+    Y = _tensor_size()
+    parts = [constrain(w.reshape(Y, -1, w.shape[-1]), SHARD_ROWS) for w in ws]
+    w = jnp.concatenate(parts, axis=1)
+    return gather_bf16(constrain(w, SHARD_ROWS), SHARD_ROWS), [p.shape[1] for p in parts]
+
+
+def fused_in(h_BxTxD, ws):
+    """[h·W_i] for the weights ``ws`` as ONE matmul against them laid side by side (_side_by_side): each
+    output [B, T, R_i·...] keeps the tensor split, and the backward's input gradient Σ dy_i·W_i is one
+    partial sum over tensor (one reduction)."""
+    w, rows = _side_by_side(ws)
+    y = jnp.einsum("btd,yjd->btyj", h_BxTxD, w)
+    B, T = h_BxTxD.shape[:2]
+    ends = [sum(rows[:i]) for i in range(len(rows) + 1)]
+    return [y[..., a:b].reshape(B, T, -1) for a, b in zip(ends, ends[1:])]
+
+
+def fused_out(xs, ws):
+    """Σ x_i·W_i as ONE matmul (x_i [B, T, R_i·...] split over tensor, W_i [R_i, ..., D]): one partial sum
+    over tensor, so one reduction (two matmuls left XLA:CPU all-reducing each partial; XLA:TPU adds them
+    first)."""
+    w, _ = _side_by_side(ws)
+    B, T, Y = *xs[0].shape[:2], w.shape[0]
+    x = jnp.concatenate([x.reshape(B, T, Y, -1) for x in xs], axis=-1)
+    return jnp.einsum("btyj,yjd->btd", constrain(x, ("batch", "seq", "tensor_split", None)), w)
+
+
+def parallel_branches(h_BxTxD, w: dict, schedule: Schedule, kind: str):
+    """o·W_o + MLP(h) of a parallel block from one norm's output h (PaLM, Chowdhery et al. 2022, section 2:
+    the input projections fused, the output projections fused): q, k, v and the MLP's input(s) as one
+    matmul (fused_in), the attention, then o and act(u) against W_o and W_out as one (fused_out)."""
+    B, T = h_BxTxD.shape[:2]
+    N, H = w["wq"].shape[:2]
+    K = w["wk"].shape[0]
+    ws = [w["wq"], w["wk"], w["wv"], w["w_in"]] + ([w["w_gate"]] if kind == "swiglu" else [])
+    q, k, v, u, *g = fused_in(h_BxTxD, ws)
+    q = constrain(q.reshape(B, T, N, H), Q_AXES)
+    k, v = (constrain(a.reshape(B, T, K, H), KV_AXES) for a in (k, v))
+    o = checkpoint_name(constrain(attention(q, k, v, schedule), Q_AXES), "attn_out")
+    u = checkpoint_name(constrain(u, H_AXES), "mlp_in")
+    if kind == "swiglu":
+        a = jax.nn.silu(checkpoint_name(constrain(g[0], H_AXES), "mlp_gate")) * u
+    else:
+        a = ACTIVATIONS[kind](u)
+    return fused_out([o.reshape(B, T, N * H), a], [w["wo"], w["w_out"]])
+
+
+def mlp(h_BxTxD, w: dict, kind: str):
+    """act(h·W_in)·W_out (relu, gelu), or SwiGLU silu(h·W_gate)·(h·W_in)·W_out with W_in and W_gate as one
+    [2, F, D] matmul (one partial sum, and all-reduce, for the input gradient); the output is a partial sum
+    over tensor."""
+    if kind == "swiglu":
+        w_in_gate = jnp.stack([_gather(w["w_in"], W_MLP_AXES), _gather(w["w_gate"], W_MLP_AXES)])
+        ug = jnp.einsum("btd,gfd->gbtf", h_BxTxD, w_in_gate)
+        u = checkpoint_name(constrain(ug[0], H_AXES), "mlp_in")
+        g = checkpoint_name(constrain(ug[1], H_AXES), "mlp_gate")
+        a = jax.nn.silu(g) * u
+    else:
+        u = checkpoint_name(constrain(h_BxTxD @ _gather(w["w_in"], W_MLP_AXES).T, H_AXES), "mlp_in")
+        a = ACTIVATIONS[kind](u)
+    return a @ _gather(w["w_out"], W_MLP_AXES)
+
+
+def layer(x_BxTxD, w: dict, schedule: Schedule, mlp_kind: str = "gelu", block: str = "serial"):
+    """One pre-norm layer (module docstring) on one layer's weights ``w`` (FP32 shards): serial, or parallel
+    (attention and MLP on the same norm's output, their partial sums added before one reduction over tensor)."""
     sp = schedule.sequence_parallel
     between = X_SP_AXES if sp else X_AXES
 
@@ -146,30 +244,22 @@ def layer(x_BxTxD, w: dict, schedule: Schedule, gated: bool):
 
     x = constrain(x_BxTxD, between)
     h = to_matmul(rms_norm(x), "norm1")
+    if block == "parallel":
+        return x + from_matmul(parallel_branches(h, w, schedule, mlp_kind))
     q, k, v = qkv_projection(h, w["wq"], w["wk"], w["wv"])
     o = checkpoint_name(constrain(attention(q, k, v, schedule), Q_AXES), "attn_out")
-    x = checkpoint_name(x + from_matmul(jnp.einsum("btnh,nhd->btd", o, _gather(w["wo"], WQ_AXES))), "mid")
-    h = to_matmul(rms_norm(x), "norm2")
-    if gated:  # W_in and W_gate as one [2, F, D] matmul: one partial sum (and all-reduce) for the input gradient
-        w_in_gate = jnp.stack([_gather(w["w_in"], W_MLP_AXES), _gather(w["w_gate"], W_MLP_AXES)])
-        ug = jnp.einsum("btd,gfd->gbtf", h, w_in_gate)
-        u = checkpoint_name(constrain(ug[0], H_AXES), "mlp_in")
-        g = checkpoint_name(constrain(ug[1], H_AXES), "mlp_gate")
-        a = jax.nn.silu(g) * u
-    else:
-        u = checkpoint_name(constrain(h @ _gather(w["w_in"], W_MLP_AXES).T, H_AXES), "mlp_in")
-        a = jax.nn.gelu(u)
-    return x + from_matmul(a @ _gather(w["w_out"], W_MLP_AXES))
+    attn = jnp.einsum("btnh,nhd->btd", o, _gather(w["wo"], WQ_AXES))
+    x = checkpoint_name(x + checkpoint_name(from_matmul(attn), "attn_proj"), "mid")
+    return x + checkpoint_name(from_matmul(mlp(to_matmul(rms_norm(x), "norm2"), w, mlp_kind)), "mlp_out")
 
 
-def stack_forward(x_BxTxD, weights: dict, schedule: Schedule, remat: str = "none", gated: bool = False):
+def stack_forward(x_BxTxD, weights: dict, schedule: Schedule, remat: str = "none", mlp_kind: str = "gelu",
+                  block: str = "serial"):
     """The L layers as one lax.scan over the stacked weights (a dict of [L, ...] arrays), each layer under
     jax.checkpoint with the remat policy (TransformerStack checks it: scaling.config.check_remat): "none"
-    saves SAVED, "full" nothing but the layer's input."""
-    saved = SAVED_SP if schedule.sequence_parallel else SAVED
-    policy = (jax.checkpoint_policies.save_only_these_names(*saved) if remat == "none"
-              else jax.checkpoint_policies.nothing_saveable)
-    body = jax.checkpoint(functools.partial(layer, schedule=schedule, gated=gated), policy=policy)
+    saves SAVED, "full" nothing but the layer's input, the named policies what policy_saves says."""
+    policy = jax.checkpoint_policies.save_only_these_names(*policy_saves(remat, schedule))
+    body = jax.checkpoint(functools.partial(layer, schedule=schedule, mlp_kind=mlp_kind, block=block), policy=policy)
     x = constrain(x_BxTxD, X_SP_AXES if schedule.sequence_parallel else X_AXES)
     x, _ = jax.lax.scan(lambda c, w: (body(c, w), None), x, weights)
     return x  # under sequence parallelism still split over tensor: the loss reduces it where it lies
@@ -293,6 +383,7 @@ class TransformerStack(nnx.Module):
                  schedule: Schedule = Schedule()):
         D, N, K, H, F, L = cfg.d_model, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.d_ff, cfg.blocks
         self.remat, self.schedule, self.gated = check_remat(remat, cfg), schedule, cfg.gated
+        self.mlp_kind, self.block = cfg.mlp, cfg.block
         self.output_axes = X_SP_AXES if schedule.sequence_parallel else X_AXES  # where the stack's output lies
         self.wq = param(init_normal(rngs.params(), (L, N, H, D), D), WQ_AXES)
         self.wk = param(init_normal(rngs.params(), (L, K, H, D), D), WKV_AXES)
@@ -315,7 +406,8 @@ class TransformerStack(nnx.Module):
         names = ["wq", "wk", "wv", "wo", "w_in", "w_out"] + (["w_gate"] if self.gated else [])
         weights = {n: getattr(self, n)[...] for n in names}
         if self.vocab is None:
-            return stack_forward(x.astype(COMPUTE_DTYPE), weights, self.schedule, self.remat, self.gated)
+            return stack_forward(x.astype(COMPUTE_DTYPE), weights, self.schedule, self.remat, self.mlp_kind,
+                                 self.block)
         x, e = embed(x, self.embedding[...], self.schedule, self.tied)
-        y = stack_forward(x, weights, self.schedule, self.remat, self.gated)
+        y = stack_forward(x, weights, self.schedule, self.remat, self.mlp_kind, self.block)
         return output_logits(y, e if self.tied else self.unembedding[...], self.schedule)

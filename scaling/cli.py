@@ -19,8 +19,9 @@ import time
 from scaling import layer_estimator, seed000
 from scaling import plan as planner
 from scaling.answers import QUESTION, answers, render
-from scaling.config import (ATTENTIONS, CONTEXT_STRATEGIES, FSDP_GATHERS, PRESETS, REMAT_POLICIES, FFNConfig,
-                            MeshShape, Schedule, TransformerConfig, get_preset, positive_int)
+from scaling.config import (ATTENTIONS, BLOCK_KINDS, CONTEXT_STRATEGIES, FSDP_GATHERS, MLP_KINDS, PRESETS,
+                            REMAT_POLICIES, FFNConfig, MeshShape, Schedule, TransformerConfig, get_preset,
+                            positive_int)
 
 from scaling.flags import DEFAULT_FLAGS, FLAG_SETS, FlagSet, get_flag_set
 from scaling.hardware import DEFAULT_CHIP, chips_in, get_chip, parse_slice, slice_name
@@ -115,6 +116,12 @@ TRANSFORMER_OVERRIDES = {"seq_len": "T, tokens per sequence", "heads": "N, query
                                   "(default none: token vectors in and out)"}
 
 
+# the transformer's kinds: --flag: (choices, help)
+TRANSFORMER_CHOICES = {"mlp": (MLP_KINDS, "the MLP: act(h·W_in)·W_out with relu or gelu, or swiglu (three matrices)"),
+                       "block": (BLOCK_KINDS, "serial (attention, then the MLP) or parallel (both on one norm, summed: "
+                                              "one tensor-parallel reduction per layer)")}
+
+
 def add_model_args(p, preset: str, ffn_only: bool = False) -> None:
     """--preset and the overrides of its dimensions (model_config). ``ffn_only`` (plan): the help offers the FFN
     presets and no transformer flag (those flags stay parsed, for plan's one-line refusal)."""
@@ -125,6 +132,8 @@ def add_model_args(p, preset: str, ffn_only: bool = False) -> None:
         p.add_argument(f"--{name.replace('_', '-')}", type=int,
                        help=argparse.SUPPRESS if ffn_only and transformer else
                        f"override the preset's {what}" + (" (transformer)" if transformer else ""))
+    for name, (kinds, what) in TRANSFORMER_CHOICES.items():
+        p.add_argument(f"--{name}", choices=kinds, help=argparse.SUPPRESS if ffn_only else f"{what} (transformer)")
     p.add_argument("--tied-embeddings", action="store_true", default=None,
                    help=argparse.SUPPRESS if ffn_only else "the output projection is the embedding (transformer "
                    "with --vocab)")
@@ -145,9 +154,9 @@ def model_config(args):
     for k, v in over.items():
         if v is not None:
             positive_int(f"--{k.replace('_', '-')}", v)
-    over["tied_embeddings"] = getattr(args, "tied_embeddings", None)
+    over.update({k: getattr(args, k, None) for k in (*TRANSFORMER_CHOICES, "tied_embeddings")})
     if isinstance(cfg, FFNConfig):
-        extra = [k for k in (*TRANSFORMER_OVERRIDES, *TRANSFORMER_SCHEDULE, "tied_embeddings")
+        extra = [k for k in (*TRANSFORMER_OVERRIDES, *TRANSFORMER_SCHEDULE, *TRANSFORMER_CHOICES, "tied_embeddings")
                  if getattr(args, k, None) is not None]
         if extra:
             what = "dimension" if extra[0] in TRANSFORMER_OVERRIDES else "flag"

@@ -27,10 +27,19 @@ MESH_AXES = ("data", "stage", "fsdp", "context", "tensor")
 
 
 class Remat(enum.StrEnum):
-    """What a block keeps for its backward (check_remat, saved_blocks)."""
+    """What a block keeps for its backward (check_remat, saved_blocks; the transformer's by name:
+    ffn_model.transformer.POLICY_SAVES, scaling.transformer.saved_per_layer)."""
     NONE = "none"
     EVERY_SECOND = "every-second"
     FULL = "full"
+    SELECTIVE = "selective"  # Korthikanti et al. 2022, section 4.3: the attention core recomputed
+    MINIMAL = "minimal"  # MaxText: the projections' outputs kept
+    SAVE_DOT_EXCEPT_MLPWI = "save_dot_except_mlpwi"
+    SAVE_DOT_EXCEPT_MLP = "save_dot_except_mlp"
+    SAVE_QKV_PROJ = "save_qkv_proj"
+
+
+TRANSFORMER_ONLY_REMAT = ("selective", "minimal", "save_dot_except_mlpwi", "save_dot_except_mlp", "save_qkv_proj")
 
 
 class Step(enum.StrEnum):
@@ -153,15 +162,21 @@ class FFNConfig:
         return dataclasses.replace(self, **{k: v for k, v in kw.items() if v is not None})
 
 
+MLP_KINDS = ("relu", "gelu", "swiglu")  # act(h·W_in)·W_out, or SwiGLU (Shazeer 2020)
+BLOCK_KINDS = ("serial", "parallel")  # attention then MLP; or both on one norm, summed (GPT-J, PaLM)
+
+
 @dataclass(frozen=True)
 class TransformerConfig:
     """A pre-norm causal transformer stack: ``blocks`` layers of RMSNorm -> multi-head self-attention
     (``heads`` query heads N, ``kv_heads`` key/value heads K for grouped-query attention, head dim H)
-    with a residual, then RMSNorm -> MLP (D -> F -> D, GELU; ``gated``: SwiGLU, three matrices) with a
-    residual; sequences of ``seq_len`` tokens T. Without ``vocab`` there is no embedding or output
-    projection (the synthetic task maps token vectors to token vectors like the FFN stack's); with it,
-    token ids in, an embedding E [V, D], a final RMSNorm, logits h·Uᵀ (U = E with ``tied_embeddings``)
-    and the softmax cross-entropy against the next token's id.
+    with a residual, then RMSNorm -> MLP (D -> F -> D; ``mlp``: relu, gelu, or swiglu with three
+    matrices) with a residual (``block="serial"``), or attention and MLP on one norm's output, summed
+    into one residual (``block="parallel"``, GPT-J / PaLM: one tensor-parallel reduction per layer);
+    sequences of ``seq_len`` tokens T. Without ``vocab`` there is no embedding or output projection (the
+    synthetic task maps token vectors to token vectors like the FFN stack's); with it, token ids in, an
+    embedding E [V, D], a final RMSNorm, logits h·Uᵀ (U = E with ``tied_embeddings``) and the softmax
+    cross-entropy against the previous token's id (ffn_model.train.make_batch_fn).
 
     Parameters per layer (Scaling Book transformers page): attention D·H·(2N + 2K) (W_q, W_k, W_v,
     W_o), MLP m·D·F (m = 2, or 3 gated); the RMSNorms carry no learned scale (ffn_model.transformer.rms_norm).
@@ -175,13 +190,17 @@ class TransformerConfig:
     seq_len: int
     kv_heads: int | None = None
     head_dim: int | None = None
-    gated: bool = False
+    mlp: str = "gelu"
+    block: str = "serial"
     vocab: int | None = None
     tied_embeddings: bool = False
 
     def __post_init__(self):
         for name in ("d_model", "heads", "d_ff", "blocks", "seq_len"):
             positive_int(name, getattr(self, name))
+        for name, kinds in (("mlp", MLP_KINDS), ("block", BLOCK_KINDS)):
+            if getattr(self, name) not in kinds:
+                raise ValueError(f"{name}={getattr(self, name)!r} is not one of {', '.join(kinds)}")
         if self.vocab is not None:
             positive_int("vocab", self.vocab)
         elif self.tied_embeddings:
@@ -201,6 +220,11 @@ class TransformerConfig:
         if self.heads % self.kv_heads:
             raise ValueError(f"heads={self.heads} is not divisible by kv_heads={self.kv_heads} "
                              "(grouped-query attention)")
+
+    @property
+    def gated(self) -> bool:
+        """SwiGLU: silu(h·W_gate)·(h·W_in), three matrices."""
+        return self.mlp == "swiglu"
 
     @property
     def mlp_matrices(self) -> int:
@@ -255,8 +279,10 @@ PRESETS: dict[str, FFNConfig | TransformerConfig] = {
     # 96 blocks, 2048 tokens); Llama-3-style 8B and 70B shapes (grouped-query, SwiGLU; Meta's model card).
     "seed000": TransformerConfig(d_model=16384, heads=128, d_ff=53248, blocks=126, seq_len=60000),
     "seed001": TransformerConfig(d_model=12288, heads=96, d_ff=4 * 12288, blocks=96, seq_len=2048),
-    "llama-8b": TransformerConfig(d_model=4096, heads=32, kv_heads=8, d_ff=14336, blocks=32, seq_len=8192, gated=True),
-    "llama-70b": TransformerConfig(d_model=8192, heads=64, kv_heads=8, d_ff=28672, blocks=80, seq_len=8192, gated=True),
+    "llama-8b": TransformerConfig(d_model=4096, heads=32, kv_heads=8, d_ff=14336, blocks=32, seq_len=8192,
+                                  mlp="swiglu"),
+    "llama-70b": TransformerConfig(d_model=8192, heads=64, kv_heads=8, d_ff=28672, blocks=80, seq_len=8192,
+                                   mlp="swiglu"),
     # for emulated-device tests: heads and kv heads divisible by context·tensor up to 8
     "tiny-tf": TransformerConfig(d_model=64, heads=8, kv_heads=8, d_ff=256, blocks=2, seq_len=64),
     "small-tf": TransformerConfig(d_model=256, heads=8, kv_heads=8, d_ff=1024, blocks=4, seq_len=256),
@@ -305,12 +331,16 @@ DEFAULT_PRECISION = Precision()
 
 def check_remat(remat: str, cfg: "FFNConfig | TransformerConfig | None" = None) -> Remat:
     """Validate a remat policy name: none, every-second (keep every second block's activations,
-    recompute the others), full (keep only each block's input). The transformer stack has none and full
-    (ffn_model.transformer.stack_forward): every-second is refused for a TransformerConfig."""
+    recompute the others), full (keep only each block's input); the transformer's named policies
+    (TRANSFORMER_ONLY_REMAT: what each keeps, ffn_model.transformer.POLICY_SAVES). every-second is refused
+    for a TransformerConfig, the named policies for the FFN stack."""
     if remat not in REMAT_POLICIES:
         raise ValueError(f"unknown remat policy {remat!r}; valid: {', '.join(REMAT_POLICIES)}")
     if isinstance(cfg, TransformerConfig) and remat == "every-second":
-        raise ValueError("remat every-second is for the FFN stack; the transformer's remat is none or full")
+        raise ValueError("remat every-second is for the FFN stack; the transformer's remat is none, full or "
+                         + ", ".join(TRANSFORMER_ONLY_REMAT))
+    if isinstance(cfg, FFNConfig) and remat in TRANSFORMER_ONLY_REMAT:
+        raise ValueError(f"remat {remat} is for the transformer; the FFN stack's remat is none, every-second or full")
     return Remat(remat)
 
 

@@ -13,7 +13,8 @@ One layer, per device (module docstring of ffn_model.transformer):
             future ones inside a cond that a static count of the program takes, while at run time
             device i computes i+1 of them); backward 8 units (materialized: dv, dp, dq, dk from the
             saved probabilities) or 10 (flash: the scores recomputed)
-  remat full recomputes the forward but W_out's matmul (its output is not needed for the backward)
+  remat full recomputes the forward but W_out's matmul (its output is not needed for the backward);
+            parallel blocks not W_o's either (the layer's sum feeds nothing the backward needs)
 Collectives per layer (V, the Scaling Book's volume: the full array a collective spans per device):
   fsdp      all-gather of the layer's BF16 weights W = c·(D·H·(2N+2K) + m·D·F)/Y, forward and again
             in the backward; the gradients reduce-scattered, V = W
@@ -21,11 +22,14 @@ Collectives per layer (V, the Scaling Book's volume: the full array a collective
             the fused q/k/v and the MLP), V = c·t·D each; remat full one more (the recomputed W_o
             output, which the second norm needs). Sequence parallel (Korthikanti et al. 2022):
             forward 2 all-gathers + 2 reduce-scatters, backward 4 all-gathers (the norms' outputs
-            again, the outputs' gradients) + 2 reduce-scatters (+1 under remat full), V = c·t·D each
+            again, the outputs' gradients) + 2 reduce-scatters (+1 under remat full), V = c·t·D each.
+            Parallel blocks: half of each (one reduction of the summed partials forward, one of the
+            norm's input gradient backward), nothing again under remat full
   context   Ulysses: all-to-all of q, k, v and o forward and of their gradients backward,
             V = c·t·H·(2N+2K)/Y per direction (Jacobs et al. 2023); ring: ffn_model.attention's
-            collective-permutes of K/V chunks (and their gradients); remat full runs the forward's
-            all-to-alls or permutes once more (the recomputed attention)
+            collective-permutes of K/V chunks (and their gradients); a policy that recomputes the attention
+            runs its forward's permutes once more, and Ulysses' all-to-alls of what it does not keep (full:
+            q, k, v and o; minimal and the save_dot policies: o)
   context   also the fsdp-sharded gradients all-reduced, W/X (the tokens are split over context)
   data      the fsdp-sharded gradients all-reduced, W/X
   loss      one FP32 all-reduce over every axis that splits the tokens (data, fsdp, context; tensor
@@ -79,10 +83,43 @@ def attention_units(schedule: Schedule, pass_: str, mesh: Mapping) -> int:
     return 10 if runs_flash(schedule, mesh) else 8
 
 
+# What each named remat policy keeps (ffn_model.transformer.POLICY_SAVES), as the closed forms count it:
+# q, k, v; the attention's residuals (probabilities, or flash's o and log-sum-exp); o·W_o after its reduction
+# (or mid); the norms' outputs; the MLP hidden.
+POLICY_KEEPS = {
+    "none": {"qkv", "attention", "out", "norms", "mlp_in"},
+    "selective": {"qkv", "out", "norms", "mlp_in"},
+    "minimal": {"qkv", "out", "mlp_in"},
+    "save_dot_except_mlpwi": {"qkv", "out"},
+    "save_dot_except_mlp": {"qkv", "out"},
+    "save_qkv_proj": {"qkv"},
+    "full": set(),
+}
+
+
+def recomputed(cfg: TransformerConfig, remat: str, schedule: Schedule, mesh: Mapping) -> dict:
+    """What a layer's backward recomputes under ``remat`` (read from the compiled programs' FLOPs, module
+    docstring): {"qkv": 0|1 (the projections), "attention_units": 0, 2 or 4 (q·kᵀ only where the
+    attention's output is kept: selective; the whole forward, 4, where it is not), "out": 0|1 (W_o's matmul:
+    serial blocks that keep neither o·W_o nor mid need it for the second norm's input), "mlp_in": 0|1
+    (h·W_in, and W_gate)}. Selective under flash attention keeps what none keeps (no O(T²) residual). A
+    parallel block recomputes q, k, v with its MLP input (one fused matmul)."""
+    keeps = POLICY_KEEPS[remat]
+    flash = runs_flash(schedule, mesh)
+    attention = 0 if "attention" in keeps or (remat == "selective" and flash) else 2 if "out" in keeps and \
+        remat == "selective" else 4
+    # a parallel block's q, k, v and MLP input come out of one matmul (ffn_model.transformer.fused_in): recomputing
+    # either recomputes both
+    fused = cfg.block == "parallel" and not {"qkv", "mlp_in"} <= keeps
+    return {"qkv": int("qkv" not in keeps or fused), "attention_units": attention,
+            "out": int(cfg.block == "serial" and "out" not in keeps), "mlp_in": int("mlp_in" not in keeps)}
+
+
 def step_flops(w: Workload) -> dict:
     """Matmul FLOPs per device of one step, term by term (module docstring):
     forward = L·(qkv + attention 4 units + out + mlp) + logits; backward = L·(2·(qkv + out + mlp) + attention
-    8 or 10 units) + 2·logits; recompute (remat full) = L·(qkv + attention 4 units + out + mlp·(m−1)/m);
+    8 or 10 units) + 2·logits; recompute = L·(what the remat policy recomputes, recomputed(): full
+    qkv + attention 4 units + out + mlp·(m−1)/m);
     model = the matmuls the step needs with the causal half of attention: 6·P_matmul·B-style terms with
     attention counted at T²/2 (Scaling Book transformers page), per device."""
     cfg, mesh, batch_tokens, step, remat, schedule = w.model, w.mesh, w.batch_tokens, w.step, w.remat, w.schedule
@@ -98,7 +135,9 @@ def step_flops(w: Workload) -> dict:
     if step == "train":
         terms["backward"] = (L * (2 * (qkv + out + mlp) + attention_units(schedule, "backward", mesh) * unit)
                              + 2 * logits)
-        terms["recompute"] = L * (qkv + out + mlp * (m - 1) / m + 4 * unit) if remat == "full" else 0.0
+        r = recomputed(cfg, remat, schedule, mesh)
+        terms["recompute"] = L * (r["qkv"] * qkv + r["out"] * out + r["mlp_in"] * mlp * (m - 1) / m
+                                  + r["attention_units"] * unit)
         model *= 3
     terms["total"] = sum(terms.values())
     terms["model"] = model
@@ -131,20 +170,24 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
             out["fsdp"]["reduce-scatter"] = out["fsdp"].get("reduce-scatter", 0.0) + dE
     if Y > 1:
         act = c * t * D
-        redo = 1 if train and remat == "full" else 0  # remat full recomputes mid = x + o·W_o: its reduction again
+        serial = cfg.block == "serial"
+        r = 2 if serial else 1  # reductions over tensor per layer and pass
+        redo = recomputed(cfg, remat, schedule, mesh)["out"] if train else 0  # mid = x + o·W_o again: reduced again
         vocab = 0 if cfg.vocab is None else 1  # the lookup, and the output layer's input (and its gradient)
         ends = vocab * act * (2 if train else 1)
         if schedule.sequence_parallel:
-            out["tensor"] = {"all-gather": L * act * (6 if train else 2) + ends,
-                             "reduce-scatter": L * act * ((4 if train else 2) + redo) + ends}
+            out["tensor"] = {"all-gather": L * act * r * (3 if train else 1) + ends,
+                             "reduce-scatter": L * act * (r * (2 if train else 1) + redo) + ends}
         else:
-            out["tensor"] = {"all-reduce": L * act * ((4 if train else 2) + redo) + ends}
+            out["tensor"] = {"all-reduce": L * act * (r * (2 if train else 1) + redo) + ends}
         if vocab:  # the loss over the vocabulary shards: the max (BF16 logits), Σ exp and the label's logit (FP32)
             out["tensor"]["all-reduce"] = out["tensor"].get("all-reduce", 0.0) + (c + 8) * t
-    if C > 1:  # remat full recomputes the attention's forward, its all-to-alls or K/V permutes again
-        again = 1 if train and remat == "full" else 0
-        if schedule.context == "ulysses":
-            out["context"] = {"all-to-all": L * c * t * H * (2 * N + 2 * K) / Y * ((2 if train else 1) + again)}
+    if C > 1:  # a recomputed attention forward runs its all-to-alls (of what it does not keep) or K/V permutes again
+        r = recomputed(cfg, remat, schedule, mesh) if train else {"qkv": 0, "attention_units": 0}
+        again = int(r["attention_units"] == 4)
+        if schedule.context == "ulysses":  # q, k, v again where not kept; o where the attention is recomputed
+            again_heads = r["qkv"] * (N + 2 * K) + again * N
+            out["context"] = {"all-to-all": L * c * t * H * ((2 * N + 2 * K) * (2 if train else 1) + again_heads) / Y}
         else:
             chunk = t * H * K / Y
             out["context"] = {"collective-permute": L * (ring_permute_bytes(C, chunk, train, c)
@@ -178,27 +221,36 @@ def ring_permute_bytes(C: int, chunk: int, train: bool, c: int = 2) -> float:
 def saved_per_layer(cfg: TransformerConfig, mesh: Mapping, batch_tokens, remat: str = "none",
                     schedule: Schedule = Schedule(), precision: Precision = DEFAULT_PRECISION) -> dict:
     """Bytes per device one layer keeps for the backward (ffn_model.transformer.SAVED), term by term:
-    remat none: x, norm1, norm2, mid (c·t·D each; /Y under sequence parallelism: the token split),
+    remat none: x, norm1, norm2, mid (c·t·D each; /Y under sequence parallelism: the token split;
+    a parallel block has one norm and no mid),
     q, k, v (c·t·H·(N+2K)/Y), the attention's residuals (materialized: the BF16 probabilities
     2·s·T²·N/(Y·C); flash and ring: o c·t·N·H/Y and the FP32 log-sum-exp 4·t·N/Y), its output for W_o
     (c·t·N·H/Y; the same array as a local flash's or ring's o), the MLP hidden c·t·F·(m−1)/Y;
-    remat full: x only (Korthikanti et al. 2022, eq. 1-2, without dropout, with RMSNorm)."""
+    remat full: x only (Korthikanti et al. 2022, eq. 1-2, without dropout, with RMSNorm); selective: none's
+    but the probabilities; MaxText's named policies (POLICY_KEEPS): x, and of q, k, v, o·W_o after its
+    reduction (c·t·D, /Y under SP) and the MLP hidden those they keep."""
     s, t, X, Y, C, d = _dims(cfg, mesh, batch_tokens)
     D, F, N, K, H, T, m = cfg.d_model, cfg.d_ff, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.seq_len, cfg.mlp_matrices
     c = precision.compute
     xs = c * t * D / (Y if schedule.sequence_parallel else 1)
-    if remat == "full":
-        return {"x": xs}
+    keeps = POLICY_KEEPS[remat]
+    if remat != "none" and remat != "selective":  # the named policies: x and what they keep
+        serial = cfg.block == "serial"
+        return {"x": xs, "qkv": c * t * H * (N + 2 * K) / Y if "qkv" in keeps else 0.0,
+                "attn_proj": xs if "out" in keeps and serial else 0.0,
+                "mlp": c * t * F * (m - 1) / Y if "mlp_in" in keeps else 0.0}
     flash = runs_flash(schedule, mesh)
     # the norms' outputs: not kept under sequence parallelism (recomputed and all-gathered again)
-    terms = {"x": xs, "norms": 0.0 if schedule.sequence_parallel else 2 * xs, "mid": xs,
+    serial = cfg.block == "serial"  # parallel: one norm, no mid
+    terms = {"x": xs, "norms": 0.0 if schedule.sequence_parallel else (2 if serial else 1) * xs,
+             "mid": xs if serial else 0.0,
              "qkv": c * t * H * (N + 2 * K) / Y}
     if flash:
         terms["attention"] = c * t * N * H / Y + 4 * t * N / Y
         separate_o = C > 1 and schedule.context == "ulysses"  # the head split o besides the sequence split
         terms["attn_out"] = c * t * N * H / Y if separate_o else 0.0
-    else:
-        terms["attention"] = 2 * s * T * T * N / (Y * C)
+    else:  # selective: the probabilities recomputed
+        terms["attention"] = 2 * s * T * T * N / (Y * C) if remat == "none" else 0.0
         terms["attn_out"] = c * t * N * H / Y
     terms["mlp"] = c * t * F * (m - 1) / Y
     return terms
@@ -248,9 +300,10 @@ def memory_per_device(w: Workload) -> dict:
         terms["layer_grads"] = precision.grad * layer_weight_bytes(cfg, mesh, precision) / precision.compute
     if train:
         terms["activations"] = L * sum(saved_per_layer(cfg, mesh, batch_tokens, remat, schedule, precision).values())
-    if train and remat == "full":  # the layer whose backward runs holds its recomputed forward's residuals
+    if train and remat != "none":  # the layer whose backward runs holds its recomputed forward's residuals
         none = saved_per_layer(cfg, mesh, batch_tokens, "none", schedule, precision)
-        terms["recomputed_layer"] = sum(none.values()) - none["x"]
+        kept = saved_per_layer(cfg, mesh, batch_tokens, remat, schedule, precision)
+        terms["recomputed_layer"] = sum(none.values()) - sum(kept.values())
     if train and V:  # the loss's phase: the norm's output, the BF16 logits and the gathered U, beside the saved
         # activations; the peak is the larger of it and a layer's phase (the transients above)
         layer = sum(terms.get(k, 0.0) for k in ("transient_weights", "attention_working_set", "layer_grads",

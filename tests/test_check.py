@@ -348,6 +348,8 @@ def test_sequence_grid_covers_the_acceptance_configurations():
 def _sequence_ids(grid):
     return [f"{'tf' if isinstance(c, TransformerConfig) else 'ffn'}{c.d_model}-{m}-{r}-{s}-{k.attention}"
             + (f"-{k.context}" if "context" in m else "") + ("-sp" if k.sequence_parallel else "")
+            + (f"-{c.block}-{c.mlp}" + (f"-V{c.vocab}" if c.vocab else "") + ("-tied" if c.tied_embeddings else "")
+               if isinstance(c, TransformerConfig) else "")
             for c, m, _, r, s, k in grid]
 
 

@@ -144,6 +144,9 @@ CASES = [
     (f"{TRAIN} --preset tiny-tf --batch-tokens 512 --mesh stage=2,fsdp=4 --microbatches 2", r"stage"),
     (f"{TRAIN} --sequence-parallel --attention sparse", r"argument --attention: invalid choice: 'sparse'"),
     (f"{TRAIN} --context-strategy star", r"argument --context-strategy: invalid choice: 'star'"),
+    # block and MLP kinds
+    (f"{TRAIN} --preset tiny-tf --mlp tanh", r"argument --mlp: invalid choice: 'tanh'"),
+    (f"{TRAIN} --block parallel", r"--block is a transformer flag; 'tiny' is an FFN stack"),
     # the vocabulary: split over tensor; tied only with one
     (f"{TRAIN} --preset tiny-tf --batch-tokens 512 --mesh fsdp=2,tensor=4 --vocab 1001",
      r"vocab=1001 is not divisible by the tensor shard count 4"),

@@ -454,3 +454,27 @@ def test_vocabulary_terms_by_hand():
         assert c1["fsdp"]["reduce-scatter"] - c0["fsdp"]["reduce-scatter"] == 2 * 131_072
         assert c1["tensor"]["all-reduce"] - c0["tensor"]["all-reduce"] == 2 * 1_048_576 + 4_096 + 16_384
         assert memory_per_device(plain)["inputs"] == 3_145_728 and memory_per_device(w)["inputs"] == 16_384
+
+
+def test_parallel_block_terms_by_hand():
+    """small-tf (D=256, N=K=8, H=32, F=1024, L=4) on fsdp=2, tensor=4, B=4,096: t = 2,048 tokens per device,
+    one [t, D] BF16 activation c·t·D = 2·2048·256 = 1,048,576 B. By hand, serial against parallel:
+      tensor, train      serial 4 all-reduces per layer (2 forward, 2 backward) = 16·1,048,576 = 16,777,216;
+                         parallel 2 per layer = 8,388,608; full remat: serial one more per layer (the recomputed
+                         mid), 20,971,520; parallel none more, 8,388,608
+      recompute FLOPs    parallel skips W_o's matmul, 2·t·N·H·D/Y = 2·2048·256·256/4 = 67,108,864 per layer,
+                         268,435,456 for the 4 layers
+      saved per layer    parallel keeps one norm and no mid: 2·c·t·D = 2,097,152 B fewer"""
+    from scaling.transformer import collective_volumes, saved_per_layer, step_flops
+
+    cfg = PRESETS["small-tf"]
+    mesh = parse_mesh_spec("fsdp=2,tensor=4")
+    par = cfg.replace(block="parallel")
+    tensor = {(b, r): collective_volumes(Workload(c, mesh, 4096, remat=r))["tensor"]["all-reduce"]
+              for b, c in (("serial", cfg), ("parallel", par)) for r in ("none", "full")}
+    assert tensor == {("serial", "none"): 16_777_216, ("parallel", "none"): 8_388_608,
+                      ("serial", "full"): 20_971_520, ("parallel", "full"): 8_388_608}
+    recompute = [step_flops(Workload(c, mesh, 4096, remat="full"))["recompute"] for c in (cfg, par)]
+    assert recompute[0] - recompute[1] == 268_435_456
+    saved = [sum(saved_per_layer(c, mesh, 4096).values()) for c in (cfg, par)]
+    assert saved[0] - saved[1] == 2_097_152

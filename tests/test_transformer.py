@@ -71,12 +71,24 @@ def test_transformer_matches_one_device(tf_one_device, spec, schedule, remat):
     assert losses[-1] < losses[0]
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("remat", ["selective", "minimal", "save_dot_except_mlpwi", "save_dot_except_mlp",
+                                   "save_qkv_proj"])
+def test_named_remat_policies_match_one_device(tf_one_device, remat):
+    """Each named policy keeps a different set of residuals (ffn_model.transformer.POLICY_SAVES) and
+    recomputes the rest: the same training as remat none, within the tolerance above, on one device (what a
+    policy keeps does not depend on the mesh; the check grids compile the policies sharded)."""
+    spec = "fsdp=1"
+    losses, state = train(Workload(TINY_TF, parse_mesh_spec(spec), B, remat=remat), _mesh(spec), STEPS, lr=LR,
+                          return_state=True)
+    assert_matches(losses, state["params"], tf_one_device)
+
+
 # A 512-token vocabulary: tensor=4 holds 128 rows of E (and U) per device
 VOCAB = 512
 VOCAB_MESHES = [
     ("tensor=4", Schedule(), "none", False),
     ("fsdp=2,tensor=4", Schedule(), "full", True),
-    ("data=2,context=2,tensor=2", Schedule(context="ring", sequence_parallel=True), "none", False),
 ]
 
 
@@ -101,6 +113,22 @@ def test_vocab_parallel_loss_matches_one_device(vocab_one_device, spec, schedule
     assert_matches(losses, state["params"], vocab_one_device[tied])
     assert abs(losses[0] - np.log(VOCAB)) < 1.0
     assert losses[-1] < losses[0]
+
+
+BLOCKS = [
+    ("data=2,context=2,tensor=2", "swiglu", Schedule(context="ulysses", sequence_parallel=True), "full"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec, mlp, schedule, remat", BLOCKS, ids=[f"{s}-{m}-{r}" for s, m, _, r in BLOCKS])
+def test_parallel_block_matches_one_device(spec, mlp, schedule, remat):
+    """A parallel block (attention and MLP on one norm, their input and output projections fused so each
+    pass reduces over tensor once) with a ReLU or SwiGLU MLP: within the tolerance above of one device."""
+    cfg = TINY_TF.replace(block="parallel", mlp=mlp)
+    losses, state = train(Workload(cfg, parse_mesh_spec(spec), B, remat=remat, schedule=schedule), _mesh(spec),
+                          STEPS, lr=LR, return_state=True)
+    assert_matches(losses, state["params"], _one_device(cfg, B))
 
 
 @pytest.mark.slow

@@ -26,8 +26,11 @@ def test_built_once_validated_once():
                       ({"model": "tiny"}, "model must be an FFNConfig or a TransformerConfig")]:
         with pytest.raises(ValueError, match=match):
             Workload(**{"model": TINY, "mesh": MeshShape(fsdp=4), "batch_tokens": 64, **kw})
-    with pytest.raises(ValueError, match="transformer's remat is none or full"):
+    with pytest.raises(ValueError, match="remat every-second is for the FFN stack; the transformer's remat is none, "
+                                         "full or selective, minimal"):
         Workload(PRESETS["tiny-tf"], MeshShape(), PRESETS["tiny-tf"].seq_len, remat="every-second")
+    with pytest.raises(ValueError, match="remat minimal is for the transformer"):
+        Workload(TINY, MeshShape(), 64, remat="minimal")
     with pytest.raises(ValueError, match="circular_relays must be"):
         CompilerFacts(circular_relays=0)
     with pytest.raises(ValueError, match="batch_tokens=66 is not divisible"):  # replace validates again

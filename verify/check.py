@@ -171,6 +171,16 @@ CPU_SEQUENCE_GRID = [
     (_SMALL_TF.replace(vocab=1024), "fsdp=2,context=2,tensor=2", 4096, "none", "train",
      Schedule(context="ring", sequence_parallel=True)),
     (_SMALL_TF.replace(vocab=1024, tied_embeddings=True), "fsdp=2,tensor=4", 4096, "none", "forward", Schedule()),
+    # parallel blocks (one tensor reduction per layer and pass) and the MLP kinds
+    (_SMALL_TF.replace(block="parallel", mlp="relu"), "fsdp=2,tensor=4", 4096, "none", "train", Schedule()),
+    (_SMALL_TF.replace(block="parallel", mlp="swiglu"), "data=2,fsdp=2,tensor=2", 4096, "full", "train", Schedule()),
+    (_SMALL_TF.replace(block="parallel", mlp="swiglu"), "fsdp=2,context=2,tensor=2", 4096, "none", "train",
+     Schedule(context="ring", sequence_parallel=True)),
+    # the named remat policies: the recomputed attention's all-to-all of o again (minimal), W_o's matmul and its
+    # reduction again (save_qkv_proj)
+    (_SMALL_TF, "fsdp=2,context=2,tensor=2", 4096, "minimal", "train", Schedule(context="ulysses")),
+    (_SMALL_TF, "fsdp=2,context=2,tensor=2", 4096, "save_qkv_proj", "train",
+     Schedule(context="ring", sequence_parallel=True)),
 ]
 # On TPU v5p ahead of time: a 4096-wide transformer (32 heads, 8 kv heads, F=16384, 4 layers, T=4096; 8
 # sequences) large enough that HBM dominates its peak (3 to 17 GB), a Llama-8B shape, and the XXL with sequence
@@ -196,6 +206,11 @@ TPU_SEQUENCE_GRID = [
      Schedule(sequence_parallel=True)),
     # a 32k vocabulary (MaxText's), vocab-parallel logits: the loss's phase beside the layers'
     ("tpu:v5p:2x2x2", _LARGE_TF.replace(vocab=32768), "fsdp=2,tensor=4", 32768, "none", "train", Schedule()),
+    # a parallel SwiGLU block with sequence parallelism under full remat
+    ("tpu:v5p:2x2x2", _LARGE_TF.replace(block="parallel", mlp="swiglu"), "fsdp=2,tensor=4", 32768, "full", "train",
+     Schedule(sequence_parallel=True)),
+    # MaxText's minimal remat with flash attention
+    ("tpu:v5p:2x2x2", _LARGE_TF, "fsdp=2,tensor=4", 32768, "minimal", "train", Schedule(attention="flash")),
 ]
 XXL_SEQUENCE_PARALLEL = ("tpu:v5p:4x4x4", _XXL, "fsdp=16,tensor=4", 25600, "none", "train",
                          Schedule(sequence_parallel=True))
@@ -360,7 +375,8 @@ def _peak_note(cfg, step: str, windowed: bool, remat: str = "none") -> str:
     if isinstance(cfg, TransformerConfig):
         return ("16 B/param/N + L layers' saved activations + the batch + "
                 + ("one layer's gathered bf16 weights + its recomputed residuals" if remat == "full" else
-                   "two layers' gathered bf16 weights + one layer's fp32 weight gradients")
+                   "two layers' gathered bf16 weights + one layer's fp32 weight gradients"
+                   + ("" if remat == "none" else " + one layer's recomputed residuals"))
                 + " + the attention working set (scores of one layer or key block)"
                 if step == "train" else "master weights + one layer's gathered bf16 weights "
                 "+ the attention working set + the batch")
