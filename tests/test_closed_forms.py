@@ -478,3 +478,27 @@ def test_parallel_block_terms_by_hand():
     assert recompute[0] - recompute[1] == 268_435_456
     saved = [sum(saved_per_layer(c, mesh, 4096).values()) for c in (cfg, par)]
     assert saved[0] - saved[1] == 2_097_152
+
+
+def test_measured_runs_presets_by_their_sources():
+    """The measured runs' models. MaxText's 2023 family from its global_parameter_scale rule reproduces the
+    shapes its tables list (../shared/reference/measured.md, section 1: emb, heads, mlp, layers); the Llama
+    presets plus the RMSNorm scales this package's model omits (2·L·D + D) give the released checkpoints'
+    parameter counts (Llama-2-7B 6,738,415,616; Llama-2-70B 68,976,648,192; Llama-3.1-8B 8,030,261,248;
+    Llama-3.1-70B 70,553,706,496)."""
+    from scaling.config import maxtext_scale
+
+    table = {16: (5120, 32, 32768, 32), 32: (10240, 32, 32768, 32), 64: (10240, 32, 32768, 64),
+             128: (10240, 64, 65536, 64)}
+    for scale, shape in table.items():
+        c = maxtext_scale(scale)
+        assert (c.d_model, c.heads, c.d_ff, c.blocks) == shape and PRESETS[f"maxtext-{scale}b"] == c
+        assert (c.head_dim, c.vocab, c.tied_embeddings, c.block, c.mlp, c.seq_len) == (256, 32768, True, "parallel",
+                                                                                      "relu", 2048)
+    with pytest.raises(ValueError, match="scale=3 is not a power of two"):
+        maxtext_scale(3)
+    released = {"llama2-7b": 6_738_415_616, "llama2-70b": 68_976_648_192, "llama3.1-8b": 8_030_261_248,
+                "llama3.1-70b": 70_553_706_496}
+    for name, count in released.items():
+        c = PRESETS[name]
+        assert c.params + 2 * c.blocks * c.d_model + c.d_model == count, name
