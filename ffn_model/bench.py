@@ -30,7 +30,7 @@ def time_train_step(w: Workload, mesh, steps: int = 10, warmup: int = 2, seed: i
         raise ValueError(f"the workload's mesh is {w.mesh}, the devices' mesh {mesh_shape(mesh)}")
     cfg, batch_tokens, remat, schedule = w.model, w.batch_tokens, w.remat, w.schedule
     tx = make_optimizer()
-    state = init_state(cfg, mesh, seed, tx)
+    state = init_state(cfg, mesh, seed, tx, schedule.optimizer_sharding)
     batch_fn = make_batch_fn(cfg, mesh, batch_tokens, seed)
     times = []
     with jax.set_mesh(mesh):

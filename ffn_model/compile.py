@@ -39,7 +39,7 @@ def abstract_compile(w: Workload, mesh) -> CompileResult:
     check_size(w)  # sizes jax and XLA can count
     cfg, batch_tokens, remat, step, schedule = w.model, w.batch_tokens, w.remat, w.step, w.schedule
     t0 = time.perf_counter()
-    abstract, _ = state_shardings(cfg, mesh)
+    abstract, _ = state_shardings(cfg, mesh, optimizer_sharding=schedule.optimizer_sharding)
     batch = batch_structs(cfg, mesh, batch_tokens)
     if step == "train":
         fn, args = make_train_step(cfg, mesh, remat, schedule=schedule), (abstract, batch)

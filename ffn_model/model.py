@@ -18,6 +18,8 @@ backward gathers them again as FSDP does):
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 
 import jax
@@ -55,6 +57,27 @@ def to_bf16(w):
     return jax.lax.bitcast_convert_type(u, jnp.float32).astype(COMPUTE_DTYPE)
 
 
+_ZERO1 = contextvars.ContextVar("zero1_gradients", default=False)
+
+
+@contextlib.contextmanager
+def zero1_gradients(on: bool):
+    """While tracing a train step under ZeRO-1 (Schedule.optimizer_sharding): weight gradients are reduced to
+    grad_axes' layout."""
+    token = _ZERO1.set(bool(on))
+    try:
+        yield
+    finally:
+        _ZERO1.reset(token)
+
+
+def grad_axes(logical_axes):
+    """The layout a weight's gradient is reduced to: the weight's own, or under zero1_gradients with D split
+    over data·fsdp (the logical axis embed_zero1), so that one reduce-scatter over data·fsdp replaces the
+    reduce-scatter over fsdp and the all-reduce over data."""
+    return tuple("embed_zero1" if a == "embed" and _ZERO1.get() else a for a in logical_axes)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
 def gather_bf16(w, logical_axes):
     """FP32 weight shard -> BF16, then gathered over fsdp (the all-gather moves BF16)."""
@@ -67,8 +90,8 @@ def _gather_bf16_fwd(w, logical_axes):
 
 def _gather_bf16_bwd(logical_axes, _, g):
     # g: BF16 gradient of the gathered weight (partial sums over data·fsdp). Reduce-scatter it to the
-    # weight's shard in BF16, then cast to the FP32 master dtype.
-    return (constrain(g, logical_axes).astype(PARAM_DTYPE),)
+    # weight's shard (grad_axes: over data too under ZeRO-1) in BF16, then cast to the FP32 master dtype.
+    return (constrain(g, grad_axes(logical_axes)).astype(PARAM_DTYPE),)
 
 
 gather_bf16.defvjp(_gather_bf16_fwd, _gather_bf16_bwd)

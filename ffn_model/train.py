@@ -30,7 +30,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from ffn_model import checkpoint as ckpt
-from ffn_model.model import COMPUTE_DTYPE, FFNStack
+from ffn_model.model import COMPUTE_DTYPE, FFNStack, zero1_gradients
 from ffn_model.pipeline import accumulate, pipeline_loss
 from ffn_model.transformer import IDS_AXES, token_cross_entropy
 from ffn_model.transformer import X_AXES as TF_X_AXES
@@ -70,17 +70,25 @@ def _tokens(cfg: Model) -> bool:
     return isinstance(cfg, TransformerConfig) and cfg.vocab is not None
 
 
-def state_shardings(cfg: Model, mesh, tx=None):
+def zero1_sharding(sharding: NamedSharding) -> NamedSharding:
+    """A parameter's sharding with its fsdp-split dimension split over data·fsdp (the rule of the logical axis
+    embed_zero1, scaling.sharding): where ZeRO-1 keeps the gradients, Adam's moments and the update."""
+    fsdp, zero1 = logical_to_spec(("embed",))[0], logical_to_spec(("embed_zero1",))[0]
+    return NamedSharding(sharding.mesh, PartitionSpec(*(zero1 if e == fsdp else e for e in sharding.spec)))
+
+
+def state_shardings(cfg: Model, mesh, tx=None, optimizer_sharding: str = "fsdp"):
     """(abstract state with shardings, state shardings): ShapeDtypeStructs carrying NamedShardings
     for every leaf. The parameters' come from their logical axes through flax
-    (nnx.get_abstract_model on ``mesh``); Adam's mu and nu follow their parameter, the step count is
-    replicated."""
+    (nnx.get_abstract_model on ``mesh``); Adam's mu and nu follow their parameter (split over data too under
+    ``optimizer_sharding="zero1"``: zero1_sharding), the step count is replicated."""
     tx = tx or make_optimizer()
     _, abs_state = nnx.get_abstract_model(_model(cfg), mesh)
     params = nnx.to_pure_dict(nnx.state(abs_state, nnx.Param))
     opt = jax.eval_shape(tx.init, params)
     pshard = jax.tree.map(lambda a: a.sharding, params)
-    oshard = optax.tree_map_params(tx, lambda _, s: s, opt, pshard,
+    moment = zero1_sharding if optimizer_sharding == "zero1" else (lambda s: s)
+    oshard = optax.tree_map_params(tx, lambda _, s: moment(s), opt, pshard,
                                    transform_non_params=lambda _: NamedSharding(mesh, PartitionSpec()))
     shardings = {"params": pshard, "opt": oshard}
     abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
@@ -88,10 +96,10 @@ def state_shardings(cfg: Model, mesh, tx=None):
     return abstract, shardings
 
 
-def init_state(cfg: Model, mesh, seed: int = 0, tx=None):
+def init_state(cfg: Model, mesh, seed: int = 0, tx=None, optimizer_sharding: str = "fsdp"):
     """The train state, created directly in its shardings (no device holds a full weight)."""
     tx = tx or make_optimizer()
-    _, shardings = state_shardings(cfg, mesh, tx)
+    _, shardings = state_shardings(cfg, mesh, tx, optimizer_sharding)
 
     @functools.partial(jax.jit, out_shardings=shardings)
     def init():
@@ -209,17 +217,23 @@ def make_train_step(cfg: Model, mesh, remat: str = "none", tx=None, schedule: Sc
     tx = tx or make_optimizer()
     shape = mesh_shape(mesh)
     loss_and_grad = jax.value_and_grad(loss_fn(cfg, mesh, remat, schedule))
-    _, shardings = state_shardings(cfg, mesh, tx)
+    zero1 = schedule.optimizer_sharding == "zero1"
+    _, shardings = state_shardings(cfg, mesh, tx, schedule.optimizer_sharding)
     accumulating = schedule.microbatches > 1 and shape["stage"] == 1
 
     def step(state, batch):
-        if accumulating:
-            loss, grads = accumulate(loss_and_grad, state["params"], batch, schedule.microbatches,
-                                     shards(shape, "batch"))
-        else:
-            loss, grads = loss_and_grad(state["params"], batch)
-        updates, opt = tx.update(grads, state["opt"], state["params"])
-        return {"params": optax.apply_updates(state["params"], updates), "opt": opt}, loss
+        with zero1_gradients(zero1):  # the weight gradients reduced to ZeRO-1's layout (ffn_model.model.grad_axes)
+            if accumulating:
+                loss, grads = accumulate(loss_and_grad, state["params"], batch, schedule.microbatches,
+                                         shards(shape, "batch"))
+            else:
+                loss, grads = loss_and_grad(state["params"], batch)
+        params = state["params"]
+        if zero1:  # each data shard updates its slice; out_shardings all-gathers the new weights over data
+            params = jax.tree.map(lambda p, s: jax.lax.with_sharding_constraint(p, zero1_sharding(s)), params,
+                                  shardings["params"])
+        updates, opt = tx.update(grads, state["opt"], params)
+        return {"params": optax.apply_updates(params, updates), "opt": opt}, loss
 
     return jax.jit(step, donate_argnums=(0,), out_shardings=(shardings, NamedSharding(mesh, PartitionSpec())),
                    compiler_options=compiler_options or None)
@@ -295,7 +309,8 @@ def train(w: Workload, mesh, steps: int, lr: float = 1e-3, seed: int = 0, log=No
         say(f"no complete checkpoint in {checkpoint_dir}, only an unfinished save: starting from step 0")
         resume = False
     if resume:
-        start, state, saved = ckpt.restore_latest(checkpoint_dir, state_shardings(cfg, mesh, tx)[0], meta)
+        start, state, saved = ckpt.restore_latest(checkpoint_dir,
+                                                  state_shardings(cfg, mesh, tx, schedule.optimizer_sharding)[0], meta)
         if start > steps:
             raise ValueError(f"steps={steps} is fewer than the {start} steps already in the checkpoint "
                              f"{str(checkpoint_dir)!r}; steps counts all steps, resumed ones included")
@@ -306,7 +321,7 @@ def train(w: Workload, mesh, steps: int, lr: float = 1e-3, seed: int = 0, log=No
         if start == steps:
             say(f"the checkpoint is already at step {start} = steps: nothing to train (raise --steps to continue)")
     else:
-        state = init_state(cfg, mesh, seed, tx)
+        state = init_state(cfg, mesh, seed, tx, schedule.optimizer_sharding)
     mngr = ckpt.open_manager(checkpoint_dir, create=True) if checkpoint_dir is not None else None
     for name in held["unfinished"] if held else ():  # the manager removes them (cleanup_tmp_directories)
         say(f"removed {name} from {checkpoint_dir}: a save that never finished")

@@ -33,7 +33,8 @@ from jax.ad_checkpoint import checkpoint_name
 
 from ffn_model.attention import (RESIDUAL_NAMES, attention_materialized, flash_attention_o, ring_attention,
                                  ulysses_attention)
-from ffn_model.model import COMPUTE_DTYPE, constrain, gather_bf16, init_normal, param, reshard, to_bf16
+from ffn_model.model import (COMPUTE_DTYPE, constrain, gather_bf16, grad_axes, init_normal, param, reshard,
+                             to_bf16)
 from mesh.rules import logical_to_spec
 from scaling.config import Schedule, TransformerConfig, check_remat
 
@@ -143,9 +144,11 @@ def qkv_projection(h_BxTxD, wq_NxHxD, wk_KxHxD, wv_KxHxD):
     Y = 1 if mesh.empty else mesh.shape["tensor"]
     (N, H, D), K = wq_NxHxD.shape, wk_KxHxD.shape[0]
     axes = ("tensor_split", None, "head_dim", "embed")
-    split = lambda w: constrain(w.reshape(Y, w.shape[0] // Y, H, D), axes)  # noqa: E731
+    # reshard, not constrain: the transpose of a sharding constraint would hold the gradient to the weight's
+    # layout (under ZeRO-1 its gradient is split over data too: ffn_model.model.grad_axes)
+    split = lambda w: reshard(w.reshape(Y, w.shape[0] // Y, H, D), axes, grad_axes(axes))  # noqa: E731
     w = jnp.concatenate([split(wq_NxHxD), split(wk_KxHxD), split(wv_KxHxD)], axis=1)  # [Y, (N+2K)/Y, H, D]
-    qkv = jnp.einsum("btd,yjhd->btyjh", h_BxTxD, gather_bf16(constrain(w, axes), axes))
+    qkv = jnp.einsum("btd,yjhd->btyjh", h_BxTxD, gather_bf16(reshard(w, axes, grad_axes(axes)), axes))
     n, kk = N // Y, K // Y
     B, T = h_BxTxD.shape[:2]
     q = constrain(qkv[:, :, :, :n].reshape(B, T, N, H), Q_AXES)
@@ -167,9 +170,10 @@ def _side_by_side(ws):
     """FP32 master shards [R, ..., D] (R over tensor) laid side by side per tensor shard, [Y, Σ rows, D]
     (a local concatenation), gathered over fsdp as one BF16 array; and each weight's row count."""
     Y = _tensor_size()
-    parts = [constrain(w.reshape(Y, -1, w.shape[-1]), SHARD_ROWS) for w in ws]
+    back = grad_axes(SHARD_ROWS)  # the gradients' layout (ZeRO-1: over data too), as in qkv_projection
+    parts = [reshard(w.reshape(Y, -1, w.shape[-1]), SHARD_ROWS, back) for w in ws]
     w = jnp.concatenate(parts, axis=1)
-    return gather_bf16(constrain(w, SHARD_ROWS), SHARD_ROWS), [p.shape[1] for p in parts]
+    return gather_bf16(reshard(w, SHARD_ROWS, back), SHARD_ROWS), [p.shape[1] for p in parts]
 
 
 def fused_in(h_BxTxD, ws):
@@ -307,22 +311,24 @@ def _lookup_bwd(vocab: int, tied: bool, ids_BxT, cotangents):
     dx_BxTxD, de_VxD = cotangents
     mesh = jax.sharding.get_abstract_mesh()
     ids_spec = logical_to_spec(IDS_AXES)
-    others = tuple(a for a in _token_axes(ids_spec) if a != "fsdp")
+    out_axes = grad_axes(VOCAB_AXES)  # D over fsdp, or data·fsdp under ZeRO-1
+    scatter = tuple(a for a in ("data", "fsdp") if a in _token_axes(logical_to_spec(out_axes)))
+    others = tuple(a for a in _token_axes(ids_spec) if a not in scatter)
     rows = vocab // mesh.shape["tensor"]
 
     def local(ids, dx):
         idx, hit = _rows(ids, rows)
         g = jnp.zeros((rows, dx.shape[-1]), jnp.float32).at[idx].add(jnp.where(hit[..., None], dx, 0))
         g = g.astype(COMPUTE_DTYPE)
-        if mesh.shape["fsdp"] > 1:
-            g = jax.lax.psum_scatter(g, "fsdp", scatter_dimension=1, tiled=True)
+        if scatter:
+            g = jax.lax.psum_scatter(g, scatter, scatter_dimension=1, tiled=True)
         return jax.lax.psum(g, others) if others else g
 
     g = jax.shard_map(local, mesh=mesh, in_specs=(ids_spec, logical_to_spec(X_AXES)),
-                      out_specs=logical_to_spec(VOCAB_AXES), axis_names=set(mesh.axis_names),
+                      out_specs=logical_to_spec(out_axes), axis_names=set(mesh.axis_names),
                       check_vma=False)(ids_BxT, constrain(dx_BxTxD, X_AXES)).astype(jnp.float32)
     if tied:
-        g = g + constrain(de_VxD, VOCAB_AXES).astype(jnp.float32)
+        g = g + constrain(de_VxD, out_axes).astype(jnp.float32)
     return g, None
 
 
@@ -355,7 +361,7 @@ def output_logits(x_BxTxD, u_VxD, schedule: Schedule):
     h = rms_norm(x_BxTxD)
     h = reshard(h, X_AXES, X_SP_AXES) if schedule.sequence_parallel else constrain(h, X_AXES)
     if u_VxD.dtype == COMPUTE_DTYPE:  # tied: its gradient reduce-scattered here, not held through the layers' backward
-        u = reshard(u_VxD, ("vocab", None), VOCAB_AXES)
+        u = reshard(u_VxD, ("vocab", None), grad_axes(VOCAB_AXES))
     else:
         u = gather_bf16(u_VxD, VOCAB_AXES)
     z = jnp.einsum("btd,vd->btv", h, u)

@@ -19,7 +19,8 @@ import time
 from scaling import layer_estimator, seed000
 from scaling import plan as planner
 from scaling.answers import QUESTION, answers, render
-from scaling.config import (ATTENTIONS, BLOCK_KINDS, CONTEXT_STRATEGIES, FSDP_GATHERS, MLP_KINDS, PRESETS,
+from scaling.config import (ATTENTIONS, BLOCK_KINDS, CONTEXT_STRATEGIES, FSDP_GATHERS, MLP_KINDS,
+                            OPTIMIZER_SHARDINGS, PRESETS,
                             REMAT_POLICIES, FFNConfig, MeshShape, Schedule, TransformerConfig, get_preset,
                             positive_int)
 
@@ -79,6 +80,9 @@ def add_schedule_args(p) -> None:
                    help="circular pipeline: R chunks of blocks per stage (default 1: GPipe)")
     g.add_argument("--fsdp-gather", default="microbatch", choices=FSDP_GATHERS,
                    help="gather FSDP weights once per microbatch or once per step (pipeline; default microbatch)")
+    g.add_argument("--optimizer-sharding", choices=OPTIMIZER_SHARDINGS, default="fsdp",
+                   help="fsdp (AdamW's state sharded as the weights) or zero1 (the moments and the update also "
+                        "sharded over data; the gradients reduce-scattered over data·fsdp; default fsdp)")
     g.add_argument("--sequence-parallel", action="store_true",
                    help="Megatron sequence parallelism on the tensor axis: activations split over tensor along the "
                         "tokens between blocks (all-gather + reduce-scatter instead of the all-reduce)")
@@ -104,7 +108,8 @@ def schedule_of(args) -> Schedule:
     --attention, --attention-block, --context-strategy (Schedule's defaults where not given; ValueError naming a
     bad value)."""
     given = {f: getattr(args, a) for a, f in TRANSFORMER_SCHEDULE.items() if getattr(args, a, None) is not None}
-    return Schedule(args.microbatches, args.repeats, args.fsdp_gather, args.sequence_parallel, **given)
+    return Schedule(args.microbatches, args.repeats, args.fsdp_gather, args.sequence_parallel,
+                    optimizer_sharding=args.optimizer_sharding, **given)
 
 
 # --flag: (help, model kinds it applies to)

@@ -54,6 +54,12 @@ class FsdpGather(enum.StrEnum):
     STEP = "step"
 
 
+class OptimizerSharding(enum.StrEnum):
+    """Where AdamW's state lives (Schedule.optimizer_sharding)."""
+    FSDP = "fsdp"
+    ZERO1 = "zero1"
+
+
 class Attention(enum.StrEnum):
     """The attention computation of the transformer (Schedule.attention)."""
     MATERIALIZED = "materialized"
@@ -74,6 +80,7 @@ def choose(kind: type[enum.StrEnum], value, what: str) -> enum.StrEnum:
         raise ValueError(f"{what} must be one of {', '.join(kind)}, got {value!r}") from None
 
 
+OPTIMIZER_SHARDINGS = tuple(OptimizerSharding)
 REMAT_POLICIES = tuple(Remat)
 STEPS = tuple(Step)
 
@@ -528,6 +535,11 @@ class Schedule:
     context         (transformer, with a context axis) "ulysses": all-to-all from sequence-split to
                     head-split and back around the attention; "ring": K/V chunks passed round the
                     context axis with ppermute, future chunks skipped.
+    optimizer_sharding  "fsdp": the FP32 weights, gradients and Adam moments sharded over fsdp·tensor,
+                    replicated over data; "zero1" (ZeRO stage 1, Rajbhandari et al. 2020): the gradients
+                    reduce-scattered over data·fsdp, the moments and the update sharded over data too, the
+                    updated FP32 weights all-gathered over data (the weights, this package's FP32 masters,
+                    stay replicated over data: the forward reads them).
     """
 
     microbatches: int = 1
@@ -537,12 +549,14 @@ class Schedule:
     attention: Attention = Attention.MATERIALIZED
     context: ContextStrategy = ContextStrategy.ULYSSES
     attention_block: int = 512
+    optimizer_sharding: OptimizerSharding = OptimizerSharding.FSDP
 
     def __post_init__(self):
         positive_ints("microbatches", self.microbatches)  # the planner passes a numpy array of candidates
         positive_int("repeats", self.repeats)
         for name, kind, what in (("fsdp_gather", FsdpGather, "fsdp_gather"), ("attention", Attention, "attention"),
-                                 ("context", ContextStrategy, "context strategy")):
+                                 ("context", ContextStrategy, "context strategy"),
+                                 ("optimizer_sharding", OptimizerSharding, "optimizer sharding")):
             object.__setattr__(self, name, choose(kind, getattr(self, name), what))
         if not isinstance(self.sequence_parallel, bool):
             raise ValueError(f"sequence_parallel must be True or False, got {self.sequence_parallel!r}")
@@ -553,6 +567,13 @@ class Schedule:
         split the blocks evenly, the repeats the blocks of a stage, a circular pipeline needs at least
         as many microbatches as stages, B must split into M microbatches over data·fsdp."""
         S, M, R, L = mesh.get("stage", 1), self.microbatches, self.repeats, cfg.blocks
+        if self.optimizer_sharding == "zero1":
+            if S > 1:
+                raise ValueError("optimizer_sharding zero1 with pipeline stages is not built: use fsdp")
+            n = shards(mesh, "embed_zero1")
+            if cfg.d_model % n:
+                raise ValueError(f"d_model={cfg.d_model} is not divisible by data·fsdp = {n} (zero1 shards the "
+                                 "optimizer state's D over both)")
         if isinstance(cfg, TransformerConfig):
             if S > 1 or R > 1:
                 raise ValueError("pipeline stages are built for the FFN stack, not the transformer: use stage=1")

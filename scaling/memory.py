@@ -113,8 +113,9 @@ def train_memory_per_device(w: Workload) -> dict:
     once = schedule.fsdp_gather == "step"
     terms = {
         "master": precision.master * P / shards_w,
-        "optimizer": precision.adam_moments * precision.adam_moment * P / shards_w,
-        "grads": precision.grad * P / shards_w,
+        # ZeRO-1: the moments and the reduced FP32 gradients split over data too
+        "optimizer": precision.adam_moments * precision.adam_moment * P / shards_w / w.zero1_shards,
+        "grads": precision.grad * P / shards_w / w.zero1_shards,
         "activations": pipeline.microbatches_in_flight(schedule, S) * pipeline.saved_per_token(
             cfg, mesh, remat, schedule, c) * b / M,
         "transient_weights": (precision.master * 2 * D * F * (cfg.blocks // S) / Y if once

@@ -110,7 +110,10 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
     a circular schedule re-lays the FP32 stacks over ``stage`` (pipeline.relay_moves rounds of one
     chunk of Lc blocks per stack, each a collective-permute) forward and their gradient back,
     ``circular_relays`` = 2 per stack in a train step, 3 where XLA re-lays the stacks again for the
-    backward rather than keep them (read from the program by verify.check).
+    backward rather than keep them (read from the program by verify.check). ZeRO-1
+    (Schedule.optimizer_sharding): the gradients reduce-scattered over data·fsdp at once (V = n·cg·2·D·F/Y;
+    windowed, ·(d·X + 1)/(d·X)), and the updated FP32 weights all-gathered over data (V = 4·P/(X·Y)); no
+    reduce-scatter over fsdp and no all-reduce over data.
     """
     if isinstance(w.model, TransformerConfig):
         return transformer.collective_volumes(w)
@@ -130,9 +133,13 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
     matrix = 2 * D * F / Y  # W_in and W_out of one block, per device after the fsdp gather
     out: dict[str, dict[str, float]] = {}
     merged = w.compiler.merged_grad_allreduce and step == "train" and d > 1 and X > 1
+    zero1 = step == "train" and schedule.optimizer_sharding == "zero1" and d > 1
+    merged = merged and not zero1
     if X > 1:
         out["fsdp"] = {"all-gather": (n_fwd + (n_bwd if step == "train" else 0)) * cw * matrix}
-        if step == "train" and windowed_grad_rs:
+        if zero1:
+            pass  # the gradients reduce-scattered over data·fsdp (below)
+        elif step == "train" and windowed_grad_rs:
             out["fsdp"]["collective-permute"] = n * cg * matrix * (X + 1) / X
         elif step == "train" and not merged:
             out["fsdp"]["reduce-scatter"] = n * cg * matrix
@@ -149,7 +156,14 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
                              "reduce-scatter": (passes * n - M * dead) * c * b_loc * D}
         else:
             out["tensor"] = {"all-reduce": (passes * n - M * dead) * c * b_loc * D}
-    if merged:
+    if zero1:  # ZeRO-1: one reduce-scatter of the gradients over data·fsdp (windowed: n+1 chunks of V/n on the
+        # n = data·fsdp ring), and the updated FP32 weights all-gathered over data
+        key, ring = ("data+fsdp" if X > 1 else "data"), d * X
+        grads = ({"collective-permute": n * cg * matrix * (ring + 1) / ring} if windowed_grad_rs
+                 else {"reduce-scatter": n * cg * matrix})
+        out.setdefault(key, {}).update(grads)
+        out.setdefault("data", {})["all-gather"] = precision.master * cfg.params / (X * Y)
+    elif merged:
         out["data+fsdp"] = {"all-reduce": n * cg * matrix}
     elif d > 1 and step == "train":
         out["data"] = {"all-reduce": n * cg * matrix / X}

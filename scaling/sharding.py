@@ -20,6 +20,7 @@ jax PartitionSpecs and flax logical-axis rules) and the closed forms (which coun
   head_dim   -> (replicated)  H, the head dimension
   tensor_split -> tensor      a dimension of size Y made to hold the tensor split (the fused q, k, v weights)
   vocab      -> tensor        the vocabulary V of the embeddings and of the logits (vocab-parallel, Megatron)
+  embed_zero1 -> data, fsdp   D of the gradients and Adam moments under ZeRO-1 (Schedule.optimizer_sharding)
 
 A logical axis that is not in the table is an error (ValueError), never a silent replication.
 """
@@ -44,6 +45,7 @@ LOGICAL_RULES: dict[str, tuple[str, ...]] = {
     "head_dim": (),
     "tensor_split": ("tensor",),
     "vocab": ("tensor",),
+    "embed_zero1": ("fsdp", "data"),
 }
 
 # Logical axes of each parameter and activation of the FFN stack (shapes in Scaling Book letters).

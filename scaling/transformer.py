@@ -160,13 +160,16 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     E = cfg.embedding_matrices * c * (cfg.vocab or 0) * D / Y  # the [V, D] matrices gathered (BF16)
     dE = 2 * c * (cfg.vocab or 0) * D / Y  # their gradients: two, tied or not
+    zero1 = train and schedule.optimizer_sharding == "zero1" and d > 1
     if X > 1:
         out["fsdp"] = {"all-gather": L * W * (2 if train else 1) + E}
-        if train and windowed_grad_rs:
+        if zero1:
+            pass  # the gradients reduce-scattered over data·fsdp (below)
+        elif train and windowed_grad_rs:
             out["fsdp"]["collective-permute"] = L * W * (X + 1) / X
         elif train:
             out["fsdp"]["reduce-scatter"] = L * W
-        if train and dE:
+        if train and dE and not zero1:
             out["fsdp"]["reduce-scatter"] = out["fsdp"].get("reduce-scatter", 0.0) + dE
     if Y > 1:
         act = c * t * D
@@ -192,9 +195,17 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
             chunk = t * H * K / Y
             out["context"] = {"collective-permute": L * (ring_permute_bytes(C, chunk, train, c)
                                                          + again * ring_permute_bytes(C, chunk, False, c))}
-        if train:
-            out["context"]["all-reduce"] = (L * W + dE) / X
-    if d > 1 and train:
+        if train:  # the gradients over context: on the fsdp shard, or ZeRO-1's data·fsdp shard
+            out["context"]["all-reduce"] = (L * W + dE) / (X * (d if zero1 else 1))
+    if zero1:  # ZeRO-1 (scaling.program.collective_volumes): one reduce-scatter over data·fsdp, the FP32 weights
+        # all-gathered over data
+        key, ring = ("data+fsdp" if X > 1 else "data"), d * X
+        grads = ({"collective-permute": L * W * (ring + 1) / ring} if windowed_grad_rs else {"reduce-scatter": L * W})
+        if dE:
+            grads["reduce-scatter"] = grads.get("reduce-scatter", 0.0) + dE
+        out.setdefault(key, {}).update(grads)
+        out.setdefault("data", {})["all-gather"] = precision.master * cfg.params / (X * Y)
+    elif d > 1 and train:
         out["data"] = {"all-reduce": (L * W + dE) / X}
     loss_axes = [a for a in ("data", "fsdp", "context", "tensor") if mesh.get(a, 1) > 1  # tensor: the SP output
                  and (a != "tensor" or (schedule.sequence_parallel and cfg.vocab is None))]
@@ -286,10 +297,11 @@ def memory_per_device(w: Workload) -> dict:
     V = cfg.vocab or 0
     terms = {"master": precision.master * shard}
     if train:
-        terms["optimizer"] = precision.adam_moments * precision.adam_moment * shard
+        z = w.zero1_shards  # ZeRO-1: the moments and the reduced gradients split over data too
+        terms["optimizer"] = precision.adam_moments * precision.adam_moment * shard / z
         # the layers' FP32 gradients; the embeddings' are made after the layers' backward and consumed by the
         # update (XLA schedules dU's matmul after the scan): at neither peak below
-        terms["grads"] = precision.grad * (cfg.params - cfg.embedding_params) / (X * Y)
+        terms["grads"] = precision.grad * (cfg.params - cfg.embedding_params) / (X * Y) / z
     terms.update({"inputs": 8 * t if V else (precision.compute + 4) * t * D,  # int32 ids and labels, or x and y
              # forward without fsdp: nothing gathered, XLA fuses each FP32 -> BF16 cast into its matmul (the
              # seed-000 layer's memory-usage report on v5p: no bf16 weight buffer)

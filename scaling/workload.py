@@ -91,6 +91,12 @@ class Workload:
         """Whether the schedule holds one microbatch count (not the planner's array of candidates)."""
         return np.ndim(self.schedule.microbatches) == 0
 
+    @property
+    def zero1_shards(self) -> int:
+        """How many more pieces ZeRO-1 (Schedule.optimizer_sharding) splits the Adam moments and the reduced
+        gradients into: data (1 under fsdp, and for a forward step)."""
+        return self.mesh["data"] if self.schedule.optimizer_sharding == "zero1" and self.step == "train" else 1
+
     def replace(self, **kw) -> Workload:
         """A copy with the fields in ``kw`` changed, validated again."""
         return dataclasses.replace(self, **kw)

@@ -144,6 +144,11 @@ CASES = [
     (f"{TRAIN} --preset tiny-tf --batch-tokens 512 --mesh stage=2,fsdp=4 --microbatches 2", r"stage"),
     (f"{TRAIN} --sequence-parallel --attention sparse", r"argument --attention: invalid choice: 'sparse'"),
     (f"{TRAIN} --context-strategy star", r"argument --context-strategy: invalid choice: 'star'"),
+    # ZeRO-1: not with stages; D over data·fsdp
+    ("bench --preset tiny --devices cpu:8 --mesh stage=2,data=2,fsdp=2 --microbatches 2 --optimizer-sharding zero1",
+     r"optimizer_sharding zero1 with pipeline stages is not built"),
+    ("bench --preset tiny --devices cpu:8 --mesh data=8 --d-model 60 --optimizer-sharding zero1",
+     r"d_model=60 is not divisible by data·fsdp = 8"),
     # block and MLP kinds
     (f"{TRAIN} --preset tiny-tf --mlp tanh", r"argument --mlp: invalid choice: 'tanh'"),
     (f"{TRAIN} --block parallel", r"--block is a transformer flag; 'tiny' is an FFN stack"),

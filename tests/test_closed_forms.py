@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from scaling import collectives, flops, memory, roofline
 from scaling.answers import answers, render
-from scaling.config import FFNConfig, MeshShape, parse_mesh_spec, PRESETS
+from scaling.config import FFNConfig, MeshShape, parse_mesh_spec, PRESETS, Schedule
+from scaling.program import collective_volumes as collectives_of
 from scaling.hardware import get_chip, parse_slice, slice_topology
 from scaling.workload import Workload
 
@@ -502,3 +503,20 @@ def test_measured_runs_presets_by_their_sources():
     for name, count in released.items():
         c = PRESETS[name]
         assert c.params + 2 * c.blocks * c.d_model + c.d_model == count, name
+
+
+def test_zero1_terms_by_hand():
+    """The FFN 'small' (D=256, F=1024, L=4; P = 2·256·1024·4 = 2,097,152) on data=4, fsdp=2, B = 4,096, BF16 on the
+    wire. By hand, ZeRO-1 against optimizer_sharding fsdp:
+      fsdp: all-gathers unchanged, 2 per block and pass: 2·4·2·(2·256·1024·2 B) = 8,388,608; no reduce-scatter
+      data+fsdp: one reduce-scatter of each block's BF16 gradient, 4·2·256·1024·2 = 4,194,304 (fsdp alone had it)
+      data: the updated FP32 weights all-gathered, 4·P/X = 4·2,097,152/2 = 4,194,304 (no all-reduce of 1/X grads)
+      memory: Adam's moments 8·P/(X·d) = 2,097,152 and the FP32 gradients 4·P/(X·d) = 1,048,576 per device"""
+    mesh = parse_mesh_spec("data=4,fsdp=2")
+    z = Workload(PRESETS["small"], mesh, 4096, schedule=Schedule(optimizer_sharding="zero1"))
+    vols = collectives_of(z)
+    assert vols["fsdp"] == {"all-gather": 8_388_608}
+    assert vols["data+fsdp"]["reduce-scatter"] == 4_194_304
+    assert vols["data"] == {"all-gather": 4_194_304}
+    m = memory.memory_per_device(z)
+    assert (m["optimizer"], m["grads"]) == (2_097_152, 1_048_576)

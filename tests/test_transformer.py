@@ -84,6 +84,17 @@ def test_named_remat_policies_match_one_device(tf_one_device, remat):
     assert_matches(losses, state["params"], tf_one_device)
 
 
+@pytest.mark.slow
+def test_zero1_matches_one_device(tf_one_device):
+    """ZeRO-1 on data=4, tensor=2: the gradients reduce-scattered over data, AdamW on each data shard's slice
+    of the weights with its slice of the moments, the new weights all-gathered: within the tolerance above of
+    one device."""
+    spec = "data=4,tensor=2"
+    w = Workload(TINY_TF, parse_mesh_spec(spec), B, schedule=Schedule(optimizer_sharding="zero1"))
+    losses, state = train(w, _mesh(spec), STEPS, lr=LR, return_state=True)
+    assert_matches(losses, state["params"], tf_one_device)
+
+
 # A 512-token vocabulary: tensor=4 holds 128 rows of E (and U) per device
 VOCAB = 512
 VOCAB_MESHES = [

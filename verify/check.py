@@ -181,6 +181,11 @@ CPU_SEQUENCE_GRID = [
     (_SMALL_TF, "fsdp=2,context=2,tensor=2", 4096, "minimal", "train", Schedule(context="ulysses")),
     (_SMALL_TF, "fsdp=2,context=2,tensor=2", 4096, "save_qkv_proj", "train",
      Schedule(context="ring", sequence_parallel=True)),
+    # ZeRO-1: the gradients reduce-scattered over data·fsdp (the context reduction on that slice), the FP32
+    # weights all-gathered over data; the FFN stack and the transformer with a tied vocabulary
+    (_SMALL, "data=4,fsdp=2", 4096, "none", "train", Schedule(optimizer_sharding="zero1")),
+    (_SMALL_TF.replace(vocab=1024, tied_embeddings=True), "data=2,fsdp=2,context=2", 4096, "none", "train",
+     Schedule(optimizer_sharding="zero1")),
 ]
 # On TPU v5p ahead of time: a 4096-wide transformer (32 heads, 8 kv heads, F=16384, 4 layers, T=4096; 8
 # sequences) large enough that HBM dominates its peak (3 to 17 GB), a Llama-8B shape, and the XXL with sequence
@@ -211,6 +216,9 @@ TPU_SEQUENCE_GRID = [
      Schedule(sequence_parallel=True)),
     # MaxText's minimal remat with flash attention
     ("tpu:v5p:2x2x2", _LARGE_TF, "fsdp=2,tensor=4", 32768, "minimal", "train", Schedule(attention="flash")),
+    # ZeRO-1 on data=4, tensor=2 (the moments and gradients over data: the peak 0.65 of optimizer_sharding fsdp's)
+    ("tpu:v5p:2x2x2", _LARGE_TF, "data=4,tensor=2", 32768, "none", "train",
+     Schedule(attention="flash", optimizer_sharding="zero1")),
 ]
 XXL_SEQUENCE_PARALLEL = ("tpu:v5p:4x4x4", _XXL, "fsdp=16,tensor=4", 25600, "none", "train",
                          Schedule(sequence_parallel=True))
