@@ -19,7 +19,8 @@ def test_rules_table_and_specs():
                              "layers": ("stage",), "stages": ("stage",), "act_embed": (),
                              "batch_sp": ("data", "fsdp", "tensor"), "seq": ("context",),
                              "seq_sp": ("context", "tensor"), "heads": ("tensor",), "kv_heads": ("tensor",),
-                             "head_dim": (), "tensor_split": ("tensor",), "vocab": ("tensor",)}
+                             "head_dim": (), "tensor_split": ("tensor",), "vocab": ("tensor",),
+                             "embed_zero1": ("fsdp", "data")}
     # a transformer's q [B, T, N, H]: batch over data·fsdp, the sequence over context, heads over tensor
     assert mesh.logical_to_spec(("batch", "seq", "heads", "head_dim")) == P(("data", "fsdp"), "context", "tensor", None)
     # W_in, W_out [L,F,D]: the blocks split over pipeline stages (a stage axis of 1 is no split)
