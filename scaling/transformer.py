@@ -157,6 +157,7 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
     c = max(precision.compute, min_comm_bytes)
     train = step == "train"
     W = layer_weight_bytes(cfg, mesh, precision) * c / precision.compute
+    rc = recomputed(cfg, remat, schedule, mesh) if train else {"qkv": 0, "attention_units": 0, "out": 0}
     out: dict[str, dict[str, float]] = {}
     E = cfg.embedding_matrices * c * (cfg.vocab or 0) * D / Y  # the [V, D] matrices gathered (BF16)
     dE = 2 * c * (cfg.vocab or 0) * D / Y  # their gradients: two, tied or not
@@ -175,7 +176,7 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
         act = c * t * D
         serial = cfg.block == "serial"
         r = 2 if serial else 1  # reductions over tensor per layer and pass
-        redo = recomputed(cfg, remat, schedule, mesh)["out"] if train else 0  # mid = x + o·W_o again: reduced again
+        redo = rc["out"]  # mid = x + o·W_o again: reduced again
         vocab = 0 if cfg.vocab is None else 1  # the lookup, and the output layer's input (and its gradient)
         ends = vocab * act * (2 if train else 1)
         if schedule.sequence_parallel:
@@ -186,10 +187,9 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
         if vocab:  # the loss over the vocabulary shards: the max (BF16 logits), Σ exp and the label's logit (FP32)
             out["tensor"]["all-reduce"] = out["tensor"].get("all-reduce", 0.0) + (c + 8) * t
     if C > 1:  # a recomputed attention forward runs its all-to-alls (of what it does not keep) or K/V permutes again
-        r = recomputed(cfg, remat, schedule, mesh) if train else {"qkv": 0, "attention_units": 0}
-        again = int(r["attention_units"] == 4)
+        again = int(rc["attention_units"] == 4)
         if schedule.context == "ulysses":  # q, k, v again where not kept; o where the attention is recomputed
-            again_heads = r["qkv"] * (N + 2 * K) + again * N
+            again_heads = rc["qkv"] * (N + 2 * K) + again * N
             out["context"] = {"all-to-all": L * c * t * H * ((2 * N + 2 * K) * (2 if train else 1) + again_heads) / Y}
         else:
             chunk = t * H * K / Y
