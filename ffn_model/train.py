@@ -59,9 +59,9 @@ def input_layout(cfg: Model, batch_tokens: int):
     """(shape, logical axes) of a batch's x and y: [B, D] over (batch, act_embed) for the FFN stack;
     [B/T, T, D] sequences over (batch, seq, act_embed) for a transformer; [B/T, T] token ids over
     (batch, seq) for a transformer with a vocabulary."""
+    if _tokens(cfg):
+        return (batch_tokens // cfg.seq_len, cfg.seq_len), IDS_AXES
     if isinstance(cfg, TransformerConfig):
-        if cfg.vocab is not None:
-            return (batch_tokens // cfg.seq_len, cfg.seq_len), IDS_AXES
         return (batch_tokens // cfg.seq_len, cfg.seq_len, cfg.d_model), TF_X_AXES
     return (batch_tokens, cfg.d_model), X_AXES
 

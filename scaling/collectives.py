@@ -26,6 +26,22 @@ KIND_FACTOR = {"all-gather": 1.0, "reduce-scatter": 1.0, "all-reduce": 2.0, "all
 KINDS = tuple(KIND_FACTOR)
 
 
+def zero1_volumes(windowed: float, plain: float, weights: float, d: int, X: int,
+                  is_windowed: bool) -> dict[str, dict[str, float]]:
+    """ZeRO-1's collectives per axis and kind (Schedule.optimizer_sharding; docs/findings.md): the gradients
+    reduce-scattered over data·fsdp at once, ``windowed`` bytes (V) as XLA's windowed einsum where it windows
+    (n + 1 chunks of V/n on the n = d·X ring, collective-permutes) or as a reduce-scatter, and ``plain`` bytes
+    (gradients XLA never windows) as a reduce-scatter; the updated FP32 weights, ``weights`` bytes per device,
+    all-gathered over data."""
+    n = d * X
+    grads = {"collective-permute": windowed * (n + 1) / n} if is_windowed else {"reduce-scatter": windowed}
+    if plain:
+        grads["reduce-scatter"] = grads.get("reduce-scatter", 0.0) + plain
+    out = {"data+fsdp" if X > 1 else "data": grads}
+    out.setdefault("data", {})["all-gather"] = weights
+    return out
+
+
 def _axes(axis_lens: Sequence[int], wraparound) -> list[tuple[int, bool]]:
     lens = [int(n) for n in axis_lens]
     if not lens or any(n <= 0 for n in lens):

@@ -156,13 +156,10 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
                              "reduce-scatter": (passes * n - M * dead) * c * b_loc * D}
         else:
             out["tensor"] = {"all-reduce": (passes * n - M * dead) * c * b_loc * D}
-    if zero1:  # ZeRO-1: one reduce-scatter of the gradients over data·fsdp (windowed: n+1 chunks of V/n on the
-        # n = data·fsdp ring), and the updated FP32 weights all-gathered over data
-        key, ring = ("data+fsdp" if X > 1 else "data"), d * X
-        grads = ({"collective-permute": n * cg * matrix * (ring + 1) / ring} if windowed_grad_rs
-                 else {"reduce-scatter": n * cg * matrix})
-        out.setdefault(key, {}).update(grads)
-        out.setdefault("data", {})["all-gather"] = precision.master * cfg.params / (X * Y)
+    if zero1:
+        for axis, kinds in collectives.zero1_volumes(n * cg * matrix, 0.0, precision.master * cfg.params / (X * Y),
+                                                     d, X, windowed_grad_rs).items():
+            out.setdefault(axis, {}).update(kinds)
     elif merged:
         out["data+fsdp"] = {"all-reduce": n * cg * matrix}
     elif d > 1 and step == "train":

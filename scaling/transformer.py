@@ -51,6 +51,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from scaling import collectives
 from scaling.config import DEFAULT_PRECISION, Precision, Schedule, TransformerConfig
 from scaling.workload import Workload
 
@@ -197,14 +198,10 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
                                                          + again * ring_permute_bytes(C, chunk, False, c))}
         if train:  # the gradients over context: on the fsdp shard, or ZeRO-1's data·fsdp shard
             out["context"]["all-reduce"] = (L * W + dE) / (X * (d if zero1 else 1))
-    if zero1:  # ZeRO-1 (scaling.program.collective_volumes): one reduce-scatter over data·fsdp, the FP32 weights
-        # all-gathered over data
-        key, ring = ("data+fsdp" if X > 1 else "data"), d * X
-        grads = ({"collective-permute": L * W * (ring + 1) / ring} if windowed_grad_rs else {"reduce-scatter": L * W})
-        if dE:
-            grads["reduce-scatter"] = grads.get("reduce-scatter", 0.0) + dE
-        out.setdefault(key, {}).update(grads)
-        out.setdefault("data", {})["all-gather"] = precision.master * cfg.params / (X * Y)
+    if zero1:  # the embeddings' gradients as a plain reduce-scatter, as without ZeRO-1
+        for axis, kinds in collectives.zero1_volumes(L * W, dE, precision.master * cfg.params / (X * Y), d, X,
+                                                     windowed_grad_rs).items():
+            out.setdefault(axis, {}).update(kinds)
     elif d > 1 and train:
         out["data"] = {"all-reduce": (L * W + dE) / X}
     loss_axes = [a for a in ("data", "fsdp", "context", "tensor") if mesh.get(a, 1) > 1  # tensor: the SP output
