@@ -32,6 +32,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 from ffn_model.model import COMPUTE_DTYPE, already_gathered, constrain, gather_bf16, gather_once, stack_forward
+from scaling.sharding import X_AXES
 from scaling.pipeline import relay_rounds
 
 
@@ -43,9 +44,16 @@ def split_microbatches(a_Bx___, microbatches: int, batch_shards: int):
     return jnp.swapaxes(a_Bx___.reshape(n, M, B // (n * M), *rest), 0, 1).reshape(M, B // M, *rest)
 
 
+def merge_microbatches(a_MxbX___, batch_shards: int):
+    """[M, B/M, ...] -> [B, ...]: split_microbatches undone (local to each device)."""
+    M, b, rest = a_MxbX___.shape[0], a_MxbX___.shape[1], a_MxbX___.shape[2:]
+    n = batch_shards
+    return jnp.swapaxes(a_MxbX___.reshape(M, n, b // n, *rest), 0, 1).reshape(M * b, *rest)
+
+
 def relay(w, mesh, repeats: int):
-    """A stack [L, F, D] sharded over ``stage`` along L (stage s holds chunks s·R .. s·R + R − 1 of
-    Lc = L/(S·R) blocks) re-laid as [S·Lc, R, F, D], sharded the same way, where stage s holds chunks
+    """A stack [L, ...] sharded over ``stage`` along L (stage s holds chunks s·R .. s·R + R − 1 of
+    Lc = L/(S·R) blocks) re-laid as [S·Lc, R, ...], sharded the same way, where stage s holds chunks
     s, S + s, 2S + s, ... (its slot r is chunk r·S + s). Done explicitly, in the rounds of
     scaling.pipeline.relay_rounds: in each round every stage sends one chunk and receives one (one
     collective-permute over ``stage``; a stage that keeps its chunk copies it), so the bytes moved are
@@ -73,38 +81,50 @@ def relay(w, mesh, repeats: int):
             pairs = [(src, t) for src, _, t, _ in rd if t != src]
             got = jax.lax.ppermute(mine, "stage", pairs) if pairs else mine
             received.append(jnp.where(keeps[k][s], mine, got))
-        out = jnp.take(jnp.stack(received), order[s], axis=0)  # [R, Lc, F, D], slot r from its round
-        return out.transpose(1, 0, 2, 3)  # [Lc, R, F, D]
+        out = jnp.take(jnp.stack(received), order[s], axis=0)  # [R, Lc, ...], slot r from its round
+        return jnp.swapaxes(out, 0, 1)  # [Lc, R, ...]
 
     return run(w)
 
 
-def pipeline_outputs(x_MxbxD, w_in, w_out, mesh, *, repeats: int = 1, remat: str = "none", activation=None,
-                     fsdp_gather: str = "microbatch", for_grad: bool = True):
-    """Stage 0's buffer [S, M, b, D] (its slice holds the stack's outputs for the microbatches x [M, b, D])
-    of the blocks run as an S-stage pipeline (S = the mesh's stage size) with ``repeats`` R chunks per
-    stage (module docstring). The schedule runs inside jax.shard_map, manual over ``stage`` only: each
-    stage's program sees its own blocks and the other mesh axes stay automatic (fsdp, tensor, data).
-    ``for_grad=False`` (a forward-only step) holds weights gathered once per step as BF16, not as the FP32
-    a gradient accumulates in."""
-    S, (M, b, D), R = mesh.shape["stage"], x_MxbxD.shape, repeats
-    T = R * M + S - 1
-    if R > 1:  # circular: [L] = [R, S, Lc] re-laid as [S, Lc, R] (collective-permutes over stage, once per step)
-        w_in, w_out = (constrain(relay(w, mesh, R), ("layers", None, "mlp", "embed")) for w in (w_in, w_out))
-    gather = gather_bf16
-    if fsdp_gather == "step":  # a stage's weights, every chunk of them, gathered over fsdp once per step
-        axes = ("layers", "mlp", "embed") if R == 1 else ("layers", None, "mlp", "embed")
-        if for_grad:  # FP32 holding BF16, so that the loop accumulates their gradient in FP32
-            w_in, w_out = (gather_once(w, axes) for w in (w_in, w_out))
-            gather = already_gathered
-        else:  # forward only: held as the BF16 the all-gather moved
-            w_in, w_out = (gather_bf16(w, axes) for w in (w_in, w_out))
-            gather = lambda w, axes: w  # noqa: E731
+def circular_layout(weights: dict, axes: dict, mesh, repeats: int) -> dict:
+    """The stacks {name: [L, ...]} as a schedule with ``repeats`` R runs them: as they are for R = 1; for
+    R > 1 (circular) re-laid [L] = [R, S, Lc] -> [S, Lc, R] (relay: collective-permutes over stage, once
+    per step), keeping their logical ``axes``."""
+    if repeats == 1:
+        return weights
+    return {k: constrain(relay(w, mesh, repeats), ("layers", None, *axes[k][1:])) for k, w in weights.items()}
 
-    @functools.partial(jax.shard_map, mesh=mesh,
-                       in_specs=(PartitionSpec(), PartitionSpec("stage"), PartitionSpec("stage")),
+
+def pipeline_outputs(x_MxbxD, weights: dict, mesh, chunk, x_axes: tuple, *, repeats: int = 1,
+                     to_stages: bool = False):
+    """The microbatches x [M, b, ...] run through the stacked blocks as an S-stage pipeline (S = the mesh's
+    stage size) with ``repeats`` R chunks per stage (module docstring), inside jax.shard_map manual over
+    ``stage`` only: each stage's program sees its own blocks and the other mesh axes stay automatic (fsdp,
+    tensor, data, context); ``x_axes``: a microbatch's logical axes. ``weights``: {name: stack} laid out by
+    circular_layout; ``chunk(x, weights,
+    select)`` runs a stage's blocks on x, calling ``select`` on each block's weights inside the block's
+    checkpointed function (the chunk of this iteration's repeat; with one chunk, the weights behind an
+    optimization barrier with the iteration number, so that XLA cannot hoist the gathers of a whole stage
+    out of the loop: its loop-invariant code motion did, 55 GB of gathered weights for the XXL at
+    stage=2). No per-iteration copy of a stage's weights becomes a residual of the loop.
+
+    Returns stage 0's buffer [S, M, b, ...] (stage 0's slice holds the outputs), or with ``to_stages``
+    the outputs [M, b, ...] with M split over ``stage`` (M/S microbatches each, sent from stage 0 by S − 1
+    collective-permutes), so that what follows the stack runs on every stage's share of the tokens."""
+    S, M, R = mesh.shape["stage"], x_MxbxD.shape[0], repeats
+    T = R * M + S - 1
+    stage = {k: PartitionSpec("stage") for k in weights}
+
+    # the microbatches as stage 0's input: given to every stage ([S, M, b, ...] over stage: a broadcast that moves
+    # nothing, as the batch is replicated over stage), so that their gradient is summed over stage outside the
+    # shard_map (as the transpose of its replicated input, that sum was an all-reduce XLA:CPU failed to compile)
+    x_SxMxbxD = to_every_stage(x_MxbxD, S, x_axes)
+
+    @functools.partial(jax.shard_map, mesh=mesh, in_specs=(PartitionSpec("stage"), stage),
                        out_specs=PartitionSpec("stage"), axis_names={"stage"}, check_vma=False)
-    def run(x, wi, wo):
+    def run(x, ws):
+        x = x[0]
         s = jax.lax.axis_index("stage")
         perm = [(i, (i + 1) % S) for i in range(S)]
 
@@ -112,26 +132,62 @@ def pipeline_outputs(x_MxbxD, w_in, w_out, mesh, *, repeats: int = 1, remat: str
             state, buffer = carry
             x_in = jnp.where(s == 0, buffer[t % M], state)  # stage 0: microbatch t mod M (raw or last repeat's)
             r = jnp.clip((t - s) // M, 0, R - 1)  # this stage's chunk this iteration (bubble: clipped)
-            # The weights a block uses are chosen inside the block's checkpointed function, so that no
-            # per-iteration copy of a stage's weights becomes a residual of the loop: the chunk of repeat r;
-            # with one chunk, the weights held behind an optimization barrier with the iteration number, so
-            # that XLA cannot hoist the gathers of a whole stage out of the loop (its loop-invariant code
-            # motion did: 55 GB of gathered weights for the XXL at stage=2).
             if R == 1:
-                pick = lambda w, axes: gather(jax.lax.optimization_barrier((w, t))[0], axes)  # noqa: E731
+                select = lambda w: jax.lax.optimization_barrier((w, t))[0]  # noqa: E731
             else:
-                pick = lambda w, axes: gather(w[r], axes)  # noqa: E731
-            y = stack_forward(x_in, wi, wo, activation, remat, gather=pick)
+                select = lambda w: w[r]  # noqa: E731
+            y = chunk(x_in, ws, select)
             state = jax.lax.ppermute(y, "stage", perm)  # stage s's output becomes stage s+1's input
             done = t - (S - 1)  # the last stage finished microbatch done mod M; its output is now on stage 0
             buffer = buffer.at[done % M].set(jnp.where((s == 0) & (done >= 0), state, buffer[done % M]))
             return (state, buffer), None
 
-        carry = (jnp.zeros((b, D), COMPUTE_DTYPE), x.astype(COMPUTE_DTYPE))
+        carry = (jnp.zeros(x.shape[1:], COMPUTE_DTYPE), x.astype(COMPUTE_DTYPE))
         (_, buffer), _ = jax.lax.scan(iteration, carry, jnp.arange(T))
-        return buffer[None]
+        if not to_stages:
+            return buffer[None]
+        # stage j gets stage 0's microbatches j·M/S .. (j+1)·M/S − 1: S − 1 collective-permutes from stage 0 (an
+        # all_to_all over stage made XLA all-gather the microbatches over fsdp around it)
+        k, out = M // S, buffer[:M // S]
+        for j in range(1, S):
+            out = jnp.where(s == j, jax.lax.ppermute(buffer[j * k:(j + 1) * k], "stage", [(0, j)]), out)
+        return out
 
-    return run(x_MxbxD, w_in, w_out)
+    return run(x_SxMxbxD, weights)
+
+
+def to_every_stage(x_MxbxD, stages: int, x_axes: tuple):
+    """[M, b, ...] -> [S, M, b, ...] BF16 over ``stage``, each microbatch in its own layout (``x_axes``): the
+    pipeline's input given to every stage (a broadcast that moves nothing, the batch being replicated over
+    stage), so that its gradient is summed over stage outside the shard_map (as the transpose of a replicated
+    shard_map input, that sum was an all-reduce XLA:CPU failed to compile)."""
+    x = jnp.broadcast_to(x_MxbxD.astype(COMPUTE_DTYPE)[None], (stages, *x_MxbxD.shape))
+    return constrain(x, ("stages", None, *x_axes))
+
+
+def ffn_pipeline_outputs(x_MxbxD, w_in, w_out, mesh, *, repeats: int = 1, remat: str = "none", activation=None,
+                         fsdp_gather: str = "microbatch", for_grad: bool = True):
+    """Stage 0's buffer [S, M, b, D] of the FFN stack run as a pipeline (pipeline_outputs). ``fsdp_gather="step"``:
+    a stage's weights, every chunk of them, gathered over fsdp once per step; ``for_grad=False`` (a
+    forward-only step) holds them as BF16, not as the FP32 a gradient accumulates in."""
+    R = repeats
+    axes = ("layers", "mlp", "embed")
+    ws = circular_layout({"w_in": w_in, "w_out": w_out}, {"w_in": axes, "w_out": axes}, mesh, R)
+    gather = gather_bf16
+    if fsdp_gather == "step":
+        step_axes = axes if R == 1 else ("layers", None, "mlp", "embed")
+        if for_grad:  # FP32 holding BF16, so that the loop accumulates their gradient in FP32
+            ws = {k: gather_once(w, step_axes) for k, w in ws.items()}
+            gather = already_gathered
+        else:  # forward only: held as the BF16 the all-gather moved
+            ws = {k: gather_bf16(w, step_axes) for k, w in ws.items()}
+            gather = lambda w, axes: w  # noqa: E731
+
+    def chunk(x, w, select):
+        return stack_forward(x, w["w_in"], w["w_out"], activation, remat,
+                             gather=lambda v, axes: gather(select(v), axes))
+
+    return pipeline_outputs(x_MxbxD, ws, mesh, chunk, X_AXES, repeats=R)
 
 
 def pipeline_loss(params, batch, mesh, batch_shards: int, *, microbatches: int, repeats: int = 1,
@@ -141,7 +197,7 @@ def pipeline_loss(params, batch, mesh, batch_shards: int, *, microbatches: int, 
     M = microbatches
     x = split_microbatches(batch["x"], M, batch_shards)
     y = split_microbatches(batch["y"], M, batch_shards)
-    buffer = pipeline_outputs(x, params["w_in"], params["w_out"], mesh, repeats=repeats, remat=remat,
+    buffer = ffn_pipeline_outputs(x, params["w_in"], params["w_out"], mesh, repeats=repeats, remat=remat,
                               activation=activation, fsdp_gather=fsdp_gather, for_grad=for_grad)
     S = buffer.shape[0]
     err = jax.vmap(lambda o: jnp.mean(jnp.square(o.astype(jnp.float32) - y)), spmd_axis_name="stage")(buffer)
@@ -162,3 +218,80 @@ def accumulate(loss_and_grad, params, batch, microbatches: int, batch_shards: in
     (loss, grads), _ = jax.lax.scan(one, zero, xs)
     return loss / M, jax.tree.map(lambda g: g / M, grads)
 
+
+
+def one_f_one_b(x_MxbxD, labels_Mxbx, weights: dict, head_params: dict, mesh, chunk, head, head_grad_axes: dict,
+                x_axes: tuple):
+    """The 1F1B schedule (Narayanan et al. 2021, PipeDream-Flush; Megatron-LM's default) in one SPMD loop, by
+    hand: (Σ_m loss_m / M, d weights, d head_params, dx [M, b, ...]) of the microbatches x through the stacked
+    blocks on ``stage`` and ``head(y, labels, head_params)`` (a microbatch's mean loss) after them. jax's
+    transpose of a scan runs every backward after every forward (GPipe), holding every iteration's
+    activations; here every iteration has a forward slot and a backward slot, inside jax.shard_map manual
+    over ``stage``:
+
+      forward   stage s runs microbatch f = t − s (stage 0 reads it from x, the others from the previous
+                iteration's output of stage s − 1, a collective-permute), and keeps its input in a ring of
+                K = 2S − 1 slots;
+      head      the last stage's output of f goes through the head at once (its loss and the gradient of
+                the loss w.r.t. its output and head_params);
+      backward  stage s runs the backward of microbatch g = t − 2(S − 1) + s: the chunk's forward again from
+                the kept input (jax.vjp, under the chunk's remat policy) and its transpose with the output
+                gradient (the head's on the last stage; on the others stage s + 1's of the previous
+                iteration, a collective-permute back).
+
+    T = M + 2(S − 1) iterations. Stage s holds the inputs of microbatches f .. f + 2(S − 1 − s) (at most
+    2S − 1, whatever M) and one chunk's residuals at a time: memory flat in M. Every stage runs both slots
+    every iteration, the head among them (lock-step SPMD: the last stage's head costs every stage its time,
+    as the imbalance of a Megatron pipeline whose last stage holds the output layer costs the step), bubble
+    slots on whatever they hold, masked out of the sums; the forward runs twice (the slot, and again in the
+    backward). Weights are selected behind an optimization barrier with the iteration (pipeline_outputs).
+    The head's gradients accumulate in FP32 in the layout of ``head_grad_axes`` (logical axes per name)."""
+    S, M = mesh.shape["stage"], x_MxbxD.shape[0]
+    K, T = 2 * S - 1, M + 2 * (S - 1)
+    x_SxMxbxD = to_every_stage(x_MxbxD, S, x_axes)
+    stage = {k: PartitionSpec("stage") for k in weights}
+    P = PartitionSpec
+
+    @functools.partial(jax.shard_map, mesh=mesh, in_specs=(P("stage"), P(), stage, P()),
+                       out_specs=(P("stage"), stage, P("stage"), P("stage")), axis_names={"stage"}, check_vma=False)
+    def run(x, labels, ws, hp):
+        x = x[0]
+        s = jax.lax.axis_index("stage")
+        forward, back = [(i, i + 1) for i in range(S - 1)], [(i + 1, i) for i in range(S - 1)]
+        f32 = lambda a: jnp.zeros(a.shape, jnp.float32)  # noqa: E731
+
+        def iteration(carry, t):
+            recv_f, recv_b, kept, dws, dhp, loss, dx_all = carry
+            select = lambda w: jax.lax.optimization_barrier((w, t))[0]  # noqa: E731
+            run_chunk = lambda xi, w: chunk(xi, w, select)  # noqa: E731
+            f = t - s
+            x_in = jnp.where(s == 0, x[jnp.clip(f, 0, M - 1)], recv_f)
+            kept = kept.at[f % K].set(jnp.where((f >= 0) & (f < M), x_in, kept[f % K]))
+            y = run_chunk(x_in, ws)
+            loss_f, head_vjp = jax.vjp(lambda yy, h: head(yy, labels[jnp.clip(f, 0, M - 1)], h), y, hp)
+            dy_head, dh = head_vjp(jnp.ones_like(loss_f) / M)
+            g = t - 2 * (S - 1) + s
+            real, last = (g >= 0) & (g < M), s == S - 1
+            _, chunk_vjp = jax.vjp(run_chunk, kept[g % K], ws)
+            dx, dw = chunk_vjp(jnp.where(last, dy_head, recv_b))
+            dws = jax.tree.map(lambda a, b: a + jnp.where(real, b, 0).astype(a.dtype), dws, dw)
+            head_real = real & last
+            dhp = {k: constrain(a + jnp.where(head_real, dh[k], 0).astype(a.dtype), head_grad_axes[k])
+                   for k, a in dhp.items()}
+            loss = loss + jnp.where(head_real, loss_f, 0.0) / M
+            gi = jnp.clip(g, 0, M - 1)
+            dx_all = dx_all.at[gi].set(jnp.where(real & (s == 0), dx, dx_all[gi]))
+            return (jax.lax.ppermute(y, "stage", forward), jax.lax.ppermute(dx, "stage", back), kept, dws, dhp,
+                    loss, dx_all), None
+
+        zero = jnp.zeros(x.shape[1:], COMPUTE_DTYPE)
+        dhp = {k: constrain(f32(a), head_grad_axes[k]) for k, a in hp.items()}
+        carry = (zero, zero, jnp.zeros((K, *x.shape[1:]), COMPUTE_DTYPE), jax.tree.map(f32, ws), dhp,
+                 jnp.zeros((), jnp.float32), jnp.zeros(x.shape, COMPUTE_DTYPE))
+        (_, _, _, dws, dhp, loss, dx_all), _ = jax.lax.scan(iteration, carry, jnp.arange(T))
+        return loss[None], dws, jax.tree.map(lambda a: a[None], dhp), dx_all[None]
+
+    loss, dws, dhp, dx = run(x_SxMxbxD, labels_Mxbx, weights, head_params)
+    # the head's and the input's gradients are on the last stage and on stage 0: summed over stage
+    return (jnp.sum(loss), jax.tree.map(lambda w, g: g.astype(w.dtype), weights, dws),
+            jax.tree.map(lambda p, g: jnp.sum(g, axis=0).astype(p.dtype), head_params, dhp), jnp.sum(dx, axis=0))

@@ -30,11 +30,12 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from ffn_model import checkpoint as ckpt
-from ffn_model.model import COMPUTE_DTYPE, FFNStack, zero1_gradients
-from ffn_model.pipeline import accumulate, pipeline_loss
-from ffn_model.transformer import IDS_AXES, token_cross_entropy
+from ffn_model.model import COMPUTE_DTYPE, FFNStack, gather_bf16, grad_axes, zero1_gradients
+from ffn_model.pipeline import (accumulate, circular_layout, merge_microbatches, one_f_one_b, pipeline_loss,
+                                pipeline_outputs, split_microbatches)
+from ffn_model.transformer import (IDS_AXES, LAYER_AXES, VOCAB_AXES, TransformerStack, embed, layer_names,
+                                   output_logits, stack_forward, token_cross_entropy)
 from ffn_model.transformer import X_AXES as TF_X_AXES
-from ffn_model.transformer import TransformerStack
 from mesh.devices import mesh_shape
 from mesh.rules import logical_to_spec
 from scaling.config import (Model, Schedule, TransformerConfig, check_remat, check_seed,
@@ -167,7 +168,7 @@ def token_mean(local_sum, arrays, logical_axes):
         return (jax.lax.psum(s, split) if split else s) / count
 
     return jax.shard_map(local, mesh=mesh, in_specs=(spec,) * len(arrays), out_specs=PartitionSpec(),
-                         axis_names=set(mesh.axis_names))(*arrays)
+                         axis_names=set(mesh.axis_names) - set(mesh.manual_axes))(*arrays)
 
 
 def mse(pred, y, logical_axes):
@@ -191,6 +192,63 @@ def _loss(graphdef, params, batch):
     return mse(out, batch["y"], model.output_axes)
 
 
+def transformer_pipeline_loss(params, batch, *, cfg: TransformerConfig, mesh, schedule: Schedule, remat: str,
+                              batch_shards: int):
+    """The transformer's loss with its layers run as a pipeline over ``stage`` (ffn_model.pipeline): the
+    embedding looked up for the whole batch before it (replicated over stage: a gather and one reduction
+    over tensor, no matmul), then the M microbatches. GPipe and circular: through pipeline_outputs, whose
+    outputs come back split over the stages (M/S microbatches each), and the output layer and loss (or the
+    MSE) of each microbatch on the stage that holds it (jax.vmap over microbatches, spmd_axis_name="stage"):
+    every stage runs the output layer on 1/S of the tokens. 1F1B: the loss and every gradient from
+    ffn_model.pipeline.one_f_one_b's loop (a jax.custom_vjp whose forward runs it; a forward-only step runs
+    GPipe), the output layer on the last stage inside the loop. The mean over microbatches is the mean over
+    every token."""
+    M, R = schedule.microbatches, schedule.repeats
+    axes = {n: LAYER_AXES[n] for n in layer_names(cfg.gated)}
+    vocab, tied = cfg.vocab is not None, cfg.tied_embeddings
+
+    def inputs(params, gather_u=False):  # the stack's input [B, T, D] and the head's parameters: U (gathered
+        # in BF16 with gather_u: 1F1B's loop runs the head every iteration), or tied the gathered E
+        if not vocab:
+            return batch["x"].astype(COMPUTE_DTYPE), {}
+        x, e = embed(batch["x"], params["embedding"], schedule, tied)
+        u = e if tied else gather_bf16(params["unembedding"], VOCAB_AXES) if gather_u else params["unembedding"]
+        return x, {"u": u}
+
+    def chunk(x, w, select):
+        return stack_forward(x, w, schedule, remat, cfg.mlp, cfg.block, select)
+
+    def head(y, labels, hp):
+        if not vocab:
+            return mse(y, labels, TF_X_AXES)
+        return cross_entropy(output_logits(y, hp["u"], schedule), labels)
+
+    labels = split_microbatches(batch["y"], M, batch_shards)
+
+    def gpipe(params):
+        x, hp = inputs(params)
+        weights = circular_layout({n: params[n] for n in axes}, axes, mesh, R)
+        ys = pipeline_outputs(split_microbatches(x, M, batch_shards), weights, mesh, chunk, TF_X_AXES, repeats=R,
+                              to_stages=True)
+        return jnp.mean(jax.vmap(lambda y, lab: head(y, lab, hp), spmd_axis_name="stage")(ys, labels))
+
+    if schedule.pipeline != "1f1b":
+        return gpipe(params)
+
+    def fwd(params):
+        (x, hp), inputs_vjp = jax.vjp(functools.partial(inputs, gather_u=True), params)
+        held = {"u": grad_axes(VOCAB_AXES)} if vocab else {}  # U's gradient, reduced to U's shard each iteration
+        loss, dw, dhp, dx = one_f_one_b(split_microbatches(x, M, batch_shards), labels,
+                                        {n: params[n] for n in axes}, hp, mesh, chunk, head, held, TF_X_AXES)
+        dx = merge_microbatches(dx, batch_shards)
+        grads = jax.tree.map(jnp.add, inputs_vjp((dx, dhp))[0], {**jax.tree.map(jnp.zeros_like, params), **dw})
+        return loss, grads
+
+    loss_1f1b = jax.custom_vjp(gpipe)
+    loss_1f1b.defvjp(fwd, lambda grads, ct: (jax.tree.map(lambda g: ct * g, grads),))
+    return loss_1f1b(params)
+
+
 def loss_fn(cfg: Model, mesh, remat: str = "none", schedule: Schedule = Schedule(), for_grad: bool = True):
     """(params, batch) -> loss for ``mesh`` and ``schedule``: the stack as one scan; with a stage axis,
     a pipeline (ffn_model.pipeline; ``for_grad=False``: a forward-only step, which holds weights gathered
@@ -198,6 +256,9 @@ def loss_fn(cfg: Model, mesh, remat: str = "none", schedule: Schedule = Schedule
     step's (make_train_step)."""
     shape = mesh_shape(mesh)
     schedule.check(cfg, shape)
+    if shape["stage"] > 1 and isinstance(cfg, TransformerConfig):
+        return functools.partial(transformer_pipeline_loss, cfg=cfg, mesh=mesh, schedule=schedule, remat=remat,
+                                 batch_shards=shards(shape, "batch"))
     if shape["stage"] > 1:
         return functools.partial(pipeline_loss, mesh=mesh, batch_shards=shards(shape, "batch"),
                                  microbatches=schedule.microbatches, repeats=schedule.repeats, remat=remat,

@@ -47,6 +47,8 @@ H_AXES = ("batch", "seq", "mlp")
 WQ_AXES = ("layers", "heads", "head_dim", "embed")  # W_q, W_o [L, N, H, D]
 WKV_AXES = ("layers", "kv_heads", "head_dim", "embed")  # W_k, W_v [L, K, H, D]
 W_MLP_AXES = ("layers", "mlp", "embed")  # W_in, W_gate, W_out [L, F, D]
+LAYER_AXES = {"wq": WQ_AXES, "wk": WKV_AXES, "wv": WKV_AXES, "wo": WQ_AXES, "w_in": W_MLP_AXES,
+              "w_gate": W_MLP_AXES, "w_out": W_MLP_AXES}  # the stacked layer weights
 VOCAB_AXES = ("vocab", "embed")  # the embedding E and the output projection U [V, D]
 IDS_AXES = ("batch", "seq")  # token ids and labels [B, T]
 LOGITS_AXES = ("batch", "seq", "vocab")  # logits [B, T, V]: vocab-parallel, never gathered
@@ -124,8 +126,9 @@ def attention(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, schedule: Schedule):
     else:
         ring = functools.partial(ring_attention, axis_name="context", block=schedule.attention_block)
         fn = lambda q, k, v: ring(*_named(q, k, v))  # noqa: E731
+    auto = set(mesh.axis_names) - set(mesh.manual_axes)  # inside a pipeline's shard_map, stage is manual already
     return jax.shard_map(lambda q, k, v: fn(q, k, v), mesh=mesh, in_specs=(spec, kv_spec, kv_spec), out_specs=spec,
-                         axis_names=set(mesh.axis_names), check_vma=False)(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH)
+                         axis_names=auto, check_vma=False)(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH)
 
 
 def _gather(w, axes):
@@ -233,9 +236,12 @@ def mlp(h_BxTxD, w: dict, kind: str):
     return a @ _gather(w["w_out"], W_MLP_AXES)
 
 
-def layer(x_BxTxD, w: dict, schedule: Schedule, mlp_kind: str = "gelu", block: str = "serial"):
+def layer(x_BxTxD, w: dict, schedule: Schedule, mlp_kind: str = "gelu", block: str = "serial", select=None):
     """One pre-norm layer (module docstring) on one layer's weights ``w`` (FP32 shards): serial, or parallel
-    (attention and MLP on the same norm's output, their partial sums added before one reduction over tensor)."""
+    (attention and MLP on the same norm's output, their partial sums added before one reduction over tensor).
+    ``select``: applied to each weight first (a pipeline's chunk choice: ffn_model.pipeline.pipeline_outputs)."""
+    if select is not None:
+        w = {k: select(v) for k, v in w.items()}
     sp = schedule.sequence_parallel
     between = X_SP_AXES if sp else X_AXES
 
@@ -258,12 +264,13 @@ def layer(x_BxTxD, w: dict, schedule: Schedule, mlp_kind: str = "gelu", block: s
 
 
 def stack_forward(x_BxTxD, weights: dict, schedule: Schedule, remat: str = "none", mlp_kind: str = "gelu",
-                  block: str = "serial"):
+                  block: str = "serial", select=None):
     """The L layers as one lax.scan over the stacked weights (a dict of [L, ...] arrays), each layer under
     jax.checkpoint with the remat policy (TransformerStack checks it: scaling.config.check_remat): "none"
     saves SAVED, "full" nothing but the layer's input, the named policies what policy_saves says."""
     policy = jax.checkpoint_policies.save_only_these_names(*policy_saves(remat, schedule))
-    body = jax.checkpoint(functools.partial(layer, schedule=schedule, mlp_kind=mlp_kind, block=block), policy=policy)
+    body = jax.checkpoint(functools.partial(layer, schedule=schedule, mlp_kind=mlp_kind, block=block, select=select),
+                          policy=policy)
     x = constrain(x_BxTxD, X_SP_AXES if schedule.sequence_parallel else X_AXES)
     x, _ = jax.lax.scan(lambda c, w: (body(c, w), None), x, weights)
     return x  # under sequence parallelism still split over tensor: the loss reduces it where it lies
@@ -381,6 +388,11 @@ def token_cross_entropy(logits_BxTxV, labels_BxT):
     return lse - target
 
 
+def layer_names(gated: bool) -> list[str]:
+    """The stacked layer weights' names (LAYER_AXES): W_gate only for a gated MLP."""
+    return [n for n in LAYER_AXES if n != "w_gate" or gated]
+
+
 class TransformerStack(nnx.Module):
     """``cfg.blocks`` scanned pre-norm layers (module docstring); parameters [L, ...] FP32 carrying their
     logical axes."""
@@ -409,8 +421,7 @@ class TransformerStack(nnx.Module):
     def __call__(self, x):
         """x: token vectors [B, T, D] -> the stack's output; with a vocabulary, token ids [B, T] -> logits
         [B, T, V] (FP32, vocab over tensor)."""
-        names = ["wq", "wk", "wv", "wo", "w_in", "w_out"] + (["w_gate"] if self.gated else [])
-        weights = {n: getattr(self, n)[...] for n in names}
+        weights = {n: getattr(self, n)[...] for n in layer_names(self.gated)}
         if self.vocab is None:
             return stack_forward(x.astype(COMPUTE_DTYPE), weights, self.schedule, self.remat, self.mlp_kind,
                                  self.block)

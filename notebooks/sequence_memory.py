@@ -213,13 +213,14 @@ for (name, kind) in curves:
 # meshes: two lengths, both refused). A refusal carries the compiler's own requirement, "the total memory
 # required for HLO temporaries (X G) exceeds available HBM (95.74G)", G = GiB: it is plotted as a cross.
 # Compiles that are expected to be refused run first (about a second each); a compile is not started
-# once `COMPILE_BUDGET_S` seconds have gone, so that the notebook stays inside CI's three minutes.
+# once `COMPILE_BUDGET_S` seconds have gone, so that the notebook stays inside CI's three minutes (the test
+# suite, which re-executes the notebook only to see that it runs, sets `NOTEBOOK_COMPILE_BUDGET_S` lower).
 
 # %%
 POINTS = [("TP", 8192), ("TP", 12288), ("SP", 20480), ("SP", 32768), ("Ulysses", 40960), ("Ulysses", 65536),
           ("ring", 65536), ("ring", 131072), ("Ulysses, context only", 4096), ("Ulysses, context only", 12288),
           ("ring, context only", 4096), ("ring, context only", 8192)]
-COMPILE_BUDGET_S = 125
+COMPILE_BUDGET_S = float(os.environ.get("NOTEBOOK_COMPILE_BUDGET_S", 125))
 
 def compile_point(name, T):
     # one compiled point: {outcome, compiled bytes or None, closed-form bytes, seconds, note}

@@ -19,7 +19,7 @@ import time
 from scaling import layer_estimator, seed000
 from scaling import plan as planner
 from scaling.answers import QUESTION, answers, render
-from scaling.config import (ATTENTIONS, BLOCK_KINDS, CONTEXT_STRATEGIES, FSDP_GATHERS, MLP_KINDS,
+from scaling.config import (ATTENTIONS, BLOCK_KINDS, CONTEXT_STRATEGIES, FSDP_GATHERS, MLP_KINDS, PIPELINES,
                             OPTIMIZER_SHARDINGS, PRESETS,
                             REMAT_POLICIES, FFNConfig, MeshShape, Schedule, TransformerConfig, get_preset,
                             positive_int)
@@ -71,13 +71,17 @@ def flags_of(args) -> FlagSet:
 
 
 def add_schedule_args(p) -> None:
-    """--microbatches, --repeats, --fsdp-gather (scaling.config.Schedule), and --xla-flags."""
+    """--microbatches, --repeats, --schedule, --fsdp-gather (scaling.config.Schedule), and --xla-flags."""
     add_xla_flags_arg(p)
     g = p.add_argument_group("microbatches and pipeline stages (with a stage axis in --mesh)")
     g.add_argument("--microbatches", type=int, default=1,
                    help="M microbatches: the pipeline's with a stage axis, else gradient accumulation (default 1)")
     g.add_argument("--repeats", type=int, default=1,
                    help="circular pipeline: R chunks of blocks per stage (default 1: GPipe)")
+    g.add_argument("--schedule", dest="pipeline", choices=PIPELINES, default="gpipe",
+                   help="pipeline schedule: gpipe, circular (needs --repeats > 1; --repeats alone implies it) or "
+                        "1f1b (transformer: a forward and a backward every iteration, activations bounded by the "
+                        "stages; default gpipe)")
     g.add_argument("--fsdp-gather", default="microbatch", choices=FSDP_GATHERS,
                    help="gather FSDP weights once per microbatch or once per step (pipeline; default microbatch)")
     g.add_argument("--optimizer-sharding", choices=OPTIMIZER_SHARDINGS, default="fsdp",
@@ -109,7 +113,7 @@ def schedule_of(args) -> Schedule:
     bad value)."""
     given = {f: getattr(args, a) for a, f in TRANSFORMER_SCHEDULE.items() if getattr(args, a, None) is not None}
     return Schedule(args.microbatches, args.repeats, args.fsdp_gather, args.sequence_parallel,
-                    optimizer_sharding=args.optimizer_sharding, **given)
+                    optimizer_sharding=args.optimizer_sharding, pipeline=getattr(args, "pipeline", "gpipe"), **given)
 
 
 # --flag: (help, model kinds it applies to)

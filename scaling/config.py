@@ -54,6 +54,13 @@ class FsdpGather(enum.StrEnum):
     STEP = "step"
 
 
+class Pipeline(enum.StrEnum):
+    """The pipeline schedule over the stage axis (Schedule.pipeline; ffn_model.pipeline)."""
+    GPIPE = "gpipe"  # all forwards, then all backwards (jax's transpose of the forward's scan)
+    CIRCULAR = "circular"  # GPipe's loop over R chunks per stage (repeats > 1)
+    ONE_F_ONE_B = "1f1b"  # a forward and a backward every iteration: activations bounded by the stages
+
+
 class OptimizerSharding(enum.StrEnum):
     """Where AdamW's state lives (Schedule.optimizer_sharding)."""
     FSDP = "fsdp"
@@ -80,9 +87,9 @@ def choose(kind: type[enum.StrEnum], value, what: str) -> enum.StrEnum:
         raise ValueError(f"{what} must be one of {', '.join(kind)}, got {value!r}") from None
 
 
-OPTIMIZER_SHARDINGS = tuple(OptimizerSharding)
-REMAT_POLICIES = tuple(Remat)
-STEPS = tuple(Step)
+OPTIMIZER_SHARDINGS = tuple(str(k) for k in OptimizerSharding)  # plain strings (argparse shows its choices)
+REMAT_POLICIES = tuple(str(k) for k in Remat)
+STEPS = tuple(str(k) for k in Step)
 
 
 def positive_int(name: str, value) -> int:
@@ -508,9 +515,10 @@ def parse_mesh_spec(spec: str, devices: int | None = None) -> MeshShape:
     return shape
 
 
-FSDP_GATHERS = tuple(FsdpGather)
-ATTENTIONS = tuple(Attention)
-CONTEXT_STRATEGIES = tuple(ContextStrategy)
+FSDP_GATHERS = tuple(str(k) for k in FsdpGather)
+PIPELINES = tuple(str(k) for k in Pipeline)
+ATTENTIONS = tuple(str(k) for k in Attention)
+CONTEXT_STRATEGIES = tuple(str(k) for k in ContextStrategy)
 
 
 @dataclass(frozen=True)
@@ -535,6 +543,9 @@ class Schedule:
     context         (transformer, with a context axis) "ulysses": all-to-all from sequence-split to
                     head-split and back around the attention; "ring": K/V chunks passed round the
                     context axis with ppermute, future chunks skipped.
+    pipeline        (with a stage axis) "gpipe", "circular" (repeats > 1; set by repeats > 1 alone) or "1f1b":
+                    a forward and a backward slot in every iteration, each stage's activations bounded by the
+                    microbatches in flight (at most 2S − 1 stage inputs), not by M (transformer only).
     optimizer_sharding  "fsdp": the FP32 weights, gradients and Adam moments sharded over fsdp·tensor,
                     replicated over data; "zero1" (ZeRO stage 1, Rajbhandari et al. 2020): the gradients
                     reduce-scattered over data·fsdp, the moments and the update sharded over data too, the
@@ -550,14 +561,23 @@ class Schedule:
     context: ContextStrategy = ContextStrategy.ULYSSES
     attention_block: int = 512
     optimizer_sharding: OptimizerSharding = OptimizerSharding.FSDP
+    pipeline: Pipeline = Pipeline.GPIPE
 
     def __post_init__(self):
         positive_ints("microbatches", self.microbatches)  # the planner passes a numpy array of candidates
         positive_int("repeats", self.repeats)
         for name, kind, what in (("fsdp_gather", FsdpGather, "fsdp_gather"), ("attention", Attention, "attention"),
                                  ("context", ContextStrategy, "context strategy"),
-                                 ("optimizer_sharding", OptimizerSharding, "optimizer sharding")):
+                                 ("optimizer_sharding", OptimizerSharding, "optimizer sharding"),
+                                 ("pipeline", Pipeline, "pipeline schedule")):
             object.__setattr__(self, name, choose(kind, getattr(self, name), what))
+        if self.repeats > 1 and self.pipeline == "gpipe":  # GPipe's loop over more than one chunk per stage
+            object.__setattr__(self, "pipeline", Pipeline.CIRCULAR)
+        if self.pipeline == "circular" and self.repeats == 1:
+            raise ValueError("a circular pipeline needs repeats > 1 (chunks per stage); repeats=1 is gpipe")
+        if self.pipeline == "1f1b" and self.repeats > 1:
+            raise ValueError(f"the interleaved 1F1B schedule (1f1b with repeats={self.repeats}) is not built: "
+                             "use repeats=1, or the circular schedule")
         if not isinstance(self.sequence_parallel, bool):
             raise ValueError(f"sequence_parallel must be True or False, got {self.sequence_parallel!r}")
         positive_int("attention_block", self.attention_block)
@@ -575,20 +595,28 @@ class Schedule:
                 raise ValueError(f"d_model={cfg.d_model} is not divisible by data·fsdp = {n} (zero1 shards the "
                                  "optimizer state's D over both)")
         if isinstance(cfg, TransformerConfig):
-            if S > 1 or R > 1:
-                raise ValueError("pipeline stages are built for the FFN stack, not the transformer: use stage=1")
             _check_transformer(cfg, mesh, self)
+            if self.pipeline == "1f1b" and np.any(np.asarray(M) < S):
+                raise ValueError(f"1f1b needs microbatches >= stages: {M} < {S}")
+            if S > 1 and np.any(np.asarray(M) % S):
+                raise ValueError(f"microbatches={M} must be a multiple of stage={S} for the transformer (each stage "
+                                 "runs the output layer on M/S of them)")
+            if S > 1 and self.fsdp_gather == "step":
+                raise ValueError("fsdp_gather='step' is built for the FFN stack's pipeline, not the transformer's")
             if batch_tokens is not None:
                 seqs = positive_int("batch_tokens", batch_tokens) // cfg.seq_len
                 n = M * shards(mesh, "batch")
                 if batch_tokens % cfg.seq_len or seqs % n:
                     raise ValueError(f"batch_tokens={batch_tokens} must be whole sequences of seq_len={cfg.seq_len}, "
                                      f"their number divisible by microbatches·data·fsdp = {n}")
-            return self
         if L % S:
             divisors = ", ".join(str(k) for k in range(1, L + 1) if L % k == 0)
             raise ValueError(f"blocks={L} cannot be split evenly over stage={S}; use a stage count that divides "
                              f"{L} ({divisors})")
+        if self.pipeline == "1f1b" and S == 1:
+            raise ValueError("the 1f1b schedule needs a stage axis (stage > 1 in the mesh)")
+        if self.pipeline == "1f1b" and not isinstance(cfg, TransformerConfig):
+            raise ValueError("the 1f1b schedule is built for the transformer; the FFN stack runs gpipe or circular")
         if R > 1 and S == 1:
             raise ValueError(f"repeats={R} needs a stage axis (circular pipeline); without one use repeats=1")
         if (L // S) % R:
@@ -600,7 +628,7 @@ class Schedule:
                              "without a stage axis every microbatch gathers them")
         if self.sequence_parallel and S > 1:
             raise ValueError("sequence_parallel with pipeline stages is not supported: use one or the other")
-        if batch_tokens is not None:
+        if batch_tokens is not None and not isinstance(cfg, TransformerConfig):
             n = M * shards(mesh, "batch_sp" if self.sequence_parallel else "batch")
             if positive_int("batch_tokens", batch_tokens) % n:
                 raise ValueError(f"batch_tokens={batch_tokens} is not divisible by microbatches·data·fsdp"

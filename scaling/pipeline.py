@@ -23,15 +23,21 @@ from scaling.config import FFNConfig, Schedule, saved_blocks
 
 
 def iterations(schedule: Schedule, stages: int) -> int:
-    """T, the loop trips of the compiled schedule: R·M + S − 1 with stages (S > 1), M without."""
+    """T, the loop trips of the compiled schedule: R·M + S − 1 with stages (S > 1; 1F1B: M + 2(S − 1), a forward
+    and a backward slot each: ffn_model.pipeline.one_f_one_b), M without."""
     M, R = schedule.microbatches, schedule.repeats
+    if stages > 1 and schedule.pipeline == "1f1b":
+        return M + 2 * (stages - 1)
     return R * M + stages - 1 if stages > 1 else M
 
 
 def bubble(schedule: Schedule, stages: int) -> dict[str, float]:
-    """{"idle_share": (S−1)/(R·M+S−1) (MaxText), "overhead": (S−1)/(R·M) (Megatron-LM)}; 0 without stages."""
+    """{"idle_share": (S−1)/(R·M+S−1) (MaxText), "overhead": (S−1)/(R·M) (Megatron-LM)}; 1F1B as this package
+    runs it, lock-step, a forward and a backward slot every iteration: 2(S−1)/(M+2(S−1)) and 2(S−1)/M (Megatron's
+    1F1B idles (S−1)/M: its warm-up and cool-down slots are not paid by every stage)."""
     M, R, S = schedule.microbatches, schedule.repeats, stages
-    return {"idle_share": (S - 1) / (R * M + S - 1), "overhead": (S - 1) / (R * M)}
+    idle = iterations(schedule, S) - R * M
+    return {"idle_share": idle / (R * M + idle), "overhead": idle / (R * M)}
 
 
 def chunk_blocks(cfg: FFNConfig, schedule: Schedule, stages: int) -> int:
@@ -104,5 +110,11 @@ def relay_moves(stages: int, repeats: int) -> int:
 def microbatches_in_flight(schedule: Schedule, stages: int) -> int:
     """How many iterations' activations a device holds at the peak: all T = R·M + S − 1 of the scan
     (GPipe and circular: jax's reverse scan needs every forward iteration's residuals), 1 for gradient
-    accumulation (each microbatch's backward runs before the next forward)."""
-    return iterations(schedule, stages) if stages > 1 else 1
+    accumulation (each microbatch's backward runs before the next forward) and for 1F1B (one chunk's
+    residuals, in its backward slot; the stage inputs it keeps are kept_inputs)."""
+    return iterations(schedule, stages) if stages > 1 and schedule.pipeline != "1f1b" else 1
+
+
+def kept_inputs(schedule: Schedule, stages: int) -> int:
+    """1F1B's ring of stage inputs, K = 2S − 1 microbatches (ffn_model.pipeline.one_f_one_b); 0 otherwise."""
+    return 2 * stages - 1 if stages > 1 and schedule.pipeline == "1f1b" else 0

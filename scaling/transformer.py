@@ -49,9 +49,10 @@ With a vocabulary V (k = 1 tied or 2 untied [V, D] matrices, V over tensor, D ov
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 
-from scaling import collectives
+from scaling import collectives, pipeline
 from scaling.config import DEFAULT_PRECISION, Precision, Schedule, TransformerConfig
 from scaling.workload import Workload
 
@@ -61,6 +62,52 @@ def _dims(cfg: TransformerConfig, mesh: Mapping, batch_tokens):
     X, Y, C, d = (mesh.get(a, 1) for a in ("fsdp", "tensor", "context", "data"))
     s = batch_tokens / (cfg.seq_len * d * X)
     return s, s * cfg.seq_len / C, X, Y, C, d
+
+
+def passes(w: Workload) -> dict:
+    """What one device runs per step, in passes over its t tokens (module docstring, "Pipeline stages"):
+    "layers": layer-passes, L without a stage axis; with S stages (L/S)·T/(R·M), T the schedule's iterations
+    (scaling.pipeline.iterations: bubble iterations run too); "weight_passes": how often a layer's weights are
+    used, L, or T·L/(S·R) (each iteration's chunk, on a microbatch); "head": the output layer's and loss's share of
+    t, 1 without stages, 1/S for GPipe and circular (each stage its M/S microbatches), T/M for 1F1B (every
+    stage, every iteration); "head_iterations": how often the output layer's weight gradient is made and
+    reduced (T for 1F1B, else 1); "again": 1 for 1F1B (its backward slot runs the forward again); "iterations"
+    T (0 without stages). A forward-only step runs GPipe."""
+    cfg, schedule, S = w.model, w.schedule, w.mesh.get("stage", 1)
+    if S == 1:
+        return {"layers": cfg.blocks, "weight_passes": cfg.blocks, "head": 1.0, "head_iterations": 1, "again": 0,
+                "iterations": 0}
+    one_f = schedule.pipeline == "1f1b" and w.step == "train"
+    if schedule.pipeline == "1f1b" and not one_f:
+        schedule = dataclasses.replace(schedule, pipeline="gpipe")
+    T, M, R = pipeline.iterations(schedule, S), schedule.microbatches, schedule.repeats
+    Lc = cfg.blocks // (S * R)  # a chunk's layers
+    if one_f:
+        return {"layers": cfg.blocks / S * T / M, "weight_passes": T * Lc, "head": T / M, "head_iterations": T,
+                "again": 1, "iterations": T}
+    return {"layers": cfg.blocks / S * T / (R * M), "weight_passes": T * Lc, "head": 1 / S, "head_iterations": 1,
+            "again": 0, "iterations": T}
+
+
+def dead_in_again(cfg: TransformerConfig, remat: str, p: dict) -> dict:
+    """What XLA drops from 1F1B's second forward (the backward slot's, which only makes the residuals) when a
+    chunk is one layer (a loop of one trip: the layer's work past what the backward reads is dead; in a longer
+    chunk the scan's body is the same for every layer and runs whole): {"mlp": the MLP matrices' share
+    dropped, "out": W_o dropped (0|1), "attention_units", "qkv", "reductions": tensor reductions dropped}.
+    What the backward reads (POLICY_KEEPS): policies that keep the MLP hidden drop W_out; the save_dot
+    policies the MLP; save_qkv_proj the attention, W_o and the MLP; full (the input is all it reads) the layer.
+    Serial blocks (a parallel block's fused matmuls are not modelled here)."""
+    none = {"mlp": 0.0, "out": 0, "attention_units": 0, "qkv": 0, "reductions": 0}
+    if not p["again"] or p["weight_passes"] != p["iterations"]:  # not 1F1B, or chunks of more than one layer
+        return none
+    keeps = POLICY_KEEPS[remat]
+    if "mlp_in" in keeps:
+        return {**none, "mlp": 1 / cfg.mlp_matrices, "reductions": 1}
+    if "out" in keeps:
+        return {**none, "mlp": 1.0, "reductions": 1}
+    if "qkv" in keeps:
+        return {**none, "mlp": 1.0, "out": 1, "attention_units": 4, "reductions": 2}
+    return {**none, "mlp": 1.0, "out": 1, "attention_units": 4, "qkv": 1, "reductions": 2}  # full: all of it
 
 
 def layer_weight_bytes(cfg: TransformerConfig, mesh: Mapping, precision: Precision = DEFAULT_PRECISION) -> float:
@@ -125,20 +172,25 @@ def step_flops(w: Workload) -> dict:
     attention counted at T²/2 (Scaling Book transformers page), per device."""
     cfg, mesh, batch_tokens, step, remat, schedule = w.model, w.mesh, w.batch_tokens, w.step, w.remat, w.schedule
     s, t, X, Y, C, d = _dims(cfg, mesh, batch_tokens)
-    D, F, N, K, H, L, T, m = (cfg.d_model, cfg.d_ff, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.blocks, cfg.seq_len,
-                              cfg.mlp_matrices)
+    D, F, N, K, H, T, m = cfg.d_model, cfg.d_ff, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.seq_len, cfg.mlp_matrices
+    p, S = passes(w), mesh.get("stage", 1)
+    L = p["layers"]  # layer-passes over t tokens: the blocks, or a pipeline's executed chunk-iterations
     qkv, out, mlp = 2 * t * D * H * (N + 2 * K) / Y, 2 * t * N * H * D / Y, 2 * t * D * F * m / Y
     unit = s * T * T * N * H / (Y * C)
     logits = 2 * t * D * (cfg.vocab or 0) / Y
-    terms = {"forward": L * (qkv + out + mlp + attention_units(schedule, "forward", mesh) * unit) + logits}
+    layer_forward = qkv + out + mlp + attention_units(schedule, "forward", mesh) * unit
+    terms = {"forward": L * layer_forward + p["head"] * logits}
     model_attn = attention_units(schedule, "forward", mesh) * unit / 2  # the causal half
-    model = L * (qkv + out + mlp + model_attn) + logits
+    model = (cfg.blocks * (qkv + out + mlp + model_attn) + logits) / S
     if step == "train":
         terms["backward"] = (L * (2 * (qkv + out + mlp) + attention_units(schedule, "backward", mesh) * unit)
-                             + 2 * logits)
+                             + 2 * p["head"] * logits)
         r = recomputed(cfg, remat, schedule, mesh)
+        dead = dead_in_again(cfg, remat, p)
+        again = (layer_forward - dead["mlp"] * mlp - dead["out"] * out - dead["attention_units"] * unit
+                 - dead["qkv"] * qkv)
         terms["recompute"] = L * (r["qkv"] * qkv + r["out"] * out + r["mlp_in"] * mlp * (m - 1) / m
-                                  + r["attention_units"] * unit)
+                                  + r["attention_units"] * unit + p["again"] * again)
         model *= 3
     terms["total"] = sum(terms.values())
     terms["model"] = model
@@ -154,62 +206,103 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
                                                                 w.schedule, w.remat)
     min_comm_bytes, windowed_grad_rs = w.compiler.min_comm_bytes, w.compiler.windowed_grad_rs
     s, t, X, Y, C, d = _dims(cfg, mesh, batch_tokens)
-    D, L, H, N, K = cfg.d_model, cfg.blocks, cfg.head_dim, cfg.heads, cfg.kv_heads
+    D, H, N, K, S = cfg.d_model, cfg.head_dim, cfg.heads, cfg.kv_heads, mesh.get("stage", 1)
+    p = passes(w)
+    L, Ls = p["layers"], cfg.blocks / S  # layer-passes (module docstring); the layers a device holds
     c = max(precision.compute, min_comm_bytes)
     train = step == "train"
     W = layer_weight_bytes(cfg, mesh, precision) * c / precision.compute
     rc = recomputed(cfg, remat, schedule, mesh) if train else {"qkv": 0, "attention_units": 0, "out": 0}
     out: dict[str, dict[str, float]] = {}
-    E = cfg.embedding_matrices * c * (cfg.vocab or 0) * D / Y  # the [V, D] matrices gathered (BF16)
-    dE = 2 * c * (cfg.vocab or 0) * D / Y  # their gradients: two, tied or not
+    V = cfg.vocab or 0
+    E = cfg.embedding_matrices * c * V * D / Y  # the [V, D] matrices gathered (BF16)
+    dE = (1 + p["head_iterations"]) * c * V * D / Y  # their gradients: the lookup's, the output layer's, tied or not
     zero1 = train and schedule.optimizer_sharding == "zero1" and d > 1
-    if X > 1:
-        out["fsdp"] = {"all-gather": L * W * (2 if train else 1) + E}
+    Lw = p["weight_passes"]
+    if X > 1:  # 1F1B gathers a chunk's weights three times an iteration: its forward slot, again, its backward
+        out["fsdp"] = {"all-gather": Lw * W * ((2 + p["again"]) if train else 1) + E}
         if zero1:
             pass  # the gradients reduce-scattered over data·fsdp (below)
         elif train and windowed_grad_rs:
-            out["fsdp"]["collective-permute"] = L * W * (X + 1) / X
+            out["fsdp"]["collective-permute"] = Lw * W * (X + 1) / X
         elif train:
-            out["fsdp"]["reduce-scatter"] = L * W
+            out["fsdp"]["reduce-scatter"] = Lw * W
         if train and dE and not zero1:
             out["fsdp"]["reduce-scatter"] = out["fsdp"].get("reduce-scatter", 0.0) + dE
     if Y > 1:
         act = c * t * D
         serial = cfg.block == "serial"
         r = 2 if serial else 1  # reductions over tensor per layer and pass
-        redo = rc["out"]  # mid = x + o·W_o again: reduced again
+        # mid = x + o·W_o again: reduced again; 1F1B: the forward again (less what XLA drops of it)
+        redo = rc["out"] + (r - dead_in_again(cfg, remat, p)["reductions"]) * p["again"] if train else 0
         vocab = 0 if cfg.vocab is None else 1  # the lookup, and the output layer's input (and its gradient)
-        ends = vocab * act * (2 if train else 1)
+        ends = vocab * act * (1 + (p["head"] if train else 0))
         if schedule.sequence_parallel:
             out["tensor"] = {"all-gather": L * act * r * (3 if train else 1) + ends,
                              "reduce-scatter": L * act * (r * (2 if train else 1) + redo) + ends}
         else:
             out["tensor"] = {"all-reduce": L * act * (r * (2 if train else 1) + redo) + ends}
         if vocab:  # the loss over the vocabulary shards: the max (BF16 logits), Σ exp and the label's logit (FP32)
-            out["tensor"]["all-reduce"] = out["tensor"].get("all-reduce", 0.0) + (c + 8) * t
+            out["tensor"]["all-reduce"] = out["tensor"].get("all-reduce", 0.0) + (c + 8) * t * p["head"]
     if C > 1:  # a recomputed attention forward runs its all-to-alls (of what it does not keep) or K/V permutes again
         again = int(rc["attention_units"] == 4)
         if schedule.context == "ulysses":  # q, k, v again where not kept; o where the attention is recomputed
-            again_heads = rc["qkv"] * (N + 2 * K) + again * N
+            again_heads = (rc["qkv"] + p["again"]) * (N + 2 * K) + (again + p["again"]) * N
             out["context"] = {"all-to-all": L * c * t * H * ((2 * N + 2 * K) * (2 if train else 1) + again_heads) / Y}
         else:
             chunk = t * H * K / Y
-            out["context"] = {"collective-permute": L * (ring_permute_bytes(C, chunk, train, c)
-                                                         + again * ring_permute_bytes(C, chunk, False, c))}
+            out["context"] = {"collective-permute": L * (ring_permute_bytes(C, chunk, train, c) + (again + p["again"])
+                                                         * ring_permute_bytes(C, chunk, False, c))}
         if train:  # the gradients over context: on the fsdp shard, or ZeRO-1's data·fsdp shard
-            out["context"]["all-reduce"] = (L * W + dE) / (X * (d if zero1 else 1))
+            out["context"]["all-reduce"] = (Lw * W + dE) / (X * (d if zero1 else 1))
+    if S > 1:
+        out["stage"] = stage_volumes(w, c)
     if zero1:  # the embeddings' gradients as a plain reduce-scatter, as without ZeRO-1
-        for axis, kinds in collectives.zero1_volumes(L * W, dE, precision.master * cfg.params / (X * Y), d, X,
+        for axis, kinds in collectives.zero1_volumes(Ls * W, dE, precision.master * cfg.params / (X * Y), d, X,
                                                      windowed_grad_rs).items():
             out.setdefault(axis, {}).update(kinds)
     elif d > 1 and train:
-        out["data"] = {"all-reduce": (L * W + dE) / X}
+        out["data"] = {"all-reduce": (Lw * W + dE) / X}
+    if S > 1 and C > 1 and train and cfg.vocab and not p["again"] and not zero1:
+        # GPipe, circular: XLA reduces the output matrix's gradient over context together with data (or, without
+        # a data axis, with stage), in one all-reduce
+        merged, partner = c * cfg.vocab * D / (X * Y), "data" if d > 1 else "stage"
+        out[partner]["all-reduce"] -= merged
+        out["context"]["all-reduce"] -= merged
+        out[f"{partner}+context"] = {"all-reduce": merged}
     loss_axes = [a for a in ("data", "fsdp", "context", "tensor") if mesh.get(a, 1) > 1  # tensor: the SP output
                  and (a != "tensor" or (schedule.sequence_parallel and cfg.vocab is None))]
-    if loss_axes:  # the loss: one mean over the tokens, split over these axes together
-        key = "+".join(loss_axes)
+    if loss_axes:  # the loss: one mean over the tokens, split over these axes together (per microbatch a stage
+        key = "+".join(loss_axes)  # holds with stages, GPipe's M/S at once; 1F1B's every iteration)
         out.setdefault(key, {})
-        out[key]["all-reduce"] = out[key].get("all-reduce", 0.0) + 4
+        count = 1 if S == 1 else p["iterations"] if p["again"] else schedule.microbatches / S
+        out[key]["all-reduce"] = out[key].get("all-reduce", 0.0) + 4 * count
+    return out
+
+
+def stage_volumes(w: Workload, c: float) -> dict[str, float]:
+    """{kind: V bytes} over ``stage`` per device (ffn_model.pipeline, ffn_model.train.transformer_pipeline_loss;
+    c the bytes a BF16 element moves as): every iteration a microbatch's activations, c·(t/M)·D, to the next
+    stage, and in the backward their gradient back: T·c·(t/M)·D per direction. GPipe and circular: the
+    outputs sent from stage 0 to the stages that run their output layer, S − 1 permutes of c·(t/S)·D (and
+    back in the backward); circular, the weights' re-lay (relay_moves rounds of one FP32 chunk of L/(S·R)
+    layers, in the forward and again for the gradient). All-reduced over stage (train): the input's gradient
+    (stage 0's, c·t·D, to the embedding's backward, which every stage runs), the output matrix's gradient
+    (c·V·D/(X·Y); 1F1B's accumulator, FP32), and the loss (4 bytes)."""
+    cfg, mesh, schedule, train = w.model, w.mesh, w.schedule, w.step == "train"
+    s, t, X, Y, C, d = _dims(cfg, mesh, w.batch_tokens)
+    S, M, D, p = mesh["stage"], schedule.microbatches, cfg.d_model, passes(w)
+    directions = 2 if train else 1
+    permute = directions * p["iterations"] * c * t / M * D
+    if not p["again"]:  # GPipe, circular: the outputs to the stages
+        permute += directions * (S - 1) * c * t / S * D
+    if schedule.repeats > 1:
+        chunk = w.precision.master * cfg.params_per_block * cfg.blocks / (S * schedule.repeats) / (X * Y)
+        permute += directions * pipeline.relay_moves(S, schedule.repeats) * chunk
+    out = {"collective-permute": permute, "all-reduce": 4.0}
+    if train and cfg.vocab:
+        head_grad = (4 if p["again"] else c) * cfg.vocab * D / (X * Y)
+        out["all-reduce"] += c * t * D + head_grad
     return out
 
 
@@ -255,7 +348,9 @@ def saved_per_layer(cfg: TransformerConfig, mesh: Mapping, batch_tokens, remat: 
              "qkv": c * t * H * (N + 2 * K) / Y}
     if flash:
         terms["attention"] = c * t * N * H / Y + 4 * t * N / Y
-        separate_o = C > 1 and schedule.context == "ulysses"  # the head split o besides the sequence split
+        # o as the attention's residual and again as W_o's input (named attn_out after its sharding constraint):
+        # two arrays, but for ring attention, whose o is W_o's input as it is
+        separate_o = not (C > 1 and schedule.context == "ring")
         terms["attn_out"] = c * t * N * H / Y if separate_o else 0.0
     else:  # selective: the probabilities recomputed
         terms["attention"] = 2 * s * T * T * N / (Y * C) if remat == "none" else 0.0
@@ -282,12 +377,17 @@ def memory_per_device(w: Workload) -> dict:
     working set. (Each term is an allocation of XLA's memory-usage report: docs/findings.md, memory.)"""
     cfg, mesh, batch_tokens, remat, schedule, precision, step = (w.model, w.mesh, w.batch_tokens, w.remat,
                                                                 w.schedule, w.precision, w.step)
-    s, t, X, Y, C, d = _dims(cfg, mesh, batch_tokens)
+    S = mesh.get("stage", 1)
+    p = passes(w)
+    if S > 1:  # a pipeline's layers run on microbatches (module docstring, "Pipeline stages")
+        batch_tokens = batch_tokens / schedule.microbatches
+    s, t, X, Y, C, d = _dims(cfg, mesh, batch_tokens)  # s, t: a microbatch's with stages
     D, N, T = cfg.d_model, cfg.heads, cfg.seq_len
     L = cfg.blocks
     train = step == "train"
     full = train and remat == "full"
-    shard = cfg.params / (X * Y)  # parameters per device
+    layer_params = cfg.params - cfg.embedding_params
+    shard = layer_params / (S * X * Y) + cfg.embedding_params / (X * Y)  # parameters per device
     flash = runs_flash(schedule, mesh)
     keys = min(schedule.attention_block, T // C if schedule.context == "ring" else T) if flash else T
     score_bytes = (8 if train else 4) * s * T * keys * N / (Y * C)
@@ -298,17 +398,27 @@ def memory_per_device(w: Workload) -> dict:
         terms["optimizer"] = precision.adam_moments * precision.adam_moment * shard / z
         # the layers' FP32 gradients; the embeddings' are made after the layers' backward and consumed by the
         # update (XLA schedules dU's matmul after the scan): at neither peak below
-        terms["grads"] = precision.grad * (cfg.params - cfg.embedding_params) / (X * Y) / z
-    terms.update({"inputs": 8 * t if V else (precision.compute + 4) * t * D,  # int32 ids and labels, or x and y
+        terms["grads"] = precision.grad * layer_params / (S * X * Y) / z
+    M = schedule.microbatches if S > 1 else 1
+    terms.update({"inputs": M * (8 * t if V else (precision.compute + 4) * t * D),  # int32 ids and labels, or x, y
              # forward without fsdp: nothing gathered, XLA fuses each FP32 -> BF16 cast into its matmul (the
              # seed-000 layer's memory-usage report on v5p: no bf16 weight buffer)
              "transient_weights": ((1 if full else 2) if train else 1 if X > 1 else 0)
                                   * layer_weight_bytes(cfg, mesh, precision),
              "attention_working_set": score_bytes})
     if train and not full:  # one layer's FP32 weight gradients as the matmuls make them, before the BF16 reduce-scatter
-        terms["layer_grads"] = precision.grad * layer_weight_bytes(cfg, mesh, precision) / precision.compute
-    if train:
-        terms["activations"] = L * sum(saved_per_layer(cfg, mesh, batch_tokens, remat, schedule, precision).values())
+        # (1F1B: the chunk's, all its layers': jax.vjp returns them at once, before they join the accumulators)
+        terms["layer_grads"] = ((L / S if p["again"] else 1) * precision.grad
+                                * layer_weight_bytes(cfg, mesh, precision) / precision.compute)
+    saved = sum(saved_per_layer(cfg, mesh, batch_tokens, remat, schedule, precision).values())
+    c = precision.compute
+    if train and p["again"]:  # 1F1B: one chunk's residuals (its backward slot) and the stage inputs in flight
+        terms["activations"] = L / S * saved + pipeline.kept_inputs(schedule, S) * c * t * D
+    elif train:  # every layer-pass's residuals (GPipe and circular: every iteration's, bubble ones included)
+        terms["activations"] = p["layers"] * M * saved
+    if S > 1:  # the embedded batch given to every stage, and the microbatch buffer (GPipe) or the input's
+        # gradient (1F1B, beside its FP32 accumulator of the output matrix's gradient)
+        terms["pipeline_buffers"] = 2 * M * c * t * D + (4 * V * D / (X * Y) if p["again"] else 0.0)
     if train and remat != "none":  # the layer whose backward runs holds its recomputed forward's residuals
         none = saved_per_layer(cfg, mesh, batch_tokens, "none", schedule, precision)
         kept = saved_per_layer(cfg, mesh, batch_tokens, remat, schedule, precision)
@@ -317,8 +427,11 @@ def memory_per_device(w: Workload) -> dict:
         # activations; the peak is the larger of it and a layer's phase (the transients above)
         layer = sum(terms.get(k, 0.0) for k in ("transient_weights", "attention_working_set", "layer_grads",
                                                  "recomputed_layer"))
-        loss = precision.compute * (t * D + t * V / Y + V * D / Y)
-        terms["loss_phase"] = max(0.0, loss - layer)
+        th = t * M * p["head"] if not p["again"] else t  # the head's tokens at once (1F1B: a microbatch's)
+        loss = precision.compute * (th * D + th * V / Y + V * D / Y)
+        # 1F1B: the head's forward and backward run in the iteration of a chunk's backward, beside it
+        # GPipe and circular: the head runs between the pipeline's forward and backward, beside every residual
+        terms["loss_phase"] = loss if S > 1 else max(0.0, loss - layer)
     terms["total"] = sum(terms.values())
     return terms
 

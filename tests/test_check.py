@@ -16,8 +16,9 @@ import sys
 
 import pytest
 
-from verify.check import (CPU_GRID, grid_workload, CPU_SEQUENCE_GRID, CPU_STAGE_GRID, PEAK_BANDED_ABOVE, TPU_CHIP_GRID,
-                          TPU_GRID, TPU_MID_GRID, TPU_SEQUENCE_GRID, TPU_STAGE_GRID, XXL_ACCUMULATE,
+from verify.check import (CPU_GRID, grid_workload, CPU_SEQUENCE_GRID, CPU_STAGE_GRID, CPU_TF_STAGE_GRID,
+                          PEAK_BANDED_ABOVE, TPU_CHIP_GRID, TPU_GRID, TPU_MID_GRID, TPU_SEQUENCE_GRID, TPU_STAGE_GRID,
+                          TPU_TF_STAGE_GRID, XXL_ACCUMULATE,
                           XXL_SEQUENCE_PARALLEL, XXL_STAGES, XXL_TRAIN, CACHE_ENV, check, render)
 from scaling.config import TransformerConfig, get_preset
 from scaling.workload import Workload
@@ -172,6 +173,32 @@ def test_cpu_stage_grid(cfg, mesh, batch, remat, step, schedule):
                          ids=[f"{g[0][8:]}-{i}"
                               for g, i in zip(TPU_STAGE_GRID, _stage_ids([g[1:] for g in TPU_STAGE_GRID]))])
 def test_tpu_stage_grid(devices, cfg, mesh, batch, remat, step, schedule):
+    _assert_tpu_bands(check(grid_workload(cfg, mesh, batch, remat, step, schedule), devices))
+
+
+@pytest.mark.parametrize("cfg,mesh,batch,remat,step,schedule", CPU_TF_STAGE_GRID,
+                         ids=[f"{i}-{k.pipeline}" for i, k in zip(_stage_ids(CPU_TF_STAGE_GRID),
+                                                                  [g[-1] for g in CPU_TF_STAGE_GRID])])
+def test_cpu_transformer_stage_grid(cfg, mesh, batch, remat, step, schedule):
+    """The transformer on stages (GPipe, circular, 1F1B; with fsdp, tensor, context, data): FLOPs (bubble
+    iterations, 1F1B's second forward), arguments, and collectives per axis in their bands; between them every
+    pipeline schedule, tied and untied vocabularies, and a forward step."""
+    rep = check(grid_workload(cfg, mesh, batch, remat, step, schedule), "cpu:8")
+    _assert_bands(rep)
+    assert any("stage" in key.split("+") for key in rep["collectives"]["by_axis"])
+
+
+def test_transformer_stage_grid_covers_every_schedule():
+    assert {g[-1].pipeline for g in CPU_TF_STAGE_GRID} == {"gpipe", "circular", "1f1b"}
+    assert {g[-1].pipeline for g in TPU_TF_STAGE_GRID} == {"1f1b"}
+
+
+@pytest.mark.tpu
+@pytest.mark.parametrize("devices,cfg,mesh,batch,remat,step,schedule", TPU_TF_STAGE_GRID,
+                         ids=[f"M{g[-1].microbatches}-{g[-1].pipeline}" for g in TPU_TF_STAGE_GRID])
+def test_tpu_transformer_stage_grid(devices, cfg, mesh, batch, remat, step, schedule):
+    """The 2048-wide transformer on v5p, stage=4, tensor=2, 8 microbatches, 1F1B: every band, the peak within
+    10%."""
     _assert_tpu_bands(check(grid_workload(cfg, mesh, batch, remat, step, schedule), devices))
 
 

@@ -520,3 +520,37 @@ def test_zero1_terms_by_hand():
     assert vols["data"] == {"all-gather": 4_194_304}
     m = memory.memory_per_device(z)
     assert (m["optimizer"], m["grads"]) == (2_097_152, 1_048_576)
+
+
+def test_transformer_pipeline_terms_by_hand():
+    """The transformer on stage=2, fsdp=2, tensor=2 (D=64, 8 heads and 4 kv heads of 8, F=256, L=4, T=64,
+    V=512; 8 sequences: t = 512/(data·fsdp) = 256 tokens per device, M = 4 microbatches of t/M = 64), BF16
+    c = 2 on the wire (scaling.transformer.passes, stage_volumes, module docstring)."""
+    from scaling import pipeline
+    from scaling import transformer as tf
+
+    cfg = PRESETS["tiny-tf"].replace(kv_heads=4, blocks=4, vocab=512)
+    mesh = parse_mesh_spec("stage=2,fsdp=2,tensor=2")
+    gpipe = Workload(cfg, mesh, 512, schedule=Schedule(4))
+    one_f = Workload(cfg, mesh, 512, schedule=Schedule(4, pipeline="1f1b"))
+    # GPipe: T = M + S − 1 = 5 iterations of a chunk of L/S = 2 layers: 10 layer-passes on a microbatch, i.e.
+    # 10/4 = 2.5 passes over t; the output layer on each stage's M/S = 2 microbatches, half of t
+    assert tf.passes(gpipe) == {"layers": 2.5, "weight_passes": 10, "head": 0.5, "head_iterations": 1, "again": 0,
+                                "iterations": 5}
+    # 1F1B: T = M + 2(S − 1) = 6 iterations, the chunk's forward again in each, the output layer in each
+    assert tf.passes(one_f) == {"layers": 3.0, "weight_passes": 12, "head": 1.5, "head_iterations": 6, "again": 1,
+                                "iterations": 6}
+    assert pipeline.bubble(one_f.schedule, 2) == {"idle_share": 2 / 6, "overhead": 2 / 4}
+    # over stage, GPipe: 5 iterations x (a microbatch's activations c·64·D forward, their gradient back)
+    # = 2·5·2·64·64 = 81,920, and the outputs to stage 1 and back, 2·(S−1)·c·(t/S)·D = 2·2·128·64 = 32,768;
+    # all-reduced: the input's gradient c·t·D = 32,768, the output matrix's c·V·D/(X·Y) = 16,384, the loss 4
+    v = tf.collective_volumes(gpipe)["stage"]
+    assert v == {"collective-permute": 81920 + 32768, "all-reduce": 32768 + 16384 + 4}
+    # 1F1B: 6 iterations both ways, 2·6·2·64·64 = 98,304; the output matrix's gradient accumulated in FP32,
+    # 4·512·64/4 = 32,768
+    v = tf.collective_volumes(one_f)["stage"]
+    assert v == {"collective-permute": 98304, "all-reduce": 32768 + 32768 + 4}
+    # the layers' weights a device holds: L/S = 2 of the 4 layers, ((2·8 + 2·4)·8·64 + 2·64·256)·2 = 90,112
+    # parameters over fsdp·tensor = 4, and both embedding matrices (2·512·64 = 65,536 / 4): FP32 master
+    # 4·(22,528 + 16,384)
+    assert tf.memory_per_device(gpipe)["master"] == 4 * (90112 / 4 + 65536 / 4)

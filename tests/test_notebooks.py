@@ -48,7 +48,11 @@ def test_notebook_matches_paired_py(path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_runs(path):
+def test_notebook_runs(path, monkeypatch):
+    """Each notebook runs without an error output and draws a plot. Their ahead-of-time compiles stop after
+    NOTEBOOK_COMPILE_BUDGET_S seconds (the kernel inherits the variable): what they compile is held to its
+    bands by tests/test_check.py; here the cells run, the committed outputs keep every compiled point."""
+    monkeypatch.setenv("NOTEBOOK_COMPILE_BUDGET_S", "5")
     nb = nbformat.read(path, as_version=4)
     assert any(c.get("outputs") for c in nb.cells if c.cell_type == "code"), "committed without outputs"
     t0 = time.perf_counter()

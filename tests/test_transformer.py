@@ -1,7 +1,8 @@
 """The transformer stack and sequence parallelism train like one device: context=2, context=4,
 context=2×tensor=2 and fsdp=2×context=2×tensor=2 with Ulysses and ring attention, materialized and flash
 scores, Megatron sequence parallelism (transformer and FFN stack), the vocab-parallel embedding, logits and
-loss (tied and untied), on 8 emulated CPU devices; bad transformer settings are one-line errors."""
+loss (tied and untied), pipeline stages (GPipe, circular, 1F1B), on 8 emulated CPU devices; bad transformer
+settings are one-line errors."""
 
 import jax
 import numpy as np
@@ -153,13 +154,48 @@ def test_sequence_parallel_ffn_matches_one_device(spec):
     assert_matches(losses, state["params"], ref)
 
 
+# Pipeline stages (8 layers: stage=4 with 2 repeats runs chunks of one layer): GPipe, circular and 1F1B on
+# stage=2 and stage=4, with context (Ulysses, ring) and tensor, remat none and full; the 512-token vocabulary
+PIPE_TF = TINY_TF.replace(blocks=8, vocab=VOCAB)
+PIPE_MESHES = [
+    ("stage=2,context=2,tensor=2", Schedule(2), "none"),
+    ("stage=2,context=2,tensor=2", Schedule(2, pipeline="1f1b", context="ring"), "full"),
+    ("stage=2,fsdp=2,tensor=2", Schedule(2, repeats=2), "none"),
+    ("stage=4,tensor=2", Schedule(4), "full"),
+    ("stage=4,tensor=2", Schedule(4, repeats=2), "none"),
+    ("stage=4,context=2", Schedule(4, pipeline="1f1b"), "none"),
+]
+
+
+@pytest.fixture(scope="module")
+def pipe_one_device():
+    """3 steps of PIPE_TF on one device."""
+    return _one_device(PIPE_TF, B)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec, schedule, remat", PIPE_MESHES,
+                         ids=[f"{s}-{k.pipeline}-{k.context}-{r}" for s, k, r in PIPE_MESHES])
+def test_pipeline_stages_match_one_device(pipe_one_device, spec, schedule, remat):
+    """The transformer's layers as a pipeline over stage (ffn_model.pipeline): the embedding before it, the
+    output layer and loss on the stage that holds each microbatch (GPipe, circular) or in 1F1B's loop, whose
+    gradients are its own (a forward and a backward slot every iteration, not jax's transpose of a scan):
+    losses and every parameter within the tolerance above of one device."""
+    losses, state = train(Workload(PIPE_TF, parse_mesh_spec(spec), B, remat=remat, schedule=schedule), _mesh(spec),
+                          STEPS, lr=LR, return_state=True)
+    assert_matches(losses, state["params"], pipe_one_device)
+    assert losses[-1] < losses[0]
+
+
 @pytest.mark.parametrize("spec, schedule, remat, match", [
     ("context=8", Schedule(context="ulysses"), "none", "kv_heads=4 is not divisible by context·tensor"),
     ("context=2,tensor=4", Schedule(context="ulysses"), "none", "kv_heads=4 is not divisible by context·tensor"),
     ("tensor=8", Schedule(), "none", "kv_heads=4 is not divisible by tensor = 8"),
     ("context=2", Schedule(attention="flash", attention_block=48), "none", "block"),
     ("fsdp=2", Schedule(), "every-second", "every-second"),
-    ("stage=2", Schedule(2), "none", "stage"),
+    ("stage=2", Schedule(1, pipeline="1f1b"), "none", "1f1b needs microbatches >= stages"),
+    ("stage=2", Schedule(3), "none", "microbatches=3 must be a multiple of stage=2"),
+    ("stage=2", Schedule(2, sequence_parallel=True), "none", "sequence_parallel with pipeline stages"),
 ])
 def test_bad_transformer_settings_raise(spec, schedule, remat, match):
     """Each is refused before anything is built, with a ValueError naming the input."""

@@ -125,6 +125,18 @@ CPU_STAGE_GRID = [
     (_SMALL, "fsdp=4,tensor=2", 4096, "none", "train", Schedule(4)),
     (_SMALL, "data=2,fsdp=4", 4096, "full", "train", Schedule(2)),
 ]
+# The transformer's pipelines (scaling.transformer: passes, stage_volumes): GPipe with the output layer on the
+# stages' shares of the microbatches, circular, 1F1B (a chunk of one layer: what XLA drops of its second
+# forward, dead_in_again), the forward step (GPipe); ring and Ulysses, tied and untied vocabularies
+_TF_V = get_preset("small-tf").replace(vocab=1024)
+CPU_TF_STAGE_GRID = [
+    (_TF_V, "stage=2,fsdp=2,tensor=2", 4096, "none", "train", Schedule(4)),
+    (_TF_V.replace(tied_embeddings=True), "stage=2,context=2,tensor=2", 4096, "full", "train",
+     Schedule(2, pipeline="1f1b", context="ring")),
+    (_TF_V, "stage=4,tensor=2", 4096, "minimal", "train", Schedule(4, pipeline="1f1b")),
+    (_TF_V, "data=2,stage=2,context=2", 4096, "none", "train", Schedule(2, repeats=2)),
+    (_TF_V, "stage=2,fsdp=2,tensor=2", 4096, "none", "forward", Schedule(4, pipeline="1f1b")),
+]
 # On TPU v5p, ahead of time; the full XXL with 2 stages (126 blocks: 63 per stage) on v5p:4x4x4, and the
 # XXL at 1M tokens on 128 chips with gradient accumulation (the plan scaling.plan ranks first there
 # without remat: nothing fits in one pass).
@@ -140,6 +152,15 @@ TPU_STAGE_GRID = [
     ("tpu:v5p:2x2x2", _MEDIUM, "stage=2,fsdp=4", 8192, "none", "forward", Schedule(2)),
     ("tpu:v5p:2x2x2", _MEDIUM, "fsdp=4,tensor=2", 16384, "none", "train", Schedule(4)),
 ]
+# A 2048-wide transformer (16 layers, T = 2048, V = 32768, flash attention) on stage=4, tensor=2 with 8
+# microbatches of 8 sequences: 1F1B's peak (a chunk's residuals and 2S − 1 stage inputs); README's table runs
+# M = S, 2S, 4S for 1F1B and GPipe
+PIPE_TF = TransformerConfig(d_model=2048, heads=16, kv_heads=16, d_ff=8192, blocks=16, seq_len=2048, vocab=32768)
+TPU_TF_STAGE_GRID = [
+    ("tpu:v5p:2x2x2", PIPE_TF, "stage=4,tensor=2", 8 * 8 * 2048, "none", "train",
+     Schedule(8, pipeline="1f1b", attention="flash")),
+]
+# (GPipe on the same mesh, M = 4, 8, 16: README's table; left out of the suite for its time)
 XXL_STAGES = ("tpu:v5p:4x4x4", _XXL, "stage=2,fsdp=8,tensor=4", 25600, "none", "train", Schedule(4))
 XXL_ACCUMULATE = ("tpu:v5p:4x4x8", _XXL, "fsdp=32,tensor=4", 2**20, "none", "train", Schedule(4))
 
@@ -430,9 +451,10 @@ def _schedule_text(cfgd: dict) -> str:
         return seq + (f"; {sch.microbatches} microbatches (gradient accumulation)" if sch.microbatches > 1 else "")
     bub = pipeline.bubble(sch, S)
     return (f"; pipeline of {S} stages, {sch.microbatches} microbatches, "
-            + ("GPipe" if sch.repeats == 1 else f"circular with {sch.repeats} repeats")
-            + f", weights gathered once per {sch.fsdp_gather}; bubble {bub['overhead']:.3f} of the ideal step "
-            f"((S-1)/(R*M)), {bub['idle_share']:.3f} of this one ((S-1)/(R*M+S-1))")
+            + {"gpipe": "GPipe", "1f1b": "1F1B"}.get(sch.pipeline, f"circular with {sch.repeats} repeats")
+            + f", weights gathered once per {sch.fsdp_gather}; bubble {bub['overhead']:.3f} of the ideal step, "
+            f"{bub['idle_share']:.3f} of this one (" + ("2(S-1)/M, 2(S-1)/(M+2(S-1))" if sch.pipeline == "1f1b"
+                                                      else "(S-1)/(R*M), (S-1)/(R*M+S-1)") + ")")
 
 
 def optimal_seconds_text(seconds: float) -> str:
