@@ -1,9 +1,10 @@
-# make answer: create .venv, install, print the 4D answers.   make test: install dev+tpu extras, ruff, pytest.
+# make answer: create .venv, install, print the 4D answers.   make test: install dev+tpu extras, ruff, pytest
+# (all but the tests marked extended: tests/conftest.py).   make test-all: every test.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: answer test clean
+.PHONY: answer test test-all clean
 
 $(VENV)/.base: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +21,10 @@ answer: $(VENV)/.base
 	$(VENV)/bin/jax-scaling answer
 
 test: $(VENV)/.dev
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest -q -m "not extended"
+
+test-all: $(VENV)/.dev
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q
 
