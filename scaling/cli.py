@@ -131,21 +131,18 @@ TRANSFORMER_CHOICES = {"mlp": (MLP_KINDS, "the MLP: act(h·W_in)·W_out with rel
                                               "one tensor-parallel reduction per layer)")}
 
 
-def add_model_args(p, preset: str, ffn_only: bool = False) -> None:
-    """--preset and the overrides of its dimensions (model_config). ``ffn_only`` (plan): the help offers the FFN
-    presets and no transformer flag (those flags stay parsed, for plan's one-line refusal)."""
-    kind = FFNConfig if ffn_only else TransformerConfig
-    p.add_argument("--preset", default=preset, help=f"model preset (default {preset}; {_presets_of(kind)})")
+def add_model_args(p, preset: str) -> None:
+    """--preset and the overrides of its dimensions (model_config)."""
+    p.add_argument("--preset", default=preset, help=f"model preset (default {preset}; {_presets_of(FFNConfig)}; "
+                   f"{_presets_of(TransformerConfig)})")
     for name, what in {**MODEL_OVERRIDES, **TRANSFORMER_OVERRIDES}.items():
         transformer = name in TRANSFORMER_OVERRIDES
         p.add_argument(f"--{name.replace('_', '-')}", type=int,
-                       help=argparse.SUPPRESS if ffn_only and transformer else
-                       f"override the preset's {what}" + (" (transformer)" if transformer else ""))
+                       help=f"override the preset's {what}" + (" (transformer)" if transformer else ""))
     for name, (kinds, what) in TRANSFORMER_CHOICES.items():
-        p.add_argument(f"--{name}", choices=kinds, help=argparse.SUPPRESS if ffn_only else f"{what} (transformer)")
+        p.add_argument(f"--{name}", choices=kinds, help=f"{what} (transformer)")
     p.add_argument("--tied-embeddings", action="store_true", default=None,
-                   help=argparse.SUPPRESS if ffn_only else "the output projection is the embedding (transformer "
-                   "with --vocab)")
+                   help="the output projection is the embedding (transformer with --vocab)")
 
 
 def _presets_of(kind) -> str:
@@ -228,19 +225,39 @@ def plan_target(args):
     return get_chip(args.chip or DEFAULT_CHIP), 64 if args.chips is None else args.chips, None
 
 
+# plan's default batch for a transformer: Llama 2's 4M tokens (Touvron et al. 2023, section 2.2)
+TRANSFORMER_PLAN_BATCH = 4_194_304
+
+
+def plan_choices(args, cfg) -> planner.Choices:
+    """What plan tries on each mesh (scaling.plan.Choices) from --remat, --schedule, --attention,
+    --context-strategy, --sequence-parallel and --optimizer-sharding: a given name fixes it; left out, every one
+    (--attention: flash; the FFN stack: remat none). Those flags are the transformer's: ValueError for the FFN
+    stack's plan."""
+    given = {k: getattr(args, k) for k in ("pipeline", "attention", "context_strategy", "sequence_parallel",
+                                           "optimizer_sharding") if getattr(args, k) is not None}
+    if isinstance(cfg, FFNConfig):
+        if given:
+            k = next(iter(given))
+            raise ValueError(f"--{'schedule' if k == 'pipeline' else k.replace('_', '-')} is a transformer flag; "
+                             f"{args.preset!r} is an FFN stack")
+        return planner.Choices.of(cfg, args.remat)
+    sp = {"on": True, "off": False}.get(args.sequence_parallel)
+    return planner.Choices.of(cfg, args.remat, args.pipeline, args.attention or "flash", args.context_strategy, sp,
+                              args.optimizer_sharding)
+
+
 def plan_command(args, verify) -> int:
-    """Rank the plans and print them; ``verify(plans, cfg, chip, chips, remat, budget, verbose)``
-    (verify's, with --verify-top) adds the compiled peak of the first K."""
+    """Rank the plans and print them; ``verify(plans, cfg, chip, chips, budget, verbose, flags)`` (verify's, with
+    --verify-top) adds the compiled peak of the first K."""
     flags = flags_of(args)  # an unknown set or a bad flag: refused before anything is enumerated
     if args.verify_top < 0:
         raise ValueError(f"--verify-top must be 0 (compile none) or a positive count of plans, got {args.verify_top}")
-    extra = [k for k in TRANSFORMER_OVERRIDES if getattr(args, k, None) is not None]
-    preset = PRESETS.get(args.preset)
-    if extra or not isinstance(preset, FFNConfig):
-        what = (f"--{extra[0].replace('_', '-')} is a transformer dimension" if extra
-                else f"unknown preset {args.preset!r}" if preset is None else f"{args.preset!r} is a transformer")
-        raise ValueError(f"plan ranks meshes for the FFN stack only: {what}; {_presets_of(FFNConfig)}")
     cfg = model_config(args)
+    choices = plan_choices(args, cfg)
+    transformer = isinstance(cfg, TransformerConfig)
+    if args.batch_tokens is None:
+        args.batch_tokens = TRANSFORMER_PLAN_BATCH if transformer else 25600
     if args.top <= 0:
         raise ValueError(f"--top must be a positive integer, got {args.top}")
     chip, chips, dims = plan_target(args)
@@ -248,16 +265,17 @@ def plan_command(args, verify) -> int:
     for flag in ("max_microbatches", "max_repeats"):
         if getattr(args, flag) <= 0:
             raise ValueError(f"--{flag.replace('_', '-')} must be a positive integer, got {getattr(args, flag)}")
-    plans = planner.plan(cfg, chip, chips, args.batch_tokens, hbm=args.hbm, remat=args.remat, form=args.form, dims=dims,
-                         max_microbatches=args.max_microbatches, max_repeats=args.max_repeats, flags=flags)
+    plans = planner.plan(cfg, chip, chips, args.batch_tokens, hbm=args.hbm, form=args.form, dims=dims,
+                         max_microbatches=args.max_microbatches, max_repeats=args.max_repeats, flags=flags,
+                         choices=choices)
     seconds = time.perf_counter() - t0
     budget = args.hbm if args.hbm is not None else chip.hbm_budget
     name = slice_name(chip, chips)
     where = f"{chips} {chip.name} chips" + (f" ({name})" if name else "")
     if not plans:
-        miss = planner.nearest_miss(cfg, chip, chips, args.batch_tokens, args.remat, args.form,
+        miss = planner.nearest_miss(cfg, chip, chips, args.batch_tokens, form=args.form,
                                     max_microbatches=args.max_microbatches, max_repeats=args.max_repeats,
-                                    flags=flags)
+                                    flags=flags, choices=choices)
         why = "" if miss is None else (
             f"; nearest miss: {_mesh_text(miss['mesh'])}{_schedule_text(miss)} "
             f"needs {miss['memory_bytes'] / 1e9:.1f} GB per device ("
@@ -270,15 +288,18 @@ def plan_command(args, verify) -> int:
         raise ValueError(f"no mesh of {where} fits {cfg} in {budget / 1e9:.4g} GB per device "
                          f"(--hbm {budget:.4g} bytes){why}")
     if args.verify_top:
-        verify(plans[: args.verify_top], cfg, chip, chips, args.remat, budget, args.verbose, flags)
+        verify(plans[: args.verify_top], cfg, chip, chips, budget, args.verbose, flags)
     if args.json:
         print(json.dumps({"plans": plans[: args.top], "count": len(plans), "enumerate_seconds": seconds,
                           "chip": chip.name, "chips": chips, "slice": name, "hbm_budget": budget}, indent=2))
         return 0
     other = "max" if args.form == "sum" else "sum"
     slices = plans[0]["slices"]
+    tried = (f"remat {', '.join(choices.remats)}" if not transformer else
+             f"schedule, remat ({', '.join(choices.remats)}), attention ({', '.join(choices.attentions)}), context "
+             f"strategy, sequence parallelism and optimizer sharding ({', '.join(choices.optimizer_sharding)})")
     print(f"{len(plans)} meshes of {where} fit {budget / 1e9:.4g} GB per device, each with its best microbatch count "
-          f"(of 1 to {args.max_microbatches}) and repeats; B = {args.batch_tokens:,} tokens, remat {args.remat} "
+          f"(of 1 to {args.max_microbatches}), repeats and {tried}; B = {args.batch_tokens:,} tokens "
           f"({seconds * 1e3:.1f} ms)"
           + (f"; {slices} {f'nodes of {chips // slices} GPUs on NVLink' if chip.kind == 'gpu' else 'slices'} "
              f"joined by {chip.network_name} "
@@ -291,15 +312,20 @@ def plan_command(args, verify) -> int:
           f" (math + the collectives the schedule of {flags.describe()} leaves exposed + its loop copies)")
           + f"; the {other} form beside it.")
     print("These are roofline bounds, not forecasts: step times are lower bounds, MFU and HFU upper bounds "
-          "(MFU counts model FLOPs 6PB-2BDF, HFU the remat recompute too).")
+          + ("(MFU counts the model's matmul FLOPs, attention's causal half, HFU the remat recompute and the "
+             "pipeline's too)." if transformer else "(MFU counts model FLOPs 6PB-2BDF, HFU the remat recompute too)."))
     print("M: microbatches (gradient accumulation without stages; GPipe/circular with them), R: circular repeats, "
           "bubble: (S-1)/(R*M) of the ideal step, paid as executed FLOPs (the scan computes in bubble iterations); "
-          "bubble s: T_math of the bubble iterations.")
+          "bubble s: T_math of the bubble iterations."
+          + (" sched: the pipeline schedule (gpipe, circular, 1f1b; 1F1B's bubble 2(S-1)/M); SP: sequence "
+             "parallelism; ctx: the context strategy (with a context axis); crit B: not modelled for the "
+             "transformer." if transformer else ""))
     best = {}
     for k, r in enumerate(plans, 1):
         best.setdefault(r["mesh"]["stage"] > 1, (k, r))
     shown = list(enumerate(plans[: args.top], 1)) + [best[s] for s in (False, True) if s in best]
-    header = ["#", *planner.PLAN_AXES, *(["dcn"] if slices > 1 else []), "M", "R", "bubble", "bubble s", "M_X",
+    header = ["#", *planner.plan_axes(cfg), *(["dcn"] if slices > 1 else []), "M", "R",
+              *(["sched", "remat", "SP", "ctx", "opt"] if transformer else []), "bubble", "bubble s", "M_X",
               "M_Y", f"step s {args.form}", f"step s {other}", f"MFU {args.form}", f"MFU {other}", "HFU", "bound",
               "GB/dev", "crit B", *(["compiled GB", "fits"] if args.verify_top else [])]
     lines = table(header, [_plan_cells(r, k, slices, args.form, bool(args.verify_top)) for k, r in shown],
@@ -325,20 +351,30 @@ def _plan_cells(r: dict, k: int, slices: int, form: str, compiled: bool) -> list
     step = {"sum": r["step_seconds_sum"], "max": r["step_seconds_max"], "scheduled": r["step_seconds_scheduled"]}
     mfu = {"sum": r["mfu_sum"], "max": r["mfu_max"], "scheduled": r["mfu"]}
     other = "max" if form == "sum" else "sum"
-    cells = [k, *r["mesh"].values(), *([r["dcn_axis"]] if slices > 1 else []), r["microbatches"], r["repeats"],
+    transformer = "attention" in r  # the transformer's plan (scaling.plan.plan)
+    mesh = r["mesh"]
+    chosen = [r["pipeline"] if mesh["stage"] > 1 else "-", r["remat"], "on" if r["sequence_parallel"] else "-",
+              r["context_strategy"] if mesh["context"] > 1 else "-",
+              "zero1" if r["optimizer_sharding"] == "zero1" else "-"] if transformer else []
+    if transformer:
+        crit = "-"
+    cells = [k, *mesh.values(), *([r["dcn_axis"]] if slices > 1 else []), r["microbatches"], r["repeats"], *chosen,
              f"{r['bubble']:.3f}", f"{r['bubble_seconds']:.3f}", r["M_X"], r["M_Y"], f"{step[form]:.3f}",
              f"{step[other]:.3f}", f"{mfu[form]:.3f}", f"{mfu[other]:.3f}", f"{r['hfu']:.2f}", r["bound"],
              f"{r['memory_bytes'] / 1e9:.1f}", crit]
     if compiled:
-        peak = r.get("compiled_peak_bytes")
-        cells += ["", ""] if "compiled_fits" not in r else [f"{peak / 1e9 if peak else float('nan'):.1f}",
-                                                             "yes" if r["compiled_fits"] else "no"]
+        peak, fits = r.get("compiled_peak_bytes"), r.get("compiled_fits")
+        cells += (["", ""] if "compiled_on" not in r else  # a GPU plan: compiled on CPU devices, their state only
+                  [f"state {r['compiled_state_bytes'] / 1e9:.1f}", "n/a"] if fits is None else
+                  [f"{peak / 1e9 if peak else float('nan'):.1f}", "yes" if fits else "no"])
     return cells
 
 
 def _schedule_text(r: dict) -> str:
     return ((f" with M={r['microbatches']}" if r["microbatches"] > 1 else "")
-            + (f", R={r['repeats']}" if r["repeats"] > 1 else ""))
+            + (f", R={r['repeats']}" if r["repeats"] > 1 else "")
+            + (f", {r['pipeline']}" if r["mesh"]["stage"] > 1 and "attention" in r else "")
+            + (f", remat {r['remat']}" if "attention" in r else ""))
 
 
 def _mesh_text(mesh: dict) -> str:
@@ -398,11 +434,20 @@ def add_commands(sub, *, check_command, verify_plans, verify_pipeline, render_pi
     p.add_argument("--chips", type=int, help="chip count (default 64); more than one slice holds are slices over DCN")
     p.add_argument("--slice", help="a Cloud TPU slice instead of --chip/--chips: v5p-256 (TensorCores: 128 chips), "
                    "v6e-256 (chips), tpu7x-128, v5litepod-16, v4-512")
-    add_model_args(p, "xxl", ffn_only=True)
+    add_model_args(p, "xxl")
     add_xla_flags_arg(p)
-    p.add_argument("--batch-tokens", type=int, default=25600, help="global batch in tokens (default %(default)s)")
+    p.add_argument("--batch-tokens", type=int, help=f"global batch in tokens (default 25600 for the FFN stack, "
+                   f"{TRANSFORMER_PLAN_BATCH:,} for a transformer)")
     p.add_argument("--hbm", type=float, help="memory budget per device in bytes (default: the table's usable HBM)")
-    p.add_argument("--remat", default="none", choices=REMAT_POLICIES, help="remat policy (default %(default)s)")
+    p.add_argument("--remat", choices=REMAT_POLICIES, help="remat policy (default: none for the FFN stack; a "
+                   "transformer's plan tries each of its policies)")
+    g = p.add_argument_group("what a transformer's plan tries on each mesh (left out: every one)")
+    g.add_argument("--schedule", dest="pipeline", choices=PIPELINES, help="pipeline schedule with stages")
+    g.add_argument("--attention", choices=ATTENTIONS, help="attention (default flash)")
+    g.add_argument("--context-strategy", choices=CONTEXT_STRATEGIES, help="attention over a context axis")
+    g.add_argument("--sequence-parallel", choices=("on", "off"), help="sequence parallelism with a tensor axis")
+    g.add_argument("--optimizer-sharding", choices=OPTIMIZER_SHARDINGS,
+                   help="zero1: ZeRO-1 where the mesh has a data axis and no stages (default fsdp)")
     p.add_argument("--form", default="scheduled", choices=["sum", "max", "scheduled"],
                    help="rank by the scheduled form (math + the collectives --xla-flags' schedule leaves exposed + its "
                         "loop copies), the sum form (math + every collective: synchronous) or the max form (every "
@@ -414,7 +459,8 @@ def add_commands(sub, *, check_command, verify_plans, verify_pipeline, render_pi
     p.add_argument("--max-repeats", type=int, default=4, metavar="R",
                    help="largest circular repeat count to try with stages (default %(default)s; 1: GPipe only)")
     p.add_argument("--verify-top", type=int, default=0, metavar="K",
-                   help="compile the top K plans ahead of time for the real TPU topology and add their peak")
+                   help="compile the top K plans ahead of time for the real TPU topology and add their peak (a GPU "
+                        "plan: on as many emulated CPU devices, its state bytes only; no GPU compiler here)")
     p.add_argument("--verbose", action="store_true", help="with --verify-top: let libtpu's start-up lines through")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=lambda args: plan_command(args, verify_plans))

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from scaling.config import positive_float
+import numpy as np
+
+from scaling.config import positive_float, spans
 
 T_HOP = 1e-6  # seconds per ICI hop (sharding page)
 
@@ -35,9 +37,9 @@ def zero1_volumes(windowed: float, plain: float, weights: float, d: int, X: int,
     all-gathered over data."""
     n = d * X
     grads = {"collective-permute": windowed * (n + 1) / n} if is_windowed else {"reduce-scatter": windowed}
-    if plain:
+    if np.any(plain):  # (an array over the planner's group of meshes)
         grads["reduce-scatter"] = grads.get("reduce-scatter", 0.0) + plain
-    out = {"data+fsdp" if X > 1 else "data": grads}
+    out = {"data+fsdp" if spans(X) else "data": grads}
     out.setdefault("data", {})["all-gather"] = weights
     return out
 

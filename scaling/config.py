@@ -657,14 +657,32 @@ def _check_transformer(cfg: TransformerConfig, mesh: Mapping, schedule: "Schedul
                          "attends to at a time")
 
 
+def spans(size) -> bool:
+    """Whether a mesh axis of ``size`` devices splits anything (size > 1): an int, or the planner's array of one
+    axis's sizes over a group of meshes, all > 1 or all 1 (scaling.plan groups them so; ValueError otherwise)."""
+    if isinstance(size, int):
+        return size > 1
+    more = np.asarray(size) > 1
+    if more.all() != more.any():
+        raise ValueError("a group of meshes mixes sizes of 1 and > 1 on one axis")
+    return bool(more.all())
+
+
+def divisions(cfg: Model) -> list[tuple[str, int, str]]:
+    """(name, dimension, logical axis) of every model dimension the sharding table splits: D (embed), F (mlp), a
+    transformer's vocabulary V (vocab); check_divisible's rule, also the planner's."""
+    out = [("d_model", cfg.d_model, "embed"), ("d_ff", cfg.d_ff, "mlp")]
+    if isinstance(cfg, TransformerConfig) and cfg.vocab is not None:
+        out.append(("vocab", cfg.vocab, "vocab"))
+    return out
+
+
 def check_divisible(cfg: Model, mesh: Mapping, batch_tokens: int | None = None) -> None:
     """Every sharded dimension must divide by its shard count, through the sharding table
     (scaling.sharding): D by the shards of ``embed``, F by those of ``mlp``, B by those of ``batch``
     (a transformer's batch in whole sequences: B/T sequences by the shards of ``batch``)."""
     if isinstance(cfg, TransformerConfig):
-        checks = [("d_model", cfg.d_model, "embed"), ("d_ff", cfg.d_ff, "mlp")]
-        if cfg.vocab is not None:
-            checks.append(("vocab", cfg.vocab, "vocab"))
+        checks = divisions(cfg)
         if batch_tokens is not None:
             positive_int("batch_tokens", batch_tokens)
             if batch_tokens % cfg.seq_len:
@@ -678,7 +696,7 @@ def check_divisible(cfg: Model, mesh: Mapping, batch_tokens: int | None = None) 
     if mesh.get("context", 1) > 1:
         raise ValueError(f"context={mesh['context']}: the FFN stack has no sequence axis to split over context "
                          "(use data or fsdp for its tokens)")
-    checks = [("d_model", cfg.d_model, "embed"), ("d_ff", cfg.d_ff, "mlp")]
+    checks = divisions(cfg)
     if batch_tokens is not None:
         positive_int("batch_tokens", batch_tokens)
         checks.append(("batch_tokens", batch_tokens, "batch"))

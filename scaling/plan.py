@@ -1,6 +1,8 @@
-"""Mesh planner: every factorisation of a chip count into the mesh axes (PLAN_AXES: data, stage, fsdp, tensor), every
-way of laying those axes onto the slice's physical ICI axes, ranked by the one step model
-(scaling.program.predict) under an HBM budget.
+"""Mesh planner: every factorisation of a chip count into the mesh axes (plan_axes: data, stage, fsdp, tensor for
+the FFN stack, and context for a transformer), every way of laying those axes onto the slice's physical ICI axes,
+every schedule the model can run on the mesh (schedules: microbatches and circular repeats; a transformer's
+pipeline schedule, remat policy, attention, context strategy and sequence parallelism too), ranked by the one step
+model (scaling.program.predict) under an HBM budget.
 
 A layout splits each physical dimension d_i of the slice into one factor per mesh axis. A mesh axis spans
 the physical axes where its factor is > 1 (their count is its M: M_X for fsdp, M_Y for tensor); on each
@@ -11,24 +13,30 @@ data axis (MaxText's dcn_data_parallelism) or of the fsdp axis spans them (both 
 GPUs: a node of up to 8 GPUs on an NVLink switch (every mesh axis gets the GPU's NVLink bandwidth),
 nodes joined like slices over the scale-out network (InfiniBand, IB: the table's dcn_bw).
 
-For each mesh, ``predict`` runs once on numpy arrays of the batch sizes and of the mesh's layouts' links;
-each (mesh, batch) keeps its fastest layout. The plans the planner ranks are therefore exactly what
-``predict`` says of them (tests/test_plan.py holds the two equal), and what ``python -m scaling check``
-compares with the compiler. Ranked by the sum form unless told otherwise (the compiled forward step
-runs its collectives synchronously: docs/findings.md, "Finding for question (c)"); plans over the HBM
-budget (the table's usable HBM per device unless ``hbm``) are dropped.
+For each schedule of a mesh, ``predict`` runs once on numpy arrays of the batch sizes, microbatch counts and
+the mesh's layouts' links (a transformer's: of a group of meshes too, _groups, and for the remat policy that
+keeps the most and fits, _first_fits); each (mesh, batch) keeps its fastest layout. The plans the planner ranks
+are therefore exactly what ``predict`` says of them (tests/test_plan.py, tests/test_plan_transformer.py hold the
+two equal), and what ``python -m scaling check`` compares with the compiler. Ranked by the sum form unless
+told otherwise (the compiled forward step runs its collectives synchronously: docs/findings.md, "Finding for
+question (c)"); plans over the HBM budget (the table's usable HBM per device unless ``hbm``) are dropped.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 
-from scaling import pipeline, program, roofline
-from scaling.config import (MESH_AXES, FFNConfig, MeshShape, Schedule, check_divisible, check_remat, positive_float,
+from scaling import memory, pipeline, program, roofline, transformer
+from scaling.config import (ATTENTIONS, CONTEXT_STRATEGIES, MESH_AXES, PIPELINES, REMAT_POLICIES, FFNConfig, MeshShape,
+                            Schedule, TransformerConfig, check_divisible, check_remat, divisions, positive_float,
                             positive_int)
+from scaling.sharding import shards
 from scaling.hardware import Chip, split_slices
 from scaling.workload import Workload
 
@@ -36,6 +44,7 @@ GPU_NODE = 8  # GPUs on one NVLink switch [SB-gpus]: an H100/H200/B200 node
 # The axes the planner factorises the chips into: the FFN stack's (its tokens have no sequence for a
 # context axis to split).
 PLAN_AXES = tuple(a for a in MESH_AXES if a != "context")
+TRANSFORMER_REMATS = tuple(r for r in REMAT_POLICIES if r != "every-second")  # the policies a transformer plan tries
 DCN_AXES = ("data", "fsdp")  # the axes whose outermost factor may span slices joined by DCN
 
 
@@ -50,18 +59,28 @@ def _splits(d: int, k: int):
                 yield (a, *rest)
 
 
-def layouts(dims: tuple[int, ...], chip: Chip, axes: tuple[str, ...] = PLAN_AXES) -> dict[tuple, list[dict]]:
+def plan_axes(cfg) -> tuple[str, ...]:
+    """The mesh axes the planner factorises the chips into: PLAN_AXES for the FFN stack, every mesh axis
+    (context too) for a transformer."""
+    return MESH_AXES if isinstance(cfg, TransformerConfig) else PLAN_AXES
+
+
+def layouts(dims: tuple[int, ...], chip: Chip, axes: tuple[str, ...] = PLAN_AXES, keep=None) -> dict[tuple, list[dict]]:
     """Every distinct way of laying ``axes`` onto a slice of shape ``dims``: {mesh sizes: [layout, ...]}
     where a layout is {axis: (lengths, wraps)} over the physical axes it spans (the form mesh.ici_layout
     reads back from a compiled mesh's devices). Layouts that give every mesh axis the same links
     (program.links) over the same number of physical axes are the same to the step model; one of each
     is kept. GPUs (no torus): one layout, each axis one ring. A chip of several devices (TPU7x: 2) adds
     its cores as one more physical axis, a ring of one link (the cores' die-to-die link, taken as no
-    faster than an ICI link)."""
+    faster than an ICI link). ``keep``: of an array [meshes, axes] of mesh sizes, which to lay out (a bool
+    array; the planner's: the sizes the model divides by)."""
     out: dict[tuple, list[dict]] = {}
+    keep = keep or (lambda kinds: np.ones(len(kinds), bool))
     if chip.torus == 0:
-        for sizes in _splits(math.prod(dims), len(axes)):
-            out[sizes] = [{a: ([n], [True]) for a, n in zip(axes, sizes) if n > 1}]
+        every = list(_splits(math.prod(dims), len(axes)))
+        for sizes, ok in zip(every, keep(np.array(every))):
+            if ok:
+                out[sizes] = [{a: ([n], [True]) for a, n in zip(axes, sizes) if n > 1}]
         return out
     phys = (*dims, chip.devices_per_chip) if chip.devices_per_chip > 1 else tuple(dims)
     wraps = lambda n, i: chip.has_wraparound(n, phys[i], dims) if i < len(dims) else True  # noqa: E731
@@ -78,6 +97,9 @@ def layouts(dims: tuple[int, ...], chip: Chip, axes: tuple[str, ...] = PLAN_AXES
         span = (span[:, None, :] + (sp > 1)[None, :, :]).reshape(-1, len(axes))
         index = np.concatenate([np.repeat(index, len(sp), axis=0),
                                 np.tile(np.arange(len(sp)), len(index))[:, None]], axis=1)
+    kinds, which = np.unique(sizes, axis=0, return_inverse=True)
+    wanted = keep(kinds)[which.ravel()]
+    sizes, link, span, index = sizes[wanted], link[wanted], span[wanted], index[wanted]
     _, first = np.unique(np.concatenate([sizes, link * 2, span], axis=1), axis=0, return_index=True)
     for k in sorted(first):
         lay = {}
@@ -120,24 +142,166 @@ def runs(cfg: FFNConfig, mesh: MeshShape, schedule: Schedule, batch_tokens: int 
 PLAN_FORMS = (*roofline.FORMS, "scheduled")  # scheduled: predict's form under the flags' schedule
 
 
-def plan(cfg: FFNConfig, chip: Chip, chips: int, batch_tokens, hbm: float | None = None, remat: str = "none",
+@dataclass(frozen=True)
+class Choices:
+    """What the planner tries on each mesh besides its microbatches and repeats (``schedules``), each a tuple of
+    names: the remat policies (the FFN stack's plan takes one; a transformer's default is every policy it has),
+    and for a transformer the pipeline schedules (with stages), attentions, context strategies (with a context
+    axis), sequence parallelism (with a tensor axis and no stages) and the optimizer's sharding (ZeRO-1 with a
+    data axis and no stages). A choice a mesh cannot run (Schedule.check) is skipped on that mesh."""
+
+    remats: tuple = ("none",)
+    pipelines: tuple = PIPELINES
+    attentions: tuple = ATTENTIONS
+    contexts: tuple = CONTEXT_STRATEGIES
+    sequence_parallel: tuple = (False, True)
+    optimizer_sharding: tuple = ("fsdp",)
+
+    @classmethod
+    def of(cls, cfg, remat=None, pipeline=None, attention=None, context=None, sequence_parallel=None,
+           optimizer_sharding=None) -> "Choices":
+        """The choices for ``cfg``: each argument one name (or bool) to fix it, None to try every one (remat None:
+        "none" for the FFN stack, TRANSFORMER_REMATS for a transformer). ValueError naming a bad name."""
+        transformer = isinstance(cfg, TransformerConfig)
+        remats = (remat,) if remat is not None else TRANSFORMER_REMATS if transformer else ("none",)
+        for r in remats:
+            check_remat(r, cfg)
+        one = lambda v, every: every if v is None else (v,)  # noqa: E731
+        c = cls(remats, one(pipeline, PIPELINES), one(attention, ATTENTIONS), one(context, CONTEXT_STRATEGIES),
+                one(sequence_parallel, (False, True)), one(optimizer_sharding, ("fsdp",)))
+        return c
+
+
+def schedules(cfg, mesh: MeshShape, choices: Choices, max_microbatches: int, max_repeats: int) -> list[tuple]:
+    """(Schedule with an array of microbatch counts, remat) pairs the planner evaluates on ``mesh``, those
+    Schedule.check accepts. FFN stack: R in repeats_for, M in microbatches_for. Transformer: without stages
+    M = 1 (its gradient accumulation is not in the closed forms) with each attention, context strategy (with a
+    context axis), sequence parallelism (with a tensor axis), optimizer sharding and remat; with S stages
+    GPipe, circular (R > 1 of repeats_for) and 1F1B, M = S, 2S, ... (microbatches_for)."""
+    S = mesh["stage"]
+    if not isinstance(cfg, TransformerConfig):
+        out = [(Schedule(np.array(microbatches_for(S, R, max_microbatches)), R), r)
+               for R in repeats_for(cfg, S, max_repeats) for r in choices.remats]
+        return [(s, r) for s, r in out if runs(cfg, mesh, s)]
+    pipes = [("gpipe", 1)] if S == 1 else [
+        (pipe, R) for pipe in choices.pipelines
+        for R in ([r for r in repeats_for(cfg, S, max_repeats) if r > 1] if pipe == "circular" else [1])]
+    out = []
+    for (pipe, R), att, ctx, sp, opt in itertools.product(
+            pipes, choices.attentions, choices.contexts if mesh["context"] > 1 else choices.contexts[:1],
+            [v for v in choices.sequence_parallel if mesh["tensor"] > 1 and S == 1] or [False],
+            [v for v in choices.optimizer_sharding if mesh["data"] > 1 and S == 1] or ["fsdp"]):
+        ms = np.array(microbatches_for(S, R, max_microbatches) if S > 1 else [1])
+        sched = Schedule(ms, R, sequence_parallel=sp, attention=att, context=ctx, optimizer_sharding=opt,
+                         pipeline=pipe)
+        if runs(cfg, mesh, sched):  # the remat policy changes nothing Schedule.check looks at
+            out += [(sched, remat) for remat in choices.remats]
+    return out
+
+
+def _mesh_keep(cfg, axes, n_slices, dcn_axes) -> "callable":
+    """keep(sizes) for layouts, on an array [meshes, axes] of sizes within one slice (a DCN axis times the slices):
+    whether the model's dimensions divide on the mesh for some DCN axis, whatever the schedule (config.divisions:
+    D, F, V by their shards; the blocks by the stages; a transformer's heads by tensor and its sequence by
+    context). Necessary, not sufficient: schedules checks each mesh that passes in full."""
+    def keep(kinds):
+        ok = np.zeros(len(kinds), bool)
+        for dcn_axis in dcn_axes:
+            mesh = {a: kinds[:, i] * (n_slices if a == dcn_axis else 1) for i, a in enumerate(axes)}
+            fits = cfg.blocks % mesh["stage"] == 0
+            for _, dim, logical in divisions(cfg):
+                fits &= dim % shards(mesh, logical) == 0
+            if isinstance(cfg, TransformerConfig):
+                fits &= ((cfg.heads % mesh["tensor"] == 0) & (cfg.kv_heads % mesh["tensor"] == 0)
+                         & (cfg.seq_len % mesh["context"] == 0))
+            ok |= fits
+        return ok
+    return keep
+
+
+def workload_of(r: dict, cfg, flags=None) -> Workload:
+    """The Workload of one plan dict (plan's): its mesh, batch, remat and schedule."""
+    return Workload(cfg, MeshShape(r["mesh"]), r["batch_tokens"], remat=r["remat"], flags=flags,
+                    schedule=Schedule(r["microbatches"], r["repeats"], sequence_parallel=r["sequence_parallel"],
+                                      pipeline=r["pipeline"], **({"attention": r["attention"],
+                                                                   "context": r["context_strategy"],
+                                                                   "optimizer_sharding": r["optimizer_sharding"]}
+                                                                  if isinstance(cfg, TransformerConfig) else {})))
+
+
+def _groups(cfg, chip: Chip, dims, n_slices: int, choices: Choices, max_microbatches: int, max_repeats: int):
+    """The meshes to evaluate, in groups that predict takes at once: [(dcn axis, [MeshShape], [[layout]],
+    {schedule key: (Schedule, {remat: [mesh index]})})]. A transformer's meshes are grouped by DCN axis,
+    stage count and which axes are > 1 (config.spans: every branch of its closed forms then agrees within the
+    group), the FFN stack's one mesh a group."""
+    axes = plan_axes(cfg)
+    dcn_axes = DCN_AXES if n_slices > 1 else (None,)
+    groups: dict[tuple, list] = {}
+    for (sizes, lays), dcn_axis in itertools.product(
+            layouts(dims, chip, axes, _mesh_keep(cfg, axes, n_slices, dcn_axes)).items(), dcn_axes):
+        given = dict(zip(axes, sizes))
+        if dcn_axis:
+            given[dcn_axis] *= n_slices
+        mesh = MeshShape(given)
+        runs_here = schedules(cfg, mesh, choices, max_microbatches, max_repeats)
+        if not runs_here:
+            continue
+        key = ((dcn_axis, mesh["stage"], tuple(mesh[a] > 1 for a in axes)) if isinstance(cfg, TransformerConfig)
+               else (dcn_axis, sizes))
+        dcn, meshes, lay_lists, by_choice = groups.setdefault(key, (dcn_axis, [], [], {}))
+        keys = {}  # one key per schedule (schedules pairs each with every remat policy)
+        for sched, remat in runs_here:
+            k = keys.setdefault(id(sched), dataclasses.replace(sched, microbatches=1))
+            by_choice.setdefault(k, (sched, {}))[1].setdefault(remat, []).append(len(meshes))
+        meshes.append(mesh)
+        lay_lists.append(lays)
+    return list(groups.values())
+
+
+def _first_fits(fits: dict) -> dict:
+    """{remat: (workload, mask)} -> the same with each mask keeping only the elements where no policy that keeps
+    more fits. The transformer's policies keep nested sets (scaling.transformer.POLICY_KEEPS: none ⊇ selective ⊇
+    minimal ⊇ save_dot_* ⊇ save_qkv_proj ⊇ full), so along that order the memory falls and the recompute (FLOPs
+    and the collectives it repeats) grows: the first that fits is the fastest that fits (tests/test_plan.py holds
+    it against every policy). Policies left with no element are dropped."""
+    taken, out = None, {}
+    for rem in sorted(fits, key=lambda r: -len(transformer.POLICY_KEEPS[r])):
+        w, ok = fits[rem]
+        first = ok if taken is None else ok & ~taken
+        taken = ok if taken is None else taken | ok
+        if first.any():
+            out[rem] = (w, first)
+    return out
+
+
+def _batch_runs(cfg, mesh: Mapping, B, M):
+    """Schedule.check's batch rule for a transformer, on arrays (B, M, the group's meshes broadcast): whole
+    sequences, their count divisible by M·data·fsdp."""
+    seqs = B // cfg.seq_len
+    return (B % cfg.seq_len == 0) & (seqs % (M * mesh["data"] * mesh["fsdp"]) == 0)
+
+
+def plan(cfg, chip: Chip, chips: int, batch_tokens, hbm: float | None = None, remat: str | None = None,
          form: str = "sum", dims: tuple[int, ...] | None = None, max_microbatches: int = 64,
-         max_repeats: int = 4, per_mesh: bool = True, flags=None) -> list[dict]:
+         max_repeats: int = 4, per_mesh: bool = True, flags=None, choices: Choices | None = None) -> list[dict]:
     """Ranked plans (best first) for one or more batch sizes; see the module docstring.
 
-    ``batch_tokens`` is an int or a list of ints; each plan dict carries its batch, mesh (data, stage,
-    fsdp, tensor), microbatches M and repeats R (scaling.config.Schedule: gradient accumulation without
-    stages, GPipe or circular with them; microbatches_for, repeats_for), the bubble (Megatron's overhead
-    (S−1)/(R·M), paid in the step time as executed FLOPs; bubble_seconds: the math time of the bubble
-    iterations, T_math·(S−1)/(R·M+S−1)), layout, M_X/M_Y (physical axes spanned),
-    slices, predict's times (both forms), MFU/HFU, bound, memory and critical batch. ``dims``: the slice's shape
-    (default: hardware.split_slices). Plans that train and check refuse (``runs``: D by fsdp, F by tensor, B by
-    M·data·fsdp, ...) or whose memory exceeds ``hbm`` are dropped. ``per_mesh``: keep each mesh's best
-    schedule only (the fastest that fits, then the least memory, then the fewest microbatches); False keeps
-    every (mesh, M, R). ``flags``: the XLA flag set the programs are compiled with (scaling.flags), whose
-    schedule the "scheduled" form follows (the plan command's default form)."""
+    ``batch_tokens`` is an int or a list of ints; each plan dict carries its batch, mesh (plan_axes), microbatches
+    M and repeats R (scaling.config.Schedule: gradient accumulation without stages, GPipe, circular or 1F1B with
+    them; schedules), remat, pipeline, sequence_parallel (and a transformer's attention, context_strategy,
+    optimizer_sharding), the bubble (Megatron's overhead (S−1)/(R·M), 1F1B's 2(S−1)/M, paid in the step time as
+    executed FLOPs; bubble_seconds: the math time of the bubble iterations), layout, M_X/M_Y (physical axes
+    spanned), slices, predict's times (every form), MFU/HFU, bound, memory and critical batch. ``dims``: the
+    slice's shape (default: hardware.split_slices). ``remat``: one policy, or None (Choices.of: "none" for the
+    FFN stack, every policy for a transformer); ``choices`` (Choices) replaces it. Plans that train and check
+    refuse (``runs``: D by fsdp, F by tensor, B by M·data·fsdp, ...) or whose memory exceeds ``hbm`` are
+    dropped. ``per_mesh``: keep each mesh's best schedule only (the fastest that fits, then the least memory,
+    then the fewest microbatches); False keeps every (mesh, schedule, remat). ``flags``: the XLA flag set the
+    programs are compiled with (scaling.flags), whose schedule the "scheduled" form follows (the plan command's
+    default form). A transformer's meshes are evaluated a group at a time (_groups); predict on one of them
+    gives what the plan says (tests/test_plan.py)."""
     positive_int("chips", chips)
-    check_remat(remat)
+    choices = choices or Choices.of(cfg, remat)
     if form not in PLAN_FORMS:
         raise ValueError(f"form must be one of {PLAN_FORMS}, got {form!r}")
     hbm = positive_float("hbm", chip.hbm_budget if hbm is None else hbm)
@@ -156,85 +320,108 @@ def plan(cfg: FFNConfig, chip: Chip, chips: int, batch_tokens, hbm: float | None
         n_slices = chips // math.prod(dims)
         if n_slices * math.prod(dims) != chips:
             raise ValueError(f"topology {dims} has {math.prod(dims)} chips, which do not divide {chips}")
-    results = []
-    for (sizes, lays), dcn_axis in itertools.product(layouts(dims, chip).items(),
-                                                     DCN_AXES if n_slices > 1 else (None,)):
-        given = dict(zip(PLAN_AXES, sizes))
-        if dcn_axis:
-            given[dcn_axis] *= n_slices
-        mesh = MeshShape(given)
-        S = mesh["stage"]
-        if not runs(cfg, mesh, Schedule()):
-            continue
-        lk = [program.links(lay) for lay in lays]
-        axis_links = {a: np.array([x.get(a, 1.0) for x in lk])[None, None, :] for a in PLAN_AXES}
-        for R in repeats_for(cfg, S, max_repeats):
-            ms = np.array(microbatches_for(S, R, max_microbatches))
-            w = Workload(cfg, mesh, batches[:, None, None], remat=remat,
-                         schedule=Schedule(microbatches=ms[None, :, None], repeats=R), flags=flags)
-            p = program.predict(w, chip, axis_links=axis_links, dcn={dcn_axis: n_slices} if dcn_axis else None)
-            t = p.times
-            shape = (len(batches), len(ms), len(lays))
-            step = np.broadcast_to(t.step[form], shape)
-            best = step.argmin(axis=2)
-            mem = np.broadcast_to(p.memory["total"], shape)[:, :, 0]
-            for (i, B), (k, M) in itertools.product(enumerate(batches.tolist()), enumerate(ms.tolist())):
-                sched = Schedule(M, R)
-                if mem[i, k] > hbm or not runs(cfg, mesh, sched, B):  # over budget, or a batch train refuses
-                    continue
-                j = best[i, k]
-                pick = lambda x: float(np.broadcast_to(x, shape)[i, k, j])  # noqa: E731
-                lay = lays[j]
-                results.append({
-                    "batch_tokens": B,
-                    "mesh": {a: mesh[a] for a in PLAN_AXES},
-                    "microbatches": M,
-                    "repeats": R,
-                    "bubble": pipeline.bubble(sched, S)["overhead"] if S > 1 else 0.0,
-                    "bubble_seconds": pick(t.math) * (pipeline.bubble(sched, S)["idle_share"] if S > 1 else 0.0),
-                    "slices": n_slices,
-                    "dcn_axis": dcn_axis,
-                    "layout": {a: {"lens": v[0], "wrap": v[1]} for a, v in lay.items()},
-                    "M_X": len(lay.get("fsdp", ([], []))[0]),
-                    "M_Y": len(lay.get("tensor", ([], []))[0]),
-                    "form": form,
-                    "step_seconds": pick(t.step[form]),
-                    "step_seconds_sum": pick(t.step["sum"]),
-                    "step_seconds_max": pick(t.step["max"]),
-                    "step_seconds_scheduled": pick(t.step["scheduled"]),
-                    "mfu": pick(t.mfu[form]),
-                    "mfu_sum": pick(t.mfu["sum"]),
-                    "mfu_max": pick(t.mfu["max"]),
-                    "hfu": pick(t.hfu[form]),
-                    "bound": str(np.broadcast_to(t.bound, shape)[i, k, j]),
-                    "times": {"math": pick(t.math), **{a: pick(v) for a, v in t.comms.items()},
-                              "hbm": pick(t.hbm)},
-                    "memory_bytes": float(mem[i, k]),
-                    "hbm_budget": hbm,
-                    "per_device_batch": B / devices,
-                    "critical_batch": (None if math.isnan(c := pick(t.critical_batch.get(form, np.nan))) else c),
-                })
-    results.sort(key=lambda r: (r["batch_tokens"], round(r["step_seconds"], 12), r["memory_bytes"], r["microbatches"]))
+    axes, transformer = plan_axes(cfg), isinstance(cfg, TransformerConfig)
+    found = []  # (sort key, mesh key, what builds the plan dict)
+    for dcn_axis, meshes, lay_lists, by_choice in _groups(cfg, chip, dims, n_slices, choices, max_microbatches,
+                                                          max_repeats):
+        G, nl = len(meshes), max(len(x) for x in lay_lists)
+        sizes = {a: [m[a] for m in meshes] for a in axes}  # an axis the group's meshes agree on stays an int
+        group = meshes[0] if G == 1 else {a: v[0] if len(set(v)) == 1 else np.array(v)[None, None, :, None]
+                                          for a, v in sizes.items()}
+        lk = [[program.links(lay) for lay in lays] for lays in lay_lists]
+        # [1, 1, G, layouts]; a mesh with fewer layouts than the group's most is padded with ones of no links
+        # (infinite collective times: never its best)
+        axis_links = {a: np.array([[x.get(a, 1.0) for x in row] + [1e-200] * (nl - len(row)) for row in lk])[None, None]
+                      for a in axes}
+        for sched, by_remat in by_choice.values():
+            ms = sched.microbatches
+            shape = (len(batches), len(ms), G, nl)
+            arrays = dataclasses.replace(sched, microbatches=ms[None, :, None, None])
+            batch_ok = (np.broadcast_to(_batch_runs(cfg, group, batches[:, None, None, None],
+                                                    ms[None, :, None, None]), shape)[..., 0] if transformer else True)
+            fits = {}
+            for rem, members in by_remat.items():
+                w = Workload(cfg, group, batches[:, None, None, None], remat=rem, schedule=arrays, flags=flags)
+                member = np.zeros(G, bool)
+                member[members] = True
+                fits[rem] = (w, (np.broadcast_to(memory.memory_per_device(w)["total"], shape)[..., 0] <= hbm)
+                             & member[None, None, :] & batch_ok)
+            if per_mesh and transformer:  # only the policy that keeps the most and fits (_first_fits)
+                fits = _first_fits(fits)
+            for rem, (w, ok) in fits.items():
+                p = program.predict(w, chip, axis_links=axis_links, dcn={dcn_axis: n_slices} if dcn_axis else None)
+                step = np.broadcast_to(p.times.step[form], shape)
+                best = step.argmin(axis=3)
+                mem = np.broadcast_to(p.memory["total"], shape)[..., 0]
+                for i, k, g in zip(*np.nonzero(ok)):
+                    B, M = int(batches[i]), int(ms[k])
+                    if not transformer and not runs(cfg, meshes[g], dataclasses.replace(sched, microbatches=M), B):
+                        continue  # a batch train refuses
+                    j = best[i, k, g]
+                    found.append(((B, round(float(step[i, k, g, j]), 12), float(mem[i, k, g]), M),
+                                  (B, tuple(meshes[g][a] for a in axes), dcn_axis),
+                                  (B, p, shape, (i, k, g, j), sched, rem, meshes[g], lay_lists[g][j], dcn_axis)))
+    found.sort(key=lambda f: f[0])
     if per_mesh:
         seen = set()
-        results = [r for r in results
-                   if (key := (r["batch_tokens"], tuple(r["mesh"].values()), r["dcn_axis"])) not in seen
-                   and not seen.add(key)]
-    return results
+        found = [f for f in found if f[1] not in seen and not seen.add(f[1])]
+    return [_plan_dict(cfg, chip, axes, n_slices, devices, hbm, form, *f[2]) for f in found]
 
 
-def nearest_miss(cfg: FFNConfig, chip: Chip, chips: int, batch_tokens: int, remat: str = "none",
-                 form: str = "sum", **limits) -> dict | None:
+def _plan_dict(cfg, chip, axes, n_slices, devices, hbm, form, B, p, shape, at, sched, rem, mesh, lay, dcn_axis) -> dict:
+    """One plan's dict (plan's docstring) from the prediction of its group at index ``at``."""
+    t, (i, k, g, j) = p.times, at
+    pick = lambda x: float(np.broadcast_to(x, shape)[i, k, g, j])  # noqa: E731
+    M = int(np.broadcast_to(sched.microbatches, shape[1])[k])
+    one = dataclasses.replace(sched, microbatches=M)
+    S = mesh["stage"]
+    bub = pipeline.bubble(one, S) if S > 1 else {"overhead": 0.0, "idle_share": 0.0}
+    return {
+        "batch_tokens": B,
+        "mesh": {a: mesh[a] for a in axes},
+        "microbatches": M,
+        "repeats": sched.repeats,
+        "pipeline": str(sched.pipeline),
+        "remat": str(rem),
+        "sequence_parallel": sched.sequence_parallel,
+        **({"attention": str(sched.attention), "context_strategy": str(sched.context),
+            "optimizer_sharding": str(sched.optimizer_sharding)} if isinstance(cfg, TransformerConfig) else {}),
+        "bubble": bub["overhead"],
+        "bubble_seconds": pick(t.math) * bub["idle_share"],
+        "slices": n_slices,
+        "dcn_axis": dcn_axis,
+        "layout": {a: {"lens": v[0], "wrap": v[1]} for a, v in lay.items()},
+        "M_X": len(lay.get("fsdp", ([], []))[0]),
+        "M_Y": len(lay.get("tensor", ([], []))[0]),
+        "form": form,
+        "step_seconds": pick(t.step[form]),
+        "step_seconds_sum": pick(t.step["sum"]),
+        "step_seconds_max": pick(t.step["max"]),
+        "step_seconds_scheduled": pick(t.step["scheduled"]),
+        "mfu": pick(t.mfu[form]),
+        "mfu_sum": pick(t.mfu["sum"]),
+        "mfu_max": pick(t.mfu["max"]),
+        "hfu": pick(t.hfu[form]),
+        "bound": str(np.broadcast_to(t.bound, shape)[i, k, g, j]),
+        "times": {"math": pick(t.math), **{a: pick(v) for a, v in t.comms.items()}, "hbm": pick(t.hbm)},
+        "memory_bytes": pick(p.memory["total"]),
+        "hbm_budget": hbm,
+        "per_device_batch": B / devices,
+        "critical_batch": (None if math.isnan(c := pick(t.critical_batch.get(form, np.nan))) else c),
+    }
+
+
+def nearest_miss(cfg, chip: Chip, chips: int, batch_tokens: int, remat: str | None = None, form: str = "sum",
+                 flags=None, choices: Choices | None = None, **limits) -> dict | None:
     """The plan with the least memory per device whatever the budget (what comes closest when nothing
     fits), with its memory terms; None when no mesh divides the model at all. ``limits``: plan's
     max_microbatches and max_repeats."""
-    plans = plan(cfg, chip, chips, batch_tokens, hbm=1e30, remat=remat, form=form, per_mesh=False, **limits)
+    plans = plan(cfg, chip, chips, batch_tokens, hbm=1e30, remat=remat, form=form, per_mesh=False, flags=flags,
+                 choices=choices, **limits)
     if not plans:
         return None
     best = min(plans, key=lambda r: r["memory_bytes"])
-    w = Workload(cfg, MeshShape(best["mesh"]), batch_tokens, remat=remat,
-                 schedule=Schedule(best["microbatches"], best["repeats"]))
     best["memory_terms"] = {k: float(v) for k, v in program.predict(
-        w, chip, {a: (v["lens"], v["wrap"]) for a, v in best["layout"].items()},
+        workload_of(best, cfg, flags), chip, {a: (v["lens"], v["wrap"]) for a, v in best["layout"].items()},
         dcn={best["dcn_axis"]: best["slices"]} if best["dcn_axis"] else None).memory.items()}
     return best

@@ -51,7 +51,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from scaling import collectives, flops, memory, pipeline, roofline, transformer
-from scaling.config import TransformerConfig
+from scaling.config import TransformerConfig, spans
 from scaling.hardware import Chip
 from scaling.workload import Workload
 
@@ -83,12 +83,13 @@ def windowed_einsum_rs(w: Workload, chip: Chip | None, axis_links: Mapping | Non
     WINDOWED_RS_PARTITIONS, m = WINDOWED_RS_MULTIPLIER (both measured). False for a train step's absence, a
     GPU, no chip, or an fsdp axis across slices (not measured). Arrays of B and links give an array."""
     X, lo_hi = w.mesh["fsdp"], WINDOWED_RS_PARTITIONS
-    if (chip is None or chip.kind != "tpu" or w.step != "train" or w.mesh["data"] > 1
-            or not lo_hi[0] <= X <= lo_hi[1] or (dcn or {}).get("fsdp", 1) > 1):
+    inside = (lo_hi[0] <= np.asarray(X)) & (np.asarray(X) <= lo_hi[1])
+    if (chip is None or chip.kind != "tpu" or w.step != "train" or spans(w.mesh["data"])
+            or not inside.any() or (dcn or {}).get("fsdp", 1) > 1):
         return False
     b = np.asarray(w.batch_tokens) / (np.asarray(w.schedule.microbatches) * X)
     ratio = b * np.asarray((axis_links or {}).get("fsdp", 1.0)) * chip.ici_bidi / chip.device_flops  # b·M_X/alpha
-    out = ratio > WINDOWED_RS_MULTIPLIER * (1 + 2 / X) - 1
+    out = (ratio > WINDOWED_RS_MULTIPLIER * (1 + 2 / X) - 1) & inside
     return out.item() if out.ndim == 0 else out
 
 
@@ -215,7 +216,7 @@ def exposed_gathers(w: Workload) -> tuple[int, int]:
     return (2 if rotated else 1), (L if remat == "full" else 0)
 
 
-def overlapped_volumes(w: Workload) -> dict[str, dict[str, float]]:
+def overlapped_volumes(w: Workload, vols: dict | None = None) -> dict[str, dict[str, float]]:
     """The part of collective_volumes(w) that XLA:TPU's schedule runs behind matmuls under the workload's flags
     (w.flags, scaling.flags), per axis and kind; the rest is exposed. The FFN stack without stages, per
     microbatch, with m = cw·D·F/Y one gathered matrix and (f, b) = exposed_gathers(w):
@@ -224,9 +225,12 @@ def overlapped_volumes(w: Workload) -> dict[str, dict[str, float]]:
                         (rs_last_hop_exposed): one chunk cg·m/X per forward scan trip (under full remat the
                         recomputed forward's matmuls hide it too)
     Tensor, data and stage collectives stay synchronous under every set. Stages and the transformer: only the
-    windowed reduce-scatter counts as hidden (not yet modelled; the check shows the residual)."""
-    vols = collective_volumes(w)
-    if isinstance(w.model, TransformerConfig) or "fsdp" not in vols:
+    windowed reduce-scatter counts as hidden (not yet modelled; the check shows the residual). ``vols``:
+    collective_volumes(w), where the caller has it."""
+    if isinstance(w.model, TransformerConfig):
+        return {}
+    vols = collective_volumes(w) if vols is None else vols
+    if "fsdp" not in vols:
         return {}
     cfg, mesh, schedule, precision = w.model, w.mesh, w.schedule, w.precision
     X, Y, M, L = mesh["fsdp"], mesh["tensor"], schedule.microbatches, cfg.blocks
@@ -256,11 +260,12 @@ def loop_copy_bytes(w: Workload) -> float:
             * w.model.d_model * w.model.d_ff / w.mesh["tensor"])
 
 
-def exposed_volumes(w: Workload) -> dict[str, dict[str, float]]:
-    """collective_volumes(w) less overlapped_volumes(w), per axis and kind (the axes with bytes left)."""
-    hidden = overlapped_volumes(w)
-    out = {a: {k: v - hidden.get(a, {}).get(k, 0.0) for k, v in kinds.items()}
-           for a, kinds in collective_volumes(w).items()}
+def exposed_volumes(w: Workload, vols: dict | None = None, hidden: dict | None = None) -> dict[str, dict[str, float]]:
+    """collective_volumes(w) less overlapped_volumes(w), per axis and kind (the axes with bytes left); ``vols``,
+    ``hidden``: those two, where the caller has them."""
+    vols = collective_volumes(w) if vols is None else vols
+    hidden = overlapped_volumes(w, vols) if hidden is None else hidden
+    out = {a: {k: v - hidden.get(a, {}).get(k, 0.0) for k, v in kinds.items()} for a, kinds in vols.items()}
     return {a: k for a, k in out.items() if any(np.any(np.asarray(v) > 0) for v in k.values())}
 
 
@@ -286,8 +291,9 @@ def comm_times(volumes: dict, chip: Chip, axis_links: Mapping | None = None, dcn
         n = dcn.get(axis, 1) if key == axis else 1
         m = mesh[axis] // n if n > 1 else None
         times[key] = sum(KIND_FACTOR[k] * (
-            (v / (lk * w) if m is None or m > 1 else 0.0)
-            + (collectives.dcn_time("all-gather", v / m, n, chip.dcn_bw / chip.devices_per_chip) if m else 0.0))
+            (v / (lk * w) if m is None else np.where(m > 1, v / (lk * w), 0.0))
+            + (collectives.dcn_time("all-gather", v / m, n, chip.dcn_bw / chip.devices_per_chip)
+               if m is not None else 0.0))
             for k, v in kinds.items())
     return times
 
@@ -303,8 +309,9 @@ def axis_networks(chip: Chip, axis_links: Mapping | None = None, dcn: Mapping | 
     for a in axes:
         n = dcn.get(a, 1)
         m = mesh[a] // n if n > 1 else None
-        ici = 0.0 if m == 1 else 1 / np.asarray(axis_links.get(a, 1.0))
-        net = chip.ici_bidi * (n - 1) / (n * m * chip.dcn_bw / chip.devices_per_chip) if m else 0.0
+        ici = 1 / np.asarray(axis_links.get(a, 1.0)) if m is None else np.where(m == 1, 0.0, 1 / np.asarray(
+            axis_links.get(a, 1.0)))
+        net = chip.ici_bidi * (n - 1) / (n * m * chip.dcn_bw / chip.devices_per_chip) if m is not None else 0.0
         out[a] = (ici, net)
     return out
 
@@ -445,10 +452,14 @@ def predict(w: Workload, chip: Chip | None = None, layout: Mapping | None = None
     windowed_grad_rs = w.compiler.windowed_grad_rs
     f = step_flops_per_device(w)
     vols = collective_volumes(w)
-    wire = collective_volumes(w.with_facts(min_comm_bytes=0)) if w.compiler.min_comm_bytes else vols
+    hidden = overlapped_volumes(w, vols)
+    on_wire = w.with_facts(min_comm_bytes=0) if w.compiler.min_comm_bytes else w  # the bytes on the wire (bf16)
+    wire = collective_volumes(on_wire) if on_wire is not w else vols
+    wire_hidden = overlapped_volumes(on_wire, wire) if on_wire is not w else hidden
     mem = memory.memory_per_device(w)
     hbm = memory.hbm_traffic_bytes(w)
-    res = Prediction(f, vols, axis_bytes(vols), mem, hbm, None, axis_bytes(exposed_volumes(w)), loop_copy_bytes(w))
+    res = Prediction(f, vols, axis_bytes(vols), mem, hbm, None, axis_bytes(exposed_volumes(w, vols, hidden)),
+                     loop_copy_bytes(w))
     if chip is None:
         return res
     t_math = f["total"] / chip.device_flops
@@ -472,19 +483,19 @@ def predict(w: Workload, chip: Chip | None = None, layout: Mapping | None = None
     per_micro = d * np.asarray(schedule.microbatches)
     X = mesh["fsdp"]  # a train step moves 2 gathers and a reduce-scatter ((X+1)/X of V windowed) per 3 passes' math
     fsdp_bytes = 2 * (2 + (X + 1) / X) / 3 if windowed_grad_rs and step == "train" else 2
-    on_wire = w.with_facts(min_comm_bytes=0)
-    t_exposed = comm_times(exposed_volumes(on_wire), chip, lk, dcn, mesh)
-    t_hidden = sum(comm_times(overlapped_volumes(on_wire), chip, lk, dcn, mesh).values())
+    t_exposed = comm_times(exposed_volumes(on_wire, wire, wire_hidden), chip, lk, dcn, mesh)
+    t_hidden = sum(comm_times(wire_hidden, chip, lk, dcn, mesh).values())
     t_copies = 2 * loop_copy_bytes(w) / chip.device_hbm_bw  # each copy reads and writes its bytes
     steps = {"sum": t_sum, "max": t_max,
              "scheduled": np.maximum(np.maximum(t_math, t_hbm), t_hidden) + sum(t_exposed.values()) + t_copies}
     crits = {}
-    for form in roofline.FORMS:
+    for form in roofline.FORMS if not isinstance(cfg, TransformerConfig) else ():
         crit = per_micro * roofline.critical_batch_array(cfg.d_ff, X, mesh["tensor"], chip.alpha, m_x, m_y, form,
                                                          fsdp_bytes)
         if d > 1 and step == "train":  # and the data-parallel backward: B/(d·M) > alpha/M_d (training page)
             crit = np.maximum(crit, per_micro * chip.alpha / m_d)
-        crits[form] = np.nan if isinstance(cfg, TransformerConfig) else crit
+        crits[form] = crit
+    crits.update({form: np.nan for form in roofline.FORMS if form not in crits})  # the transformer: none modelled
     times = StepTimes(t_math, t_axes, t_hbm, steps, bound.item() if bound.ndim == 0 else bound,
                       {k: f["model"] / (chip.device_flops * t) for k, t in steps.items()},
                       {k: f["total"] / (chip.device_flops * t) for k, t in steps.items()}, crits, t_exposed, t_copies)

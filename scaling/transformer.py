@@ -52,8 +52,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
+import numpy as np
+
 from scaling import collectives, pipeline
-from scaling.config import DEFAULT_PRECISION, Precision, Schedule, TransformerConfig
+from scaling.config import DEFAULT_PRECISION, Precision, Schedule, TransformerConfig, spans
 from scaling.workload import Workload
 
 
@@ -72,11 +74,12 @@ def passes(w: Workload) -> dict:
     t, 1 without stages, 1/S for GPipe and circular (each stage its M/S microbatches), T/M for 1F1B (every
     stage, every iteration); "head_iterations": how often the output layer's weight gradient is made and
     reduced (T for 1F1B, else 1); "again": 1 for 1F1B (its backward slot runs the forward again); "iterations"
-    T (0 without stages). A forward-only step runs GPipe."""
+    T (0 without stages); "chunk": a stage's layers per chunk, L/(S·R) (L without stages). A forward-only step runs
+    GPipe."""
     cfg, schedule, S = w.model, w.schedule, w.mesh.get("stage", 1)
     if S == 1:
         return {"layers": cfg.blocks, "weight_passes": cfg.blocks, "head": 1.0, "head_iterations": 1, "again": 0,
-                "iterations": 0}
+                "iterations": 0, "chunk": cfg.blocks}
     one_f = schedule.pipeline == "1f1b" and w.step == "train"
     if schedule.pipeline == "1f1b" and not one_f:
         schedule = dataclasses.replace(schedule, pipeline="gpipe")
@@ -84,9 +87,9 @@ def passes(w: Workload) -> dict:
     Lc = cfg.blocks // (S * R)  # a chunk's layers
     if one_f:
         return {"layers": cfg.blocks / S * T / M, "weight_passes": T * Lc, "head": T / M, "head_iterations": T,
-                "again": 1, "iterations": T}
+                "again": 1, "iterations": T, "chunk": Lc}
     return {"layers": cfg.blocks / S * T / (R * M), "weight_passes": T * Lc, "head": 1 / S, "head_iterations": 1,
-            "again": 0, "iterations": T}
+            "again": 0, "iterations": T, "chunk": Lc}
 
 
 def dead_in_again(cfg: TransformerConfig, remat: str, p: dict) -> dict:
@@ -98,7 +101,7 @@ def dead_in_again(cfg: TransformerConfig, remat: str, p: dict) -> dict:
     policies the MLP; save_qkv_proj the attention, W_o and the MLP; full (the input is all it reads) the layer.
     Serial blocks (a parallel block's fused matmuls are not modelled here)."""
     none = {"mlp": 0.0, "out": 0, "attention_units": 0, "qkv": 0, "reductions": 0}
-    if not p["again"] or p["weight_passes"] != p["iterations"]:  # not 1F1B, or chunks of more than one layer
+    if not p["again"] or p["chunk"] != 1:  # not 1F1B, or chunks of more than one layer
         return none
     keeps = POLICY_KEEPS[remat]
     if "mlp_in" in keeps:
@@ -119,7 +122,7 @@ def layer_weight_bytes(cfg: TransformerConfig, mesh: Mapping, precision: Precisi
 def runs_flash(schedule: Schedule, mesh: Mapping) -> bool:
     """Whether the program's attention is flash (ffn_model.transformer.attention): --attention flash, or
     ring over a context axis (flash per chunk); without a context axis the strategy is unused."""
-    return schedule.attention == "flash" or (mesh.get("context", 1) > 1 and schedule.context == "ring")
+    return schedule.attention == "flash" or (spans(mesh.get("context", 1)) and schedule.context == "ring")
 
 
 def attention_units(schedule: Schedule, pass_: str, mesh: Mapping) -> int:
@@ -217,9 +220,9 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
     V = cfg.vocab or 0
     E = cfg.embedding_matrices * c * V * D / Y  # the [V, D] matrices gathered (BF16)
     dE = (1 + p["head_iterations"]) * c * V * D / Y  # their gradients: the lookup's, the output layer's, tied or not
-    zero1 = train and schedule.optimizer_sharding == "zero1" and d > 1
+    zero1 = train and schedule.optimizer_sharding == "zero1" and spans(d)
     Lw = p["weight_passes"]
-    if X > 1:  # 1F1B gathers a chunk's weights three times an iteration: its forward slot, again, its backward
+    if spans(X):  # 1F1B gathers a chunk's weights three times an iteration: its forward slot, again, its backward
         out["fsdp"] = {"all-gather": Lw * W * ((2 + p["again"]) if train else 1) + E}
         if zero1:
             pass  # the gradients reduce-scattered over data·fsdp (below)
@@ -227,9 +230,9 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
             out["fsdp"]["collective-permute"] = Lw * W * (X + 1) / X
         elif train:
             out["fsdp"]["reduce-scatter"] = Lw * W
-        if train and dE and not zero1:
+        if train and V and not zero1:
             out["fsdp"]["reduce-scatter"] = out["fsdp"].get("reduce-scatter", 0.0) + dE
-    if Y > 1:
+    if spans(Y):
         act = c * t * D
         serial = cfg.block == "serial"
         r = 2 if serial else 1  # reductions over tensor per layer and pass
@@ -244,7 +247,7 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
             out["tensor"] = {"all-reduce": L * act * (r * (2 if train else 1) + redo) + ends}
         if vocab:  # the loss over the vocabulary shards: the max (BF16 logits), Σ exp and the label's logit (FP32)
             out["tensor"]["all-reduce"] = out["tensor"].get("all-reduce", 0.0) + (c + 8) * t * p["head"]
-    if C > 1:  # a recomputed attention forward runs its all-to-alls (of what it does not keep) or K/V permutes again
+    if spans(C):  # a recomputed attention forward runs its all-to-alls (of what it does not keep) or K/V permutes again
         again = int(rc["attention_units"] == 4)
         if schedule.context == "ulysses":  # q, k, v again where not kept; o where the attention is recomputed
             again_heads = (rc["qkv"] + p["again"]) * (N + 2 * K) + (again + p["again"]) * N
@@ -261,16 +264,16 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
         for axis, kinds in collectives.zero1_volumes(Ls * W, dE, precision.master * cfg.params / (X * Y), d, X,
                                                      windowed_grad_rs).items():
             out.setdefault(axis, {}).update(kinds)
-    elif d > 1 and train:
+    elif spans(d) and train:
         out["data"] = {"all-reduce": (Lw * W + dE) / X}
-    if S > 1 and C > 1 and train and cfg.vocab and not p["again"] and not zero1:
+    if S > 1 and spans(C) and train and cfg.vocab and not p["again"] and not zero1:
         # GPipe, circular: XLA reduces the output matrix's gradient over context together with data (or, without
         # a data axis, with stage), in one all-reduce
-        merged, partner = c * cfg.vocab * D / (X * Y), "data" if d > 1 else "stage"
+        merged, partner = c * cfg.vocab * D / (X * Y), "data" if spans(d) else "stage"
         out[partner]["all-reduce"] -= merged
         out["context"]["all-reduce"] -= merged
         out[f"{partner}+context"] = {"all-reduce": merged}
-    loss_axes = [a for a in ("data", "fsdp", "context", "tensor") if mesh.get(a, 1) > 1  # tensor: the SP output
+    loss_axes = [a for a in ("data", "fsdp", "context", "tensor") if spans(mesh.get(a, 1))  # tensor: the SP output
                  and (a != "tensor" or (schedule.sequence_parallel and cfg.vocab is None))]
     if loss_axes:  # the loss: one mean over the tokens, split over these axes together (per microbatch a stage
         key = "+".join(loss_axes)  # holds with stages, GPipe's M/S at once; 1F1B's every iteration)
@@ -313,7 +316,7 @@ def ring_permute_bytes(C: int, chunk: int, train: bool, c: int = 2) -> float:
     (no rounding while they accumulate) and their last hop home in BF16 (the gradient's dtype; XLA:TPU
     sinks that rounding before the permute itself): c·2(C−1)·chunk + (c·2(C−1) + 4·2(C−1) + c·2)·chunk.
     ``c`` is the bytes of a BF16 element as the backend moves it (4 on XLA:CPU, which widens BF16)."""
-    if C == 1:
+    if not spans(C):
         return 0.0
     forward = c * 2 * (C - 1) * chunk
     return forward + ((c * 2 * (C - 1) + 4 * 2 * (C - 1) + c * 2) * chunk if train else 0.0)
@@ -350,7 +353,7 @@ def saved_per_layer(cfg: TransformerConfig, mesh: Mapping, batch_tokens, remat: 
         terms["attention"] = c * t * N * H / Y + 4 * t * N / Y
         # o as the attention's residual and again as W_o's input (named attn_out after its sharding constraint):
         # two arrays, but for ring attention, whose o is W_o's input as it is
-        separate_o = not (C > 1 and schedule.context == "ring")
+        separate_o = not (spans(C) and schedule.context == "ring")
         terms["attn_out"] = c * t * N * H / Y if separate_o else 0.0
     else:  # selective: the probabilities recomputed
         terms["attention"] = 2 * s * T * T * N / (Y * C) if remat == "none" else 0.0
@@ -389,7 +392,7 @@ def memory_per_device(w: Workload) -> dict:
     layer_params = cfg.params - cfg.embedding_params
     shard = layer_params / (S * X * Y) + cfg.embedding_params / (X * Y)  # parameters per device
     flash = runs_flash(schedule, mesh)
-    keys = min(schedule.attention_block, T // C if schedule.context == "ring" else T) if flash else T
+    keys = np.minimum(schedule.attention_block, T // C if schedule.context == "ring" else T) if flash else T
     score_bytes = (8 if train else 4) * s * T * keys * N / (Y * C)
     V = cfg.vocab or 0
     terms = {"master": precision.master * shard}
@@ -403,7 +406,7 @@ def memory_per_device(w: Workload) -> dict:
     terms.update({"inputs": M * (8 * t if V else (precision.compute + 4) * t * D),  # int32 ids and labels, or x, y
              # forward without fsdp: nothing gathered, XLA fuses each FP32 -> BF16 cast into its matmul (the
              # seed-000 layer's memory-usage report on v5p: no bf16 weight buffer)
-             "transient_weights": ((1 if full else 2) if train else 1 if X > 1 else 0)
+             "transient_weights": ((1 if full else 2) if train else 1 if spans(X) else 0)
                                   * layer_weight_bytes(cfg, mesh, precision),
              "attention_working_set": score_bytes})
     if train and not full:  # one layer's FP32 weight gradients as the matmuls make them, before the BF16 reduce-scatter
@@ -431,7 +434,7 @@ def memory_per_device(w: Workload) -> dict:
         loss = precision.compute * (th * D + th * V / Y + V * D / Y)
         # 1F1B: the head's forward and backward run in the iteration of a chunk's backward, beside it
         # GPipe and circular: the head runs between the pipeline's forward and backward, beside every residual
-        terms["loss_phase"] = loss if S > 1 else max(0.0, loss - layer)
+        terms["loss_phase"] = loss if S > 1 else np.maximum(0.0, loss - layer)
     terms["total"] = sum(terms.values())
     return terms
 

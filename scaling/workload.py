@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from scaling.config import (DEFAULT_PRECISION, FFNConfig, MeshShape, Model, Precision, Remat, Schedule, Step,
+from scaling.config import (DEFAULT_PRECISION, MESH_AXES, FFNConfig, MeshShape, Model, Precision, Remat, Schedule, Step,
                             TransformerConfig, check_divisible, check_remat, choose, non_negative_int, positive_int)
 from scaling.flags import FlagSet, get_flag_set
 
@@ -75,7 +75,9 @@ class Workload:
         if not isinstance(self.model, (FFNConfig, TransformerConfig)):
             raise ValueError(f"model must be an FFNConfig or a TransformerConfig, got {type(self.model).__name__}")
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen)
-        if not isinstance(self.mesh, MeshShape):
+        if self.array_mesh:  # the planner's group of meshes, each checked by it (scaling.plan)
+            set_("mesh", {a: self.mesh.get(a, 1) for a in MESH_AXES})
+        elif not isinstance(self.mesh, MeshShape):
             set_("mesh", MeshShape(self.mesh) if isinstance(self.mesh, Mapping) else self.mesh)
         set_("step", choose(Step, self.step, "step"))
         set_("flags", get_flag_set(self.flags))
@@ -83,8 +85,15 @@ class Workload:
         batch = self.batch_tokens if np.ndim(self.batch_tokens) == 0 and self.scalar_schedule else None
         if batch is not None:
             set_("batch_tokens", positive_int("batch_tokens", batch))
-        check_divisible(self.model, self.mesh, batch)
-        self.schedule.check(self.model, self.mesh, batch)
+        if not self.array_mesh:
+            check_divisible(self.model, self.mesh, batch)
+            self.schedule.check(self.model, self.mesh, batch)
+
+    @property
+    def array_mesh(self) -> bool:
+        """Whether the mesh holds arrays of axis sizes (the planner's group of meshes that agree on which axes are
+        > 1, config.spans): checked mesh by mesh by the planner, not here."""
+        return isinstance(self.mesh, Mapping) and any(np.ndim(v) for v in self.mesh.values())
 
     @property
     def scalar_schedule(self) -> bool:

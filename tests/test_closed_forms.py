@@ -536,10 +536,10 @@ def test_transformer_pipeline_terms_by_hand():
     # GPipe: T = M + S − 1 = 5 iterations of a chunk of L/S = 2 layers: 10 layer-passes on a microbatch, i.e.
     # 10/4 = 2.5 passes over t; the output layer on each stage's M/S = 2 microbatches, half of t
     assert tf.passes(gpipe) == {"layers": 2.5, "weight_passes": 10, "head": 0.5, "head_iterations": 1, "again": 0,
-                                "iterations": 5}
+                                "iterations": 5, "chunk": 2}
     # 1F1B: T = M + 2(S − 1) = 6 iterations, the chunk's forward again in each, the output layer in each
     assert tf.passes(one_f) == {"layers": 3.0, "weight_passes": 12, "head": 1.5, "head_iterations": 6, "again": 1,
-                                "iterations": 6}
+                                "iterations": 6, "chunk": 2}
     assert pipeline.bubble(one_f.schedule, 2) == {"idle_share": 2 / 6, "overhead": 2 / 4}
     # over stage, GPipe: 5 iterations x (a microbatch's activations c·64·D forward, their gradient back)
     # = 2·5·2·64·64 = 81,920, and the outputs to stage 1 and back, 2·(S−1)·c·(t/S)·D = 2·2·128·64 = 32,768;

@@ -23,6 +23,7 @@ from ffn_model.compile import abstract_compile
 from mesh import ici_layout, make_mesh, mesh_shape
 from mesh.devices import parse_tpu_spec, use_cpu_platform_for
 from scaling import pipeline, program
+from scaling import plan as planner
 from scaling.answers import model_name
 from scaling.config import (FFNConfig, MeshShape, Schedule, TransformerConfig, get_preset,
                             parse_mesh_spec)
@@ -504,29 +505,45 @@ def render(rep: dict) -> str:
     return "\n".join(lines)
 
 
-def verify_plans(plans: list[dict], cfg: FFNConfig, chip: Chip, chips: int, remat: str = "none",
-                 hbm: float | None = None, verbose: bool = False, flags=None) -> list[dict]:
-    """Compile each plan's train step ahead of time for the chip's real topology of ``chips`` chips
-    (hardware.slice_topology; one slice) and add ``compiled_peak_bytes``, ``compiled_fits`` (peak <=
-    hbm, the chip's usable HBM by default) and ``compiled_ici_layout`` (the physical axes make_mesh gave
-    each mesh axis) to the plan dicts, in place; compiled under the XLA flags ``flags`` (scaling.flags)."""
-    if chip.kind != "tpu":
-        raise ValueError(f"--verify-top compiles for TPU topologies, not {chip.name}")
-    if any(p["slices"] > 1 for p in plans):
-        raise ValueError(f"--verify-top compiles one slice; {chips} {chip.name} chips are {plans[0]['slices']} slices")
+def verify_plans(plans: list[dict], cfg, chip: Chip, chips: int, hbm: float | None = None, verbose: bool = False,
+                 flags=None) -> list[dict]:
+    """Compile each plan's train step (scaling.plan.workload_of: its mesh, batch, remat and schedule) ahead of time
+    and add ``compiled_peak_bytes``, ``compiled_fits`` (peak <= hbm, the chip's usable HBM by default),
+    ``compiled_on`` and, on a TPU, ``compiled_ici_layout`` (the physical axes make_mesh gave each mesh axis) to the
+    plan dicts, in place; compiled under the XLA flags ``flags`` (scaling.flags). A TPU plan compiles for the chip's
+    real topology of ``chips`` chips (hardware.slice_topology; one slice). A GPU plan compiles on as many emulated
+    CPU devices (no GPU compiler runs here; this must be the process's first use of jax): the program builds and
+    partitions for the mesh, and ``compiled_state_bytes`` (its arguments per device: the state and the batch) is
+    read, but XLA:CPU's peak is not a GPU's (it reports the arguments as the peak, and temporaries without the
+    reuse a GPU's buffer assignment makes: docs/findings.md), so ``compiled_peak_bytes`` and ``compiled_fits`` are
+    None."""
+    if chip.kind == "tpu":
+        if any(p["slices"] > 1 for p in plans):
+            raise ValueError(f"--verify-top compiles one slice; {chips} {chip.name} chips are {plans[0]['slices']} "
+                             "slices")
+        devices = f"tpu:{chip.name}:{'x'.join(str(d) for d in slice_topology(chip, chips))}"
+    else:
+        devices = f"cpu:{chips * chip.devices_per_chip}"
     hbm = hbm or chip.hbm_budget
-    topo = "x".join(str(d) for d in slice_topology(chip, chips))
+    use_cpu_platform_for(devices)
     for p in plans:
-        mesh = make_mesh(MeshShape(p["mesh"]), f"tpu:{chip.name}:{topo}", verbose)
-        w = Workload(cfg, MeshShape(p["mesh"]), p["batch_tokens"], remat=remat,
-                     schedule=Schedule(p["microbatches"], p["repeats"]), flags=flags)
-        res = abstract_compile(w, mesh)
-        peak = read_compiled(res.compiled, p["mesh"]).memory["peak_bytes"]
+        print(f"compiling plan {_mesh_spec(p['mesh'])} on {devices} ahead of time ...", file=sys.stderr, flush=True)
+        mesh = make_mesh(MeshShape(p["mesh"]), devices, verbose)
+        res = abstract_compile(planner.workload_of(p, cfg, flags), mesh)
+        memory = read_compiled(res.compiled, p["mesh"]).memory
+        peak = memory["peak_bytes"] if chip.kind == "tpu" else None
         p["compiled_peak_bytes"] = peak
-        p["compiled_fits"] = peak is not None and peak <= hbm
-        p["compiled_ici_layout"] = ici_layout(mesh, chip)
+        p["compiled_fits"] = (peak is not None and peak <= hbm) if chip.kind == "tpu" else None
+        p["compiled_state_bytes"] = memory["argument_bytes"]
+        p["compiled_on"] = devices
+        if chip.kind == "tpu":
+            p["compiled_ici_layout"] = ici_layout(mesh, chip)
         p["compile_seconds"] = res.compile_seconds
     return plans
+
+
+def _mesh_spec(mesh: dict) -> str:
+    return ",".join(f"{a}={n}" for a, n in mesh.items() if n > 1) or "1 device"
 
 
 def verify_pipeline(ans: dict, verbose: bool = False, flags=None) -> dict:
