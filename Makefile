@@ -1,4 +1,5 @@
-# make answer: create .venv, install, print the 4D answers.   make test: install dev+tpu extras, ruff, pytest
+# make answer: create .venv, install, print the 4D answers.   make test: install dev+tpu extras and jax's CUDA plugin
+# (off sys.path, in .venv/cuda-aot: mesh.devices loads it to compile for GPUs), ruff, pytest
 # (all but the tests marked extended: tests/conftest.py).   make test-all: every test.
 PYTHON ?= python3
 VENV ?= .venv
@@ -14,6 +15,7 @@ $(VENV)/.base: pyproject.toml constraints.txt
 
 $(VENV)/.dev: $(VENV)/.base
 	$(PY) -m pip install -q -c constraints.txt -e ".[dev,tpu]"
+	$(PY) -m pip install -q -c constraints.txt --no-deps --target $(VENV)/cuda-aot jax-cuda12-plugin jax-cuda12-pjrt
 	$(PY) -m ipykernel install --sys-prefix --name python3 > /dev/null
 	touch $@
 

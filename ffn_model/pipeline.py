@@ -221,33 +221,39 @@ def accumulate(loss_and_grad, params, batch, microbatches: int, batch_shards: in
 
 
 def one_f_one_b(x_MxbxD, labels_Mxbx, weights: dict, head_params: dict, mesh, chunk, head, head_grad_axes: dict,
-                x_axes: tuple):
-    """The 1F1B schedule (Narayanan et al. 2021, PipeDream-Flush; Megatron-LM's default) in one SPMD loop, by
-    hand: (Σ_m loss_m / M, d weights, d head_params, dx [M, b, ...]) of the microbatches x through the stacked
-    blocks on ``stage`` and ``head(y, labels, head_params)`` (a microbatch's mean loss) after them. jax's
-    transpose of a scan runs every backward after every forward (GPipe), holding every iteration's
-    activations; here every iteration has a forward slot and a backward slot, inside jax.shard_map manual
-    over ``stage``:
+                x_axes: tuple, repeats: int = 1):
+    """The 1F1B schedule (Narayanan et al. 2021, PipeDream-Flush; Megatron-LM's default) and, with ``repeats`` R > 1,
+    its interleaved form (Megatron's virtual stages: stage s runs chunks s, S + s, ..., (R − 1)·S + s of L/(S·R)
+    layers, ``weights`` laid out by circular_layout), in one SPMD loop, by hand: (Σ_m loss_m / M, d weights,
+    d head_params, dx [M, b, ...]) of the microbatches x through the stacked blocks on ``stage`` and
+    ``head(y, labels, head_params)`` (a microbatch's mean loss) after them. jax's transpose of a scan runs every
+    backward after every forward (GPipe), holding every iteration's activations; here every iteration has a
+    forward slot and a backward slot, inside jax.shard_map manual over ``stage``:
 
-      forward   stage s runs microbatch f = t − s (stage 0 reads it from x, the others from the previous
-                iteration's output of stage s − 1, a collective-permute), and keeps its input in a ring of
-                K = 2S − 1 slots;
-      head      the last stage's output of f goes through the head at once (its loss and the gradient of
-                the loss w.r.t. its output and head_params);
-      backward  stage s runs the backward of microbatch g = t − 2(S − 1) + s: the chunk's forward again from
-                the kept input (jax.vjp, under the chunk's remat policy) and its transpose with the output
-                gradient (the head's on the last stage; on the others stage s + 1's of the previous
-                iteration, a collective-permute back).
+      forward   stage s runs item k = t − s: in groups of S microbatches, each through the R chunks in turn,
+                chunk r = (k mod S·R) // S of microbatch m = (k // S·R)·S + k mod S (R = 1: m = k). Stage 0 reads
+                m from x for its first chunk; otherwise the input is the previous iteration's output of stage
+                s − 1 (stage S − 1's output wraps round to stage 0 for the next chunk), a collective-permute. The
+                input is kept in a ring of K = 2·R·S − 1 slots;
+      head      the last stage's output of the last chunk goes through the head at once (its loss and the
+                gradient of the loss w.r.t. its output and head_params);
+      backward  stage s runs item j = t − (R·S − 1) − (S − 1 − s): the items in the same groups with the chunks in
+                reverse, chunk R − 1 − (j mod S·R) // S of microbatch (j // S·R)·S + j mod S: the chunk's forward
+                again from the kept input (jax.vjp, under the chunk's remat policy) and its transpose with the
+                output gradient (the head's for the last chunk on the last stage, the same iteration as its
+                forward; otherwise stage s + 1's of the previous iteration, stage 0's wrapping round to stage S − 1).
 
-    T = M + 2(S − 1) iterations. Stage s holds the inputs of microbatches f .. f + 2(S − 1 − s) (at most
-    2S − 1, whatever M) and one chunk's residuals at a time: memory flat in M. Every stage runs both slots
-    every iteration, the head among them (lock-step SPMD: the last stage's head costs every stage its time,
-    as the imbalance of a Megatron pipeline whose last stage holds the output layer costs the step), bubble
-    slots on whatever they hold, masked out of the sums; the forward runs twice (the slot, and again in the
-    backward). Weights are selected behind an optimization barrier with the iteration (pipeline_outputs).
-    The head's gradients accumulate in FP32 in the layout of ``head_grad_axes`` (logical axes per name)."""
-    S, M = mesh.shape["stage"], x_MxbxD.shape[0]
-    K, T = 2 * S - 1, M + 2 * (S - 1)
+    T = R·(M + S) + S − 2 iterations (M + 2(S − 1) for R = 1). A kept input lives at most 2·R·S − 2 iterations, so
+    stage s holds at most K chunk inputs and one chunk's residuals at a time, whatever M: memory flat in M. Every
+    stage runs both slots every iteration, the head among them (lock-step SPMD: the last stage's head costs every
+    stage its time, as the imbalance of a Megatron pipeline whose last stage holds the output layer costs the
+    step), bubble slots on whatever they hold, masked out of the sums; the forward runs twice (the slot, and again
+    in the backward). With R = 1 the weights are selected behind an optimization barrier with the iteration
+    (pipeline_outputs); with R > 1 the chunk w[r] of the iteration. M must be a multiple of S. The head's gradients
+    accumulate in FP32 in the layout of ``head_grad_axes`` (logical axes per name)."""
+    S, M, R = mesh.shape["stage"], x_MxbxD.shape[0], repeats
+    SR = S * R
+    K, T, delay = 2 * SR - 1, R * (M + S) + S - 2, SR - 1
     x_SxMxbxD = to_every_stage(x_MxbxD, S, x_axes)
     stage = {k: PartitionSpec("stage") for k in weights}
     P = PartitionSpec
@@ -257,30 +263,39 @@ def one_f_one_b(x_MxbxD, labels_Mxbx, weights: dict, head_params: dict, mesh, ch
     def run(x, labels, ws, hp):
         x = x[0]
         s = jax.lax.axis_index("stage")
-        forward, back = [(i, i + 1) for i in range(S - 1)], [(i + 1, i) for i in range(S - 1)]
+        wrap = R > 1  # the last stage's output goes round to stage 0 (and its gradient back) for the next chunk
+        forward = [(i, (i + 1) % S) for i in range(S if wrap else S - 1)]
+        back = [((i + 1) % S, i) for i in range(S if wrap else S - 1)]
         f32 = lambda a: jnp.zeros(a.shape, jnp.float32)  # noqa: E731
+
+        def selector(t, r):
+            if R == 1:
+                return lambda w: jax.lax.optimization_barrier((w, t))[0]
+            return lambda w: w[r]
 
         def iteration(carry, t):
             recv_f, recv_b, kept, dws, dhp, loss, dx_all = carry
-            select = lambda w: jax.lax.optimization_barrier((w, t))[0]  # noqa: E731
-            run_chunk = lambda xi, w: chunk(xi, w, select)  # noqa: E731
-            f = t - s
-            x_in = jnp.where(s == 0, x[jnp.clip(f, 0, M - 1)], recv_f)
-            kept = kept.at[f % K].set(jnp.where((f >= 0) & (f < M), x_in, kept[f % K]))
-            y = run_chunk(x_in, ws)
-            loss_f, head_vjp = jax.vjp(lambda yy, h: head(yy, labels[jnp.clip(f, 0, M - 1)], h), y, hp)
+            k = t - s  # the forward item: chunk r of microbatch m
+            r, m = (k % SR) // S, jnp.clip((k // SR) * S + k % S, 0, M - 1)
+            f_real = (k >= 0) & (k < R * M)
+            x_in = jnp.where((s == 0) & (r == 0), x[m], recv_f)
+            kept = kept.at[k % K].set(jnp.where(f_real, x_in, kept[k % K]))
+            y = chunk(x_in, ws, selector(t, r))
+            loss_f, head_vjp = jax.vjp(lambda yy, h: head(yy, labels[m], h), y, hp)
             dy_head, dh = head_vjp(jnp.ones_like(loss_f) / M)
-            g = t - 2 * (S - 1) + s
-            real, last = (g >= 0) & (g < M), s == S - 1
-            _, chunk_vjp = jax.vjp(run_chunk, kept[g % K], ws)
+            j = t - delay - (S - 1 - s)  # the backward item: chunk rb of microbatch mb, its input kept as item kb
+            group, i = j // SR, j % S
+            rb = R - 1 - (j % SR) // S
+            mb = jnp.clip(group * S + i, 0, M - 1)
+            b_real, last = (j >= 0) & (j < R * M), (s == S - 1) & (rb == R - 1)
+            _, chunk_vjp = jax.vjp(lambda xi, w: chunk(xi, w, selector(t, rb)), kept[(group * SR + rb * S + i) % K], ws)
             dx, dw = chunk_vjp(jnp.where(last, dy_head, recv_b))
-            dws = jax.tree.map(lambda a, b: a + jnp.where(real, b, 0).astype(a.dtype), dws, dw)
-            head_real = real & last
-            dhp = {k: constrain(a + jnp.where(head_real, dh[k], 0).astype(a.dtype), head_grad_axes[k])
-                   for k, a in dhp.items()}
+            dws = jax.tree.map(lambda a, b: a + jnp.where(b_real, b, 0).astype(a.dtype), dws, dw)
+            head_real = f_real & (s == S - 1) & (r == R - 1)  # the head's microbatch is the backward's (same t)
+            dhp = {n: constrain(a + jnp.where(head_real, dh[n], 0).astype(a.dtype), head_grad_axes[n])
+                   for n, a in dhp.items()}
             loss = loss + jnp.where(head_real, loss_f, 0.0) / M
-            gi = jnp.clip(g, 0, M - 1)
-            dx_all = dx_all.at[gi].set(jnp.where(real & (s == 0), dx, dx_all[gi]))
+            dx_all = dx_all.at[mb].set(jnp.where(b_real & (s == 0) & (rb == 0), dx, dx_all[mb]))
             return (jax.lax.ppermute(y, "stage", forward), jax.lax.ppermute(dx, "stage", back), kept, dws, dhp,
                     loss, dx_all), None
 

@@ -238,8 +238,12 @@ def transformer_pipeline_loss(params, batch, *, cfg: TransformerConfig, mesh, sc
     def fwd(params):
         (x, hp), inputs_vjp = jax.vjp(functools.partial(inputs, gather_u=True), params)
         held = {"u": grad_axes(VOCAB_AXES)} if vocab else {}  # U's gradient, reduced to U's shard each iteration
-        loss, dw, dhp, dx = one_f_one_b(split_microbatches(x, M, batch_shards), labels,
-                                        {n: params[n] for n in axes}, hp, mesh, chunk, head, held, TF_X_AXES)
+        # the stacks as the schedule runs them (R > 1: re-laid so stage s holds chunks s, S + s, ...; the
+        # gradients re-laid back by the transpose)
+        weights, relay_vjp = jax.vjp(lambda ws: circular_layout(ws, axes, mesh, R), {n: params[n] for n in axes})
+        loss, dw, dhp, dx = one_f_one_b(split_microbatches(x, M, batch_shards), labels, weights, hp, mesh, chunk,
+                                        head, held, TF_X_AXES, repeats=R)
+        dw = relay_vjp(dw)[0]
         dx = merge_microbatches(dx, batch_shards)
         grads = jax.tree.map(jnp.add, inputs_vjp((dx, dhp))[0], {**jax.tree.map(jnp.zeros_like, params), **dw})
         return loss, grads

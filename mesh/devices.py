@@ -10,6 +10,9 @@ Device specs accepted by :func:`make_mesh`:
                         tpu:v6e:4x4, tpu:v5e:2x2, tpu:v4:2x2x2, tpu:TPU7x:2x2x1 (2 devices per chip)
   "tpu:<slice>"         a Cloud accelerator type: tpu:v5p-128 (TensorCores: 64 chips, 4x4x4),
                         tpu:v6e-16 (chips), tpu:tpu7x-8; "v5p-128" and "tpu:4x4x4" (v5p) also work.
+  "gpu:<chip>:<N>"      N GPUs of a GPU row with a compiler description (gpu:H100:512), in nodes of
+                        GPU_NODE, from the CUDA plugin's topology description (jax-cuda12-plugin, no GPU
+                        and no CUDA libraries needed): XLA's GPU compiler, ahead of time.
 """
 
 from __future__ import annotations
@@ -17,11 +20,12 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import sys
 import tempfile
 
 from scaling.config import MESH_AXES, MeshShape, parse_mesh_spec, positive_int
-from scaling.hardware import (CHIPS, DEFAULT_CHIP, Chip, chip_of_device_kind, chips_in, get_chip, parse_slice,
-                              parse_topology)
+from scaling.hardware import (CHIPS, DEFAULT_CHIP, GPU_NODE, Chip, chip_of_device_kind, chips_in, get_chip,
+                              parse_slice, parse_topology)
 
 
 def _emulated_cpu_devices(n: int) -> list:
@@ -43,6 +47,90 @@ def _emulated_cpu_devices(n: int) -> list:
 def has_libtpu() -> bool:
     """Whether libtpu (the tpu extra) is installed: needed to compile for a TPU topology."""
     return importlib.util.find_spec("libtpu") is not None
+
+
+# Where `make` puts jax's CUDA plugin (pip install --target): off sys.path, so that jax does not load it on every
+# start (on a machine without a GPU it logs the missing CUDA driver, and a traceback when it probes for CUDA), and
+# loaded only to compile for GPUs (cuda_aot_dir). The cuda-aot extra installs it on sys.path instead.
+CUDA_AOT_DIR = os.path.join(sys.prefix, "cuda-aot")
+
+
+def cuda_aot_dir() -> str | None:
+    """The directory holding jax's CUDA plugin off sys.path (CUDA_AOT_DIR, or $JAX_CUDA_AOT_DIR), if it does."""
+    d = os.environ.get("JAX_CUDA_AOT_DIR", CUDA_AOT_DIR)
+    return d if os.path.isdir(os.path.join(d, "jax_plugins", "xla_cuda12")) else None
+
+
+def has_cuda_plugin() -> bool:
+    """Whether jax's CUDA plugin is installed (the cuda-aot extra, or in cuda_aot_dir): needed to compile for GPUs
+    ahead of time."""
+    return cuda_aot_dir() is not None or importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
+
+
+def _load_cuda_plugin() -> None:
+    """Make the CUDA plugin's topology factory available: a plugin on sys.path is registered by jax's plugin
+    discovery; one in cuda_aot_dir is put on sys.path first, and registered by hand (its initialize(), what jax's
+    discovery calls) if that discovery has already run."""
+    d = cuda_aot_dir()
+    if d is None or importlib.util.find_spec("jax_plugins.xla_cuda12") is not None and d not in sys.path:
+        return
+    if d not in sys.path:
+        sys.path.append(d)
+    from jax._src import xla_bridge
+
+    if getattr(xla_bridge, "_plugins_registered", False) and "cuda" not in getattr(xla_bridge,
+                                                                                   "_topology_factories", {}):
+        importlib.import_module("jax_plugins.xla_cuda12").initialize()
+
+
+def gpu_target_config(chip: Chip) -> str:
+    """The GpuTargetConfigProto (text) XLA's GPU compiler compiles for when no GPU is present: the chip's
+    ``gpu_target`` row of the hardware table, its memory bandwidth the row's hbm_bw."""
+    t = dict(chip.gpu_target)
+    if not t:
+        raise ValueError(f"the hardware table has no compiler description of {chip.name} (gpu_target); "
+                         f"GPUs with one: {', '.join(c.name for c in CHIPS.values() if c.gpu_target)}")
+    (major, minor), (dnn_major, dnn_minor) = t.pop("compute_capability"), t.pop("dnn_version")
+    name = t.pop("description")
+    info = "".join(f"  {k}: {v}\n" for k, v in {**t, "memory_bandwidth": int(chip.hbm_bw)}.items())
+    return (f"gpu_device_info {{\n{info}  cuda_compute_capability {{ major: {major} minor: {minor} }}\n}}\n"
+            f'platform_name: "CUDA"\ndnn_version_info {{ major: {dnn_major} minor: {dnn_minor} }}\n'
+            f'device_description_str: "{name}"\n')
+
+
+def parse_gpu_spec(spec: str) -> tuple[Chip, int]:
+    """"gpu:<chip>:<N>" -> (chip, N), checked against the hardware table without jax: a GPU row with a compiler
+    description, N a positive multiple of GPU_NODE (or fewer GPUs, one node). ValueError otherwise."""
+    _, _, body = str(spec).strip().partition(":")
+    name, sep, count = body.partition(":")
+    if not sep:
+        raise ValueError(f"devices {spec!r}: expected gpu:<chip>:<N>, e.g. gpu:H100:512")
+    chip = get_chip(name)
+    if chip.kind != "gpu":
+        raise ValueError(f"devices {spec!r}: {chip.name} is not a GPU; use tpu:{chip.name}:<shape>")
+    gpu_target_config(chip)
+    try:
+        n = positive_int(f"devices {spec!r}: N", int(count))
+    except ValueError:
+        raise ValueError(f"devices {spec!r}: N must be a positive integer") from None
+    if n > GPU_NODE and n % GPU_NODE:
+        raise ValueError(f"devices {spec!r}: {n} GPUs are not whole nodes of {GPU_NODE}")
+    return chip, n
+
+
+def _gpu_topology_devices(chip: Chip, n: int, verbose: bool = False) -> list:
+    if not has_cuda_plugin():
+        raise ValueError(f"devices for {chip.name} GPUs need jax's CUDA plugin to compile ahead of time; install "
+                         "the cuda-aot extra (pip install -e '.[cuda-aot]'), or as make does, off sys.path: pip "
+                         f"install --no-deps --target {CUDA_AOT_DIR} jax-cuda12-plugin jax-cuda12-pjrt")
+    from jax.experimental import topologies
+
+    per = min(n, GPU_NODE)  # topology "<partitions>x<hosts>x<GPUs per host>": one partition of n / per nodes
+    with _native_stderr(verbose):  # the plugin logs, once per process, that it finds no CUDA driver
+        _load_cuda_plugin()
+        topo = topologies.get_topology_desc(platform="cuda", topology=f"1x{n // per}x{per}",
+                                            target_config=gpu_target_config(chip))
+    return list(topo.devices)
 
 
 def parse_tpu_spec(spec: str) -> tuple[Chip, tuple[int, ...]]:
@@ -133,6 +221,8 @@ def device_count(devices) -> int | None:
         return len(devices)
     if devices.strip().lower().startswith("cpu:"):
         return cpu_device_count(devices, "devices")
+    if devices.strip().lower().startswith("gpu:"):
+        return parse_gpu_spec(devices)[1]
     chip, dims = _tpu(devices)
     if not has_libtpu():
         raise ValueError(f"devices {devices!r} need libtpu to compile for a TPU topology; "
@@ -142,9 +232,9 @@ def device_count(devices) -> int | None:
 
 def _tpu(devices: str) -> tuple[Chip, tuple[int, ...]]:
     if not is_emulated(devices):
-        raise ValueError(f"unknown devices {devices!r}; use cpu:N, tpu:<chip>:<shape> (e.g. tpu:v5p:4x4x4, "
-                         "tpu:v6e:4x4, tpu:TPU7x:2x2x1), a slice (tpu:v5p-128), or leave it out for the process's "
-                         "real devices")
+        raise ValueError(f"unknown devices {devices!r}; use cpu:N, gpu:<chip>:<N> (gpu:H100:64), tpu:<chip>:<shape> "
+                         "(e.g. tpu:v5p:4x4x4, tpu:v6e:4x4, tpu:TPU7x:2x2x1), a slice (tpu:v5p-128), or leave it out "
+                         "for the process's real devices")
     try:
         return parse_tpu_spec(devices)
     except ValueError as e:
@@ -157,7 +247,7 @@ def is_emulated(devices) -> bool:
     if not isinstance(devices, str):
         return False
     low = devices.strip().lower()
-    return low.startswith("cpu:") or low.startswith("tpu:") or any(
+    return low.startswith(("cpu:", "tpu:", "gpu:")) or any(
         low.startswith(f"{c.slice_prefix}-") for c in CHIPS.values() if c.slice_prefix)
 
 
@@ -184,6 +274,8 @@ def get_devices(devices=None, verbose: bool = False) -> list:
         return list(devices)
     if devices.strip().lower().startswith("cpu:"):
         return _emulated_cpu_devices(cpu_device_count(devices))
+    if devices.strip().lower().startswith("gpu:"):
+        return _gpu_topology_devices(*parse_gpu_spec(devices), verbose)
     return _tpu_topology_devices(*_tpu(devices), verbose)
 
 

@@ -77,11 +77,12 @@ def add_schedule_args(p) -> None:
     g.add_argument("--microbatches", type=int, default=1,
                    help="M microbatches: the pipeline's with a stage axis, else gradient accumulation (default 1)")
     g.add_argument("--repeats", type=int, default=1,
-                   help="circular pipeline: R chunks of blocks per stage (default 1: GPipe)")
+                   help="R chunks of blocks per stage: the circular pipeline, or with --schedule 1f1b the "
+                        "interleaved 1F1B (default 1: GPipe, 1F1B)")
     g.add_argument("--schedule", dest="pipeline", choices=PIPELINES, default="gpipe",
                    help="pipeline schedule: gpipe, circular (needs --repeats > 1; --repeats alone implies it) or "
                         "1f1b (transformer: a forward and a backward every iteration, activations bounded by the "
-                        "stages; default gpipe)")
+                        "stages; interleaved with --repeats R; default gpipe)")
     g.add_argument("--fsdp-gather", default="microbatch", choices=FSDP_GATHERS,
                    help="gather FSDP weights once per microbatch or once per step (pipeline; default microbatch)")
     g.add_argument("--optimizer-sharding", choices=OPTIMIZER_SHARDINGS, default="fsdp",
@@ -317,9 +318,9 @@ def plan_command(args, verify) -> int:
     print("M: microbatches (gradient accumulation without stages; GPipe/circular with them), R: circular repeats, "
           "bubble: (S-1)/(R*M) of the ideal step, paid as executed FLOPs (the scan computes in bubble iterations); "
           "bubble s: T_math of the bubble iterations."
-          + (" sched: the pipeline schedule (gpipe, circular, 1f1b; 1F1B's bubble 2(S-1)/M); SP: sequence "
-             "parallelism; ctx: the context strategy (with a context axis); crit B: not modelled for the "
-             "transformer." if transformer else ""))
+          + (" sched: the pipeline schedule (gpipe, circular, 1f1b; 1F1B's bubble 2(S-1)/M, interleaved "
+             "(R*S+S-2)/(R*M)); SP: sequence parallelism; ctx: the context strategy (with a context axis); "
+             "crit B: not modelled for the transformer." if transformer else ""))
     best = {}
     for k, r in enumerate(plans, 1):
         best.setdefault(r["mesh"]["stage"] > 1, (k, r))
@@ -364,7 +365,7 @@ def _plan_cells(r: dict, k: int, slices: int, form: str, compiled: bool) -> list
              f"{r['memory_bytes'] / 1e9:.1f}", crit]
     if compiled:
         peak, fits = r.get("compiled_peak_bytes"), r.get("compiled_fits")
-        cells += (["", ""] if "compiled_on" not in r else  # a GPU plan: compiled on CPU devices, their state only
+        cells += (["", ""] if "compiled_on" not in r else  # a GPU plan without the CUDA plugin: CPU devices, state only
                   [f"state {r['compiled_state_bytes'] / 1e9:.1f}", "n/a"] if fits is None else
                   [f"{peak / 1e9 if peak else float('nan'):.1f}", "yes" if fits else "no"])
     return cells
@@ -457,10 +458,12 @@ def add_commands(sub, *, check_command, verify_plans, verify_pipeline, render_pi
                    help="largest microbatch count to try (gradient accumulation, pipeline; default %(default)s; "
                         "1: no microbatches)")
     p.add_argument("--max-repeats", type=int, default=4, metavar="R",
-                   help="largest circular repeat count to try with stages (default %(default)s; 1: GPipe only)")
+                   help="largest repeat count to try with stages, circular and interleaved 1F1B (default "
+                        "%(default)s; 1: none)")
     p.add_argument("--verify-top", type=int, default=0, metavar="K",
-                   help="compile the top K plans ahead of time for the real TPU topology and add their peak (a GPU "
-                        "plan: on as many emulated CPU devices, its state bytes only; no GPU compiler here)")
+                   help="compile the top K plans ahead of time for the real TPU topology, or with XLA's GPU compiler "
+                        "for the GPUs (the cuda-aot extra; without it on as many emulated CPU devices, state bytes "
+                        "only), and add their peak and whether it fits")
     p.add_argument("--verbose", action="store_true", help="with --verify-top: let libtpu's start-up lines through")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=lambda args: plan_command(args, verify_plans))

@@ -545,7 +545,8 @@ class Schedule:
                     context axis with ppermute, future chunks skipped.
     pipeline        (with a stage axis) "gpipe", "circular" (repeats > 1; set by repeats > 1 alone) or "1f1b":
                     a forward and a backward slot in every iteration, each stage's activations bounded by the
-                    microbatches in flight (at most 2S − 1 stage inputs), not by M (transformer only).
+                    microbatches in flight (at most 2·R·S − 1 stage inputs), not by M (transformer only);
+                    with repeats R > 1 the interleaved 1F1B (Megatron's virtual stages: R chunks per stage).
     optimizer_sharding  "fsdp": the FP32 weights, gradients and Adam moments sharded over fsdp·tensor,
                     replicated over data; "zero1" (ZeRO stage 1, Rajbhandari et al. 2020): the gradients
                     reduce-scattered over data·fsdp, the moments and the update sharded over data too, the
@@ -575,9 +576,6 @@ class Schedule:
             object.__setattr__(self, "pipeline", Pipeline.CIRCULAR)
         if self.pipeline == "circular" and self.repeats == 1:
             raise ValueError("a circular pipeline needs repeats > 1 (chunks per stage); repeats=1 is gpipe")
-        if self.pipeline == "1f1b" and self.repeats > 1:
-            raise ValueError(f"the interleaved 1F1B schedule (1f1b with repeats={self.repeats}) is not built: "
-                             "use repeats=1, or the circular schedule")
         if not isinstance(self.sequence_parallel, bool):
             raise ValueError(f"sequence_parallel must be True or False, got {self.sequence_parallel!r}")
         positive_int("attention_block", self.attention_block)

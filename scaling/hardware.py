@@ -59,6 +59,7 @@ class Chip:
     cube: int | None = None  # 3D: slices of whole cube^3 blocks; they wrap around on every axis
     wrap_length: int | None = None  # 2D: an axis wraps around when it is this long (the full pod side)
     max_slice_chips: int | None = None  # the largest single slice; more chips are slices joined by DCN
+    gpu_target: tuple[tuple[str, object], ...] = ()  # GPU: what XLA's compiler is told of it (mesh.devices)
 
     @property
     def ici_bidi(self) -> float:
@@ -119,13 +120,16 @@ class Chip:
 
 # The chip assumed when none is given: the question's TPU (v5p).
 DEFAULT_CHIP = "v5p"
+GPU_NODE = 8  # GPUs on one NVLink switch [SB-gpus]: an H100/H200/B200 node
 
 _TABLE = "data/chips.toml"  # the rows, shipped as package data (pyproject.toml [tool.setuptools.package-data])
 _GIB_KEYS = {"hbm_gib": "hbm_bytes", "usable_hbm_gib": "usable_hbm"}  # keys the file gives in GiB
 
 
 def _tuples(value):
-    """TOML arrays (lists, nested) -> tuples, so a Chip stays hashable."""
+    """TOML arrays (lists, nested) -> tuples and tables -> tuples of (key, value), so a Chip stays hashable."""
+    if isinstance(value, dict):
+        return tuple((k, _tuples(v)) for k, v in value.items())
     return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
 
 

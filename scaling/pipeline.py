@@ -17,24 +17,26 @@ microbatch's activations live at a time.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 
 from scaling.config import FFNConfig, Schedule, saved_blocks
 
 
 def iterations(schedule: Schedule, stages: int) -> int:
-    """T, the loop trips of the compiled schedule: R·M + S − 1 with stages (S > 1; 1F1B: M + 2(S − 1), a forward
-    and a backward slot each: ffn_model.pipeline.one_f_one_b), M without."""
+    """T, the loop trips of the compiled schedule: R·M + S − 1 with stages (S > 1; 1F1B: R·(M + S) + S − 2, a
+    forward and a backward slot each, M + 2(S − 1) for R = 1: ffn_model.pipeline.one_f_one_b), M without."""
     M, R = schedule.microbatches, schedule.repeats
     if stages > 1 and schedule.pipeline == "1f1b":
-        return M + 2 * (stages - 1)
+        return R * (M + stages) + stages - 2
     return R * M + stages - 1 if stages > 1 else M
 
 
 def bubble(schedule: Schedule, stages: int) -> dict[str, float]:
     """{"idle_share": (S−1)/(R·M+S−1) (MaxText), "overhead": (S−1)/(R·M) (Megatron-LM)}; 1F1B as this package
     runs it, lock-step, a forward and a backward slot every iteration: 2(S−1)/(M+2(S−1)) and 2(S−1)/M (Megatron's
-    1F1B idles (S−1)/M: its warm-up and cool-down slots are not paid by every stage)."""
+    1F1B idles (S−1)/M: its warm-up and cool-down slots are not paid by every stage); interleaved (R > 1), in
+    chunk-iterations of L/(S·R) layers: (R·S + S − 2)/(R·M) (Megatron's (S−1)/(R·M))."""
     M, R, S = schedule.microbatches, schedule.repeats, stages
     idle = iterations(schedule, S) - R * M
     return {"idle_share": idle / (R * M + idle), "overhead": idle / (R * M)}
@@ -100,6 +102,7 @@ def relay_rounds(stages: int, repeats: int) -> list[list[tuple[int, int, int, in
     return sorted(rounds, key=lambda rd: sum(t != s for s, _, t, _ in rd))
 
 
+@functools.cache
 def relay_moves(stages: int, repeats: int) -> int:
     """Rounds of the circular re-lay that move anything (relay_rounds): each is one collective-permute
     over ``stage`` of one chunk of L/(S·R) blocks per device; R, less a round where every stage keeps
@@ -116,5 +119,6 @@ def microbatches_in_flight(schedule: Schedule, stages: int) -> int:
 
 
 def kept_inputs(schedule: Schedule, stages: int) -> int:
-    """1F1B's ring of stage inputs, K = 2S − 1 microbatches (ffn_model.pipeline.one_f_one_b); 0 otherwise."""
-    return 2 * stages - 1 if stages > 1 and schedule.pipeline == "1f1b" else 0
+    """1F1B's ring of chunk inputs, K = 2·R·S − 1 microbatches' (2S − 1 for R = 1; ffn_model.pipeline.one_f_one_b);
+    0 otherwise."""
+    return 2 * schedule.repeats * stages - 1 if stages > 1 and schedule.pipeline == "1f1b" else 0

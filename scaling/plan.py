@@ -15,7 +15,7 @@ nodes joined like slices over the scale-out network (InfiniBand, IB: the table's
 
 For each schedule of a mesh, ``predict`` runs once on numpy arrays of the batch sizes, microbatch counts and
 the mesh's layouts' links (a transformer's: of a group of meshes too, _groups, and for the remat policy that
-keeps the most and fits, _first_fits); each (mesh, batch) keeps its fastest layout. The plans the planner ranks
+keeps the most and fits: plan); each (mesh, batch) keeps its fastest layout. The plans the planner ranks
 are therefore exactly what ``predict`` says of them (tests/test_plan.py, tests/test_plan_transformer.py hold the
 two equal), and what ``python -m scaling check`` compares with the compiler. Ranked by the sum form unless
 told otherwise (the compiled forward step runs its collectives synchronously: docs/findings.md, "Finding for
@@ -32,15 +32,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from scaling import memory, pipeline, program, roofline, transformer
+from scaling import memory, pipeline, program, roofline
 from scaling.config import (ATTENTIONS, CONTEXT_STRATEGIES, MESH_AXES, PIPELINES, REMAT_POLICIES, FFNConfig, MeshShape,
                             Schedule, TransformerConfig, check_divisible, check_remat, divisions, positive_float,
                             positive_int)
 from scaling.sharding import shards
-from scaling.hardware import Chip, split_slices
+from scaling.transformer import POLICY_KEEPS
+from scaling.hardware import GPU_NODE, Chip, split_slices
 from scaling.workload import Workload
 
-GPU_NODE = 8  # GPUs on one NVLink switch [SB-gpus]: an H100/H200/B200 node
 # The axes the planner factorises the chips into: the FFN stack's (its tokens have no sequence for a
 # context axis to split).
 PLAN_AXES = tuple(a for a in MESH_AXES if a != "context")
@@ -177,7 +177,8 @@ def schedules(cfg, mesh: MeshShape, choices: Choices, max_microbatches: int, max
     Schedule.check accepts. FFN stack: R in repeats_for, M in microbatches_for. Transformer: without stages
     M = 1 (its gradient accumulation is not in the closed forms) with each attention, context strategy (with a
     context axis), sequence parallelism (with a tensor axis), optimizer sharding and remat; with S stages
-    GPipe, circular (R > 1 of repeats_for) and 1F1B, M = S, 2S, ... (microbatches_for)."""
+    GPipe, circular (R > 1 of repeats_for) and 1F1B (R of repeats_for: R > 1 interleaved), M = S, 2S, ...
+    (microbatches_for)."""
     S = mesh["stage"]
     if not isinstance(cfg, TransformerConfig):
         out = [(Schedule(np.array(microbatches_for(S, R, max_microbatches)), R), r)
@@ -185,7 +186,12 @@ def schedules(cfg, mesh: MeshShape, choices: Choices, max_microbatches: int, max
         return [(s, r) for s, r in out if runs(cfg, mesh, s)]
     pipes = [("gpipe", 1)] if S == 1 else [
         (pipe, R) for pipe in choices.pipelines
-        for R in ([r for r in repeats_for(cfg, S, max_repeats) if r > 1] if pipe == "circular" else [1])]
+        for R in ([r for r in repeats_for(cfg, S, max_repeats) if r > 1] if pipe == "circular" else
+                  repeats_for(cfg, S, max_repeats) if pipe == "1f1b" else [1])]
+    try:  # the mesh's own divisibility, once
+        check_divisible(cfg, mesh)
+    except ValueError:
+        return []
     out = []
     for (pipe, R), att, ctx, sp, opt in itertools.product(
             pipes, choices.attentions, choices.contexts if mesh["context"] > 1 else choices.contexts[:1],
@@ -194,8 +200,11 @@ def schedules(cfg, mesh: MeshShape, choices: Choices, max_microbatches: int, max
         ms = np.array(microbatches_for(S, R, max_microbatches) if S > 1 else [1])
         sched = Schedule(ms, R, sequence_parallel=sp, attention=att, context=ctx, optimizer_sharding=opt,
                          pipeline=pipe)
-        if runs(cfg, mesh, sched):  # the remat policy changes nothing Schedule.check looks at
-            out += [(sched, remat) for remat in choices.remats]
+        try:  # the remat policy changes nothing Schedule.check looks at
+            sched.check(cfg, mesh)
+        except ValueError:
+            continue
+        out += [(sched, remat) for remat in choices.remats]
     return out
 
 
@@ -251,27 +260,13 @@ def _groups(cfg, chip: Chip, dims, n_slices: int, choices: Choices, max_microbat
         dcn, meshes, lay_lists, by_choice = groups.setdefault(key, (dcn_axis, [], [], {}))
         keys = {}  # one key per schedule (schedules pairs each with every remat policy)
         for sched, remat in runs_here:
-            k = keys.setdefault(id(sched), dataclasses.replace(sched, microbatches=1))
+            k = keys.get(id(sched))
+            if k is None:
+                k = keys[id(sched)] = dataclasses.replace(sched, microbatches=1)
             by_choice.setdefault(k, (sched, {}))[1].setdefault(remat, []).append(len(meshes))
         meshes.append(mesh)
         lay_lists.append(lays)
     return list(groups.values())
-
-
-def _first_fits(fits: dict) -> dict:
-    """{remat: (workload, mask)} -> the same with each mask keeping only the elements where no policy that keeps
-    more fits. The transformer's policies keep nested sets (scaling.transformer.POLICY_KEEPS: none ⊇ selective ⊇
-    minimal ⊇ save_dot_* ⊇ save_qkv_proj ⊇ full), so along that order the memory falls and the recompute (FLOPs
-    and the collectives it repeats) grows: the first that fits is the fastest that fits (tests/test_plan.py holds
-    it against every policy). Policies left with no element are dropped."""
-    taken, out = None, {}
-    for rem in sorted(fits, key=lambda r: -len(transformer.POLICY_KEEPS[r])):
-        w, ok = fits[rem]
-        first = ok if taken is None else ok & ~taken
-        taken = ok if taken is None else taken | ok
-        if first.any():
-            out[rem] = (w, first)
-    return out
 
 
 def _batch_runs(cfg, mesh: Mapping, B, M):
@@ -321,10 +316,12 @@ def plan(cfg, chip: Chip, chips: int, batch_tokens, hbm: float | None = None, re
         if n_slices * math.prod(dims) != chips:
             raise ValueError(f"topology {dims} has {math.prod(dims)} chips, which do not divide {chips}")
     axes, transformer = plan_axes(cfg), isinstance(cfg, TransformerConfig)
-    found = []  # (sort key, mesh key, what builds the plan dict)
+    found = {}  # (B, mesh, DCN axis), or a serial number without per_mesh -> (sort key, what builds the plan dict)
     for dcn_axis, meshes, lay_lists, by_choice in _groups(cfg, chip, dims, n_slices, choices, max_microbatches,
                                                           max_repeats):
         G, nl = len(meshes), max(len(x) for x in lay_lists)
+        mesh_keys = [tuple(m[a] for a in axes) for m in meshes]
+        best_step = np.full((len(batches), G), np.inf)  # the fastest step found so far per batch and mesh
         sizes = {a: [m[a] for m in meshes] for a in axes}  # an axis the group's meshes agree on stays an int
         group = meshes[0] if G == 1 else {a: v[0] if len(set(v)) == 1 else np.array(v)[None, None, :, None]
                                           for a, v in sizes.items()}
@@ -339,16 +336,35 @@ def plan(cfg, chip: Chip, chips: int, batch_tokens, hbm: float | None = None, re
             arrays = dataclasses.replace(sched, microbatches=ms[None, :, None, None])
             batch_ok = (np.broadcast_to(_batch_runs(cfg, group, batches[:, None, None, None],
                                                     ms[None, :, None, None]), shape)[..., 0] if transformer else True)
-            fits = {}
-            for rem, members in by_remat.items():
-                w = Workload(cfg, group, batches[:, None, None, None], remat=rem, schedule=arrays, flags=flags)
+            # The first policy that fits: the transformer's policies keep nested sets (POLICY_KEEPS:
+            # none ⊇ selective ⊇ minimal ⊇ save_dot_* ⊇ save_qkv_proj ⊇ full), so along that order the memory falls
+            # and the recompute (FLOPs and the collectives it repeats) grows: the first that fits is the fastest that
+            # fits (tests/test_plan_transformer.py holds it against every policy), and a policy is neither sized nor
+            # predicted where one that keeps more fits. Not for 1F1B with chunks of one layer, where XLA drops more
+            # of the second forward the less a policy keeps (transformer.dead_in_again).
+            S = int(np.asarray(group["stage"]).flat[0])
+            first_fit = per_mesh and transformer and not (sched.pipeline == "1f1b" and
+                                                          pipeline.chunk_blocks(cfg, sched, S) == 1)
+            order = sorted(by_remat, key=lambda r: -len(POLICY_KEEPS[r])) if first_fit else by_remat
+            taken, fits = np.zeros(shape[:3], bool), {}
+            for rem in order:
                 member = np.zeros(G, bool)
-                member[members] = True
-                fits[rem] = (w, (np.broadcast_to(memory.memory_per_device(w)["total"], shape)[..., 0] <= hbm)
-                             & member[None, None, :] & batch_ok)
-            if per_mesh and transformer:  # only the policy that keeps the most and fits (_first_fits)
-                fits = _first_fits(fits)
+                member[by_remat[rem]] = True
+                open_ = member[None, None, :] & batch_ok & ~taken
+                if not open_.any():
+                    continue
+                w = Workload(cfg, group, batches[:, None, None, None], remat=rem, schedule=arrays, flags=flags)
+                ok = (np.broadcast_to(memory.memory_per_device(w)["total"], shape)[..., 0] <= hbm) & open_
+                if first_fit:
+                    taken |= ok
+                if ok.any():
+                    fits[rem] = (w, ok)
             for rem, (w, ok) in fits.items():
+                # per mesh: no prediction where even the math time (a lower bound of every form) is slower than the
+                # best step already found for that batch and mesh
+                if per_mesh and not (ok & (np.broadcast_to(program.step_flops_per_device(w)["total"], shape)[..., 0]
+                                           / chip.device_flops <= best_step[:, None, :])).any():
+                    continue
                 p = program.predict(w, chip, axis_links=axis_links, dcn={dcn_axis: n_slices} if dcn_axis else None)
                 step = np.broadcast_to(p.times.step[form], shape)
                 best = step.argmin(axis=3)
@@ -358,14 +374,14 @@ def plan(cfg, chip: Chip, chips: int, batch_tokens, hbm: float | None = None, re
                     if not transformer and not runs(cfg, meshes[g], dataclasses.replace(sched, microbatches=M), B):
                         continue  # a batch train refuses
                     j = best[i, k, g]
-                    found.append(((B, round(float(step[i, k, g, j]), 12), float(mem[i, k, g]), M),
-                                  (B, tuple(meshes[g][a] for a in axes), dcn_axis),
-                                  (B, p, shape, (i, k, g, j), sched, rem, meshes[g], lay_lists[g][j], dcn_axis)))
-    found.sort(key=lambda f: f[0])
-    if per_mesh:
-        seen = set()
-        found = [f for f in found if f[1] not in seen and not seen.add(f[1])]
-    return [_plan_dict(cfg, chip, axes, n_slices, devices, hbm, form, *f[2]) for f in found]
+                    rank = (B, round(float(step[i, k, g, j]), 12), float(mem[i, k, g]), M)
+                    best_step[i, g] = min(best_step[i, g], step[i, k, g, j])
+                    where = (B, mesh_keys[g], dcn_axis) if per_mesh else len(found)
+                    if where not in found or rank < found[where][0]:  # per mesh: its best only
+                        found[where] = (rank, (B, p, shape, (i, k, g, j), sched, rem, meshes[g], lay_lists[g][j],
+                                               dcn_axis))
+    return [_plan_dict(cfg, chip, axes, n_slices, devices, hbm, form, *f[1])
+            for f in sorted(found.values(), key=lambda f: f[0])]
 
 
 def _plan_dict(cfg, chip, axes, n_slices, devices, hbm, form, B, p, shape, at, sched, rem, mesh, lay, dcn_axis) -> dict:

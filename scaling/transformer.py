@@ -86,7 +86,7 @@ def passes(w: Workload) -> dict:
     T, M, R = pipeline.iterations(schedule, S), schedule.microbatches, schedule.repeats
     Lc = cfg.blocks // (S * R)  # a chunk's layers
     if one_f:
-        return {"layers": cfg.blocks / S * T / M, "weight_passes": T * Lc, "head": T / M, "head_iterations": T,
+        return {"layers": cfg.blocks / S * T / (R * M), "weight_passes": T * Lc, "head": T / M, "head_iterations": T,
                 "again": 1, "iterations": T, "chunk": Lc}
     return {"layers": cfg.blocks / S * T / (R * M), "weight_passes": T * Lc, "head": 1 / S, "head_iterations": 1,
             "again": 0, "iterations": T, "chunk": Lc}
@@ -222,8 +222,12 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
     dE = (1 + p["head_iterations"]) * c * V * D / Y  # their gradients: the lookup's, the output layer's, tied or not
     zero1 = train and schedule.optimizer_sharding == "zero1" and spans(d)
     Lw = p["weight_passes"]
-    if spans(X):  # 1F1B gathers a chunk's weights three times an iteration: its forward slot, again, its backward
-        out["fsdp"] = {"all-gather": Lw * W * ((2 + p["again"]) if train else 1) + E}
+    if spans(X):  # 1F1B gathers a chunk's weights three times an iteration: its forward slot, again (less the
+        # matrices XLA drops from a one-layer chunk's second forward, dead_in_again), its backward
+        dead = dead_in_again(cfg, remat, p)
+        dead_w = c * (dead["mlp"] * cfg.mlp_matrices * D * cfg.d_ff + dead["out"] * N * H * D
+                      + dead["qkv"] * D * H * (N + 2 * K)) / Y
+        out["fsdp"] = {"all-gather": Lw * (W * ((2 + p["again"]) if train else 1) - p["again"] * dead_w) + E}
         if zero1:
             pass  # the gradients reduce-scattered over data·fsdp (below)
         elif train and windowed_grad_rs:
@@ -375,7 +379,8 @@ def memory_per_device(w: Workload) -> dict:
     (8 B per score; XLA fuses the rest), the forward's FP32 scores (4 B per score: the probabilities
     are fused into the p·v matmul); flash, the same per key block. With a vocabulary: int32 ids and
     labels as the batch, and the loss's phase, c·(t·D + t·V/Y + V·D/Y) (the final norm's output, the
-    BF16 logits, the gathered U), where it exceeds a layer's transients. A forward step holds the master
+    BF16 logits, the gathered U), where it exceeds a layer's transients. With repeats R > 1 on stages, the
+    re-laid FP32 copy of the stage's layers (master·P_layers/(S·X·Y)). A forward step holds the master
     weights, one layer's gathered weights (none without fsdp: the casts fuse into the matmuls) and
     working set. (Each term is an allocation of XLA's memory-usage report: docs/findings.md, memory.)"""
     cfg, mesh, batch_tokens, remat, schedule, precision, step = (w.model, w.mesh, w.batch_tokens, w.remat,
@@ -413,19 +418,22 @@ def memory_per_device(w: Workload) -> dict:
         # (1F1B: the chunk's, all its layers': jax.vjp returns them at once, before they join the accumulators)
         terms["layer_grads"] = ((L / S if p["again"] else 1) * precision.grad
                                 * layer_weight_bytes(cfg, mesh, precision) / precision.compute)
-    saved = sum(saved_per_layer(cfg, mesh, batch_tokens, remat, schedule, precision).values())
+    kept = saved_per_layer(cfg, mesh, batch_tokens, remat, schedule, precision)
+    saved = sum(kept.values())
     c = precision.compute
-    if train and p["again"]:  # 1F1B: one chunk's residuals (its backward slot) and the stage inputs in flight
-        terms["activations"] = L / S * saved + pipeline.kept_inputs(schedule, S) * c * t * D
+    if train and p["again"]:  # 1F1B: one chunk's residuals (its backward slot) and the chunk inputs in flight
+        terms["activations"] = p["chunk"] * saved + pipeline.kept_inputs(schedule, S) * c * t * D
     elif train:  # every layer-pass's residuals (GPipe and circular: every iteration's, bubble ones included)
         terms["activations"] = p["layers"] * M * saved
+    if S > 1 and schedule.repeats > 1:  # circular and interleaved 1F1B: the stage's FP32 layers re-laid so that stage
+        # s holds chunks s, S + s, ... (ffn_model.pipeline.relay), a copy beside the masters (the FFN stack's too)
+        terms["relaid"] = precision.master * layer_params / (S * X * Y)
     if S > 1:  # the embedded batch given to every stage, and the microbatch buffer (GPipe) or the input's
         # gradient (1F1B, beside its FP32 accumulator of the output matrix's gradient)
         terms["pipeline_buffers"] = 2 * M * c * t * D + (4 * V * D / (X * Y) if p["again"] else 0.0)
     if train and remat != "none":  # the layer whose backward runs holds its recomputed forward's residuals
         none = saved_per_layer(cfg, mesh, batch_tokens, "none", schedule, precision)
-        kept = saved_per_layer(cfg, mesh, batch_tokens, remat, schedule, precision)
-        terms["recomputed_layer"] = sum(none.values()) - sum(kept.values())
+        terms["recomputed_layer"] = sum(none.values()) - saved
     if train and V:  # the loss's phase: the norm's output, the BF16 logits and the gathered U, beside the saved
         # activations; the peak is the larger of it and a layer's phase (the transients above)
         layer = sum(terms.get(k, 0.0) for k in ("transient_weights", "attention_working_set", "layer_grads",

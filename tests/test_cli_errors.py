@@ -116,7 +116,8 @@ CASES = [
     ("compile --devices tpu:v5p:2x2 --mesh fsdp=4",
      r"v5p has no topology 2x2; valid: 2x2x1, 2x2x2, 2x2x4, 2x4x4, or whole"),
     ("compile --devices tpu:v5litepod-12 --mesh fsdp=4", r"v5e has no slice of 12 chips"),
-    ("compile --devices abc --mesh fsdp=4", r"unknown devices 'abc'; use cpu:N, tpu:<chip>:<shape>"),
+    ("compile --devices abc --mesh fsdp=4",
+     r"unknown devices 'abc'; use cpu:N, gpu:<chip>:<N> \(gpu:H100:64\), tpu:<chip>:<shape>"),
     ("compile --devices cpu:8 --mesh fsdp=8 --steps 3", r"unrecognized arguments: --steps 3"),
     # bench
     ("bench --preset tiny --devices cpu:8 --steps 0", r"--steps must be a positive integer, got 0"),
@@ -301,7 +302,7 @@ def test_public_entry_points_raise_value_error(places, tmp_path):
     m = make_mesh("fsdp=4,tensor=2", "cpu:8")
     before = snapshot(tmp_path)
     for spec, devices, match in [("fsdp=16", "cpu:8", "16 devices"), ("expert=8", "cpu:8", "unknown mesh axis"),
-                                 ("fsdp=0", "cpu:8", "must be positive"), ("fsdp=8", "gpu:8", "unknown devices")]:
+                                 ("fsdp=0", "cpu:8", "must be positive"), ("fsdp=8", "tpu8", "unknown devices")]:
         with pytest.raises(ValueError, match=match):
             make_mesh(spec, devices)
     with pytest.raises(ValueError, match="unknown preset 'huge'"):

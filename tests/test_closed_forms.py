@@ -554,3 +554,30 @@ def test_transformer_pipeline_terms_by_hand():
     # parameters over fsdp·tensor = 4, and both embedding matrices (2·512·64 = 65,536 / 4): FP32 master
     # 4·(22,528 + 16,384)
     assert tf.memory_per_device(gpipe)["master"] == 4 * (90112 / 4 + 65536 / 4)
+
+
+def test_interleaved_one_f_one_b_terms_by_hand():
+    """The interleaved 1F1B (repeats R = 2) on the mesh and model above: S = 2, M = 4, chunks of L/(S·R) = 1 layer
+    (ffn_model.pipeline.one_f_one_b, scaling.pipeline)."""
+    from scaling import pipeline
+    from scaling import transformer as tf
+
+    cfg = PRESETS["tiny-tf"].replace(kv_heads=4, blocks=4, vocab=512)
+    w = Workload(cfg, parse_mesh_spec("stage=2,fsdp=2,tensor=2"), 512, schedule=Schedule(4, 2, pipeline="1f1b"))
+    # T = R·(M + S) + S − 2 = 2·6 + 0 = 12 iterations of one layer on a microbatch: 12/4 = 3 passes over t; the
+    # output layer in every iteration, 12/4 = 3
+    assert tf.passes(w) == {"layers": 3.0, "weight_passes": 12, "head": 3.0, "head_iterations": 12, "again": 1,
+                            "iterations": 12, "chunk": 1}
+    # idle: T − R·M = 12 − 8 = 4 chunk-iterations
+    assert pipeline.bubble(w.schedule, 2) == {"idle_share": 4 / 12, "overhead": 4 / 8}
+    assert pipeline.kept_inputs(w.schedule, 2) == 7  # 2·R·S − 1
+    # over stage: 12 iterations both ways, 2·12·c·64·D = 2·12·2·64·64 = 196,608; the re-lay (stage 0 holds chunks
+    # 0, 1 and needs 0, 2: one round of swaps, chunk 1 for chunk 2) of one FP32 layer, ((2·8 + 2·4)·8·64 + 2·64·256)
+    # = 45,056 parameters over fsdp·tensor = 4, 4·11,264 = 45,056 B, and its gradient back: 90,112
+    v = tf.collective_volumes(w)["stage"]
+    assert v == {"collective-permute": 196608 + 90112, "all-reduce": 32768 + 32768 + 4}
+    m = tf.memory_per_device(w)
+    # the re-laid copy of the stage's 2 layers: 4·2·45,056/4 = 90,112 B; 7 kept chunk inputs of c·64·D = 8,192 B
+    assert m["relaid"] == 90112
+    saved = sum(tf.saved_per_layer(cfg, w.mesh, 512 / 4, "none", w.schedule).values())
+    assert m["activations"] == saved + 7 * 8192

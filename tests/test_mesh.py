@@ -11,6 +11,7 @@ from jax.sharding import AxisType, PartitionSpec as P
 import mesh
 from mesh import devices as mesh_devices
 from scaling.config import MeshShape
+from scaling.hardware import get_chip
 from scaling.sharding import LOGICAL_RULES
 
 
@@ -73,7 +74,11 @@ def test_real_devices_and_device_lists():
     ("fsdp", "cpu:8", "must be axis=size"),
     ("fsdp=4", "cpu:4", "already running with 8 devices"),  # backend is up with 8 (conftest)
     ("fsdp=8", "cpu:x", "cpu:N"),
-    ("fsdp=8", "gpu:8", "unknown devices 'gpu:8'"),
+    ("fsdp=8", "gpu:8", "expected gpu:<chip>:<N>"),
+    ("fsdp=8", "gpu:v5p:8", "v5p is not a GPU"),
+    ("fsdp=12", "gpu:H100:12", "12 GPUs are not whole nodes of 8"),
+    ("fsdp=8", "gpu:B200:8", "no compiler description of B200"),
+    ("fsdp=8", "gpu:H100:x", "N must be a positive integer"),
     ("fsdp=8", "tpu:v5p-7", "v5p-N counts TensorCores, 2 per chip"),
 ])
 def test_bad_specs(spec, devices, match):
@@ -85,6 +90,30 @@ def test_tpu_topology_without_libtpu(monkeypatch):
     monkeypatch.setattr(mesh_devices, "has_libtpu", lambda: False)
     with pytest.raises(ValueError, match=r"install the tpu extra"):
         mesh.make_mesh("fsdp=16,tensor=4", "tpu:v5p:4x4x4")
+
+
+def test_gpu_topology_without_the_cuda_plugin(monkeypatch):
+    monkeypatch.setattr(mesh_devices, "has_cuda_plugin", lambda: False)
+    with pytest.raises(ValueError, match=r"install the cuda-aot extra"):
+        mesh.make_mesh("fsdp=16", "gpu:H100:16")
+
+
+def test_gpu_target_config_is_the_hardware_table_row():
+    """The text proto XLA's GPU compiler is given: the H100 row's SM count, compute capability 9.0 and its HBM
+    bandwidth (3.35e12 B/s) as the table states them."""
+    text = mesh_devices.gpu_target_config(get_chip("H100"))
+    assert "core_count: 132\n" in text and "cuda_compute_capability { major: 9 minor: 0 }" in text
+    assert "memory_bandwidth: 3350000000000\n" in text and 'device_description_str: "NVIDIA H100 80GB HBM3"' in text
+
+
+@pytest.mark.skipif(not mesh_devices.has_cuda_plugin(), reason="needs jax's CUDA plugin (the cuda-aot extra)")
+def test_gpu_topology_mesh():
+    """gpu:H100:16: two nodes of 8 H100s from the CUDA plugin's topology description, each device an H100 of its
+    host (process_index 0 and 1)."""
+    m = mesh.make_mesh("data=2,fsdp=8", "gpu:H100:16")
+    devs = list(m.devices.flat)
+    assert all(d.platform == "gpu" and d.device_kind == "NVIDIA H100 80GB HBM3" for d in devs)
+    assert sorted({d.process_index for d in devs}) == [0, 1]
 
 
 @pytest.mark.tpu

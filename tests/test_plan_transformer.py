@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from mesh.devices import has_cuda_plugin
 from scaling import program
 from scaling.config import PRESETS
 from scaling.hardware import get_chip
@@ -150,15 +151,18 @@ def test_plan_cli_for_a_transformer(capsys):
             assert "transformer" in err[0], err
 
 
-def test_verify_top_compiles_a_gpu_plan_on_cpu_devices():
-    """--verify-top on GPUs (no GPU compiler here) compiles the top plan on as many emulated CPU devices: the program
-    builds and partitions for the mesh, and its arguments per device (the FP32 state and the int32 batch, read from
-    the compiler) equal the closed form's master + optimizer + inputs; no peak or fit is claimed (XLA:CPU's memory
-    analysis is not a GPU's). Llama 2 7B on 16 H100s (two nodes), a fresh process (the CPU device count is set once)."""
+@pytest.mark.skipif(not has_cuda_plugin(), reason="needs jax's CUDA plugin (the cuda-aot extra)")
+def test_verify_top_compiles_a_gpu_plan_with_the_gpu_compiler():
+    """--verify-top on GPUs compiles the top plan with XLA's GPU compiler ahead of time (gpu:H100:16, the CUDA
+    plugin's topology of two nodes of 8, no GPU present): its arguments per device (the FP32 state and the int32
+    batch) equal the closed form's master + optimizer + inputs, its peak is within 10% of the closed form's memory
+    per device (the TPU band), and it fits 80 GB. Llama 2 7B on 16 H100s, a fresh process."""
     r = _plan_cli("--preset", "llama2-7b", "--chip", "H100", "--chips", "16", "--verify-top", "1", "--json")
     assert r.returncode == 0, r.stderr
     top = json.loads(r.stdout)["plans"][0]
-    assert top["compiled_on"] == "cpu:16" and top["compiled_fits"] is None and top["compiled_peak_bytes"] is None
+    assert top["compiled_on"] == "gpu:H100:16" and top["compiled_fits"] is True
     terms = program.predict(workload_of(top, LLAMA2_7B), H100).memory
     state = terms["master"] + terms["optimizer"] + terms["inputs"]
     assert top["compiled_state_bytes"] == pytest.approx(state, rel=0.01)
+    assert top["compiled_peak_bytes"] == pytest.approx(terms["total"], rel=0.10)
+    assert top["compiled_peak_bytes"] <= H100.hbm_budget

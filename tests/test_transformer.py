@@ -164,6 +164,9 @@ PIPE_MESHES = [
     ("stage=4,tensor=2", Schedule(4), "full"),
     ("stage=4,tensor=2", Schedule(4, repeats=2), "none"),
     ("stage=4,context=2", Schedule(4, pipeline="1f1b"), "none"),
+    # interleaved 1F1B: 2 chunks per stage (stage=4: chunks of one layer), the wrap from the last stage to the first
+    ("stage=2,fsdp=2,tensor=2", Schedule(2, repeats=2, pipeline="1f1b"), "full"),
+    ("stage=4,context=2", Schedule(4, repeats=2, pipeline="1f1b", context="ring"), "none"),
 ]
 
 
@@ -175,7 +178,7 @@ def pipe_one_device():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("spec, schedule, remat", PIPE_MESHES,
-                         ids=[f"{s}-{k.pipeline}-{k.context}-{r}" for s, k, r in PIPE_MESHES])
+                         ids=[f"{s}-{k.pipeline}{k.repeats}-{k.context}-{r}" for s, k, r in PIPE_MESHES])
 def test_pipeline_stages_match_one_device(pipe_one_device, spec, schedule, remat):
     """The transformer's layers as a pipeline over stage (ffn_model.pipeline): the embedding before it, the
     output layer and loss on the stage that holds each microbatch (GPipe, circular) or in 1F1B's loop, whose

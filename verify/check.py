@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ffn_model.compile import abstract_compile
 from mesh import ici_layout, make_mesh, mesh_shape
-from mesh.devices import parse_tpu_spec, use_cpu_platform_for
+from mesh.devices import has_cuda_plugin, parse_tpu_spec, use_cpu_platform_for
 from scaling import pipeline, program
 from scaling import plan as planner
 from scaling.answers import model_name
@@ -137,6 +137,8 @@ CPU_TF_STAGE_GRID = [
     (_TF_V, "stage=4,tensor=2", 4096, "minimal", "train", Schedule(4, pipeline="1f1b")),
     (_TF_V, "data=2,stage=2,context=2", 4096, "none", "train", Schedule(2, repeats=2)),
     (_TF_V, "stage=2,fsdp=2,tensor=2", 4096, "none", "forward", Schedule(4, pipeline="1f1b")),
+    # interleaved 1F1B: chunks of one layer (the gathers XLA drops with the second forward's dead matrices)
+    (_TF_V, "stage=2,fsdp=2,tensor=2", 4096, "none", "train", Schedule(4, repeats=2, pipeline="1f1b")),
 ]
 # On TPU v5p, ahead of time; the full XXL with 2 stages (126 blocks: 63 per stage) on v5p:4x4x4, and the
 # XXL at 1M tokens on 128 chips with gradient accumulation (the plan scaling.plan ranks first there
@@ -154,12 +156,14 @@ TPU_STAGE_GRID = [
     ("tpu:v5p:2x2x2", _MEDIUM, "fsdp=4,tensor=2", 16384, "none", "train", Schedule(4)),
 ]
 # A 2048-wide transformer (16 layers, T = 2048, V = 32768, flash attention) on stage=4, tensor=2 with 8
-# microbatches of 8 sequences: 1F1B's peak (a chunk's residuals and 2S − 1 stage inputs); README's table runs
-# M = S, 2S, 4S for 1F1B and GPipe
+# microbatches of 8 sequences: 1F1B's peak (a chunk's residuals and 2S − 1 stage inputs) and the interleaved
+# 1F1B's (2RS − 1 chunk inputs, the re-laid layers); README's table runs M = S, 2S, 4S for them and GPipe
 PIPE_TF = TransformerConfig(d_model=2048, heads=16, kv_heads=16, d_ff=8192, blocks=16, seq_len=2048, vocab=32768)
 TPU_TF_STAGE_GRID = [
     ("tpu:v5p:2x2x2", PIPE_TF, "stage=4,tensor=2", 8 * 8 * 2048, "none", "train",
      Schedule(8, pipeline="1f1b", attention="flash")),
+    ("tpu:v5p:2x2x2", PIPE_TF, "stage=4,tensor=2", 8 * 8 * 2048, "none", "train",
+     Schedule(8, repeats=2, pipeline="1f1b", attention="flash")),
 ]
 # (GPipe on the same mesh, M = 4, 8, 16: README's table; left out of the suite for its time)
 XXL_STAGES = ("tpu:v5p:4x4x4", _XXL, "stage=2,fsdp=8,tensor=4", 25600, "none", "train", Schedule(4))
@@ -452,10 +456,13 @@ def _schedule_text(cfgd: dict) -> str:
         return seq + (f"; {sch.microbatches} microbatches (gradient accumulation)" if sch.microbatches > 1 else "")
     bub = pipeline.bubble(sch, S)
     return (f"; pipeline of {S} stages, {sch.microbatches} microbatches, "
-            + {"gpipe": "GPipe", "1f1b": "1F1B"}.get(sch.pipeline, f"circular with {sch.repeats} repeats")
+            + ({"gpipe": "GPipe", "1f1b": "1F1B"}.get(sch.pipeline, f"circular with {sch.repeats} repeats")
+               if sch.pipeline != "1f1b" or sch.repeats == 1 else f"interleaved 1F1B with {sch.repeats} repeats")
             + f", weights gathered once per {sch.fsdp_gather}; bubble {bub['overhead']:.3f} of the ideal step, "
-            f"{bub['idle_share']:.3f} of this one (" + ("2(S-1)/M, 2(S-1)/(M+2(S-1))" if sch.pipeline == "1f1b"
-                                                      else "(S-1)/(R*M), (S-1)/(R*M+S-1)") + ")")
+            f"{bub['idle_share']:.3f} of this one (" + (("2(S-1)/M, 2(S-1)/(M+2(S-1))" if sch.repeats == 1 else
+                                                       "(R*S+S-2)/(R*M), (R*S+S-2)/(R*(M+S)+S-2)")
+                                                      if sch.pipeline == "1f1b" else "(S-1)/(R*M), (S-1)/(R*M+S-1)")
+            + ")")
 
 
 def optimal_seconds_text(seconds: float) -> str:
@@ -511,19 +518,22 @@ def verify_plans(plans: list[dict], cfg, chip: Chip, chips: int, hbm: float | No
     and add ``compiled_peak_bytes``, ``compiled_fits`` (peak <= hbm, the chip's usable HBM by default),
     ``compiled_on`` and, on a TPU, ``compiled_ici_layout`` (the physical axes make_mesh gave each mesh axis) to the
     plan dicts, in place; compiled under the XLA flags ``flags`` (scaling.flags). A TPU plan compiles for the chip's
-    real topology of ``chips`` chips (hardware.slice_topology; one slice). A GPU plan compiles on as many emulated
-    CPU devices (no GPU compiler runs here; this must be the process's first use of jax): the program builds and
-    partitions for the mesh, and ``compiled_state_bytes`` (its arguments per device: the state and the batch) is
-    read, but XLA:CPU's peak is not a GPU's (it reports the arguments as the peak, and temporaries without the
-    reuse a GPU's buffer assignment makes: docs/findings.md), so ``compiled_peak_bytes`` and ``compiled_fits`` are
-    None."""
+    real topology of ``chips`` chips (hardware.slice_topology; one slice). A GPU plan compiles with XLA's GPU
+    compiler for ``chips`` GPUs in nodes of GPU_NODE (gpu:<chip>:<N>, mesh.devices: the CUDA plugin's topology
+    description, no GPU present). Without the CUDA plugin (or a compiler description of the GPU) it compiles on
+    as many emulated CPU devices: the program builds and partitions for the mesh and ``compiled_state_bytes``
+    (its arguments per device) is read, but XLA:CPU's peak is not a GPU's (docs/findings.md), so
+    ``compiled_peak_bytes`` and ``compiled_fits`` are None. This must be the process's first use of jax."""
     if chip.kind == "tpu":
         if any(p["slices"] > 1 for p in plans):
             raise ValueError(f"--verify-top compiles one slice; {chips} {chip.name} chips are {plans[0]['slices']} "
                              "slices")
         devices = f"tpu:{chip.name}:{'x'.join(str(d) for d in slice_topology(chip, chips))}"
+    elif has_cuda_plugin() and chip.gpu_target:
+        devices = f"gpu:{chip.name}:{chips}"
     else:
         devices = f"cpu:{chips * chip.devices_per_chip}"
+    judged = not devices.startswith("cpu:")  # XLA:CPU's peak says nothing of a TPU's or a GPU's
     hbm = hbm or chip.hbm_budget
     use_cpu_platform_for(devices)
     for p in plans:
@@ -531,9 +541,9 @@ def verify_plans(plans: list[dict], cfg, chip: Chip, chips: int, hbm: float | No
         mesh = make_mesh(MeshShape(p["mesh"]), devices, verbose)
         res = abstract_compile(planner.workload_of(p, cfg, flags), mesh)
         memory = read_compiled(res.compiled, p["mesh"]).memory
-        peak = memory["peak_bytes"] if chip.kind == "tpu" else None
+        peak = memory["peak_bytes"] if judged else None
         p["compiled_peak_bytes"] = peak
-        p["compiled_fits"] = (peak is not None and peak <= hbm) if chip.kind == "tpu" else None
+        p["compiled_fits"] = (peak is not None and peak <= hbm) if judged else None
         p["compiled_state_bytes"] = memory["argument_bytes"]
         p["compiled_on"] = devices
         if chip.kind == "tpu":
