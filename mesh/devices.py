@@ -72,9 +72,11 @@ def _load_cuda_plugin() -> None:
     discovery; one in cuda_aot_dir is put on sys.path first, and registered by hand (its initialize(), what jax's
     discovery calls) if that discovery has already run."""
     d = cuda_aot_dir()
-    if d is None or importlib.util.find_spec("jax_plugins.xla_cuda12") is not None and d not in sys.path:
-        return
+    if d is None:
+        return  # on sys.path (the cuda-aot extra): jax's discovery registers it
     if d not in sys.path:
+        if importlib.util.find_spec("jax_plugins.xla_cuda12") is not None:
+            return  # on sys.path as well
         sys.path.append(d)
     from jax._src import xla_bridge
 

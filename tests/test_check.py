@@ -195,10 +195,10 @@ def test_transformer_stage_grid_covers_every_schedule():
 
 @pytest.mark.tpu
 @pytest.mark.parametrize("devices,cfg,mesh,batch,remat,step,schedule", TPU_TF_STAGE_GRID,
-                         ids=[f"M{g[-1].microbatches}-{g[-1].pipeline}" for g in TPU_TF_STAGE_GRID])
+                         ids=[f"M{g[-1].microbatches}-{g[-1].pipeline}-R{g[-1].repeats}" for g in TPU_TF_STAGE_GRID])
 def test_tpu_transformer_stage_grid(devices, cfg, mesh, batch, remat, step, schedule):
-    """The 2048-wide transformer on v5p, stage=4, tensor=2, 8 microbatches, 1F1B: every band, the peak within
-    10%."""
+    """The 2048-wide transformer on v5p, stage=4, tensor=2, 8 microbatches, 1F1B and interleaved 1F1B (R = 2): every
+    band, the peak within 10%."""
     _assert_tpu_bands(check(grid_workload(cfg, mesh, batch, remat, step, schedule), devices))
 
 
