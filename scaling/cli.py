@@ -11,6 +11,7 @@ Bad input prints one line on stderr and exits 2 (no traceback).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -21,11 +22,11 @@ from scaling import plan as planner
 from scaling.answers import QUESTION, answers, render
 from scaling.config import (ATTENTIONS, BLOCK_KINDS, CONTEXT_STRATEGIES, FSDP_GATHERS, MLP_KINDS, PIPELINES,
                             OPTIMIZER_SHARDINGS, PRESETS,
-                            REMAT_POLICIES, FFNConfig, MeshShape, Schedule, TransformerConfig, get_preset,
-                            positive_int)
+                            REMAT_POLICIES, FFNConfig, MeshShape, Schedule, TransformerConfig, check_divisible,
+                            get_preset, parse_mesh_spec, positive_float, positive_int)
 
 from scaling.flags import DEFAULT_FLAGS, FLAG_SETS, FlagSet, get_flag_set
-from scaling.hardware import DEFAULT_CHIP, chips_in, get_chip, parse_slice, slice_name
+from scaling.hardware import DEFAULT_CHIP, GPU_NODE, chips_in, get_chip, parse_slice, slice_name, split_slices
 from scaling.program import predict
 from scaling.table import table
 from scaling.workload import Workload
@@ -382,6 +383,156 @@ def _mesh_text(mesh: dict) -> str:
     return ",".join(f"{a}={n}" for a, n in mesh.items() if n > 1) or "1 device"
 
 
+def predict_target(args):
+    """(chip, slice dims, slices) from --slice and --slices, or --chip and --chips (GPUs: nodes of GPU_NODE; TPUs:
+    hardware.split_slices), the GPU's share of --inter-node-bandwidth (bytes/s per node) as its dcn_bw."""
+    if args.slice is not None:
+        if args.chips is not None:
+            raise ValueError(f"--slice {args.slice} names the chip count already; leave out --chips")
+        chip, dims = parse_slice(args.slice)
+        if args.chip is not None and get_chip(args.chip) is not chip:
+            raise ValueError(f"--slice {args.slice} is a {chip.name} slice, not {args.chip}")
+        slices = positive_int("--slices", 1 if args.slices is None else args.slices)
+    else:
+        if args.slices is not None:
+            raise ValueError("--slices counts slices of --slice; with --chip give --chips")
+        if args.chips is None:
+            raise ValueError("give the hardware: --chip and --chips, or --slice (and --slices)")
+        chip, chips = get_chip(args.chip or DEFAULT_CHIP), positive_int("--chips", args.chips)
+        if chip.kind == "gpu":
+            node = min(chips, GPU_NODE)
+            if chips % node:
+                raise ValueError(f"{chips} GPUs are not whole nodes of {GPU_NODE}")
+            slices, dims = chips // node, (node,)
+        else:
+            slices, dims = split_slices(chip, chips)
+    if args.inter_node_bandwidth is not None:
+        if chip.kind != "gpu":
+            raise ValueError("--inter-node-bandwidth is a GPU cluster's (bytes/s per node); a TPU slice's DCN is the "
+                             "hardware table's")
+        bw = positive_float("--inter-node-bandwidth", args.inter_node_bandwidth)
+        chip = dataclasses.replace(chip, dcn_bw=bw / dims[0])
+    return chip, dims, slices
+
+
+def predict_batch(args, cfg, mesh) -> tuple[int, int]:
+    """(B tokens, M microbatches) from --global-batch (sequences; a transformer's) or --batch-tokens, and
+    --microbatch (sequences per microbatch on each data·fsdp shard: M = global batch / (microbatch·data·fsdp)) or
+    --microbatches."""
+    if (args.global_batch is None) == (args.batch_tokens is None):
+        raise ValueError("give the batch: --global-batch (sequences) or --batch-tokens")
+    if args.global_batch is not None:
+        if not isinstance(cfg, TransformerConfig):
+            raise ValueError("--global-batch counts sequences (a transformer's); give the FFN stack --batch-tokens")
+        B = positive_int("--global-batch", args.global_batch) * cfg.seq_len
+    else:
+        B = positive_int("--batch-tokens", args.batch_tokens)
+    M = args.microbatches
+    if args.microbatch is not None:
+        if M != 1:
+            raise ValueError("give --microbatch (sequences per microbatch) or --microbatches (their count), not both")
+        if not isinstance(cfg, TransformerConfig):
+            raise ValueError("--microbatch counts sequences (a transformer's); give the FFN stack --microbatches")
+        replicas = mesh["data"] * mesh["fsdp"]
+        seqs = B // cfg.seq_len
+        per = positive_int("--microbatch", args.microbatch) * replicas
+        if seqs % per:
+            raise ValueError(f"--global-batch {seqs} is not a whole number of microbatches of {args.microbatch} "
+                             f"sequences on each of data·fsdp = {replicas} shards")
+        M = seqs // per
+    return B, M
+
+
+def predict_command(args) -> int:
+    """One configuration's predicted step (predict_result), term by term, or with --json one object."""
+    out, p = predict_result(args)
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    print_prediction(out, p)
+    return 0
+
+
+def predict_result(args) -> tuple[dict, object]:
+    """(the JSON object predict prints, the Prediction) of predict's flags: scaling.plan.predict_placed, whose
+    program.predict is the planner's function."""
+    flags = flags_of(args)
+    cfg = model_config(args)
+    chip, dims, slices = predict_target(args)
+    mesh = parse_mesh_spec(args.mesh)
+    B, M = predict_batch(args, cfg, mesh)
+    args.microbatches = M
+    schedule = schedule_of(args)
+    w = Workload(cfg, mesh, B, args.step, args.remat, schedule, flags=flags)
+    check_divisible(cfg, mesh, B)
+    given = {a: n for a, n in parse_mesh_spec(args.dcn_mesh).items()} if args.dcn_mesh else None
+    p, dcn, lay = planner.predict_placed(w, chip, dims, slices, given, args.form)
+    t, form = p.times, args.form
+    step = float(t.step[form])
+    devices = mesh.devices
+    terms = {"math": float(t.math), "hbm": float(t.hbm), **{f"comms.{a}": float(v) for a, v in t.comms.items()},
+             **{f"exposed.{a}": float(v) for a, v in t.exposed.items()}, "loop_copies": float(t.copies)}
+    out = {"step_seconds": step, "form": form, "mfu": float(t.mfu[form]), "hfu": float(t.hfu[form]),
+           "tokens_per_second_per_device": B / step / devices, "memory_per_device_bytes": float(p.memory["total"]),
+           "hbm_budget_bytes": chip.hbm_budget, "fits": bool(p.memory["total"] <= chip.hbm_budget),
+           "bound": str(t.bound), "terms": terms, "step_seconds_by_form": {k: float(v) for k, v in t.step.items()},
+           "memory_terms": {k: float(v) for k, v in p.memory.items()}, "flops": {k: float(v) for k, v in
+                                                                                p.flops.items()},
+           "chip": chip.name, "devices": devices, "slices": slices, "slice_shape": list(dims), "mesh": dict(mesh),
+           "dcn": dcn, "layout": {a: {"lens": v[0], "wrap": v[1]} for a, v in lay.items()},
+           "batch_tokens": B, "microbatches": M, "model": dataclasses.asdict(cfg), "remat": args.remat,
+           "schedule": {k: str(v) if not isinstance(v, (int, bool)) else v
+                        for k, v in dataclasses.asdict(schedule).items()}, "xla_flags": flags.name,
+           "step": args.step, "model_text": str(cfg), "xla_flags_text": flags.describe()}
+    return out, p
+
+
+def print_prediction(out: dict, p) -> None:
+    """predict's text: the configuration, the terms, the step, tokens/s, MFU and memory per device."""
+    t, form, step, slices, dims = p.times, out["form"], out["step_seconds"], out["slices"], out["slice_shape"]
+    chip, dcn, devices = get_chip(out["chip"]), out["dcn"], out["devices"]
+    B, M = out["batch_tokens"], out["microbatches"]
+    where = (f"{slices} slices of {'x'.join(map(str, dims))}" if chip.kind == "tpu" and slices > 1 else
+             f"{slices} nodes of {dims[0]}" if chip.kind == "gpu" and slices > 1 else "x".join(map(str, dims)))
+    net = (f"; over {chip.network_name}: " + ", ".join(f"{a} x{n}" for a, n in dcn.items())) if dcn else ""
+    print(f"{out['model_text']} on {devices} {chip.name} devices ({where}{net}), mesh {_mesh_text(out['mesh'])}, "
+          f"B = {B:,} tokens, M = {M}, remat {out['remat']}, {out['step']} step, {out['xla_flags_text']}")
+    rows = [("math", "executed FLOPs / C", t.math), ("hbm", "HBM bytes / bandwidth", t.hbm)]
+    rows += [(f"{a}", f"collectives over {a} (all)", v) for a, v in t.comms.items()]
+    rows += [(f"{a} exposed", "what the schedule leaves exposed", v) for a, v in t.exposed.items()]
+    rows += [("loop copies", "2 x loop-state copy bytes / HBM bandwidth", t.copies)]
+    print("\n".join(table(["term", "what", "seconds"], [(n, w_, f"{float(v):.4g}") for n, w_, v in rows])))
+    print(f"step: {step:.4g} s ({form}; " + ", ".join(f"{k} {float(v):.4g}" for k, v in t.step.items() if k != form)
+          + f"), bound: {t.bound}")
+    print(f"tokens/s per device: {B / step / devices:,.1f}; MFU {float(t.mfu[form]):.3f} (model FLOPs: the matmuls "
+          f"the step needs, attention's causal half), HFU {float(t.hfu[form]):.3f}")
+    over = p.memory["total"] - out["hbm_budget_bytes"]
+    print(f"memory per device: {p.memory['total'] / 1e9:.2f} GB of {out['hbm_budget_bytes'] / 1e9:.4g} GB ("
+          + ", ".join(f"{k} {v / 1e9:.2f}" for k, v in p.memory.items() if k != "total" and v >= 1e7) + ")"
+          + (f": does not fit, {over / 1e9:.2f} GB over" if over > 0 else ""))
+
+
+def validate_command(args) -> int:
+    """Every measured run predicted (scaling.validate): per row measured and predicted seconds and the error; per
+    group the median and largest |error|; per comparison Spearman's rank correlation."""
+    from scaling.validate import validate
+
+    v = validate()
+    if args.json:
+        print(json.dumps(v, indent=2))
+        return 0
+    print("\n".join(table(["run", "table", "measured s", "predicted s", "error", "MFU", "fits", "bound"],
+                          [(r["id"], r["table"], f"{r['measured_seconds']:.3f}", f"{r['predicted_seconds']:.3f}",
+                            f"{r['error']:+.1%}", f"{r['mfu']:.3f}", "yes" if r["fits"] else "no", r["bound"])
+                           for r in v["rows"]], right=(2, 3, 4, 5))))
+    for g, s in v["groups"].items():
+        print(f"{g}: {s['n']} runs, median |error| {s['median_abs_error']:.1%}, max {s['max_abs_error']:.1%}")
+    print("Spearman (predicted against measured step, rows of one comparison): "
+          + ", ".join(f"{c} {r:.2f}" for c, r in v["comparisons"].items()))
+    print("error = predicted/measured - 1; runs, their sources and what each assumes: scaling/data/measured.toml")
+    return 0
+
+
 def trace_command(args, verify_trace) -> int:
     """Seed 000's trace from the closed forms (scaling.seed000); with --verify, ``verify_trace(verbose)``
     (verify's) compiles its Ulysses layer and the table follows."""
@@ -397,6 +548,34 @@ def layers_command(args) -> int:
     """Seed 001's per-layer tables (scaling.layer_estimator), or its cell-by-cell comparison."""
     print(layer_estimator.compare_text() if args.cells else layer_estimator.render(tuple(args.table)))
     return 0
+
+
+def add_predict_parser(sub) -> None:
+    """predict's subcommand and flags (add_commands; scaling.validate parses its rows with it)."""
+    r = sub.add_parser("predict", help="one configuration's step time, term by term (the planner's step model)")
+    add_model_args(r, "xxl")
+    g = r.add_argument_group("hardware")
+    g.add_argument("--chip", help=f"chip from the hardware table (default {DEFAULT_CHIP}) with --chips")
+    g.add_argument("--chips", type=int, help="chip count: GPUs in nodes of 8, TPUs in slices of the largest size")
+    g.add_argument("--slice", help="a Cloud TPU slice instead of --chip/--chips: v5p-256, v6e-256, v5litepod-256")
+    g.add_argument("--slices", type=int, help="how many --slice slices, joined by DCN (default 1)")
+    g.add_argument("--inter-node-bandwidth", type=float, metavar="BYTES/S",
+                   help="a GPU cluster's network, bytes/s per node (default: the chip's IB figure times the node)")
+    r.add_argument("--mesh", required=True, help="the whole mesh, its product every device: data=8,fsdp=8")
+    r.add_argument("--dcn-mesh", help="which axes cross slices or nodes, e.g. data=4 (default: the outermost axes, "
+                   "data first: MaxText's and Megatron's placement)")
+    r.add_argument("--global-batch", type=int, help="global batch in sequences (transformer)")
+    r.add_argument("--batch-tokens", type=int, help="global batch in tokens (instead of --global-batch)")
+    r.add_argument("--microbatch", type=int, help="sequences per microbatch on each data·fsdp shard (sets "
+                   "--microbatches = global batch / (microbatch·data·fsdp))")
+    r.add_argument("--remat", default="none", choices=REMAT_POLICIES, help="remat policy (default %(default)s)")
+    r.add_argument("--step", default="train", choices=["train", "forward"], help="(default %(default)s)")
+    add_schedule_args(r)
+    r.add_argument("--form", default="scheduled", choices=["sum", "max", "scheduled"],
+                   help="the step's form: scheduled (math + what --xla-flags' schedule leaves exposed), sum (every "
+                        "collective exposed) or max (every term overlapped) (default %(default)s)")
+    r.add_argument("--json", action="store_true", help="one JSON object")
+    r.set_defaults(func=predict_command)
 
 
 def add_commands(sub, *, check_command, verify_plans, verify_pipeline, render_pipeline, verify_trace) -> None:
@@ -467,6 +646,11 @@ def add_commands(sub, *, check_command, verify_plans, verify_pipeline, render_pi
     p.add_argument("--verbose", action="store_true", help="with --verify-top: let libtpu's start-up lines through")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=lambda args: plan_command(args, verify_plans))
+
+    add_predict_parser(sub)
+    v = sub.add_parser("validate", help="every published measured run predicted, against its measured step")
+    v.add_argument("--json", action="store_true", help="one JSON object")
+    v.set_defaults(func=validate_command)
 
     c = sub.add_parser("check", help="closed forms against the compiled program, term by term")
     c.add_argument("--devices", default="cpu:8",

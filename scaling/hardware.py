@@ -10,6 +10,10 @@ Sources (abbreviated in the table):
              "TPU v7 removes megacore" (two JAX devices per chip).
   [SB-gpus]  Scaling Book, "How to Think About GPUs", jax-ml.github.io/scaling-book/gpus/ (dense bf16,
              HBM, NVLink per GPU one way).
+  [NV-A100]  NVIDIA A100 Tensor Core GPU datasheet: 312 TFLOP/s dense bf16, 80 GB HBM2e at 2,039 GB/s (SXM; 40 GB
+             HBM2 at 1,555 GB/s), NVLink 600 GB/s per GPU.
+  [Megatron-2021]  Narayanan et al. 2021 (arXiv 2104.04473): Selene's nodes of 8 A100s, 8 x 200 Gb/s InfiniBand
+             per node.
   [GC-v4], [GC-v5e], [GC-v5p], [GC-v6e], [GC-7x]  Google Cloud TPU documentation pages
              (cloud.google.com/tpu/docs/<v4|v5e|v5p|v6e|tpu7x>): HBM in GiB, TensorCores per chip,
              accelerator types (v4-N, v5p-N, tpu7x-N count TensorCores; v5litepod-N, v6e-N count chips),

@@ -462,3 +462,50 @@ def nearest_miss(cfg, chip: Chip, chips: int, batch_tokens: int, remat: str | No
         workload_of(best, cfg, flags), chip, {a: (v["lens"], v["wrap"]) for a, v in best["layout"].items()},
         dcn={best["dcn_axis"]: best["slices"]} if best["dcn_axis"] else None).memory.items()}
     return best
+
+
+def dcn_placement(mesh: Mapping, slices: int, given: Mapping | None = None) -> dict[str, int]:
+    """{axis: n}: the mesh axes whose outermost factor n spans the ``slices`` slices (TPU, over DCN) or nodes (GPU,
+    over InfiniBand): ``given`` ({axis: n}, --dcn-mesh), else MaxText's and Megatron's placement, data outermost
+    and tensor innermost: the slices fill the axes in MESH_AXES order (data, stage, fsdp, context, tensor), each
+    taking the largest factor of its size that divides the slices left. ValueError where that leaves slices over."""
+    if given is not None:
+        dcn = {a: n for a, n in given.items() if n > 1}
+        for a, n in dcn.items():
+            if mesh[a] % n:
+                raise ValueError(f"the DCN mesh's {a}={n} does not divide the mesh's {a}={mesh[a]}")
+        if math.prod(dcn.values()) != slices:
+            raise ValueError(f"the DCN mesh spans {math.prod(dcn.values())} slices or nodes, not {slices}")
+        return dcn
+    dcn, left = {}, slices
+    for a in MESH_AXES:
+        k = math.gcd(left, mesh[a])
+        if k > 1:
+            dcn[a], left = k, left // k
+    if left > 1:
+        raise ValueError(f"the mesh's axes cannot be laid over {slices} slices or nodes: their factors leave {left} "
+                         "of them unplaced")
+    return dcn
+
+
+def predict_placed(w: Workload, chip: Chip, dims: tuple[int, ...], slices: int, dcn_mesh: Mapping | None = None,
+                   form: str = "scheduled") -> tuple:
+    """(prediction, dcn, layout) of one workload on ``slices`` slices of shape ``dims`` (a GPU node: (GPUs,)): the
+    mesh laid over the slices (dcn_placement) and each slice's part of it over the ICI in the layout whose step is
+    the fastest in ``form`` (layouts; the planner's choice), predicted by program.predict, the planner's
+    function. ValueError where the mesh is not the hardware's devices or does not lay out."""
+    devices = math.prod(dims) * slices * chip.devices_per_chip
+    if w.mesh.devices != devices:
+        raise ValueError(f"the mesh has {w.mesh.devices} devices; the hardware has {devices}")
+    dcn = dcn_placement(w.mesh, slices, dcn_mesh) if slices > 1 else {}
+    ici = tuple(w.mesh[a] // dcn.get(a, 1) for a in MESH_AXES)
+    lays = layouts(dims, chip, MESH_AXES, keep=lambda kinds: np.all(kinds == np.array(ici), axis=1))
+    if ici not in lays:
+        raise ValueError(f"the mesh's part within a slice ({', '.join(f'{a}={n}' for a, n in zip(MESH_AXES, ici))}) "
+                         f"cannot be laid out on {'x'.join(map(str, dims))} {chip.name}")
+    best = None
+    for lay in lays[ici]:
+        p = program.predict(w, chip, lay, dcn=dcn or None)
+        if best is None or p.times.step[form] < best[0].times.step[form]:
+            best = (p, dcn, lay)
+    return best
