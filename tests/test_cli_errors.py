@@ -348,8 +348,10 @@ def test_chip_from_device_kind():
     assert infer_chip(dev("TPU v5 lite", "tpu")).name == "v5e"
     assert infer_chip(dev("TPU v6 lite", "tpu")).name == "v6e"
     assert infer_chip(jax.devices()[0]) is None  # CPU: no peak FLOP/s
-    with pytest.raises(ValueError, match="cannot tell the chip from device kind 'NVIDIA A100-SXM4-40GB'; pass --chip"):
-        infer_chip(dev("NVIDIA A100-SXM4-40GB"))
+    assert infer_chip(dev("NVIDIA A100-SXM4-40GB")).name == "A100-40GB"
+    assert infer_chip(dev("NVIDIA A100-SXM4-80GB")).name == "A100-80GB"
+    with pytest.raises(ValueError, match="cannot tell the chip from device kind 'NVIDIA L4'; pass --chip"):
+        infer_chip(dev("NVIDIA L4"))
 
 
 def test_size_rule_weighs_the_closed_form_against_the_host(monkeypatch):
