@@ -215,14 +215,20 @@ def check_size(w: Workload, cpu_devices: int | None = None) -> None:
                              f"{have / 1e9:.4g} GB: use a smaller model or batch (compile allocates none of it)")
 
 
+def named_slice(args):
+    """(chip, slice dims) of --slice, refused beside --chips or another --chip."""
+    if args.chips is not None:
+        raise ValueError(f"--slice {args.slice} names the chip count already; leave out --chips")
+    chip, dims = parse_slice(args.slice)
+    if args.chip is not None and get_chip(args.chip) is not chip:
+        raise ValueError(f"--slice {args.slice} is a {chip.name} slice, not {args.chip}")
+    return chip, dims
+
+
 def plan_target(args):
     """(chip, chips, slice dims or None) from --slice, or --chip and --chips."""
     if args.slice is not None:
-        if args.chips is not None:
-            raise ValueError(f"--slice {args.slice} names the chip count already; leave out --chips")
-        chip, dims = parse_slice(args.slice)
-        if args.chip is not None and get_chip(args.chip) is not chip:
-            raise ValueError(f"--slice {args.slice} is a {chip.name} slice, not {args.chip}")
+        chip, dims = named_slice(args)
         return chip, chips_in(dims), dims
     return get_chip(args.chip or DEFAULT_CHIP), 64 if args.chips is None else args.chips, None
 
@@ -387,11 +393,7 @@ def predict_target(args):
     """(chip, slice dims, slices) from --slice and --slices, or --chip and --chips (GPUs: nodes of GPU_NODE; TPUs:
     hardware.split_slices), the GPU's share of --inter-node-bandwidth (bytes/s per node) as its dcn_bw."""
     if args.slice is not None:
-        if args.chips is not None:
-            raise ValueError(f"--slice {args.slice} names the chip count already; leave out --chips")
-        chip, dims = parse_slice(args.slice)
-        if args.chip is not None and get_chip(args.chip) is not chip:
-            raise ValueError(f"--slice {args.slice} is a {chip.name} slice, not {args.chip}")
+        chip, dims = named_slice(args)
         slices = positive_int("--slices", 1 if args.slices is None else args.slices)
     else:
         if args.slices is not None:
