@@ -61,27 +61,34 @@ def cuda_aot_dir() -> str | None:
     return d if os.path.isdir(os.path.join(d, "jax_plugins", "xla_cuda12")) else None
 
 
+def _cuda_plugin_on_path() -> bool:
+    try:
+        return importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
+    except ModuleNotFoundError:  # no jax_plugins namespace package at all
+        return False
+
+
 def has_cuda_plugin() -> bool:
     """Whether jax's CUDA plugin is installed (the cuda-aot extra, or in cuda_aot_dir): needed to compile for GPUs
     ahead of time."""
-    return cuda_aot_dir() is not None or importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
+    return cuda_aot_dir() is not None or _cuda_plugin_on_path()
 
 
 def _load_cuda_plugin() -> None:
     """Make the CUDA plugin's topology factory available: a plugin on sys.path is registered by jax's plugin
-    discovery; one in cuda_aot_dir is put on sys.path first, and registered by hand (its initialize(), what jax's
-    discovery calls) if that discovery has already run."""
+    discovery; one in cuda_aot_dir is put on sys.path and registered by hand (its initialize(), what jax's discovery
+    calls) where discovery did not find it (it ran before, or jax looked for plugins before the path was there)."""
     d = cuda_aot_dir()
     if d is None:
         return  # on sys.path (the cuda-aot extra): jax's discovery registers it
     if d not in sys.path:
-        if importlib.util.find_spec("jax_plugins.xla_cuda12") is not None:
+        if _cuda_plugin_on_path():
             return  # on sys.path as well
         sys.path.append(d)
     from jax._src import xla_bridge
 
-    if getattr(xla_bridge, "_plugins_registered", False) and "cuda" not in getattr(xla_bridge,
-                                                                                   "_topology_factories", {}):
+    xla_bridge._discover_and_register_pjrt_plugins()  # once per process (jax's own, idempotent)
+    if "cuda" not in getattr(xla_bridge, "_topology_factories", {}):  # discovery ran before, or without the path
         importlib.import_module("jax_plugins.xla_cuda12").initialize()
 
 
