@@ -244,22 +244,37 @@ def _groups(cfg, chip: Chip, dims, n_slices: int, choices: Choices, max_microbat
     {schedule key: (Schedule, {remat: [mesh index]})})]. A transformer's meshes are grouped by DCN axis,
     stage count and which axes are > 1 (config.spans: every branch of its closed forms then agrees within the
     group), the FFN stack's one mesh a group."""
-    axes = plan_axes(cfg)
+    axes, transformer = plan_axes(cfg), isinstance(cfg, TransformerConfig)
     dcn_axes = DCN_AXES if n_slices > 1 else (None,)
     groups: dict[tuple, list] = {}
+    # A transformer's schedules on a mesh depend on the mesh through what Schedule.check reads of it (the stage,
+    # context and tensor sizes; ZeRO-1's data axis and D over data·fsdp) once the mesh divides the model: found once
+    # per such kind of mesh. keys: one key per schedule object (schedules pairs each with every remat policy).
+    kinds, keys = {}, {}
     for (sizes, lays), dcn_axis in itertools.product(
             layouts(dims, chip, axes, _mesh_keep(cfg, axes, n_slices, dcn_axes)).items(), dcn_axes):
         given = dict(zip(axes, sizes))
         if dcn_axis:
             given[dcn_axis] *= n_slices
         mesh = MeshShape(given)
-        runs_here = schedules(cfg, mesh, choices, max_microbatches, max_repeats)
+        if transformer:
+            try:
+                check_divisible(cfg, mesh)
+            except ValueError:
+                continue
+            kind = (mesh["stage"], mesh["context"], mesh["tensor"], mesh["data"] > 1,
+                    cfg.d_model % (mesh["data"] * mesh["fsdp"]) == 0)
+            if kind not in kinds:
+                kinds[kind] = schedules(cfg, mesh, choices, max_microbatches, max_repeats)
+            runs_here = kinds[kind]
+        else:
+            runs_here = schedules(cfg, mesh, choices, max_microbatches, max_repeats)
         if not runs_here:
             continue
-        key = ((dcn_axis, mesh["stage"], tuple(mesh[a] > 1 for a in axes)) if isinstance(cfg, TransformerConfig)
-               else (dcn_axis, sizes))
+        key = (dcn_axis, mesh["stage"], tuple(mesh[a] > 1 for a in axes)) if transformer else (dcn_axis, sizes)
         dcn, meshes, lay_lists, by_choice = groups.setdefault(key, (dcn_axis, [], [], {}))
-        keys = {}  # one key per schedule (schedules pairs each with every remat policy)
+        if not transformer:  # this mesh's own schedule objects: their ids are not reused while they live
+            keys = {}
         for sched, remat in runs_here:
             k = keys.get(id(sched))
             if k is None:
