@@ -168,9 +168,8 @@ class Choices:
         for r in remats:
             check_remat(r, cfg)
         one = lambda v, every: every if v is None else (v,)  # noqa: E731
-        c = cls(remats, one(pipeline, PIPELINES), one(attention, ATTENTIONS), one(context, CONTEXT_STRATEGIES),
-                one(sequence_parallel, (False, True)), one(optimizer_sharding, ("fsdp",)))
-        return c
+        return cls(remats, one(pipeline, PIPELINES), one(attention, ATTENTIONS), one(context, CONTEXT_STRATEGIES),
+                   one(sequence_parallel, (False, True)), one(optimizer_sharding, ("fsdp",)))
 
 
 def schedules(cfg, mesh: MeshShape, choices: Choices, max_microbatches: int, max_repeats: int) -> list[tuple]:
@@ -249,8 +248,13 @@ def _groups(cfg, chip: Chip, dims, n_slices: int, choices: Choices, max_microbat
     groups: dict[tuple, list] = {}
     # A transformer's schedules on a mesh depend on the mesh through what Schedule.check reads of it (the stage,
     # context and tensor sizes; ZeRO-1's data axis and D over data·fsdp) once the mesh divides the model: found once
-    # per such kind of mesh. keys: one key per schedule object (schedules pairs each with every remat policy).
-    kinds, keys = {}, {}
+    # per such kind of mesh, each with its key (the schedule without its microbatch counts)
+    kinds = {}
+
+    def keyed(runs):
+        keys = {id(s): dataclasses.replace(s, microbatches=1) for s, _ in runs}  # schedules pairs each with every remat
+        return [(keys[id(s)], s, r) for s, r in runs]
+
     for (sizes, lays), dcn_axis in itertools.product(
             layouts(dims, chip, axes, _mesh_keep(cfg, axes, n_slices, dcn_axes)).items(), dcn_axes):
         given = dict(zip(axes, sizes))
@@ -265,20 +269,15 @@ def _groups(cfg, chip: Chip, dims, n_slices: int, choices: Choices, max_microbat
             kind = (mesh["stage"], mesh["context"], mesh["tensor"], mesh["data"] > 1,
                     cfg.d_model % (mesh["data"] * mesh["fsdp"]) == 0)
             if kind not in kinds:
-                kinds[kind] = schedules(cfg, mesh, choices, max_microbatches, max_repeats)
+                kinds[kind] = keyed(schedules(cfg, mesh, choices, max_microbatches, max_repeats))
             runs_here = kinds[kind]
         else:
-            runs_here = schedules(cfg, mesh, choices, max_microbatches, max_repeats)
+            runs_here = keyed(schedules(cfg, mesh, choices, max_microbatches, max_repeats))
         if not runs_here:
             continue
         key = (dcn_axis, mesh["stage"], tuple(mesh[a] > 1 for a in axes)) if transformer else (dcn_axis, sizes)
         dcn, meshes, lay_lists, by_choice = groups.setdefault(key, (dcn_axis, [], [], {}))
-        if not transformer:  # this mesh's own schedule objects: their ids are not reused while they live
-            keys = {}
-        for sched, remat in runs_here:
-            k = keys.get(id(sched))
-            if k is None:
-                k = keys[id(sched)] = dataclasses.replace(sched, microbatches=1)
+        for k, sched, remat in runs_here:
             by_choice.setdefault(k, (sched, {}))[1].setdefault(remat, []).append(len(meshes))
         meshes.append(mesh)
         lay_lists.append(lays)
