@@ -115,6 +115,31 @@ for form, flags in (("sum", "default"), ("scheduled", "maxtext"), ("scheduled", 
         f"{p['memory_bytes'] / 1e9:.1f} GB" for p in top))
 
 # %% [markdown]
+# ## Where the time goes: the terms of the top plans
+# The scheduled form's compute term is the step's kernels one after another (scaling.kernels): each matmul at the
+# fraction of peak its shape gets (the chip's matmul efficiency, fitted on a measured run: `jax-scaling validate
+# --fit`, times the MXU's tile quantization), the pointwise passes and AdamW's update at the HBM bandwidth. The
+# top three plans of v5p-128 at 25,600 tokens under `maxtext`, term by term (`jax-scaling predict --kernels` prints
+# one of them kernel by kernel):
+
+# %%
+from scaling import kernels, program  # noqa: E402
+from scaling.plan import workload_of  # noqa: E402
+
+for p in plan(cfg, chip, 64, 25600, dims=dims, form="scheduled", flags="maxtext")[:3]:
+    w = workload_of(p, cfg, flags="maxtext")
+    t = program.predict(w, chip, layout={a: (v["lens"], v["wrap"]) for a, v in p["layout"].items()}).times
+    ks = kernels.step_kernels(w, chip)
+    by_kind = {}
+    for k in ks:
+        by_kind[k.kind] = by_kind.get(k.kind, 0.0) + float(k.seconds)
+    mesh = ",".join(f"{a}={n}" for a, n in p["mesh"].items() if n > 1)
+    print(f"{mesh}: step {float(t.step['scheduled']):.3f} s = compute {float(t.compute):.3f} ("
+          + ", ".join(f"{k} {v:.3f}" for k, v in by_kind.items()) + ") + exposed "
+          + ", ".join(f"{a} {float(v):.3f}" for a, v in t.exposed.items()) + f"; MFU {float(t.mfu['scheduled']):.3f}"
+          + f" (roofline math {float(t.math):.3f} s)")
+
+# %% [markdown]
 # ## Enumeration speed
 # The closed forms only: 4,480 chips (v5p-8960) and the full 8,960-chip pod, 20 batch sizes each.
 

@@ -5,8 +5,11 @@
 # written as the `jax-scaling predict` flags that describe it (`scaling/data/measured.toml`, with its source and
 # what the source leaves out), predicted by that command (`scaling.validate.validate`) and set beside its measured
 # step. A source that reports TFLOP/s is turned into seconds with the FLOP count it states
-# (`scaling.validate.CONVENTIONS`). The step model is the planner's: the scheduled roofline at the chips' peak
-# rates, no coefficient fitted to any run yet, so every error below is the roofline's own.
+# (`scaling.validate.CONVENTIONS`). The step model is the planner's scheduled form: the step's kernels at the
+# efficiency their shapes get (`scaling.kernels`), one coefficient per chip fitted on one named run (the
+# matmul efficiency, `fitted_on` in the hardware table; `jax-scaling validate --fit` reproduces it), the
+# collectives its schedule leaves exposed. The rows a coefficient was fitted on are marked; the held-out rows'
+# errors are reported apart.
 
 # %%
 import matplotlib.pyplot as plt
@@ -17,10 +20,10 @@ from scaling.validate import validate
 plt.rcParams.update({"figure.dpi": 110, "font.size": 9})
 v = validate()
 rows = v["rows"]
-print(f"{'run':30s} {'table':>5s} {'measured s':>11s} {'predicted s':>12s} {'error':>8s}  assumption")
+print(f"{'run':30s} {'table':>5s} {'measured s':>11s} {'predicted s':>12s} {'error':>8s}  {'fitted':10s} assumption")
 for r in rows:
     print(f"{r['id']:30s} {r['table']:>5s} {r['measured_seconds']:11.3f} {r['predicted_seconds']:12.3f} "
-          f"{r['error']:+8.1%}  {r['assumption'][:60]}")
+          f"{r['error']:+8.1%}  {r['fitted']:10s} {r['assumption'][:60]}")
 
 # %% [markdown]
 # Median and largest |predicted/measured − 1| per group, and Spearman's rank correlation of predicted against
@@ -28,7 +31,9 @@ for r in rows:
 
 # %%
 for g, s in v["groups"].items():
-    print(f"{g}: {s['n']} runs, median |error| {s['median_abs_error']:.1%}, max {s['max_abs_error']:.1%}")
+    print(f"{g}: {s['n']} runs, median |error| {s['median_abs_error']:.1%}, max {s['max_abs_error']:.1%}; "
+          f"{s['held_out']} held out (no coefficient fitted on them): median {s['held_out_median_abs_error']:.1%}, "
+          f"max {s['held_out_max_abs_error']:.1%}")
 for c, rho in v["comparisons"].items():
     print(f"Spearman {c:8s} {rho:+.2f}")
 

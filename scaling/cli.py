@@ -17,16 +17,18 @@ import os
 import sys
 import time
 
-from scaling import layer_estimator, seed000
+from scaling import kernels, layer_estimator, seed000
 from scaling import plan as planner
 from scaling.answers import QUESTION, answers, render
-from scaling.config import (ATTENTIONS, BLOCK_KINDS, CONTEXT_STRATEGIES, FSDP_GATHERS, MLP_KINDS, PIPELINES,
+from scaling.config import (ATTENTIONS, BLOCK_KINDS, CONTEXT_STRATEGIES, DEFAULT_PRECISION, FSDP_GATHERS, MLP_KINDS,
+                            PIPELINES, Precision,
                             OPTIMIZER_SHARDINGS, PRESETS,
                             REMAT_POLICIES, FFNConfig, MeshShape, Schedule, TransformerConfig, check_divisible,
                             get_preset, parse_mesh_spec, positive_float, positive_int)
 
 from scaling.flags import DEFAULT_FLAGS, FLAG_SETS, FlagSet, get_flag_set
 from scaling.hardware import DEFAULT_CHIP, GPU_NODE, chips_in, get_chip, parse_slice, slice_name, split_slices
+from scaling.kernels import peak_flops
 from scaling.program import predict
 from scaling.table import table
 from scaling.workload import Workload
@@ -317,9 +319,12 @@ def plan_command(args, verify) -> int:
     print(f"Ranked by the {args.form} form" + (" (max(T_math, T_HBM) + the collective times; the compiled XXL forward "
           "step runs its collectives synchronously under libtpu's default flags: docs/findings.md, question (c))"
           if args.form == "sum" else " (every collective overlapped with the math)" if args.form == "max" else
-          f" (math + the collectives the schedule of {flags.describe()} leaves exposed + its loop copies)")
+          f" (the kernels at the efficiency their shapes get on the chip, scaling.kernels, + the collectives the "
+          f"schedule of {flags.describe()} leaves exposed + its loop copies)")
           + f"; the {other} form beside it.")
-    print("These are roofline bounds, not forecasts: step times are lower bounds, MFU and HFU upper bounds "
+    print(("The scheduled form is the step model's forecast (matmul efficiency fitted on measured runs: jax-scaling "
+           "validate); the sum and max forms are " if args.form == "scheduled" or other == "scheduled" else
+           "These are ") + "roofline bounds: their step times are lower bounds, MFU and HFU upper bounds "
           + ("(MFU counts the model's matmul FLOPs, attention's causal half, HFU the remat recompute and the "
              "pipeline's too)." if transformer else "(MFU counts model FLOPs 6PB-2BDF, HFU the remat recompute too)."))
     print("M: microbatches (gradient accumulation without stages; GPipe/circular with them), R: circular repeats, "
@@ -452,6 +457,8 @@ def predict_command(args) -> int:
         print(json.dumps(out, indent=2))
         return 0
     print_prediction(out, p)
+    if args.kernels:
+        print_kernels(out, get_chip(out["chip"]))
     return 0
 
 
@@ -465,14 +472,16 @@ def predict_result(args) -> tuple[dict, object]:
     B, M = predict_batch(args, cfg, mesh)
     args.microbatches = M
     schedule = schedule_of(args)
-    w = Workload(cfg, mesh, B, args.step, args.remat, schedule, flags=flags)
+    w = Workload(cfg, mesh, B, args.step, args.remat, schedule, precision=precision_of(args.dtype), flags=flags)
     check_divisible(cfg, mesh, B)
+    peak_flops(chip, args.dtype)  # ValueError where the table has no rate for it
     given = {a: n for a, n in parse_mesh_spec(args.dcn_mesh).items()} if args.dcn_mesh else None
     p, dcn, lay = planner.predict_placed(w, chip, dims, slices, given, args.form)
     t, form = p.times, args.form
     step = float(t.step[form])
     devices = mesh.devices
-    terms = {"math": float(t.math), "hbm": float(t.hbm), **{f"comms.{a}": float(v) for a, v in t.comms.items()},
+    terms = {"compute": float(t.compute), "math": float(t.math), "hbm": float(t.hbm),
+             **{f"comms.{a}": float(v) for a, v in t.comms.items()},
              **{f"exposed.{a}": float(v) for a, v in t.exposed.items()}, "loop_copies": float(t.copies)}
     out = {"step_seconds": step, "form": form, "mfu": float(t.mfu[form]), "hfu": float(t.hfu[form]),
            "tokens_per_second_per_device": B / step / devices, "memory_per_device_bytes": float(p.memory["total"]),
@@ -485,8 +494,47 @@ def predict_result(args) -> tuple[dict, object]:
            "batch_tokens": B, "microbatches": M, "model": dataclasses.asdict(cfg), "remat": args.remat,
            "schedule": {k: str(v) if not isinstance(v, (int, bool)) else v
                         for k, v in dataclasses.asdict(schedule).items()}, "xla_flags": flags.name,
-           "step": args.step, "model_text": str(cfg), "xla_flags_text": flags.describe()}
+           "step": args.step, "model_text": str(cfg), "xla_flags_text": flags.describe(), "dtype": args.dtype}
+    if getattr(args, "kernels", False):
+        ks = kernels.step_kernels(w, chip, args.dtype)
+        out["kernels"] = [{"name": k.name, "pass": k.pass_, "kind": k.kind, "shape": None if k.shape is None else
+                           [float(v) for v in k.shape], "calls": float(k.calls), "flops": float(k.flops),
+                           "bytes": float(k.bytes), "executed": float(k.executed), "efficiency": float(k.efficiency),
+                           "seconds": float(k.seconds), "bound": str(k.bound)} for k in ks]
     return out, p
+
+
+DTYPE_BYTES = {"bf16": 2, "fp32": 4, "tf32": 4, "int8": 1, "fp8": 1}  # an element of each matmul input type
+
+
+def precision_of(dtype: str) -> Precision:
+    """The precision policy with ``dtype`` matmuls: activations and weights on the wire in its bytes
+    (DTYPE_BYTES; tf32 is stored as fp32), FP32 master weights, gradients and moments as always."""
+    b = DTYPE_BYTES[dtype]
+    return dataclasses.replace(DEFAULT_PRECISION, compute=b, weight_comm=b, dtype=dtype)
+
+
+def print_kernels(out: dict, chip) -> None:
+    """predict --kernels: one line per kernel (its FLOPs, HBM bytes, intensity against the chip's ridge point C/W_hbm,
+    the efficiency its shape gets, seconds, bound) and the sums per pass, as seed 002's report lays them out."""
+    ridge = peak_flops(chip, out["dtype"]) / chip.device_hbm_bw
+    rows = []
+    for k in out["kernels"]:
+        shape = "" if k["shape"] is None else "x".join(f"{v:.0f}" for v in k["shape"][:3]) + (
+            f" (x{k['shape'][3]:.0f})" if k["shape"][3] != 1 else "")
+        inten = k["flops"] / k["bytes"] if k["bytes"] else float("inf")
+        rows.append((k["name"], k["pass"], shape, f"{k['calls']:.4g}", f"{k['flops'] / 1e12:.4g}",
+                     f"{k['bytes'] / 1e9:.4g}", f"{inten:.4g}", f"{k['efficiency']:.3f}" if k["shape"] else "",
+                     f"{k['seconds'] * 1e3:.4g}", k["bound"]))
+    print(f"kernels per device (ridge point C/W_hbm = {ridge:.0f} FLOPs/byte; efficiency = eta·q(shape), eta = "
+          f"{chip.matmul_efficiency} on {chip.name}; flash attention's time counts its causal blocks)")
+    print("\n".join(table(["kernel", "pass", "m x n x k", "calls", "TFLOPs", "GB", "FLOPs/B", "eff", "ms", "bound"],
+                          rows, right=range(3, 9))))
+    by = {}
+    for k in out["kernels"]:
+        by[k["pass"]] = by.get(k["pass"], 0.0) + k["seconds"]
+    print("per pass: " + ", ".join(f"{k} {v:.4g} s" for k, v in by.items())
+          + f"; compute term {sum(by.values()):.4g} s")
 
 
 def print_prediction(out: dict, p) -> None:
@@ -499,7 +547,8 @@ def print_prediction(out: dict, p) -> None:
     net = (f"; over {chip.network_name}: " + ", ".join(f"{a} x{n}" for a, n in dcn.items())) if dcn else ""
     print(f"{out['model_text']} on {devices} {chip.name} devices ({where}{net}), mesh {_mesh_text(out['mesh'])}, "
           f"B = {B:,} tokens, M = {M}, remat {out['remat']}, {out['step']} step, {out['xla_flags_text']}")
-    rows = [("math", "executed FLOPs / C", t.math), ("hbm", "HBM bytes / bandwidth", t.hbm)]
+    rows = [("compute", "the kernels at their shapes' efficiency (--kernels)", t.compute),
+            ("math", "executed FLOPs / C (roofline)", t.math), ("hbm", "HBM bytes / bandwidth (roofline)", t.hbm)]
     rows += [(f"{a}", f"collectives over {a} (all)", v) for a, v in t.comms.items()]
     rows += [(f"{a} exposed", "what the schedule leaves exposed", v) for a, v in t.exposed.items()]
     rows += [("loop copies", "2 x loop-state copy bytes / HBM bandwidth", t.copies)]
@@ -517,18 +566,29 @@ def print_prediction(out: dict, p) -> None:
 def validate_command(args) -> int:
     """Every measured run predicted (scaling.validate): per row measured and predicted seconds and the error; per
     group the median and largest |error|; per comparison Spearman's rank correlation."""
-    from scaling.validate import validate
+    from scaling.hardware import CHIPS
+    from scaling.validate import fit_efficiency, validate
 
+    if args.fit:
+        rows = []
+        for name, chip in CHIPS.items():
+            if chip.fitted_on:
+                rows.append((name, chip.fitted_on, f"{fit_efficiency(name):.3f}", f"{chip.matmul_efficiency:.3f}",
+                             ", ".join(c.name for c in CHIPS.values() if c.efficiency_as == name)))
+        print("\n".join(table(["chip", "fitted on", "fitted eta", "table's eta", "borrowed by"], rows, right=(2, 3))))
+        return 0
     v = validate()
     if args.json:
         print(json.dumps(v, indent=2))
         return 0
-    print("\n".join(table(["run", "table", "measured s", "predicted s", "error", "MFU", "fits", "bound"],
+    print("\n".join(table(["run", "table", "measured s", "predicted s", "error", "MFU", "fits", "bound", "fitted"],
                           [(r["id"], r["table"], f"{r['measured_seconds']:.3f}", f"{r['predicted_seconds']:.3f}",
-                            f"{r['error']:+.1%}", f"{r['mfu']:.3f}", "yes" if r["fits"] else "no", r["bound"])
-                           for r in v["rows"]], right=(2, 3, 4, 5))))
+                            f"{r['error']:+.1%}", f"{r['mfu']:.3f}", "yes" if r["fits"] else "no", r["bound"],
+                            f"eta {r['fitted']}" if r["fitted"] else "") for r in v["rows"]], right=(2, 3, 4, 5))))
     for g, s in v["groups"].items():
-        print(f"{g}: {s['n']} runs, median |error| {s['median_abs_error']:.1%}, max {s['max_abs_error']:.1%}")
+        print(f"{g}: {s['n']} runs, median |error| {s['median_abs_error']:.1%}, max {s['max_abs_error']:.1%}; the "
+              f"{s['held_out']} held out (no coefficient fitted on them): median {s['held_out_median_abs_error']:.1%}, "
+              f"max {s['held_out_max_abs_error']:.1%}")
     print("Spearman (predicted against measured step, rows of one comparison): "
           + ", ".join(f"{c} {r:.2f}" for c, r in v["comparisons"].items()))
     print("error = predicted/measured - 1; runs, their sources and what each assumes: scaling/data/measured.toml")
@@ -576,6 +636,12 @@ def add_predict_parser(sub) -> None:
     r.add_argument("--form", default="scheduled", choices=["sum", "max", "scheduled"],
                    help="the step's form: scheduled (math + what --xla-flags' schedule leaves exposed), sum (every "
                         "collective exposed) or max (every term overlapped) (default %(default)s)")
+    r.add_argument("--dtype", default="bf16", choices=kernels.DTYPES,
+                   help="the matmuls' input type: its peak from the hardware table, its bytes for activations "
+                        "(default %(default)s)")
+    r.add_argument("--kernels", action="store_true",
+                   help="the step's kernels one by one: FLOPs, HBM bytes, intensity against the ridge point, "
+                        "efficiency, seconds, bound (scaling.kernels)")
     r.add_argument("--json", action="store_true", help="one JSON object")
     r.set_defaults(func=predict_command)
 
@@ -651,6 +717,9 @@ def add_commands(sub, *, check_command, verify_plans, verify_pipeline, render_pi
 
     add_predict_parser(sub)
     v = sub.add_parser("validate", help="every published measured run predicted, against its measured step")
+    v.add_argument("--fit", action="store_true",
+                   help="fit each chip's matmul_efficiency on the run its hardware-table row names (fitted_on) and "
+                        "print it beside the table's value")
     v.add_argument("--json", action="store_true", help="one JSON object")
     v.set_defaults(func=validate_command)
 

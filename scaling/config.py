@@ -369,6 +369,7 @@ class Precision:
     compute: int = 2
     grad_comm: int = 2
     weight_comm: int = 2
+    dtype: str = "bf16"  # the matmuls' input type: its peak rate is the hardware table's (scaling.kernels.peak_flops)
 
     @property
     def state_bytes_per_param(self) -> int:

@@ -12,6 +12,16 @@ Sources (abbreviated in the table):
              HBM, NVLink per GPU one way).
   [NV-A100]  NVIDIA A100 Tensor Core GPU datasheet: 312 TFLOP/s dense bf16, 80 GB HBM2e at 2,039 GB/s (SXM; 40 GB
              HBM2 at 1,555 GB/s), NVLink 600 GB/s per GPU.
+  [NV-H100]  NVIDIA H100 Tensor Core GPU datasheet (SXM5): 132 SMs; dense FP32 67, TF32 495, FP8/INT8 1,979 TFLOP/s.
+  [NV-B200]  NVIDIA HGX B200 datasheet, per GPU: 148 SMs; dense FP32 75, TF32 1,100, FP8 4,500 TFLOP/s. [NV-A100]
+             also: 108 SMs; FP32 19.5, TF32 156, INT8 624 TFLOP/s.
+  [NV-matmul]  NVIDIA Deep Learning Performance guide, "Matrix Multiplication Background": cuBLAS's output tiles
+             (256×128, 128×256, 128×128 for large GEMMs), tile and wave quantization over the SMs, Tensor Core
+             use with 16-bit operands whose dimensions are multiples of 8 elements (16 bytes).
+  [jax-precision]  jax's dot algorithms (jax.lax.DotAlgorithmPreset): an FP32 matmul on a TPU's bf16 MXU at full
+             precision is six bf16 passes (BF16_BF16_F32_X6): a sixth of the bf16 rate.
+  [fit]      fitted by ``jax-scaling validate --fit`` on the one measured run the row names (``fitted_on``):
+             scaling.validate.fit_efficiency; the other rows are held out (docs/findings.md).
   [Megatron-2021]  Narayanan et al. 2021 (arXiv 2104.04473): Selene's nodes of 8 A100s, 8 x 200 Gb/s InfiniBand
              per node.
   [GC-v4], [GC-v5e], [GC-v5p], [GC-v6e], [GC-7x]  Google Cloud TPU documentation pages
@@ -33,7 +43,7 @@ from __future__ import annotations
 
 import math
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 
 GiB = 2**30
@@ -64,6 +74,16 @@ class Chip:
     wrap_length: int | None = None  # 2D: an axis wraps around when it is this long (the full pod side)
     max_slice_chips: int | None = None  # the largest single slice; more chips are slices joined by DCN
     gpu_target: tuple[tuple[str, object], ...] = ()  # GPU: what XLA's compiler is told of it (mesh.devices)
+    # the step model's kernel figures (scaling.kernels)
+    dtype_flops: tuple[tuple[str, float], ...] = ()  # peak matmul FLOP/s per chip of other input types (fp32, ...)
+    mxu: int | None = None  # TPU: the side of the MXU's systolic array
+    sm_count: int | None = None  # GPU: streaming multiprocessors (the waves of a matmul's tiles)
+    mma_tiles: tuple[tuple[int, int], ...] = ()  # GPU: the output tiles (rows, columns) cuBLAS's kernels take
+    tc_align: int | None = None  # GPU: a 16-bit operand's k and n in multiples of this many elements for tensor cores
+    matmul_efficiency: float = 1.0  # the fraction of peak a large aligned matmul sustains (fitted: chips.toml)
+    fitted_on: str | None = None  # the measured run (scaling/data/measured.toml id) matmul_efficiency is fitted on
+    efficiency_as: str | None = None  # a chip without measured runs takes the efficiency of this one (same unit)
+    hbm_efficiency: float = 1.0  # the fraction of the HBM bandwidth a streaming kernel sustains
 
     @property
     def ici_bidi(self) -> float:
@@ -145,6 +165,9 @@ def _load_chips() -> dict[str, Chip]:
     for row in rows:
         fields = {_GIB_KEYS.get(k, k): (v * GiB if k in _GIB_KEYS else _tuples(v)) for k, v in row.items()}
         chips[fields["name"]] = Chip(**fields)
+    for name, chip in chips.items():  # one value per fitted efficiency: the chips that borrow it read it
+        if chip.efficiency_as:
+            chips[name] = replace(chip, matmul_efficiency=chips[chip.efficiency_as].matmul_efficiency)
     return chips
 
 

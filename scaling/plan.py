@@ -284,6 +284,16 @@ def _groups(cfg, chip: Chip, dims, n_slices: int, choices: Choices, max_microbat
     return list(groups.values())
 
 
+def _math_bound(w: Workload, chip: Chip, form: str):
+    """A lower bound of the step in ``form``: the executed FLOPs at the peak, T_math (every roofline form); the
+    scheduled form's compute term runs no kernel faster than the chip's matmul_efficiency and no flash attention
+    on fewer than half its FLOPs (its causal blocks: scaling.kernels), so (total − attention/2)/(C·eta)."""
+    f = program.step_flops_per_device(w)
+    if form != "scheduled":
+        return f["total"] / chip.device_flops
+    return (f["total"] - f.get("attention", 0.0) / 2) / (chip.device_flops * chip.matmul_efficiency)
+
+
 def _batch_runs(cfg, mesh: Mapping, B, M):
     """Schedule.check's batch rule for a transformer, on arrays (B, M, the group's meshes broadcast): whole
     sequences, their count divisible by M·data·fsdp."""
@@ -388,8 +398,7 @@ def _plan(cfg, chip, chips, batch_tokens, hbm, remat, form, dims, max_microbatch
                 if first_fit:
                     taken |= ok
                 if ok.any():
-                    bound = (np.broadcast_to(program.step_flops_per_device(w)["total"], shape)[..., 0]
-                             / chip.device_flops if per_mesh else None)
+                    bound = (np.broadcast_to(_math_bound(w, chip, form), shape)[..., 0] if per_mesh else None)
                     candidates.append((bound, w, ok, sched, rem))
         # per mesh: the candidates in the order of their math time (a lower bound of every form), none predicted
         # where that bound is slower than the best step already found for every batch and mesh it covers
@@ -454,7 +463,8 @@ def _plan_dict(cfg, chip, axes, n_slices, devices, hbm, form, B, p, shape, at, s
         "mfu_max": pick(t.mfu["max"]),
         "hfu": pick(t.hfu[form]),
         "bound": str(np.broadcast_to(t.bound, shape)[i, k, g, j]),
-        "times": {"math": pick(t.math), **{a: pick(v) for a, v in t.comms.items()}, "hbm": pick(t.hbm)},
+        "times": {"compute": pick(t.compute), "math": pick(t.math), **{a: pick(v) for a, v in t.comms.items()},
+                  "hbm": pick(t.hbm)},
         "memory_bytes": pick(p.memory["total"]),
         "hbm_budget": hbm,
         "per_device_batch": B / devices,

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from scaling import collectives, flops, memory, pipeline, roofline, transformer
+from scaling import collectives, flops, kernels, memory, pipeline, roofline, transformer
 from scaling.config import TransformerConfig, spans
 from scaling.hardware import Chip
 from scaling.workload import Workload
@@ -362,7 +362,8 @@ class StepTimes:
     """Seconds per device of one step, by roofline term, and what follows from them (predict's docstring).
     ``step``, ``mfu`` and ``hfu`` are keyed by form: "sum", "max" (roofline.FORMS) and "scheduled";
     ``critical_batch`` by "sum" and "max". ``exposed``: seconds per axis of the exposed collectives; ``copies``:
-    seconds of the loop-state copies (both under the workload's flags)."""
+    seconds of the loop-state copies (both under the workload's flags); ``compute``: the kernels' seconds
+    (scaling.kernels.compute_seconds), the scheduled form's compute term."""
 
     math: object
     comms: dict
@@ -374,6 +375,7 @@ class StepTimes:
     critical_batch: dict
     exposed: dict = dataclasses.field(default_factory=dict)
     copies: object = 0.0
+    compute: object = 0.0
 
 
 @dataclass(frozen=True)
@@ -420,10 +422,13 @@ def predict(w: Workload, chip: Chip | None = None, layout: Mapping | None = None
                  T_hbm = HBM bytes / HBM bandwidth. step_max = max(all terms) (everything overlapped);
                  step_sum = max(T_math, T_hbm) + Σ T_axis: the collectives run between the matmuls
                  (synchronous: docs/findings.md, question (c)) while a kernel's HBM traffic overlaps its own
-                 math (the roofline of one kernel), so step_sum >= step_max always. step_scheduled = max(T_math,
-                 T_hbm, T_hidden) + Σ T_axis of the exposed volumes (exposed_volumes, under w.flags) + 2·loop-state
+                 math (the roofline of one kernel), so step_sum >= step_max always. step_scheduled = max(T_compute,
+                 T_hidden) + Σ T_axis of the exposed volumes (exposed_volumes, under w.flags) + 2·loop-state
                  copy bytes / HBM bandwidth (loop_copy_bytes), T_hidden the time of the overlapped volumes (they
-                 hide only behind as much math as there is): the form that follows the compiled schedule.
+                 hide only behind as much math as there is): the form that follows the compiled schedule, with
+                 T_compute the step's kernels one after another at the efficiency their shapes get on the chip
+                 (scaling.kernels: matmuls at eta·q(shape) of the peak of w.precision.dtype, pointwise passes and
+                 the optimizer at the HBM bandwidth), in place of the roofline's max(T_math, T_hbm).
                  bound = the largest term, named by the link it runs over (ICI/NVLink, or DCN/IB for an
                  axis across slices or nodes where that part dominates: axis_networks);
                  mfu[form] = model FLOPs / (C·step), hfu[form] = executed;
@@ -486,8 +491,9 @@ def predict(w: Workload, chip: Chip | None = None, layout: Mapping | None = None
     t_exposed = comm_times(exposed_volumes(on_wire, wire, wire_hidden), chip, lk, dcn, mesh)
     t_hidden = sum(comm_times(wire_hidden, chip, lk, dcn, mesh).values())
     t_copies = 2 * loop_copy_bytes(w) / chip.device_hbm_bw  # each copy reads and writes its bytes
+    t_compute = kernels.compute_seconds(kernels.step_kernels(w, chip, w.precision.dtype))
     steps = {"sum": t_sum, "max": t_max,
-             "scheduled": np.maximum(np.maximum(t_math, t_hbm), t_hidden) + sum(t_exposed.values()) + t_copies}
+             "scheduled": np.maximum(t_compute, t_hidden) + sum(t_exposed.values()) + t_copies}
     crits = {}
     for form in roofline.FORMS if not isinstance(cfg, TransformerConfig) else ():
         crit = per_micro * roofline.critical_batch_array(cfg.d_ff, X, mesh["tensor"], chip.alpha, m_x, m_y, form,
@@ -498,5 +504,6 @@ def predict(w: Workload, chip: Chip | None = None, layout: Mapping | None = None
     crits.update({form: np.nan for form in roofline.FORMS if form not in crits})  # the transformer: none modelled
     times = StepTimes(t_math, t_axes, t_hbm, steps, bound.item() if bound.ndim == 0 else bound,
                       {k: f["model"] / (chip.device_flops * t) for k, t in steps.items()},
-                      {k: f["total"] / (chip.device_flops * t) for k, t in steps.items()}, crits, t_exposed, t_copies)
+                      {k: f["total"] / (chip.device_flops * t) for k, t in steps.items()}, crits, t_exposed, t_copies,
+                      t_compute)
     return dataclasses.replace(res, times=times)

@@ -172,7 +172,8 @@ def step_flops(w: Workload) -> dict:
     8 or 10 units) + 2·logits; recompute = L·(what the remat policy recomputes, recomputed(): full
     qkv + attention 4 units + out + mlp·(m−1)/m);
     model = the matmuls the step needs with the causal half of attention: 6·P_matmul·B-style terms with
-    attention counted at T²/2 (Scaling Book transformers page), per device."""
+    attention counted at T²/2 (Scaling Book transformers page), per device; attention = the part of the total
+    that is q·kᵀ and p·v (1F1B's second forward counted whole)."""
     cfg, mesh, batch_tokens, step, remat, schedule = w.model, w.mesh, w.batch_tokens, w.step, w.remat, w.schedule
     s, t, X, Y, C, d = _dims(cfg, mesh, batch_tokens)
     D, F, N, K, H, T, m = cfg.d_model, cfg.d_ff, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.seq_len, cfg.mlp_matrices
@@ -197,6 +198,9 @@ def step_flops(w: Workload) -> dict:
         model *= 3
     terms["total"] = sum(terms.values())
     terms["model"] = model
+    units = attention_units(schedule, "forward", mesh) * (1 + p["again"]) + (
+        attention_units(schedule, "backward", mesh) + r["attention_units"] if step == "train" else 0)
+    terms["attention"] = L * unit * units  # of the total: the q·kᵀ and p·v matmuls (an upper bound under 1F1B)
     return terms
 
 

@@ -4,19 +4,24 @@ that command (scaling.cli.predict_result) and set beside its measured step.
 
 A source that reports a rate, not a step, is converted with the FLOP count it states (CONVENTIONS): the measured
 step is the FLOPs its convention counts per device divided by the rate it reports. Errors are predicted/measured
-− 1; per group (tpu, gpu) the median and the largest |error|; per comparison (rows of one source table that vary
-one configuration of one model) Spearman's rank correlation of predicted against measured steps.
+− 1; per group (tpu, gpu) the median and the largest |error|, over every row and over the rows held out (no
+coefficient fitted on them: each chip's matmul_efficiency is fitted on the one run its table row names,
+fit_efficiency); per comparison (rows of one source table that vary one configuration of one model) Spearman's
+rank correlation of predicted against measured steps.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import shlex
 import tomllib
 from importlib import resources
 
 import numpy as np
 
+from scaling import hardware
 from scaling.config import TransformerConfig
 
 _TABLE = "data/measured.toml"
@@ -79,10 +84,43 @@ def spearman(a, b) -> float:
     return float(np.corrcoef(ra, rb)[0, 1])
 
 
+@contextlib.contextmanager
+def efficiency_of(chip_name: str, eta: float):
+    """The hardware table with ``chip_name``'s matmul_efficiency (and that of the chips that borrow it) set to eta,
+    inside the block."""
+    saved = dict(hardware.CHIPS)
+    for name, chip in saved.items():
+        if name == chip_name or chip.efficiency_as == chip_name:
+            hardware.CHIPS[name] = dataclasses.replace(chip, matmul_efficiency=eta)
+    try:
+        yield
+    finally:
+        hardware.CHIPS.clear()
+        hardware.CHIPS.update(saved)
+
+
+def fit_efficiency(chip_name: str, runs: list[dict] | None = None, tol: float = 1e-4) -> float:
+    """The chip's matmul_efficiency eta fitted on the one run its table row names (``fitted_on``): the eta at which
+    that run's predicted step equals its measured step (bisection on [0.05, 1]: the predicted step falls as eta
+    rises). ValueError for a chip fitted on no run."""
+    chip = hardware.get_chip(chip_name)
+    if not chip.fitted_on:
+        raise ValueError(f"{chip.name} is fitted on no measured run (fitted_on in scaling/data/chips.toml)")
+    run = next(r for r in (measured_runs() if runs is None else runs) if r["id"] == chip.fitted_on)
+    lo, hi = 0.05, 1.0
+    while hi - lo > tol:
+        mid = (lo + hi) / 2
+        with efficiency_of(chip.name, mid):
+            err = validate([run])["rows"][0]["error"]
+        lo, hi = (lo, mid) if err < 0 else (mid, hi)
+    return round((lo + hi) / 2, 3)
+
+
 def validate(runs: list[dict] | None = None) -> dict:
     """Predict every run with the predict command's flags; {"rows": [...], "groups": {group: {median, max, n}},
     "comparisons": {compare: spearman}}. Each row: id, table, group, measured and predicted seconds, error, the
-    predicted MFU and memory per device, and its assumption where the source leaves something out."""
+    predicted MFU and memory per device, whether a coefficient was fitted on it (``fitted``: the chip whose
+    matmul_efficiency it sets), and its assumption where the source leaves something out."""
     from scaling.cli import add_predict_parser, predict_result
 
     parser = argparse.ArgumentParser(prog="validate")
@@ -97,11 +135,15 @@ def validate(runs: list[dict] | None = None) -> dict:
                      "measured_seconds": measured, "predicted_seconds": out["step_seconds"],
                      "error": out["step_seconds"] / measured - 1, "mfu": out["mfu"], "fits": out["fits"],
                      "memory_per_device_bytes": out["memory_per_device_bytes"], "bound": out["bound"],
-                     "assumption": run.get("assumption", "")})
+                     "assumption": run.get("assumption", ""), "chip": out["chip"],
+                     "fitted": next((c.name for c in hardware.CHIPS.values() if c.fitted_on == run["id"]), "")})
     groups = {}
     for g in sorted({r["group"] for r in rows}):
         err = np.abs([r["error"] for r in rows if r["group"] == g])
-        groups[g] = {"median_abs_error": float(np.median(err)), "max_abs_error": float(err.max()), "n": len(err)}
+        held = np.abs([r["error"] for r in rows if r["group"] == g and not r["fitted"]])
+        groups[g] = {"median_abs_error": float(np.median(err)), "max_abs_error": float(err.max()), "n": len(err),
+                     "held_out_median_abs_error": float(np.median(held)) if len(held) else float("nan"),
+                     "held_out_max_abs_error": float(held.max()) if len(held) else float("nan"), "held_out": len(held)}
     comparisons = {}
     for c in sorted({r["compare"] for r in rows}):
         sel = [r for r in rows if r["compare"] == c]

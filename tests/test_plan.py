@@ -166,13 +166,14 @@ def test_plan_cli_json():
 
 def test_the_command_ranks_by_the_schedule_of_its_flags():
     """plan (the command) ranks by the scheduled form of the flags in force (default 'maxtext'): each plan's step is
-    that form's, between the max form (everything overlapped) and the sum form (nothing overlapped); under
+    that form's, at least the max form (everything overlapped at peak: the scheduled form's compute is the kernels at
+    the efficiency their shapes get, scaling.kernels, at most the peak); under
     'maxtext' the XXL's FSDP gathers partly hide, so the question's fsdp=16, tensor=4 ranks above the sum form's
     fsdp=4, tensor=16 (docs/findings.md, "Compiler flags")."""
     j = json.loads(_plan_cli("--json").stdout)
     for p in j["plans"]:
         assert p["form"] == "scheduled" and p["step_seconds"] == p["step_seconds_scheduled"]
-        assert p["step_seconds_max"] <= p["step_seconds"] <= p["step_seconds_sum"] * (1 + 1e-12)
+        assert p["step_seconds_max"] <= p["step_seconds"]
     ranked = [(p["mesh"]["fsdp"], p["mesh"]["tensor"]) for p in j["plans"]]
     assert ranked.index((16, 4)) < ranked.index((4, 16))
     summed = json.loads(_plan_cli("--json", "--form", "sum").stdout)["plans"][0]["mesh"]

@@ -1,0 +1,288 @@
+"""The step's kernels, one by one: what the step model's compute term is made of (scaling.program.predict's
+scheduled form). Each kernel is one class of op a device runs in a step (a matmul of one shape, a pointwise
+pass, the optimizer update), with its FLOPs, the HBM bytes it reads and writes, its calls, and its time:
+
+  matmul     FLOPs / (C_dtype · eta · q(shape)), or its bytes / HBM bandwidth where more (the roofline of one
+             kernel, Scaling Book roofline page): eta = the chip's ``matmul_efficiency`` (the fraction of peak a
+             large aligned matmul sustains, hardware table), q the quantization of the shape:
+               TPU: the MXU (a×a systolic array, a = ``mxu``) takes the contracting dim k and the output dim n
+                    in whole tiles: q = k/(a·⌈k/a⌉) · n/(a·⌈n/a⌉)  (Scaling Book TPU page; m streams through);
+               GPU: tile and wave quantization (NVIDIA, "Matrix Multiplication Background", dl-performance
+                    guide): an output of batch·⌈m/tm⌉·⌈n/tn⌉ tiles runs in ⌈tiles/SMs⌉ waves, q = batch·m·n /
+                    (waves·SMs·tm·tn), the best of the chip's ``mma_tiles``; a 16-bit operand whose k or n is not
+                    a multiple of ``tc_align`` elements misses the tensor cores (same guide, "Tensor Core
+                    requirements"): it runs at the chip's FP32 (SIMT) rate.
+  attention  the q·kᵀ and p·v matmuls as batched matmuls over sequences × heads (shape (T, T, H)), the scores
+             through HBM where materialized; under flash only q, k, v and o move, and
+             the kernel skips the key blocks the causal mask hides (Dao et al. 2022; MaxText's splash and
+             cuDNN's kernels): it runs (n_b + 1)/(2·n_b) of the program's units, n_b = T/attention_block
+  pointwise  bytes / HBM bandwidth: per layer-pass the norms (read and write c·D a token), the residual adds
+             (read 2·c·D, write c·D), the MLP activation (c·m·F/Y), the materialized softmax (read and write
+             the scores, c·s·N·T²/Y), the loss's softmax over the vocabulary (c·V/Y a token, read and write);
+             a backward pass moves twice its forward's bytes (reads the saved input and the incoming
+             gradient, writes the gradient), a recomputed forward its forward's again
+  optimizer  AdamW reads master, gradient, μ, ν and writes master, μ, ν: 7·4 B per parameter shard
+             (scaling.memory.hbm_traffic_bytes)
+
+The matmul FLOPs are the program's (scaling.transformer.step_flops, scaling.flops.step_flops: the compiler's
+count); the kernel times sum to the step model's compute term, ``compute_seconds``. Values may be numpy arrays
+(the planner's batches).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from scaling import memory, pipeline, transformer
+from scaling.config import TransformerConfig, spans
+from scaling.hardware import Chip
+from scaling.workload import Workload
+
+DTYPES = ("bf16", "fp32", "tf32", "int8", "fp8")  # the matmul input types the hardware table gives peaks for
+
+
+@dataclass(slots=True)
+class Kernel:
+    """One class of op of a step, per device: name, pass (forward | backward | recompute | update), kind (matmul |
+    attention | pointwise | optimizer), shape (m, n, k, batch) of one call for a matmul (None otherwise), calls per
+    step, FLOPs and HBM bytes per step, the share of those FLOPs it runs (``executed``), and with a chip: the
+    efficiency its shape gets (eta·q, or the SIMT rate's fraction) and its compute and memory seconds; it takes
+    the larger (``seconds``, ``bound``)."""
+
+    name: str
+    pass_: str
+    kind: str
+    shape: tuple | None
+    calls: object
+    flops: object
+    bytes: object
+    executed: float = 1.0  # the share of the FLOPs the kernel runs (flash: the causal blocks)
+    efficiency: object = 1.0
+    math_seconds: object = 0.0
+    memory_seconds: object = 0.0
+
+    @property
+    def seconds(self):
+        """max(FLOPs·executed/(peak·efficiency), bytes/HBM bandwidth): the roofline of one kernel."""
+        return np.maximum(self.math_seconds, self.memory_seconds)
+
+    @property
+    def bound(self):
+        """compute or HBM: the larger of the two times."""
+        return np.where(np.asarray(self.math_seconds) >= self.memory_seconds, "compute", "HBM")
+
+    @property
+    def intensity(self):
+        """FLOPs per HBM byte (the Scaling Book's arithmetic intensity)."""
+        return np.asarray(self.flops) / np.maximum(np.asarray(self.bytes), 1e-300)
+
+
+def peak_flops(chip: Chip, dtype: str = "bf16") -> float:
+    """Peak matmul FLOP/s of one device for ``dtype`` (hardware table: bf16_flops, and ``dtype_flops`` for fp32,
+    tf32, int8, fp8); ValueError naming what the chip has otherwise."""
+    if dtype == "bf16":
+        return chip.device_flops
+    table = dict(chip.dtype_flops)
+    if dtype not in table:
+        raise ValueError(f"{chip.name} has no {dtype} rate in the hardware table; it has: "
+                         + ", ".join(["bf16", *table]))
+    return table[dtype] / chip.devices_per_chip
+
+
+def shape_efficiency(chip: Chip, m, n, k, batch=1, dtype: str = "bf16"):
+    """The fraction of the chip's ``dtype`` peak a matmul [m, k]·[k, n] (``batch`` of them) gets: eta·q(shape)
+    (module docstring); on a GPU a 16-bit operand with k or n off the tensor-core alignment gets the FP32 rate's
+    fraction of the peak instead."""
+    eta = chip.matmul_efficiency
+    if chip.kind == "tpu":
+        a = chip.mxu or 128
+        return eta * (k / (np.ceil(k / a) * a)) * (n / (np.ceil(n / a) * a))
+    sms, best = chip.sm_count or 1, 0.0
+    for tm, tn in chip.mma_tiles or ((128, 128),):
+        tiles = batch * np.ceil(m / tm) * np.ceil(n / tn)
+        q = batch * m * n / (np.ceil(tiles / sms) * sms * tm * tn)
+        best = np.maximum(best, q)
+    out = eta * best
+    if dtype in ("bf16", "fp8", "int8") and chip.tc_align:
+        simt = dict(chip.dtype_flops).get("fp32", chip.bf16_flops) / chip.bf16_flops
+        off = (k % chip.tc_align != 0) | (n % chip.tc_align != 0)
+        out = np.where(off, simt, out)
+    return out
+
+
+def _matmul(name, pass_, m, n, k, calls, c, batch=1, kind="matmul", flops_=None, bytes_=None, executed=1.0):
+    """A matmul kernel of ``calls`` calls of [m, k]·[k, n] (× batch) on c-byte elements: FLOPs 2·m·n·k·batch a call
+    (or ``flops_`` per step where the program's count differs from the shapes'), bytes c·(m·k + k·n + m·n)·batch
+    (or ``bytes_``)."""
+    # scalars first: m and calls are the arrays of the planner's batches (fewer array operations)
+    f = m * (2 * n * k * batch) * calls if flops_ is None else flops_
+    b = (m * (c * (k + n) * batch) + c * k * n * batch) * calls if bytes_ is None else bytes_
+    return Kernel(name, pass_, kind, (m, n, k, batch), calls, f, b, executed)
+
+
+def _transformer(w: Workload) -> list[Kernel]:
+    """The transformer's kernels (module docstring), from the closed forms' counts (scaling.transformer: passes,
+    recomputed, attention_units, dead_in_again)."""
+    cfg, mesh, step, remat, schedule, precision = w.model, w.mesh, w.step, w.remat, w.schedule, w.precision
+    s, t, X, Y, C, d = transformer._dims(cfg, mesh, w.batch_tokens)
+    D, F, N, K, H, T, m = cfg.d_model, cfg.d_ff, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.seq_len, cfg.mlp_matrices
+    V, c = cfg.vocab or 0, precision.compute
+    p = transformer.passes(w)
+    M = schedule.microbatches
+    tm = t / M  # tokens of one call (a microbatch's, per device)
+    calls = p["layers"] * M  # layer-passes of tm tokens
+    ring = spans(C) and schedule.context == "ring"
+    Tq = T / C if ring else T
+    heads = N / Y / (1 if ring else C)  # heads a device runs attention for
+    seqs = s / M  # sequences of one call
+    unit = s * T * T * N * H / (Y * C)  # one attention unit over the step's t tokens (transformer.step_flops)
+    flash = transformer.runs_flash(schedule, mesh)
+    nb = np.maximum(T / (C if ring else 1) / schedule.attention_block, 1.0)
+    skip = (nb + 1) / (2 * nb) if flash else 1.0  # the causal blocks a flash kernel runs
+    qkv_n, out_k, ff = H * (N + 2 * K) / Y, N * H / Y, F / Y
+    # flash's causal skipping sets the attention kernels' time, not the program's FLOPs (Kernel.flops stays the count)
+    bs = C if ring else 1  # ring: C chunk pairs of (T/C)² per call
+    train = step == "train"
+
+    def layer(pass_, share, what=("qkv", "out", "mlp_in", "mlp_out"), units=4):
+        """One kind of pass over the layers: ``share`` of the layer-passes; forward shapes."""
+        n_calls = calls * share
+        ks = []
+        if "qkv" in what:
+            ks.append(_matmul("qkv", pass_, tm, qkv_n, D, n_calls, c))
+        if units:
+            # flash: the scores stay on chip, only q, k, v and o move (k, v of the kv heads)
+            moved = c * n_calls * seqs * bs * Tq * H * (2 * heads + 2 * heads * K / N) if flash else None
+            ks.append(_matmul("attention", pass_, Tq, Tq, H, n_calls, c, batch=seqs * heads * bs, kind="attention",
+                              flops_=units * unit * p["layers"] * share, bytes_=moved, executed=skip))
+        if "out" in what:
+            ks.append(_matmul("out", pass_, tm, D, out_k, n_calls, c))
+        if "mlp_in" in what:
+            ks.append(_matmul("mlp_in", pass_, tm, ff, D, n_calls * (m - 1), c))
+        if "mlp_out" in what:
+            ks.append(_matmul("mlp_out", pass_, tm, D, ff, n_calls, c))
+        return ks
+
+    def transposed(k: Kernel) -> list[Kernel]:
+        """The backward of a forward matmul [m,k]·[k,n]: dX [m,n]·[n,k] and dW [k,m]·[m,n]."""
+        mm, nn, kk, b = k.shape
+        if k.kind == "attention":  # 8 or 10 units backward (scaling.transformer.attention_units), shapes of the forward
+            units = transformer.attention_units(schedule, "backward", mesh)
+            return [Kernel(k.name, "backward", k.kind, k.shape, k.calls, k.flops * units / 4, k.bytes * 2, k.executed)]
+        return [_matmul(k.name + ".dx", "backward", mm, kk, nn, k.calls, c),
+                _matmul(k.name + ".dw", "backward", kk, nn, mm, k.calls, c)]
+
+    forward = layer("forward", 1.0)
+    ks = list(forward)
+    th = t * p["head"]
+    staged = not np.all(np.asarray(mesh.get("stage", 1)) == 1)  # one stage count per planner group
+    head_calls = p["head_iterations"] if p["again"] else (1 if staged else M)
+    logits = _matmul("logits", "forward", th / head_calls, V / Y, D, head_calls, c) if V else None
+    if logits is not None:
+        ks.append(logits)
+    if train:
+        for k in forward + ([logits] if logits is not None else []):
+            ks += transposed(k)
+        r = transformer.recomputed(cfg, remat, schedule, mesh)
+        rec = [name for name, key in (("qkv", "qkv"), ("out", "out")) if r[key]]
+        ks += layer("recompute", 1.0, tuple(rec), units=r["attention_units"])
+        if r["mlp_in"]:
+            ks += layer("recompute", 1.0, ("mlp_in",), units=0)
+        if p["again"]:  # 1F1B's second forward, less what XLA drops from a one-layer chunk's (dead_in_again)
+            dead = transformer.dead_in_again(cfg, remat, p)
+            again = [k for k in layer("recompute", 1.0, units=4 - dead["attention_units"])
+                     if not (k.name == "qkv" and dead["qkv"]) and not (k.name == "out" and dead["out"])]
+            dropped = {"mlp_in", "mlp_out"} if dead["mlp"] == 1 else {"mlp_out"} if dead["mlp"] else set()
+            ks += [k for k in again if k.name not in dropped]
+    # pointwise passes (module docstring), per layer-pass of t tokens (sequence parallel: the D-wide ones on t/Y)
+    sp = Y if schedule.sequence_parallel else 1
+    norms, adds = (1, 1) if cfg.block == "parallel" else (2, 2)
+    per_token = (norms * 2 + adds * 3) * c * D / sp + c * m * ff
+    scores = 0 if flash else 2 * c * unit / H  # the softmax reads and writes the s·N·T²/(Y·C) scores
+    fwd_bytes = p["layers"] * (per_token * t + scores)
+    head_bytes = 2 * c * th * V / Y
+    ks.append(Kernel("pointwise", "forward", "pointwise", None, calls, 0.0, fwd_bytes + head_bytes))
+    if train:
+        ks.append(Kernel("pointwise", "backward", "pointwise", None, calls, 0.0, 2 * (fwd_bytes + head_bytes)))
+        share = (r["qkv"] + r["out"] + r["mlp_in"] + r["attention_units"] / 4) / 4 if not p["again"] else 1.0
+        ks.append(Kernel("pointwise", "recompute", "pointwise", None, calls, 0.0, share * fwd_bytes))
+        ks.append(_optimizer(w, cfg.params))
+    return ks
+
+
+def _optimizer(w: Workload, params) -> Kernel:
+    """AdamW's update: 16 B read and 12 B written per parameter shard (scaling.memory.hbm_traffic_bytes)."""
+    pr = w.precision
+    moments = pr.adam_moments * pr.adam_moment
+    per = (pr.master + pr.grad + moments) + (pr.master + moments)
+    shards = memory.weight_shards(w.mesh) * w.zero1_shards / w.mesh.get("stage", 1)
+    return Kernel("adamw", "update", "optimizer", None, 1, 0.0, per * params / shards)
+
+
+def _ffn(w: Workload) -> list[Kernel]:
+    """The FFN stack's kernels: per block-pass h = relu(x·W_inᵀ) [b, D]·[D, F/Y] and y = h·W_out [b, F/Y]·[F/Y, D]
+    on b = B/(M·data·fsdp) tokens; backward dX and dW of each; the program's FLOP terms (scaling.flops.step_flops,
+    scaling.program.step_flops_per_device) spread over those shapes; relu's pass c·F/Y a token (forward,
+    recompute), twice backward; AdamW."""
+    from scaling.program import step_flops_per_device  # the FLOPs the program runs (one definition)
+
+    cfg, mesh, c = w.model, w.mesh, w.precision.compute
+    D, F, Y, M = cfg.d_model, cfg.d_ff, mesh["tensor"], w.schedule.microbatches
+    b = memory.tokens_per_device(mesh, w.batch_tokens) / M
+    f = step_flops_per_device(w)
+    one = 2 * b * D * F / Y  # one matmul of one block-pass
+    n = pipeline.block_passes(cfg, w.schedule, mesh["stage"])  # block-passes per device
+    ks = []
+
+    def pair(pass_, total, shapes):
+        calls = total / one
+        for name, (mm, nn, kk) in shapes:
+            ks.append(_matmul(name, pass_, mm, nn, kk, calls / len(shapes), c, flops_=total / len(shapes)))
+
+    pair("forward", f["forward"], (("w_in", (b, F / Y, D)), ("w_out", (b, D, F / Y))))
+    if w.step == "train":
+        pair("backward", f["backward_weights"], (("w_in.dw", (D, F / Y, b)), ("w_out.dw", (F / Y, D, b))))
+        dx = f["backward_inputs"] + f.get("first_block_input_grad", 0.0)
+        pair("backward", dx, (("w_in.dx", (b, D, F / Y)), ("w_out.dx", (b, F / Y, D))))
+        if np.any(np.asarray(f.get("recompute", 0.0)) > 0):
+            pair("recompute", f["recompute"], (("w_in", (b, F / Y, D)),))
+    act = 2 * c * b * F / Y  # relu: read h, write relu(h)
+    ks.append(Kernel("relu", "forward", "pointwise", None, n, 0.0, n * act))
+    if w.step == "train":
+        ks.append(Kernel("relu", "backward", "pointwise", None, n, 0.0, 2 * n * act))
+        rec = np.asarray(f.get("recompute", 0.0)) / one
+        ks.append(Kernel("relu", "recompute", "pointwise", None, rec, 0.0, rec * act))
+        ks.append(_optimizer(w, cfg.params))
+    return ks
+
+
+def step_kernels(w: Workload, chip: Chip | None = None, dtype: str = "bf16") -> list[Kernel]:
+    """The step's kernels per device (module docstring), with their efficiency, seconds and bound on ``chip``."""
+    ks = _transformer(w) if isinstance(w.model, TransformerConfig) else _ffn(w)
+    if chip is None:
+        return ks
+    peak, bw = peak_flops(chip, dtype), chip.device_hbm_bw * chip.hbm_efficiency
+    out = []
+    for k in ks:
+        t_mem = k.bytes / bw
+        if k.shape is None:
+            out.append(Kernel(k.name, k.pass_, k.kind, None, k.calls, k.flops, k.bytes, 1.0, 1.0, 0.0, t_mem))
+            continue
+        eff = shape_efficiency(chip, *k.shape, dtype)
+        t_math = k.flops * (k.executed / (peak * eff))
+        out.append(Kernel(k.name, k.pass_, k.kind, k.shape, k.calls, k.flops, k.bytes, k.executed, eff, t_math, t_mem))
+    return out
+
+
+def compute_seconds(kernels: list[Kernel]) -> object:
+    """The step model's compute term: Σ of the kernels' seconds (they run one after another on a device)."""
+    return sum(k.seconds for k in kernels)
+
+
+def matmul_flops(kernels: list[Kernel]) -> object:
+    """Σ of the matmul and attention kernels' FLOPs (the program's count: equals step_flops' total)."""
+    return sum(np.asarray(k.flops) for k in kernels if k.shape is not None)
+
+

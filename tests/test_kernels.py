@@ -1,0 +1,109 @@
+"""The step model's kernels (scaling.kernels): their sums are the step's terms, their FLOPs the program's count, and
+the quantization of a shape is the hand calculation of the Scaling Book's MXU and NVIDIA's tile/wave rules."""
+
+import json
+
+import pytest
+
+from scaling import kernels
+from scaling.config import PRESETS, Schedule
+from scaling.hardware import get_chip
+from scaling.workload import Workload
+
+
+def _predict_json(*args):
+    import contextlib
+    import io
+
+    from jax_scaling.cli import main
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert main(["predict", *args, "--json"]) == 0
+    return json.loads(buf.getvalue())
+
+
+ROWS = [  # (model and hardware flags): a TPU FSDP row, a GPU pipeline with tensor parallelism, a materialized one
+    "--preset llama2-70b --slice v6e-256 --mesh fsdp=256 --global-batch 512 --remat save_qkv_proj --attention flash",
+    "--preset llama2-7b --chip H100 --chips 16 --mesh data=2,stage=2,tensor=4 --global-batch 64 --microbatch 2 "
+    "--schedule 1f1b --remat full --attention flash",
+    "--preset gpt3-175b --d-model 2304 --heads 24 --kv-heads 24 --head-dim 96 --d-ff 9216 --blocks 24 --vocab 51200 "
+    "--chip A100-80GB --chips 32 --mesh data=32 --global-batch 512 --remat full",
+]
+
+
+@pytest.mark.parametrize("row", ROWS, ids=["v6e-fsdp", "h100-1f1b", "a100-materialized"])
+def test_kernel_sums_are_the_step_terms(row):
+    """predict --kernels: the kernels' seconds add up to the compute term the scheduled step is built from, and the
+    matmul kernels' FLOPs to the program's executed FLOPs (transformer.step_flops, what `check` holds against the
+    compiler): every matmul of the step is in the list, once."""
+    out = _predict_json(*row.split(), "--kernels")
+    ks = out["kernels"]
+    assert sum(k["seconds"] for k in ks) == pytest.approx(out["terms"]["compute"], rel=1e-12)
+    assert sum(k["flops"] for k in ks) == pytest.approx(out["flops"]["total"], rel=1e-9)
+    # the scheduled step: max(compute, hidden collectives) + exposed collectives + loop copies
+    exposed = sum(v for k, v in out["terms"].items() if k.startswith("exposed."))
+    assert out["step_seconds"] >= out["terms"]["compute"] + exposed + out["terms"]["loop_copies"] - 1e-12
+    for k in ks:  # each kernel's seconds is the larger of its math and memory times
+        if k["shape"] is not None:
+            peak = get_chip(out["chip"]).device_flops
+            math = k["flops"] * k["executed"] / (peak * k["efficiency"])
+            assert k["seconds"] >= math * (1 - 1e-12)
+
+
+def test_mxu_quantization_by_hand():
+    """TPU: the MXU takes k and n in whole a×a tiles (Scaling Book, TPU page). Attention's q·kᵀ with head_dim 128 on
+    v6e's 256-wide MXU fills half of it; on v5p's 128-wide it fills it. k = 150 on v5p: 150/256 of two tiles."""
+    v6e, v5p = get_chip("v6e"), get_chip("v5p")
+    assert kernels.shape_efficiency(v6e, 4096, 4096, 128) == pytest.approx(v6e.matmul_efficiency * 0.5)
+    assert kernels.shape_efficiency(v5p, 4096, 4096, 128) == pytest.approx(v5p.matmul_efficiency)
+    assert kernels.shape_efficiency(v5p, 4096, 4096, 150) == pytest.approx(v5p.matmul_efficiency * 150 / 256)
+    assert kernels.shape_efficiency(v5p, 4096, 200, 256) == pytest.approx(v5p.matmul_efficiency * 200 / 256)
+
+
+def test_gpu_tile_and_wave_quantization_by_hand():
+    """A100, 108 SMs, BLOOM's MLP shard under TP=8 with one sequence: [2048, 14400]·[14400, 1800]. Tiles 256×128:
+    8·15 = 120 tiles, 2 waves of 108: 2048·1800/(2·108·256·128) = 0.5208; 128×256: 16·8 = 128, 2 waves, the same;
+    128×128: 16·15 = 240 tiles, 3 waves: 2048·1800/(3·108·128·128) = 0.6944, the best. Head dim 150 (k of q·kᵀ) is
+    not a multiple of 8 halves: no tensor cores, the FP32 rate, 19.5/312 (NVIDIA's guide, A100 datasheet)."""
+    a100 = get_chip("A100-80GB")
+    eta = a100.matmul_efficiency
+    assert kernels.shape_efficiency(a100, 2048, 1800, 14400) == pytest.approx(eta * 2048 * 1800 / (3 * 108 * 128 * 128))
+    assert kernels.shape_efficiency(a100, 2048, 2048, 150, batch=12) == pytest.approx(19.5 / 312)
+    assert kernels.shape_efficiency(a100, 2048, 2048, 144, batch=12) > 19.5 / 312  # 13824/96 = 144: aligned
+
+
+def test_flash_runs_its_causal_blocks_and_moves_no_scores():
+    """Under flash the attention kernel runs (n_b + 1)/(2·n_b) of the program's units (T = 4096, blocks of 512:
+    n_b = 8, 9/16) and moves q, k, v and o, not the T² scores; materialized, it runs them all and moves the scores."""
+    cfg = PRESETS["llama2-7b"]
+    w = Workload(cfg, {"fsdp": 8}, 8 * 4096, remat="full", schedule=Schedule(attention="flash"))
+    att = [k for k in kernels.step_kernels(w) if k.kind == "attention"]
+    assert att and all(k.executed == pytest.approx(9 / 16) for k in att)
+    fwd = next(k for k in att if k.pass_ == "forward")
+    T, H, N = cfg.seq_len, cfg.head_dim, cfg.heads
+    assert fwd.bytes == pytest.approx(2 * cfg.blocks * 1 * T * H * 4 * N)  # c·L·(q, k, v, o) of 1 sequence, N heads
+    m = Workload(cfg, {"fsdp": 8}, 8 * 4096, remat="full")
+    fm = next(k for k in kernels.step_kernels(m) if k.kind == "attention" and k.pass_ == "forward")
+    assert fm.executed == 1.0 and fm.bytes > T * T * N * cfg.blocks * 2
+
+
+def test_peak_of_another_dtype_and_a_missing_one():
+    """--dtype takes the table's peak: A100 tf32 156 TFLOP/s, H100 fp8 1979; v5e has no fp8 row: one-line error."""
+    assert kernels.peak_flops(get_chip("A100-80GB"), "tf32") == 1.56e14
+    assert kernels.peak_flops(get_chip("H100"), "fp8") == 1.979e15
+    with pytest.raises(ValueError, match="v5e has no fp8 rate"):
+        kernels.peak_flops(get_chip("v5e"), "fp8")
+
+
+def test_predict_kernels_prints_the_breakdown(capsys):
+    """predict --kernels prints one line per kernel and the sums per pass, which add up to the compute term."""
+    from jax_scaling.cli import main
+
+    assert main(["predict", *ROWS[0].split(), "--kernels"]) == 0
+    text = capsys.readouterr().out
+    assert "ridge point" in text and "mlp_in.dw" in text and "adamw" in text
+    per_pass = text.split("per pass: ")[1]
+    parts = [float(x.split()[1]) for x in per_pass.split(";")[0].split(", ")]
+    total = float(per_pass.split("compute term ")[1].split()[0])
+    assert sum(parts) == pytest.approx(total, rel=1e-3)
