@@ -595,11 +595,12 @@ class Schedule:
                                  "optimizer state's D over both)")
         if isinstance(cfg, TransformerConfig):
             _check_transformer(cfg, mesh, self)
-            if self.pipeline == "1f1b" and np.any(np.asarray(M) < S):
-                raise ValueError(f"1f1b needs microbatches >= stages: {M} < {S}")
-            if S > 1 and np.any(np.asarray(M) % S):
-                raise ValueError(f"microbatches={M} must be a multiple of stage={S} for the transformer (each stage "
-                                 "runs the output layer on M/S of them)")
+            if self.pipeline == "1f1b" and R > 1 and np.any(np.asarray(M) < S):
+                raise ValueError(f"interleaved 1f1b needs microbatches >= stages: {M} < {S}")
+            if S > 1 and (self.pipeline != "1f1b" or R > 1) and np.any(np.asarray(M) % S):
+                raise ValueError(f"microbatches={M} must be a multiple of stage={S} for the transformer's "
+                                 + ("interleaved 1f1b (groups of S microbatches)" if self.pipeline == "1f1b" else
+                                    f"{self.pipeline} (each stage runs the output layer on M/S of them)"))
             if S > 1 and self.fsdp_gather == "step":
                 raise ValueError("fsdp_gather='step' is built for the FFN stack's pipeline, not the transformer's")
             if batch_tokens is not None:

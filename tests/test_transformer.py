@@ -167,6 +167,8 @@ PIPE_MESHES = [
     # interleaved 1F1B: 2 chunks per stage (stage=4: chunks of one layer), the wrap from the last stage to the first
     ("stage=2,fsdp=2,tensor=2", Schedule(2, repeats=2, pipeline="1f1b"), "full"),
     ("stage=4,context=2", Schedule(4, repeats=2, pipeline="1f1b", context="ring"), "none"),
+    # 1F1B with fewer microbatches than stages, not a multiple of them: a steady phase of M = 2 iterations
+    ("stage=4,tensor=2", Schedule(2, pipeline="1f1b"), "none"),
 ]
 
 
@@ -196,7 +198,7 @@ def test_pipeline_stages_match_one_device(pipe_one_device, spec, schedule, remat
     ("tensor=8", Schedule(), "none", "kv_heads=4 is not divisible by tensor = 8"),
     ("context=2", Schedule(attention="flash", attention_block=48), "none", "block"),
     ("fsdp=2", Schedule(), "every-second", "every-second"),
-    ("stage=2", Schedule(1, pipeline="1f1b"), "none", "1f1b needs microbatches >= stages"),
+    ("stage=4", Schedule(2, repeats=2, pipeline="1f1b"), "none", "interleaved 1f1b needs microbatches >= stages"),
     ("stage=2", Schedule(3), "none", "microbatches=3 must be a multiple of stage=2"),
     ("stage=2", Schedule(2, sequence_parallel=True), "none", "sequence_parallel with pipeline stages"),
 ])
