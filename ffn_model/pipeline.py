@@ -243,30 +243,37 @@ def one_f_one_b(x_MxbxD, labels_Mxbx, weights: dict, head_params: dict, mesh, ch
                 output gradient (the head's for the last chunk on the last stage, the same iteration as its
                 forward; otherwise stage s + 1's of the previous iteration, stage 0's wrapping round to stage S − 1).
 
-    T = R·(M + S) + S − 2 iterations (M + 2(S − 1) for R = 1) in three phases (three scans): the first W = R·S − 1
-    run only the forward slot (no backward item is ready on any stage before t = W), the last W only the backward
-    slot (no forward item is left after t = T − W − 1), the R·(M − S) + S between both slots and the head. Each
-    stage so runs R·M + S − 1 forward and as many backward slots: Megatron's bubble, (S − 1)/(R·M). A kept input
-    lives at most 2·R·S − 2 iterations, so stage s holds at most K chunk inputs and one chunk's residuals at a
-    time, whatever M: memory flat in M. Every stage runs the steady phase's slots, the head among them (lock-step
-    SPMD: the last stage's head costs every stage its time, as the imbalance of a Megatron pipeline whose last
-    stage holds the output layer costs the step), bubble slots on whatever they hold, masked out of the sums; the
+    T = R·(M + S) + S − 2 iterations (M + 2(S − 1) for R = 1). A kept input lives at most 2·R·S − 2 iterations, so
+    stage s holds at most K chunk inputs and one chunk's residuals at a time, whatever M: memory flat in M. Every
+    stage runs both slots every iteration, the head among them (lock-step SPMD: the last stage's head costs every
+    stage its time, as the imbalance of a Megatron pipeline whose last stage holds the output layer costs the
+    step), bubble slots on whatever they hold, masked out of the sums; the
     forward runs twice (the slot, and again in the backward). With R = 1 the weights are selected behind an
     optimization barrier with the iteration (pipeline_outputs), and M is any count; with R > 1 the chunk w[r] of
     the iteration, and M a multiple of S. The head's gradients accumulate in FP32 in the layout of
     ``head_grad_axes`` (logical axes per name)."""
-    S, M, R = mesh.shape["stage"], x_MxbxD.shape[0], repeats
+    S, M, R, dp = mesh.shape["stage"], x_MxbxD.shape[0], repeats, mesh.shape["data"]
     SR = S * R
     K, T, delay = 2 * SR - 1, R * (M + S) + S - 2, SR - 1
-    W = delay  # warm-up and cool-down iterations: R·S − 1
-    x_SxMxbxD = to_every_stage(x_MxbxD, S, x_axes)
+    # the batch split [b] -> [data, b/data] (b/data over fsdp), so that the loop, manual over data, sees its shard of
+    # each microbatch with the fsdp split kept
+    def by_data(a, at, axes):
+        a = a.reshape(*a.shape[:at], dp, a.shape[at] // dp, *a.shape[at + 1:])
+        return constrain(a, axes[:at] + ("data_shards", "batch_fsdp") + axes[at + 1:])
+
+    x_SxMxDxbxD = by_data(to_every_stage(x_MxbxD, S, x_axes), 2, ("stages", None, *x_axes))
+    labels_MxDxbx = by_data(labels_Mxbx, 1, (None, *x_axes[:labels_Mxbx.ndim - 1]))
     stage = {k: PartitionSpec("stage") for k in weights}
     P = PartitionSpec
 
-    @functools.partial(jax.shard_map, mesh=mesh, in_specs=(P("stage"), P(), stage, P()),
-                       out_specs=(P("stage"), stage, P("stage"), P("stage")), axis_names={"stage"}, check_vma=False)
+    # manual over data too: each data shard accumulates its own partial gradients through the loop, reduced once
+    # after it (an automatic data axis would all-reduce every iteration's)
+    by_data = {k: PartitionSpec("data", "stage") for k in weights}
+    @functools.partial(jax.shard_map, mesh=mesh, in_specs=(P("stage", None, "data"), P(None, "data"), stage, P()),
+                       out_specs=(P("stage", "data"), by_data, P("stage", "data"), P("stage", None, "data")),
+                       axis_names={"stage", "data"}, check_vma=False)
     def run(x, labels, ws, hp):
-        x = x[0]
+        x, labels = x[0, :, 0], labels[:, 0]  # this stage's and this data shard's [M, b/data, ...]
         s = jax.lax.axis_index("stage")
         wrap = R > 1  # the last stage's output goes round to stage 0 (and its gradient back) for the next chunk
         forward = [(i, (i + 1) % S) for i in range(S if wrap else S - 1)]
@@ -278,52 +285,50 @@ def one_f_one_b(x_MxbxD, labels_Mxbx, weights: dict, head_params: dict, mesh, ch
                 return lambda w: jax.lax.optimization_barrier((w, t))[0]
             return lambda w: w[r]
 
-        def iteration(carry, t, fwd: bool = True, bwd: bool = True):
+        def iteration(carry, t):
             recv_f, recv_b, kept, dws, dhp, loss, dx_all = carry
-            if fwd:  # the forward slot: item k = t − s, chunk r of microbatch m
-                k = t - s
-                r, m = (k % SR) // S, jnp.clip((k // SR) * S + k % S, 0, M - 1)
-                f_real = (k >= 0) & (k < R * M)
-                x_in = jnp.where((s == 0) & (r == 0), x[m], recv_f)
-                kept = kept.at[k % K].set(jnp.where(f_real, x_in, kept[k % K]))
-                y = chunk(x_in, ws, selector(t, r))
-                recv_f = jax.lax.ppermute(y, "stage", forward)
-            if fwd and bwd:  # the head runs with the last stage's last chunk, forward and backward in one iteration
-                loss_f, head_vjp = jax.vjp(lambda yy, h: head(yy, labels[m], h), y, hp)
-                dy_head, dh = head_vjp(jnp.ones_like(loss_f) / M)
-                head_real = f_real & (s == S - 1) & (r == R - 1)  # the head's microbatch is the backward's (same t)
-                dhp = {n: constrain(a + jnp.where(head_real, dh[n], 0).astype(a.dtype), head_grad_axes[n])
-                       for n, a in dhp.items()}
-                loss = loss + jnp.where(head_real, loss_f, 0.0) / M
-            if bwd:  # the backward slot: item j, chunk rb of microbatch mb, its input kept as item kb
-                j = t - delay - (S - 1 - s)
-                group, i = j // SR, j % S
-                rb = R - 1 - (j % SR) // S
-                mb = jnp.clip(group * S + i, 0, M - 1)
-                b_real, last = (j >= 0) & (j < R * M), (s == S - 1) & (rb == R - 1)
-                _, chunk_vjp = jax.vjp(lambda xi, w: chunk(xi, w, selector(t, rb)), kept[(group * SR + rb * S + i) % K],
-                                       ws)
-                dx, dw = chunk_vjp(jnp.where(last, dy_head, recv_b) if fwd else recv_b)
-                dws = jax.tree.map(lambda a, b: a + jnp.where(b_real, b, 0).astype(a.dtype), dws, dw)
-                dx_all = dx_all.at[mb].set(jnp.where(b_real & (s == 0) & (rb == 0), dx, dx_all[mb]))
-                recv_b = jax.lax.ppermute(dx, "stage", back)
-            return (recv_f, recv_b, kept, dws, dhp, loss, dx_all), None
+            k = t - s  # the forward item: chunk r of microbatch m
+            r, m = (k % SR) // S, jnp.clip((k // SR) * S + k % S, 0, M - 1)
+            f_real = (k >= 0) & (k < R * M)
+            x_in = jnp.where((s == 0) & (r == 0), x[m], recv_f)
+            kept = kept.at[k % K].set(jnp.where(f_real, x_in, kept[k % K]))
+            y = chunk(x_in, ws, selector(t, r))
+            loss_f, head_vjp = jax.vjp(lambda yy, h: head(yy, labels[m], h), y, hp)
+            dy_head, dh = head_vjp(jnp.ones_like(loss_f) / (M * dp))  # the mean over every data shard's tokens
+            j = t - delay - (S - 1 - s)  # the backward item: chunk rb of microbatch mb, its input kept as item kb
+            group, i = j // SR, j % S
+            rb = R - 1 - (j % SR) // S
+            mb = jnp.clip(group * S + i, 0, M - 1)
+            b_real, last = (j >= 0) & (j < R * M), (s == S - 1) & (rb == R - 1)
+            _, chunk_vjp = jax.vjp(lambda xi, w: chunk(xi, w, selector(t, rb)), kept[(group * SR + rb * S + i) % K], ws)
+            dx, dw = chunk_vjp(jnp.where(last, dy_head, recv_b))
+            dws = jax.tree.map(lambda a, b: a + jnp.where(b_real, b, 0).astype(a.dtype), dws, dw)
+            head_real = f_real & (s == S - 1) & (r == R - 1)  # the head's microbatch is the backward's (same t)
+            dhp = {n: constrain(a + jnp.where(head_real, dh[n], 0).astype(a.dtype), head_grad_axes[n])
+                   for n, a in dhp.items()}
+            loss = loss + jnp.where(head_real, loss_f, 0.0) / (M * dp)
+            dx_all = dx_all.at[mb].set(jnp.where(b_real & (s == 0) & (rb == 0), dx, dx_all[mb]))
+            return (jax.lax.ppermute(y, "stage", forward), jax.lax.ppermute(dx, "stage", back), kept, dws, dhp,
+                    loss, dx_all), None
 
         zero = jnp.zeros(x.shape[1:], COMPUTE_DTYPE)
         dhp = {k: constrain(f32(a), head_grad_axes[k]) for k, a in hp.items()}
         carry = (zero, zero, jnp.zeros((K, *x.shape[1:]), COMPUTE_DTYPE), jax.tree.map(f32, ws), dhp,
                  jnp.zeros((), jnp.float32), jnp.zeros(x.shape, COMPUTE_DTYPE))
-        # three phases: W forward-only iterations (no backward item is ready on any stage), the steady 1F1B, W
-        # backward-only ones (no forward item is left on any stage). (Peeling the last iteration of the steady and
-        # cool-down phases would save the permutes of the one's output and the other's input gradient, which go
-        # nowhere, but its unrolled body raised the v5p peak by 1.1 GB.)
-        carry, _ = jax.lax.scan(functools.partial(iteration, bwd=False), carry, jnp.arange(W))
-        carry, _ = jax.lax.scan(iteration, carry, jnp.arange(W, T - W))
-        (_, _, _, dws, dhp, loss, dx_all), _ = jax.lax.scan(functools.partial(iteration, fwd=False), carry,
-                                                            jnp.arange(T - W, T))
-        return loss[None], dws, jax.tree.map(lambda a: a[None], dhp), dx_all[None]
+        # One scan, both slots in every iteration, bubble ones masked: a forward-only warm-up and a backward-only
+        # cool-down (three scans: Megatron's bubble) raised XLA:GPU's peak by 13.7 GB where the gradient
+        # accumulators crossed from one loop to the next (docs/findings.md).
+        (_, _, _, dws, dhp, loss, dx_all), _ = jax.lax.scan(iteration, carry, jnp.arange(T))
+        # each data shard's partial sums, stacked over data: summed outside (one reduction; a psum of BF16 here
+        # crashed XLA:CPU's all-reduce promotion)
+        return (loss[None, None], jax.tree.map(lambda a: a[None], dws), jax.tree.map(lambda a: a[None, None], dhp),
+                dx_all[None, :, None])
 
-    loss, dws, dhp, dx = run(x_SxMxbxD, labels_Mxbx, weights, head_params)
-    # the head's and the input's gradients are on the last stage and on stage 0: summed over stage
-    return (jnp.sum(loss), jax.tree.map(lambda w, g: g.astype(w.dtype), weights, dws),
-            jax.tree.map(lambda p, g: jnp.sum(g, axis=0).astype(p.dtype), head_params, dhp), jnp.sum(dx, axis=0))
+    loss, dws, dhp, dx = run(x_SxMxDxbxD, labels_MxDxbx, weights, head_params)
+    dx = jnp.sum(dx, axis=0)
+    dx = dx.reshape(dx.shape[0], dx.shape[1] * dx.shape[2], *dx.shape[3:])
+    # the data shards' partial gradients reduced once (BF16 on the wire, the precision policy's gradient
+    # communication); the head's and the input's are on the last stage and on stage 0: summed over stage too
+    reduce = lambda g, axes: jnp.sum(g.astype(COMPUTE_DTYPE), axis=axes)  # noqa: E731
+    return (jnp.sum(loss), jax.tree.map(lambda w, g: reduce(g, 0).astype(w.dtype), weights, dws),
+            jax.tree.map(lambda p, g: reduce(g, (0, 1)).astype(p.dtype), head_params, dhp), dx)

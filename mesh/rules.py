@@ -27,7 +27,11 @@ def check_logical(logical: tuple[str | None, ...]) -> tuple[str | None, ...]:
 
 
 def logical_to_spec(logical: tuple[str | None, ...]):
-    """jax.sharding.PartitionSpec for a tuple of logical axis names, through the table."""
+    """jax.sharding.PartitionSpec for a tuple of logical axis names, through the table; inside jax.shard_map the
+    mesh axes it is manual over are left out (each device sees its own block of them)."""
+    import jax
     from jax.sharding import PartitionSpec
 
-    return PartitionSpec(*(_spec_entry(a) for a in mesh_axes(logical)))
+    manual = set(jax.sharding.get_abstract_mesh().manual_axes)
+    return PartitionSpec(*(_spec_entry(tuple(m for m in a if m not in manual) if a else a)
+                           for a in mesh_axes(logical)))

@@ -587,8 +587,9 @@ class Schedule:
         as many microbatches as stages, B must split into M microbatches over data·fsdp."""
         S, M, R, L = mesh.get("stage", 1), self.microbatches, self.repeats, cfg.blocks
         if self.optimizer_sharding == "zero1":
-            if S > 1:
-                raise ValueError("optimizer_sharding zero1 with pipeline stages is not built: use fsdp")
+            if S > 1 and self.pipeline != "1f1b":
+                raise ValueError("optimizer_sharding zero1 with pipeline stages is built for the 1f1b schedule (its "
+                                 "loop reduces the gradients over data once): use --schedule 1f1b, or fsdp")
             n = shards(mesh, "embed_zero1")
             if cfg.d_model % n:
                 raise ValueError(f"d_model={cfg.d_model} is not divisible by data·fsdp = {n} (zero1 shards the "

@@ -24,35 +24,21 @@ from scaling.config import FFNConfig, Schedule, saved_blocks
 
 
 def iterations(schedule: Schedule, stages: int) -> int:
-    """T, the loop trips of the compiled schedule: R·M + S − 1 with stages (S > 1; 1F1B: R·(M + S) + S − 2 in
-    three phases, M + 2(S − 1) for R = 1: ffn_model.pipeline.one_f_one_b, slots), M without."""
+    """T, the loop trips of the compiled schedule: R·M + S − 1 with stages (S > 1; 1F1B: R·(M + S) + S − 2, a
+    forward and a backward slot each, M + 2(S − 1) for R = 1: ffn_model.pipeline.one_f_one_b), M without."""
     M, R = schedule.microbatches, schedule.repeats
     if stages > 1 and schedule.pipeline == "1f1b":
         return R * (M + stages) + stages - 2
     return R * M + stages - 1 if stages > 1 else M
 
 
-def slots(schedule: Schedule, stages: int) -> int:
-    """The chunk forwards (and as many backwards) a stage runs per step: T for GPipe and circular (every
-    iteration), R·M + S − 1 for 1F1B, whose loop runs its first and last R·S − 1 iterations with one slot each
-    (ffn_model.pipeline.one_f_one_b's three phases); M without stages."""
-    if stages > 1 and schedule.pipeline == "1f1b":
-        return schedule.repeats * schedule.microbatches + stages - 1
-    return iterations(schedule, stages)
-
-
-def head_iterations(schedule: Schedule, stages: int) -> int:
-    """1F1B: the iterations that run the head, the steady phase's T − 2·(R·S − 1) = R·(M − S) + S (M for R = 1)."""
-    R, M, S = schedule.repeats, schedule.microbatches, stages
-    return R * (M - S) + S
-
-
 def bubble(schedule: Schedule, stages: int) -> dict[str, float]:
-    """{"idle_share": (S−1)/(R·M+S−1) (MaxText), "overhead": (S−1)/(R·M) (Megatron-LM)}, in chunk-slots of
-    L/(S·R) layers (slots): GPipe, circular and 1F1B alike (1F1B's three phases pay no warm-up backward or
-    cool-down forward: Megatron's (S−1)/(R·M), interleaved or not)."""
+    """{"idle_share": (S−1)/(R·M+S−1) (MaxText), "overhead": (S−1)/(R·M) (Megatron-LM)}; 1F1B as this package
+    runs it, lock-step, a forward and a backward slot every iteration: 2(S−1)/(M+2(S−1)) and 2(S−1)/M (Megatron's
+    1F1B idles (S−1)/M: its warm-up and cool-down slots are not paid by every stage); interleaved (R > 1), in
+    chunk-iterations of L/(S·R) layers: (R·S + S − 2)/(R·M) (Megatron's (S−1)/(R·M))."""
     M, R, S = schedule.microbatches, schedule.repeats, stages
-    idle = slots(schedule, S) - R * M
+    idle = iterations(schedule, S) - R * M
     return {"idle_share": idle / (R * M + idle), "overhead": idle / (R * M)}
 
 
@@ -62,9 +48,9 @@ def chunk_blocks(cfg: FFNConfig, schedule: Schedule, stages: int) -> int:
 
 
 def block_passes(cfg: FFNConfig, schedule: Schedule, stages: int) -> int:
-    """Block-passes one device executes per step (forward): slots·Lc (S > 1: bubble iterations included),
+    """Block-passes one device executes per step (forward): T·Lc (S > 1: bubble iterations included),
     M·L without stages."""
-    return slots(schedule, stages) * chunk_blocks(cfg, schedule, stages)
+    return iterations(schedule, stages) * chunk_blocks(cfg, schedule, stages)
 
 
 def saved_per_token(cfg: FFNConfig, mesh: Mapping, remat: str, schedule: Schedule, c: int = 2) -> float:

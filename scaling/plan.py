@@ -309,7 +309,7 @@ def plan(cfg, chip: Chip, chips: int, batch_tokens, hbm: float | None = None, re
     ``batch_tokens`` is an int or a list of ints; each plan dict carries its batch, mesh (plan_axes), microbatches
     M and repeats R (scaling.config.Schedule: gradient accumulation without stages, GPipe, circular or 1F1B with
     them; schedules), remat, pipeline, sequence_parallel (and a transformer's attention, context_strategy,
-    optimizer_sharding), the bubble (Megatron's overhead (S−1)/(R·M), 1F1B's too, paid in the step time as
+    optimizer_sharding), the bubble (Megatron's overhead (S−1)/(R·M), 1F1B's 2(S−1)/M, paid in the step time as
     executed FLOPs; bubble_seconds: the math time of the bubble iterations), layout, M_X/M_Y (physical axes
     spanned), slices, predict's times (every form), MFU/HFU, bound, memory and critical batch. ``dims``: the
     slice's shape (default: hardware.split_slices). ``remat``: one policy, or None (Choices.of: "none" for the

@@ -46,6 +46,8 @@ LOGICAL_RULES: dict[str, tuple[str, ...]] = {
     "tensor_split": ("tensor",),
     "vocab": ("tensor",),
     "embed_zero1": ("fsdp", "data"),
+    "data_shards": ("data",),  # the batch split as [data, B/data] (1F1B's loop, manual over data): its two parts
+    "batch_fsdp": ("fsdp",),
 }
 
 # Logical axes of each parameter and activation of the FFN stack (shapes in Scaling Book letters).

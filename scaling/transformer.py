@@ -68,13 +68,12 @@ def _dims(cfg: TransformerConfig, mesh: Mapping, batch_tokens):
 
 def passes(w: Workload) -> dict:
     """What one device runs per step, in passes over its t tokens (module docstring, "Pipeline stages"):
-    "layers": layer-passes, L without a stage axis; with S stages (L/S)·T/(R·M), T the chunk-slots a stage runs
-    (scaling.pipeline.slots: the loop's iterations, bubble ones included; 1F1B: R·M + S − 1 of each slot);
-    "weight_passes": how often a layer's weights are used, L, or T·L/(S·R) (each slot's chunk, on a microbatch);
-    "head": the output layer's and loss's share of t, 1 without stages, 1/S for GPipe and circular (each stage its
-    M/S microbatches), H/M for 1F1B (every stage, each of the H = R·(M − S) + S iterations of the steady phase:
-    pipeline.head_iterations); "head_iterations": how often the output layer's weight gradient is made and
-    reduced (H for 1F1B, else 1); "again": 1 for 1F1B (its backward slot runs the forward again); "iterations"
+    "layers": layer-passes, L without a stage axis; with S stages (L/S)·T/(R·M), T the schedule's iterations
+    (scaling.pipeline.iterations: bubble iterations run too); "weight_passes": how often a layer's weights are
+    used, L, or T·L/(S·R) (each iteration's chunk, on a microbatch); "head": the output layer's and loss's share of
+    t, 1 without stages, 1/S for GPipe and circular (each stage its M/S microbatches), T/M for 1F1B (every
+    stage, every iteration); "head_iterations": how often the output layer's weight gradient is made and
+    accumulated (T for 1F1B, else 1); "again": 1 for 1F1B (its backward slot runs the forward again); "iterations"
     T (0 without stages); "chunk": a stage's layers per chunk, L/(S·R) (L without stages). A forward-only step runs
     GPipe."""
     cfg, schedule, S = w.model, w.schedule, w.mesh.get("stage", 1)
@@ -84,11 +83,10 @@ def passes(w: Workload) -> dict:
     one_f = schedule.pipeline == "1f1b" and w.step == "train"
     if schedule.pipeline == "1f1b" and not one_f:
         schedule = dataclasses.replace(schedule, pipeline="gpipe")
-    T, M, R = pipeline.slots(schedule, S), schedule.microbatches, schedule.repeats
+    T, M, R = pipeline.iterations(schedule, S), schedule.microbatches, schedule.repeats
     Lc = cfg.blocks // (S * R)  # a chunk's layers
     if one_f:
-        H = pipeline.head_iterations(schedule, S)
-        return {"layers": cfg.blocks / S * T / (R * M), "weight_passes": T * Lc, "head": H / M, "head_iterations": H,
+        return {"layers": cfg.blocks / S * T / (R * M), "weight_passes": T * Lc, "head": T / M, "head_iterations": T,
                 "again": 1, "iterations": T, "chunk": Lc}
     return {"layers": cfg.blocks / S * T / (R * M), "weight_passes": T * Lc, "head": 1 / S, "head_iterations": 1,
             "again": 0, "iterations": T, "chunk": Lc}
@@ -270,10 +268,17 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
             out["context"]["all-reduce"] = (Lw * W + dE) / (X * (d if zero1 else 1))
     if S > 1:
         out["stage"] = stage_volumes(w, c)
-    if zero1:  # the embeddings' gradients as a plain reduce-scatter, as without ZeRO-1
-        for axis, kinds in collectives.zero1_volumes(Ls * W, dE, precision.master * cfg.params / (X * Y), d, X,
+    if zero1:  # the embeddings' gradients as a plain reduce-scatter, as without ZeRO-1 (1F1B: once each, as the
+        # layers'); the updated FP32 weights a device holds (a stage's layers) all-gathered
+        held = (cfg.params - cfg.embedding_params) / S + cfg.embedding_params
+        for axis, kinds in collectives.zero1_volumes(Ls * W, 2 * c * V * D / Y if p["again"] else dE,
+                                                     precision.master * held / (X * Y), d, X,
                                                      windowed_grad_rs).items():
             out.setdefault(axis, {}).update(kinds)
+    elif spans(d) and train and p["again"]:  # 1F1B: each data shard's partial gradients accumulated through the
+        # loop, reduced once after it (ffn_model.pipeline.one_f_one_b): the stage's layers, the lookup's and the
+        # output layer's gradient once each
+        out["data"] = {"all-reduce": (Ls * W + 2 * c * V * D / Y) / X}
     elif spans(d) and train:
         out["data"] = {"all-reduce": (Lw * W + dE) / X}
     if S > 1 and spans(C) and train and cfg.vocab and not p["again"] and not zero1:
@@ -283,6 +288,16 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
         out[partner]["all-reduce"] -= merged
         out["context"]["all-reduce"] -= merged
         out[f"{partner}+context"] = {"all-reduce": merged}
+    if S > 1 and spans(d) and train and cfg.vocab and p["again"] and w.compiler.joint_head_reduce:
+        # 1F1B: the output layer's gradient summed over stage and data in one all-reduce (XLA:TPU), out of the data
+        # reduction (ZeRO-1's reduce-scatter of the unsharded gradient)
+        joint = c * cfg.vocab * D / (X * Y)
+        if zero1:
+            out["data+fsdp" if spans(X) else "data"]["reduce-scatter"] -= c * cfg.vocab * D / Y
+        else:
+            out["data"]["all-reduce"] -= joint
+        out["stage"]["all-reduce"] -= joint
+        out["data+stage"] = {"all-reduce": joint}
     loss_axes = [a for a in ("data", "fsdp", "context", "tensor") if spans(mesh.get(a, 1))  # tensor: the SP output
                  and (a != "tensor" or (schedule.sequence_parallel and cfg.vocab is None))]
     if loss_axes:  # the loss: one mean over the tokens, split over these axes together (per microbatch a stage
@@ -296,24 +311,17 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
 def stage_volumes(w: Workload, c: float) -> dict[str, float]:
     """{kind: V bytes} over ``stage`` per device (ffn_model.pipeline, ffn_model.train.transformer_pipeline_loss;
     c the bytes a BF16 element moves as): every iteration a microbatch's activations, c·(t/M)·D, to the next
-    stage, and in the backward their gradient back: T·c·(t/M)·D per direction (1F1B: its R·M + S − 1 slots, less
-    the dead permute of a phase of one iteration, which XLA unrolls). GPipe and circular: the
+    stage, and in the backward their gradient back: T·c·(t/M)·D per direction. GPipe and circular: the
     outputs sent from stage 0 to the stages that run their output layer, S − 1 permutes of c·(t/S)·D (and
     back in the backward); circular, the weights' re-lay (relay_moves rounds of one FP32 chunk of L/(S·R)
     layers, in the forward and again for the gradient). All-reduced over stage (train): the input's gradient
     (stage 0's, c·t·D, to the embedding's backward, which every stage runs), the output matrix's gradient
-    (c·V·D/(X·Y); 1F1B's accumulator, FP32), and the loss (4 bytes)."""
+    (c·V·D/(X·Y); 1F1B's FP32 accumulator too, summed in BF16), and the loss (4 bytes)."""
     cfg, mesh, schedule, train = w.model, w.mesh, w.schedule, w.step == "train"
     s, t, X, Y, C, d = _dims(cfg, mesh, w.batch_tokens)
     S, M, D, p = mesh["stage"], schedule.microbatches, cfg.d_model, passes(w)
     directions = 2 if train else 1
-    # 1F1B: a slot each way per iteration of its phases, but XLA unrolls a phase of one iteration and drops its
-    # permute that nothing reads: the cool-down's last input gradient (W = R·S − 1 = 1), the steady phase's last
-    # output (H = 1) (ffn_model.pipeline.one_f_one_b)
     permute = directions * p["iterations"] * c * t / M * D
-    if p["again"] and train:
-        W, H = schedule.repeats * S - 1, p["head_iterations"]
-        permute -= ((W == 1) + (H == 1)) * c * t / M * D
     if not p["again"]:  # GPipe, circular: the outputs to the stages
         permute += directions * (S - 1) * c * t / S * D
     if schedule.repeats > 1:
@@ -321,7 +329,7 @@ def stage_volumes(w: Workload, c: float) -> dict[str, float]:
         permute += directions * pipeline.relay_moves(S, schedule.repeats) * chunk
     out = {"collective-permute": permute, "all-reduce": 4.0}
     if train and cfg.vocab:
-        head_grad = (4 if p["again"] else c) * cfg.vocab * D / (X * Y)
+        head_grad = c * cfg.vocab * D / (X * Y)  # (1F1B: its FP32 accumulator summed in BF16)
         out["all-reduce"] += c * t * D + head_grad
     return out
 

@@ -41,12 +41,15 @@ class CompilerFacts:
     circular_relays        re-lays of the FP32 stacks per train step in a circular pipeline (2, or 3 where
                            XLA re-lays them again for the backward)
     min_comm_bytes         the narrowest element on the wire (XLA:CPU runs bf16 collectives in f32: 4)
+    joint_head_reduce      1F1B with data parallelism: the output layer's gradient summed over stage and data in
+                           one all-reduce (XLA:TPU), not one over each (XLA:CPU)
     """
 
     windowed_grad_rs: bool | None = None
     merged_grad_allreduce: bool = False
     circular_relays: int = 2
     min_comm_bytes: int = 0
+    joint_head_reduce: bool = False
 
     def __post_init__(self):
         positive_int("circular_relays", self.circular_relays)

@@ -143,8 +143,8 @@ CASES = [
     (f"{TRAIN} --preset tiny-tf --batch-tokens 512 --mesh context=2,tensor=4 --attention flash --attention-block 48",
      r"attention_block=48 does not divide"),
     # the transformer's pipeline schedules
-    (f"{TRAIN} --preset tiny-tf --batch-tokens 512 --mesh stage=2,fsdp=4 --microbatches 1 --schedule 1f1b",
-     r"1f1b needs microbatches >= stages: 1 < 2"),
+    (f"{TRAIN} --preset tiny-tf --batch-tokens 512 --mesh stage=2,fsdp=4 --microbatches 1 --schedule 1f1b "
+     "--repeats 2", r"interleaved 1f1b needs microbatches >= stages: 1 < 2"),
     (f"{TRAIN} --preset tiny-tf --batch-tokens 512 --mesh stage=4,fsdp=2 --microbatches 4",
      r"blocks=2 cannot be split evenly over stage=4"),
     (f"{TRAIN} --preset tiny-tf --batch-tokens 512 --mesh stage=2,fsdp=4 --microbatches 3",
@@ -158,9 +158,9 @@ CASES = [
      r"argument --remat: invalid choice: 'sometimes'"),
     (f"{TRAIN} --sequence-parallel --attention sparse", r"argument --attention: invalid choice: 'sparse'"),
     (f"{TRAIN} --context-strategy star", r"argument --context-strategy: invalid choice: 'star'"),
-    # ZeRO-1: not with stages; D over data·fsdp
+    # ZeRO-1: with stages only under 1F1B; D over data·fsdp
     ("bench --preset tiny --devices cpu:8 --mesh stage=2,data=2,fsdp=2 --microbatches 2 --optimizer-sharding zero1",
-     r"optimizer_sharding zero1 with pipeline stages is not built"),
+     r"optimizer_sharding zero1 with pipeline stages is built for the 1f1b schedule"),
     ("bench --preset tiny --devices cpu:8 --mesh data=8 --d-model 60 --optimizer-sharding zero1",
      r"d_model=60 is not divisible by data·fsdp = 8"),
     # block and MLP kinds

@@ -537,22 +537,19 @@ def test_transformer_pipeline_terms_by_hand():
     # 10/4 = 2.5 passes over t; the output layer on each stage's M/S = 2 microbatches, half of t
     assert tf.passes(gpipe) == {"layers": 2.5, "weight_passes": 10, "head": 0.5, "head_iterations": 1, "again": 0,
                                 "iterations": 5, "chunk": 2}
-    # 1F1B: T = M + 2(S − 1) = 6 iterations in three phases: W = S − 1 = 1 forward-only, M = 4 with both slots and
-    # the output layer, 1 backward-only: M + S − 1 = 5 slots each way (10 layer-passes on a microbatch, 2.5 over t,
-    # the forward again in each backward slot); the output layer in the 4 steady iterations, 4/4 = 1 pass over t
-    assert tf.passes(one_f) == {"layers": 2.5, "weight_passes": 10, "head": 1.0, "head_iterations": 4, "again": 1,
-                                "iterations": 5, "chunk": 2}
-    assert pipeline.bubble(one_f.schedule, 2) == {"idle_share": 1 / 5, "overhead": 1 / 4}  # Megatron's (S − 1)/M
+    # 1F1B: T = M + 2(S − 1) = 6 iterations, the chunk's forward again in each, the output layer in each
+    assert tf.passes(one_f) == {"layers": 3.0, "weight_passes": 12, "head": 1.5, "head_iterations": 6, "again": 1,
+                                "iterations": 6, "chunk": 2}
+    assert pipeline.bubble(one_f.schedule, 2) == {"idle_share": 2 / 6, "overhead": 2 / 4}
     # over stage, GPipe: 5 iterations x (a microbatch's activations c·64·D forward, their gradient back)
     # = 2·5·2·64·64 = 81,920, and the outputs to stage 1 and back, 2·(S−1)·c·(t/S)·D = 2·2·128·64 = 32,768;
     # all-reduced: the input's gradient c·t·D = 32,768, the output matrix's c·V·D/(X·Y) = 16,384, the loss 4
     v = tf.collective_volumes(gpipe)["stage"]
     assert v == {"collective-permute": 81920 + 32768, "all-reduce": 32768 + 16384 + 4}
-    # 1F1B: 5 slots both ways, 2·5·2·64·64 = 81,920, less the cool-down's one-iteration phase's input gradient that
-    # nothing reads (XLA unrolls it and drops the permute), 2·64·64 = 8,192; the output matrix's gradient
-    # accumulated in FP32, 4·512·64/4 = 32,768
+    # 1F1B: 6 iterations both ways, 2·6·2·64·64 = 98,304; the output matrix's gradient accumulated in FP32 and
+    # summed in BF16, 2·512·64/4 = 16,384
     v = tf.collective_volumes(one_f)["stage"]
-    assert v == {"collective-permute": 81920 - 8192, "all-reduce": 32768 + 32768 + 4}
+    assert v == {"collective-permute": 98304, "all-reduce": 32768 + 16384 + 4}
     # the layers' weights a device holds: L/S = 2 of the 4 layers, ((2·8 + 2·4)·8·64 + 2·64·256)·2 = 90,112
     # parameters over fsdp·tensor = 4, and both embedding matrices (2·512·64 = 65,536 / 4): FP32 master
     # 4·(22,528 + 16,384)
@@ -567,19 +564,18 @@ def test_interleaved_one_f_one_b_terms_by_hand():
 
     cfg = PRESETS["tiny-tf"].replace(kv_heads=4, blocks=4, vocab=512)
     w = Workload(cfg, parse_mesh_spec("stage=2,fsdp=2,tensor=2"), 512, schedule=Schedule(4, 2, pipeline="1f1b"))
-    # T = R·(M + S) + S − 2 = 2·6 + 0 = 12 iterations: W = R·S − 1 = 3 forward-only, 6 steady, 3 backward-only:
-    # R·M + S − 1 = 9 slots of one layer each way on a microbatch, 9/4 passes over t; the output layer in the 6
-    # steady iterations, 6/4
-    assert tf.passes(w) == {"layers": 2.25, "weight_passes": 9, "head": 1.5, "head_iterations": 6, "again": 1,
-                            "iterations": 9, "chunk": 1}
-    # idle: slots − R·M = 9 − 8 = 1 chunk-slot: Megatron's (S − 1)/(R·M) = 1/8
-    assert pipeline.bubble(w.schedule, 2) == {"idle_share": 1 / 9, "overhead": 1 / 8}
+    # T = R·(M + S) + S − 2 = 2·6 + 0 = 12 iterations of one layer on a microbatch: 12/4 = 3 passes over t; the
+    # output layer in every iteration, 12/4 = 3
+    assert tf.passes(w) == {"layers": 3.0, "weight_passes": 12, "head": 3.0, "head_iterations": 12, "again": 1,
+                            "iterations": 12, "chunk": 1}
+    # idle: T − R·M = 12 − 8 = 4 chunk-iterations
+    assert pipeline.bubble(w.schedule, 2) == {"idle_share": 4 / 12, "overhead": 4 / 8}
     assert pipeline.kept_inputs(w.schedule, 2) == 7  # 2·R·S − 1
-    # over stage: 9 slots both ways, 2·9·c·64·D = 2·9·2·64·64 = 147,456 (no phase of one iteration); the re-lay (stage 0 holds chunks
+    # over stage: 12 iterations both ways, 2·12·c·64·D = 2·12·2·64·64 = 196,608; the re-lay (stage 0 holds chunks
     # 0, 1 and needs 0, 2: one round of swaps, chunk 1 for chunk 2) of one FP32 layer, ((2·8 + 2·4)·8·64 + 2·64·256)
     # = 45,056 parameters over fsdp·tensor = 4, 4·11,264 = 45,056 B, and its gradient back: 90,112
     v = tf.collective_volumes(w)["stage"]
-    assert v == {"collective-permute": 147456 + 90112, "all-reduce": 32768 + 32768 + 4}
+    assert v == {"collective-permute": 196608 + 90112, "all-reduce": 32768 + 16384 + 4}
     m = tf.memory_per_device(w)
     # the re-laid copy of the stage's 2 layers: 4·2·45,056/4 = 90,112 B; 7 kept chunk inputs of c·64·D = 8,192 B
     assert m["relaid"] == 90112

@@ -169,6 +169,10 @@ PIPE_MESHES = [
     ("stage=4,context=2", Schedule(4, repeats=2, pipeline="1f1b", context="ring"), "none"),
     # 1F1B with fewer microbatches than stages, not a multiple of them: a steady phase of M = 2 iterations
     ("stage=4,tensor=2", Schedule(2, pipeline="1f1b"), "none"),
+    # 1F1B with data parallelism: each data shard's partial gradients accumulated through the loop, reduced once
+    ("data=2,stage=2,tensor=2", Schedule(2, pipeline="1f1b"), "full"),
+    # and ZeRO-1: the once-reduced gradients reduce-scattered over data, each shard updating its slice
+    ("data=2,stage=2,tensor=2", Schedule(2, pipeline="1f1b", optimizer_sharding="zero1"), "none"),
 ]
 
 

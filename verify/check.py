@@ -139,6 +139,8 @@ CPU_TF_STAGE_GRID = [
     (_TF_V, "stage=2,fsdp=2,tensor=2", 4096, "none", "forward", Schedule(4, pipeline="1f1b")),
     # interleaved 1F1B: chunks of one layer (the gathers XLA drops with the second forward's dead matrices)
     (_TF_V, "stage=2,fsdp=2,tensor=2", 4096, "none", "train", Schedule(4, repeats=2, pipeline="1f1b")),
+    # 1F1B with data parallelism: the data shards' gradients reduced once, after the loop
+    (_TF_V, "data=2,stage=2,tensor=2", 4096, "full", "train", Schedule(2, pipeline="1f1b")),
 ]
 # On TPU v5p, ahead of time; the full XXL with 2 stages (126 blocks: 63 per stage) on v5p:4x4x4, and the
 # XXL at 1M tokens on 128 chips with gradient accumulation (the plan scaling.plan ranks first there
@@ -328,8 +330,11 @@ def compare(w: Workload, devices: str, chip: str | None = None, verbose: bool = 
         once = sum(c.count for c in got.collectives if c.kind == "collective-permute" and c.axes == ("stage",)
                    and c.count == 1)
         relays = round(once / (2 * relay_moves(shape["stage"], schedule.repeats)))
+    # And whether 1F1B's output-layer gradient is summed over stage and data in one all-reduce (XLA:TPU).
+    joint = step == "train" and any(c.kind == "all-reduce" and set(c.axes) == {"data", "stage"} and c.volume > 4
+                                    for c in got.collectives)
     w = w.with_facts(min_comm_bytes=widen, windowed_grad_rs=windowed, merged_grad_allreduce=merged,
-                     circular_relays=relays)
+                     circular_relays=relays, joint_head_reduce=joint)
     pred = program.predict(w, chip_, layout)
 
     out = {"config": {"model": vars(cfg), "devices": devices, "mesh": shape.as_dict(), "batch_tokens": batch_tokens,
@@ -337,7 +342,8 @@ def compare(w: Workload, devices: str, chip: str | None = None, verbose: bool = 
                       "compile_seconds": res.compile_seconds,
                       "ici_layout": layout, "windowed_grad_rs": windowed, "windowed_grad_rs_rule": rule,
                       "merged_grad_allreduce": merged,
-                      "circular_relays": relays, "xla_flags": w.flags.name, "xla_flags_gathers": str(w.flags.gathers),
+                      "circular_relays": relays, "joint_head_reduce": joint, "xla_flags": w.flags.name,
+                      "xla_flags_gathers": str(w.flags.gathers),
                       "platform": platform}}
     f = pred.flops
     out["flops"] = {
