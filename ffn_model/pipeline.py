@@ -221,7 +221,7 @@ def accumulate(loss_and_grad, params, batch, microbatches: int, batch_shards: in
 
 
 def one_f_one_b(x_MxbxD, labels_Mxbx, weights: dict, head_params: dict, mesh, chunk, head, head_grad_axes: dict,
-                x_axes: tuple, repeats: int = 1):
+                x_axes: tuple, repeats: int = 1, phases: bool = False):
     """The 1F1B schedule (Narayanan et al. 2021, PipeDream-Flush; Megatron-LM's default) and, with ``repeats`` R > 1,
     its interleaved form (Megatron's virtual stages: stage s runs chunks s, S + s, ..., (R − 1)·S + s of L/(S·R)
     layers, ``weights`` laid out by circular_layout), in one SPMD loop, by hand: (Σ_m loss_m / M, d weights,
@@ -248,13 +248,18 @@ def one_f_one_b(x_MxbxD, labels_Mxbx, weights: dict, head_params: dict, mesh, ch
     stage runs both slots every iteration, the head among them (lock-step SPMD: the last stage's head costs every
     stage its time, as the imbalance of a Megatron pipeline whose last stage holds the output layer costs the
     step), bubble slots on whatever they hold, masked out of the sums; the
-    forward runs twice (the slot, and again in the backward). With R = 1 the weights are selected behind an
+    forward runs twice (the slot, and again in the backward). With ``phases`` the first and last W = R·S − 1
+    iterations run in loops of their own with only the forward (no backward item is ready on any stage before
+    t = W) or only the backward slot (no forward item is left after T − W − 1): R·M + S − 1 slots each way,
+    Megatron's bubble (S − 1)/(R·M); XLA:GPU copies the gradient accumulators between the loops
+    (docs/findings.md). With R = 1 the weights are selected behind an
     optimization barrier with the iteration (pipeline_outputs), and M is any count; with R > 1 the chunk w[r] of
     the iteration, and M a multiple of S. The head's gradients accumulate in FP32 in the layout of
     ``head_grad_axes`` (logical axes per name)."""
     S, M, R, dp = mesh.shape["stage"], x_MxbxD.shape[0], repeats, mesh.shape["data"]
     SR = S * R
     K, T, delay = 2 * SR - 1, R * (M + S) + S - 2, SR - 1
+    W = delay  # with ``phases``: the forward-only warm-up and backward-only cool-down iterations, R·S − 1 each
     # the batch split [b] -> [data, b/data] (b/data over fsdp), so that the loop, manual over data, sees its shard of
     # each microbatch with the fsdp split kept
     def by_data(a, at, axes):
@@ -285,40 +290,49 @@ def one_f_one_b(x_MxbxD, labels_Mxbx, weights: dict, head_params: dict, mesh, ch
                 return lambda w: jax.lax.optimization_barrier((w, t))[0]
             return lambda w: w[r]
 
-        def iteration(carry, t):
+        def iteration(carry, t, fwd: bool = True, bwd: bool = True):
             recv_f, recv_b, kept, dws, dhp, loss, dx_all = carry
-            k = t - s  # the forward item: chunk r of microbatch m
-            r, m = (k % SR) // S, jnp.clip((k // SR) * S + k % S, 0, M - 1)
-            f_real = (k >= 0) & (k < R * M)
-            x_in = jnp.where((s == 0) & (r == 0), x[m], recv_f)
-            kept = kept.at[k % K].set(jnp.where(f_real, x_in, kept[k % K]))
-            y = chunk(x_in, ws, selector(t, r))
-            loss_f, head_vjp = jax.vjp(lambda yy, h: head(yy, labels[m], h), y, hp)
-            dy_head, dh = head_vjp(jnp.ones_like(loss_f) / (M * dp))  # the mean over every data shard's tokens
-            j = t - delay - (S - 1 - s)  # the backward item: chunk rb of microbatch mb, its input kept as item kb
-            group, i = j // SR, j % S
-            rb = R - 1 - (j % SR) // S
-            mb = jnp.clip(group * S + i, 0, M - 1)
-            b_real, last = (j >= 0) & (j < R * M), (s == S - 1) & (rb == R - 1)
-            _, chunk_vjp = jax.vjp(lambda xi, w: chunk(xi, w, selector(t, rb)), kept[(group * SR + rb * S + i) % K], ws)
-            dx, dw = chunk_vjp(jnp.where(last, dy_head, recv_b))
-            dws = jax.tree.map(lambda a, b: a + jnp.where(b_real, b, 0).astype(a.dtype), dws, dw)
-            head_real = f_real & (s == S - 1) & (r == R - 1)  # the head's microbatch is the backward's (same t)
-            dhp = {n: constrain(a + jnp.where(head_real, dh[n], 0).astype(a.dtype), head_grad_axes[n])
-                   for n, a in dhp.items()}
-            loss = loss + jnp.where(head_real, loss_f, 0.0) / (M * dp)
-            dx_all = dx_all.at[mb].set(jnp.where(b_real & (s == 0) & (rb == 0), dx, dx_all[mb]))
-            return (jax.lax.ppermute(y, "stage", forward), jax.lax.ppermute(dx, "stage", back), kept, dws, dhp,
-                    loss, dx_all), None
+            if fwd:  # the forward slot: item k = t − s, chunk r of microbatch m
+                k = t - s
+                r, m = (k % SR) // S, jnp.clip((k // SR) * S + k % S, 0, M - 1)
+                f_real = (k >= 0) & (k < R * M)
+                x_in = jnp.where((s == 0) & (r == 0), x[m], recv_f)
+                kept = kept.at[k % K].set(jnp.where(f_real, x_in, kept[k % K]))
+                y = chunk(x_in, ws, selector(t, r))
+                recv_f = jax.lax.ppermute(y, "stage", forward)
+            if fwd and bwd:  # the head runs with the last stage's last chunk, forward and backward in one iteration
+                loss_f, head_vjp = jax.vjp(lambda yy, h: head(yy, labels[m], h), y, hp)
+                dy_head, dh = head_vjp(jnp.ones_like(loss_f) / (M * dp))  # the mean over every data shard's tokens
+                head_real = f_real & (s == S - 1) & (r == R - 1)  # the head's microbatch is the backward's (same t)
+                dhp = {n: constrain(a + jnp.where(head_real, dh[n], 0).astype(a.dtype), head_grad_axes[n])
+                       for n, a in dhp.items()}
+                loss = loss + jnp.where(head_real, loss_f, 0.0) / (M * dp)
+            if bwd:  # the backward slot: item j, chunk rb of microbatch mb, its input kept as item kb
+                j = t - delay - (S - 1 - s)
+                group, i = j // SR, j % S
+                rb = R - 1 - (j % SR) // S
+                mb = jnp.clip(group * S + i, 0, M - 1)
+                b_real, last = (j >= 0) & (j < R * M), (s == S - 1) & (rb == R - 1)
+                _, chunk_vjp = jax.vjp(lambda xi, w: chunk(xi, w, selector(t, rb)), kept[(group * SR + rb * S + i) % K],
+                                       ws)
+                dx, dw = chunk_vjp(jnp.where(last, dy_head, recv_b) if fwd else recv_b)
+                dws = jax.tree.map(lambda a, b: a + jnp.where(b_real, b, 0).astype(a.dtype), dws, dw)
+                dx_all = dx_all.at[mb].set(jnp.where(b_real & (s == 0) & (rb == 0), dx, dx_all[mb]))
+                recv_b = jax.lax.ppermute(dx, "stage", back)
+            return (recv_f, recv_b, kept, dws, dhp, loss, dx_all), None
 
         zero = jnp.zeros(x.shape[1:], COMPUTE_DTYPE)
         dhp = {k: constrain(f32(a), head_grad_axes[k]) for k, a in hp.items()}
         carry = (zero, zero, jnp.zeros((K, *x.shape[1:]), COMPUTE_DTYPE), jax.tree.map(f32, ws), dhp,
                  jnp.zeros((), jnp.float32), jnp.zeros(x.shape, COMPUTE_DTYPE))
-        # One scan, both slots in every iteration, bubble ones masked: a forward-only warm-up and a backward-only
-        # cool-down (three scans: Megatron's bubble) raised XLA:GPU's peak by 13.7 GB where the gradient
-        # accumulators crossed from one loop to the next (docs/findings.md).
-        (_, _, _, dws, dhp, loss, dx_all), _ = jax.lax.scan(iteration, carry, jnp.arange(T))
+        if not phases:  # one scan, both slots in every iteration, the bubble ones masked
+            (_, _, _, dws, dhp, loss, dx_all), _ = jax.lax.scan(iteration, carry, jnp.arange(T))
+        else:  # W forward-only iterations (no backward item is ready on any stage), the steady phase, W backward-only
+            # ones (no forward item is left)
+            carry, _ = jax.lax.scan(functools.partial(iteration, bwd=False), carry, jnp.arange(W))
+            carry, _ = jax.lax.scan(iteration, carry, jnp.arange(W, T - W))
+            (_, _, _, dws, dhp, loss, dx_all), _ = jax.lax.scan(functools.partial(iteration, fwd=False), carry,
+                                                                jnp.arange(T - W, T))
         # each data shard's partial sums, stacked over data: summed outside (one reduction; a psum of BF16 here
         # crashed XLA:CPU's all-reduce promotion)
         return (loss[None, None], jax.tree.map(lambda a: a[None], dws), jax.tree.map(lambda a: a[None, None], dhp),

@@ -242,7 +242,7 @@ def transformer_pipeline_loss(params, batch, *, cfg: TransformerConfig, mesh, sc
         # gradients re-laid back by the transpose)
         weights, relay_vjp = jax.vjp(lambda ws: circular_layout(ws, axes, mesh, R), {n: params[n] for n in axes})
         loss, dw, dhp, dx = one_f_one_b(split_microbatches(x, M, batch_shards), labels, weights, hp, mesh, chunk,
-                                        head, held, TF_X_AXES, repeats=R)
+                                        head, held, TF_X_AXES, repeats=R, phases=schedule.warmup_phases)
         dw = relay_vjp(dw)[0]
         dx = merge_microbatches(dx, batch_shards)
         grads = jax.tree.map(jnp.add, inputs_vjp((dx, dhp))[0], {**jax.tree.map(jnp.zeros_like, params), **dw})

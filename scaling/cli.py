@@ -86,6 +86,9 @@ def add_schedule_args(p) -> None:
                    help="pipeline schedule: gpipe, circular (needs --repeats > 1; --repeats alone implies it) or "
                         "1f1b (transformer: a forward and a backward every iteration, activations bounded by the "
                         "stages; interleaved with --repeats R; default gpipe)")
+    g.add_argument("--warmup-phases", action="store_true",
+                   help="1f1b: its warm-up and cool-down iterations in loops of their own, one slot each "
+                        "(Megatron's bubble (S-1)/(R*M); XLA:GPU copies the gradient accumulators between the loops)")
     g.add_argument("--fsdp-gather", default="microbatch", choices=FSDP_GATHERS,
                    help="gather FSDP weights once per microbatch or once per step (pipeline; default microbatch)")
     g.add_argument("--optimizer-sharding", choices=OPTIMIZER_SHARDINGS, default="fsdp",
@@ -117,7 +120,8 @@ def schedule_of(args) -> Schedule:
     bad value)."""
     given = {f: getattr(args, a) for a, f in TRANSFORMER_SCHEDULE.items() if getattr(args, a, None) is not None}
     return Schedule(args.microbatches, args.repeats, args.fsdp_gather, args.sequence_parallel,
-                    optimizer_sharding=args.optimizer_sharding, pipeline=getattr(args, "pipeline", "gpipe"), **given)
+                    optimizer_sharding=args.optimizer_sharding, pipeline=getattr(args, "pipeline", "gpipe"),
+                    warmup_phases=getattr(args, "warmup_phases", False), **given)
 
 
 # --flag: (help, model kinds it applies to)
@@ -589,6 +593,10 @@ def validate_command(args) -> int:
         print(f"{g}: {s['n']} runs, median |error| {s['median_abs_error']:.1%}, max {s['max_abs_error']:.1%}; the "
               f"{s['held_out']} held out (no coefficient fitted on them): median {s['held_out_median_abs_error']:.1%}, "
               f"max {s['held_out_max_abs_error']:.1%}")
+    if v["memory"]:
+        m = v["memory"]
+        print(f"memory per device against the {m['n']} measured peaks: median |error| {m['median_abs_error']:.1%}, "
+              f"max {m['max_abs_error']:.1%}")
     print("Spearman (predicted against measured step, rows of one comparison): "
           + ", ".join(f"{c} {r:.2f}" for c, r in v["comparisons"].items()))
     print("error = predicted/measured - 1; runs, their sources and what each assumes: scaling/data/measured.toml")

@@ -548,6 +548,10 @@ class Schedule:
                     a forward and a backward slot in every iteration, each stage's activations bounded by the
                     microbatches in flight (at most 2·R·S − 1 stage inputs), not by M (transformer only);
                     with repeats R > 1 the interleaved 1F1B (Megatron's virtual stages: R chunks per stage).
+    warmup_phases   (1F1B) the first and last R·S − 1 iterations in loops of their own with one slot each (no
+                    backward item is ready before, no forward item is left after): Megatron's bubble
+                    (S − 1)/(R·M) instead of the one loop's lock-step (R·S + S − 2)/(R·M); XLA:GPU copies the
+                    gradient accumulators from one loop to the next (docs/findings.md).
     optimizer_sharding  "fsdp": the FP32 weights, gradients and Adam moments sharded over fsdp·tensor,
                     replicated over data; "zero1" (ZeRO stage 1, Rajbhandari et al. 2020): the gradients
                     reduce-scattered over data·fsdp, the moments and the update sharded over data too, the
@@ -564,6 +568,7 @@ class Schedule:
     attention_block: int = 512
     optimizer_sharding: OptimizerSharding = OptimizerSharding.FSDP
     pipeline: Pipeline = Pipeline.GPIPE
+    warmup_phases: bool = False
 
     def __post_init__(self):
         positive_ints("microbatches", self.microbatches)  # the planner passes a numpy array of candidates
@@ -577,6 +582,11 @@ class Schedule:
             object.__setattr__(self, "pipeline", Pipeline.CIRCULAR)
         if self.pipeline == "circular" and self.repeats == 1:
             raise ValueError("a circular pipeline needs repeats > 1 (chunks per stage); repeats=1 is gpipe")
+        if not isinstance(self.warmup_phases, bool):
+            raise ValueError(f"warmup_phases must be True or False, got {self.warmup_phases!r}")
+        if self.warmup_phases and self.pipeline != "1f1b":
+            raise ValueError("warmup_phases is the 1f1b schedule's (its forward-only warm-up and backward-only "
+                             "cool-down)")
         if not isinstance(self.sequence_parallel, bool):
             raise ValueError(f"sequence_parallel must be True or False, got {self.sequence_parallel!r}")
         positive_int("attention_block", self.attention_block)

@@ -32,13 +32,31 @@ def iterations(schedule: Schedule, stages: int) -> int:
     return R * M + stages - 1 if stages > 1 else M
 
 
+def slots(schedule: Schedule, stages: int) -> int:
+    """The chunk forwards (and as many backwards) a stage runs per step: T (every iteration), but R·M + S − 1 for
+    1F1B with warm-up phases, whose first and last R·S − 1 iterations run one slot each
+    (ffn_model.pipeline.one_f_one_b); M without stages."""
+    if stages > 1 and schedule.pipeline == "1f1b" and schedule.warmup_phases:
+        return schedule.repeats * schedule.microbatches + stages - 1
+    return iterations(schedule, stages)
+
+
+def head_iterations(schedule: Schedule, stages: int) -> int:
+    """1F1B: the iterations that run the head: T, or with warm-up phases the steady phase's T − 2·(R·S − 1) =
+    R·(M − S) + S (M for R = 1)."""
+    if schedule.warmup_phases:
+        return schedule.repeats * (schedule.microbatches - stages) + stages
+    return iterations(schedule, stages)
+
+
 def bubble(schedule: Schedule, stages: int) -> dict[str, float]:
     """{"idle_share": (S−1)/(R·M+S−1) (MaxText), "overhead": (S−1)/(R·M) (Megatron-LM)}; 1F1B as this package
     runs it, lock-step, a forward and a backward slot every iteration: 2(S−1)/(M+2(S−1)) and 2(S−1)/M (Megatron's
     1F1B idles (S−1)/M: its warm-up and cool-down slots are not paid by every stage); interleaved (R > 1), in
-    chunk-iterations of L/(S·R) layers: (R·S + S − 2)/(R·M) (Megatron's (S−1)/(R·M))."""
+    chunk-iterations of L/(S·R) layers: (R·S + S − 2)/(R·M) (Megatron's (S−1)/(R·M), which 1F1B with warm-up
+    phases reaches: its slots, R·M + S − 1)."""
     M, R, S = schedule.microbatches, schedule.repeats, stages
-    idle = iterations(schedule, S) - R * M
+    idle = slots(schedule, S) - R * M
     return {"idle_share": idle / (R * M + idle), "overhead": idle / (R * M)}
 
 

@@ -68,12 +68,13 @@ def _dims(cfg: TransformerConfig, mesh: Mapping, batch_tokens):
 
 def passes(w: Workload) -> dict:
     """What one device runs per step, in passes over its t tokens (module docstring, "Pipeline stages"):
-    "layers": layer-passes, L without a stage axis; with S stages (L/S)·T/(R·M), T the schedule's iterations
-    (scaling.pipeline.iterations: bubble iterations run too); "weight_passes": how often a layer's weights are
-    used, L, or T·L/(S·R) (each iteration's chunk, on a microbatch); "head": the output layer's and loss's share of
-    t, 1 without stages, 1/S for GPipe and circular (each stage its M/S microbatches), T/M for 1F1B (every
-    stage, every iteration); "head_iterations": how often the output layer's weight gradient is made and
-    accumulated (T for 1F1B, else 1); "again": 1 for 1F1B (its backward slot runs the forward again); "iterations"
+    "layers": layer-passes, L without a stage axis; with S stages (L/S)·T/(R·M), T the chunk-slots a stage runs
+    (scaling.pipeline.slots: the schedule's iterations, bubble ones included; 1F1B with warm-up phases R·M + S − 1
+    of each slot); "weight_passes": how often a layer's weights are used, L, or T·L/(S·R) (each slot's chunk, on a
+    microbatch); "head": the output layer's and loss's share of t, 1 without stages, 1/S for GPipe and circular
+    (each stage its M/S microbatches), H/M for 1F1B (every stage, in each of its H iterations with both slots:
+    pipeline.head_iterations); "head_iterations": how often the output layer's weight gradient is made and
+    accumulated (H for 1F1B, else 1); "again": 1 for 1F1B (its backward slot runs the forward again); "iterations"
     T (0 without stages); "chunk": a stage's layers per chunk, L/(S·R) (L without stages). A forward-only step runs
     GPipe."""
     cfg, schedule, S = w.model, w.schedule, w.mesh.get("stage", 1)
@@ -83,10 +84,11 @@ def passes(w: Workload) -> dict:
     one_f = schedule.pipeline == "1f1b" and w.step == "train"
     if schedule.pipeline == "1f1b" and not one_f:
         schedule = dataclasses.replace(schedule, pipeline="gpipe")
-    T, M, R = pipeline.iterations(schedule, S), schedule.microbatches, schedule.repeats
+    T, M, R = pipeline.slots(schedule, S), schedule.microbatches, schedule.repeats
     Lc = cfg.blocks // (S * R)  # a chunk's layers
     if one_f:
-        return {"layers": cfg.blocks / S * T / (R * M), "weight_passes": T * Lc, "head": T / M, "head_iterations": T,
+        H = pipeline.head_iterations(schedule, S)
+        return {"layers": cfg.blocks / S * T / (R * M), "weight_passes": T * Lc, "head": H / M, "head_iterations": H,
                 "again": 1, "iterations": T, "chunk": Lc}
     return {"layers": cfg.blocks / S * T / (R * M), "weight_passes": T * Lc, "head": 1 / S, "head_iterations": 1,
             "again": 0, "iterations": T, "chunk": Lc}
@@ -311,8 +313,9 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
 def stage_volumes(w: Workload, c: float) -> dict[str, float]:
     """{kind: V bytes} over ``stage`` per device (ffn_model.pipeline, ffn_model.train.transformer_pipeline_loss;
     c the bytes a BF16 element moves as): every iteration a microbatch's activations, c·(t/M)·D, to the next
-    stage, and in the backward their gradient back: T·c·(t/M)·D per direction. GPipe and circular: the
-    outputs sent from stage 0 to the stages that run their output layer, S − 1 permutes of c·(t/S)·D (and
+    stage, and in the backward their gradient back: T·c·(t/M)·D per direction (1F1B with warm-up phases: its
+    slots, less the permute nothing reads of a phase of one iteration, which XLA unrolls and drops). GPipe and
+    circular: the outputs sent from stage 0 to the stages that run their output layer, S − 1 permutes of c·(t/S)·D (and
     back in the backward); circular, the weights' re-lay (relay_moves rounds of one FP32 chunk of L/(S·R)
     layers, in the forward and again for the gradient). All-reduced over stage (train): the input's gradient
     (stage 0's, c·t·D, to the embedding's backward, which every stage runs), the output matrix's gradient
@@ -322,6 +325,9 @@ def stage_volumes(w: Workload, c: float) -> dict[str, float]:
     S, M, D, p = mesh["stage"], schedule.microbatches, cfg.d_model, passes(w)
     directions = 2 if train else 1
     permute = directions * p["iterations"] * c * t / M * D
+    if p["again"] and train and schedule.warmup_phases:  # XLA unrolls a phase of one iteration and drops its permute
+        # that nothing reads: the cool-down's last input gradient (R·S − 1 = 1), the steady phase's last output (H = 1)
+        permute -= ((schedule.repeats * S - 1 == 1) + (p["head_iterations"] == 1)) * c * t / M * D
     if not p["again"]:  # GPipe, circular: the outputs to the stages
         permute += directions * (S - 1) * c * t / S * D
     if schedule.repeats > 1:

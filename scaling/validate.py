@@ -118,9 +118,11 @@ def fit_efficiency(chip_name: str, runs: list[dict] | None = None, tol: float = 
 
 def validate(runs: list[dict] | None = None) -> dict:
     """Predict every run with the predict command's flags; {"rows": [...], "groups": {group: {median, max, n}},
-    "comparisons": {compare: spearman}}. Each row: id, table, group, measured and predicted seconds, error, the
-    predicted MFU and memory per device, whether a coefficient was fitted on it (``fitted``: the chip whose
-    matmul_efficiency it sets), and its assumption where the source leaves something out."""
+    "comparisons": {compare: spearman}, "memory": {median, max, n}} (memory: the predicted memory per device
+    against the measured peak of the runs that report one). Each row: id, table, group, measured and predicted
+    seconds, error, the predicted MFU and memory per device (and its error against a measured peak), whether a
+    coefficient was fitted on it (``fitted``: the chip whose matmul_efficiency it sets), and its assumption where
+    the source leaves something out."""
     from scaling.cli import add_predict_parser, predict_result
 
     parser = argparse.ArgumentParser(prog="validate")
@@ -131,7 +133,11 @@ def validate(runs: list[dict] | None = None) -> dict:
         out, _ = predict_result(args)
         cfg = TransformerConfig(**out["model"])
         measured = measured_step(run, cfg, out["batch_tokens"], out["devices"])
-        rows.append({"id": run["id"], "table": run["table"], "compare": run["compare"], "group": run["group"],
+        compare = run["compare"] if isinstance(run["compare"], list) else [run["compare"]]
+        mem = run.get("memory_gib")  # a measured peak per device (GiB), where the source gives one
+        rows.append({"id": run["id"], "table": run["table"], "compare": compare, "group": run["group"],
+                     "measured_memory_bytes": None if mem is None else mem * 2**30,
+                     "memory_error": None if mem is None else out["memory_per_device_bytes"] / (mem * 2**30) - 1,
                      "measured_seconds": measured, "predicted_seconds": out["step_seconds"],
                      "error": out["step_seconds"] / measured - 1, "mfu": out["mfu"], "fits": out["fits"],
                      "memory_per_device_bytes": out["memory_per_device_bytes"], "bound": out["bound"],
@@ -144,9 +150,12 @@ def validate(runs: list[dict] | None = None) -> dict:
         groups[g] = {"median_abs_error": float(np.median(err)), "max_abs_error": float(err.max()), "n": len(err),
                      "held_out_median_abs_error": float(np.median(held)) if len(held) else float("nan"),
                      "held_out_max_abs_error": float(held.max()) if len(held) else float("nan"), "held_out": len(held)}
+    mem = np.abs([r["memory_error"] for r in rows if r["memory_error"] is not None])
+    memory = {"median_abs_error": float(np.median(mem)), "max_abs_error": float(mem.max()), "n": len(mem)} if len(
+        mem) else {}
     comparisons = {}
-    for c in sorted({r["compare"] for r in rows}):
-        sel = [r for r in rows if r["compare"] == c]
+    for c in sorted({c for r in rows for c in r["compare"]}):
+        sel = [r for r in rows if c in r["compare"]]
         if len(sel) >= 3:
             comparisons[c] = spearman([r["predicted_seconds"] for r in sel], [r["measured_seconds"] for r in sel])
-    return {"rows": rows, "groups": groups, "comparisons": comparisons}
+    return {"rows": rows, "groups": groups, "comparisons": comparisons, "memory": memory}

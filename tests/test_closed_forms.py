@@ -581,3 +581,30 @@ def test_interleaved_one_f_one_b_terms_by_hand():
     assert m["relaid"] == 90112
     saved = sum(tf.saved_per_layer(cfg, w.mesh, 512 / 4, "none", w.schedule).values())
     assert m["activations"] == saved + 7 * 8192
+
+
+def test_one_f_one_b_warmup_phases_by_hand():
+    """1F1B with warm-up phases (Schedule.warmup_phases) on the mesh and model above (S = 2, M = 4): its first and
+    last W = R·S − 1 iterations run one slot each (ffn_model.pipeline.one_f_one_b), so a stage runs R·M + S − 1
+    slots each way and the output layer in the R·(M − S) + S iterations between: Megatron's bubble (S − 1)/(R·M)."""
+    from scaling import pipeline
+    from scaling import transformer as tf
+
+    cfg = PRESETS["tiny-tf"].replace(kv_heads=4, blocks=4, vocab=512)
+    mesh = parse_mesh_spec("stage=2,fsdp=2,tensor=2")
+    w = Workload(cfg, mesh, 512, schedule=Schedule(4, pipeline="1f1b", warmup_phases=True))
+    # R = 1: T = 6 iterations, W = 1: 5 slots of a 2-layer chunk each way (10 layer-passes on a microbatch, 2.5 over
+    # t); the output layer in the 4 steady iterations, 4/4 = 1 pass over t
+    assert tf.passes(w) == {"layers": 2.5, "weight_passes": 10, "head": 1.0, "head_iterations": 4, "again": 1,
+                            "iterations": 5, "chunk": 2}
+    assert pipeline.bubble(w.schedule, 2) == {"idle_share": 1 / 5, "overhead": 1 / 4}
+    # over stage: 5 slots both ways, 2·5·2·64·64 = 81,920, less the one-iteration cool-down's input gradient that
+    # nothing reads (XLA unrolls the phase and drops the permute), 2·64·64 = 8,192; all-reduced as without phases
+    assert tf.collective_volumes(w)["stage"] == {"collective-permute": 81920 - 8192, "all-reduce": 32768 + 16384 + 4}
+    # R = 2 (chunks of one layer): T = 12, W = 3: 9 slots each way, 9/4 passes over t, the output layer in 6
+    w = Workload(cfg, mesh, 512, schedule=Schedule(4, 2, pipeline="1f1b", warmup_phases=True))
+    assert tf.passes(w) == {"layers": 2.25, "weight_passes": 9, "head": 1.5, "head_iterations": 6, "again": 1,
+                            "iterations": 9, "chunk": 1}
+    assert pipeline.bubble(w.schedule, 2) == {"idle_share": 1 / 9, "overhead": 1 / 8}
+    # 9 slots both ways, 2·9·2·64·64 = 147,456 (no phase of one iteration), and the re-lay 90,112 (above)
+    assert tf.collective_volumes(w)["stage"]["collective-permute"] == 147456 + 90112

@@ -173,6 +173,9 @@ PIPE_MESHES = [
     ("data=2,stage=2,tensor=2", Schedule(2, pipeline="1f1b"), "full"),
     # and ZeRO-1: the once-reduced gradients reduce-scattered over data, each shard updating its slice
     ("data=2,stage=2,tensor=2", Schedule(2, pipeline="1f1b", optimizer_sharding="zero1"), "none"),
+    # 1F1B with warm-up phases: forward-only and backward-only loops around the steady one (interleaved too)
+    ("stage=4,tensor=2", Schedule(2, pipeline="1f1b", warmup_phases=True), "none"),
+    ("stage=2,fsdp=2,tensor=2", Schedule(2, repeats=2, pipeline="1f1b", warmup_phases=True), "full"),
 ]
 
 
@@ -184,7 +187,8 @@ def pipe_one_device():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("spec, schedule, remat", PIPE_MESHES,
-                         ids=[f"{s}-{k.pipeline}{k.repeats}-{k.context}-{r}" for s, k, r in PIPE_MESHES])
+                         ids=[f"{s}-{k.pipeline}{k.repeats}{'-phases' if k.warmup_phases else ''}-{k.context}-{r}"
+                              for s, k, r in PIPE_MESHES])
 def test_pipeline_stages_match_one_device(pipe_one_device, spec, schedule, remat):
     """The transformer's layers as a pipeline over stage (ffn_model.pipeline): the embedding before it, the
     output layer and loss on the stage that holds each microbatch (GPipe, circular) or in 1F1B's loop, whose

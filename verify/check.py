@@ -141,6 +141,9 @@ CPU_TF_STAGE_GRID = [
     (_TF_V, "stage=2,fsdp=2,tensor=2", 4096, "none", "train", Schedule(4, repeats=2, pipeline="1f1b")),
     # 1F1B with data parallelism: the data shards' gradients reduced once, after the loop
     (_TF_V, "data=2,stage=2,tensor=2", 4096, "full", "train", Schedule(2, pipeline="1f1b")),
+    # 1F1B with warm-up phases (S = 2: one-iteration phases, whose dead permute XLA drops) and ZeRO-1
+    (_TF_V, "data=2,stage=2,tensor=2", 4096, "none", "train",
+     Schedule(2, pipeline="1f1b", warmup_phases=True, optimizer_sharding="zero1")),
 ]
 # On TPU v5p, ahead of time; the full XXL with 2 stages (126 blocks: 63 per stage) on v5p:4x4x4, and the
 # XXL at 1M tokens on 128 chips with gradient accumulation (the plan scaling.plan ranks first there
