@@ -11,7 +11,7 @@ pass, the optimizer update), with its FLOPs, the HBM bytes it reads and writes, 
                     guide): an output of batch·⌈m/tm⌉·⌈n/tn⌉ tiles runs in ⌈tiles/SMs⌉ waves, q = batch·m·n /
                     (waves·SMs·tm·tn), the best of the chip's ``mma_tiles``; a 16-bit operand whose k or n is not
                     a multiple of ``tc_align`` elements misses the tensor cores (same guide, "Tensor Core
-                    requirements"): it runs at the chip's FP32 (SIMT) rate.
+                    requirements"): it runs at eta of the chip's FP32 (SIMT) rate.
   attention  the q·kᵀ and p·v matmuls as batched matmuls over sequences × heads (shape (T, T, H)), the scores
              through HBM where materialized; under flash only q, k, v and o move, and
              the kernel skips the key blocks the causal mask hides (Dao et al. 2022; MaxText's splash and
@@ -93,8 +93,8 @@ def peak_flops(chip: Chip, dtype: str = "bf16") -> float:
 
 def shape_efficiency(chip: Chip, m, n, k, batch=1, dtype: str = "bf16"):
     """The fraction of the chip's ``dtype`` peak a matmul [m, k]·[k, n] (``batch`` of them) gets: eta·q(shape)
-    (module docstring); on a GPU a 16-bit operand with k or n off the tensor-core alignment gets the FP32 rate's
-    fraction of the peak instead."""
+    (module docstring); on a GPU a 16-bit operand with k or n off the tensor-core alignment gets eta times the FP32
+    rate's fraction of the peak instead."""
     eta = chip.matmul_efficiency
     if chip.kind == "tpu":
         a = chip.mxu or 128
@@ -108,7 +108,7 @@ def shape_efficiency(chip: Chip, m, n, k, batch=1, dtype: str = "bf16"):
     if dtype in ("bf16", "fp8", "int8") and chip.tc_align:
         simt = dict(chip.dtype_flops).get("fp32", chip.bf16_flops) / chip.bf16_flops
         off = (k % chip.tc_align != 0) | (n % chip.tc_align != 0)
-        out = np.where(off, simt, out)
+        out = np.where(off, simt * eta, out)
     return out
 
 

@@ -65,12 +65,12 @@ def test_gpu_tile_and_wave_quantization_by_hand():
     """A100, 108 SMs, BLOOM's MLP shard under TP=8 with one sequence: [2048, 14400]·[14400, 1800]. Tiles 256×128:
     8·15 = 120 tiles, 2 waves of 108: 2048·1800/(2·108·256·128) = 0.5208; 128×256: 16·8 = 128, 2 waves, the same;
     128×128: 16·15 = 240 tiles, 3 waves: 2048·1800/(3·108·128·128) = 0.6944, the best. Head dim 150 (k of q·kᵀ) is
-    not a multiple of 8 halves: no tensor cores, the FP32 rate, 19.5/312 (NVIDIA's guide, A100 datasheet)."""
+    not a multiple of 8 halves: no tensor cores, eta of the FP32 rate, 19.5/312 (NVIDIA's guide, A100 datasheet)."""
     a100 = get_chip("A100-80GB")
     eta = a100.matmul_efficiency
     assert kernels.shape_efficiency(a100, 2048, 1800, 14400) == pytest.approx(eta * 2048 * 1800 / (3 * 108 * 128 * 128))
-    assert kernels.shape_efficiency(a100, 2048, 2048, 150, batch=12) == pytest.approx(19.5 / 312)
-    assert kernels.shape_efficiency(a100, 2048, 2048, 144, batch=12) > 19.5 / 312  # 13824/96 = 144: aligned
+    assert kernels.shape_efficiency(a100, 2048, 2048, 150, batch=12) == pytest.approx(eta * 19.5 / 312)
+    assert kernels.shape_efficiency(a100, 2048, 2048, 144, batch=12) > eta * 19.5 / 312  # 13824/96 = 144: aligned
 
 
 def test_flash_runs_its_causal_blocks_and_moves_no_scores():
