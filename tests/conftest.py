@@ -64,6 +64,9 @@ EXTENDED = {
     "test_transformer.py::test_transformer_matches_one_device[context=2-ulysses-materialized-none]",
     "test_transformer.py::test_transformer_matches_one_device[context=2-ring-materialized-none]",
     "test_transformer.py::test_transformer_matches_one_device[context=4-ring-materialized-none]",
+    # 1F1B's data-manual loop: the ZeRO-1 row runs it; warm-up phases: the interleaved row runs them
+    "test_transformer.py::test_pipeline_stages_match_one_device[data=2,stage=2,tensor=2-1f1b1-ulysses-full]",
+    "test_transformer.py::test_pipeline_stages_match_one_device[stage=4,tensor=2-1f1b1-phases-ulysses-none]",
 }
 
 

@@ -21,7 +21,7 @@ def test_rules_table_and_specs():
                              "batch_sp": ("data", "fsdp", "tensor"), "seq": ("context",),
                              "seq_sp": ("context", "tensor"), "heads": ("tensor",), "kv_heads": ("tensor",),
                              "head_dim": (), "tensor_split": ("tensor",), "vocab": ("tensor",),
-                             "embed_zero1": ("fsdp", "data")}
+                             "embed_zero1": ("fsdp", "data"), "data_shards": ("data",), "batch_fsdp": ("fsdp",)}
     # a transformer's q [B, T, N, H]: batch over data·fsdp, the sequence over context, heads over tensor
     assert mesh.logical_to_spec(("batch", "seq", "heads", "head_dim")) == P(("data", "fsdp"), "context", "tensor", None)
     # W_in, W_out [L,F,D]: the blocks split over pipeline stages (a stage axis of 1 is no split)
@@ -32,6 +32,24 @@ def test_rules_table_and_specs():
         "seq_sp": ("context", "tensor")}
     assert mesh.logical_to_spec(("batch", "act_embed")) == P(("data", "fsdp"), None)  # x [B,D]
     assert mesh.logical_to_spec(("batch", "mlp")) == P(("data", "fsdp"), "tensor")  # h [B,F]
+    # 1F1B's batch split [data, B/data]; inside a shard_map manual over data, data leaves every spec
+    assert mesh.logical_to_spec(("data_shards", "batch_fsdp", "act_embed")) == P("data", "fsdp", None)
+
+
+def test_specs_inside_a_shard_map_leave_its_manual_axes_out():
+    """Inside jax.shard_map manual over data (1F1B's loop), the batch is split over fsdp alone: the devices of a data
+    shard see its block."""
+    m = mesh.make_mesh("data=2,fsdp=4", "cpu:8")
+    seen = {}
+
+    def inside(x):
+        seen["spec"] = mesh.logical_to_spec(("batch", "act_embed"))
+        return x
+
+    with jax.set_mesh(m):
+        jax.shard_map(inside, in_specs=P("data"), out_specs=P("data"), axis_names={"data"})(jax.numpy.zeros((8, 2)))
+    assert seen["spec"] == P("fsdp", None)
+    assert mesh.logical_to_spec(("batch", "act_embed")) == P(("data", "fsdp"), None)  # outside it
 
 
 def test_unknown_logical_axis_is_an_error():
