@@ -247,8 +247,8 @@ def one_f_one_b(x_MxbxD, labels_Mxbx, weights: dict, head_params: dict, mesh, ch
     stage s holds at most K chunk inputs and one chunk's residuals at a time, whatever M: memory flat in M. Every
     stage runs both slots every iteration, the head among them (lock-step SPMD: the last stage's head costs every
     stage its time, as the imbalance of a Megatron pipeline whose last stage holds the output layer costs the
-    step), bubble slots on whatever they hold, masked out of the sums; the
-    forward runs twice (the slot, and again in the backward). With ``phases`` the first and last W = R·S − 1
+    step), bubble slots on whatever they hold, masked out of the sums; the forward runs twice (the slot, and again
+    in the backward). With ``phases`` the first and last W = R·S − 1
     iterations run in loops of their own with only the forward (no backward item is ready on any stage before
     t = W) or only the backward slot (no forward item is left after T − W − 1): R·M + S − 1 slots each way,
     Megatron's bubble (S − 1)/(R·M); XLA:GPU copies the gradient accumulators between the loops
@@ -273,9 +273,10 @@ def one_f_one_b(x_MxbxD, labels_Mxbx, weights: dict, head_params: dict, mesh, ch
 
     # manual over data too: each data shard accumulates its own partial gradients through the loop, reduced once
     # after it (an automatic data axis would all-reduce every iteration's)
-    by_data = {k: PartitionSpec("data", "stage") for k in weights}
+    per_data = {k: PartitionSpec("data", "stage") for k in weights}  # the gradients, one partial sum per data shard
+
     @functools.partial(jax.shard_map, mesh=mesh, in_specs=(P("stage", None, "data"), P(None, "data"), stage, P()),
-                       out_specs=(P("stage", "data"), by_data, P("stage", "data"), P("stage", None, "data")),
+                       out_specs=(P("stage", "data"), per_data, P("stage", "data"), P("stage", None, "data")),
                        axis_names={"stage", "data"}, check_vma=False)
     def run(x, labels, ws, hp):
         x, labels = x[0, :, 0], labels[:, 0]  # this stage's and this data shard's [M, b/data, ...]

@@ -83,7 +83,6 @@ class Chip:
     matmul_efficiency: float = 1.0  # the fraction of peak a large aligned matmul sustains (fitted: chips.toml)
     fitted_on: str | None = None  # the measured run (scaling/data/measured.toml id) matmul_efficiency is fitted on
     efficiency_as: str | None = None  # a chip without measured runs takes the efficiency of this one (same unit)
-    hbm_efficiency: float = 1.0  # the fraction of the HBM bandwidth a streaming kernel sustains
 
     @property
     def ici_bidi(self) -> float:

@@ -73,11 +73,6 @@ class Kernel:
         """compute or HBM: the larger of the two times."""
         return np.where(np.asarray(self.math_seconds) >= self.memory_seconds, "compute", "HBM")
 
-    @property
-    def intensity(self):
-        """FLOPs per HBM byte (the Scaling Book's arithmetic intensity)."""
-        return np.asarray(self.flops) / np.maximum(np.asarray(self.bytes), 1e-300)
-
 
 def peak_flops(chip: Chip, dtype: str = "bf16") -> float:
     """Peak matmul FLOP/s of one device for ``dtype`` (hardware table: bf16_flops, and ``dtype_flops`` for fp32,
@@ -263,7 +258,7 @@ def step_kernels(w: Workload, chip: Chip | None = None, dtype: str = "bf16") -> 
     ks = _transformer(w) if isinstance(w.model, TransformerConfig) else _ffn(w)
     if chip is None:
         return ks
-    peak, bw = peak_flops(chip, dtype), chip.device_hbm_bw * chip.hbm_efficiency
+    peak, bw = peak_flops(chip, dtype), chip.device_hbm_bw
     out = []
     for k in ks:
         t_mem = k.bytes / bw
@@ -279,10 +274,3 @@ def step_kernels(w: Workload, chip: Chip | None = None, dtype: str = "bf16") -> 
 def compute_seconds(kernels: list[Kernel]) -> object:
     """The step model's compute term: Σ of the kernels' seconds (they run one after another on a device)."""
     return sum(k.seconds for k in kernels)
-
-
-def matmul_flops(kernels: list[Kernel]) -> object:
-    """Σ of the matmul and attention kernels' FLOPs (the program's count: equals step_flops' total)."""
-    return sum(np.asarray(k.flops) for k in kernels if k.shape is not None)
-
-
