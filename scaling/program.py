@@ -431,7 +431,7 @@ def predict(w: Workload, chip: Chip | None = None, layout: Mapping | None = None
                  the optimizer at the HBM bandwidth), in place of the roofline's max(T_math, T_hbm).
                  bound = the largest term, named by the link it runs over (ICI/NVLink, or DCN/IB for an
                  axis across slices or nodes where that part dominates: axis_networks);
-                 mfu[form] = model FLOPs / (C·step), hfu[form] = executed;
+                 mfu[form] = model FLOPs / (C·step), hfu[form] = executed (C: the peak of w.precision.dtype);
                  critical_batch[form]: the overall batch above which the passes are compute bound, per
                  microbatch (each gathers the weights again), times data·M: scaling.roofline.critical_batch
                  (FSDP+TP) with M_X, M_Y the effective links of fsdp and tensor (axis_networks: DCN/IB
@@ -467,7 +467,8 @@ def predict(w: Workload, chip: Chip | None = None, layout: Mapping | None = None
                      loop_copy_bytes(w))
     if chip is None:
         return res
-    t_math = f["total"] / chip.device_flops
+    peak = kernels.peak_flops(chip, w.precision.dtype)  # C of the matmuls' input type (bf16: the table's C)
+    t_math = f["total"] / peak
     t_axes = comm_times(wire, chip, lk, dcn, mesh)
     t_hbm = hbm / chip.device_hbm_bw
     terms = np.broadcast_arrays(t_math, *t_axes.values(), t_hbm)
@@ -503,7 +504,7 @@ def predict(w: Workload, chip: Chip | None = None, layout: Mapping | None = None
         crits[form] = crit
     crits.update({form: np.nan for form in roofline.FORMS if form not in crits})  # the transformer: none modelled
     times = StepTimes(t_math, t_axes, t_hbm, steps, bound.item() if bound.ndim == 0 else bound,
-                      {k: f["model"] / (chip.device_flops * t) for k, t in steps.items()},
-                      {k: f["total"] / (chip.device_flops * t) for k, t in steps.items()}, crits, t_exposed, t_copies,
+                      {k: f["model"] / (peak * t) for k, t in steps.items()},
+                      {k: f["total"] / (peak * t) for k, t in steps.items()}, crits, t_exposed, t_copies,
                       t_compute)
     return dataclasses.replace(res, times=times)

@@ -107,3 +107,13 @@ def test_predict_kernels_prints_the_breakdown(capsys):
     parts = [float(x.split()[1]) for x in per_pass.split(";")[0].split(", ")]
     total = float(per_pass.split("compute term ")[1].split()[0])
     assert sum(parts) == pytest.approx(total, rel=1e-3)
+
+
+def test_dtype_sets_the_peak_the_step_and_mfu_use():
+    """--dtype fp8 on an H100: the matmuls run against the fp8 peak (1,979 TFLOP/s dense, NVIDIA's datasheet), the
+    activations move 1 byte; MFU is model FLOPs over that peak times the step (not over bf16's 989)."""
+    bf16 = _predict_json(*"--preset llama2-7b --chip H100 --chips 8 --mesh fsdp=8 --global-batch 32".split())
+    fp8 = _predict_json(*"--preset llama2-7b --chip H100 --chips 8 --mesh fsdp=8 --global-batch 32 --dtype fp8".split())
+    assert fp8["mfu"] == pytest.approx(fp8["flops"]["model"] / (1.979e15 * fp8["step_seconds"]), rel=1e-9)
+    assert fp8["terms"]["math"] == pytest.approx(fp8["flops"]["total"] / 1.979e15, rel=1e-9)
+    assert fp8["terms"]["compute"] < bf16["terms"]["compute"]
