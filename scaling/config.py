@@ -377,6 +377,13 @@ class Precision:
         return self.master + self.grad + self.adam_moments * self.adam_moment
 
     @property
+    def adam_update_bytes_per_param(self) -> int:
+        """HBM bytes AdamW's update moves per parameter: reads master, gradient, mu, nu and writes master, mu, nu,
+        (4 + 4 + 8) + (4 + 8) = 28 B."""
+        moments = self.adam_moments * self.adam_moment
+        return (self.master + self.grad + moments) + (self.master + moments)
+
+    @property
     def stored_bytes_per_param(self) -> int:
         """What persists between steps: master + moments = 12 bytes/param (gradients are transient)."""
         return self.master + self.adam_moments * self.adam_moment

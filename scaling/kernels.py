@@ -135,9 +135,9 @@ def _transformer(w: Workload) -> list[Kernel]:
     unit = s * T * T * N * H / (Y * C)  # one attention unit over the step's t tokens (transformer.step_flops)
     flash = transformer.runs_flash(schedule, mesh)
     nb = np.maximum(T / (C if ring else 1) / schedule.attention_block, 1.0)
-    skip = (nb + 1) / (2 * nb) if flash else 1.0  # the causal blocks a flash kernel runs
+    # the causal blocks a flash kernel runs: its time, not the program's FLOPs (Kernel.flops stays the count)
+    skip = (nb + 1) / (2 * nb) if flash else 1.0
     qkv_n, out_k, ff = H * (N + 2 * K) / Y, N * H / Y, F / Y
-    # flash's causal skipping sets the attention kernels' time, not the program's FLOPs (Kernel.flops stays the count)
     bs = C if ring else 1  # ring: C chunk pairs of (T/C)² per call
     train = step == "train"
 
@@ -181,8 +181,7 @@ def _transformer(w: Workload) -> list[Kernel]:
         for k in forward + ([logits] if logits is not None else []):
             ks += transposed(k)
         r = transformer.recomputed(cfg, remat, schedule, mesh)
-        rec = [name for name, key in (("qkv", "qkv"), ("out", "out")) if r[key]]
-        ks += layer("recompute", 1.0, tuple(rec), units=r["attention_units"])
+        ks += layer("recompute", 1.0, tuple(n for n in ("qkv", "out") if r[n]), units=r["attention_units"])
         if r["mlp_in"]:
             ks += layer("recompute", 1.0, ("mlp_in",), units=0)
         if p["again"]:  # 1F1B's second forward, less what XLA drops from a one-layer chunk's (dead_in_again)
@@ -208,11 +207,9 @@ def _transformer(w: Workload) -> list[Kernel]:
 
 
 def _optimizer(w: Workload, params) -> Kernel:
-    """AdamW's update: 16 B read and 12 B written per parameter shard (scaling.memory.hbm_traffic_bytes)."""
-    pr = w.precision
-    moments = pr.adam_moments * pr.adam_moment
-    per = (pr.master + pr.grad + moments) + (pr.master + moments)
+    """AdamW's update: 16 B read and 12 B written per parameter shard (Precision.adam_update_bytes_per_param)."""
     shards = memory.weight_shards(w.mesh) * w.zero1_shards / w.mesh.get("stage", 1)
+    per = w.precision.adam_update_bytes_per_param
     return Kernel("adamw", "update", "optimizer", None, 1, 0.0, per * params / shards)
 
 

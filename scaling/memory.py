@@ -211,8 +211,7 @@ def hbm_traffic_bytes(w: Workload):
     if step == "forward":
         b = tokens_per_device(mesh, batch_tokens)
         return precision.master * cfg.params / weight_shards(mesh) + weights + 2 * c * b * (D + F / Y) * L
-    moments = precision.adam_moments * precision.adam_moment
-    optimizer = (precision.master + precision.grad + moments) + (precision.master + moments)  # read 16 + write 12
+    optimizer = precision.adam_update_bytes_per_param  # read 16 + write 12
     return (optimizer * cfg.params / weight_shards(mesh) + 3 * weights
             + 2 * saved_activation_bytes(cfg, mesh, batch_tokens, remat, precision))
 

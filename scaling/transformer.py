@@ -486,6 +486,5 @@ def hbm_traffic_bytes(w: Workload) -> float:
     saved = cfg.blocks * sum(saved_per_layer(cfg, mesh, batch_tokens, "none", schedule, precision).values())
     if step == "forward":
         return precision.master * cfg.params / (X * Y) + W + 2 * saved
-    moments = precision.adam_moments * precision.adam_moment
-    optimizer = (precision.master + precision.grad + moments) + (precision.master + moments)
+    optimizer = precision.adam_update_bytes_per_param
     return optimizer * cfg.params / (X * Y) + 3 * W + 2 * saved

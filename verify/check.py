@@ -323,8 +323,9 @@ def compare(w: Workload, devices: str, chip: str | None = None, verbose: bool = 
     rule = platform != "cpu" and program.windowed_einsum_rs(w, chip_, program.links(layout))
     # Likewise whether it reduces the weight gradients with one all-reduce over data·fsdp (TPU7x): an
     # all-reduce over both axes that carries more than the 4-byte loss.
-    merged = step == "train" and any(c.kind == "all-reduce" and set(c.axes) == {"data", "fsdp"} and c.volume > 4
-                                     for c in got.collectives)
+    reduced_over = lambda axes: step == "train" and any(  # noqa: E731 (an all-reduce over these, past the loss)
+        c.kind == "all-reduce" and set(c.axes) == axes and c.volume > 4 for c in got.collectives)
+    merged = reduced_over({"data", "fsdp"})
     # And, for a circular pipeline, whether it keeps the re-laid stacks for the backward (2 re-lays per
     # stack: forward, the gradient back) or re-lays them again: the collective-permutes over stage that run
     # once per step (the pipeline's own run every iteration), over the rounds of one re-lay of both stacks.
@@ -334,8 +335,7 @@ def compare(w: Workload, devices: str, chip: str | None = None, verbose: bool = 
                    and c.count == 1)
         relays = round(once / (2 * relay_moves(shape["stage"], schedule.repeats)))
     # And whether 1F1B's output-layer gradient is summed over stage and data in one all-reduce (XLA:TPU).
-    joint = step == "train" and any(c.kind == "all-reduce" and set(c.axes) == {"data", "stage"} and c.volume > 4
-                                    for c in got.collectives)
+    joint = reduced_over({"data", "stage"})
     w = w.with_facts(min_comm_bytes=widen, windowed_grad_rs=windowed, merged_grad_allreduce=merged,
                      circular_relays=relays, joint_head_reduce=joint)
     pred = program.predict(w, chip_, layout)
