@@ -221,7 +221,7 @@ def accumulate(loss_and_grad, params, batch, microbatches: int, batch_shards: in
 
 
 def one_f_one_b(x_MxbxD, labels_Mxbx, weights: dict, head_params: dict, mesh, chunk, head, head_grad_axes: dict,
-                x_axes: tuple, repeats: int = 1, phases: bool = False):
+                x_axes: tuple, repeats: int = 1, phases: bool = False, lookup=None):
     """The 1F1B schedule (Narayanan et al. 2021, PipeDream-Flush; Megatron-LM's default) and, with ``repeats`` R > 1,
     its interleaved form (Megatron's virtual stages: stage s runs chunks s, S + s, ..., (R − 1)·S + s of L/(S·R)
     layers, ``weights`` laid out by circular_layout), in one SPMD loop, by hand: (Σ_m loss_m / M, d weights,
@@ -255,7 +255,10 @@ def one_f_one_b(x_MxbxD, labels_Mxbx, weights: dict, head_params: dict, mesh, ch
     (docs/findings.md). With R = 1 the weights are selected behind an
     optimization barrier with the iteration (pipeline_outputs), and M is any count; with R > 1 the chunk w[r] of
     the iteration, and M a multiple of S. The head's gradients accumulate in FP32 in the layout of
-    ``head_grad_axes`` (logical axes per name)."""
+    ``head_grad_axes`` (logical axes per name). With ``lookup`` = (first, first_grad), ``x_MxbxD`` are token ids
+    and stage 0 looks its microbatch up in the forward slot, ``first(ids, head_params)``, and adds
+    ``first_grad(ids, dx)`` ({name: gradient}) to the head's accumulators in the backward slot (Megatron-LM's first
+    stage holds the embedding): no stage holds the embedded batch or its gradient (dx comes back None)."""
     S, M, R, dp = mesh.shape["stage"], x_MxbxD.shape[0], repeats, mesh.shape["data"]
     SR = S * R
     K, T, delay = 2 * SR - 1, R * (M + S) + S - 2, SR - 1
@@ -266,8 +269,11 @@ def one_f_one_b(x_MxbxD, labels_Mxbx, weights: dict, head_params: dict, mesh, ch
         a = a.reshape(*a.shape[:at], dp, a.shape[at] // dp, *a.shape[at + 1:])
         return constrain(a, axes[:at] + ("data_shards", "batch_fsdp") + axes[at + 1:])
 
-    x_SxMxDxbxD = by_data(to_every_stage(x_MxbxD, S, x_axes), 2, ("stages", None, *x_axes))
     labels_MxDxbx = by_data(labels_Mxbx, 1, (None, *x_axes[:labels_Mxbx.ndim - 1]))
+    if lookup:  # the ids, as the labels: every stage holds them (int32), stage 0 looks them up
+        x_SxMxDxbxD = by_data(x_MxbxD, 1, (None, *x_axes[:x_MxbxD.ndim - 1]))[None]
+    else:
+        x_SxMxDxbxD = by_data(to_every_stage(x_MxbxD, S, x_axes), 2, ("stages", None, *x_axes))
     stage = {k: PartitionSpec("stage") for k in weights}
     P = PartitionSpec
 
@@ -275,8 +281,11 @@ def one_f_one_b(x_MxbxD, labels_Mxbx, weights: dict, head_params: dict, mesh, ch
     # after it (an automatic data axis would all-reduce every iteration's)
     per_data = {k: PartitionSpec("data", "stage") for k in weights}  # the gradients, one partial sum per data shard
 
-    @functools.partial(jax.shard_map, mesh=mesh, in_specs=(P("stage", None, "data"), P(None, "data"), stage, P()),
-                       out_specs=(P("stage", "data"), per_data, P("stage", "data"), P("stage", None, "data")),
+    @functools.partial(jax.shard_map, mesh=mesh,
+                       in_specs=(P(None, None, "data") if lookup else P("stage", None, "data"), P(None, "data"), stage,
+                                 P()),
+                       out_specs=(P("stage", "data"), per_data, P("stage", "data"),
+                                  P() if lookup else P("stage", None, "data")),
                        axis_names={"stage", "data"}, check_vma=False)
     def run(x, labels, ws, hp):
         x, labels = x[0, :, 0], labels[:, 0]  # this stage's and this data shard's [M, b/data, ...]
@@ -297,7 +306,7 @@ def one_f_one_b(x_MxbxD, labels_Mxbx, weights: dict, head_params: dict, mesh, ch
                 k = t - s
                 r, m = (k % SR) // S, jnp.clip((k // SR) * S + k % S, 0, M - 1)
                 f_real = (k >= 0) & (k < R * M)
-                x_in = jnp.where((s == 0) & (r == 0), x[m], recv_f)
+                x_in = jnp.where((s == 0) & (r == 0), lookup[0](x[m], hp) if lookup else x[m], recv_f)
                 kept = kept.at[k % K].set(jnp.where(f_real, x_in, kept[k % K]))
                 y = chunk(x_in, ws, selector(t, r))
                 recv_f = jax.lax.ppermute(y, "stage", forward)
@@ -318,14 +327,21 @@ def one_f_one_b(x_MxbxD, labels_Mxbx, weights: dict, head_params: dict, mesh, ch
                                        ws)
                 dx, dw = chunk_vjp(jnp.where(last, dy_head, recv_b) if fwd else recv_b)
                 dws = jax.tree.map(lambda a, b: a + jnp.where(b_real, b, 0).astype(a.dtype), dws, dw)
-                dx_all = dx_all.at[mb].set(jnp.where(b_real & (s == 0) & (rb == 0), dx, dx_all[mb]))
+                first = b_real & (s == 0) & (rb == 0)
+                if lookup:  # stage 0's lookup: its gradient into the head's accumulators
+                    de = lookup[1](x[mb], dx)
+                    dhp = {n: constrain(a + jnp.where(first, de[n], 0).astype(a.dtype), head_grad_axes[n])
+                           if n in de else a for n, a in dhp.items()}
+                else:
+                    dx_all = dx_all.at[mb].set(jnp.where(first, dx, dx_all[mb]))
                 recv_b = jax.lax.ppermute(dx, "stage", back)
             return (recv_f, recv_b, kept, dws, dhp, loss, dx_all), None
 
-        zero = jnp.zeros(x.shape[1:], COMPUTE_DTYPE)
         dhp = {k: constrain(f32(a), head_grad_axes[k]) for k, a in hp.items()}
-        carry = (zero, zero, jnp.zeros((K, *x.shape[1:]), COMPUTE_DTYPE), jax.tree.map(f32, ws), dhp,
-                 jnp.zeros((), jnp.float32), jnp.zeros(x.shape, COMPUTE_DTYPE))
+        x_shape = jax.eval_shape(lookup[0], x[0], hp).shape if lookup else x.shape[1:]  # a microbatch's layer input
+        zero = jnp.zeros(x_shape, COMPUTE_DTYPE)
+        carry = (zero, zero, jnp.zeros((K, *x_shape), COMPUTE_DTYPE), jax.tree.map(f32, ws), dhp,
+                 jnp.zeros((), jnp.float32), None if lookup else jnp.zeros(x.shape, COMPUTE_DTYPE))
         if not phases:  # one scan, both slots in every iteration, the bubble ones masked
             (_, _, _, dws, dhp, loss, dx_all), _ = jax.lax.scan(iteration, carry, jnp.arange(T))
         else:  # W forward-only iterations (no backward item is ready on any stage), the steady phase, W backward-only
@@ -337,11 +353,14 @@ def one_f_one_b(x_MxbxD, labels_Mxbx, weights: dict, head_params: dict, mesh, ch
         # each data shard's partial sums, stacked over data: summed outside (one reduction; a psum of BF16 here
         # crashed XLA:CPU's all-reduce promotion)
         return (loss[None, None], jax.tree.map(lambda a: a[None], dws), jax.tree.map(lambda a: a[None, None], dhp),
-                dx_all[None, :, None])
+                jnp.zeros(()) if lookup else dx_all[None, :, None])
 
     loss, dws, dhp, dx = run(x_SxMxDxbxD, labels_MxDxbx, weights, head_params)
-    dx = jnp.sum(dx, axis=0)
-    dx = dx.reshape(dx.shape[0], dx.shape[1] * dx.shape[2], *dx.shape[3:])
+    if lookup:
+        dx = None
+    else:
+        dx = jnp.sum(dx, axis=0)
+        dx = dx.reshape(dx.shape[0], dx.shape[1] * dx.shape[2], *dx.shape[3:])
     # the data shards' partial gradients reduced once (BF16 on the wire, the precision policy's gradient
     # communication); the head's and the input's are on the last stage and on stage 0: summed over stage too
     reduce = lambda g, axes: jnp.sum(g.astype(COMPUTE_DTYPE), axis=axes)  # noqa: E731

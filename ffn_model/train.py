@@ -34,7 +34,7 @@ from ffn_model.model import COMPUTE_DTYPE, FFNStack, gather_bf16, grad_axes, zer
 from ffn_model.pipeline import (accumulate, circular_layout, merge_microbatches, one_f_one_b, pipeline_loss,
                                 pipeline_outputs, split_microbatches)
 from ffn_model.transformer import (IDS_AXES, LAYER_AXES, VOCAB_AXES, TransformerStack, embed, layer_names,
-                                   output_logits, stack_forward, token_cross_entropy)
+                                   loop_lookup, loop_lookup_grad, output_logits, stack_forward, token_cross_entropy)
 from ffn_model.transformer import X_AXES as TF_X_AXES
 from mesh.devices import mesh_shape
 from mesh.rules import logical_to_spec
@@ -201,19 +201,18 @@ def transformer_pipeline_loss(params, batch, *, cfg: TransformerConfig, mesh, sc
     MSE) of each microbatch on the stage that holds it (jax.vmap over microbatches, spmd_axis_name="stage"):
     every stage runs the output layer on 1/S of the tokens. 1F1B: the loss and every gradient from
     ffn_model.pipeline.one_f_one_b's loop (a jax.custom_vjp whose forward runs it; a forward-only step runs
-    GPipe), the output layer on the last stage inside the loop. The mean over microbatches is the mean over
-    every token."""
+    GPipe), the output layer on the last stage inside the loop and, with a vocabulary, the lookup on stage 0
+    (the token ids go in; E and U gathered once in BF16, their gradients accumulated in the loop). The mean over
+    microbatches is the mean over every token."""
     M, R = schedule.microbatches, schedule.repeats
     axes = {n: LAYER_AXES[n] for n in layer_names(cfg.gated)}
     vocab, tied = cfg.vocab is not None, cfg.tied_embeddings
 
-    def inputs(params, gather_u=False):  # the stack's input [B, T, D] and the head's parameters: U (gathered
-        # in BF16 with gather_u: 1F1B's loop runs the head every iteration), or tied the gathered E
+    def inputs(params):  # the stack's input [B, T, D] and the head's parameters: U, or tied the gathered E
         if not vocab:
             return batch["x"].astype(COMPUTE_DTYPE), {}
         x, e = embed(batch["x"], params["embedding"], schedule, tied)
-        u = e if tied else gather_bf16(params["unembedding"], VOCAB_AXES) if gather_u else params["unembedding"]
-        return x, {"u": u}
+        return x, {"u": e if tied else params["unembedding"]}
 
     def chunk(x, w, select):
         return stack_forward(x, w, schedule, remat, cfg.mlp, cfg.block, select)
@@ -235,17 +234,30 @@ def transformer_pipeline_loss(params, batch, *, cfg: TransformerConfig, mesh, sc
     if schedule.pipeline != "1f1b":
         return gpipe(params)
 
+    def matrices(params):  # the head's parameters and the lookup's E, gathered once in BF16 (tied: one matrix)
+        e = gather_bf16(params["embedding"], VOCAB_AXES)
+        return {"u": e} if tied else {"e": e, "u": gather_bf16(params["unembedding"], VOCAB_AXES)}
+
     def fwd(params):
-        (x, hp), inputs_vjp = jax.vjp(functools.partial(inputs, gather_u=True), params)
-        held = {"u": grad_axes(VOCAB_AXES)} if vocab else {}  # U's gradient, reduced to U's shard each iteration
         # the stacks as the schedule runs them (R > 1: re-laid so stage s holds chunks s, S + s, ...; the
         # gradients re-laid back by the transpose)
         weights, relay_vjp = jax.vjp(lambda ws: circular_layout(ws, axes, mesh, R), {n: params[n] for n in axes})
-        loss, dw, dhp, dx = one_f_one_b(split_microbatches(x, M, batch_shards), labels, weights, hp, mesh, chunk,
-                                        head, held, TF_X_AXES, repeats=R, phases=schedule.warmup_phases)
-        dw = relay_vjp(dw)[0]
-        dx = merge_microbatches(dx, batch_shards)
-        grads = jax.tree.map(jnp.add, inputs_vjp((dx, dhp))[0], {**jax.tree.map(jnp.zeros_like, params), **dw})
+        run = functools.partial(one_f_one_b, weights=weights, mesh=mesh, chunk=chunk, head=head, x_axes=TF_X_AXES,
+                                repeats=R, phases=schedule.warmup_phases)
+        if vocab:  # token ids in: stage 0 looks each microbatch up in the loop, E's gradient accumulated there
+            hp, hp_vjp = jax.vjp(matrices, params)
+            key = "u" if tied else "e"
+            lookup = (lambda ids, h: loop_lookup(ids, h[key]),
+                      lambda ids, dx: {key: loop_lookup_grad(ids, dx, cfg.vocab)})
+            # the matrices' gradients, reduced to their shards each iteration
+            loss, dw, dhp, _ = run(split_microbatches(batch["x"], M, batch_shards), labels, head_params=hp,
+                                   head_grad_axes={n: grad_axes(VOCAB_AXES) for n in hp}, lookup=lookup)
+            d_inputs = hp_vjp(dhp)[0]
+        else:
+            x, inputs_vjp = jax.vjp(lambda p: inputs(p)[0], params)
+            loss, dw, _, dx = run(split_microbatches(x, M, batch_shards), labels, head_params={}, head_grad_axes={})
+            d_inputs = inputs_vjp(merge_microbatches(dx, batch_shards))[0]
+        grads = jax.tree.map(jnp.add, d_inputs, {**jax.tree.map(jnp.zeros_like, params), **relay_vjp(dw)[0]})
         return loss, grads
 
     loss_1f1b = jax.custom_vjp(gpipe)

@@ -357,6 +357,48 @@ def embed(ids_BxT, e_VxD, schedule: Schedule, tied: bool = False):
     return constrain(x, X_SP_AXES if schedule.sequence_parallel else X_AXES), e
 
 
+def _loop_manual(f, in_specs, out_specs):
+    """``f`` in a shard_map manual over the axes the surrounding loop is not (one_f_one_b is manual over stage and
+    data): a collective inside a shard_map manual over tensor alone crashed XLA:CPU's all-reduce promotion."""
+    mesh = jax.sharding.get_abstract_mesh()
+    return jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False,
+                         axis_names=set(mesh.axis_names) - set(mesh.manual_axes))
+
+
+def loop_lookup(ids_bxT, e_VxD):
+    """E[ids] inside 1F1B's loop (ffn_model.pipeline.one_f_one_b, manual over stage and data): ``e_VxD`` the
+    gathered BF16 E (V over tensor), each device's V/Y rows looked up and the partial sums all-reduced over
+    tensor; the parallel input embedding of ``embed``, one microbatch at a time on stage 0 (Megatron-LM's first
+    stage). (Sequence parallelism does not run with stages: Schedule.check.)"""
+    P, mesh = jax.sharding.PartitionSpec, jax.sharding.get_abstract_mesh()
+    rows = e_VxD.shape[0] // mesh.shape["tensor"]
+
+    def local(e_RxD, ids):
+        idx, hit = _rows(ids, rows)
+        return jax.lax.psum(jnp.where(hit[..., None], jnp.take(e_RxD, idx, axis=0), 0).astype(e_RxD.dtype), "tensor")
+
+    return _loop_manual(local, (P("tensor", None), logical_to_spec(IDS_AXES)), logical_to_spec(X_AXES))(e_VxD, ids_bxT)
+
+
+def loop_lookup_grad(ids_bxT, dx_bxTxD, vocab: int):
+    """loop_lookup's gradient w.r.t. the gathered E: each device scatters its tokens' gradients into its own V/Y
+    rows (FP32 sums, rounded to BF16), partial sums over the axes that split the tokens, summed outside the
+    shard_map (to the accumulator's layout in one_f_one_b: a reduce-scatter over fsdp, an all-reduce over
+    context)."""
+    P, mesh = jax.sharding.PartitionSpec, jax.sharding.get_abstract_mesh()
+    rows = vocab // mesh.shape["tensor"]
+    token_axes = tuple(a for a in _token_axes(logical_to_spec(IDS_AXES)) if a != "tensor")
+
+    def local(ids, dx):
+        idx, hit = _rows(ids, rows)
+        g = jnp.zeros((rows, dx.shape[-1]), jnp.float32).at[idx].add(jnp.where(hit[..., None], dx, 0))
+        return g.astype(COMPUTE_DTYPE)[None]
+
+    g = _loop_manual(local, (logical_to_spec(IDS_AXES), logical_to_spec(X_AXES)),
+                     P(token_axes or None, "tensor", None))(ids_bxT, constrain(dx_bxTxD, X_AXES))
+    return jnp.sum(g, axis=0)
+
+
 def output_logits(x_BxTxD, u_VxD, schedule: Schedule):
     """logits = RMSNorm(x)·Uᵀ, a BF16 matmul whose output is then widened to FP32 (as MaxText's default,
     so that the backward's matmuls take a BF16 gradient and the input gradient's all-reduce and U's

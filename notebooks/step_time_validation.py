@@ -65,6 +65,6 @@ plt.show()
 # outliers are Megatron's 39.1B (the package's lock-step head on every stage and one efficiency fitted on the 1.7B
 # run) and BLOOM's 13,824-wide rows, whose measured gain over 14,400 (head dim 144 against 150: the tensor cores'
 # alignment) the model sees only in part. Within BLOOM's micro-batch searches the measured runs gain from MBS 1 to 2
-# more than the kernel model's tiles and waves explain; predicted memory is the package's program, which holds the
-# embedded batch and its gradient for every microbatch on every stage (62 GB at M = 512), where Megatron-DeepSpeed
-# holds a few.
+# more than the kernel model's tiles and waves explain (a fixed time per pipeline slot would, with no source for its
+# value: docs/findings.md, "1F1B: the lookup inside the loop"). Predicted memory is the package's program, whose
+# 1F1B looks each microbatch up inside its loop, as Megatron-DeepSpeed's first stage does.

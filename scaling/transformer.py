@@ -38,13 +38,16 @@ With a vocabulary V (k = 1 tied or 2 untied [V, D] matrices, V over tensor, D ov
 2019, section 3):
   matmuls   logits 2·t·D·V/Y forward, 4·t·D·V/Y backward (dh and dU); the lookup is a gather, no matmul
   fsdp      each matrix gathered once per step (c·V·D/Y, kept for the backward), its gradient
-            reduce-scattered (V = c·V·D/Y); tied, E is gathered once and its two gradients (the lookup's
+            reduce-scattered (V = c·V·D/Y; 1F1B: each accumulated in its loop, reduced every iteration it is
+            made); tied, E is gathered once and its two gradients (the lookup's
             scatter, the output's matmul) reduce-scattered apart: 2 matrices' worth, as untied
-  tensor    the lookup's partial sums all-reduced, c·t·D; the output's input gradient, c·t·D (train);
+  tensor    the lookup's partial sums all-reduced, c·t·D (1F1B: every stage, every forward slot, on a microbatch:
+            (T/M)·c·t·D); the output's input gradient, c·t·D (train);
             the loss's max (on the BF16 logits: c·t) and its sum of exponentials and label logit
             (one FP32 all-reduce, 8·t). Sequence parallel: the lookup reduce-scattered and its gradient
             all-gathered, the final norm's output all-gathered and its gradient reduce-scattered, c·t·D each
-  data      the gradients all-reduced, 2·c·V·D/(X·Y) (tied or not); context the same
+  data      the gradients all-reduced, 2·c·V·D/(X·Y) (tied or not; 1F1B k·c·V·D/(X·Y), its accumulators);
+            context the same
 """
 
 from __future__ import annotations
@@ -75,12 +78,14 @@ def passes(w: Workload) -> dict:
     (each stage its M/S microbatches), H/M for 1F1B (every stage, in each of its H iterations with both slots:
     pipeline.head_iterations); "head_iterations": how often the output layer's weight gradient is made and
     accumulated (H for 1F1B, else 1); "again": 1 for 1F1B (its backward slot runs the forward again); "iterations"
-    T (0 without stages); "chunk": a stage's layers per chunk, L/(S·R) (L without stages). A forward-only step runs
-    GPipe."""
+    T (0 without stages); "chunk": a stage's layers per chunk, L/(S·R) (L without stages); "lookup": the embedding
+    lookup's share of t, 1, or T/M for 1F1B (every stage looks a microbatch up in each forward slot);
+    "lookup_iterations": how often its gradient is made and accumulated (T for 1F1B, else 1). A forward-only step
+    runs GPipe."""
     cfg, schedule, S = w.model, w.schedule, w.mesh.get("stage", 1)
     if S == 1:
         return {"layers": cfg.blocks, "weight_passes": cfg.blocks, "head": 1.0, "head_iterations": 1, "again": 0,
-                "iterations": 0, "chunk": cfg.blocks}
+                "iterations": 0, "chunk": cfg.blocks, "lookup": 1.0, "lookup_iterations": 1}
     one_f = schedule.pipeline == "1f1b" and w.step == "train"
     if schedule.pipeline == "1f1b" and not one_f:
         schedule = dataclasses.replace(schedule, pipeline="gpipe")
@@ -89,9 +94,9 @@ def passes(w: Workload) -> dict:
     if one_f:
         H = pipeline.head_iterations(schedule, S)
         return {"layers": cfg.blocks / S * T / (R * M), "weight_passes": T * Lc, "head": H / M, "head_iterations": H,
-                "again": 1, "iterations": T, "chunk": Lc}
+                "again": 1, "iterations": T, "chunk": Lc, "lookup": T / M, "lookup_iterations": T}
     return {"layers": cfg.blocks / S * T / (R * M), "weight_passes": T * Lc, "head": 1 / S, "head_iterations": 1,
-            "again": 0, "iterations": T, "chunk": Lc}
+            "again": 0, "iterations": T, "chunk": Lc, "lookup": 1.0, "lookup_iterations": 1}
 
 
 def dead_in_again(cfg: TransformerConfig, remat: str, p: dict) -> dict:
@@ -225,7 +230,8 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     V = cfg.vocab or 0
     E = cfg.embedding_matrices * c * V * D / Y  # the [V, D] matrices gathered (BF16)
-    dE = (1 + p["head_iterations"]) * c * V * D / Y  # their gradients: the lookup's, the output layer's, tied or not
+    # their gradients reduced (over fsdp, context): the lookup's and the output layer's, tied or not, as often as made
+    dE = (p["lookup_iterations"] + p["head_iterations"]) * c * V * D / Y
     zero1 = train and schedule.optimizer_sharding == "zero1" and spans(d)
     Lw = p["weight_passes"]
     if spans(X):  # 1F1B gathers a chunk's weights three times an iteration: its forward slot, again (less the
@@ -249,7 +255,7 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
         # mid = x + o·W_o again: reduced again; 1F1B: the forward again (less what XLA drops of it)
         redo = rc["out"] + (r - dead_in_again(cfg, remat, p)["reductions"]) * p["again"] if train else 0
         vocab = 0 if cfg.vocab is None else 1  # the lookup, and the output layer's input (and its gradient)
-        ends = vocab * act * (1 + (p["head"] if train else 0))
+        ends = vocab * act * (p["lookup"] + (p["head"] if train else 0))
         if schedule.sequence_parallel:
             out["tensor"] = {"all-gather": L * act * r * (3 if train else 1) + ends,
                              "reduce-scatter": L * act * (r * (2 if train else 1) + redo) + ends}
@@ -273,14 +279,14 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
     if zero1:  # the embeddings' gradients as a plain reduce-scatter, as without ZeRO-1 (1F1B: once each, as the
         # layers'); the updated FP32 weights a device holds (a stage's layers) all-gathered
         held = (cfg.params - cfg.embedding_params) / S + cfg.embedding_params
-        for axis, kinds in collectives.zero1_volumes(Ls * W, 2 * c * V * D / Y if p["again"] else dE,
+        for axis, kinds in collectives.zero1_volumes(Ls * W, E if p["again"] else dE,
                                                      precision.master * held / (X * Y), d, X,
                                                      windowed_grad_rs).items():
             out.setdefault(axis, {}).update(kinds)
     elif spans(d) and train and p["again"]:  # 1F1B: each data shard's partial gradients accumulated through the
-        # loop, reduced once after it (ffn_model.pipeline.one_f_one_b): the stage's layers, the lookup's and the
-        # output layer's gradient once each
-        out["data"] = {"all-reduce": (Ls * W + 2 * c * V * D / Y) / X}
+        # loop, reduced once after it (ffn_model.pipeline.one_f_one_b): the stage's layers, and the matrices'
+        # accumulators (the lookup's and the output layer's; tied one)
+        out["data"] = {"all-reduce": (Ls * W + E) / X}
     elif spans(d) and train:
         out["data"] = {"all-reduce": (Lw * W + dE) / X}
     if S > 1 and spans(C) and train and cfg.vocab and not p["again"] and not zero1:
@@ -291,11 +297,11 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
         out["context"]["all-reduce"] -= merged
         out[f"{partner}+context"] = {"all-reduce": merged}
     if S > 1 and spans(d) and train and cfg.vocab and p["again"] and w.compiler.joint_head_reduce:
-        # 1F1B: the output layer's gradient summed over stage and data in one all-reduce (XLA:TPU), out of the data
-        # reduction (ZeRO-1's reduce-scatter of the unsharded gradient)
-        joint = c * cfg.vocab * D / (X * Y)
+        # 1F1B: the matrices' accumulated gradients summed over stage and data in one all-reduce each (XLA:TPU), out
+        # of the data reduction (ZeRO-1's reduce-scatter of the unsharded gradient)
+        joint = cfg.embedding_matrices * c * cfg.vocab * D / (X * Y)
         if zero1:
-            out["data+fsdp" if spans(X) else "data"]["reduce-scatter"] -= c * cfg.vocab * D / Y
+            out["data+fsdp" if spans(X) else "data"]["reduce-scatter"] -= joint * X
         else:
             out["data"]["all-reduce"] -= joint
         out["stage"]["all-reduce"] -= joint
@@ -317,9 +323,10 @@ def stage_volumes(w: Workload, c: float) -> dict[str, float]:
     slots, less the permute nothing reads of a phase of one iteration, which XLA unrolls and drops). GPipe and
     circular: the outputs sent from stage 0 to the stages that run their output layer, S − 1 permutes of c·(t/S)·D (and
     back in the backward); circular, the weights' re-lay (relay_moves rounds of one FP32 chunk of L/(S·R)
-    layers, in the forward and again for the gradient). All-reduced over stage (train): the input's gradient
-    (stage 0's, c·t·D, to the embedding's backward, which every stage runs), the output matrix's gradient
-    (c·V·D/(X·Y); 1F1B's FP32 accumulator too, summed in BF16), and the loss (4 bytes)."""
+    layers, in the forward and again for the gradient). All-reduced over stage (train): GPipe and circular, the
+    input's gradient (stage 0's, c·t·D, to the embedding's backward, which every stage runs) and the output matrix's
+    gradient (c·V·D/(X·Y)); 1F1B, the k matrices' FP32 accumulators (the lookup's on stage 0, the output layer's on
+    the last; tied one), summed in BF16, k·c·V·D/(X·Y); and the loss (4 bytes)."""
     cfg, mesh, schedule, train = w.model, w.mesh, w.schedule, w.step == "train"
     s, t, X, Y, C, d = _dims(cfg, mesh, w.batch_tokens)
     S, M, D, p = mesh["stage"], schedule.microbatches, cfg.d_model, passes(w)
@@ -334,9 +341,11 @@ def stage_volumes(w: Workload, c: float) -> dict[str, float]:
         chunk = w.precision.master * cfg.params_per_block * cfg.blocks / (S * schedule.repeats) / (X * Y)
         permute += directions * pipeline.relay_moves(S, schedule.repeats) * chunk
     out = {"collective-permute": permute, "all-reduce": 4.0}
-    if train and cfg.vocab:
-        head_grad = c * cfg.vocab * D / (X * Y)  # (1F1B: its FP32 accumulator summed in BF16)
-        out["all-reduce"] += c * t * D + head_grad
+    if train and cfg.vocab and p["again"]:  # 1F1B: the matrices' FP32 accumulators (the lookup's on stage 0, the
+        # output layer's on the last; tied one), summed in BF16
+        out["all-reduce"] += cfg.embedding_matrices * c * cfg.vocab * D / (X * Y)
+    elif train and cfg.vocab:
+        out["all-reduce"] += c * t * D + c * cfg.vocab * D / (X * Y)
     return out
 
 
@@ -455,9 +464,13 @@ def memory_per_device(w: Workload) -> dict:
     if S > 1 and schedule.repeats > 1:  # circular and interleaved 1F1B: the stage's FP32 layers re-laid so that stage
         # s holds chunks s, S + s, ... (ffn_model.pipeline.relay), a copy beside the masters (the FFN stack's too)
         terms["relaid"] = precision.master * layer_params / (S * X * Y)
-    if S > 1:  # the embedded batch given to every stage, and the microbatch buffer (GPipe) or the input's
-        # gradient (1F1B, beside its FP32 accumulator of the output matrix's gradient)
-        terms["pipeline_buffers"] = 2 * M * c * t * D + (4 * V * D / (X * Y) if p["again"] else 0.0)
+    k = cfg.embedding_matrices
+    if S > 1 and p["again"] and V:  # 1F1B with a vocabulary: the ids go in, stage 0 looks each microbatch up in the
+        # loop: the matrices' FP32 gradient accumulators, and the gathered E beside U (untied)
+        terms["pipeline_buffers"] = 4 * k * V * D / (X * Y) + (k - 1) * c * V * D / Y
+    elif S > 1:  # the embedded batch given to every stage, and the microbatch buffer (GPipe) or the input's
+        # gradient (1F1B)
+        terms["pipeline_buffers"] = 2 * M * c * t * D
     if train and remat != "none":  # the layer whose backward runs holds its recomputed forward's residuals
         none = saved_per_layer(cfg, mesh, batch_tokens, "none", schedule, precision)
         terms["recomputed_layer"] = sum(none.values()) - saved

@@ -535,21 +535,24 @@ def test_transformer_pipeline_terms_by_hand():
     one_f = Workload(cfg, mesh, 512, schedule=Schedule(4, pipeline="1f1b"))
     # GPipe: T = M + S − 1 = 5 iterations of a chunk of L/S = 2 layers: 10 layer-passes on a microbatch, i.e.
     # 10/4 = 2.5 passes over t; the output layer on each stage's M/S = 2 microbatches, half of t
+    # (the lookup on the whole batch once, before the pipeline)
     assert tf.passes(gpipe) == {"layers": 2.5, "weight_passes": 10, "head": 0.5, "head_iterations": 1, "again": 0,
-                                "iterations": 5, "chunk": 2}
-    # 1F1B: T = M + 2(S − 1) = 6 iterations, the chunk's forward again in each, the output layer in each
+                                "iterations": 5, "chunk": 2, "lookup": 1.0, "lookup_iterations": 1}
+    # 1F1B: T = M + 2(S − 1) = 6 iterations, the chunk's forward again in each, the output layer in each, and the
+    # lookup of a microbatch in each (every stage: 6/4 = 1.5 passes over t), its gradient made in each
     assert tf.passes(one_f) == {"layers": 3.0, "weight_passes": 12, "head": 1.5, "head_iterations": 6, "again": 1,
-                                "iterations": 6, "chunk": 2}
+                                "iterations": 6, "chunk": 2, "lookup": 1.5, "lookup_iterations": 6}
     assert pipeline.bubble(one_f.schedule, 2) == {"idle_share": 2 / 6, "overhead": 2 / 4}
     # over stage, GPipe: 5 iterations x (a microbatch's activations c·64·D forward, their gradient back)
     # = 2·5·2·64·64 = 81,920, and the outputs to stage 1 and back, 2·(S−1)·c·(t/S)·D = 2·2·128·64 = 32,768;
     # all-reduced: the input's gradient c·t·D = 32,768, the output matrix's c·V·D/(X·Y) = 16,384, the loss 4
     v = tf.collective_volumes(gpipe)["stage"]
     assert v == {"collective-permute": 81920 + 32768, "all-reduce": 32768 + 16384 + 4}
-    # 1F1B: 6 iterations both ways, 2·6·2·64·64 = 98,304; the output matrix's gradient accumulated in FP32 and
-    # summed in BF16, 2·512·64/4 = 16,384
+    # 1F1B: 6 iterations both ways, 2·6·2·64·64 = 98,304; no input gradient (stage 0 looks the ids up in the
+    # loop): the two matrices' gradients (the lookup's on stage 0, the output layer's on stage 1) accumulated in
+    # FP32 and summed in BF16, 2·2·512·64/4 = 32,768
     v = tf.collective_volumes(one_f)["stage"]
-    assert v == {"collective-permute": 98304, "all-reduce": 32768 + 16384 + 4}
+    assert v == {"collective-permute": 98304, "all-reduce": 32768 + 4}
     # the layers' weights a device holds: L/S = 2 of the 4 layers, ((2·8 + 2·4)·8·64 + 2·64·256)·2 = 90,112
     # parameters over fsdp·tensor = 4, and both embedding matrices (2·512·64 = 65,536 / 4): FP32 master
     # 4·(22,528 + 16,384)
@@ -567,15 +570,16 @@ def test_interleaved_one_f_one_b_terms_by_hand():
     # T = R·(M + S) + S − 2 = 2·6 + 0 = 12 iterations of one layer on a microbatch: 12/4 = 3 passes over t; the
     # output layer in every iteration, 12/4 = 3
     assert tf.passes(w) == {"layers": 3.0, "weight_passes": 12, "head": 3.0, "head_iterations": 12, "again": 1,
-                            "iterations": 12, "chunk": 1}
+                            "iterations": 12, "chunk": 1, "lookup": 3.0, "lookup_iterations": 12}
     # idle: T − R·M = 12 − 8 = 4 chunk-iterations
     assert pipeline.bubble(w.schedule, 2) == {"idle_share": 4 / 12, "overhead": 4 / 8}
     assert pipeline.kept_inputs(w.schedule, 2) == 7  # 2·R·S − 1
     # over stage: 12 iterations both ways, 2·12·c·64·D = 2·12·2·64·64 = 196,608; the re-lay (stage 0 holds chunks
     # 0, 1 and needs 0, 2: one round of swaps, chunk 1 for chunk 2) of one FP32 layer, ((2·8 + 2·4)·8·64 + 2·64·256)
-    # = 45,056 parameters over fsdp·tensor = 4, 4·11,264 = 45,056 B, and its gradient back: 90,112
+    # = 45,056 parameters over fsdp·tensor = 4, 4·11,264 = 45,056 B, and its gradient back: 90,112; all-reduced,
+    # the two matrices' accumulated gradients, 2·2·512·64/4 = 32,768
     v = tf.collective_volumes(w)["stage"]
-    assert v == {"collective-permute": 196608 + 90112, "all-reduce": 32768 + 16384 + 4}
+    assert v == {"collective-permute": 196608 + 90112, "all-reduce": 32768 + 4}
     m = tf.memory_per_device(w)
     # the re-laid copy of the stage's 2 layers: 4·2·45,056/4 = 90,112 B; 7 kept chunk inputs of c·64·D = 8,192 B
     assert m["relaid"] == 90112
@@ -595,16 +599,17 @@ def test_one_f_one_b_warmup_phases_by_hand():
     w = Workload(cfg, mesh, 512, schedule=Schedule(4, pipeline="1f1b", warmup_phases=True))
     # R = 1: T = 6 iterations, W = 1: 5 slots of a 2-layer chunk each way (10 layer-passes on a microbatch, 2.5 over
     # t); the output layer in the 4 steady iterations, 4/4 = 1 pass over t
+    # the lookup in the 5 forward slots, its gradient in the 5 backward ones
     assert tf.passes(w) == {"layers": 2.5, "weight_passes": 10, "head": 1.0, "head_iterations": 4, "again": 1,
-                            "iterations": 5, "chunk": 2}
+                            "iterations": 5, "chunk": 2, "lookup": 5 / 4, "lookup_iterations": 5}
     assert pipeline.bubble(w.schedule, 2) == {"idle_share": 1 / 5, "overhead": 1 / 4}
     # over stage: 5 slots both ways, 2·5·2·64·64 = 81,920, less the one-iteration cool-down's input gradient that
     # nothing reads (XLA unrolls the phase and drops the permute), 2·64·64 = 8,192; all-reduced as without phases
-    assert tf.collective_volumes(w)["stage"] == {"collective-permute": 81920 - 8192, "all-reduce": 32768 + 16384 + 4}
+    assert tf.collective_volumes(w)["stage"] == {"collective-permute": 81920 - 8192, "all-reduce": 32768 + 4}
     # R = 2 (chunks of one layer): T = 12, W = 3: 9 slots each way, 9/4 passes over t, the output layer in 6
     w = Workload(cfg, mesh, 512, schedule=Schedule(4, 2, pipeline="1f1b", warmup_phases=True))
     assert tf.passes(w) == {"layers": 2.25, "weight_passes": 9, "head": 1.5, "head_iterations": 6, "again": 1,
-                            "iterations": 9, "chunk": 1}
+                            "iterations": 9, "chunk": 1, "lookup": 9 / 4, "lookup_iterations": 9}
     assert pipeline.bubble(w.schedule, 2) == {"idle_share": 1 / 9, "overhead": 1 / 8}
     # 9 slots both ways, 2·9·2·64·64 = 147,456 (no phase of one iteration), and the re-lay 90,112 (above)
     assert tf.collective_volumes(w)["stage"]["collective-permute"] == 147456 + 90112

@@ -200,6 +200,17 @@ def test_pipeline_stages_match_one_device(pipe_one_device, spec, schedule, remat
     assert losses[-1] < losses[0]
 
 
+@pytest.mark.slow
+def test_tied_1f1b_lookup_in_the_loop_matches_one_device():
+    """Tied embeddings under 1F1B with fsdp and tensor: stage 0 looks each microbatch up inside the loop and its
+    gradient joins the output layer's in E's one accumulator (ffn_model.pipeline.one_f_one_b's lookup): losses
+    and every parameter within the tolerance above of one device."""
+    cfg, spec = PIPE_TF.replace(tied_embeddings=True), "stage=2,fsdp=2,tensor=2"
+    losses, state = train(Workload(cfg, parse_mesh_spec(spec), B, schedule=Schedule(2, pipeline="1f1b")), _mesh(spec),
+                          STEPS, lr=LR, return_state=True)
+    assert_matches(losses, state["params"], _one_device(cfg, B))
+
+
 @pytest.mark.parametrize("spec, schedule, remat, match", [
     ("context=8", Schedule(context="ulysses"), "none", "kv_heads=4 is not divisible by context·tensor"),
     ("context=2,tensor=4", Schedule(context="ulysses"), "none", "kv_heads=4 is not divisible by context·tensor"),
