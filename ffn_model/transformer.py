@@ -287,6 +287,21 @@ def _rows(ids_BxT, rows: int):
     return jnp.clip(local, 0, rows - 1), (local >= 0) & (local < rows)
 
 
+def _look_up_rows(e_RxD, ids):
+    """Inside a shard_map manual over tensor: the device's rows of E looked up (zeros for the other ids), summed
+    over tensor."""
+    idx, hit = _rows(ids, e_RxD.shape[0])
+    return jax.lax.psum(jnp.where(hit[..., None], jnp.take(e_RxD, idx, axis=0), 0).astype(e_RxD.dtype), "tensor")
+
+
+def _scatter_rows(ids, dx, rows: int):
+    """Inside a shard_map manual over tensor: the tokens' gradients summed into the device's ``rows`` rows (FP32),
+    rounded to BF16."""
+    idx, hit = _rows(ids, rows)
+    g = jnp.zeros((rows, dx.shape[-1]), jnp.float32).at[idx].add(jnp.where(hit[..., None], dx, 0))
+    return g.astype(COMPUTE_DTYPE)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
 def _lookup(e_VxD, ids_BxT, vocab: int, tied: bool):
     """(E[ids], the gathered E if ``tied`` else None): the FP32 shard of E (VOCAB_AXES) cast to BF16 and
@@ -298,13 +313,7 @@ def _lookup(e_VxD, ids_BxT, vocab: int, tied: bool):
 def _lookup_fwd(e_VxD, ids_BxT, vocab: int, tied: bool):
     P, mesh = jax.sharding.PartitionSpec, jax.sharding.get_abstract_mesh()
     e = constrain(to_bf16(e_VxD), ("vocab", None))
-    rows = vocab // mesh.shape["tensor"]
-
-    def local(e_RxD, ids):
-        idx, hit = _rows(ids, rows)
-        return jax.lax.psum(jnp.where(hit[..., None], jnp.take(e_RxD, idx, axis=0), 0).astype(e_RxD.dtype), "tensor")
-
-    x = jax.shard_map(local, mesh=mesh, in_specs=(P("tensor", None), logical_to_spec(IDS_AXES)),
+    x = jax.shard_map(_look_up_rows, mesh=mesh, in_specs=(P("tensor", None), logical_to_spec(IDS_AXES)),
                       out_specs=logical_to_spec(X_AXES), axis_names=set(mesh.axis_names), check_vma=False)(e, ids_BxT)
     return (x, e if tied else None), ids_BxT
 
@@ -324,9 +333,7 @@ def _lookup_bwd(vocab: int, tied: bool, ids_BxT, cotangents):
     rows = vocab // mesh.shape["tensor"]
 
     def local(ids, dx):
-        idx, hit = _rows(ids, rows)
-        g = jnp.zeros((rows, dx.shape[-1]), jnp.float32).at[idx].add(jnp.where(hit[..., None], dx, 0))
-        g = g.astype(COMPUTE_DTYPE)
+        g = _scatter_rows(ids, dx, rows)
         if scatter:
             g = jax.lax.psum_scatter(g, scatter, scatter_dimension=1, tiled=True)
         return jax.lax.psum(g, others) if others else g
@@ -370,14 +377,9 @@ def loop_lookup(ids_bxT, e_VxD):
     gathered BF16 E (V over tensor), each device's V/Y rows looked up and the partial sums all-reduced over
     tensor; the parallel input embedding of ``embed``, one microbatch at a time on stage 0 (Megatron-LM's first
     stage). (Sequence parallelism does not run with stages: Schedule.check.)"""
-    P, mesh = jax.sharding.PartitionSpec, jax.sharding.get_abstract_mesh()
-    rows = e_VxD.shape[0] // mesh.shape["tensor"]
-
-    def local(e_RxD, ids):
-        idx, hit = _rows(ids, rows)
-        return jax.lax.psum(jnp.where(hit[..., None], jnp.take(e_RxD, idx, axis=0), 0).astype(e_RxD.dtype), "tensor")
-
-    return _loop_manual(local, (P("tensor", None), logical_to_spec(IDS_AXES)), logical_to_spec(X_AXES))(e_VxD, ids_bxT)
+    P = jax.sharding.PartitionSpec
+    return _loop_manual(_look_up_rows, (P("tensor", None), logical_to_spec(IDS_AXES)), logical_to_spec(X_AXES))(
+        e_VxD, ids_bxT)
 
 
 def loop_lookup_grad(ids_bxT, dx_bxTxD, vocab: int):
@@ -390,9 +392,7 @@ def loop_lookup_grad(ids_bxT, dx_bxTxD, vocab: int):
     token_axes = tuple(a for a in _token_axes(logical_to_spec(IDS_AXES)) if a != "tensor")
 
     def local(ids, dx):
-        idx, hit = _rows(ids, rows)
-        g = jnp.zeros((rows, dx.shape[-1]), jnp.float32).at[idx].add(jnp.where(hit[..., None], dx, 0))
-        return g.astype(COMPUTE_DTYPE)[None]
+        return _scatter_rows(ids, dx, rows)[None]
 
     g = _loop_manual(local, (logical_to_spec(IDS_AXES), logical_to_spec(X_AXES)),
                      P(token_axes or None, "tensor", None))(ids_bxT, constrain(dx_bxTxD, X_AXES))
