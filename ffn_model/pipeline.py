@@ -284,8 +284,8 @@ def one_f_one_b(x_MxbxD, labels_Mxbx, weights: dict, head_params: dict, mesh, ch
     @functools.partial(jax.shard_map, mesh=mesh,
                        in_specs=(P(None, None, "data") if lookup else P("stage", None, "data"), P(None, "data"), stage,
                                  P()),
-                       out_specs=(P("stage", "data"), per_data, P("stage", "data"),
-                                  P() if lookup else P("stage", None, "data")),
+                       out_specs=(P("stage", "data"), per_data, P("stage", "data"))
+                       + (() if lookup else (P("stage", None, "data"),)),
                        axis_names={"stage", "data"}, check_vma=False)
     def run(x, labels, ws, hp):
         x, labels = x[0, :, 0], labels[:, 0]  # this stage's and this data shard's [M, b/data, ...]
@@ -352,15 +352,15 @@ def one_f_one_b(x_MxbxD, labels_Mxbx, weights: dict, head_params: dict, mesh, ch
                                                                 jnp.arange(T - W, T))
         # each data shard's partial sums, stacked over data: summed outside (one reduction; a psum of BF16 here
         # crashed XLA:CPU's all-reduce promotion)
-        return (loss[None, None], jax.tree.map(lambda a: a[None], dws), jax.tree.map(lambda a: a[None, None], dhp),
-                jnp.zeros(()) if lookup else dx_all[None, :, None])
+        sums = (loss[None, None], jax.tree.map(lambda a: a[None], dws), jax.tree.map(lambda a: a[None, None], dhp))
+        return sums if lookup else (*sums, dx_all[None, :, None])
 
-    loss, dws, dhp, dx = run(x_SxMxDxbxD, labels_MxDxbx, weights, head_params)
-    if lookup:
-        dx = None
-    else:
-        dx = jnp.sum(dx, axis=0)
+    loss, dws, dhp, *dx = run(x_SxMxDxbxD, labels_MxDxbx, weights, head_params)
+    if dx:  # stage 0's input gradients, [M, b, ...]
+        dx = jnp.sum(dx[0], axis=0)
         dx = dx.reshape(dx.shape[0], dx.shape[1] * dx.shape[2], *dx.shape[3:])
+    else:
+        dx = None
     # the data shards' partial gradients reduced once (BF16 on the wire, the precision policy's gradient
     # communication); the head's and the input's are on the last stage and on stage 0: summed over stage too
     reduce = lambda g, axes: jnp.sum(g.astype(COMPUTE_DTYPE), axis=axes)  # noqa: E731

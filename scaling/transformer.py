@@ -301,7 +301,7 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
         # of the data reduction (ZeRO-1's reduce-scatter of the unsharded gradient)
         joint = cfg.embedding_matrices * c * cfg.vocab * D / (X * Y)
         if zero1:
-            out["data+fsdp" if spans(X) else "data"]["reduce-scatter"] -= joint * X
+            out["data+fsdp" if spans(X) else "data"]["reduce-scatter"] -= E  # the gradients before their fsdp split
         else:
             out["data"]["all-reduce"] -= joint
         out["stage"]["all-reduce"] -= joint
