@@ -9,7 +9,9 @@
 # efficiency their shapes get (`scaling.kernels`), one coefficient per chip fitted on one named run (the
 # matmul efficiency, `fitted_on` in the hardware table; `jax-scaling validate --fit` reproduces it), the
 # collectives its schedule leaves exposed. The rows a coefficient was fitted on are marked; the held-out rows'
-# errors are reported apart.
+# errors are reported apart. The group "bench" is this project's own `jax-scaling bench` runs on one NVIDIA H200
+# (verify/gpu_timings.sh; the GPU, its driver and the versions are in each row's source), reported apart from the
+# published runs.
 
 # %%
 import matplotlib.pyplot as plt
@@ -43,13 +45,13 @@ print(f"memory per device against the {m['n']} measured peaks (BLOOM): median |e
 # %%
 fig, ax = plt.subplots(figsize=(5.6, 5.2))
 colors = {"1a": "tab:blue", "1b": "tab:cyan", "1c": "tab:green", "1d": "tab:red", "2": "tab:orange",
-          "3": "tab:purple"}
+          "3": "tab:purple", "bench": "black"}
 labels = {"1a": "MaxText v5e", "1b": "MaxText v4", "1c": "MaxText v6e", "1d": "MaxText H100", "2": "Megatron A100",
-          "3": "BLOOM A100 (seed 003)"}
+          "3": "BLOOM A100 (seed 003)", "bench": "jax-scaling bench, one H200"}
 for t, color in colors.items():
     sel = [r for r in rows if r["table"] == t]
     ax.scatter([r["measured_seconds"] for r in sel], [r["predicted_seconds"] for r in sel], s=18, color=color,
-               label=labels[t], marker="o" if sel and sel[0]["group"] == "tpu" else "^")
+               label=labels[t], marker={"tpu": "o", "gpu": "^"}.get(sel[0]["group"], "x") if sel else "o")
 lo = min(min(r["measured_seconds"], r["predicted_seconds"]) for r in rows) / 1.5
 hi = max(max(r["measured_seconds"], r["predicted_seconds"]) for r in rows) * 1.5
 x = np.geomspace(lo, hi, 50)
@@ -64,7 +66,10 @@ plt.show()
 # What is left (docs/findings.md, "Predicted step time"): the TPU rows sit within 11% of the line; the GPU rows'
 # outliers are Megatron's 39.1B (the package's lock-step head on every stage and one efficiency fitted on the 1.7B
 # run) and BLOOM's 13,824-wide rows, whose measured gain over 14,400 (head dim 144 against 150: the tensor cores'
-# alignment) the model sees only in part. Within BLOOM's micro-batch searches the measured runs gain from MBS 1 to 2
-# more than the kernel model's tiles and waves explain (a fixed time per pipeline slot would, with no source for its
-# value: docs/findings.md, "1F1B: the lookup inside the loop"). Predicted memory is the package's program, whose
-# 1F1B looks each microbatch up inside its loop, as Megatron-DeepSpeed's first stage does.
+# alignment) the model sees only in part. Each microbatch's gradient accumulation (12 B per parameter through HBM)
+# ranks BLOOM's hidden-size and PP10 micro-batch searches; in the PP11 and PP12 searches the measured runs still gain
+# more from MBS 1 to 4 than the model's accumulation and tiles explain. The H200 bench rows are the package's own
+# program: its matrix products ran faster than the H100's fitted efficiency says (the FFN's at 0.73 of peak), its
+# attention's element-wise work and XLA:GPU's loop-state copies slower than the kernel model's pointwise term
+# (docs/findings.md, "One H200, measured"). Predicted memory is the package's program, whose 1F1B looks each
+# microbatch up inside its loop, as Megatron-DeepSpeed's first stage does.

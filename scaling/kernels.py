@@ -23,6 +23,10 @@ pass, the optimizer update), with its FLOPs, the HBM bytes it reads and writes, 
              gradient, writes the gradient), a recomputed forward its forward's again
   optimizer  AdamW reads master, gradient, μ, ν and writes master, μ, ν: 7·4 B per parameter shard
              (scaling.memory.hbm_traffic_bytes)
+  accumulate each microbatch's gradient added to the FP32 accumulator (read both, write one: 3·4 B per
+             parameter of the device, P/(S·X·Y)), n times a step: n = M with gradient accumulation (none for
+             M = 1: the one gradient is the step's), T/R with S stages (every slot adds its chunk's gradient,
+             1/R of the stage's; scaling.pipeline.slots); Megatron-LM's main_grad accumulation likewise
 
 The matmul FLOPs are the program's (scaling.transformer.step_flops, scaling.flops.step_flops: the compiler's
 count); the kernel times sum to the step model's compute term, ``compute_seconds``. Values may be numpy arrays
@@ -202,8 +206,17 @@ def _transformer(w: Workload) -> list[Kernel]:
         ks.append(Kernel("pointwise", "backward", "pointwise", None, calls, 0.0, 2 * (fwd_bytes + head_bytes)))
         share = (r["qkv"] + r["out"] + r["mlp_in"] + r["attention_units"] / 4) / 4 if not p["again"] else 1.0
         ks.append(Kernel("pointwise", "recompute", "pointwise", None, calls, 0.0, share * fwd_bytes))
-        ks.append(_optimizer(w, cfg.params))
+        ks += [_optimizer(w, cfg.params), _accumulate(w, cfg.params)]
     return ks
+
+
+def _accumulate(w: Workload, params) -> Kernel:
+    """The gradient accumulation's adds (module docstring): n·P/(S·X·Y) parameters of
+    Precision.accumulate_bytes_per_param each, n = M for M > 1 without stages, T/R with S stages."""
+    S, M, R = w.mesh.get("stage", 1), w.schedule.microbatches, w.schedule.repeats
+    n = pipeline.slots(w.schedule, S) / R if S > 1 else np.where(np.asarray(M) > 1, M, 0)
+    per = w.precision.accumulate_bytes_per_param * params / memory.weight_shards(w.mesh)
+    return Kernel("accumulate", "update", "pointwise", None, n, 0.0, n * per)
 
 
 def _optimizer(w: Workload, params) -> Kernel:
@@ -246,7 +259,7 @@ def _ffn(w: Workload) -> list[Kernel]:
         ks.append(Kernel("relu", "backward", "pointwise", None, n, 0.0, 2 * n * act))
         rec = np.asarray(f.get("recompute", 0.0)) / one
         ks.append(Kernel("relu", "recompute", "pointwise", None, rec, 0.0, rec * act))
-        ks.append(_optimizer(w, cfg.params))
+        ks += [_optimizer(w, cfg.params), _accumulate(w, cfg.params)]
     return ks
 
 

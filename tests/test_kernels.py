@@ -96,6 +96,26 @@ def test_flash_runs_its_causal_blocks_and_moves_no_scores():
     assert fm.executed == 1.0 and fm.bytes > T * T * N * cfg.blocks * 2
 
 
+def test_gradient_accumulation_moves_its_accumulator_per_microbatch():
+    """Each microbatch's gradient is added to the FP32 accumulator: read both, write one, 3·4 = 12 B per parameter
+    of the device. Llama 2 7B on fsdp=8 with M = 4: 4·12·P/8 B; M = 1: none (the one gradient is the step's).
+    With S = 2 stages and 1F1B (R = 1, M = 4): T = M + 2(S − 1) = 6 slots, each adding the stage's P/2."""
+    cfg = PRESETS["llama2-7b"]
+    P = cfg.params
+
+    def acc(mesh, M, **kw):
+        w = Workload(cfg, mesh, 32 * 4096, schedule=Schedule(microbatches=M, **kw))
+        return next(k for k in kernels.step_kernels(w) if k.name == "accumulate")
+
+    assert acc({"fsdp": 8}, 4).bytes == pytest.approx(4 * 12 * P / 8)
+    assert acc({"fsdp": 8}, 4).calls == 4
+    assert acc({"fsdp": 8}, 1).bytes == 0
+    assert acc({"stage": 2, "fsdp": 4}, 4, pipeline="1f1b").bytes == pytest.approx(6 * 12 * P / (2 * 4))
+    k = next(k for k in kernels.step_kernels(Workload(cfg, {"fsdp": 8}, 32 * 4096, schedule=Schedule(microbatches=4)),
+                                              get_chip("H100")) if k.name == "accumulate")
+    assert k.seconds == pytest.approx(4 * 12 * P / 8 / 3.35e12) and k.bound == "HBM"  # H100 HBM 3.35 TB/s
+
+
 def test_peak_of_another_dtype_and_a_missing_one():
     """--dtype takes the table's peak: A100 tf32 156 TFLOP/s, H100 fp8 1979; v5e has no fp8 row: one-line error."""
     assert kernels.peak_flops(get_chip("A100-80GB"), "tf32") == 1.56e14

@@ -39,11 +39,13 @@ def test_spearman_by_hand():
 
 def test_every_measured_run_is_predicted(capsys):
     """Every row of measured.toml goes through the predict command's flags; each prediction is what predict itself
-    prints for those flags (one row checked through the CLI); the summary has both groups."""
+    prints for those flags (one row checked through the CLI); the summary has each group: the published TPU and GPU
+    runs, and this project's own bench runs apart (each naming the GPU it ran on)."""
     v = validate()
-    assert len(v["rows"]) == len(measured_runs()) >= 68
-    assert {r["table"] for r in v["rows"]} == {"1a", "1b", "1c", "1d", "2", "3"}
-    assert set(v["groups"]) == {"tpu", "gpu"}
+    assert len(v["rows"]) == len(measured_runs()) >= 77
+    assert {r["table"] for r in v["rows"]} == {"1a", "1b", "1c", "1d", "2", "3", "bench"}
+    assert set(v["groups"]) == {"tpu", "gpu", "bench"}
+    assert all("NVIDIA H200" in r["source"] for r in measured_runs() if r["group"] == "bench")
     row = next(r for r in v["rows"] if r["id"] == "maxtext-h100-llama2-7b-x2")
     assert main(["predict", *_run(row["id"])["args"].split(), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["step_seconds"] == row["predicted_seconds"]
