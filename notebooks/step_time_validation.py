@@ -63,13 +63,13 @@ ax.legend(fontsize=7, loc="upper left")
 plt.show()
 
 # %% [markdown]
-# What is left (docs/findings.md, "Predicted step time"): the TPU rows sit within 11% of the line; the GPU rows'
-# outliers are Megatron's 39.1B (the package's lock-step head on every stage and one efficiency fitted on the 1.7B
-# run) and BLOOM's 13,824-wide rows, whose measured gain over 14,400 (head dim 144 against 150: the tensor cores'
-# alignment) the model sees only in part. Each microbatch's gradient accumulation (12 B per parameter through HBM)
-# ranks BLOOM's hidden-size and PP10 micro-batch searches; in the PP11 and PP12 searches the measured runs still gain
-# more from MBS 1 to 4 than the model's accumulation and tiles explain. The H200 bench rows are the package's own
-# program: its matrix products ran faster than the H100's fitted efficiency says (the FFN's at 0.73 of peak), its
-# attention's element-wise work and XLA:GPU's loop-state copies slower than the kernel model's pointwise term
-# (docs/findings.md, "One H200, measured"). Predicted memory is the package's program, whose 1F1B looks each
-# microbatch up inside its loop, as Megatron-DeepSpeed's first stage does.
+# What is left (docs/findings.md, "Predicted step time" and "One H200, measured"): the TPU rows sit within 11% of
+# the line; the GPU rows' outliers are Megatron-LM's 1.7B and 3.6B (their small matmuls and materialized 24- and
+# 32-head attention, where the kernel model is weakest) and BLOOM's 9-way data-parallel row. Each microbatch's
+# gradient accumulation (an FP32 add per parameter, its bytes the runtime's: DeepSpeed's BF16 optimizer 18 B for
+# BLOOM, Megatron-LM's main_grad 10 B, this package 12 B) is what BLOOM's micro-batch searches gain from MBS 1 to 2
+# before the bubble eats it; every search ranks at 0.8 or more. The H200 bench rows are the package's own program:
+# its matrix products ran faster than the H100's fitted efficiency says (the FFN's at 0.73 of peak), its attention's
+# element-wise work and XLA:GPU's layer-loop copies slower than the kernel model's pointwise term. Predicted memory
+# is the package's program, whose 1F1B looks each microbatch up inside its loop, as Megatron-DeepSpeed's first
+# stage does.

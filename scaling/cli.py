@@ -20,7 +20,8 @@ import time
 from scaling import kernels, layer_estimator, seed000
 from scaling import plan as planner
 from scaling.answers import QUESTION, answers, render
-from scaling.config import (ATTENTIONS, BLOCK_KINDS, CONTEXT_STRATEGIES, DEFAULT_PRECISION, FSDP_GATHERS, MLP_KINDS,
+from scaling.config import (ACCUMULATION_BYTES, ATTENTIONS, BLOCK_KINDS, CONTEXT_STRATEGIES, DEFAULT_PRECISION,
+                            FSDP_GATHERS, MLP_KINDS,
                             PIPELINES, Precision,
                             OPTIMIZER_SHARDINGS, PRESETS,
                             REMAT_POLICIES, FFNConfig, MeshShape, Schedule, TransformerConfig, check_divisible,
@@ -476,7 +477,8 @@ def predict_result(args) -> tuple[dict, object]:
     B, M = predict_batch(args, cfg, mesh)
     args.microbatches = M
     schedule = schedule_of(args)
-    w = Workload(cfg, mesh, B, args.step, args.remat, schedule, precision=precision_of(args.dtype), flags=flags)
+    w = Workload(cfg, mesh, B, args.step, args.remat, schedule,
+                 precision=precision_of(args.dtype, args.grad_accumulation), flags=flags)
     check_divisible(cfg, mesh, B)
     peak_flops(chip, args.dtype)  # ValueError where the table has no rate for it
     given = {a: n for a, n in parse_mesh_spec(args.dcn_mesh).items()} if args.dcn_mesh else None
@@ -511,11 +513,12 @@ def predict_result(args) -> tuple[dict, object]:
 DTYPE_BYTES = {"bf16": 2, "fp32": 4, "tf32": 4, "int8": 1, "fp8": 1}  # an element of each matmul input type
 
 
-def precision_of(dtype: str) -> Precision:
+def precision_of(dtype: str, accumulation: str = "package") -> Precision:
     """The precision policy with ``dtype`` matmuls: activations and weights on the wire in its bytes
-    (DTYPE_BYTES; tf32 is stored as fp32), FP32 master weights, gradients and moments as always."""
+    (DTYPE_BYTES; tf32 is stored as fp32), FP32 master weights, gradients and moments as always; the gradient
+    accumulation of the runtime ``accumulation`` (scaling.config.ACCUMULATION_BYTES)."""
     b = DTYPE_BYTES[dtype]
-    return dataclasses.replace(DEFAULT_PRECISION, compute=b, weight_comm=b, dtype=dtype)
+    return dataclasses.replace(DEFAULT_PRECISION, compute=b, weight_comm=b, dtype=dtype, accumulation=accumulation)
 
 
 def print_kernels(out: dict, chip) -> None:
@@ -647,6 +650,10 @@ def add_predict_parser(sub) -> None:
     r.add_argument("--dtype", default="bf16", choices=kernels.DTYPES,
                    help="the matmuls' input type: its peak from the hardware table, its bytes for activations "
                         "(default %(default)s)")
+    r.add_argument("--grad-accumulation", default="package", choices=list(ACCUMULATION_BYTES),
+                   help="whose gradient accumulation the run's microbatches pay (HBM bytes per parameter each): "
+                        "package (this package's step, 12), megatron (Megatron-LM's main_grad, 10), deepspeed-bf16 "
+                        "(DeepSpeed's BF16 optimizer, 18) (default %(default)s)")
     r.add_argument("--kernels", action="store_true",
                    help="the step's kernels one by one: FLOPs, HBM bytes, intensity against the ridge point, "
                         "efficiency, seconds, bound (scaling.kernels)")

@@ -357,6 +357,22 @@ def get_preset(name: str) -> Model:
         raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(PRESETS)}") from None
 
 
+# HBM bytes one gradient accumulation moves per parameter (each microbatch's gradient added to the FP32
+# accumulator), by the runtime that runs the step (Precision.accumulation; predict --grad-accumulation)
+ACCUMULATION_BYTES = {
+    # this package's step: the microbatch's FP32 gradient and the accumulator read, the accumulator written,
+    # 3·4 B (the compiled adds; one H200's profile in docs/findings.md)
+    "package": 12,
+    # Megatron-LM (Narayanan et al. 2021): its gradient hook's main_grad.add_(grad), the 16-bit gradient read (2 B),
+    # the FP32 main_grad read and written (4 + 4 B)
+    "megatron": 10,
+    # DeepSpeed's BF16_Optimizer.update_hp_grads after each micro-step's backward (its pipeline engine,
+    # runtime/pipe/engine.py _exec_backward_pass): hp_grad.add_(lp.grad.to(fp32)), the cast's temporary read 2 B and
+    # written 4 B, then the FP32 add read 4 + 4 B and written 4 B
+    "deepspeed-bf16": 18,
+}
+
+
 @dataclass(frozen=True)
 class Precision:
     """Bytes per element of each kind of state (questions-4d.md: FP32 master weights, gradients and
@@ -370,6 +386,7 @@ class Precision:
     grad_comm: int = 2
     weight_comm: int = 2
     dtype: str = "bf16"  # the matmuls' input type: its peak rate is the hardware table's (scaling.kernels.peak_flops)
+    accumulation: str = "package"  # the runtime whose gradient accumulation the step runs (ACCUMULATION_BYTES)
 
     @property
     def state_bytes_per_param(self) -> int:
@@ -385,9 +402,9 @@ class Precision:
 
     @property
     def accumulate_bytes_per_param(self) -> int:
-        """HBM bytes one gradient accumulation moves per parameter: reads the microbatch's gradient and the
-        accumulator, writes the accumulator, 3·4 = 12 B (FP32 gradients; the compiled step's adds)."""
-        return 3 * self.grad
+        """HBM bytes one gradient accumulation moves per parameter, by runtime (ACCUMULATION_BYTES: this package's
+        12 B, Megatron-LM's 10 B, DeepSpeed's BF16 optimizer's 18 B)."""
+        return ACCUMULATION_BYTES[self.accumulation]
 
     @property
     def stored_bytes_per_param(self) -> int:

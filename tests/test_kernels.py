@@ -116,6 +116,23 @@ def test_gradient_accumulation_moves_its_accumulator_per_microbatch():
     assert k.seconds == pytest.approx(4 * 12 * P / 8 / 3.35e12) and k.bound == "HBM"  # H100 HBM 3.35 TB/s
 
 
+def test_grad_accumulation_of_each_runtime():
+    """--grad-accumulation names whose accumulation the microbatches pay, per parameter and micro-step: Megatron-LM's
+    main_grad.add_(grad) reads a 16-bit gradient and reads and writes FP32, 2 + 4 + 4 = 10 B; DeepSpeed's BF16
+    optimizer casts the gradient to a temporary (read 2, write 4) and adds it (read 4 + 4, write 4), 18 B; this
+    package's FP32 add, 12 B. The same run's accumulate kernel scales by those bytes; nothing else changes."""
+    row = "--preset llama2-7b --chip A100-80GB --chips 8 --mesh data=8 --global-batch 64 --microbatch 2".split()
+    acc = {}
+    for rt in ("package", "megatron", "deepspeed-bf16"):
+        out = _predict_json(*row, "--grad-accumulation", rt, "--kernels")
+        acc[rt] = next(k for k in out["kernels"] if k["name"] == "accumulate")
+        assert acc[rt]["calls"] == 4  # 8 sequences a device in microbatches of 2
+    P = PRESETS["llama2-7b"].params
+    assert acc["package"]["bytes"] == pytest.approx(4 * 12 * P)  # data=8 holds every parameter
+    assert acc["megatron"]["bytes"] == pytest.approx(4 * 10 * P)
+    assert acc["deepspeed-bf16"]["bytes"] == pytest.approx(4 * 18 * P)
+
+
 def test_peak_of_another_dtype_and_a_missing_one():
     """--dtype takes the table's peak: A100 tf32 156 TFLOP/s, H100 fp8 1979; v5e has no fp8 row: one-line error."""
     assert kernels.peak_flops(get_chip("A100-80GB"), "tf32") == 1.56e14
