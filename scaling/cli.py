@@ -17,7 +17,7 @@ import os
 import sys
 import time
 
-from scaling import kernels, layer_estimator, seed000
+from scaling import kernels, layer_estimator, seed000, seed002
 from scaling import plan as planner
 from scaling.answers import QUESTION, answers, render
 from scaling.config import (ACCUMULATION_BYTES, ATTENTIONS, BLOCK_KINDS, CONTEXT_STRATEGIES, DEFAULT_PRECISION,
@@ -623,6 +623,18 @@ def layers_command(args) -> int:
     return 0
 
 
+def kernels_command(args) -> int:
+    """Seed 002's DeepFlow report from the closed forms (scaling.seed002): every numeric line beside the package's
+    figure; --text the whole report regenerated in the seed's layout; --json the rows and the report's figures."""
+    if args.json:
+        r = seed002.report()
+        print(json.dumps({"rows": seed002.rows(r), "time": r["time"], "params": r["params"],
+                          "parts": r["parts"], "hardware": r["hw"]}))
+    else:
+        print(seed002.text() if args.text else seed002.render() + "\n", end="")
+    return 0
+
+
 def add_predict_parser(sub) -> None:
     """predict's subcommand and flags (add_commands; scaling.validate parses its rows with it)."""
     r = sub.add_parser("predict", help="one configuration's step time, term by term (the planner's step model)")
@@ -768,6 +780,13 @@ def add_commands(sub, *, check_command, verify_plans, verify_pipeline, render_pi
                    help="which tables (default both)")
     y.add_argument("--cells", action="store_true", help="every printed cell: ours, the seed's, whether they match")
     y.set_defaults(func=layers_command)
+
+    k = sub.add_parser("kernels", help="seed 002's DeepFlow kernel report (an LSTM on one projected accelerator), "
+                                       "from the closed forms")
+    k.add_argument("--seed", default="002", choices=["002"], help="the reference report (default %(default)s)")
+    k.add_argument("--text", action="store_true", help="the whole report regenerated in the seed's layout")
+    k.add_argument("--json", action="store_true", help="one JSON object: the rows, Time, the parts, the hardware")
+    k.set_defaults(func=kernels_command)
 
 
 def run(parser: argparse.ArgumentParser, argv=None) -> int:
