@@ -42,6 +42,27 @@ m = v["memory"]
 print(f"memory per device against the {m['n']} measured peaks (BLOOM): median |error| {m['median_abs_error']:.1%}, "
       f"max {m['max_abs_error']:.1%}")
 
+# %% [markdown]
+# The hierarchical kernel model (seed 002's, DeepFlow's: each matmul's HBM bytes from its tiles through the chip's
+# L2 or VMEM, `predict --kernel-model hierarchical`) beside the efficiency model, each chip's eta refitted under it
+# on the same named run; the rows of chips with an on-chip memory size in the hardware table (v5e, H100, H200,
+# A100), the medians over the rows both predict.
+
+# %%
+from scaling.validate import refitted
+
+h = refitted("hierarchical")
+hier = {r["id"]: r for r in h["validation"]["rows"]}
+print("eta refitted under the hierarchical model: " + ", ".join(f"{c} {e:.3f}" for c, e in h["eta"].items()))
+print(f"{'run':32s} {'efficiency':>10s} {'hierarchical':>12s}")
+for r in rows:
+    if r["id"] in hier:
+        print(f"{r['id']:32s} {r['error']:+10.1%} {hier[r['id']]['error']:+12.1%}")
+for g in v["groups"]:
+    both = [r for r in rows if r["group"] == g and r["id"] in hier]
+    print(f"{g}: {len(both)} runs, median |error| efficiency {np.median([abs(r['error']) for r in both]):.1%}, "
+          f"hierarchical {np.median([abs(hier[r['id']]['error']) for r in both]):.1%}")
+
 # %%
 fig, ax = plt.subplots(figsize=(5.6, 5.2))
 colors = {"1a": "tab:blue", "1b": "tab:cyan", "1c": "tab:green", "1d": "tab:red", "2": "tab:orange",
@@ -70,6 +91,9 @@ plt.show()
 # BLOOM, Megatron-LM's main_grad 10 B, this package 12 B) is what BLOOM's micro-batch searches gain from MBS 1 to 2
 # before the bubble eats it; every search ranks at 0.8 or more. The H200 bench rows are the package's own program:
 # its matrix products ran faster than the H100's fitted efficiency says (the FFN's at 0.73 of peak), its attention's
-# element-wise work and XLA:GPU's layer-loop copies slower than the kernel model's pointwise term. Predicted memory
+# element-wise work and XLA:GPU's layer-loop copies slower than the kernel model's pointwise term. The hierarchical
+# kernel model (the table above) does not improve the error: on these runs almost every matmul is compute-bound
+# through its tiles, so it differs from the efficiency model by the tile and wave quantization it leaves out, which
+# is what ranks BLOOM's PP11 and PP12 micro-batch searches. Predicted memory
 # is the package's program, whose 1F1B looks each microbatch up inside its loop, as Megatron-DeepSpeed's first
 # stage does.

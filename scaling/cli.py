@@ -482,7 +482,7 @@ def predict_result(args) -> tuple[dict, object]:
     check_divisible(cfg, mesh, B)
     peak_flops(chip, args.dtype)  # ValueError where the table has no rate for it
     given = {a: n for a, n in parse_mesh_spec(args.dcn_mesh).items()} if args.dcn_mesh else None
-    p, dcn, lay = planner.predict_placed(w, chip, dims, slices, given, args.form)
+    p, dcn, lay = planner.predict_placed(w, chip, dims, slices, given, args.form, args.kernel_model)
     t, form = p.times, args.form
     step = float(t.step[form])
     devices = mesh.devices
@@ -500,9 +500,10 @@ def predict_result(args) -> tuple[dict, object]:
            "batch_tokens": B, "microbatches": M, "model": dataclasses.asdict(cfg), "remat": args.remat,
            "schedule": {k: str(v) if not isinstance(v, (int, bool)) else v
                         for k, v in dataclasses.asdict(schedule).items()}, "xla_flags": flags.name,
-           "step": args.step, "model_text": str(cfg), "xla_flags_text": flags.describe(), "dtype": args.dtype}
+           "step": args.step, "model_text": str(cfg), "xla_flags_text": flags.describe(), "dtype": args.dtype,
+           "kernel_model": args.kernel_model}
     if getattr(args, "kernels", False):
-        ks = kernels.step_kernels(w, chip, args.dtype)
+        ks = kernels.step_kernels(w, chip, args.dtype, args.kernel_model)
         out["kernels"] = [{"name": k.name, "pass": k.pass_, "kind": k.kind, "shape": None if k.shape is None else
                            [float(v) for v in k.shape], "calls": float(k.calls), "flops": float(k.flops),
                            "bytes": float(k.bytes), "executed": float(k.executed), "efficiency": float(k.efficiency),
@@ -533,7 +534,9 @@ def print_kernels(out: dict, chip) -> None:
         rows.append((k["name"], k["pass"], shape, f"{k['calls']:.4g}", f"{k['flops'] / 1e12:.4g}",
                      f"{k['bytes'] / 1e9:.4g}", f"{inten:.4g}", f"{k['efficiency']:.3f}" if k["shape"] else "",
                      f"{k['seconds'] * 1e3:.4g}", k["bound"]))
-    print(f"kernels per device (ridge point C/W_hbm = {ridge:.0f} FLOPs/byte; efficiency = eta·q(shape), eta = "
+    how = ("efficiency = eta·q(shape)" if out["kernel_model"] == "efficiency" else
+           f"hierarchical: matmul bytes from tiles through {chip.onchip / 2**20:.0f} MiB on chip, efficiency = eta")
+    print(f"kernels per device (ridge point C/W_hbm = {ridge:.0f} FLOPs/byte; {how}, eta = "
           f"{chip.matmul_efficiency} on {chip.name}; flash attention's time counts its causal blocks)")
     print("\n".join(table(["kernel", "pass", "m x n x k", "calls", "TFLOPs", "GB", "FLOPs/B", "eff", "ms", "bound"],
                           rows, right=range(3, 9))))
@@ -574,7 +577,7 @@ def validate_command(args) -> int:
     """Every measured run predicted (scaling.validate): per row measured and predicted seconds and the error; per
     group the median and largest |error|; per comparison Spearman's rank correlation."""
     from scaling.hardware import CHIPS
-    from scaling.validate import fit_efficiency, validate
+    from scaling.validate import fit_efficiency, refitted, validate
 
     if args.fit:
         rows = []
@@ -584,7 +587,14 @@ def validate_command(args) -> int:
                              ", ".join(c.name for c in CHIPS.values() if c.efficiency_as == name)))
         print("\n".join(table(["chip", "fitted on", "fitted eta", "table's eta", "borrowed by"], rows, right=(2, 3))))
         return 0
-    v = validate()
+    if args.kernel_model == "efficiency":
+        v = validate()
+    else:  # each fitted chip's eta refitted under that model on its own named run; rows it cannot predict left out
+        r = refitted(args.kernel_model)
+        v = r["validation"]
+        print(f"kernel model {args.kernel_model!r}, eta refitted on each chip's named run: "
+              + ", ".join(f"{c} {e:.3f}" for c, e in r["eta"].items()) + "; rows on chips without an on-chip "
+              "memory size left out")
     if args.json:
         print(json.dumps(v, indent=2))
         return 0
@@ -662,6 +672,10 @@ def add_predict_parser(sub) -> None:
     r.add_argument("--dtype", default="bf16", choices=kernels.DTYPES,
                    help="the matmuls' input type: its peak from the hardware table, its bytes for activations "
                         "(default %(default)s)")
+    r.add_argument("--kernel-model", default="efficiency", choices=kernels.KERNEL_MODELS,
+                   help="the matmuls' time: efficiency (eta times the tile and wave quantization of their shapes) or "
+                        "hierarchical (DeepFlow's: their HBM bytes from tiles through the chip's L2 or VMEM, seed "
+                        "002's model) (default %(default)s)")
     r.add_argument("--grad-accumulation", default="package", choices=list(ACCUMULATION_BYTES),
                    help="whose gradient accumulation the run's microbatches pay (HBM bytes per parameter each): "
                         "package (this package's step, 12), megatron (Megatron-LM's main_grad, 10), deepspeed-bf16 "
@@ -747,6 +761,8 @@ def add_commands(sub, *, check_command, verify_plans, verify_pipeline, render_pi
     v.add_argument("--fit", action="store_true",
                    help="fit each chip's matmul_efficiency on the run its hardware-table row names (fitted_on) and "
                         "print it beside the table's value")
+    v.add_argument("--kernel-model", default="efficiency", choices=kernels.KERNEL_MODELS,
+                   help="predict's matmul term (default %(default)s); hierarchical refits each chip's eta under it")
     v.add_argument("--json", action="store_true", help="one JSON object")
     v.set_defaults(func=validate_command)
 

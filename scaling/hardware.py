@@ -83,6 +83,13 @@ class Chip:
     matmul_efficiency: float = 1.0  # the fraction of peak a large aligned matmul sustains (fitted: chips.toml)
     fitted_on: str | None = None  # the measured run (scaling/data/measured.toml id) matmul_efficiency is fitted on
     efficiency_as: str | None = None  # a chip without measured runs takes the efficiency of this one (same unit)
+    onchip_bytes: float | None = None  # the memory a matmul tiles through (GPU L2, TPU VMEM): the hierarchical model
+
+    @property
+    def onchip(self) -> float | None:
+        """The on-chip memory the hierarchical kernel model tiles through: onchip_bytes, or a GPU's L2 as XLA's
+        description of it gives (gpu_target's l2_cache_size); None where the table has neither."""
+        return self.onchip_bytes or dict(self.gpu_target).get("l2_cache_size")
 
     @property
     def ici_bidi(self) -> float:

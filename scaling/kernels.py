@@ -28,6 +28,13 @@ pass, the optimizer update), with its FLOPs, the HBM bytes it reads and writes, 
              M = 1: the one gradient is the step's), T/R with S stages (every slot adds its chunk's gradient,
              1/R of the stage's; scaling.pipeline.slots); Megatron-LM's main_grad accumulation likewise
 
+A second matmul model, ``kernel_model="hierarchical"`` (DeepFlow's, as seed 002 runs it: scaling.seed002): a matmul
+tiles through the chip's on-chip memory (``onchip``: a GPU's L2, a TPU's VMEM) in the largest power-of-two tiles t
+with 3·t²·c bytes in it; with k ≤ t the [m, k] operand is read once and the [k, n] one ⌈m/t⌉ times, else they are
+read ⌈n/t⌉ and ⌈m/t⌉ times, the output written once: HBM bytes c·(m·k·r_A + k·n·r_B + m·n) a call; its time the
+larger of FLOPs/(C·eta) (no tile or wave quantization) and those bytes over the HBM bandwidth. Attention,
+pointwise and update kernels are the same in both.
+
 The matmul FLOPs are the program's (scaling.transformer.step_flops, scaling.flops.step_flops: the compiler's
 count); the kernel times sum to the step model's compute term, ``compute_seconds``. Values may be numpy arrays
 (the planner's batches).
@@ -45,6 +52,7 @@ from scaling.hardware import Chip
 from scaling.workload import Workload
 
 DTYPES = ("bf16", "fp32", "tf32", "int8", "fp8")  # the matmul input types the hardware table gives peaks for
+KERNEL_MODELS = ("efficiency", "hierarchical")  # the matmul term (module docstring)
 
 
 @dataclass(slots=True)
@@ -263,14 +271,36 @@ def _ffn(w: Workload) -> list[Kernel]:
     return ks
 
 
-def step_kernels(w: Workload, chip: Chip | None = None, dtype: str = "bf16") -> list[Kernel]:
-    """The step's kernels per device (module docstring), with their efficiency, seconds and bound on ``chip``."""
+def tiled_bytes(chip: Chip, m, n, k, batch, c):
+    """HBM bytes of one matmul call [m, k]·[k, n] (× batch) tiled through the chip's on-chip memory (module
+    docstring, the hierarchical model): t = 2^⌊log2 √(onchip/(3·c))⌋, c·(m·k·r_A + k·n·r_B + m·n)·batch with
+    r_A = 1 (k ≤ t) or ⌈n/t⌉, r_B = ⌈m/t⌉ (DeepFlow's reloads). ValueError for a chip without an on-chip size."""
+    if not chip.onchip:
+        raise ValueError(f"{chip.name} has no on-chip memory size in the hardware table (onchip_bytes), which the "
+                         "hierarchical kernel model tiles through")
+    t = 2.0 ** np.floor(np.log2(np.sqrt(chip.onchip / (3 * c))))
+    r_a = np.where(k <= t, 1.0, np.ceil(n / t))
+    return c * (m * k * r_a + k * n * np.ceil(m / t) + m * n) * batch
+
+
+def step_kernels(w: Workload, chip: Chip | None = None, dtype: str = "bf16",
+                 kernel_model: str = "efficiency") -> list[Kernel]:
+    """The step's kernels per device (module docstring), with their efficiency, seconds and bound on ``chip``;
+    ``kernel_model`` "hierarchical" takes each matmul's bytes from its tiles and its efficiency unquantized."""
+    if kernel_model not in KERNEL_MODELS:
+        raise ValueError(f"kernel model {kernel_model!r}: one of {', '.join(KERNEL_MODELS)}")
     ks = _transformer(w) if isinstance(w.model, TransformerConfig) else _ffn(w)
     if chip is None:
         return ks
     peak, bw = peak_flops(chip, dtype), chip.device_hbm_bw
     out = []
     for k in ks:
+        if kernel_model == "hierarchical" and k.kind == "matmul":
+            b = tiled_bytes(chip, *k.shape, w.precision.compute) * k.calls
+            eff = chip.matmul_efficiency
+            out.append(Kernel(k.name, k.pass_, k.kind, k.shape, k.calls, k.flops, b, k.executed, eff,
+                              k.flops * (k.executed / (peak * eff)), b / bw))
+            continue
         t_mem = k.bytes / bw
         if k.shape is None:
             out.append(Kernel(k.name, k.pass_, k.kind, None, k.calls, k.flops, k.bytes, 1.0, 1.0, 0.0, t_mem))

@@ -513,7 +513,7 @@ def dcn_placement(mesh: Mapping, slices: int, given: Mapping | None = None) -> d
 
 
 def predict_placed(w: Workload, chip: Chip, dims: tuple[int, ...], slices: int, dcn_mesh: Mapping | None = None,
-                   form: str = "scheduled") -> tuple:
+                   form: str = "scheduled", kernel_model: str = "efficiency") -> tuple:
     """(prediction, dcn, layout) of one workload on ``slices`` slices of shape ``dims`` (a GPU node: (GPUs,)): the
     mesh laid over the slices (dcn_placement) and each slice's part of it over the ICI in the layout whose step is
     the fastest in ``form`` (layouts; the planner's choice), predicted by program.predict, the planner's
@@ -529,7 +529,7 @@ def predict_placed(w: Workload, chip: Chip, dims: tuple[int, ...], slices: int, 
                          f"cannot be laid out on {'x'.join(map(str, dims))} {chip.name}")
     best = None
     for lay in lays[ici]:
-        p = program.predict(w, chip, lay, dcn=dcn or None)
+        p = program.predict(w, chip, lay, dcn=dcn or None, kernel_model=kernel_model)
         if best is None or p.times.step[form] < best[0].times.step[form]:
             best = (p, dcn, lay)
     return best

@@ -404,7 +404,7 @@ def _plain(x):
 
 
 def predict(w: Workload, chip: Chip | None = None, layout: Mapping | None = None, axis_links: Mapping | None = None,
-            dcn: Mapping | None = None) -> Prediction:
+            dcn: Mapping | None = None, kernel_model: str = "efficiency") -> Prediction:
     """Everything the closed forms say about one compiled step of the workload ``w``, per device:
 
     flops        matmul FLOPs per device, term by term (step_flops_per_device; the scan computes the first
@@ -428,7 +428,8 @@ def predict(w: Workload, chip: Chip | None = None, layout: Mapping | None = None
                  hide only behind as much math as there is): the form that follows the compiled schedule, with
                  T_compute the step's kernels one after another at the efficiency their shapes get on the chip
                  (scaling.kernels: matmuls at eta·q(shape) of the peak of w.precision.dtype, pointwise passes and
-                 the optimizer at the HBM bandwidth), in place of the roofline's max(T_math, T_hbm).
+                 the optimizer at the HBM bandwidth; ``kernel_model`` "hierarchical": the matmuls' bytes from their
+                 tiles through the on-chip memory), in place of the roofline's max(T_math, T_hbm).
                  bound = the largest term, named by the link it runs over (ICI/NVLink, or DCN/IB for an
                  axis across slices or nodes where that part dominates: axis_networks);
                  mfu[form] = model FLOPs / (C·step), hfu[form] = executed (C: the peak of w.precision.dtype);
@@ -492,7 +493,7 @@ def predict(w: Workload, chip: Chip | None = None, layout: Mapping | None = None
     t_exposed = comm_times(exposed_volumes(on_wire, wire, wire_hidden), chip, lk, dcn, mesh)
     t_hidden = sum(comm_times(wire_hidden, chip, lk, dcn, mesh).values())
     t_copies = 2 * loop_copy_bytes(w) / chip.device_hbm_bw  # each copy reads and writes its bytes
-    t_compute = kernels.compute_seconds(kernels.step_kernels(w, chip, w.precision.dtype))
+    t_compute = kernels.compute_seconds(kernels.step_kernels(w, chip, w.precision.dtype, kernel_model))
     steps = {"sum": t_sum, "max": t_max,
              "scheduled": np.maximum(t_compute, t_hidden) + sum(t_exposed.values()) + t_copies}
     crits = {}

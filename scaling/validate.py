@@ -99,10 +99,11 @@ def efficiency_of(chip_name: str, eta: float):
         hardware.CHIPS.update(saved)
 
 
-def fit_efficiency(chip_name: str, runs: list[dict] | None = None, tol: float = 1e-4) -> float:
+def fit_efficiency(chip_name: str, runs: list[dict] | None = None, tol: float = 1e-4,
+                   kernel_model: str = "efficiency") -> float:
     """The chip's matmul_efficiency eta fitted on the one run its table row names (``fitted_on``): the eta at which
     that run's predicted step equals its measured step (bisection on [0.05, 1]: the predicted step falls as eta
-    rises). ValueError for a chip fitted on no run."""
+    rises; ``kernel_model`` the matmul term it is fitted under). ValueError for a chip fitted on no run."""
     chip = hardware.get_chip(chip_name)
     if not chip.fitted_on:
         raise ValueError(f"{chip.name} is fitted on no measured run (fitted_on in scaling/data/chips.toml)")
@@ -111,25 +112,42 @@ def fit_efficiency(chip_name: str, runs: list[dict] | None = None, tol: float = 
     while hi - lo > tol:
         mid = (lo + hi) / 2
         with efficiency_of(chip.name, mid):
-            err = validate([run])["rows"][0]["error"]
+            err = validate([run], kernel_model)["rows"][0]["error"]
         lo, hi = (lo, mid) if err < 0 else (mid, hi)
     return round((lo + hi) / 2, 3)
 
 
-def validate(runs: list[dict] | None = None) -> dict:
+def refitted(kernel_model: str) -> dict:
+    """validate under ``kernel_model`` with each fitted chip's matmul_efficiency refitted under it on its own named
+    run (fit_efficiency; chips the model cannot predict keep theirs), and the etas: {"validation", "eta"}."""
+    eta = {}
+    for name, chip in hardware.CHIPS.items():
+        if chip.fitted_on and (chip.onchip or kernel_model == "efficiency"):
+            eta[name] = fit_efficiency(name, kernel_model=kernel_model)
+    with contextlib.ExitStack() as stack:
+        for name, e in eta.items():
+            stack.enter_context(efficiency_of(name, e))
+        return {"validation": validate(kernel_model=kernel_model), "eta": eta}
+
+
+def validate(runs: list[dict] | None = None, kernel_model: str = "efficiency") -> dict:
     """Predict every run with the predict command's flags; {"rows": [...], "groups": {group: {median, max, n}},
     "comparisons": {compare: spearman}, "memory": {median, max, n}} (memory: the predicted memory per device
     against the measured peak of the runs that report one). Each row: id, table, group, measured and predicted
     seconds, error, the predicted MFU and memory per device (and its error against a measured peak), whether a
     coefficient was fitted on it (``fitted``: the chip whose matmul_efficiency it sets), and its assumption where
-    the source leaves something out."""
-    from scaling.cli import add_predict_parser, predict_result
+    the source leaves something out. ``kernel_model`` (scaling.kernels.KERNEL_MODELS) is predict's matmul term;
+    "hierarchical" predicts the rows whose chip has an on-chip memory size in the hardware table, the others are
+    left out."""
+    from scaling.cli import add_predict_parser, predict_result, predict_target
 
     parser = argparse.ArgumentParser(prog="validate")
     add_predict_parser(parser.add_subparsers())
     rows = []
     for run in measured_runs() if runs is None else runs:
-        args = parser.parse_args(["predict", *shlex.split(run["args"])])
+        args = parser.parse_args(["predict", *shlex.split(run["args"]), "--kernel-model", kernel_model])
+        if kernel_model == "hierarchical" and not predict_target(args)[0].onchip:
+            continue
         out, _ = predict_result(args)
         # a rate's FLOP convention counts a transformer's; a measured step needs no model
         cfg = None if "step_seconds" in run else TransformerConfig(**out["model"])

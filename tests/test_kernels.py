@@ -9,6 +9,7 @@ from scaling import kernels
 from scaling.config import PRESETS, Schedule
 from scaling.hardware import get_chip
 from scaling.workload import Workload
+from jax_scaling.cli import main
 
 
 def _predict_json(*args):
@@ -57,6 +58,42 @@ def test_kernel_sums_are_the_step_terms(row):
     # the scheduled step: max(compute, hidden collectives) + exposed collectives + loop copies
     exposed = sum(v for k, v in out["terms"].items() if k.startswith("exposed."))
     assert out["step_seconds"] >= out["terms"]["compute"] + exposed + out["terms"]["loop_copies"] - 1e-12
+
+
+def test_hierarchical_tiles_by_hand():
+    """DeepFlow's tiles (seed 002's model) through the chip's on-chip memory, 2-byte operands: A100's 40 MiB L2 takes
+    tiles of 2^⌊log2 √(41,943,040/6)⌋ = 2^⌊log2 2643.9⌋ = 2048, v5e's 128 MiB VMEM 2^⌊log2 4729.6⌋ = 4096. On A100,
+    [16384, 4096]·[4096, 12288] (k > 2048): the left operand read ⌈12288/2048⌉ = 6 times, the right ⌈16384/2048⌉ = 8,
+    the output once; [4096, 2048]·[2048, 11008] (k ≤ 2048): the left once, the right ⌈4096/2048⌉ = 2 times."""
+    a100, v5e = get_chip("A100-80GB"), get_chip("v5e")
+    assert kernels.tiled_bytes(a100, 16384, 12288, 4096, 1, 2) == 2 * (16384 * 4096 * 6 + 4096 * 12288 * 8
+                                                                        + 16384 * 12288)
+    assert kernels.tiled_bytes(a100, 4096, 11008, 2048, 1, 2) == 2 * (4096 * 2048 + 2048 * 11008 * 2 + 4096 * 11008)
+    # v5e: 4096 tiles, so the same first product reads its operands ⌈12288/4096⌉ = 3 and ⌈16384/4096⌉ = 4 times
+    assert kernels.tiled_bytes(v5e, 16384, 12288, 4096, 1, 2) == 2 * (16384 * 4096 + 4096 * 12288 * 4
+                                                                       + 16384 * 12288)
+    with pytest.raises(ValueError, match="on-chip memory"):
+        kernels.tiled_bytes(get_chip("v5p"), 16384, 12288, 4096, 1, 2)
+
+
+def test_hierarchical_kernels_sum_to_the_step_terms():
+    """predict --kernel-model hierarchical --kernels: each matmul's bytes are its tiles' (× calls), its efficiency
+    the chip's eta unquantized, its seconds the roofline of those; the kernels sum to the compute term."""
+    out = _predict_json(*ROWS[1].split(), "--kernels", "--kernel-model", "hierarchical")
+    chip = get_chip(out["chip"])
+    assert out["kernel_model"] == "hierarchical"
+    total = 0.0
+    for k in out["kernels"]:
+        if k["kind"] == "matmul":
+            m, n, kk, b = k["shape"]
+            assert k["bytes"] == pytest.approx(float(kernels.tiled_bytes(chip, m, n, kk, b, 2)) * k["calls"])
+            assert k["efficiency"] == chip.matmul_efficiency
+            assert k["seconds"] == pytest.approx(max(k["flops"] * k["executed"] / (chip.device_flops
+                                                                                   * chip.matmul_efficiency),
+                                                     k["bytes"] / chip.device_hbm_bw), rel=1e-12)
+        total += k["seconds"]
+    assert total == pytest.approx(out["terms"]["compute"], rel=1e-12)
+    assert main(["predict", *ROWS[0].split(), "--kernel-model", "hierarchical"]) == 2  # v6e: no VMEM size
 
 
 def test_mxu_quantization_by_hand():

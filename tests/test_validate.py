@@ -83,3 +83,18 @@ def test_measured_memory_is_compared():
     for r in rows:
         assert r["memory_error"] == pytest.approx(r["memory_per_device_bytes"] / r["measured_memory_bytes"] - 1)
     assert {"3-topology", "3-mbs-pp6", "3-mbs-pp10", "3-mbs-pp11", "3-mbs-pp12", "3-hidden"} <= set(v["comparisons"])
+
+
+def test_hierarchical_kernel_model_column():
+    """validate under the hierarchical kernel model refits each fitted chip's eta under it on its own named run (that
+    run then exact), and leaves out the rows of chips without an on-chip memory size (v4, v6e: none in the table)."""
+    from scaling.validate import refitted
+
+    r = refitted("hierarchical")
+    v = r["validation"]
+    assert set(r["eta"]) == {"v5e", "H100", "A100-80GB"}
+    chips = {row["chip"] for row in v["rows"]}
+    assert "v4" not in chips and "v6e" not in chips and {"v5e", "H100", "A100-80GB", "H200"} <= chips
+    for row in v["rows"]:
+        if row["fitted"]:
+            assert abs(row["error"]) < 0.005, row["id"]
