@@ -45,8 +45,8 @@ print(f"memory per device against the {m['n']} measured peaks (BLOOM): median |e
 # %% [markdown]
 # The hierarchical kernel model (seed 002's, DeepFlow's: each matmul's HBM bytes from its tiles through the chip's
 # L2 or VMEM, `predict --kernel-model hierarchical`) beside the efficiency model, each chip's eta refitted under it
-# on the same named run; the rows of chips with an on-chip memory size in the hardware table (v5e, H100, H200,
-# A100), the medians over the rows both predict.
+# on the same named run (the on-chip sizes: a GPU's L2, a TPU's VMEM per TensorCore, `onchip_bytes` in the hardware
+# table), the medians per group.
 
 # %%
 from scaling.validate import refitted

@@ -18,6 +18,8 @@ Sources (abbreviated in the table):
   [NV-matmul]  NVIDIA Deep Learning Performance guide, "Matrix Multiplication Background": cuBLAS's output tiles
              (256×128, 128×256, 128×128 for large GEMMs), tile and wave quantization over the SMs, Tensor Core
              use with 16-bit operands whose dimensions are multiples of 8 elements (16 bytes).
+  [jax-tpu_info]   jax's table of TPU generations for Pallas (jax/_src/pallas/mosaic/tpu_info.py, jax 0.10.2):
+                   VMEM per TensorCore, v4 16 MiB, v5e 128 MiB, v5p 64 MiB, v6e 128 MiB, TPU7x 64 MiB
   [jax-precision]  jax's dot algorithms (jax.lax.DotAlgorithmPreset): an FP32 matmul on a TPU's bf16 MXU at full
              precision is six bf16 passes (BF16_BF16_F32_X6): a sixth of the bf16 rate.
   [fit]      fitted by ``jax-scaling validate --fit`` on the one measured run the row names (``fitted_on``):
