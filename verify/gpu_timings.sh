@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Timed train steps on one GPU, for the validation's measured rows (scaling/data/measured.toml, group gpu):
+# Timed train steps on one GPU, for the validation's measured rows (scaling/data/measured.toml, group bench):
 # each `jax-scaling bench` below, in order, while the time budget lasts (BUDGET seconds, default 420), each
 # run in a process of its own under a timeout; one JSON object per run to $OUT/runs.jsonl (or ./gpu_runs.jsonl),
 # the GPU's name and the software's versions to $OUT/env.txt. Run from the repository root on the GPU's
