@@ -582,8 +582,9 @@ def validate_command(args) -> int:
     if args.fit:
         rows = []
         for name, chip in CHIPS.items():
-            if chip.fitted_on:
-                rows.append((name, chip.fitted_on, f"{fit_efficiency(name):.3f}", f"{chip.matmul_efficiency:.3f}",
+            if chip.fitted_on and (chip.onchip or args.kernel_model == "efficiency"):
+                fit = fit_efficiency(name, kernel_model=args.kernel_model)
+                rows.append((name, chip.fitted_on, f"{fit:.3f}", f"{chip.matmul_efficiency:.3f}",
                              ", ".join(c.name for c in CHIPS.values() if c.efficiency_as == name)))
         print("\n".join(table(["chip", "fitted on", "fitted eta", "table's eta", "borrowed by"], rows, right=(2, 3))))
         return 0
