@@ -522,6 +522,34 @@ def precision_of(dtype: str, accumulation: str = "package") -> Precision:
     return dataclasses.replace(DEFAULT_PRECISION, compute=b, weight_comm=b, dtype=dtype, accumulation=accumulation)
 
 
+def kernel_report(out: dict) -> str:
+    """A model's kernel report in seed 002's order (predict --kernels' kernels): per kernel its FLOPs, HBM bytes,
+    intensity against the inflection point C/W_hbm and time; the passes' sums (seed 002's Cf, Cb, R); the memory
+    per device; the parallelism; the step time and what it is made of (the scheduled form)."""
+    chip = get_chip(out["chip"])
+    ridge = peak_flops(chip, out["dtype"]) / chip.device_hbm_bw
+    lines = [f"{out['model_text']} on {out['devices']} {chip.name} devices, B = {out['batch_tokens']:,} tokens, "
+             f"M = {out['microbatches']}, kernel model {out['kernel_model']}", ""]
+    passes = {}
+    for k in out["kernels"]:
+        inten = k["flops"] / k["bytes"] if k["bytes"] else float("inf")
+        shape = "" if k["shape"] is None else " [" + "x".join(f"{v:.0f}" for v in k["shape"][:3]) + "]"
+        lines += [f"inflection_point: {ridge:.2f}", f"comp_int: {inten:.2f}",
+                  f"{k['name']} ({k['pass']}){shape} flop: {k['flops']:,.0f}, mem: {k['bytes']:,.0f}, calls: "
+                  f"{k['calls']:,.6g}", f"{k['name']} ({k['pass']}) time: {k['seconds']:.6g} ({k['bound']})", ""]
+        passes[k["pass"]] = passes.get(k["pass"], 0.0) + k["seconds"]
+    t = out["terms"]
+    lines.append(", ".join(f"{p}: {v:.6g}" for p, v in passes.items()) + f"; compute {t['compute']:.6g} s")
+    lines += ["", "Memory per device", *(f"{k}: {v / 1e9:.2f} GB" for k, v in out["memory_terms"].items()
+                                         if k != "total"),
+              f"Total: {out['memory_per_device_bytes'] / 1e9:.2f} GB of {out['hbm_budget_bytes'] / 1e9:.1f} GB", "",
+              "Parallelism: " + ", ".join(f"{a}: {n}" for a, n in out["mesh"].items()), "",
+              "exposed: " + ", ".join(f"{k[8:]} {v:.6g} s" for k, v in t.items() if k.startswith("exposed."))
+              + f"; loop copies {t['loop_copies']:.6g} s",
+              f"Time: {out['step_seconds']:.8f} ({out['form']} form; MFU {out['mfu']:.3f})"]
+    return "\n".join(lines) + "\n"
+
+
 def print_kernels(out: dict, chip) -> None:
     """predict --kernels: one line per kernel (its FLOPs, HBM bytes, intensity against the chip's ridge point C/W_hbm,
     the efficiency its shape gets, seconds, bound) and the sums per pass, as seed 002's report lays them out."""
@@ -636,7 +664,15 @@ def layers_command(args) -> int:
 
 def kernels_command(args) -> int:
     """Seed 002's DeepFlow report from the closed forms (scaling.seed002): every numeric line beside the package's
-    figure; --text the whole report regenerated in the seed's layout; --json the rows and the report's figures."""
+    figure; --text the whole report regenerated in the seed's layout; --json the rows and the report's figures.
+    With --mesh, the same report for any model and chip from the step model's kernels (print_kernel_report)."""
+    if args.mesh is not None:
+        if args.seed is not None or args.text:
+            raise ValueError("--seed and --text are the seed's report; a model's report takes --mesh and no --seed")
+        args.kernels = True
+        out, _ = predict_result(args)
+        print(json.dumps(out, indent=2) if args.json else kernel_report(out), end="\n" if args.json else "")
+        return 0
     if args.json:
         r = seed002.report()
         print(json.dumps({"rows": seed002.rows(r), "time": r["time"], "params": r["params"],
@@ -649,6 +685,16 @@ def kernels_command(args) -> int:
 def add_predict_parser(sub) -> None:
     """predict's subcommand and flags (add_commands; scaling.validate parses its rows with it)."""
     r = sub.add_parser("predict", help="one configuration's step time, term by term (the planner's step model)")
+    add_predict_args(r, mesh_required=True)
+    r.add_argument("--kernels", action="store_true",
+                   help="the step's kernels one by one: FLOPs, HBM bytes, intensity against the ridge point, "
+                        "efficiency, seconds, bound (scaling.kernels)")
+    r.add_argument("--json", action="store_true", help="one JSON object")
+    r.set_defaults(func=predict_command)
+
+
+def add_predict_args(r, mesh_required: bool) -> None:
+    """The flags that describe one configuration (predict's; kernels takes them for a model's report)."""
     add_model_args(r, "xxl")
     g = r.add_argument_group("hardware")
     g.add_argument("--chip", help=f"chip from the hardware table (default {DEFAULT_CHIP}) with --chips")
@@ -657,7 +703,7 @@ def add_predict_parser(sub) -> None:
     g.add_argument("--slices", type=int, help="how many --slice slices, joined by DCN (default 1)")
     g.add_argument("--inter-node-bandwidth", type=float, metavar="BYTES/S",
                    help="a GPU cluster's network, bytes/s per node (default: the chip's IB figure times the node)")
-    r.add_argument("--mesh", required=True, help="the whole mesh, its product every device: data=8,fsdp=8")
+    r.add_argument("--mesh", required=mesh_required, help="the whole mesh, its product every device: data=8,fsdp=8")
     r.add_argument("--dcn-mesh", help="which axes cross slices or nodes, e.g. data=4 (default: the outermost axes, "
                    "data first: MaxText's and Megatron's placement)")
     r.add_argument("--global-batch", type=int, help="global batch in sequences (transformer)")
@@ -681,11 +727,6 @@ def add_predict_parser(sub) -> None:
                    help="whose gradient accumulation the run's microbatches pay (HBM bytes per parameter each): "
                         "package (this package's step, 12), megatron (Megatron-LM's main_grad, 10), deepspeed-bf16 "
                         "(DeepSpeed's BF16 optimizer, 18) (default %(default)s)")
-    r.add_argument("--kernels", action="store_true",
-                   help="the step's kernels one by one: FLOPs, HBM bytes, intensity against the ridge point, "
-                        "efficiency, seconds, bound (scaling.kernels)")
-    r.add_argument("--json", action="store_true", help="one JSON object")
-    r.set_defaults(func=predict_command)
 
 
 def add_commands(sub, *, check_command, verify_plans, verify_pipeline, render_pipeline, verify_trace) -> None:
@@ -799,10 +840,14 @@ def add_commands(sub, *, check_command, verify_plans, verify_pipeline, render_pi
     y.set_defaults(func=layers_command)
 
     k = sub.add_parser("kernels", help="seed 002's DeepFlow kernel report (an LSTM on one projected accelerator), "
-                                       "from the closed forms")
-    k.add_argument("--seed", default="002", choices=["002"], help="the reference report (default %(default)s)")
+                                       "from the closed forms; with predict's flags and --mesh, a model's",
+                       description="Without --mesh: seed 002's report, line by line (--text: regenerated). With "
+                                   "predict's flags and --mesh: the same report for that model and chip.")
+    k.add_argument("--seed", choices=["002"], help="the reference report (the default without --mesh)")
     k.add_argument("--text", action="store_true", help="the whole report regenerated in the seed's layout")
-    k.add_argument("--json", action="store_true", help="one JSON object: the rows, Time, the parts, the hardware")
+    k.add_argument("--json", action="store_true", help="one JSON object: the rows, Time, the parts, the hardware "
+                   "(with --mesh: predict's object with its kernels)")
+    add_predict_args(k, mesh_required=False)  # with --mesh: a model's report instead of the seed's
     k.set_defaults(func=kernels_command)
 
 

@@ -200,3 +200,18 @@ def test_dtype_sets_the_peak_the_step_and_mfu_use():
     assert fp8["mfu"] == pytest.approx(fp8["flops"]["model"] / (1.979e15 * fp8["step_seconds"]), rel=1e-9)
     assert fp8["terms"]["math"] == pytest.approx(fp8["flops"]["total"] / 1.979e15, rel=1e-9)
     assert fp8["terms"]["compute"] < bf16["terms"]["compute"]
+
+
+def test_kernels_report_of_a_model(capsys):
+    """`kernels` with predict's flags: seed 002's report for that model and chip, from predict's own kernels: one
+    entry per kernel (its FLOPs and bytes as predict --json gives them), the inflection point C/W_hbm of the chip
+    (H100: 9.9e14 / 3.35e12 = 295.52), and the Time line predict's step; --seed with a model is one error line."""
+    row = ROWS[1].split()
+    out = _predict_json(*row, "--kernels")
+    assert main(["kernels", *row]) == 0
+    text = capsys.readouterr().out
+    assert text.count("inflection_point: 295.52") == len(out["kernels"])
+    for k in out["kernels"]:
+        assert f"{k['name']} ({k['pass']})" in text and f"flop: {k['flops']:,.0f}, mem: {k['bytes']:,.0f}" in text
+    assert f"Time: {out['step_seconds']:.8f}" in text
+    assert main(["kernels", "--seed", "002", *row]) == 2
