@@ -666,6 +666,11 @@ def kernels_command(args) -> int:
     """Seed 002's DeepFlow report from the closed forms (scaling.seed002): every numeric line beside the package's
     figure; --text the whole report regenerated in the seed's layout; --json the rows and the report's figures.
     With --mesh, the same report for any model and chip from the step model's kernels (print_kernel_report)."""
+    given = [f for f in ("chip", "chips", "slice", "global_batch", "batch_tokens", "microbatch", "d_model", "d_ff",
+                         "blocks", "heads", "seq_len") if getattr(args, f, None) is not None]
+    if args.mesh is None and given:
+        raise ValueError(f"a model's kernel report needs --mesh (given: --{given[0].replace('_', '-')}); without "
+                         "model flags kernels prints seed 002's")
     if args.mesh is not None:
         if args.seed is not None or args.text:
             raise ValueError("--seed and --text are the seed's report; a model's report takes --mesh and no --seed")

@@ -243,18 +243,19 @@ def text(r: dict | None = None) -> str:
     return "\n".join(out) + "\n"
 
 
-_NUM = re.compile(r"-?\d[\d,]*\.?\d*(?:e-?\d+)?")
+_NUM = re.compile(r"(?<![\w.])-?\d+(?:,\d{3})*(?:\.\d+)?(?:e-?\d+)?")  # a printed figure, not a digit of a name (l2mem)
 
-# what a reader of the seed should know of a line (a substring of the line -> note; the first that occurs): how
+# what a reader of the seed should know of a line (a pattern the line starts with -> note; the first): how
 # DeepFlow computes it where that is not what its label says, and where the seed is inconsistent with itself
 NOTES = [
-    ("(Hidden) gradclip", "one [2D, 4D] matrix: no layer factor, no bias (#Parameters counts (2D+1)·4D·L)"),
-    ("(Hidden) applyGrad", "one [2D, 4D] matrix, as gradclip"),
-    ("(Softmax) ", "the [D, V] output layer: proj = False puts D, not the projection P, in its place"),
-    ("(Projection) ", "printed, not in Time (proj = False)"),
+    (r"\(Hidden\) gradclip", "one [2D, 4D] matrix: no layer factor, no bias (#Parameters counts (2D+1)·4D·L)"),
+    (r"\(Hidden\) applyGrad", "one [2D, 4D] matrix, as gradclip"),
+    (r"\(Softmax\) ", "the [D, V] output layer: proj = False puts D, not the projection P, in its place"),
+    (r"\(Projection\) ", "printed, not in Time (proj = False)"),
     ("projection", "printed, not in Time (proj = False)"),
-    ("GEMM_flop", "2·m·k·n + m·n·(15 + 5·⌈k/X2⌉): DeepFlow charges each output 15 FLOPs + 5 per shared-memory tile"),
-    ("(gr) Hidden point_flop", "its weight-gradient term, 2D·4D·3 words, is added without ×prec (DeepFlow's getCb)"),
+    (r"\w+ GEMM_flop", "2·m·k·n + m·n·(15 + 5·⌈k/X2⌉): DeepFlow charges each output 15 FLOPs + 5 per "
+                       "shared-memory tile"),
+    (r"\(gr\) Hidden point_flop", "its weight-gradient term, 2D·4D·3 words, is added without ×prec (DeepFlow's getCb)"),
     ("Softmax Memory", "INCONSISTENT: the weights counted (P + 1)·V while the softmax GEMMs and #Parameters use D "
                        "(proj = False); with D: {softmax_memory_with_D}"),
     ("time_per_step", "INCONSISTENT: DeepFlow's search script passes its own batch of 32 to time_limit.sh, not the "
@@ -277,7 +278,7 @@ def rows(r: dict | None = None) -> list[dict]:
         ns = _NUM.findall(s)
         if not ns:
             continue
-        note = next((v.format(**extra) for k, v in NOTES if k in s), "")
+        note = next((v.format(**extra) for k, v in NOTES if re.match(k, s)), "")
         out.append({"line": i, "seed": s, "package": o, "seed_numbers": ns, "package_numbers": _NUM.findall(o),
                     "match": ns == _NUM.findall(o), "note": note})
     return out

@@ -215,3 +215,4 @@ def test_kernels_report_of_a_model(capsys):
         assert f"{k['name']} ({k['pass']})" in text and f"flop: {k['flops']:,.0f}, mem: {k['bytes']:,.0f}" in text
     assert f"Time: {out['step_seconds']:.8f}" in text
     assert main(["kernels", "--seed", "002", *row]) == 2
+    assert main(["kernels", "--preset", "llama2-7b", "--chip", "H100", "--chips", "8"]) == 2  # no --mesh
