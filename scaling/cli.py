@@ -657,8 +657,35 @@ def trace_command(args, verify_trace) -> int:
 
 
 def layers_command(args) -> int:
-    """Seed 001's per-layer tables (scaling.layer_estimator), or its cell-by-cell comparison."""
-    print(layer_estimator.compare_text() if args.cells else layer_estimator.render(tuple(args.table)))
+    """Seed 001's per-layer tables (scaling.layer_estimator), or its cell-by-cell comparison; with --preset (or
+    any model flag), --tp, --sequence-parallel, --batch and --chip, the same tables for that transformer."""
+    model = [f for f in ("preset", "tp", "chip", "batch", "vector_tflops", *MODEL_OVERRIDES, *TRANSFORMER_OVERRIDES,
+                         *TRANSFORMER_CHOICES) if getattr(args, f, None) is not None] or args.sequence_parallel
+    if not model:
+        if args.json:
+            print(json.dumps(layer_estimator.seed001_tables()))
+        else:
+            print(layer_estimator.compare_text() if args.cells else layer_estimator.render(tuple(args.table)))
+        return 0
+    if args.cells or args.seed is not None:
+        raise ValueError("--cells and --seed are seed 001's; a model's tables take --preset, --tp, --chip")
+    args.preset = args.preset or "llama2-7b"
+    cfg = model_config(args)
+    if not isinstance(cfg, TransformerConfig):
+        raise ValueError(f"--preset {args.preset}: layers estimates a transformer's layers (an FFN preset given)")
+    chip = get_chip(args.chip or "A100-80GB")
+    tp = args.tp or 1
+    t = layer_estimator.model_tables(cfg, args.batch or 1, tp, args.sequence_parallel,
+                                     layer_estimator.system_of(chip, args.vector_tflops))
+    if args.json:
+        print(json.dumps({"model": dataclasses.asdict(cfg), "chip": chip.name, "tp": tp, "batch": args.batch or 1,
+                          "sequence_parallel": args.sequence_parallel, **t}))
+        return 0
+    sysd = layer_estimator.system_of(chip, args.vector_tflops)
+    header = (f"{cfg} on {chip.name}: b = {args.batch or 1} sequences, tp = {tp}, sequence parallelism "
+              f"{'on' if args.sequence_parallel else 'off'}, depth = {cfg.blocks}; 16-bit elements, FLOPs in TFLOP, "
+              "memory in GB, times in ms\nsystem: " + ", ".join(f"{k}={v:g}" for k, v in sysd.items()))
+    print(layer_estimator.render_model(t, header, tuple(args.table)))
     return 0
 
 
@@ -838,10 +865,20 @@ def add_commands(sub, *, check_command, verify_plans, verify_pipeline, render_pi
     t.set_defaults(func=lambda args: trace_command(args, verify_trace))
 
     y = sub.add_parser("layers", help="seed 001's per-layer estimates (MLP and self-attention, TP 4, A100 figures)")
-    y.add_argument("--seed", default="001", choices=["001"], help="the reference estimator (default %(default)s)")
+    y.add_argument("--seed", choices=["001"], help="the reference estimator (the default without model flags)")
     y.add_argument("--table", nargs="+", default=["mlp", "sa"], choices=["mlp", "sa"],
                    help="which tables (default both)")
     y.add_argument("--cells", action="store_true", help="every printed cell: ours, the seed's, whether they match")
+    g = y.add_argument_group("a transformer's tables instead of the seed's")
+    add_model_args(g, None)
+    g.add_argument("--tp", type=int, help="tensor-parallel GPUs (default 1)")
+    g.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism on the tp GPUs")
+    g.add_argument("--batch", type=int, help="sequences (default 1)")
+    g.add_argument("--chip", help="chip from the hardware table: its FLOP rate, HBM and link bandwidth (default "
+                   "A100-80GB)")
+    g.add_argument("--vector-tflops", type=float, help="the chip's rate off the tensor cores, TFLOP/s (default the "
+                   "hardware table's vector_flops, where it has one)")
+    y.add_argument("--json", action="store_true", help="one JSON object: the tables, totals and comm fractions")
     y.set_defaults(func=layers_command)
 
     k = sub.add_parser("kernels", help="seed 002's DeepFlow kernel report (an LSTM on one projected accelerator), "

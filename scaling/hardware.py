@@ -18,6 +18,7 @@ Sources (abbreviated in the table):
   [NV-matmul]  NVIDIA Deep Learning Performance guide, "Matrix Multiplication Background": cuBLAS's output tiles
              (256×128, 128×256, 128×128 for large GEMMs), tile and wave quantization over the SMs, Tensor Core
              use with 16-bit operands whose dimensions are multiples of 8 elements (16 bytes).
+  [seed-001] the reference seed 001's A100 system (its notebook's system dict): FP16 off the tensor cores 78 TFLOP/s
   [jax-tpu_info]   jax's table of TPU generations for Pallas (jax/_src/pallas/mosaic/tpu_info.py, jax 0.10.2):
                    VMEM per TensorCore, v4 16 MiB, v5e 128 MiB, v5p 64 MiB, v6e 128 MiB, TPU7x 64 MiB
   [jax-precision]  jax's dot algorithms (jax.lax.DotAlgorithmPreset): an FP32 matmul on a TPU's bf16 MXU at full
@@ -86,6 +87,7 @@ class Chip:
     fitted_on: str | None = None  # the measured run (scaling/data/measured.toml id) matmul_efficiency is fitted on
     efficiency_as: str | None = None  # a chip without measured runs takes the efficiency of this one (same unit)
     onchip_bytes: float | None = None  # the memory a matmul tiles through (GPU L2, TPU VMEM): the hierarchical model
+    vector_flops: float | None = None  # GPU: non-tensor FP16 FLOP/s (layers' element-wise rows: layer_estimator)
 
     @property
     def onchip(self) -> float | None:

@@ -343,7 +343,7 @@ def _sp_gather(p: _Plan) -> tuple[float, str] | None:
 
 def mlp_layer_table(b: int, l: int, e: int, f: int, tp: int = 4, sequence_parallel: bool = True,  # noqa: E741
                     system: dict = A100_SEED001, element: float = 2e-9, mask_element: float = 1e-9,
-                    flop_unit: float = 1e-12, ring: bool = False) -> list[dict]:
+                    flop_unit: float = 1e-12, ring: bool = False, matrices: int = 2, bias: bool = True) -> list[dict]:
     """Rows fc1, act, dpr1, fc2, dpr2 of the MLP block on one of tp GPUs (seed 001 MLP table).
 
     fc1  = linear(b·l tokens, e → f/tp, bias); bwd comm: reduce-scatter of dX (all-reduce without SP)
@@ -352,6 +352,8 @@ def mlp_layer_table(b: int, l: int, e: int, f: int, tp: int = 4, sequence_parall
     dpr2 = dropout(b·(l/tp)·e) with sequence parallelism (b·l·e without); bwd comm: all-gather of dY
     Each comm = collective_volume(kind, tp, b·l·e·element, ring); comm_size = tp on rows with a comm.
     No layer-norm row: the pre-MLP norm and its forward all-gather are the SA table's layer_norm_2.
+    ``matrices`` 3 (SwiGLU): fc1 is the gate and up projections side by side, e → 2f/tp, and act the SiLU and the
+    product on those 2f/tp elements per token (one op each); ``bias`` False drops fc1's and fc2's biases.
     Source: seed 001 printed MLP table (tp = 4, sequence parallelism on, ring = False); Megatron-LM
     (Shoeybi et al. 2019) fig. 3a for the column/row split; Korthikanti et al. 2022 fig. 5 for g/ḡ.
     """
@@ -362,11 +364,11 @@ def mlp_layer_table(b: int, l: int, e: int, f: int, tp: int = 4, sequence_parall
     kw = {"element": element, "flop_unit": flop_unit}
     dkw = {**kw, "mask_element": mask_element}
     return [
-        _row("fc1", linear_stats(b * l, e, fl, bias=True, **kw), True, system, tp,
+        _row("fc1", linear_stats(b * l, e, (matrices - 1) * fl, bias=bias, **kw), True, system, tp,
              bwd=_tp_comm(p, "reducescatter")),
-        _row("act", activation_stats(b * l * fl, **kw), False, system),
+        _row("act", activation_stats(b * l * (matrices - 1) * fl, **kw), False, system),
         _row("dpr1", dropout_stats(b * l * fl, **dkw), False, system),
-        _row("fc2", linear_stats(b * l, fl, e, bias=True, **kw), True, system, tp,
+        _row("fc2", linear_stats(b * l, fl, e, bias=bias, **kw), True, system, tp,
              fwd=_tp_comm(p, "reducescatter")),
         _row("dpr2", dropout_stats(p.seq_tokens * e, **dkw), False, system, tp, bwd=_sp_gather(p)),
     ]
@@ -375,7 +377,8 @@ def mlp_layer_table(b: int, l: int, e: int, f: int, tp: int = 4, sequence_parall
 def attention_layer_table(b: int, l: int, e: int, h: int, tp: int = 4, sequence_parallel: bool = True,  # noqa: E741
                           system: dict = A100_SEED001, element: float = 2e-9,
                           mask_element: float = 1e-9, flop_unit: float = 1e-12,
-                          ring: bool = False) -> list[dict]:
+                          ring: bool = False, kv_heads: int | None = None, head_dim: int | None = None,
+                          bias: bool = True) -> list[dict]:
     """Rows of the self-attention block on one of tp GPUs (seed 001 SA table); q = e/h, heads h/tp.
 
     layer_norm_1    = layer_norm(b·l/tp tokens with SP, b·l without); fwd comm: all-gather (SP only)
@@ -386,26 +389,33 @@ def attention_layer_table(b: int, l: int, e: int, h: int, tp: int = 4, sequence_
                       seed); fwd comm: reduce-scatter (all-reduce without SP)
     dropout         = dropout(b·l/tp·e with SP); bwd comm: all-gather (SP only)
     layer_norm_2    = the pre-MLP norm, as layer_norm_1 (its all-gather feeds fc1)
+    Grouped-query attention (``kv_heads`` K < h, each of tp GPUs K/tp of them): qkv_proj e → (h + 2K)·q/tp; q =
+    ``head_dim`` (default e/h); logits and attend over the h/tp query heads. ``bias`` False drops v_proj's bias.
     Source: seed 001 printed SA table (tp = 4, sequence parallelism on, ring = False); Megatron-LM
     (Shoeybi et al. 2019) fig. 3b; Korthikanti et al. 2022 sec. 4.2.2.
     """
     p = _plan(b, l, e, tp, sequence_parallel, ring, element, mask_element, flop_unit, system)
     _require_positive_ints(h=h)
-    _require_divides("e", e, "h", h)
+    if head_dim is None:
+        _require_divides("e", e, "h", h)
     _require_divides("h", h, "tp", tp)
-    q, hl = e // h, h // tp
+    K = h if kv_heads is None else kv_heads
+    _require_positive_ints(kv_heads=K)
+    _require_divides("h", h, "kv_heads", K)
+    _require_divides("kv_heads", K, "tp", tp)
+    q, hl = (e // h if head_dim is None else head_dim), h // tp
     kw = {"element": element, "flop_unit": flop_unit}
     dkw = {**kw, "mask_element": mask_element}
     ln = layer_norm_stats(p.seq_tokens, e, **kw)
     return [
         _row("layer_norm_1", ln, False, system, tp, fwd=_sp_gather(p)),
-        _row("qkv_proj", linear_stats(b * l, e, 3 * e // tp, bias=False, **kw), True, system, tp,
+        _row("qkv_proj", linear_stats(b * l, e, (h + 2 * K) * q // tp, bias=False, **kw), True, system, tp,
              bwd=_tp_comm(p, "reducescatter")),
         _row("logits", logit_stats(b, hl, l, q, **kw), True, system),
         _row("softmax", softmax_stats(b, hl, l, **kw), False, system),
         _row("dropout_softmax", dropout_stats(b * l * l * hl, **dkw), False, system),
         _row("attend", attend_stats(b, hl, l, q, **kw), True, system),
-        _row("v_proj", linear_stats(b * l, hl * q, e, bias=True, **kw), True, system, tp,
+        _row("v_proj", linear_stats(b * l, hl * q, e, bias=bias, **kw), True, system, tp,
              fwd=_tp_comm(p, "reducescatter")),
         _row("dropout", dropout_stats(p.seq_tokens * e, **dkw), False, system, tp, bwd=_sp_gather(p)),
         _row("layer_norm_2", ln, False, system, tp, fwd=_sp_gather(p)),
@@ -441,6 +451,51 @@ def seed001_tables() -> dict:
     return {"mlp": mlp, "sa": sa,
             "mlp_totals": depth_totals(mlp, s["depth"]), "sa_totals": depth_totals(sa, s["depth"]),
             "mlp_comm_fraction": comm_fraction(mlp), "sa_comm_fraction": comm_fraction(sa)}
+
+
+def system_of(chip, vector_tflops: float | None = None) -> dict:
+    """The seed's system dict for a chip of the hardware table (scaling.hardware), in its units (TFLOP/s, GB/s):
+    matrix_flops_fp16 = C (dense bf16), vector_flops_fp16 = ``vector_tflops`` or the chip's vector_flops (the
+    non-tensor FP16 rate, where the table has one), hbm_bandwidth = W_hbm, nvlink_bandwidth = 2·W_link one way
+    (both directions, as the seed's 600 GB/s A100 NVLink), ib_bandwidth = the chip's DCN/IB share, nvlink_size =
+    a GPU node's 8, or a TPU's largest slice (its ICI). ValueError for a chip without a vector rate and none given."""
+    vec = vector_tflops if vector_tflops is not None else (chip.vector_flops or 0) / 1e12
+    if not vec:
+        raise ValueError(f"{chip.name} has no vector (non-tensor) FLOP rate in the hardware table: give "
+                         "--vector-tflops")
+    _require_positive(vector_tflops=vec)
+    return {"matrix_flops_fp16": chip.bf16_flops / 1e12, "vector_flops_fp16": vec,
+            "hbm_bandwidth": chip.hbm_bw / 1e9, "nvlink_bandwidth": 2 * chip.ici_oneway / 1e9,
+            "ib_bandwidth": chip.dcn_bw / 1e9, "nvlink_size": 8 if chip.kind == "gpu" else chip.max_slice_chips}
+
+
+def model_tables(cfg, b: int, tp: int, sequence_parallel: bool, system: dict) -> dict:
+    """The seed's tables for a transformer config (scaling.config.TransformerConfig: d_model e, d_ff f, heads h,
+    kv_heads, head_dim, mlp_matrices, seq_len l, blocks = depth) on one of tp GPUs, b sequences, 16-bit
+    elements; no biases (the presets' models have none): {'mlp', 'sa', 'mlp_totals', 'sa_totals',
+    'mlp_comm_fraction', 'sa_comm_fraction'} as seed001_tables."""
+    _require_positive_ints(b=b, tp=tp)
+    kw = {"tp": tp, "sequence_parallel": sequence_parallel, "system": system, "bias": False}
+    mlp = mlp_layer_table(b, cfg.seq_len, cfg.d_model, cfg.d_ff, matrices=cfg.mlp_matrices, **kw)
+    sa = attention_layer_table(b, cfg.seq_len, cfg.d_model, cfg.heads, kv_heads=cfg.kv_heads,
+                               head_dim=cfg.head_dim, **kw)
+    return {"mlp": mlp, "sa": sa, "mlp_totals": depth_totals(mlp, cfg.blocks),
+            "sa_totals": depth_totals(sa, cfg.blocks), "mlp_comm_fraction": comm_fraction(mlp),
+            "sa_comm_fraction": comm_fraction(sa)}
+
+
+def render_model(t: dict, header: str, tables: tuple[str, ...] = ("mlp", "sa"),
+                 columns: tuple[str, ...] = COLUMNS) -> str:
+    """model_tables as text in the seed's layout: per table its rows in the seed's columns, the totals × depth and
+    the forward comm fraction."""
+    out = [header, ""]
+    for name in tables:
+        out.append(f"{name.upper()} layer estimates (one GPU)")
+        out += _table_text(["layer", *columns], [[r["layer"], *(_fmt(r[c]) for c in columns)] for r in t[name]])
+        out.append(f"\n{name.upper()} totals × depth")
+        out += _table_text(["column", "value"], [[c, _fmt(v)] for c, v in t[f"{name}_totals"].items()])
+        out += [f"time spend in comms (fwd) = {t[f'{name}_comm_fraction']!r}", ""]
+    return "\n".join(out)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -155,3 +155,71 @@ def test_render_footnotes_a_cell_that_differs():
     text = le.render(ours=ours)
     assert "0.700000 [0.618475]a" in text
     assert "\na: not explained" in text
+
+
+def _layers_json(*args):
+    import contextlib
+    import io
+    import json
+
+    from jax_scaling.cli import main
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert main(["layers", *args, "--json"]) == 0
+    return json.loads(buf.getvalue())
+
+
+def _row(rows, name):
+    return next(r for r in rows if r["layer"] == name)
+
+
+def test_layers_of_llama2_7b_by_hand():
+    """`layers --preset llama2-7b --tp 2` (MHA, SwiGLU, no biases; one sequence of T = 4096 tokens, e = 4096, 32
+    heads of 128, f = 11008; no sequence parallelism; A100): qkv_proj e → (32 + 2·32)·128/2 = 6144 columns,
+    T·6144·(2·4096 − 1) FLOPs and 4096·6144 2-byte weights; fc1 the gate and up projections, e → 2·11008/2 = 11008,
+    T·11008·(2·4096 − 1); logits over 16 heads, 16·T²·(2·128 − 1); the TP all-reduces (no sequence parallelism)
+    2·T·e·2 B each."""
+    t = _layers_json("--preset", "llama2-7b", "--tp", "2")
+    T, e, gb, tf = 4096, 4096, 1e-9, 1e-12
+    qkv = _row(t["sa"], "qkv_proj")
+    assert qkv["flops_fwd"] == pytest.approx(T * 6144 * (2 * e - 1) * tf, rel=1e-12)
+    assert qkv["weights_mem"] == pytest.approx(4096 * 6144 * 2 * gb, rel=1e-12)
+    assert qkv["comm_bwd_type"] == "allreduce" and qkv["comm_bwd"] == pytest.approx(2 * T * e * 2 * gb, rel=1e-12)
+    fc1 = _row(t["mlp"], "fc1")
+    assert fc1["flops_fwd"] == pytest.approx(T * 11008 * (2 * e - 1) * tf, rel=1e-12)
+    assert fc1["weights_mem"] == pytest.approx(e * 11008 * 2 * gb, rel=1e-12)
+    assert _row(t["sa"], "logits")["flops_fwd"] == pytest.approx(16 * T * T * 255 * tf, rel=1e-12)
+    # the A100's figures: 312 TFLOP/s on the tensor cores, 2039 GB/s HBM (A100 80GB)
+    assert qkv["t_comp_fwd"] == pytest.approx(T * 6144 * (2 * e - 1) * tf / 312 * 1e3, rel=1e-12)
+    assert qkv["t_mem_fwd"] == pytest.approx(qkv["total_mem_fwd"] / 2039 * 1e3, rel=1e-12)
+    assert t["sa_totals"]["weights_mem"] == pytest.approx(32 * sum(r["weights_mem"] for r in t["sa"]), rel=1e-12)
+
+
+def test_layers_of_a_gqa_model_by_hand():
+    """`layers --preset llama3.1-8b --tp 4 --sequence-parallel` (GQA: 32 query heads, 8 kv heads of 128; T = 8192,
+    e = 4096, f = 14336): qkv_proj e → (32 + 2·8)·128/4 = 1536 columns, T·1536·(2·4096 − 1) FLOPs; logits over
+    32/4 = 8 query heads, 8·T²·255; with sequence parallelism the norms and the block-output dropout on T/4 tokens
+    (layer_norm_1 9·(T/4)·e FLOPs, dropout T/4·e elements) and reduce-scatters of T·e·2 B where the all-reduces were;
+    fc2's input f/4 = 3584 wide."""
+    t = _layers_json("--preset", "llama3.1-8b", "--tp", "4", "--sequence-parallel")
+    T, e, gb, tf = 8192, 4096, 1e-9, 1e-12
+    qkv = _row(t["sa"], "qkv_proj")
+    assert qkv["flops_fwd"] == pytest.approx(T * 1536 * (2 * e - 1) * tf, rel=1e-12)
+    assert qkv["comm_bwd_type"] == "reducescatter" and qkv["comm_bwd"] == pytest.approx(T * e * 2 * gb, rel=1e-12)
+    assert _row(t["sa"], "logits")["flops_fwd"] == pytest.approx(8 * T * T * 255 * tf, rel=1e-12)
+    assert _row(t["sa"], "layer_norm_1")["flops_fwd"] == pytest.approx(9 * (T // 4) * e * tf, rel=1e-12)
+    assert _row(t["sa"], "dropout")["activation_in_mem"] == pytest.approx(T // 4 * e * 2 * gb, rel=1e-12)
+    assert _row(t["mlp"], "fc2")["activation_in_mem"] == pytest.approx(T * 3584 * 2 * gb, rel=1e-12)
+
+
+def test_layers_bad_inputs():
+    """A chip without a vector rate and none given, a tp that does not divide, an FFN preset, --cells with a model:
+    one error line, exit 2."""
+    from jax_scaling.cli import main
+
+    assert main(["layers", "--preset", "llama2-7b", "--chip", "H100"]) == 2
+    assert main(["layers", "--preset", "llama2-7b", "--chip", "H100", "--vector-tflops", "134"]) == 0
+    assert main(["layers", "--preset", "llama2-7b", "--tp", "3"]) == 2
+    assert main(["layers", "--preset", "small"]) == 2
+    assert main(["layers", "--preset", "llama2-7b", "--cells"]) == 2
