@@ -29,10 +29,13 @@ def lazy(module: str, name: str):
     return lambda *args, **kwargs: getattr(importlib.import_module(module), name)(*args, **kwargs)
 
 
-def verify_trace(verbose: bool, flags=None) -> str:
-    """trace --verify: seed 000's Ulysses layer compiled (verify.trace) under the XLA flags ``flags``, as a table."""
-    from verify.trace import compile_seed000_layer, render_compiled
+def verify_trace(verbose: bool, flags=None, cfg=None, context: int | None = None):
+    """trace --verify: seed 000's Ulysses layer compiled (verify.trace) under the XLA flags ``flags``, as a table;
+    with a model ``cfg``, its one layer over ``context`` v5p chips (verify.trace.compile_model_layer: a dict)."""
+    from verify.trace import compile_model_layer, compile_seed000_layer, render_compiled
 
+    if cfg is not None:
+        return compile_model_layer(cfg, context, verbose, flags)
     return render_compiled(compile_seed000_layer(verbose, flags))
 
 

@@ -647,12 +647,41 @@ def validate_command(args) -> int:
 
 def trace_command(args, verify_trace) -> int:
     """Seed 000's trace from the closed forms (scaling.seed000); with --verify, ``verify_trace(verbose)``
-    (verify's) compiles its Ulysses layer and the table follows."""
+    (verify's) compiles its Ulysses layer and the table follows. With a model (--preset or its flags), --context,
+    --data, --tensor and --chip: the same trace for that transformer (seed000.model_trace), --verify compiling its
+    one layer over --context v5p chips; --json one object."""
     flags = flags_of(args)  # refused before anything is printed
-    print(seed000.render())
+    model = [f for f in ("preset", "context", "data", "tensor", "chip", *MODEL_OVERRIDES, *TRANSFORMER_OVERRIDES)
+             if getattr(args, f, None) is not None]
+    if not model:
+        if args.json:
+            raise ValueError("--json is a model's trace's (give --preset ...); seed 000's is its table")
+        print(seed000.render())
+        if args.verify:
+            print()
+            print(verify_trace(args.verbose, flags))
+        return 0
+    if args.seed is not None:
+        raise ValueError("--seed is seed 000's trace; a model's takes --preset, --context, --data, --tensor")
+    args.preset = args.preset or "seed000"
+    cfg = model_config(args)
+    if not isinstance(cfg, TransformerConfig):
+        raise ValueError(f"--preset {args.preset}: trace follows a transformer's layer (an FFN preset given)")
+    chip = get_chip(args.chip or "H100")
+    context = args.context or 1
+    t = seed000.model_trace(cfg, context, args.data or 1, args.tensor or context // (args.data or 1),
+                            gpu=chip.kind == "gpu")
+    t["chip"] = chip.name
     if args.verify:
-        print()
-        print(verify_trace(args.verbose, flags))
+        t["verify"] = verify_trace(args.verbose, flags, cfg, context)
+    if args.json:
+        print(json.dumps(t))
+        return 0
+    print(seed000.render_model(t))
+    if args.verify:
+        v = t["verify"]
+        print(f"compiled for {v['devices']} ({v['mesh']}, one layer, forward, flash): peak {v['compiled'] / 1e9:.2f} "
+              f"GB against the closed form's {v['closed_form'] / 1e9:.2f} GB, ratio {v['ratio']:.4f}")
     return 0
 
 
@@ -856,12 +885,20 @@ def add_commands(sub, *, check_command, verify_plans, verify_pipeline, render_pi
     c.set_defaults(func=check_command)
 
     t = sub.add_parser("trace", help="seed 000's Ulysses + 2D-TP memory and FLOP trace, from the closed forms")
-    t.add_argument("--seed", default="000", choices=["000"], help="the reference trace (default %(default)s)")
+    t.add_argument("--seed", choices=["000"], help="the reference trace (the default without model flags)")
     t.add_argument("--verify", action="store_true",
                    help="also compile its Ulysses layer ahead of time for 16 v5p chips (context=16, 60,000 tokens; "
                         "materialized and flash attention) and show the compiled peak beside the trace's 61.02 GB")
     t.add_argument("--verbose", action="store_true", help="with --verify: let libtpu's start-up lines through")
     add_xla_flags_arg(t)
+    g = t.add_argument_group("a transformer's trace instead of the seed's")
+    add_model_args(g, None)
+    g.add_argument("--context", type=int, help="the GPUs of the Ulysses all-to-all (default 1)")
+    g.add_argument("--data", type=int, help="the FFN's data-parallel split of those GPUs (default 1)")
+    g.add_argument("--tensor", type=int, help="the FFN's tensor-parallel split (default context/data)")
+    g.add_argument("--chip", help="a GPU: PyTorch's allocator model for the memory lines (default H100); a TPU: the "
+                   "tensors' bytes")
+    t.add_argument("--json", action="store_true", help="a model's trace as one JSON object")
     t.set_defaults(func=lambda args: trace_command(args, verify_trace))
 
     y = sub.add_parser("layers", help="seed 001's per-layer estimates (MLP and self-attention, TP 4, A100 figures)")

@@ -114,22 +114,28 @@ def memory_program(s: dict = SETUP) -> list:
     keeps its input; the cuBLAS workspace appears at the first matmul. After the attention only its output and
     the workspace remain (inferred: the trace prints no frees; 56.50 GB leaves room for ~157 MB)."""
     N, d, h, P, DP, TP, L, F_ = (s[k] for k in ("N", "d", "h", "P", "DP", "TP", "L", "d'"))
-    a, w = BYTES * N // P * d, BYTES * d * d  # every attention activation; each of Q, K, V, O
+    K, q, m = s.get("K", h), s.get("q", d // h), s.get("m", 2)  # kv heads, head dim, MLP matrices (model_setup)
+    a = BYTES * N // P * d  # the layer's input and output
+    aq, akv = BYTES * N // P * h * q, BYTES * N // P * K * q  # a query-head and a kv-head activation
+    wq, wkv = BYTES * d * h * q, BYTES * d * K * q  # Q and O; K and V
+    size = {"q": aq, "k": akv, "v": akv}
     gone = ["input", "Q", "K", "V", "O", "q", "k", "v", "q_", "k_", "v_", "A", "c_t", "c_r"]
-    return [("input, Q, K, V, O", [("input", a), ("Q", w), ("K", w), ("V", w), ("O", w)]),
-            ("+ workspace (first matmul), q, k, v", [("workspace", CUBLAS_WORKSPACE), ("q", a), ("k", a), ("v", a)]),
-            ("+ all-to-all outputs, inputs kept", [("q_a", a), ("k_a", a), ("v_a", a)]),
+    return [("input, Q, K, V, O", [("input", a), ("Q", wq), ("K", wkv), ("V", wkv), ("O", wq)]),
+            ("+ workspace (first matmul), q, k, v", [("workspace", CUBLAS_WORKSPACE), ("q", aq), ("k", akv),
+                                                     ("v", akv)]),
+            ("+ all-to-all outputs, inputs kept", [("q_a", aq), ("k_a", akv), ("v_a", akv)]),
             ("each copy beside its source, then the source dropped",
-             [x for t in "qkv" for x in ((f"{t}_", a), (f"{t}_a", None))]),
-            ("+ A", [("A", BYTES * h // P * N * N)]), ("+ c", [("c", a)]),
-            ("the copy of c beside c, then c dropped", [("c_t", a), ("c", None)]),
-            ("+ all-to-all output c_, its input c kept", [("c_a", a)]),
-            ("the copy of c_ beside c_, then c_ dropped; O's reshape is a view", [("c_r", a), ("c_a", None)]),
+             [x for t in "qkv" for x in ((f"{t}_", size[t]), (f"{t}_a", None))]),
+            ("+ A", [("A", BYTES * h // P * N * N)]), ("+ c", [("c", aq)]),
+            ("the copy of c beside c, then c dropped", [("c_t", aq), ("c", None)]),
+            ("+ all-to-all output c_, its input c kept", [("c_a", aq)]),
+            ("the copy of c_ beside c_, then c_ dropped; O's reshape is a view", [("c_r", aq), ("c_a", None)]),
             ("+ output", [("output", a)]),
-            (("attention freed but one 122.88 MB activation (its output, inferred) and the workspace; + input_, "
-              "W1, W2, inter (carved unrounded from A's freed cached segment instead: 56.5018 GB, same print)"),
-             [*[(x, None) for x in gone], ("input_", BYTES * N // DP * d), ("W1", BYTES * L * d * F_ // TP),
-              ("W2", BYTES * L * d * F_ // TP), ("inter", BYTES * N // DP * F_ // TP)]),
+            ("attention freed but its output (inferred) and the workspace; + input_, W1, W2, inter"
+             + (" (carved unrounded from A's freed cached segment instead: 56.5018 GB, same print)" if s == SETUP
+                else ""),
+             [*[(x, None) for x in gone], ("input_", BYTES * N // DP * d), ("W1", BYTES * L * d * (m - 1) * F_ // TP),
+              ("W2", BYTES * L * d * F_ // TP), ("inter", BYTES * N // DP * (m - 1) * F_ // TP)]),
             ("the attention's high-water mark: max_memory_allocated is never reset", [])]
 
 
@@ -206,6 +212,92 @@ def _memory_note(what: str, v: float, raw: float, printed: str) -> str:
             + ("the 33.55 MB cuBLAS workspace (32 MiB: PyTorch's sm90 default, so a Hopper GPU) + " if ws else "")
             + f"{(v - raw - ws) / 1e6:.2f} MB block rounding (122.88 MB fills a 59·2 MiB = 123.73 MB block); "
             f"{edge / 1e6:.4f} MB from the rounding edge")
+
+
+def model_setup(cfg, context: int, data: int, tensor: int) -> dict:
+    """The trace's setup for a transformer (scaling.config.TransformerConfig) on P = context GPUs: Ulysses
+    attention over all P (N/P tokens each, then h/P query heads and K/P kv heads over all N), then the FFN's 2D
+    split DP = data × TP = tensor of the same P GPUs (the seed's program): N seq_len, d, h, K kv heads, q head dim,
+    d', m MLP matrices, L blocks. ValueError where a split does not divide."""
+    for name, v in (("context", context), ("data", data), ("tensor", tensor)):
+        if not isinstance(v, int) or v < 1:
+            raise ValueError(f"--{name} must be a positive integer, got {v!r}")
+    if data * tensor != context:
+        raise ValueError(f"data·tensor = {data}·{tensor} must be the context's {context} GPUs (the seed's FFN runs "
+                         "on the attention's GPUs)")
+    s = {"N": cfg.seq_len, "d": cfg.d_model, "h": cfg.heads, "K": cfg.kv_heads, "q": cfg.head_dim, "d'": cfg.d_ff,
+         "m": cfg.mlp_matrices, "L": cfg.blocks, "P": context, "DP": data, "TP": tensor}
+    for what, v, by in (("seq_len N", s["N"], "P"), ("heads h", s["h"], "P"), ("kv_heads K", s["K"], "P"),
+                        ("seq_len N", s["N"], "DP"), ("d_ff d'", s["d'"], "TP")):
+        if v % s[by]:
+            raise ValueError(f"{what} = {v} must be divisible by {by} = {s[by]}")
+    return s
+
+
+def model_tensors(s: dict) -> list[tuple[str, str, tuple]]:
+    """(section, name, shape) of every tensor of the seed's program for the setup s (model_setup): the seed's
+    labels with kv heads K and head dim q in place of h and d/h where a tensor is a key's or a value's."""
+    N, d, h, K, q, P, DP, TP, L, F_, m = (s[k] for k in ("N", "d", "h", "K", "q", "P", "DP", "TP", "L", "d'", "m"))
+    heads = {"q": h, "k": K, "v": K}
+    return [(U, "input", (N // P, d)), (U, "Q", (h, d, q)), (U, "K", (K, d, q)), (U, "V", (K, d, q)),
+            (U, "O", (h, q, d)), *[(U, t, (heads[t], N // P, q)) for t in "qkv"],
+            *[(U, f"{t}_ (after all-to-all)", (P, heads[t] // P, N // P, q)) for t in "qkv"],
+            *[(U, f"{t}_ (after transpose)", (heads[t] // P, N, q)) for t in "qkv"],
+            (U, "A", (h // P, N, N)), (U, "c", (h // P, N, q)), (U, "c (after transpose)", (N, h // P, q)),
+            (U, "c_ (after all-to-all)", (P, N // P, h // P, q)), (U, "c_ (after transpose)", (N // P, h * q)),
+            (U, "O (reshaped)", (h * q, d)), (U, "output", (N // P, d)),
+            (F, "input_", (N // DP, d)), (F, "W1", (L, d, (m - 1) * F_ // TP)), (F, "W2", (L, F_ // TP, d)),
+            (F, "inter", (N // DP, (m - 1) * F_ // TP))]
+
+
+def model_flops(s: dict) -> dict:
+    """{matmul: (global FLOPs, per GPU)}, 2·m·n·k: q,k,v 2·N·d·(h + 2K)·q; A and c 2·N·N·h·q each; output
+    2·N·h·q·d; per GPU global/P."""
+    N, d, h, K, q, P = (s[k] for k in ("N", "d", "h", "K", "q", "P"))
+    g = {"q,k,v": 2 * N * d * (h + 2 * K) * q, "A = q_ x k_t": 2 * N * N * h * q, "c = A x v_": 2 * N * N * h * q,
+         "output = c_ x O": 2 * N * h * q * d}
+    return {k: (v, v / P) for k, v in g.items()}
+
+
+def all_to_all_bytes(s: dict) -> dict:
+    """Bytes each GPU sends in each all-to-all: (P − 1)/P of its tensor (the part for the others): q and c
+    N/P·h·q elements, k and v N/P·K·q, 2 bytes each."""
+    N, h, K, q, P = (s[k] for k in ("N", "h", "K", "q", "P"))
+    part = (P - 1) / P * BYTES * N // P * q
+    return {"q": part * h, "k": part * K, "v": part * K, "c": part * h}
+
+
+def model_trace(cfg, context: int, data: int, tensor: int, gpu: bool = True) -> dict:
+    """The seed's trace for any transformer (model_setup): tensors (shape, elements, bytes), FLOPs, all-to-all
+    bytes and the memory after each step of memory_program, (current, peak): PyTorch's allocator model on a GPU
+    (block_bytes, the cuBLAS workspace), the tensors' bytes alone on a TPU (``gpu`` False)."""
+    s = model_setup(cfg, context, data, tensor)
+    tensors = [{"section": sec, "name": name, "shape": list(shape), "elements": math.prod(shape),
+                "bytes": BYTES * math.prod(shape)} for sec, name, shape in model_tensors(s)]
+    mem = memory_trace(s, exact=not gpu)
+    steps = [{"step": what, "current": c, "peak": p} for (what, _), (c, p) in zip(memory_program(s), mem)]
+    return {"setup": s, "tensors": tensors, "flops": {k: {"global": g, "per_gpu": per} for k, (g, per) in
+                                                       model_flops(s).items()},
+            "all_to_all_bytes_per_gpu": all_to_all_bytes(s), "memory": steps, "allocator": gpu}
+
+
+def render_model(t: dict) -> str:
+    """model_trace as text: the tensors, the FLOPs, the all-to-alls, the memory steps."""
+    s = t["setup"]
+    ff = s["d'"]
+    out = [f"trace: N={s['N']} d={s['d']} h={s['h']} K={s['K']} q={s['q']} d'={ff} L={s['L']}, P={s['P']} "
+           f"(Ulysses), DP={s['DP']} x TP={s['TP']} (FFN); bf16; "
+           + ("PyTorch's allocator model (GPU)" if t["allocator"] else "the tensors' bytes (no allocator model)")]
+    out += table(("section", "tensor", "shape", "elements", "size"),
+                 [(r["section"], r["name"], str(tuple(r["shape"])), f"{r['elements']:,}",
+                   f"{r['bytes'] / 1e9:.2f} GB" if r["bytes"] >= 1e9 else f"{r['bytes'] / 1e6:.2f} MB")
+                  for r in t["tensors"]])
+    out += [f"flops {k}: {v['global'] / 1e12:.2f} TFLOPs ({v['per_gpu'] / 1e12:.2f} per GPU)"
+            for k, v in t["flops"].items()]
+    out += [f"all-to-all {k}: {v / 1e6:.2f} MB sent per GPU" for k, v in t["all_to_all_bytes_per_gpu"].items()]
+    out += [f"memory after {m['step']}: current {m['current'] / 1e9:.2f} GB, peak {m['peak'] / 1e9:.2f} GB"
+            for m in t["memory"]]
+    return "\n".join(out)
 
 
 def render(rows: list[dict] | None = None) -> str:

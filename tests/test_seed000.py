@@ -148,3 +148,81 @@ def test_trace_verify_compiles_the_ulysses_layer():
     assert mat["terms"]["attention_working_set"] == pytest.approx(4 * 8 * 60000**2)
     assert mat["closed_form"] > CHIPS["v5p"].hbm_budget and mat["refused_bytes"] > CHIPS["v5p"].hbm_budget
     assert "61.02" in render_compiled(res)
+
+
+def _trace_json(*args):
+    import contextlib
+    import io
+    import json
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert main(["trace", *args, "--json"]) == 0
+    return json.loads(buf.getvalue())
+
+
+def test_model_trace_of_the_seeds_setup_is_the_seed():
+    """The trace for any model, given seed 000's (its preset, context 16 = data 2 × tensor 8), prints the seed's
+    figures: its four FLOP lines (96.64, 117.96, 117.96, 32.21 TFLOPs, global) and its memory lines (copied by hand
+    from the seed)."""
+    t = _trace_json("--preset", "seed000", "--context", "16", "--data", "2", "--tensor", "8")
+    assert [f"{v['global'] / 1e12:.2f}" for v in t["flops"].values()] == ["96.64", "117.96", "117.96", "32.21"]
+    peaks = [f"{m['peak'] / 1e9:.2f}" for m in t["memory"]]
+    assert peaks[:10] == ["2.27", "2.68", "3.05", "3.17", "60.65", "60.77", "60.90", "60.90", "61.02", "61.02"]
+    assert f"{t['memory'][10]['current'] / 1e9:.2f}" == "56.50"
+
+
+def test_model_trace_of_a_gqa_model_by_hand():
+    """`trace --preset llama3.1-8b --context 8 --data 2` (GQA: 32 query heads, 8 kv heads of 128; N = 8192, d =
+    4096, SwiGLU d' = 14336, L = 32; the FFN on 2 × 4): K's weight [8, 4096, 128] 2·8·4096·128 B; k after the
+    all-to-all [8, 8/8, 1024, 128]; A [32/8, N, N] 2·4·N² B; W1 the gate and up projections [32, 4096, 2·14336/4];
+    FLOPs 2·m·n·k: q,k,v 2·N·d·(32 + 2·8)·128, A 2·N·N·32·128, output 2·N·32·128·d; the k all-to-all sends 7/8 of
+    2·1024·8·128 B per GPU."""
+    t = _trace_json("--preset", "llama3.1-8b", "--context", "8", "--data", "2")
+    by = {r["name"]: r for r in t["tensors"]}
+    N, d = 8192, 4096
+    assert by["K"]["shape"] == [8, 4096, 128] and by["K"]["bytes"] == 2 * 8 * 4096 * 128
+    assert by["k_ (after all-to-all)"]["shape"] == [8, 1, 1024, 128]
+    assert by["A"]["shape"] == [4, N, N] and by["A"]["bytes"] == 2 * 4 * N * N
+    assert by["W1"]["shape"] == [32, 4096, 7168] and by["W1"]["bytes"] == 2 * 32 * 4096 * 7168
+    f = t["flops"]
+    assert f["q,k,v"]["global"] == 2 * N * d * 48 * 128 and f["q,k,v"]["per_gpu"] == 2 * N * d * 48 * 128 / 8
+    assert f["A = q_ x k_t"]["global"] == 2 * N * N * 32 * 128
+    assert f["output = c_ x O"]["global"] == 2 * N * 32 * 128 * d
+    assert t["all_to_all_bytes_per_gpu"]["k"] == pytest.approx(7 / 8 * 2 * 1024 * 8 * 128)
+
+
+def test_model_trace_of_llama2_7b_by_hand():
+    """`trace --preset llama2-7b --context 4 --chip v5p` (MHA, N = 4096, d = 4096, 32 heads of 128, the FFN on 1 × 4;
+    a TPU: the tensors' bytes, no allocator): q [32, 1024, 128] 2·32·1024·128 B; after its transpose [8, 4096, 128];
+    c_ after its transpose [1024, 4096]; FLOPs q,k,v 2·N·d·96·128, c 2·N·N·32·128; the first memory line the input
+    and Q, K, V, O: 2·1024·4096 + 4·2·4096·32·128 B."""
+    t = _trace_json("--preset", "llama2-7b", "--context", "4", "--chip", "v5p")
+    by = {r["name"]: r for r in t["tensors"]}
+    N, d = 4096, 4096
+    assert by["q"]["shape"] == [32, 1024, 128] and by["q"]["bytes"] == 2 * 32 * 1024 * 128
+    assert by["q_ (after transpose)"]["shape"] == [8, N, 128]
+    assert by["c_ (after transpose)"]["shape"] == [1024, 4096]
+    assert t["flops"]["q,k,v"]["global"] == 2 * N * d * 96 * 128
+    assert t["flops"]["c = A x v_"]["global"] == 2 * N * N * 32 * 128
+    assert t["memory"][0]["current"] == 2 * 1024 * 4096 + 4 * 2 * 4096 * 32 * 128
+
+
+def test_model_trace_bad_inputs():
+    """kv heads the context does not divide, a data·tensor split that is not the context's GPUs, an FFN preset,
+    --seed with a model: one error line, exit 2."""
+    assert main(["trace", "--preset", "llama3.1-8b", "--context", "16"]) == 2
+    assert main(["trace", "--preset", "llama2-7b", "--context", "4", "--data", "3"]) == 2
+    assert main(["trace", "--preset", "small", "--context", "2"]) == 2
+    assert main(["trace", "--seed", "000", "--preset", "llama2-7b"]) == 2
+
+
+def test_model_trace_verify_in_the_tpu_band():
+    """trace --verify for a model: one layer of a GQA variant of seed 000's model (16 kv heads, 8192 tokens), forward,
+    Ulysses over 8 v5p chips (tpu:v5p-16), flash attention: the compiled peak within the TPU band [0.90, 1.10] of the
+    closed form (tests/test_check.py's band)."""
+    from verify.trace import compile_model_layer
+
+    cfg = get_preset("seed000").replace(kv_heads=16, seq_len=8192)
+    v = compile_model_layer(cfg, 8)
+    assert v["devices"] == "tpu:v5p-16" and 0.90 <= v["ratio"] <= 1.10, v

@@ -87,3 +87,23 @@ def render_compiled(res: dict) -> str:
                  "their BF16 casts fused into the matmuls. "
                  "At 30,000 tokens the materialized layer compiles and its peak follows the closed form.")
     return "\n".join(lines)
+
+
+def compile_model_layer(cfg, context: int, verbose: bool = False, flags=None) -> dict:
+    """trace --verify for a model: one layer of ``cfg`` (attention and its MLP, FP32 master weights), forward, one
+    sequence, Ulysses over context = P chips of a v5p slice (tpu:v5p-<2P>: the name counts TensorCores), with
+    flash attention (key blocks of 512, or the sequence where shorter); its compiled peak beside the closed form
+    (scaling.program.predict's memory). {"devices", "mesh", "closed_form", "compiled", "ratio", "terms"}."""
+    one = cfg.replace(blocks=1)
+    block = min(512, one.seq_len)
+    if one.seq_len % block:
+        raise ValueError(f"seq_len {one.seq_len} is not a multiple of flash attention's {block}-key blocks")
+    mesh, devices = f"context={context}", f"tpu:{DEFAULT_CHIP}-{2 * context}"
+    w = Workload(one, parse_mesh_spec(mesh), one.seq_len, "forward",
+                 schedule=Schedule(attention="flash", attention_block=block), flags=flags)
+    print(f"compiling one layer ({one.seq_len} tokens, flash attention) for {devices}, {mesh} ...", file=sys.stderr,
+          flush=True)
+    peak = check(w, devices, verbose=verbose)["memory"]["peak"]
+    terms = predict(w, CHIPS[DEFAULT_CHIP]).memory
+    return {"devices": devices, "mesh": mesh, "closed_form": terms["total"], "compiled": peak["compiled"],
+            "ratio": peak["compiled"] / terms["total"], "terms": terms}
