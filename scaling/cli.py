@@ -645,15 +645,31 @@ def validate_command(args) -> int:
     return 0
 
 
+def user_model(args, extra: tuple[str, ...], default_preset: str, command: str):
+    """The transformer a seed command's flags describe (--preset or its dimensions, and the command's ``extra``
+    flags), or None where none is given (the seed's own report). ValueError for --seed with a model, or an FFN
+    preset."""
+    given = [f for f in ("preset", *extra, *MODEL_OVERRIDES, *TRANSFORMER_OVERRIDES, *TRANSFORMER_CHOICES)
+             if getattr(args, f, None) not in (None, False)]
+    if not given:
+        return None
+    if args.seed is not None:
+        raise ValueError(f"--seed is the reference's {command}; a model's takes --preset and its dimensions")
+    args.preset = args.preset or default_preset
+    cfg = model_config(args)
+    if not isinstance(cfg, TransformerConfig):
+        raise ValueError(f"--preset {args.preset}: {command} takes a transformer (an FFN preset given)")
+    return cfg
+
+
 def trace_command(args, verify_trace) -> int:
     """Seed 000's trace from the closed forms (scaling.seed000); with --verify, ``verify_trace(verbose)``
     (verify's) compiles its Ulysses layer and the table follows. With a model (--preset or its flags), --context,
     --data, --tensor and --chip: the same trace for that transformer (seed000.model_trace), --verify compiling its
     one layer over --context v5p chips; --json one object."""
     flags = flags_of(args)  # refused before anything is printed
-    model = [f for f in ("preset", "context", "data", "tensor", "chip", *MODEL_OVERRIDES, *TRANSFORMER_OVERRIDES)
-             if getattr(args, f, None) is not None]
-    if not model:
+    cfg = user_model(args, ("context", "data", "tensor", "chip"), "seed000", "trace")
+    if cfg is None:
         if args.json:
             raise ValueError("--json is a model's trace's (give --preset ...); seed 000's is its table")
         print(seed000.render())
@@ -661,12 +677,6 @@ def trace_command(args, verify_trace) -> int:
             print()
             print(verify_trace(args.verbose, flags))
         return 0
-    if args.seed is not None:
-        raise ValueError("--seed is seed 000's trace; a model's takes --preset, --context, --data, --tensor")
-    args.preset = args.preset or "seed000"
-    cfg = model_config(args)
-    if not isinstance(cfg, TransformerConfig):
-        raise ValueError(f"--preset {args.preset}: trace follows a transformer's layer (an FFN preset given)")
     chip = get_chip(args.chip or "H100")
     context = args.context or 1
     t = seed000.model_trace(cfg, context, args.data or 1, args.tensor or context // (args.data or 1),
@@ -688,20 +698,17 @@ def trace_command(args, verify_trace) -> int:
 def layers_command(args) -> int:
     """Seed 001's per-layer tables (scaling.layer_estimator), or its cell-by-cell comparison; with --preset (or
     any model flag), --tp, --sequence-parallel, --batch and --chip, the same tables for that transformer."""
-    model = [f for f in ("preset", "tp", "chip", "batch", "vector_tflops", *MODEL_OVERRIDES, *TRANSFORMER_OVERRIDES,
-                         *TRANSFORMER_CHOICES) if getattr(args, f, None) is not None] or args.sequence_parallel
-    if not model:
+    if args.cells and args.preset is not None:
+        raise ValueError("--cells is seed 001's; a model's tables take --preset, --tp, --chip")
+    cfg = user_model(args, ("tp", "chip", "batch", "vector_tflops", "sequence_parallel"), "llama2-7b", "layers")
+    if cfg is None:
         if args.json:
             print(json.dumps(layer_estimator.seed001_tables()))
         else:
             print(layer_estimator.compare_text() if args.cells else layer_estimator.render(tuple(args.table)))
         return 0
-    if args.cells or args.seed is not None:
-        raise ValueError("--cells and --seed are seed 001's; a model's tables take --preset, --tp, --chip")
-    args.preset = args.preset or "llama2-7b"
-    cfg = model_config(args)
-    if not isinstance(cfg, TransformerConfig):
-        raise ValueError(f"--preset {args.preset}: layers estimates a transformer's layers (an FFN preset given)")
+    if args.cells:
+        raise ValueError("--cells is seed 001's; a model's tables take --preset, --tp, --chip")
     chip = get_chip(args.chip or "A100-80GB")
     tp = args.tp or 1
     t = layer_estimator.model_tables(cfg, args.batch or 1, tp, args.sequence_parallel,
