@@ -728,12 +728,14 @@ def layers_command(args) -> int:
 def kernels_command(args) -> int:
     """Seed 002's DeepFlow report from the closed forms (scaling.seed002): every numeric line beside the package's
     figure; --text the whole report regenerated in the seed's layout; --json the rows and the report's figures.
-    With --mesh, the same report for any model and chip from the step model's kernels (print_kernel_report)."""
-    given = [f for f in ("chip", "chips", "slice", "global_batch", "batch_tokens", "microbatch", "d_model", "d_ff",
-                         "blocks", "heads", "seq_len") if getattr(args, f, None) is not None]
+    With --mesh, the same report for any model and chip from the step model's kernels (kernel_report)."""
+    given = [f for f in ("preset", "chip", "chips", "slice", "global_batch", "batch_tokens", "microbatch",
+                         *MODEL_OVERRIDES, *TRANSFORMER_OVERRIDES, *TRANSFORMER_CHOICES)
+             if getattr(args, f, None) is not None]
     if args.mesh is None and given:
         raise ValueError(f"a model's kernel report needs --mesh (given: --{given[0].replace('_', '-')}); without "
                          "model flags kernels prints seed 002's")
+    args.preset = args.preset or "xxl"  # predict's default
     if args.mesh is not None:
         if args.seed is not None or args.text:
             raise ValueError("--seed and --text are the seed's report; a model's report takes --mesh and no --seed")
@@ -761,9 +763,10 @@ def add_predict_parser(sub) -> None:
     r.set_defaults(func=predict_command)
 
 
-def add_predict_args(r, mesh_required: bool) -> None:
-    """The flags that describe one configuration (predict's; kernels takes them for a model's report)."""
-    add_model_args(r, "xxl")
+def add_predict_args(r, mesh_required: bool, preset: str | None = "xxl") -> None:
+    """The flags that describe one configuration (predict's; kernels takes them for a model's report, with no
+    preset by default so that a model flag alone is seen)."""
+    add_model_args(r, preset)
     g = r.add_argument_group("hardware")
     g.add_argument("--chip", help=f"chip from the hardware table (default {DEFAULT_CHIP}) with --chips")
     g.add_argument("--chips", type=int, help="chip count: GPUs in nodes of 8, TPUs in slices of the largest size")
@@ -933,7 +936,7 @@ def add_commands(sub, *, check_command, verify_plans, verify_pipeline, render_pi
     k.add_argument("--text", action="store_true", help="the whole report regenerated in the seed's layout")
     k.add_argument("--json", action="store_true", help="one JSON object: the rows, Time, the parts, the hardware "
                    "(with --mesh: predict's object with its kernels)")
-    add_predict_args(k, mesh_required=False)  # with --mesh: a model's report instead of the seed's
+    add_predict_args(k, mesh_required=False, preset=None)  # with --mesh: a model's report instead of the seed's
     k.set_defaults(func=kernels_command)
 
 

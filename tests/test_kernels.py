@@ -216,3 +216,4 @@ def test_kernels_report_of_a_model(capsys):
     assert f"Time: {out['step_seconds']:.8f}" in text
     assert main(["kernels", "--seed", "002", *row]) == 2
     assert main(["kernels", "--preset", "llama2-7b", "--chip", "H100", "--chips", "8"]) == 2  # no --mesh
+    assert main(["kernels", "--preset", "llama2-7b"]) == 2  # a model flag alone: no --mesh, not the seed's report
