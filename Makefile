@@ -1,6 +1,7 @@
-# make answer: create .venv, install, print the 4D answers.   make test: install dev+tpu extras and jax's CUDA plugin
-# (off sys.path, in .venv/cuda-aot: mesh.devices loads it to compile for GPUs), ruff, pytest
-# (all but the tests marked extended: tests/conftest.py).   make test-all: every test.
+# make answer: create .venv, install the package with the tpu extra (libtpu: compiles for TPU topologies on this
+# machine) and jax's CUDA plugin (off sys.path, in .venv/cuda-aot: mesh.devices loads it to compile for GPUs), so
+# every README example runs; print the 4D answers.   make test: also the dev extra, ruff, pytest (all but the tests
+# marked extended: tests/conftest.py).   make test-all: every test.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -10,12 +11,12 @@ PY := $(VENV)/bin/python
 $(VENV)/.base: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e .
+	$(PY) -m pip install -q -c constraints.txt -e ".[tpu]"
+	$(PY) -m pip install -q -c constraints.txt --no-deps --target $(VENV)/cuda-aot jax-cuda12-plugin jax-cuda12-pjrt
 	touch $@
 
 $(VENV)/.dev: $(VENV)/.base
 	$(PY) -m pip install -q -c constraints.txt -e ".[dev,tpu]"
-	$(PY) -m pip install -q -c constraints.txt --no-deps --target $(VENV)/cuda-aot jax-cuda12-plugin jax-cuda12-pjrt
 	$(PY) -m ipykernel install --sys-prefix --name python3 > /dev/null
 	touch $@
 

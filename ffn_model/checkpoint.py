@@ -6,10 +6,19 @@ metadata, what the data and model depend on: {"model": D, F, L, activation; "see
 and the seed, so a resumed run sees the same data as an uninterrupted one (the batch is a function
 of (seed, step): ffn_model.train.make_batch_fn).
 
-Orbax writes each step into ``<step>.orbax-checkpoint-tmp`` and renames it to ``<step>`` only when
-every array is on disk, so a save interrupted half-way leaves no step that ``latest_step`` returns:
-the previous complete checkpoint stays the latest (the next run's manager removes the leftover,
-also when it is all an interrupted first save left).
+A step is complete when its directory holds orbax's commit marker (``commit_success.txt``, written
+once every array is on disk) and its metadata file. A save cut off half-way leaves a
+``<step>.orbax-checkpoint-tmp-*`` directory (on a local disk orbax renames it to ``<step>`` once the
+save is complete) or, on object storage (gs://), a ``<step>`` directory without the marker, possibly
+empty. A resume takes the newest complete step, says which newer saves it skipped and why
+(skipped_lines) and removes them (remove_incomplete; orbax removes the ``*.orbax-checkpoint-tmp-*``
+ones, also when an interrupted first save is all there is); a new run refuses a directory holding any
+``<step>`` directory. Orbax 0.12.8 (the tested version) writes the marker on every file system; a
+version that commits a local save by the rename alone writes none, and its steps read as incomplete.
+The metadata carries a sha256 of itself (metadata_sum), checked before any of it is used: a changed
+byte reads "metadata is corrupt", never a misleading "written with seed 1". A checkpoint without that
+sum (written before it was added) is refused: nothing tells that its seed and model are the ones it
+was saved with.
 Reading checks the step's metadata and the stored shapes before any array is read, and turns
 whatever orbax raises for damaged files into one ValueError. Restoring takes an abstract state
 (ShapeDtypeStructs with the target mesh's shardings), so a state saved on fsdp=4,tensor=2 restores
@@ -22,16 +31,23 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import hashlib
+import json
 import logging
 import os
 import sys
 import tempfile
 import time
+import unicodedata
 
 # Metadata keys that must match for a resumed run to continue the same run (the data and the model
 # depend on them), and keys that may change but change the run: a resume with another value warns.
 MUST_MATCH = ("model", "seed")
 SHOULD_MATCH = ("batch_tokens", "lr", "schedule")
+COMMIT_MARKER = "commit_success.txt"  # orbax's, in a step directory once the save is complete
+METADATA_FILE = "_CHECKPOINT_METADATA"  # orbax's step metadata file (JSON), our metadata under "custom_metadata"
+TMP = ".orbax-checkpoint-tmp"  # orbax's suffix of an unfinished save's directory
+METADATA_SUM = "metadata_sha256"
 
 
 def changed_settings(meta: dict, expect: dict) -> list[str]:
@@ -83,45 +99,77 @@ def _ocp():
 
 def _path(directory):
     """``directory`` as an etils path (what orbax uses): a local path made absolute, or a URL such as
-    gs://bucket/run (which every host of a slice can reach) as it is."""
+    gs://bucket/run (which every host of a slice can reach) as it is. ValueError for anything else, and
+    for a name holding a control character (a newline, a tab, an escape, ...)."""
     from etils import epath
 
     if not isinstance(directory, (str, os.PathLike)) or not str(directory).strip():
         raise ValueError(f"--checkpoint-dir must be a directory path, got {directory!r}")
     s = os.fspath(directory)
+    control = [c for c in str(s) if unicodedata.category(c) == "Cc"]
+    if control:
+        raise ValueError(f"--checkpoint-dir {str(s)!r} holds a control character ({control[0]!r}); "
+                         "give a path of printable characters")
     return epath.Path(s) if "://" in s else epath.Path(os.path.abspath(s))
 
 
 def directory_contents(directory) -> dict:
     """What a checkpoint directory holds, read from the file system alone (no orbax, no jax, so it is
-    safe before jax's devices are set up): {"steps": complete steps (directories named by an integer:
-    orbax renames ``<k>.orbax-checkpoint-tmp-*`` to ``<k>`` only when the save is complete),
-    "unfinished": interrupted saves (``*.orbax-checkpoint-tmp*``), "other": every other entry}.
-    A directory that does not exist holds nothing."""
+    safe before jax's devices are set up): {"steps": complete steps (step_problem), "incomplete":
+    [(step, name, why)] for each save of a step that never completed, a ``<k>`` directory or a
+    ``<k>.orbax-checkpoint-tmp-*`` one, "unfinished": the names of the ``*.orbax-checkpoint-tmp*`` ones,
+    "other": every other entry}. A directory that does not exist holds nothing."""
     path = _path(directory)
-    out = {"steps": [], "unfinished": [], "other": []}
+    out = {"steps": [], "incomplete": [], "unfinished": [], "other": []}
     if not path.is_dir():
         return out
     for entry in sorted(path.iterdir(), key=lambda e: e.name):
         name = entry.name
         if name.isdigit() and entry.is_dir():
-            out["steps"].append(int(name))
-        elif ".orbax-checkpoint-tmp" in name:
+            why = step_problem(entry)
+            if why is None:
+                out["steps"].append(int(name))
+            else:
+                out["incomplete"].append((int(name), name, why))
+        elif TMP in name:
             out["unfinished"].append(name)
+            if name.split(TMP)[0].isdigit():
+                out["incomplete"].append((int(name.split(TMP)[0]), name, f"unfinished save {name}"))
         else:
             out["other"].append(name)
     out["steps"].sort()
+    out["incomplete"].sort()
     return out
+
+
+def step_problem(step_dir) -> str | None:
+    """Why the step directory ``step_dir`` (an etils path) is not a complete checkpoint, or None when it
+    is: it is empty, or lacks orbax's commit marker or its metadata file (an interrupted save)."""
+    names = {e.name for e in step_dir.iterdir()}
+    if not names:
+        return "empty directory"
+    if COMMIT_MARKER not in names:
+        unfinished = sorted(n for n in names if TMP in n)
+        return f"no commit marker ({COMMIT_MARKER})" + (f", unfinished {unfinished[0]}" if unfinished else "")
+    if METADATA_FILE not in names:
+        return f"no metadata ({METADATA_FILE})"
+    return None
+
+
+def skipped_lines(held: dict, step: int) -> list[str]:
+    """"skipped step k: why" for each incomplete save of ``held`` (directory_contents) newer than ``step``."""
+    return [f"skipped step {k}: {why}" for k, _, why in held["incomplete"] if k > step]
 
 
 def check_directory(directory, resume: bool) -> None:
     """Validate ``directory`` before anything is written: a directory this process can write in (or
     create: check_writable); with ``resume`` it must exist (restore_latest then says whether it holds
     a complete checkpoint); without ``resume`` it must be missing or empty: checkpoints already there
-    would be mixed with, or replaced by, a new run's, and files that are not checkpoints are not this
-    run's to write beside. Unfinished saves (an interrupted save, possibly the run's first) do not
-    count: the run removes them (open_manager). ValueError naming the directory otherwise. Reads the
-    file system only (directory_contents); creates nothing that outlives the call."""
+    (complete or not) would be mixed with, or replaced by, a new run's, and files that are not
+    checkpoints are not this run's to write beside. Unfinished saves (``*.orbax-checkpoint-tmp*``, an
+    interrupted save, possibly the run's first) do not count: the run removes them (open_manager).
+    ValueError naming the directory otherwise. Reads the file system only (directory_contents); creates
+    nothing that outlives the call."""
     path = _path(directory)
     check_writable(directory)
     if path.exists() and not path.is_dir():
@@ -131,9 +179,10 @@ def check_directory(directory, resume: bool) -> None:
     if resume:
         return
     held = directory_contents(directory)
-    if held["steps"]:
+    numbered = held["steps"] + [k for k, name, _ in held["incomplete"] if name.isdigit()]
+    if numbered:
         raise ValueError(f"--checkpoint-dir {str(directory)!r} already holds checkpoints (latest step "
-                         f"{held['steps'][-1]}); pass --resume to continue that run, or give an empty or new directory")
+                         f"{max(numbered)}); pass --resume to continue that run, or give an empty or new directory")
     if held["other"]:
         shown = ", ".join(held["other"][:3]) + (", ..." if len(held["other"]) > 3 else "")
         raise ValueError(f"--checkpoint-dir {str(directory)!r} holds files that are not checkpoints ({shown}); "
@@ -190,20 +239,39 @@ def open_manager(directory, *, create: bool, max_to_keep: int | None = 3):
 
 
 def save(mngr, step: int, state, meta: dict | None = None, wait: bool = True) -> None:
-    """Save ``state`` (a pytree of jax arrays) as ``step`` with ``meta`` and the state's checksums
-    (digest) as its step metadata. ValueError, and nothing saved, if an array holds a value that is not
-    finite. Orbax copies the arrays to host before returning, so the caller may donate them to the next
-    train step; the files are written in the background unless ``wait`` (``mngr.is_saving_in_progress``
-    says when the step is committed)."""
+    """Save ``state`` (a pytree of jax arrays) as ``step`` with ``meta``, the state's checksums (digest)
+    and the sha256 of both (metadata_sum) as its step metadata. ValueError, and nothing saved, if an array
+    holds a value that is not finite. Orbax copies the arrays to host before returning, so the caller may
+    donate them to the next train step; the files are written in the background unless ``wait``
+    (``mngr.is_saving_in_progress`` says when the step is committed)."""
     ocp = _ocp()
     sums, bad = digest(state)
     if bad:
         raise ValueError(f"step {step}: the state holds values that are not finite ({', '.join(bad[:3])}); "
                          "not saved")
-    mngr.save(step, args=ocp.args.StandardSave(state), custom_metadata={**(meta or {}), "checksums": sums},
+    custom = {**(meta or {}), "checksums": sums}
+    mngr.save(step, args=ocp.args.StandardSave(state), custom_metadata={**custom, METADATA_SUM: metadata_sum(custom)},
               force=True)
     if wait:
         mngr.wait_until_finished()
+
+
+def metadata_sum(meta: dict) -> str:
+    """The sha256 (hex) of ``meta`` without its own sum (METADATA_SUM), as canonical JSON: keys sorted, no
+    spaces (what JSON reads back, tuples as lists, gives the same text)."""
+    body = {k: v for k, v in meta.items() if k != METADATA_SUM}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def remove_incomplete(mngr, held: dict, step: int) -> list[str]:
+    """Remove the ``<k>`` directories of incomplete saves newer than ``step`` (directory_contents' ``held``)
+    that ``mngr`` (open_manager) counts as steps, so that this run saves those steps anew (orbax refuses a
+    step that exists); the names removed. Orbax removes the ``*.orbax-checkpoint-tmp*`` ones itself."""
+    known = set(mngr.all_steps())
+    gone = [name for k, name, _ in held["incomplete"] if k > step and name.isdigit() and k in known]
+    for name in gone:
+        mngr.delete(int(name))
+    return gone
 
 
 def digest(state) -> tuple[dict, list[str]]:
@@ -240,21 +308,25 @@ def _digest_fn(out_sharding):
 
 
 def restore_latest(directory, abstract_state, expect: dict | None = None):
-    """(step, state, metadata) of the newest complete checkpoint in ``directory``, restored onto the
-    shardings of ``abstract_state``. ``expect``: metadata the checkpoint must match for the keys in MUST_MATCH
-    (model and seed). ValueError if there is no checkpoint, it was written for another model or
-    seed, its arrays have other shapes or dtypes, it cannot be read, or what was read differs from the
-    checksums saved with it or is not finite (damaged files: digest). Writes nothing."""
+    """(step, state, metadata) of the newest complete checkpoint in ``directory`` (directory_contents:
+    newer incomplete saves are passed over), restored onto the shardings of ``abstract_state``.
+    ``expect``: metadata the checkpoint must match for the keys in MUST_MATCH (model and seed).
+    ValueError if there is no complete checkpoint (naming the incomplete ones), its metadata is not what
+    was saved (stored_metadata), it was written for another model or seed, its arrays have other shapes
+    or dtypes, it cannot be read, or what was read differs from the checksums saved with it or is not
+    finite (damaged files: digest). Writes nothing."""
     ocp = _ocp()
     where = f"in --checkpoint-dir {str(directory)!r}"
     with _reading(), contextlib.closing(open_manager(directory, create=False)) as mngr:
-        step = mngr.latest_step()
-        if step is None:
-            raise ValueError(f"no complete checkpoint {where}")
+        held = directory_contents(directory)
+        if not held["steps"]:
+            raise ValueError(f"no complete checkpoint {where}"
+                             + "".join(f"; step {k}: {why}" for k, _, why in held["incomplete"]))
+        step = held["steps"][-1]
+        meta = stored_metadata(directory, step)
         md, err = _attempt(lambda: mngr.metadata(step))
         if err:
             raise ValueError(f"checkpoint step {step} {where} cannot be read: {err}")
-        meta = md.custom_metadata or {}
         for key in MUST_MATCH if expect is not None else ():
             if key not in meta:
                 raise ValueError(f"checkpoint step {step} {where} has no {key!r} in its metadata: "
@@ -274,6 +346,27 @@ def restore_latest(directory, abstract_state, expect: dict | None = None):
                          + (f"{damaged[0]} does not match the checksum saved with it" if damaged
                             else f"{bad[0]} holds values that are not finite"))
     return step, state, meta
+
+
+def stored_metadata(directory, step: int) -> dict:
+    """The metadata saved with ``step`` (save), read from its metadata file and checked against the sha256
+    saved in it (metadata_sum). ValueError, one line, when the file is not JSON, the sum differs ("metadata
+    is corrupt"), or there is none (a checkpoint written before the sum: refused, since nothing tells its
+    metadata is the one it was saved with)."""
+    where = f"in --checkpoint-dir {str(directory)!r}"
+    try:
+        meta = json.loads((_path(directory) / str(step) / METADATA_FILE).read_text())["custom_metadata"]
+        saved = meta[METADATA_SUM]
+    except KeyError:
+        raise ValueError(f"checkpoint step {step} {where} has no metadata checksum ({METADATA_SUM}): written "
+                         "before ffn_model checked its metadata, or damaged; not restored") from None
+    except (OSError, ValueError, TypeError) as e:  # not JSON, or JSON of another shape
+        raise ValueError(f"checkpoint step {step}'s metadata is corrupt ({_first_line(e)}) {where}") from None
+    got = metadata_sum(meta)
+    if got != saved:
+        raise ValueError(f"checkpoint step {step}'s metadata is corrupt (checksum sha256 {got[:16]}..., "
+                         f"saved with it {str(saved)[:16]}...) {where}")
+    return meta
 
 
 def _check_arrays(item_metadata, abstract_state, what: str) -> None:

@@ -35,7 +35,8 @@ import sys
 import time
 
 from mesh.devices import PROCESS_TIMEOUT, cpu_device_count, device_count, use_cpu_platform_for
-from scaling.cli import add_model_args, add_schedule_args, check_size, flags_of, model_config, schedule_of
+from scaling.cli import add_model_args, add_schedule_args, flags_of, model_config, schedule_of
+from scaling.limits import check_size, integer, number
 from scaling.config import (REMAT_POLICIES, MeshShape, check_remat, check_seed, non_negative_int, parse_mesh_spec,
                             positive_float, positive_int)
 from scaling.hardware import get_chip
@@ -61,7 +62,8 @@ def add_commands(sub, implementations: dict) -> None:
         s.add_argument("--devices", default=None,
                        help="cpu:N (emulated; per process with --coordinator), tpu:<chip>:<shape> or a slice such as "
                             "tpu:v5p-128 (compile only); default: real devices")
-        s.add_argument("--batch-tokens", type=int, default=batch, help=f"global batch B in tokens (default {batch})")
+        s.add_argument("--batch-tokens", type=integer, default=batch,
+                       help=f"global batch B in tokens (default {batch})")
         s.add_argument("--remat", default="none", choices=REMAT_POLICIES, help="remat policy (default none)")
         add_schedule_args(s)
         s.add_argument("--json", action="store_true", help="print one JSON object on stdout (process 0; "
@@ -71,28 +73,28 @@ def add_commands(sub, implementations: dict) -> None:
             s.add_argument("--step", default="train", choices=("train", "forward"), help="which step to compile")
             s.add_argument("--verbose", action="store_true", help="let libtpu's start-up lines through to stderr")
             continue
-        s.add_argument("--steps", type=int, default=20 if name == "train" else 10,
+        s.add_argument("--steps", type=integer, default=20 if name == "train" else 10,
                        help="steps in all, resumed ones included (default 20)" if name == "train"
                        else "timed steps (default 10)")
-        s.add_argument("--seed", type=int, default=0, help="seed of the weights and the data (default 0)")
+        s.add_argument("--seed", type=integer, default=0, help="seed of the weights and the data (default 0)")
         g = s.add_argument_group("several processes")
         g.add_argument("--distributed", action="store_true",
                        help="call jax.distributed.initialize() (detects TPU slices, SLURM, Open MPI)")
         g.add_argument("--coordinator", help="HOST:PORT of process 0's coordinator")
-        g.add_argument("--num-processes", type=int, help="number of processes")
-        g.add_argument("--process-id", type=int, help="this process: 0 .. num-processes-1")
-        g.add_argument("--process-timeout", type=float, default=PROCESS_TIMEOUT,
+        g.add_argument("--num-processes", type=integer, help="number of processes")
+        g.add_argument("--process-id", type=integer, help="this process: 0 .. num-processes-1")
+        g.add_argument("--process-timeout", type=number, default=PROCESS_TIMEOUT,
                        help=f"seconds to wait for every process to connect, and at the end for all to finish "
                             f"(default {PROCESS_TIMEOUT:g})")
         if name == "train":
-            s.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (default 1e-3)")
+            s.add_argument("--lr", type=number, default=1e-3, help="AdamW learning rate (default 1e-3)")
             c = s.add_argument_group("checkpoints (orbax)")
             c.add_argument("--checkpoint-dir", help="save the train state here (and at the end)")
-            c.add_argument("--save-every", type=int, help="save after every N steps (default: only at the end)")
+            c.add_argument("--save-every", type=integer, help="save after every N steps (default: only at the end)")
             c.add_argument("--resume", action="store_true",
                            help="restore the newest checkpoint in --checkpoint-dir and continue to --steps")
         else:
-            s.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
+            s.add_argument("--warmup", type=integer, default=2, help="untimed steps first (default 2)")
             s.add_argument("--chip", help="chip for MFU and the prediction (default: from the devices; "
                                           "h100, h200, b200, v4, v5e, v5p, v6e, tpu7x)")
 

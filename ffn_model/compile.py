@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import jax
 
 from ffn_model.train import batch_structs, make_forward_step, make_train_step, state_shardings
-from mesh.devices import mesh_shape
-from scaling.cli import check_size
+from mesh.devices import mesh_shape, native_stderr
+from scaling.limits import check_size
 from scaling.flags import unknown_flag
 from scaling.workload import Workload
 
@@ -26,14 +26,15 @@ class CompileResult:
     compile_seconds: float
 
 
-def abstract_compile(w: Workload, mesh) -> CompileResult:
+def abstract_compile(w: Workload, mesh, verbose: bool = False) -> CompileResult:
     """Lower and compile the workload's step ("train": state + batch -> state, loss; "forward": params + batch
     -> loss) on ``mesh`` (a jax Mesh of w.mesh's shape), from ShapeDtypeStructs (nothing is allocated), with
     ``mesh`` set (jax.set_mesh) while tracing, under the workload's XLA flags (w.flags.options: libtpu's flags on a
-    TPU, none elsewhere; ValueError naming a flag XLA does not know).
+    TPU, none elsewhere; ValueError naming a flag XLA does not know). What XLA's C++ code logs while compiling
+    (XLA:GPU's scheduler and rematerialization warnings) is discarded unless ``verbose``.
 
     compile_seconds covers tracing, lowering and compiling. ValueError for a mesh of another shape than the
-    workload's or a size jax or XLA cannot count (scaling.cli.check_size)."""
+    workload's or a size jax or XLA cannot count (scaling.limits.check_size)."""
     if mesh_shape(mesh) != w.mesh:
         raise ValueError(f"the workload's mesh is {w.mesh}, the devices' mesh {mesh_shape(mesh)}")
     check_size(w)  # sizes jax and XLA can count
@@ -47,8 +48,9 @@ def abstract_compile(w: Workload, mesh) -> CompileResult:
         fn, args = make_forward_step(cfg, mesh, remat, schedule), (abstract["params"], batch)
     with jax.set_mesh(mesh):  # the model's sharding constraints resolve against it while tracing
         lowered = fn.lower(*args)
-    try:  # the flag set's flags, per compile (scaling.flags: none on CPU)
-        compiled = lowered.compile(compiler_options=w.flags.options(mesh.devices.flat[0].platform) or None)
+    try:  # the flag set's flags, per compile (scaling.flags: none on CPU); XLA's C++ log lines kept off stderr
+        with native_stderr(verbose):
+            compiled = lowered.compile(compiler_options=w.flags.options(mesh.devices.flat[0].platform) or None)
     except Exception as e:
         if flag := unknown_flag(e):
             raise ValueError(f"XLA does not know the flag --{flag} (XLA flags {w.flags.name!r})") from None

@@ -352,14 +352,15 @@ def train(w: Workload, mesh, steps: int, lr: float = 1e-3, seed: int = 0, log=No
 
     Without ``resume`` the state is created fresh and steps 0..steps-1 run. With ``checkpoint_dir``
     (ffn_model.checkpoint) the state is saved after every ``save_every`` steps (asynchronously) and
-    after the last step; the directory must be new or empty. With ``resume`` the newest checkpoint k
-    is restored onto ``mesh`` (any mesh) and steps k..steps-1 run: since batch i is a function of
+    after the last step; the directory must be new or empty. With ``resume`` the newest complete checkpoint
+    k is restored onto ``mesh`` (any mesh) and steps k..steps-1 run: since batch i is a function of
     (seed, i), the losses are those of an uninterrupted run. Every input is validated before anything
     is created or written (ValueError naming the input).
 
     ``say(line)`` receives what a person running this wants to know besides the losses: "saved step
-    k to DIR" once step k is committed (at the first step that ends after it, or at the end), "resumed
-    from step k ...", unfinished saves removed, that a checkpoint is already at ``steps``, and a
+    k to DIR" once step k is committed (at the first step that ends after it, when the next save starts,
+    or at the end), "skipped step j: why" for each newer save that never completed, "resumed from step
+    k ...", unfinished saves removed, that a checkpoint is already at ``steps``, and a
     "warning:" line for each setting (batch_tokens, lr) that differs from the checkpoint's. A loss or
     a state that is not finite stops the run with a ValueError before it is saved (train_loop,
     checkpoint.save); the checkpoints already committed stay."""
@@ -382,7 +383,8 @@ def train(w: Workload, mesh, steps: int, lr: float = 1e-3, seed: int = 0, log=No
             "schedule": dataclasses.asdict(schedule)}
     start = 0
     held = ckpt.directory_contents(checkpoint_dir) if checkpoint_dir is not None else None
-    if resume and not held["steps"] and held["unfinished"]:  # an interrupted first save: nothing to resume
+    only_tmp = held and all(ckpt.TMP in name for _, name, _ in held["incomplete"])
+    if resume and not held["steps"] and held["unfinished"] and only_tmp:  # an interrupted first save: nothing to resume
         say(f"no complete checkpoint in {checkpoint_dir}, only an unfinished save: starting from step 0")
         resume = False
     if resume:
@@ -391,6 +393,8 @@ def train(w: Workload, mesh, steps: int, lr: float = 1e-3, seed: int = 0, log=No
         if start > steps:
             raise ValueError(f"steps={steps} is fewer than the {start} steps already in the checkpoint "
                              f"{str(checkpoint_dir)!r}; steps counts all steps, resumed ones included")
+        for line in ckpt.skipped_lines(held, start):
+            say(line)
         say(f"resumed from step {start} in {checkpoint_dir} (saved on mesh {saved.get('mesh', '?')}, "
             f"restored on mesh {here})")
         for change in ckpt.changed_settings(saved, meta):
@@ -400,13 +404,16 @@ def train(w: Workload, mesh, steps: int, lr: float = 1e-3, seed: int = 0, log=No
     else:
         state = init_state(cfg, mesh, seed, tx, schedule.optimizer_sharding)
     mngr = ckpt.open_manager(checkpoint_dir, create=True) if checkpoint_dir is not None else None
-    for name in held["unfinished"] if held else ():  # the manager removes them (cleanup_tmp_directories)
+    removed = held["unfinished"] + ckpt.remove_incomplete(mngr, held, start) if held else []
+    for name in removed:  # the manager removes the unfinished ones itself (cleanup_tmp_directories)
         say(f"removed {name} from {checkpoint_dir}: a save that never finished")
     started = []  # saves started and not yet reported: "saved step k" is said once step k is committed
 
     def save(k, s):
-        ckpt.save(mngr, k, s, meta, wait=False)
-        started.append(k)
+        ckpt.save(mngr, k, s, meta, wait=False)  # returns once the previous save is committed (orbax waits)
+        for j in started:
+            say(f"saved step {j} to {checkpoint_dir}")
+        started[:] = [k]
 
     def report(i=None, loss=None, tps=None, wait=False):
         if i is not None and log is not None:

@@ -383,20 +383,29 @@ def loop_lookup(ids_bxT, e_VxD):
 
 
 def loop_lookup_grad(ids_bxT, dx_bxTxD, vocab: int):
-    """loop_lookup's gradient w.r.t. the gathered E: each device scatters its tokens' gradients into its own V/Y
-    rows (FP32 sums, rounded to BF16), partial sums over the axes that split the tokens, summed outside the
-    shard_map (to the accumulator's layout in one_f_one_b: a reduce-scatter over fsdp, an all-reduce over
-    context)."""
-    P, mesh = jax.sharding.PartitionSpec, jax.sharding.get_abstract_mesh()
+    """loop_lookup's gradient w.r.t. the gathered E, in the accumulator's layout (one_f_one_b: E's shard, V over
+    tensor and D over fsdp): each device scatters its tokens' gradients into its own V/Y rows (FP32 sums, rounded
+    to BF16), reduce-scatters them over fsdp (D) and all-reduces them over context, in BF16 (the precision policy's
+    gradient communication), as _lookup_bwd does outside the loop. The partial sums were once returned stacked over
+    the token axes and summed outside the shard_map with jnp.sum, which widens BF16 to FP32 for its computation: XLA
+    reduced [V/Y, D] over fsdp in FP32 every iteration (on v5p T·4·V·D/Y bytes, twice the BF16 T·c·V·D/Y; XLA:CPU
+    widens BF16 collectives anyway, so its grid could not tell). A BF16 reduce there instead crashed XLA:CPU's
+    all-reduce promotion (its reduction's root a copy: "Invalid binary instruction opcode copy")."""
+    mesh = jax.sharding.get_abstract_mesh()
     rows = vocab // mesh.shape["tensor"]
+    out_spec = logical_to_spec(grad_axes(VOCAB_AXES))  # (the axes the loop is manual over left out)
     token_axes = tuple(a for a in _token_axes(logical_to_spec(IDS_AXES)) if a != "tensor")
+    scatter = tuple(a for a in token_axes if a in _token_axes(out_spec))
+    others = tuple(a for a in token_axes if a not in scatter)
 
     def local(ids, dx):
-        return _scatter_rows(ids, dx, rows)[None]
+        g = _scatter_rows(ids, dx, rows)
+        if scatter:
+            g = jax.lax.psum_scatter(g, scatter, scatter_dimension=1, tiled=True)
+        return jax.lax.psum(g, others) if others else g
 
-    g = _loop_manual(local, (logical_to_spec(IDS_AXES), logical_to_spec(X_AXES)),
-                     P(token_axes or None, "tensor", None))(ids_bxT, constrain(dx_bxTxD, X_AXES))
-    return jnp.sum(g, axis=0)
+    return _loop_manual(local, (logical_to_spec(IDS_AXES), logical_to_spec(X_AXES)), out_spec)(
+        ids_bxT, constrain(dx_bxTxD, X_AXES))
 
 
 def output_logits(x_BxTxD, u_VxD, schedule: Schedule):

@@ -1,4 +1,5 @@
-"""jax-scaling {answer, plan, check, trace, layers, train, compile, bench}: every command of the package.
+"""jax-scaling {answer, plan, predict, validate, check, trace, layers, kernels, train, compile, bench}: every
+command of the package.
 
 The closed forms' commands (scaling.cli.add_commands) and the model's (ffn_model.cli.add_commands), in one
 process: the implementations of those that compile or measure (check, plan --verify-top,

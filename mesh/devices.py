@@ -24,6 +24,7 @@ import sys
 import tempfile
 
 from scaling.config import MESH_AXES, MeshShape, parse_mesh_spec, positive_int
+from scaling.limits import ascii_int
 from scaling.hardware import (CHIPS, DEFAULT_CHIP, GPU_NODE, Chip, chip_of_device_kind, chips_in, get_chip,
                               parse_slice, parse_topology)
 
@@ -119,7 +120,7 @@ def parse_gpu_spec(spec: str) -> tuple[Chip, int]:
         raise ValueError(f"devices {spec!r}: {chip.name} is not a GPU; use tpu:{chip.name}:<shape>")
     gpu_target_config(chip)
     try:
-        n = positive_int(f"devices {spec!r}: N", int(count))
+        n = positive_int(f"devices {spec!r}: N", ascii_int(count))
     except ValueError:
         raise ValueError(f"devices {spec!r}: N must be a positive integer") from None
     if n > GPU_NODE and n % GPU_NODE:
@@ -135,7 +136,7 @@ def _gpu_topology_devices(chip: Chip, n: int, verbose: bool = False) -> list:
     from jax.experimental import topologies
 
     per = min(n, GPU_NODE)  # topology "<partitions>x<hosts>x<GPUs per host>": one partition of n / per nodes
-    with _native_stderr(verbose):  # the plugin logs, once per process, that it finds no CUDA driver
+    with native_stderr(verbose):  # the plugin logs, once per process, that it finds no CUDA driver
         _load_cuda_plugin()
         topo = topologies.get_topology_desc(platform="cuda", topology=f"1x{n // per}x{per}",
                                             target_config=gpu_target_config(chip))
@@ -170,14 +171,14 @@ def _tpu_topology_devices(chip: Chip, dims: tuple[int, ...], verbose: bool = Fal
     if chips_in(dims) < 4:  # libtpu's default host is 2x2x1 chips; a smaller slice is one host
         kwargs["chips_per_host_bounds"] = tuple(dims) + (1,) * (3 - len(dims))
     try:
-        with _native_stderr(verbose):
+        with native_stderr(verbose):
             return list(topologies.get_topology_desc(platform="tpu", topology_name=topo_name, **kwargs).devices)
     except Exception as e:  # libtpu rejects unknown shapes with various error types
         raise ValueError(f"libtpu cannot describe TPU topology {topo_name!r}: {str(e).splitlines()[0]}") from None
 
 
 @contextlib.contextmanager
-def _native_stderr(verbose: bool):
+def native_stderr(verbose: bool):
     """Unless ``verbose``, send what native code writes to file descriptor 2 to a temporary file that is
     then discarded. libtpu, loaded on a machine without TPUs to compile ahead of time, writes lines
     about TPU hosts it cannot find (``Failed to find host bounds ...``, ``E0000 ... unexpected worker
@@ -209,7 +210,7 @@ def cpu_device_count(devices, name: str = "devices") -> int | None:
     if not isinstance(devices, str) or not devices.strip().lower().startswith("cpu:"):
         return None
     try:
-        n = int(devices.strip()[4:])
+        n = ascii_int(devices.strip()[4:])
     except ValueError:
         raise ValueError(f"{name} {devices!r}: expected cpu:N with N a positive integer") from None
     if positive_int(f"{name} {devices!r}: N", n) > MAX_CPU_DEVICES:

@@ -1,5 +1,6 @@
-"""python -m scaling {answer, plan, check, trace, layers}: the command layer's program (jax_scaling.cli) with the
-commands it offered before the console script. An entry point, not part of the scaling layer (tests/test_layers.py)."""
+"""python -m scaling {answer, plan, predict, validate, check, trace, layers, kernels}: the command layer's
+program (jax_scaling.cli) with the closed forms' commands. An entry point, not part of the scaling layer
+(tests/test_layers.py)."""
 
 import sys
 

@@ -1,6 +1,8 @@
-"""The closed forms on the command line: ``python -m scaling {answer, plan, check, trace, layers}``.
+"""The closed forms on the command line:
+``python -m scaling {answer, plan, predict, validate, check, trace, layers, kernels}``.
 
-``answer`` and ``plan`` are closed forms only (no jax; instant). ``check``, ``plan --verify-top``,
+``answer``, ``plan``, ``predict``, ``validate``, ``trace``, ``layers`` and ``kernels`` are closed forms only (no
+jax; instant). ``check``, ``plan --verify-top``,
 ``answer --verify-pipeline`` and ``trace --verify`` compile programs, which the closed forms never do:
 ``add_commands`` takes those implementations from the command layer (jax_scaling.cli), which imports
 them from verify when such a command runs.
@@ -14,6 +16,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import sys
 import time
 
@@ -27,19 +30,41 @@ from scaling.config import (ACCUMULATION_BYTES, ATTENTIONS, BLOCK_KINDS, CONTEXT
                             REMAT_POLICIES, FFNConfig, MeshShape, Schedule, TransformerConfig, check_divisible,
                             get_preset, parse_mesh_spec, positive_float, positive_int)
 
-from scaling.flags import DEFAULT_FLAGS, FLAG_SETS, FlagSet, get_flag_set
+from scaling.flags import DEFAULT_FLAGS, FLAG_SETS, FlagSet, check_modelled, get_flag_set
 from scaling.hardware import DEFAULT_CHIP, GPU_NODE, chips_in, get_chip, parse_slice, slice_name, split_slices
 from scaling.kernels import peak_flops
-from scaling.program import predict
-from scaling.table import table
+from scaling.limits import check_devices, check_flag, check_size, integer, number
+from scaling.table import prose, table
 from scaling.workload import Workload
 
 
+def say(text: str) -> None:
+    """Print a line of prose, wrapped (scaling.table.prose)."""
+    print(prose(text))
+
+
 class Parser(argparse.ArgumentParser):
-    """argparse with one-line errors: ``error: <prog>: <message>`` on stderr, exit 2 (argparse's status)."""
+    """argparse with one-line errors: ``error: <prog>: <message>`` on stderr, exit 2 (argparse's status), and the
+    one rule for every flag's value (scaling.limits.check_flag: counts positive and 32-bit, figures finite and in
+    their unit's range, text neither empty nor with a control character), applied to what the user gave."""
 
     def error(self, message):
         self.exit(2, f"error: {self.prog}: {message}\n")
+
+    def parse_known_args(self, args=None, namespace=None):
+        ns, rest = super().parse_known_args(args, namespace)
+        for a in self._actions:
+            value = getattr(ns, a.dest, None)
+            if a.option_strings and value is not a.default and (why := check_flag(a.dest, value)):
+                raise ValueError(f"{self.prog}: {why}")  # run: one error line, exit 2
+        return ns, rest
+
+
+def needs(args, flag: str, other: str) -> None:
+    """ValueError where --flag is given without --other, which it only changes (a silent no-op otherwise)."""
+    if getattr(args, flag) and not getattr(args, other):
+        raise ValueError(f"--{flag.replace('_', '-')} changes what --{other.replace('_', '-')} does; give it with "
+                         f"--{other.replace('_', '-')} or leave it out")
 
 
 def answer_command(args, verify_pipeline, render_pipeline) -> int:
@@ -47,6 +72,7 @@ def answer_command(args, verify_pipeline, render_pipeline) -> int:
     compiles (d)'s pipeline program and ``render_pipeline(ans)`` prints it after the answers. Sizes the package
     could not build (check_size) are refused like any bad input."""
     flags = flags_of(args)
+    needs(args, "verbose", "verify_pipeline")
     check_size(Workload(FFNConfig(args.d_model, args.d_ff, args.blocks), MeshShape(), args.batch_tokens, flags=flags))
     ans = answers(
         d_model=args.d_model, d_ff=args.d_ff, blocks=args.blocks, fsdp=args.fsdp, tensor=args.tensor, mx=args.mx,
@@ -55,7 +81,7 @@ def answer_command(args, verify_pipeline, render_pipeline) -> int:
     )
     if args.verify_pipeline:
         verify_pipeline(ans, args.verbose, flags)
-    print(json.dumps(ans, indent=2, default=str) if args.json else render(ans))
+    print(json.dumps(ans, indent=2, default=str) if args.json else prose(render(ans)))
     if args.verify_pipeline and not args.json:
         print()
         print(render_pipeline(ans))
@@ -78,9 +104,9 @@ def add_schedule_args(p) -> None:
     """--microbatches, --repeats, --schedule, --fsdp-gather (scaling.config.Schedule), and --xla-flags."""
     add_xla_flags_arg(p)
     g = p.add_argument_group("microbatches and pipeline stages (with a stage axis in --mesh)")
-    g.add_argument("--microbatches", type=int, default=1,
+    g.add_argument("--microbatches", type=integer, default=1,
                    help="M microbatches: the pipeline's with a stage axis, else gradient accumulation (default 1)")
-    g.add_argument("--repeats", type=int, default=1,
+    g.add_argument("--repeats", type=integer, default=1,
                    help="R chunks of blocks per stage: the circular pipeline, or with --schedule 1f1b the "
                         "interleaved 1F1B (default 1: GPipe, 1F1B)")
     g.add_argument("--schedule", dest="pipeline", choices=PIPELINES, default="gpipe",
@@ -104,7 +130,7 @@ def add_schedule_args(p) -> None:
     g.add_argument("--attention", choices=ATTENTIONS,
                    help="transformer attention: materialized scores or flash (key blocks, online softmax; "
                         f"default {d.attention})")
-    g.add_argument("--attention-block", type=int, help=f"flash attention's key block (transformer; default "
+    g.add_argument("--attention-block", type=integer, help=f"flash attention's key block (transformer; default "
                    f"{d.attention_block})")
     g.add_argument("--context-strategy", choices=CONTEXT_STRATEGIES,
                    help="transformer attention over a context axis: ulysses (all-to-all) or ring (ppermute; "
@@ -146,7 +172,7 @@ def add_model_args(p, preset: str) -> None:
                    f"{_presets_of(TransformerConfig)})")
     for name, what in {**MODEL_OVERRIDES, **TRANSFORMER_OVERRIDES}.items():
         transformer = name in TRANSFORMER_OVERRIDES
-        p.add_argument(f"--{name.replace('_', '-')}", type=int,
+        p.add_argument(f"--{name.replace('_', '-')}", type=integer,
                        help=f"override the preset's {what}" + (" (transformer)" if transformer else ""))
     for name, (kinds, what) in TRANSFORMER_CHOICES.items():
         p.add_argument(f"--{name}", choices=kinds, help=f"{what} (transformer)")
@@ -180,46 +206,6 @@ def model_config(args):
                              + ", ".join(k for k, v in PRESETS.items() if isinstance(v, TransformerConfig)) + ")")
         over = {k: over[k] for k in MODEL_OVERRIDES}
     return cfg.replace(**over)
-
-
-INT32_LIMIT = 2**31  # jax without 64-bit mode takes a Python int as int32: the layer scan's length L
-EXTENT_LIMIT = 2**63  # XLA's "static extent product" (an array's elements) is an int64
-
-
-def host_memory_bytes() -> int:
-    """This host's physical memory (os.sysconf: SC_PHYS_PAGES · SC_PAGE_SIZE), which emulated CPU devices share."""
-    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
-def check_size(w: Workload, cpu_devices: int | None = None) -> None:
-    """ValueError when a step is too large to build, before jax sees it: L of 2^31 blocks or more (INT32_LIMIT);
-    a global array of 2^63 elements or more (EXTENT_LIMIT), the largest being the activations B·max(D, F, N·H),
-    a weight stack L·D·max(F, N·H) and a transformer's attention scores B·N·T (one layer's, or flash attention's
-    key blocks stacked for the backward); and, for a run that allocates on ``cpu_devices`` emulated CPU devices,
-    the closed-form memory per device (scaling.program.predict) times the devices above this host's memory
-    (host_memory_bytes)."""
-    cfg, step = w.model, w.step
-    B, D, F, L = w.batch_tokens, cfg.d_model, cfg.d_ff, cfg.blocks
-    if L >= INT32_LIMIT:
-        raise ValueError(f"blocks={L:,} is too many: the scan over the blocks counts them in a 32-bit integer, "
-                         f"below 2^31 = {INT32_LIMIT:,}")
-    NH = cfg.heads * cfg.head_dim if isinstance(cfg, TransformerConfig) else 0
-    arrays = {"activations B·max(D, F)": B * max(D, F, NH), "weights L·D·F": L * D * max(F, NH)}
-    if isinstance(cfg, TransformerConfig):
-        arrays["attention scores B·N·T"] = B * cfg.heads * cfg.seq_len
-        arrays["logits B·V"] = B * (cfg.vocab or 0)
-    name, n = max(arrays.items(), key=lambda kv: kv[1])
-    if n >= EXTENT_LIMIT:
-        raise ValueError(f"the step's {name} hold {n:.3g} elements; XLA counts an array's elements in 64 bits, "
-                         f"below 2^63 = {EXTENT_LIMIT:.3g}: use a smaller model or batch")
-    if cpu_devices is not None:
-        need = predict(w).memory["total"]
-        have = host_memory_bytes()
-        if need * cpu_devices > have:
-            raise ValueError(f"the {step} step needs {need / 1e9:.4g} GB per device (closed form), "
-                             f"{need * cpu_devices / 1e9:.4g} GB on {cpu_devices} CPU devices, "
-                             "which share this host's memory: "
-                             f"{have / 1e9:.4g} GB: use a smaller model or batch (compile allocates none of it)")
 
 
 def named_slice(args):
@@ -265,7 +251,8 @@ def plan_choices(args, cfg) -> planner.Choices:
 def plan_command(args, verify) -> int:
     """Rank the plans and print them; ``verify(plans, cfg, chip, chips, budget, verbose, flags)`` (verify's, with
     --verify-top) adds the compiled peak of the first K."""
-    flags = flags_of(args)  # an unknown set or a bad flag: refused before anything is enumerated
+    flags = check_modelled(flags_of(args), "plan")  # an unknown set or flag: refused before anything is enumerated
+    needs(args, "verbose", "verify_top")
     if args.verify_top < 0:
         raise ValueError(f"--verify-top must be 0 (compile none) or a positive count of plans, got {args.verify_top}")
     cfg = model_config(args)
@@ -276,6 +263,8 @@ def plan_command(args, verify) -> int:
     if args.top <= 0:
         raise ValueError(f"--top must be a positive integer, got {args.top}")
     chip, chips, dims = plan_target(args)
+    check_devices("--chips", chips)
+    check_size(Workload(cfg, MeshShape(), args.batch_tokens, flags=flags))  # the global arrays: any mesh's
     t0 = time.perf_counter()
     for flag in ("max_microbatches", "max_repeats"):
         if getattr(args, flag) <= 0:
@@ -297,6 +286,9 @@ def plan_command(args, verify) -> int:
             + ", ".join(f"{k} {v / 1e9:.1f}" for k, v in miss["memory_terms"].items() if k != "total" and v >= 5e7)
             + " GB): " + f"{(miss['memory_bytes'] - budget) / 1e9:.1f} GB over")
         B, most = args.batch_tokens, chips * args.max_microbatches
+        if miss is None:  # no mesh runs it at all, whatever the memory: say which rules fail
+            raise ValueError(f"no mesh of {where} can run {cfg} with B = {B:,} tokens, whatever the memory: "
+                             + unsplittable(cfg, chips * chip.devices_per_chip, B, planner.plan_axes(cfg), flags))
         if all(B % k for k in range(2, min(B, most) + 1)):  # the batch splits no way: say so first
             why = (f"; B = {B:,} tokens divides by no microbatches·data·fsdp from 2 to {most:,} (train and check "
                    "need B divisible by it), so only data = fsdp = 1 with M = 1 can run it" + why)
@@ -313,59 +305,105 @@ def plan_command(args, verify) -> int:
     tried = (f"remat {', '.join(choices.remats)}" if not transformer else
              f"schedule, remat ({', '.join(choices.remats)}), attention ({', '.join(choices.attentions)}), context "
              f"strategy, sequence parallelism and optimizer sharding ({', '.join(choices.optimizer_sharding)})")
-    print(f"{len(plans)} meshes of {where} fit {budget / 1e9:.4g} GB per device, each with its best microbatch count "
+    say(f"{len(plans)} meshes of {where} fit {budget / 1e9:.4g} GB per device, each with its best microbatch count "
           f"(of 1 to {args.max_microbatches}), repeats and {tried}; B = {args.batch_tokens:,} tokens "
           f"({seconds * 1e3:.1f} ms)"
           + (f"; {slices} {f'nodes of {chips // slices} GPUs on NVLink' if chip.kind == 'gpu' else 'slices'} "
              f"joined by {chip.network_name} "
              f"({chip.dcn_bw:.3g} B/s per chip; column dcn: the mesh axis whose outermost factor spans them)"
              if slices > 1 else ""))
-    print(f"chip figures: {chip.describe()}")
-    print(f"Ranked by the {args.form} form" + (" (max(T_math, T_HBM) + the collective times; the compiled XXL forward "
+    say(f"chip figures: {chip.describe()}")
+    say(f"Ranked by the {args.form} form" + (" (max(T_math, T_HBM) + the collective times; the compiled XXL forward "
           "step runs its collectives synchronously under libtpu's default flags: docs/findings.md, question (c))"
           if args.form == "sum" else " (every collective overlapped with the math)" if args.form == "max" else
           f" (the kernels at the efficiency their shapes get on the chip, scaling.kernels, + the collectives the "
           f"schedule of {flags.describe()} leaves exposed + its loop copies)")
           + f"; the {other} form beside it.")
-    print(("The scheduled form is the step model's forecast (matmul efficiency fitted on measured runs: jax-scaling "
+    say(("The scheduled form is the step model's forecast (matmul efficiency fitted on measured runs: jax-scaling "
            "validate); the sum and max forms are " if args.form == "scheduled" or other == "scheduled" else
            "These are ") + "roofline bounds: their step times are lower bounds, MFU and HFU upper bounds "
           + ("(MFU counts the model's matmul FLOPs, attention's causal half, HFU the remat recompute and the "
              "pipeline's too)." if transformer else "(MFU counts model FLOPs 6PB-2BDF, HFU the remat recompute too)."))
-    print("M: microbatches (gradient accumulation without stages; GPipe/circular with them), R: circular repeats, "
+    say("M: microbatches (gradient accumulation without stages; GPipe/circular with them), R: circular repeats, "
           "bubble: (S-1)/(R*M) of the ideal step, paid as executed FLOPs (the scan computes in bubble iterations); "
           "bubble s: T_math of the bubble iterations."
           + (" sched: the pipeline schedule (gpipe, circular, 1f1b; 1F1B's bubble 2(S-1)/M, interleaved "
              "(R*S+S-2)/(R*M)); SP: sequence parallelism; ctx: the context strategy (with a context axis); "
-             "crit B: not modelled for the transformer." if transformer else ""))
+             "no critical batch is modelled for the transformer." if transformer else
+             f" crit B: the global batch above which the {crit_form(args.form)} form is compute bound (never: no "
+             "batch makes it so on that mesh; the scheduled form's exposed collectives follow the flags' schedule, "
+             "so it has no threshold of its own)."))
     best = {}
     for k, r in enumerate(plans, 1):
         best.setdefault(r["mesh"]["stage"] > 1, (k, r))
     shown = list(enumerate(plans[: args.top], 1)) + [best[s] for s in (False, True) if s in best]
+    short = {"scheduled": "sched"}.get(args.form, args.form)
     header = ["#", *planner.plan_axes(cfg), *(["dcn"] if slices > 1 else []), "M", "R",
               *(["sched", "remat", "SP", "ctx", "opt"] if transformer else []), "bubble", "bubble s", "M_X",
-              "M_Y", f"step s {args.form}", f"step s {other}", f"MFU {args.form}", f"MFU {other}", "HFU", "bound",
-              "GB/dev", "crit B", *(["compiled GB", "fits"] if args.verify_top else [])]
+              "M_Y", f"{short} s", f"{other} s", f"MFU {short}", f"MFU {other}", "HFU", "bound", "GB/dev",
+              *([] if transformer else [f"crit B {crit_form(args.form)}"]),
+              *(["compiled GB", "fits"] if args.verify_top else [])]
     lines = table(header, [_plan_cells(r, k, slices, args.form, bool(args.verify_top)) for k, r in shown],
                   right=range(len(header)))
     print("\n".join(lines[: min(args.top, len(plans)) + 1]))
-    print("Best with and without pipeline stages (# is the rank):")
     rest = iter(lines[min(args.top, len(plans)) + 1:])
     for staged, label in ((False, "without stages"), (True, "with stages")):
         if staged in best:
             r = best[staged][1]
-            print(next(rest) + f"   {label}" + (f": bubble {r['bubble']:.1%} of the ideal step, "
-                                                f"{r['bubble_seconds']:.3f} s" if staged else ""))
+            print(f"Best {label}" + (f": bubble {r['bubble']:.1%} of the ideal step, "
+                                     f"{r['bubble_seconds']:.3f} s" if staged else "") + " (# is the rank)")
+            print(next(rest))
         else:
-            print(f"{'':>6} no plan {label} fits")
+            print(f"No plan {label} fits")
     return 0
+
+
+def crit_form(form: str) -> str:
+    """The form whose critical batch plan shows: the ranking form's, or under the scheduled form (which has none of
+    its own: its exposed collectives depend on the flags' schedule, not on a batch threshold) the sum form's."""
+    return "sum" if form == "scheduled" else form
+
+
+def factorisations(n: int, k: int):
+    """Every ordered way of writing ``n`` as a product of ``k`` positive integers."""
+    if k == 1:
+        yield (n,)
+        return
+    for d in range(1, n + 1):
+        if n % d == 0:
+            for rest in factorisations(n // d, k - 1):
+                yield (d, *rest)
+
+
+def unsplittable(cfg, devices: int, batch_tokens: int, axes: tuple[str, ...], flags) -> str:
+    """Why no mesh of ``devices`` over ``axes`` can run ``cfg`` with ``batch_tokens`` (each mesh built as a
+    Workload, whose rules are the sharding table's and the schedule's): the rules that refuse them, most
+    frequent first, each with how many meshes it refuses and one example."""
+    first: dict[str, tuple[int, str, str]] = {}
+    count = 0
+    for sizes in factorisations(devices, len(axes)):
+        if count == 5000:  # enough to name the rules (each Workload is built and checked)
+            break
+        mesh = MeshShape(dict(zip(axes, sizes)))
+        count += 1
+        try:
+            Workload(cfg, mesh, batch_tokens, flags=flags)
+        except ValueError as e:
+            rule = re.sub(r"\d[\d,]*", "N", str(e))
+            n, ex_mesh, ex = first.get(rule, (0, str(mesh), str(e)))
+            first[rule] = (n + 1, ex_mesh, ex)
+    worst = sorted(first.values(), key=lambda v: -v[0])[:3]
+    return (f"each of the {'first ' if count == 5000 else ''}{count:,} ways to split {devices:,} devices over "
+            f"{', '.join(axes)} breaks a rule: "
+            + "; ".join(f"{n:,} meshes as {m}: {e}" for n, m, e in worst)
+            + " (use a chip count whose factors the model's dimensions and the batch divide)")
 
 
 def _plan_cells(r: dict, k: int, slices: int, form: str, compiled: bool) -> list[str]:
     """The cells of one plan's row (plan_command's header); the other form's step time and MFU beside the
     ranking form's."""
-    crit = ("never" if r["critical_batch"] is None else "any" if r["critical_batch"] == 0
-            else f"{r['critical_batch']:,.0f}")
+    c = r.get(f"critical_batch_{crit_form(form)}", r["critical_batch"])
+    crit = "never" if c is None else "any" if c == 0 else f"{c:,.0f}"
     step = {"sum": r["step_seconds_sum"], "max": r["step_seconds_max"], "scheduled": r["step_seconds_scheduled"]}
     mfu = {"sum": r["mfu_sum"], "max": r["mfu_max"], "scheduled": r["mfu"]}
     other = "max" if form == "sum" else "sum"
@@ -374,16 +412,13 @@ def _plan_cells(r: dict, k: int, slices: int, form: str, compiled: bool) -> list
     chosen = [r["pipeline"] if mesh["stage"] > 1 else "-", r["remat"], "on" if r["sequence_parallel"] else "-",
               r["context_strategy"] if mesh["context"] > 1 else "-",
               "zero1" if r["optimizer_sharding"] == "zero1" else "-"] if transformer else []
-    if transformer:
-        crit = "-"
     cells = [k, *mesh.values(), *([r["dcn_axis"]] if slices > 1 else []), r["microbatches"], r["repeats"], *chosen,
              f"{r['bubble']:.3f}", f"{r['bubble_seconds']:.3f}", r["M_X"], r["M_Y"], f"{step[form]:.3f}",
              f"{step[other]:.3f}", f"{mfu[form]:.3f}", f"{mfu[other]:.3f}", f"{r['hfu']:.2f}", r["bound"],
-             f"{r['memory_bytes'] / 1e9:.1f}", crit]
+             f"{r['memory_bytes'] / 1e9:.1f}", *([] if transformer else [crit])]
     if compiled:
         peak, fits = r.get("compiled_peak_bytes"), r.get("compiled_fits")
-        cells += (["", ""] if "compiled_on" not in r else  # a GPU plan without the CUDA plugin: CPU devices, state only
-                  [f"state {r['compiled_state_bytes'] / 1e9:.1f}", "n/a"] if fits is None else
+        cells += (["", ""] if "compiled_on" not in r else
                   [f"{peak / 1e9 if peak else float('nan'):.1f}", "yes" if fits else "no"])
     return cells
 
@@ -410,7 +445,7 @@ def predict_target(args):
             raise ValueError("--slices counts slices of --slice; with --chip give --chips")
         if args.chips is None:
             raise ValueError("give the hardware: --chip and --chips, or --slice (and --slices)")
-        chip, chips = get_chip(args.chip or DEFAULT_CHIP), positive_int("--chips", args.chips)
+        chip, chips = get_chip(args.chip or DEFAULT_CHIP), check_devices("--chips", args.chips)
         if chip.kind == "gpu":
             node = min(chips, GPU_NODE)
             if chips % node:
@@ -470,7 +505,7 @@ def predict_command(args) -> int:
 def predict_result(args) -> tuple[dict, object]:
     """(the JSON object predict prints, the Prediction) of predict's flags: scaling.plan.predict_placed, whose
     program.predict is the planner's function."""
-    flags = flags_of(args)
+    flags = check_modelled(flags_of(args), getattr(args, "command", "predict"))
     cfg = model_config(args)
     chip, dims, slices = predict_target(args)
     mesh = parse_mesh_spec(args.mesh)
@@ -480,6 +515,7 @@ def predict_result(args) -> tuple[dict, object]:
     w = Workload(cfg, mesh, B, args.step, args.remat, schedule,
                  precision=precision_of(args.dtype, args.grad_accumulation), flags=flags)
     check_divisible(cfg, mesh, B)
+    check_size(w)
     peak_flops(chip, args.dtype)  # ValueError where the table has no rate for it
     given = {a: n for a, n in parse_mesh_spec(args.dcn_mesh).items()} if args.dcn_mesh else None
     p, dcn, lay = planner.predict_placed(w, chip, dims, slices, given, args.form, args.kernel_model)
@@ -502,6 +538,10 @@ def predict_result(args) -> tuple[dict, object]:
                         for k, v in dataclasses.asdict(schedule).items()}, "xla_flags": flags.name,
            "step": args.step, "model_text": str(cfg), "xla_flags_text": flags.describe(), "dtype": args.dtype,
            "kernel_model": args.kernel_model}
+    if not out["fits"]:
+        need, have = out["memory_per_device_bytes"], chip.hbm_budget
+        out["fit_note"] = (f"the step needs {need / 1e9:.2f} GB per device, {(need - have) / 1e9:.2f} GB over the "
+                           f"{have / 1e9:.4g} GB usable on a {chip.name}: the step time is of a run that cannot start")
     if getattr(args, "kernels", False):
         ks = kernels.step_kernels(w, chip, args.dtype, args.kernel_model)
         out["kernels"] = [{"name": k.name, "pass": k.pass_, "kind": k.kind, "shape": None if k.shape is None else
@@ -528,7 +568,8 @@ def kernel_report(out: dict) -> str:
     per device; the parallelism; the step time and what it is made of (the scheduled form)."""
     chip = get_chip(out["chip"])
     ridge = peak_flops(chip, out["dtype"]) / chip.device_hbm_bw
-    lines = [f"{out['model_text']} on {out['devices']} {chip.name} devices, B = {out['batch_tokens']:,} tokens, "
+    lines = [prose(f"DOES NOT FIT: {out['fit_note']}")] if not out["fits"] else []
+    lines += [f"{out['model_text']} on {out['devices']} {chip.name} devices, B = {out['batch_tokens']:,} tokens, "
              f"M = {out['microbatches']}, kernel model {out['kernel_model']}", ""]
     passes = {}
     for k in out["kernels"]:
@@ -564,14 +605,14 @@ def print_kernels(out: dict, chip) -> None:
                      f"{k['seconds'] * 1e3:.4g}", k["bound"]))
     how = ("efficiency = eta·q(shape)" if out["kernel_model"] == "efficiency" else
            f"hierarchical: matmul bytes from tiles through {chip.onchip / 2**20:.0f} MiB on chip, efficiency = eta")
-    print(f"kernels per device (ridge point C/W_hbm = {ridge:.0f} FLOPs/byte; {how}, eta = "
+    say(f"kernels per device (ridge point C/W_hbm = {ridge:.0f} FLOPs/byte; {how}, eta = "
           f"{chip.matmul_efficiency} on {chip.name}; flash attention's time counts its causal blocks)")
     print("\n".join(table(["kernel", "pass", "m x n x k", "calls", "TFLOPs", "GB", "FLOPs/B", "eff", "ms", "bound"],
                           rows, right=range(3, 9))))
     by = {}
     for k in out["kernels"]:
         by[k["pass"]] = by.get(k["pass"], 0.0) + k["seconds"]
-    print("per pass: " + ", ".join(f"{k} {v:.4g} s" for k, v in by.items())
+    say("per pass: " + ", ".join(f"{k} {v:.4g} s" for k, v in by.items())
           + f"; compute term {sum(by.values()):.4g} s")
 
 
@@ -579,24 +620,27 @@ def print_prediction(out: dict, p) -> None:
     """predict's text: the configuration, the terms, the step, tokens/s, MFU and memory per device."""
     t, form, step, slices, dims = p.times, out["form"], out["step_seconds"], out["slices"], out["slice_shape"]
     chip, dcn, devices = get_chip(out["chip"]), out["dcn"], out["devices"]
+    if not out["fits"]:
+        say(f"DOES NOT FIT: {out['fit_note']}")
     B, M = out["batch_tokens"], out["microbatches"]
     where = (f"{slices} slices of {'x'.join(map(str, dims))}" if chip.kind == "tpu" and slices > 1 else
              f"{slices} nodes of {dims[0]}" if chip.kind == "gpu" and slices > 1 else "x".join(map(str, dims)))
     net = (f"; over {chip.network_name}: " + ", ".join(f"{a} x{n}" for a, n in dcn.items())) if dcn else ""
-    print(f"{out['model_text']} on {devices} {chip.name} devices ({where}{net}), mesh {_mesh_text(out['mesh'])}, "
-          f"B = {B:,} tokens, M = {M}, remat {out['remat']}, {out['step']} step, {out['xla_flags_text']}")
+    say(f"{out['model_text']}")
+    say(f"on {devices} {chip.name} devices ({where}{net}), mesh {_mesh_text(out['mesh'])}, "
+        f"B = {B:,} tokens, M = {M}, remat {out['remat']}, {out['step']} step, {out['xla_flags_text']}")
     rows = [("compute", "the kernels at their shapes' efficiency (--kernels)", t.compute),
             ("math", "executed FLOPs / C (roofline)", t.math), ("hbm", "HBM bytes / bandwidth (roofline)", t.hbm)]
     rows += [(f"{a}", f"collectives over {a} (all)", v) for a, v in t.comms.items()]
     rows += [(f"{a} exposed", "what the schedule leaves exposed", v) for a, v in t.exposed.items()]
     rows += [("loop copies", "2 x loop-state copy bytes / HBM bandwidth", t.copies)]
     print("\n".join(table(["term", "what", "seconds"], [(n, w_, f"{float(v):.4g}") for n, w_, v in rows])))
-    print(f"step: {step:.4g} s ({form}; " + ", ".join(f"{k} {float(v):.4g}" for k, v in t.step.items() if k != form)
+    say(f"step: {step:.4g} s ({form}; " + ", ".join(f"{k} {float(v):.4g}" for k, v in t.step.items() if k != form)
           + f"), bound: {t.bound}")
-    print(f"tokens/s per device: {B / step / devices:,.1f}; MFU {float(t.mfu[form]):.3f} (model FLOPs: the matmuls "
+    say(f"tokens/s per device: {B / step / devices:,.1f}; MFU {float(t.mfu[form]):.3f} (model FLOPs: the matmuls "
           f"the step needs, attention's causal half), HFU {float(t.hfu[form]):.3f}")
     over = p.memory["total"] - out["hbm_budget_bytes"]
-    print(f"memory per device: {p.memory['total'] / 1e9:.2f} GB of {out['hbm_budget_bytes'] / 1e9:.4g} GB ("
+    say(f"memory per device: {p.memory['total'] / 1e9:.2f} GB of {out['hbm_budget_bytes'] / 1e9:.4g} GB ("
           + ", ".join(f"{k} {v / 1e9:.2f}" for k, v in p.memory.items() if k != "total" and v >= 1e7) + ")"
           + (f": does not fit, {over / 1e9:.2f} GB over" if over > 0 else ""))
 
@@ -607,6 +651,8 @@ def validate_command(args) -> int:
     from scaling.hardware import CHIPS
     from scaling.validate import fit_efficiency, refitted, validate
 
+    if args.fit and args.json:
+        raise ValueError("--fit prints the fitted efficiencies as a table; --json is the validation's (give one)")
     if args.fit:
         rows = []
         for name, chip in CHIPS.items():
@@ -621,7 +667,7 @@ def validate_command(args) -> int:
     else:  # each fitted chip's eta refitted under that model on its own named run; rows it cannot predict left out
         r = refitted(args.kernel_model)
         v = r["validation"]
-        print(f"kernel model {args.kernel_model!r}, eta refitted on each chip's named run: "
+        say(f"kernel model {args.kernel_model!r}, eta refitted on each chip's named run: "
               + ", ".join(f"{c} {e:.3f}" for c, e in r["eta"].items()) + "; rows on chips without an on-chip "
               "memory size left out")
     if args.json:
@@ -632,16 +678,16 @@ def validate_command(args) -> int:
                             f"{r['error']:+.1%}", f"{r['mfu']:.3f}", "yes" if r["fits"] else "no", r["bound"],
                             f"eta {r['fitted']}" if r["fitted"] else "") for r in v["rows"]], right=(2, 3, 4, 5))))
     for g, s in v["groups"].items():
-        print(f"{g}: {s['n']} runs, median |error| {s['median_abs_error']:.1%}, max {s['max_abs_error']:.1%}; the "
+        say(f"{g}: {s['n']} runs, median |error| {s['median_abs_error']:.1%}, max {s['max_abs_error']:.1%}; the "
               f"{s['held_out']} held out (no coefficient fitted on them): median {s['held_out_median_abs_error']:.1%}, "
               f"max {s['held_out_max_abs_error']:.1%}")
     if v["memory"]:
         m = v["memory"]
-        print(f"memory per device against the {m['n']} measured peaks: median |error| {m['median_abs_error']:.1%}, "
+        say(f"memory per device against the {m['n']} measured peaks: median |error| {m['median_abs_error']:.1%}, "
               f"max {m['max_abs_error']:.1%}")
-    print("Spearman (predicted against measured step, rows of one comparison): "
+    say("Spearman (predicted against measured step, rows of one comparison): "
           + ", ".join(f"{c} {r:.2f}" for c, r in v["comparisons"].items()))
-    print("error = predicted/measured - 1; runs, their sources and what each assumes: scaling/data/measured.toml")
+    say("error = predicted/measured - 1; runs, their sources and what each assumes: scaling/data/measured.toml")
     return 0
 
 
@@ -668,6 +714,7 @@ def trace_command(args, verify_trace) -> int:
     --data, --tensor and --chip: the same trace for that transformer (seed000.model_trace), --verify compiling its
     one layer over --context v5p chips; --json one object."""
     flags = flags_of(args)  # refused before anything is printed
+    needs(args, "verbose", "verify")
     cfg = user_model(args, ("context", "data", "tensor", "chip"), "seed000", "trace")
     if cfg is None:
         if args.json:
@@ -677,6 +724,7 @@ def trace_command(args, verify_trace) -> int:
             print()
             print(verify_trace(args.verbose, flags))
         return 0
+    check_size(Workload(cfg, MeshShape(), cfg.seq_len))  # one sequence, as the seed's trace
     chip = get_chip(args.chip or "H100")
     context = args.context or 1
     t = seed000.model_trace(cfg, context, args.data or 1, args.tensor or context // (args.data or 1),
@@ -690,7 +738,7 @@ def trace_command(args, verify_trace) -> int:
     print(seed000.render_model(t))
     if args.verify:
         v = t["verify"]
-        print(f"compiled for {v['devices']} ({v['mesh']}, one layer, forward, flash): peak {v['compiled'] / 1e9:.2f} "
+        say(f"compiled for {v['devices']} ({v['mesh']}, one layer, forward, flash): peak {v['compiled'] / 1e9:.2f} "
               f"GB against the closed form's {v['closed_form'] / 1e9:.2f} GB, ratio {v['ratio']:.4f}")
     return 0
 
@@ -700,6 +748,8 @@ def layers_command(args) -> int:
     any model flag), --tp, --sequence-parallel, --batch and --chip, the same tables for that transformer."""
     if args.cells and args.preset is not None:
         raise ValueError("--cells is seed 001's; a model's tables take --preset, --tp, --chip")
+    if args.cells and args.json:
+        raise ValueError("--cells and --json are two forms of the comparison; give one (--json: the seed's tables)")
     cfg = user_model(args, ("tp", "chip", "batch", "vector_tflops", "sequence_parallel"), "llama2-7b", "layers")
     if cfg is None:
         if args.json:
@@ -709,6 +759,7 @@ def layers_command(args) -> int:
         return 0
     if args.cells:
         raise ValueError("--cells is seed 001's; a model's tables take --preset, --tp, --chip")
+    check_size(Workload(cfg, MeshShape(), (args.batch or 1) * cfg.seq_len))
     chip = get_chip(args.chip or "A100-80GB")
     tp = args.tp or 1
     t = layer_estimator.model_tables(cfg, args.batch or 1, tp, args.sequence_parallel,
@@ -721,7 +772,7 @@ def layers_command(args) -> int:
     header = (f"{cfg} on {chip.name}: b = {args.batch or 1} sequences, tp = {tp}, sequence parallelism "
               f"{'on' if args.sequence_parallel else 'off'}, depth = {cfg.blocks}; 16-bit elements, FLOPs in TFLOP, "
               "memory in GB, times in ms\nsystem: " + ", ".join(f"{k}={v:g}" for k, v in sysd.items()))
-    print(layer_estimator.render_model(t, header, tuple(args.table)))
+    print(layer_estimator.render_model(t, prose(header), tuple(args.table)))
     return 0
 
 
@@ -735,6 +786,8 @@ def kernels_command(args) -> int:
     if args.mesh is None and given:
         raise ValueError(f"a model's kernel report needs --mesh (given: --{given[0].replace('_', '-')}); without "
                          "model flags kernels prints seed 002's")
+    if args.text and args.json:
+        raise ValueError("--text and --json are two forms of the report; give one")
     args.preset = args.preset or "xxl"  # predict's default
     if args.mesh is not None:
         if args.seed is not None or args.text:
@@ -769,17 +822,17 @@ def add_predict_args(r, mesh_required: bool, preset: str | None = "xxl") -> None
     add_model_args(r, preset)
     g = r.add_argument_group("hardware")
     g.add_argument("--chip", help=f"chip from the hardware table (default {DEFAULT_CHIP}) with --chips")
-    g.add_argument("--chips", type=int, help="chip count: GPUs in nodes of 8, TPUs in slices of the largest size")
+    g.add_argument("--chips", type=integer, help="chip count: GPUs in nodes of 8, TPUs in slices of the largest size")
     g.add_argument("--slice", help="a Cloud TPU slice instead of --chip/--chips: v5p-256, v6e-256, v5litepod-256")
-    g.add_argument("--slices", type=int, help="how many --slice slices, joined by DCN (default 1)")
-    g.add_argument("--inter-node-bandwidth", type=float, metavar="BYTES/S",
+    g.add_argument("--slices", type=integer, help="how many --slice slices, joined by DCN (default 1)")
+    g.add_argument("--inter-node-bandwidth", type=number, metavar="BYTES/S",
                    help="a GPU cluster's network, bytes/s per node (default: the chip's IB figure times the node)")
     r.add_argument("--mesh", required=mesh_required, help="the whole mesh, its product every device: data=8,fsdp=8")
     r.add_argument("--dcn-mesh", help="which axes cross slices or nodes, e.g. data=4 (default: the outermost axes, "
                    "data first: MaxText's and Megatron's placement)")
-    r.add_argument("--global-batch", type=int, help="global batch in sequences (transformer)")
-    r.add_argument("--batch-tokens", type=int, help="global batch in tokens (instead of --global-batch)")
-    r.add_argument("--microbatch", type=int, help="sequences per microbatch on each data·fsdp shard (sets "
+    r.add_argument("--global-batch", type=integer, help="global batch in sequences (transformer)")
+    r.add_argument("--batch-tokens", type=integer, help="global batch in tokens (instead of --global-batch)")
+    r.add_argument("--microbatch", type=integer, help="sequences per microbatch on each data·fsdp shard (sets "
                    "--microbatches = global batch / (microbatch·data·fsdp))")
     r.add_argument("--remat", default="none", choices=REMAT_POLICIES, help="remat policy (default %(default)s)")
     r.add_argument("--step", default="train", choices=["train", "forward"], help="(default %(default)s)")
@@ -806,20 +859,22 @@ def add_commands(sub, *, check_command, verify_plans, verify_pipeline, render_pi
     plan --verify-top, answer --verify-pipeline and trace --verify (verify's, passed in by jax_scaling.cli)."""
     Q = QUESTION
     a = sub.add_parser("answer", help="answers to the 4D-parallelism questions (a)-(d), derived")
-    a.add_argument("--d-model", type=int, default=Q["d_model"], help="D (default %(default)s)")
-    a.add_argument("--d-ff", type=int, default=Q["d_ff"], help="F (default %(default)s)")
-    a.add_argument("--blocks", type=int, default=Q["blocks"], help="L (default %(default)s)")
-    a.add_argument("--fsdp", type=int, default=Q["fsdp"], help="X, the FSDP size (default %(default)s)")
-    a.add_argument("--tensor", type=int, default=Q["tensor"], help="Y, the TP size (default %(default)s)")
-    a.add_argument("--mx", type=int, default=Q["mx"], help="M_X, ICI axes the FSDP axis spans (default %(default)s)")
-    a.add_argument("--my", type=int, default=Q["my"], help="M_Y, ICI axes the TP axis spans (default %(default)s)")
-    a.add_argument("--flops", type=float, default=Q["flops"], help="C, bf16 FLOP/s per chip (default %(default)g)")
-    a.add_argument("--w-ici", type=float, default=Q["w_ici"], help="W_ici, bidirectional bytes/s (default %(default)g)")
-    a.add_argument("--hbm", type=float, default=Q["hbm"], help="HBM bytes per TPU (default %(default)g)")
-    a.add_argument("--gpu-hbm", type=float, default=Q["gpu_hbm"], help="HBM bytes per GPU (default %(default)g)")
-    a.add_argument("--batch-tokens", type=int, default=Q["batch_tokens"],
+    a.add_argument("--d-model", type=integer, default=Q["d_model"], help="D (default %(default)s)")
+    a.add_argument("--d-ff", type=integer, default=Q["d_ff"], help="F (default %(default)s)")
+    a.add_argument("--blocks", type=integer, default=Q["blocks"], help="L (default %(default)s)")
+    a.add_argument("--fsdp", type=integer, default=Q["fsdp"], help="X, the FSDP size (default %(default)s)")
+    a.add_argument("--tensor", type=integer, default=Q["tensor"], help="Y, the TP size (default %(default)s)")
+    a.add_argument("--mx", type=integer, default=Q["mx"],
+                   help="M_X, ICI axes the FSDP axis spans (default %(default)s)")
+    a.add_argument("--my", type=integer, default=Q["my"], help="M_Y, ICI axes the TP axis spans (default %(default)s)")
+    a.add_argument("--flops", type=number, default=Q["flops"], help="C, bf16 FLOP/s per chip (default %(default)g)")
+    a.add_argument("--w-ici", type=number, default=Q["w_ici"],
+                   help="W_ici, bidirectional bytes/s (default %(default)g)")
+    a.add_argument("--hbm", type=number, default=Q["hbm"], help="HBM bytes per TPU (default %(default)g)")
+    a.add_argument("--gpu-hbm", type=number, default=Q["gpu_hbm"], help="HBM bytes per GPU (default %(default)g)")
+    a.add_argument("--batch-tokens", type=integer, default=Q["batch_tokens"],
                    help="stated global batch for the activation figures of (a), (b) (default %(default)s)")
-    a.add_argument("--stages", type=int,
+    a.add_argument("--stages", type=integer,
                    help="pipeline stages for (d), a divisor of --fsdp and --blocks (default: the "
                    f"largest such count up to {Q['stages']}: 2 for the XXL's 126 blocks)")
     a.add_argument("--verify-pipeline", action="store_true",
@@ -833,14 +888,15 @@ def add_commands(sub, *, check_command, verify_plans, verify_pipeline, render_pi
     p = sub.add_parser("plan", help="rank every mesh of a slice by predicted step time")
     p.add_argument("--chip", help=f"chip from the hardware table (default {DEFAULT_CHIP}): v4, v5e, v5p, v6e, TPU7x, "
                    "H100, ...")
-    p.add_argument("--chips", type=int, help="chip count (default 64); more than one slice holds are slices over DCN")
+    p.add_argument("--chips", type=integer,
+                   help="chip count (default 64); more than one slice holds are slices over DCN")
     p.add_argument("--slice", help="a Cloud TPU slice instead of --chip/--chips: v5p-256 (TensorCores: 128 chips), "
                    "v6e-256 (chips), tpu7x-128, v5litepod-16, v4-512")
     add_model_args(p, "xxl")
     add_xla_flags_arg(p)
-    p.add_argument("--batch-tokens", type=int, help=f"global batch in tokens (default 25600 for the FFN stack, "
+    p.add_argument("--batch-tokens", type=integer, help=f"global batch in tokens (default 25600 for the FFN stack, "
                    f"{TRANSFORMER_PLAN_BATCH:,} for a transformer)")
-    p.add_argument("--hbm", type=float, help="memory budget per device in bytes (default: the table's usable HBM)")
+    p.add_argument("--hbm", type=number, help="memory budget per device in bytes (default: the table's usable HBM)")
     p.add_argument("--remat", choices=REMAT_POLICIES, help="remat policy (default: none for the FFN stack; a "
                    "transformer's plan tries each of its policies)")
     g = p.add_argument_group("what a transformer's plan tries on each mesh (left out: every one)")
@@ -854,17 +910,17 @@ def add_commands(sub, *, check_command, verify_plans, verify_pipeline, render_pi
                    help="rank by the scheduled form (math + the collectives --xla-flags' schedule leaves exposed + its "
                         "loop copies), the sum form (math + every collective: synchronous) or the max form (every "
                         "collective overlapped) (default %(default)s)")
-    p.add_argument("--top", type=int, default=10, help="rows to show (default %(default)s)")
-    p.add_argument("--max-microbatches", type=int, default=64, metavar="M",
+    p.add_argument("--top", type=integer, default=10, help="rows to show (default %(default)s)")
+    p.add_argument("--max-microbatches", type=integer, default=64, metavar="M",
                    help="largest microbatch count to try (gradient accumulation, pipeline; default %(default)s; "
                         "1: no microbatches)")
-    p.add_argument("--max-repeats", type=int, default=4, metavar="R",
+    p.add_argument("--max-repeats", type=integer, default=4, metavar="R",
                    help="largest repeat count to try with stages, circular and interleaved 1F1B (default "
                         "%(default)s; 1: none)")
-    p.add_argument("--verify-top", type=int, default=0, metavar="K",
+    p.add_argument("--verify-top", type=integer, default=0, metavar="K",
                    help="compile the top K plans ahead of time for the real TPU topology, or with XLA's GPU compiler "
-                        "for the GPUs (the cuda-aot extra; without it on as many emulated CPU devices, state bytes "
-                        "only), and add their peak and whether it fits")
+                        "for the GPUs (jax's CUDA plugin, which make answer installs), and add their peak and "
+                        "whether it fits")
     p.add_argument("--verbose", action="store_true", help="with --verify-top: let libtpu's start-up lines through")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=lambda args: plan_command(args, verify_plans))
@@ -885,7 +941,7 @@ def add_commands(sub, *, check_command, verify_plans, verify_pipeline, render_pi
                         "slice (tpu:v5p-128), compiled ahead of time")
     c.add_argument("--mesh", default="data=2,fsdp=2,tensor=2", help="mesh spec (default %(default)s)")
     add_model_args(c, "small")
-    c.add_argument("--batch-tokens", type=int, default=4096, help="global batch in tokens (default %(default)s)")
+    c.add_argument("--batch-tokens", type=integer, default=4096, help="global batch in tokens (default %(default)s)")
     c.add_argument("--remat", default="none", choices=REMAT_POLICIES, help="remat policy (default %(default)s)")
     c.add_argument("--step", default="train", choices=["train", "forward"], help="(default %(default)s)")
     add_schedule_args(c)
@@ -903,9 +959,9 @@ def add_commands(sub, *, check_command, verify_plans, verify_pipeline, render_pi
     add_xla_flags_arg(t)
     g = t.add_argument_group("a transformer's trace instead of the seed's")
     add_model_args(g, None)
-    g.add_argument("--context", type=int, help="the GPUs of the Ulysses all-to-all (default 1)")
-    g.add_argument("--data", type=int, help="the FFN's data-parallel split of those GPUs (default 1)")
-    g.add_argument("--tensor", type=int, help="the FFN's tensor-parallel split (default context/data)")
+    g.add_argument("--context", type=integer, help="the GPUs of the Ulysses all-to-all (default 1)")
+    g.add_argument("--data", type=integer, help="the FFN's data-parallel split of those GPUs (default 1)")
+    g.add_argument("--tensor", type=integer, help="the FFN's tensor-parallel split (default context/data)")
     g.add_argument("--chip", help="a GPU: PyTorch's allocator model for the memory lines (default H100); a TPU: the "
                    "tensors' bytes")
     t.add_argument("--json", action="store_true", help="a model's trace as one JSON object")
@@ -918,12 +974,12 @@ def add_commands(sub, *, check_command, verify_plans, verify_pipeline, render_pi
     y.add_argument("--cells", action="store_true", help="every printed cell: ours, the seed's, whether they match")
     g = y.add_argument_group("a transformer's tables instead of the seed's")
     add_model_args(g, None)
-    g.add_argument("--tp", type=int, help="tensor-parallel GPUs (default 1)")
+    g.add_argument("--tp", type=integer, help="tensor-parallel GPUs (default 1)")
     g.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism on the tp GPUs")
-    g.add_argument("--batch", type=int, help="sequences (default 1)")
+    g.add_argument("--batch", type=integer, help="sequences (default 1)")
     g.add_argument("--chip", help="chip from the hardware table: its FLOP rate, HBM and link bandwidth (default "
                    "A100-80GB)")
-    g.add_argument("--vector-tflops", type=float, help="the chip's rate off the tensor cores, TFLOP/s (default the "
+    g.add_argument("--vector-tflops", type=number, help="the chip's rate off the tensor cores, TFLOP/s (default the "
                    "hardware table's vector_flops, where it has one)")
     y.add_argument("--json", action="store_true", help="one JSON object: the tables, totals and comm fractions")
     y.set_defaults(func=layers_command)
@@ -944,8 +1000,8 @@ def run(parser: argparse.ArgumentParser, argv=None) -> int:
     """Parse ``argv`` and run the command; a ValueError is one ``error:`` line on stderr and exit 2; a reader
     that closes the pipe early (``| head``) ends it quietly with exit 1 (signal module docs, "Note on SIGPIPE")."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = parser.parse_args(argv)
     try:
+        args = parser.parse_args(argv)
         code = args.func(args)
         sys.stdout.flush()  # a closed pipe raises here, not at exit
         return code

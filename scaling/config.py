@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from scaling.limits import ascii_int
 from scaling.sharding import LOGICAL_RULES, shards
 
 # The mesh axes, outermost first (MaxText's names). Each is an entry of this one tuple; the sharding
@@ -175,6 +176,11 @@ class FFNConfig:
     def replace(self, **kw) -> "FFNConfig":
         return dataclasses.replace(self, **{k: v for k, v in kw.items() if v is not None})
 
+    def __str__(self) -> str:
+        """A header's words: "FFN stack D=16,384 F=53,248 L=126" (repr() keeps the dataclass form)."""
+        return (f"FFN stack D={self.d_model:,} F={self.d_ff:,} L={self.blocks:,}"
+                + (f" {self.activation}" if self.activation else ""))
+
 
 MLP_KINDS = ("relu", "gelu", "swiglu")  # act(h·W_in)·W_out, or SwiGLU (Shazeer 2020)
 BLOCK_KINDS = ("serial", "parallel")  # attention then MLP; or both on one norm, summed (GPT-J, PaLM)
@@ -208,6 +214,13 @@ class TransformerConfig:
     block: str = "serial"
     vocab: int | None = None
     tied_embeddings: bool = False
+
+    def __str__(self) -> str:
+        """A header's words: "transformer D=4,096 N=32 K=8 H=128 F=14,336 L=32 T=8,192 swiglu V=128,256"."""
+        return (f"transformer D={self.d_model:,} N={self.heads} K={self.kv_heads} H={self.head_dim} "
+                f"F={self.d_ff:,} L={self.blocks:,} T={self.seq_len:,} {self.mlp}"
+                + (" parallel" if self.block == "parallel" else "")
+                + (f" V={self.vocab:,}" + (" tied" if self.tied_embeddings else "") if self.vocab else ""))
 
     def __post_init__(self):
         for name in ("d_model", "heads", "d_ff", "blocks", "seq_len"):
@@ -522,7 +535,7 @@ def parse_mesh_spec(spec: str, devices: int | None = None) -> MeshShape:
         if key in sizes:
             raise ValueError(f"mesh axis {key!r} given twice in {spec!r}")
         try:
-            n = int(val)
+            n = ascii_int(val)
         except ValueError:
             raise ValueError(f"mesh axis {key!r} size must be an integer, got {val!r}") from None
         if n == -1:
@@ -658,6 +671,9 @@ class Schedule:
             raise ValueError("the 1f1b schedule needs a stage axis (stage > 1 in the mesh)")
         if self.pipeline == "1f1b" and not isinstance(cfg, TransformerConfig):
             raise ValueError("the 1f1b schedule is built for the transformer; the FFN stack runs gpipe or circular")
+        if self.sequence_parallel and mesh.get("tensor", 1) == 1:
+            raise ValueError("sequence_parallel splits the activations over the tensor axis; the mesh has none "
+                             "(give tensor > 1 in the mesh, or leave sequence parallelism off)")
         if R > 1 and S == 1:
             raise ValueError(f"repeats={R} needs a stage axis (circular pipeline); without one use repeats=1")
         if (L // S) % R:

@@ -94,6 +94,18 @@ def get_flag_set(spec: str | FlagSet | None = None) -> FlagSet:
                    like.rs_last_hop_exposed)
 
 
+def check_modelled(fs: FlagSet, command: str) -> FlagSet:
+    """``fs`` if the step model reads every one of its flags (each is in a named set of FLAG_SETS, whose schedules
+    were read from compiled programs), else ValueError naming the first that is not: a command that predicts
+    without compiling (predict, plan, kernels) would print a step that does not depend on it."""
+    known = {f for s in FLAG_SETS.values() for f in s.flags}
+    if unread := [f for f in fs.flags if f not in known]:
+        raise ValueError(f"{command} models the XLA flags of the sets {', '.join(FLAG_SETS)} (scaling/data/"
+                         f"xla_flags.toml); {unread[0]} is in none of them, so the step it predicts would not depend "
+                         "on it (check and compile pass any flag to XLA, which refuses the ones it does not know)")
+    return fs
+
+
 def unknown_flag(error: BaseException | str) -> str | None:
     """The flag named by XLA's refusal of a compile option it does not know, else None."""
     m = re.search(r"No such compile option: '([^']+)'", str(error))

@@ -19,6 +19,9 @@ Sources (abbreviated in the table):
              (256×128, 128×256, 128×128 for large GEMMs), tile and wave quantization over the SMs, Tensor Core
              use with 16-bit operands whose dimensions are multiples of 8 elements (16 bytes).
   [seed-001] the reference seed 001's A100 system (its notebook's system dict): FP16 off the tensor cores 78 TFLOP/s
+  [NV-Hopper]  NVIDIA H100 Tensor Core GPU Architecture whitepaper, H100 SXM5: peak FP16 and BF16 non-Tensor 133.8,
+             FP32 66.9 TFLOP/s (132 SMs x 128 FP32 lanes x 2 x 1.98 GHz, doubled for 16-bit).
+  [derived]  computed from sourced figures, the row's comment saying how (vector_flops of v4, v5e, v6e, TPU7x, B200).
   [jax-tpu_info]   jax's table of TPU generations for Pallas (jax/_src/pallas/mosaic/tpu_info.py, jax 0.10.2):
                    VMEM per TensorCore, v4 16 MiB, v5e 128 MiB, v5p 64 MiB, v6e 128 MiB, TPU7x 64 MiB
   [jax-precision]  jax's dot algorithms (jax.lax.DotAlgorithmPreset): an FP32 matmul on a TPU's bf16 MXU at full
@@ -48,6 +51,8 @@ import math
 import tomllib
 from dataclasses import dataclass, replace
 from importlib import resources
+
+from scaling.limits import ascii_int
 
 GiB = 2**30
 
@@ -87,7 +92,7 @@ class Chip:
     fitted_on: str | None = None  # the measured run (scaling/data/measured.toml id) matmul_efficiency is fitted on
     efficiency_as: str | None = None  # a chip without measured runs takes the efficiency of this one (same unit)
     onchip_bytes: float | None = None  # the memory a matmul tiles through (GPU L2, TPU VMEM): the hierarchical model
-    vector_flops: float | None = None  # GPU: non-tensor FP16 FLOP/s (layers' element-wise rows: layer_estimator)
+    vector_flops: float | None = None  # per chip off the matrix units: GPU non-Tensor FP16, TPU VPU (layer_estimator)
 
     @property
     def onchip(self) -> float | None:
@@ -249,7 +254,7 @@ def check_topology(chip: Chip, dims: tuple[int, ...]) -> tuple[int, ...]:
 def parse_topology(chip: Chip, text: str) -> tuple[int, ...]:
     """``"4x4x4"`` -> (4, 4, 4), checked against the chip's shapes (check_topology)."""
     try:
-        dims = tuple(int(p) for p in str(text).strip().lower().split("x"))
+        dims = tuple(ascii_int(p) for p in str(text).strip().lower().split("x"))
     except ValueError:
         raise ValueError(f"bad topology {text!r} for {chip.name}; expected e.g. "
                          f"{'x'.join(map(str, chip.small_topologies[-1]))}") from None
@@ -306,7 +311,7 @@ def parse_slice(name: str) -> tuple[Chip, tuple[int, ...]]:
     prefix, _, count = s.rpartition("-")
     for chip in _tpus():
         if prefix in {chip.slice_prefix, chip.name.lower(), *chip.aliases}:
-            if not count.isdigit() or int(count) <= 0:
+            if not (count.isascii() and count.isdigit()) or int(count) <= 0:
                 break
             n = int(count)
             per = chip.cores_per_chip if chip.slice_counts_cores else 1

@@ -120,13 +120,28 @@ def shape_efficiency(chip: Chip, m, n, k, batch=1, dtype: str = "bf16"):
 
 
 def _matmul(name, pass_, m, n, k, calls, c, batch=1, kind="matmul", flops_=None, bytes_=None, executed=1.0):
-    """A matmul kernel of ``calls`` calls of [m, k]·[k, n] (× batch) on c-byte elements: FLOPs 2·m·n·k·batch a call
-    (or ``flops_`` per step where the program's count differs from the shapes'), bytes c·(m·k + k·n + m·n)·batch
-    (or ``bytes_``)."""
+    """A matmul kernel of ``calls`` calls of [m, k]·[k, n] (× batch): its FLOPs ``flops_`` per step where the
+    program's count differs from the shapes', its bytes ``bytes_`` where given; None otherwise, for _shape_costs
+    to make (c-byte elements: step_kernels fills them in, compute_term makes them for every kernel at once)."""
+    return Kernel(name, pass_, kind, (m, n, k, batch), calls, flops_, bytes_, executed)
+
+
+def _shape_costs(m, n, k, batch, calls, c):
+    """(FLOPs, HBM bytes) per step of ``calls`` calls of a matmul [m, k]·[k, n] (× batch) on c-byte elements:
+    2·m·n·k·batch and c·(m·k + k·n + m·n)·batch a call. Elementwise, so the same on numpy arrays of many kernels'
+    shapes (compute_term)."""
     # scalars first: m and calls are the arrays of the planner's batches (fewer array operations)
-    f = m * (2 * n * k * batch) * calls if flops_ is None else flops_
-    b = (m * (c * (k + n) * batch) + c * k * n * batch) * calls if bytes_ is None else bytes_
-    return Kernel(name, pass_, kind, (m, n, k, batch), calls, f, b, executed)
+    return m * (2 * n * k * batch) * calls, (m * (c * (k + n) * batch) + c * k * n * batch) * calls
+
+
+def _filled(ks: list[Kernel], c) -> list[Kernel]:
+    """The kernels with the FLOPs and bytes _matmul left to their shapes (_shape_costs) made."""
+    for k in ks:
+        if k.flops is None or k.bytes is None:
+            f, b = _shape_costs(*k.shape, k.calls, c)
+            k.flops = f if k.flops is None else k.flops
+            k.bytes = b if k.bytes is None else k.bytes
+    return ks
 
 
 def _transformer(w: Workload) -> list[Kernel]:
@@ -177,7 +192,8 @@ def _transformer(w: Workload) -> list[Kernel]:
         mm, nn, kk, b = k.shape
         if k.kind == "attention":  # 8 or 10 units backward (scaling.transformer.attention_units), shapes of the forward
             units = transformer.attention_units(schedule, "backward", mesh)
-            return [Kernel(k.name, "backward", k.kind, k.shape, k.calls, k.flops * units / 4, k.bytes * 2, k.executed)]
+            moved = _shape_costs(*k.shape, k.calls, c)[1] if k.bytes is None else k.bytes
+            return [Kernel(k.name, "backward", k.kind, k.shape, k.calls, k.flops * units / 4, moved * 2, k.executed)]
         return [_matmul(k.name + ".dx", "backward", mm, kk, nn, k.calls, c),
                 _matmul(k.name + ".dw", "backward", kk, nn, mm, k.calls, c)]
 
@@ -289,7 +305,7 @@ def step_kernels(w: Workload, chip: Chip | None = None, dtype: str = "bf16",
     ``kernel_model`` "hierarchical" takes each matmul's bytes from its tiles and its efficiency unquantized."""
     if kernel_model not in KERNEL_MODELS:
         raise ValueError(f"kernel model {kernel_model!r}: one of {', '.join(KERNEL_MODELS)}")
-    ks = _transformer(w) if isinstance(w.model, TransformerConfig) else _ffn(w)
+    ks = _filled(_transformer(w) if isinstance(w.model, TransformerConfig) else _ffn(w), w.precision.compute)
     if chip is None:
         return ks
     peak, bw = peak_flops(chip, dtype), chip.device_hbm_bw
@@ -314,3 +330,49 @@ def step_kernels(w: Workload, chip: Chip | None = None, dtype: str = "bf16",
 def compute_seconds(kernels: list[Kernel]) -> object:
     """The step model's compute term: Σ of the kernels' seconds (they run one after another on a device)."""
     return sum(k.seconds for k in kernels)
+
+
+def compute_term(w: Workload, chip: Chip, dtype: str = "bf16", kernel_model: str = "efficiency") -> object:
+    """compute_seconds(step_kernels(w, chip, dtype, kernel_model)), the figure predict's scheduled form takes, made
+    for all the step's matmuls at once: their shapes, calls, FLOPs and bytes stacked into numpy arrays [kernels, ...]
+    and each formula (_shape_costs, shape_efficiency, the roofline of a kernel) evaluated once on them, elementwise
+    (the same figures, summed in the kernels' order). The planner's candidates each take it (a kernel at a time,
+    about 40 of them, was two thirds of a candidate's step time)."""
+    if kernel_model != "efficiency":
+        return compute_seconds(step_kernels(w, chip, dtype, kernel_model))
+    ks = _transformer(w) if isinstance(w.model, TransformerConfig) else _ffn(w)
+    mm = [k for k in ks if k.shape is not None]
+    peak, bw = peak_flops(chip, dtype), chip.device_hbm_bw
+    total = 0
+    if mm:
+        flops_given, bytes_given = [k.flops is not None for k in mm], [k.bytes is not None for k in mm]
+        cols = [_stacked(col) for col in zip(*((*k.shape, k.calls, k.executed) for k in mm))]
+        if any(flops_given):
+            cols += [_stacked(flops_given), _stacked([0.0 if k.flops is None else k.flops for k in mm])]
+        if any(bytes_given):
+            cols += [_stacked(bytes_given), _stacked([0.0 if k.bytes is None else k.bytes for k in mm])]
+        nd = max(a.ndim for a in cols)  # each [kernels, ...] with as many dimensions (numpy aligns the last)
+        m, n, kk, b, calls, executed, *given = (a.reshape(a.shape[:1] + (1,) * (nd - a.ndim) + a.shape[1:])
+                                                for a in cols)
+        flops, moved = _shape_costs(m, n, kk, b, calls, w.precision.compute)
+        if any(flops_given):
+            flops, given = np.where(given[0], given[1], flops), given[2:]
+        if any(bytes_given):
+            moved = np.where(given[0], given[1], moved)
+        seconds = iter(np.maximum(flops * (executed / (peak * shape_efficiency(chip, m, n, kk, b, dtype))),
+                                  moved / bw))
+    for k in ks:  # in the kernels' order, as compute_seconds sums them
+        total = total + (np.maximum(0.0, k.bytes / bw) if k.shape is None else next(seconds))
+    return total
+
+
+def _stacked(values) -> np.ndarray:
+    """Scalars or arrays as one array [len(values), ...] of their broadcast shape and common type (np.stack of their
+    broadcasts, without its cost per value)."""
+    shapes = {getattr(v, "shape", ()) for v in values}
+    if shapes == {()}:
+        return np.array(values)
+    a = np.empty((len(values), *np.broadcast_shapes(*shapes)), np.result_type(*values))
+    for i, v in enumerate(values):
+        a[i] = v
+    return a

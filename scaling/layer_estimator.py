@@ -30,7 +30,7 @@ import sys
 from typing import NamedTuple
 
 from scaling.seed000 import seed_text
-from scaling.table import table
+from scaling.table import fold
 
 # ---------------------------------------------------------------------------------------------
 # inputs
@@ -455,10 +455,11 @@ def seed001_tables() -> dict:
 
 def system_of(chip, vector_tflops: float | None = None) -> dict:
     """The seed's system dict for a chip of the hardware table (scaling.hardware), in its units (TFLOP/s, GB/s):
-    matrix_flops_fp16 = C (dense bf16), vector_flops_fp16 = ``vector_tflops`` or the chip's vector_flops (the
-    non-tensor FP16 rate, where the table has one), hbm_bandwidth = W_hbm, nvlink_bandwidth = 2·W_link one way
-    (both directions, as the seed's 600 GB/s A100 NVLink), ib_bandwidth = the chip's DCN/IB share, nvlink_size =
-    a GPU node's 8, or a TPU's largest slice (its ICI). ValueError for a chip without a vector rate and none given."""
+    matrix_flops_fp16 = C (dense bf16), vector_flops_fp16 = ``vector_tflops`` or the chip's vector_flops (the rate
+    off the matrix units: a GPU's non-Tensor FP16, a TPU's VPU; every row of the table has one), hbm_bandwidth =
+    W_hbm, nvlink_bandwidth = 2·W_link one way (both directions, as the seed's 600 GB/s A100 NVLink), ib_bandwidth =
+    the chip's DCN/IB share, nvlink_size = a GPU node's 8, or a TPU's largest slice (its ICI). ValueError for a chip
+    without a vector rate and none given."""
     vec = vector_tflops if vector_tflops is not None else (chip.vector_flops or 0) / 1e12
     if not vec:
         raise ValueError(f"{chip.name} has no vector (non-tensor) FLOP rate in the hardware table: give "
@@ -644,8 +645,9 @@ def _fmt(v) -> str:
 
 
 def _table_text(header: list[str], lines: list[list[str]]) -> list[str]:
-    """The first column left-aligned, the figures right-aligned (scaling.table)."""
-    return table(header, lines, right=range(1, len(header)))
+    """The first column left-aligned, the figures right-aligned, folded where wider than a terminal
+    (scaling.table.fold)."""
+    return fold(header, lines, right=range(1, len(header)))
 
 
 def render(tables: tuple[str, ...] = ("mlp", "sa"), columns: tuple[str, ...] = COLUMNS,

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from scaling import memory, pipeline, program, roofline
+from scaling import kernels, memory, pipeline, program, roofline
 from scaling.config import (ATTENTIONS, CONTEXT_STRATEGIES, MESH_AXES, PIPELINES, REMAT_POLICIES, FFNConfig, MeshShape,
                             Schedule, TransformerConfig, check_divisible, check_remat, divisions, positive_float,
                             positive_int)
@@ -58,6 +58,21 @@ def _splits(d: int, k: int):
         if d % a == 0:
             for rest in _splits(d // a, k - 1):
                 yield (a, *rest)
+
+
+def _row_ids(rows: np.ndarray) -> np.ndarray:
+    """One int64 per row of a 2-D array of integers, equal for equal rows and ordered as the rows are
+    lexicographically: np.unique(rows, axis=0)'s order, without its sort of whole rows (10^5 rows: about 20
+    times faster). The columns as digits of a mixed radix, renumbered densely where the next would overflow."""
+    ids, bound = np.zeros(len(rows), np.int64), 1
+    for col in rows.T:
+        col = col - col.min() if len(col) else col
+        radix = int(col.max()) + 1 if len(col) else 1
+        if bound * radix >= 2**62:
+            _, ids = np.unique(ids, return_inverse=True)
+            bound = int(ids.max()) + 1
+        ids, bound = ids * radix + col, bound * radix
+    return ids
 
 
 def plan_axes(cfg) -> tuple[str, ...]:
@@ -98,18 +113,21 @@ def layouts(dims: tuple[int, ...], chip: Chip, axes: tuple[str, ...] = PLAN_AXES
         span = (span[:, None, :] + (sp > 1)[None, :, :]).reshape(-1, len(axes))
         index = np.concatenate([np.repeat(index, len(sp), axis=0),
                                 np.tile(np.arange(len(sp)), len(index))[:, None]], axis=1)
-    kinds, which = np.unique(sizes, axis=0, return_inverse=True)
-    wanted = keep(kinds)[which.ravel()]
+    _, first, which = np.unique(_row_ids(sizes), return_index=True, return_inverse=True)
+    wanted = keep(sizes[first])[which]  # the distinct sizes in lexicographic order, as np.unique(axis=0) gives them
     sizes, link, span, index = sizes[wanted], link[wanted], span[wanted], index[wanted]
-    _, first = np.unique(np.concatenate([sizes, link * 2, span], axis=1), axis=0, return_index=True)
-    for k in sorted(first):
-        lay = {}
+    _, first = np.unique(_row_ids(np.concatenate([sizes, np.rint(link * 2).astype(int), span], axis=1)),
+                         return_index=True)
+    # per physical axis and split, each mesh axis's (length, wraps) where its factor is > 1
+    cells = [[[(n, wraps(n, i)) if n > 1 else None for n in row] for row in sp.tolist()] for i, sp in enumerate(splits)]
+    size_rows, index_rows = sizes.tolist(), index.tolist()
+    for k in sorted(first.tolist()):
+        lay, picked = {}, [cells[i][j] for i, j in enumerate(index_rows[k])]
         for a, axis in enumerate(axes):
-            spans = [(int(splits[i][j, a]), wraps(int(splits[i][j, a]), i)) for i, j in enumerate(index[k])
-                     if splits[i][j, a] > 1]
+            spans = [c[a] for c in picked if c[a] is not None]
             if spans:
                 lay[axis] = ([n for n, _ in spans], [w for _, w in spans])
-        out.setdefault(tuple(int(x) for x in sizes[k]), []).append(lay)
+        out.setdefault(tuple(size_rows[k]), []).append(lay)
     return out
 
 
@@ -239,20 +257,24 @@ def workload_of(r: dict, cfg, flags=None) -> Workload:
 
 
 def _groups(cfg, chip: Chip, dims, n_slices: int, choices: Choices, max_microbatches: int, max_repeats: int):
-    """The meshes to evaluate, in groups that predict takes at once: [(dcn axis, [MeshShape], [[layout]],
-    {schedule key: (Schedule, {remat: [mesh index]})})]. A transformer's meshes are grouped by DCN axis,
-    stage count and which axes are > 1 (config.spans: every branch of its closed forms then agrees within the
-    group), the FFN stack's one mesh a group."""
+    """The meshes to evaluate, in groups that predict takes at once: [([MeshShape], [DCN axis], [[layout]],
+    {schedule key: (Schedule, {remat: [mesh index]})})]. A transformer's meshes are grouped by stage count and
+    which axes are > 1 (config.spans: every branch of its closed forms then agrees within the group), each with its
+    own DCN axis (predict's ``dcn`` takes an array of slices per mesh: the closed forms do not read it, the network
+    terms take it mesh by mesh); the FFN stack's one mesh a group."""
     axes, transformer = plan_axes(cfg), isinstance(cfg, TransformerConfig)
     dcn_axes = DCN_AXES if n_slices > 1 else (None,)
-    groups: dict[tuple, list] = {}
+    groups: dict[tuple, tuple] = {}
     # A transformer's schedules on a mesh depend on the mesh through what Schedule.check reads of it (the stage,
     # context and tensor sizes; ZeRO-1's data axis and D over data·fsdp) once the mesh divides the model: found once
     # per such kind of mesh, each with its key (the schedule without its microbatch counts)
     kinds = {}
 
     def keyed(runs):
-        keys = {id(s): dataclasses.replace(s, microbatches=1) for s, _ in runs}  # schedules pairs each with every remat
+        keys = {}  # schedules pairs each with every remat
+        for s, _ in runs:
+            if id(s) not in keys:
+                keys[id(s)] = dataclasses.replace(s, microbatches=1)
         return [(keys[id(s)], s, r) for s, r in runs]
 
     for (sizes, lays), dcn_axis in itertools.product(
@@ -272,16 +294,100 @@ def _groups(cfg, chip: Chip, dims, n_slices: int, choices: Choices, max_microbat
                 kinds[kind] = keyed(schedules(cfg, mesh, choices, max_microbatches, max_repeats))
             runs_here = kinds[kind]
         else:
-            runs_here = keyed(schedules(cfg, mesh, choices, max_microbatches, max_repeats))
+            kind, runs_here = None, keyed(schedules(cfg, mesh, choices, max_microbatches, max_repeats))
         if not runs_here:
             continue
-        key = (dcn_axis, mesh["stage"], tuple(mesh[a] > 1 for a in axes)) if transformer else (dcn_axis, sizes)
-        dcn, meshes, lay_lists, by_choice = groups.setdefault(key, (dcn_axis, [], [], {}))
-        for k, sched, remat in runs_here:
-            by_choice.setdefault(k, (sched, {}))[1].setdefault(remat, []).append(len(meshes))
+        key = (mesh["stage"], tuple(mesh[a] > 1 for a in axes)) if transformer else (dcn_axis, sizes)
+        meshes, dcns, lay_lists, by_choice, members = groups.setdefault(key, ([], [], [], {}, {}))
+        if kind not in members:  # the member lists a mesh of this kind joins: (schedule key, remat) of each run
+            members[kind] = [by_choice.setdefault(k, (sched, {}))[1].setdefault(remat, [])
+                             for k, sched, remat in runs_here]
+        for joined in members[kind]:
+            joined.append(len(meshes))
         meshes.append(mesh)
+        dcns.append(dcn_axis)
         lay_lists.append(lays)
-    return list(groups.values())
+    return [g[:4] for g in groups.values()]
+
+
+def _screen(cfg, chip: Chip, groups: list, batches: np.ndarray, hbm: float, form: str, per_mesh: bool, flags) -> list:
+    """Per group (_groups'), its candidates: [(math-time bound [B, M, G], workload, fits mask [B, M, G], schedule,
+    remat, compute term or None)], each schedule with the remat policies that fit its meshes under ``hbm``, in the
+    group's order of schedules and policies. A transformer's groups of one stage count and context axis are sized
+    together, each policy's memory, FLOPs (_math_bound) and, for the scheduled form, kernels (kernels.compute_term)
+    evaluated on all their meshes at once: those closed forms branch on no other axis being > 1 (config.spans),
+    so each mesh's figures are the same as on its own group's (the planner's tests hold the plans to predict's)."""
+    transformer = isinstance(cfg, TransformerConfig)
+    out = [[] for _ in groups]
+    together: dict = {}
+    for gi, (meshes, *_) in enumerate(groups):
+        key = (meshes[0]["stage"], meshes[0]["context"] > 1) if transformer else gi
+        together.setdefault(key, []).append(gi)
+    for members in together.values():
+        meshes = [m for gi in members for m in groups[gi][0]]
+        at, start = {}, 0  # each group's meshes' slice of them
+        for gi in members:
+            at[gi], start = slice(start, start + len(groups[gi][0])), start + len(groups[gi][0])
+        G, mesh = len(meshes), _mesh_arrays(meshes)
+        runs_of: dict = {}  # schedule key -> (Schedule, {remat: [mesh index]}, [(group, its schedule's index)])
+        for gi in members:
+            for ki, (key, (sched, by_remat)) in enumerate(groups[gi][3].items()):
+                joined = runs_of.setdefault(key, (sched, {}, []))
+                for rem, idx in by_remat.items():
+                    joined[1].setdefault(rem, []).extend(at[gi].start + i for i in idx)
+                joined[2].append((gi, ki))
+        for sched, by_remat, owners in runs_of.values():
+            ms = sched.microbatches
+            shape = (len(batches), len(ms), G)
+            arrays = dataclasses.replace(sched, microbatches=ms[None, :, None, None])
+            batch_ok = (np.broadcast_to(_batch_runs(cfg, mesh, batches[:, None, None, None],
+                                                    ms[None, :, None, None]), shape + (1,))[..., 0]
+                        if transformer else True)
+            # The first policy that fits: the transformer's policies keep nested sets (POLICY_KEEPS:
+            # none ⊇ selective ⊇ minimal ⊇ save_dot_* ⊇ save_qkv_proj ⊇ full), so along that order the memory falls
+            # and the recompute (FLOPs and the collectives it repeats) grows: the first that fits is the fastest that
+            # fits (tests/test_plan_transformer.py holds it against every policy), and a policy is neither sized nor
+            # predicted where one that keeps more fits. Not for 1F1B with chunks of one layer, where XLA drops more
+            # of the second forward the less a policy keeps (transformer.dead_in_again).
+            S = int(np.asarray(mesh["stage"]).flat[0])
+            first_fit = per_mesh and transformer and not (sched.pipeline == "1f1b" and
+                                                          pipeline.chunk_blocks(cfg, sched, S) == 1)
+            order = sorted(by_remat, key=lambda r: -len(POLICY_KEEPS[r])) if first_fit else list(by_remat)
+            taken = np.zeros(shape, bool)
+            for ci, rem in enumerate(order):
+                member = np.zeros(G, bool)
+                member[by_remat[rem]] = True
+                open_ = member[None, None, :] & batch_ok & ~taken
+                if not open_.any():
+                    continue
+                w = Workload(cfg, mesh, batches[:, None, None, None], remat=rem, schedule=arrays, flags=flags)
+                ok = (np.broadcast_to(memory.memory_per_device(w)["total"], shape + (1,))[..., 0] <= hbm) & open_
+                if first_fit:
+                    taken |= ok
+                if not ok.any():
+                    continue
+                bound = np.broadcast_to(_math_bound(w, chip, form), shape + (1,))[..., 0] if per_mesh else None
+                compute = (np.broadcast_to(kernels.compute_term(w, chip, w.precision.dtype), shape + (1,))
+                           if transformer and form == "scheduled" else None)
+                for gi, ki in owners:
+                    part = ok[:, :, at[gi]]
+                    if part.any():
+                        gw = Workload(cfg, _mesh_arrays(groups[gi][0]), batches[:, None, None, None], remat=rem,
+                                      schedule=arrays, flags=flags) if len(members) > 1 else w
+                        out[gi].append(((ki, ci), None if bound is None else bound[:, :, at[gi]], gw, part,
+                                        groups[gi][3][list(groups[gi][3])[ki]][0], rem,
+                                        None if compute is None else compute[:, :, at[gi]]))
+    # each group's in its order of schedules, then of policies
+    return [[c[1:] for c in sorted(cands, key=lambda c: c[0])] for cands in out]
+
+
+def _mesh_arrays(meshes: list) -> Mapping:
+    """A group's meshes as one mapping for the closed forms: each axis an int where they agree, else an array
+    [1, 1, meshes, 1] (the batch, microbatch, mesh and layout dimensions); one mesh, itself."""
+    if len(meshes) == 1:
+        return meshes[0]
+    sizes = {a: [m[a] for m in meshes] for a in meshes[0]}
+    return {a: v[0] if len(set(v)) == 1 else np.array(v)[None, None, :, None] for a, v in sizes.items()}
 
 
 def _math_bound(w: Workload, chip: Chip, form: str):
@@ -355,83 +461,113 @@ def _plan(cfg, chip, chips, batch_tokens, hbm, remat, form, dims, max_microbatch
         if n_slices * math.prod(dims) != chips:
             raise ValueError(f"topology {dims} has {math.prod(dims)} chips, which do not divide {chips}")
     axes, transformer = plan_axes(cfg), isinstance(cfg, TransformerConfig)
-    found = {}  # (B, mesh, DCN axis), or a serial number without per_mesh -> (sort key, what builds the plan dict)
-    for dcn_axis, meshes, lay_lists, by_choice in _groups(cfg, chip, dims, n_slices, choices, max_microbatches,
-                                                          max_repeats):
+    # (B, mesh, DCN axis), or a serial number without per_mesh -> [step, plan, sort key (None until _rank)]
+    found: dict = {}
+    groups = _groups(cfg, chip, dims, n_slices, choices, max_microbatches, max_repeats)
+    known: dict = {}  # program.links of each layout (a mesh's layouts serve it over either DCN axis)
+    links_of = lambda lay: known[id(lay)] if id(lay) in known else known.setdefault(id(lay), program.links(lay))  # noqa: E731
+    for (meshes, dcns, lay_lists, by_choice), candidates in zip(groups, _screen(cfg, chip, groups, batches, hbm, form,
+                                                                                per_mesh, flags)):
         G, nl = len(meshes), max(len(x) for x in lay_lists)
         mesh_keys = [tuple(m[a] for a in axes) for m in meshes]
         best_step = np.full((len(batches), G), np.inf)  # the fastest step found so far per batch and mesh
-        sizes = {a: [m[a] for m in meshes] for a in axes}  # an axis the group's meshes agree on stays an int
-        group = meshes[0] if G == 1 else {a: v[0] if len(set(v)) == 1 else np.array(v)[None, None, :, None]
-                                          for a, v in sizes.items()}
-        lk = [[program.links(lay) for lay in lays] for lays in lay_lists]
+        # the slices each mesh's DCN axis spans: one axis for the group, or per mesh an array (1: not that axis)
+        dcn = ({dcns[0]: n_slices} if dcns[0] else None) if len(set(dcns)) == 1 else {
+            a: np.array([n_slices if d == a else 1 for d in dcns])[None, None, :, None] for a in dict.fromkeys(dcns)}
+        lk = [[links_of(lay) for lay in lays] for lays in lay_lists]
         # [1, 1, G, layouts]; a mesh with fewer layouts than the group's most is padded with ones of no links
         # (infinite collective times: never its best)
         axis_links = {a: np.array([[x.get(a, 1.0) for x in row] + [1e-200] * (nl - len(row)) for row in lk])[None, None]
                       for a in axes}
-        candidates = []  # (math-time bound [B, M, G], workload, fits mask, schedule, remat)
-        for sched, by_remat in by_choice.values():
-            ms = sched.microbatches
-            shape = (len(batches), len(ms), G, nl)
-            arrays = dataclasses.replace(sched, microbatches=ms[None, :, None, None])
-            batch_ok = (np.broadcast_to(_batch_runs(cfg, group, batches[:, None, None, None],
-                                                    ms[None, :, None, None]), shape)[..., 0] if transformer else True)
-            # The first policy that fits: the transformer's policies keep nested sets (POLICY_KEEPS:
-            # none ⊇ selective ⊇ minimal ⊇ save_dot_* ⊇ save_qkv_proj ⊇ full), so along that order the memory falls
-            # and the recompute (FLOPs and the collectives it repeats) grows: the first that fits is the fastest that
-            # fits (tests/test_plan_transformer.py holds it against every policy), and a policy is neither sized nor
-            # predicted where one that keeps more fits. Not for 1F1B with chunks of one layer, where XLA drops more
-            # of the second forward the less a policy keeps (transformer.dead_in_again).
-            S = int(np.asarray(group["stage"]).flat[0])
-            first_fit = per_mesh and transformer and not (sched.pipeline == "1f1b" and
-                                                          pipeline.chunk_blocks(cfg, sched, S) == 1)
-            order = sorted(by_remat, key=lambda r: -len(POLICY_KEEPS[r])) if first_fit else by_remat
-            taken = np.zeros(shape[:3], bool)
-            for rem in order:
-                member = np.zeros(G, bool)
-                member[by_remat[rem]] = True
-                open_ = member[None, None, :] & batch_ok & ~taken
-                if not open_.any():
-                    continue
-                w = Workload(cfg, group, batches[:, None, None, None], remat=rem, schedule=arrays, flags=flags)
-                ok = (np.broadcast_to(memory.memory_per_device(w)["total"], shape)[..., 0] <= hbm) & open_
-                if first_fit:
-                    taken |= ok
-                if ok.any():
-                    bound = (np.broadcast_to(_math_bound(w, chip, form), shape)[..., 0] if per_mesh else None)
-                    candidates.append((bound, w, ok, sched, rem))
         # per mesh: the candidates in the order of their math time (a lower bound of every form), none predicted
         # where that bound is slower than the best step already found for every batch and mesh it covers
         if per_mesh:
             candidates.sort(key=lambda c: float(np.min(np.where(c[2], c[0], np.inf))))
-        for bound, w, ok, sched, rem in candidates:
+        evaluated = []  # per candidate predicted: (model, shape, schedule, remat, best layout, its step [B, M, G])
+        entries = {}
+
+        def entry(c, i, k, g) -> list:
+            """[step, what builds the plan dict, sort key] of candidate c's (batch, M, mesh) index (i, k, g)."""
+            if (c, i, k, g) not in entries:
+                model, shape, sched, rem, best, fastest = evaluated[c]
+                j = best[i, k, g]
+                entries[c, i, k, g] = [float(fastest[i, k, g]), (int(batches[i]), model, shape, (i, k, g, j), sched,
+                                                                 rem, meshes[g], lay_lists[g][j], dcns[g]), None]
+            return entries[c, i, k, g]
+
+        # per mesh: the best plan so far of each (batch, mesh): its step, candidate and M index (-1: none)
+        kept = (np.full((len(batches), G), np.inf), np.full((len(batches), G), -1), np.zeros((len(batches), G), int))
+        for bound, w, ok, sched, rem, compute in candidates:
             if per_mesh and not (ok & (bound <= best_step[:, None, :])).any():
                 continue
             ms = sched.microbatches
             shape = (len(batches), len(ms), G, nl)
-            p = program.predict(w, chip, axis_links=axis_links, dcn={dcn_axis: n_slices} if dcn_axis else None)
-            step = np.broadcast_to(p.times.step[form], shape)
-            best = step.argmin(axis=3)
-            mem = np.broadcast_to(p.memory["total"], shape)[..., 0]
-            for i, k, g in zip(*np.nonzero(ok)):
-                B, M = int(batches[i]), int(ms[k])
-                if not transformer and not runs(cfg, meshes[g], dataclasses.replace(sched, microbatches=M), B):
-                    continue  # a batch train refuses
-                j = best[i, k, g]
-                rank = (B, round(float(step[i, k, g, j]), 12), float(mem[i, k, g]), M)
-                best_step[i, g] = min(best_step[i, g], step[i, k, g, j])
-                where = (B, mesh_keys[g], dcn_axis) if per_mesh else len(found)
-                if where not in found or rank < found[where][0]:  # per mesh: its best only
-                    found[where] = (rank, (B, p, shape, (i, k, g, j), sched, rem, meshes[g], lay_lists[g][j],
-                                           dcn_axis))
-    return [_plan_dict(cfg, chip, axes, n_slices, devices, hbm, form, *f[1])
-            for f in sorted(found.values(), key=lambda f: f[0])]
+            model = program.StepModel(w, chip, axis_links=axis_links, dcn=dcn, compute=compute)
+            step = np.broadcast_to(model.step(form), shape)
+            best = step.argmin(axis=3)  # each (batch, M, mesh)'s fastest layout
+            fastest = np.take_along_axis(step, best[..., None], 3)[..., 0]
+            if not transformer:  # a batch train refuses
+                for i, k, g in zip(*np.nonzero(ok)):
+                    ok[i, k, g] = runs(cfg, meshes[g], dataclasses.replace(sched, microbatches=int(ms[k])),
+                                       int(batches[i]))
+            steps = np.where(ok, fastest, np.inf)
+            best_step = np.minimum(best_step, steps.min(axis=1))
+            evaluated.append((model, shape, sched, rem, best, fastest))
+            if per_mesh:
+                _keep_best(steps, len(evaluated) - 1, kept, entry)
+            else:  # every (batch, M, mesh) a plan
+                for i, k, g in zip(*np.nonzero(ok)):
+                    found[len(found)] = entry(len(evaluated) - 1, i, k, g)
+        _, kc, kk = kept
+        for i, g in zip(*np.nonzero(kc >= 0)):
+            found[(int(batches[i]), mesh_keys[g], dcns[g])] = entry(kc[i, g], i, kk[i, g], g)
+    return [_plan_dict(cfg, chip, axes, n_slices, devices, hbm, form, B, model.prediction(), *rest)
+            for (B, model, *rest) in (f[1] for f in sorted(found.values(), key=_rank))]
+
+
+def _rank(f: list) -> tuple:
+    """A plan's sort key, (B, its step rounded to 1e-12 s, its memory, M): the fastest, then the least memory, then
+    the fewest microbatches. Made once, kept in f[2] (its memory is its prediction's)."""
+    if f[2] is None:
+        B, model, shape, (i, k, g, _), sched = f[1][:5]
+        mem = float(_at(model.prediction().memory["total"], (i, k, g, 0)))
+        f[2] = (B, round(f[0], 12), mem, int(np.asarray(sched.microbatches)[k]))
+    return f[2]
+
+
+def _keep_best(steps: np.ndarray, c: int, kept: tuple, entry) -> None:
+    """Keep in ``kept`` (arrays [B, G] of the step, candidate and M index of each (batch, mesh)'s best plan so far,
+    candidate -1 for none) the least _rank of the plan kept and candidate c's: ``steps`` [B, M, G] its step times
+    (inf where it has no plan), ``entry(c, i, k, g)`` a plan entry (_plan's). On a tie the plan kept stays, and of
+    the candidate's the first (fewer microbatches): the order the planner meets them in. A step more than ``near``
+    from another ranks as the two steps do (rounding to 1e-12 s moves each less than near/2), so only plans closer
+    than that to the candidate's fastest are ranked in full (by their memory: their prediction's)."""
+    kstep, kc, kk = kept
+    fastest, k_best = steps.min(axis=1), steps.argmin(axis=1)  # [B, G]
+    finite = np.isfinite(fastest)
+    near = 4e-12 + 16 * np.spacing(np.where(finite, fastest, 0.0))
+    close = steps <= (fastest + near)[:, None, :]  # [B, M, G]
+    contest = finite & (fastest <= kstep + near)  # not slower than the plan kept (inf: none kept)
+    clear = contest & (close.sum(axis=1) == 1) & (fastest < kstep - near)
+    kstep[clear], kc[clear], kk[clear] = fastest[clear], c, k_best[clear]
+    for i, g in zip(*np.nonzero(contest & ~clear)):  # within near of each other: in full
+        have = entry(kc[i, g], i, kk[i, g], g) if kc[i, g] >= 0 else None
+        for k in np.nonzero(close[i, :, g])[0]:
+            f = entry(c, i, k, g)
+            if have is None or _rank(f) < _rank(have):
+                have, kstep[i, g], kc[i, g], kk[i, g] = f, f[0], c, k
+
+
+def _at(x, at: tuple):
+    """x broadcast to the shape ``at`` indexes, at ``at`` (x of as many dimensions or fewer: numpy's alignment)."""
+    a = np.asarray(x)
+    return a[tuple(0 if n == 1 else i for n, i in zip(a.shape, at[len(at) - a.ndim:]))]
 
 
 def _plan_dict(cfg, chip, axes, n_slices, devices, hbm, form, B, p, shape, at, sched, rem, mesh, lay, dcn_axis) -> dict:
     """One plan's dict (plan's docstring) from the prediction of its group at index ``at``."""
-    t, (i, k, g, j) = p.times, at
-    pick = lambda x: float(np.broadcast_to(x, shape)[i, k, g, j])  # noqa: E731
+    t, k = p.times, at[1]
+    pick = lambda x: float(_at(x, at))  # noqa: E731
     M = int(np.broadcast_to(sched.microbatches, shape[1])[k])
     one = dataclasses.replace(sched, microbatches=M)
     S = mesh["stage"]
@@ -462,7 +598,7 @@ def _plan_dict(cfg, chip, axes, n_slices, devices, hbm, form, B, p, shape, at, s
         "mfu_sum": pick(t.mfu["sum"]),
         "mfu_max": pick(t.mfu["max"]),
         "hfu": pick(t.hfu[form]),
-        "bound": str(np.broadcast_to(t.bound, shape)[i, k, g, j]),
+        "bound": str(_at(t.bound, at)),
         "times": {"compute": pick(t.compute), "math": pick(t.math), **{a: pick(v) for a, v in t.comms.items()},
                   "hbm": pick(t.hbm)},
         "memory_bytes": pick(p.memory["total"]),

@@ -45,6 +45,7 @@ planner evaluates every batch size and every ICI layout of a mesh in one call.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -81,15 +82,17 @@ def windowed_einsum_rs(w: Workload, chip: Chip | None, axis_links: Mapping | Non
     max(T_comp, m·T_comm) + 2·m·T_comm/X < T_comp + T_comm, i.e. with T_comp/T_comm = b·M_X/alpha (b = B/(M·X)
     tokens per device and microbatch, M_X the fsdp links, alpha per device):  b·M_X/alpha > m·(1 + 2/X) − 1,  for X in
     WINDOWED_RS_PARTITIONS, m = WINDOWED_RS_MULTIPLIER (both measured). False for a train step's absence, a
-    GPU, no chip, or an fsdp axis across slices (not measured). Arrays of B and links give an array."""
+    GPU, no chip, or an fsdp axis across slices (not measured). Arrays of B and links (and of the slices fsdp
+    spans, ``dcn``: the planner's meshes) give an array."""
     X, lo_hi = w.mesh["fsdp"], WINDOWED_RS_PARTITIONS
     inside = (lo_hi[0] <= np.asarray(X)) & (np.asarray(X) <= lo_hi[1])
+    across = np.asarray((dcn or {}).get("fsdp", 1)) > 1
     if (chip is None or chip.kind != "tpu" or w.step != "train" or spans(w.mesh["data"])
-            or not inside.any() or (dcn or {}).get("fsdp", 1) > 1):
+            or not inside.any() or across.all()):
         return False
     b = np.asarray(w.batch_tokens) / (np.asarray(w.schedule.microbatches) * X)
     ratio = b * np.asarray((axis_links or {}).get("fsdp", 1.0)) * chip.ici_bidi / chip.device_flops  # b·M_X/alpha
-    out = (ratio > WINDOWED_RS_MULTIPLIER * (1 + 2 / X) - 1) & inside
+    out = (ratio > WINDOWED_RS_MULTIPLIER * (1 + 2 / X) - 1) & inside & ~across
     return out.item() if out.ndim == 0 else out
 
 
@@ -281,19 +284,21 @@ def comm_times(volumes: dict, chip: Chip, axis_links: Mapping | None = None, dcn
     their links (sharding page: V/(n·W_ici) over n axes).
     An axis whose outermost factor n spans slices joined by DCN (``dcn`` {axis: n}, size n·m on
     ``mesh``) is hierarchical: the ICI part over the m devices of a slice (none if m = 1) plus, over
-    DCN, KIND_FACTOR·(V/m)·(n−1)/n / (DCN bytes/s per device) (tpus page, multi-slice)."""
+    DCN, KIND_FACTOR·(V/m)·(n−1)/n / (DCN bytes/s per device) (tpus page, multi-slice). ``dcn``'s n may be an
+    array over the planner's meshes (1 where a mesh's outermost factor of the axis spans no slices)."""
     axis_links, dcn = axis_links or {}, dcn or {}
-    w = chip.ici_bidi
+    w, dcn_bw = chip.ici_bidi, chip.dcn_bw / chip.devices_per_chip
     times = {}
     for key, kinds in volumes.items():
         axis = key.split("+")[0]
         lk = sum(axis_links.get(a, 1.0) for a in key.split("+"))
         n = dcn.get(axis, 1) if key == axis else 1
-        m = mesh[axis] // n if n > 1 else None
+        m = mesh[axis] // n if np.any(np.asarray(n) > 1) else None
+        ici = (n == 1) | (m > 1) if m is not None else None  # where the axis has an ICI part
         times[key] = sum(KIND_FACTOR[k] * (
-            (v / (lk * w) if m is None else np.where(m > 1, v / (lk * w), 0.0))
-            + (collectives.dcn_time("all-gather", v / m, n, chip.dcn_bw / chip.devices_per_chip)
-               if m is not None else 0.0))
+            (v / (lk * w) if m is None else np.where(ici, v / (lk * w), 0.0))
+            + (0.0 if m is None else collectives.dcn_time("all-gather", v / m, n, dcn_bw) if np.ndim(n) == 0
+               else v / m * (n - 1) / n / dcn_bw))  # dcn_time's, for an array of slices (0 where n = 1)
             for k, v in kinds.items())
     return times
 
@@ -304,12 +309,13 @@ def axis_networks(chip: Chip, axis_links: Mapping | None = None, dcn: Mapping | 
     split into its ICI part 1/links (0 where the axis has one device per slice) and, for an axis whose
     outermost factor n spans slices (``dcn``; m = size/n devices per slice), its network part
     W_ici·(n−1)/(n·m·DCN bytes/s per device). The axis's effective links, what the roofline's M takes, are
-    1/(ici + net); it runs over the network (TPU: DCN, GPU: IB) where net > ici."""
+    1/(ici + net); it runs over the network (TPU: DCN, GPU: IB) where net > ici. ``dcn``'s n may be an array
+    over the planner's meshes (1 where a mesh's axis spans no slices: net 0)."""
     axis_links, dcn, out = axis_links or {}, dcn or {}, {}
     for a in axes:
         n = dcn.get(a, 1)
-        m = mesh[a] // n if n > 1 else None
-        ici = 1 / np.asarray(axis_links.get(a, 1.0)) if m is None else np.where(m == 1, 0.0, 1 / np.asarray(
+        m = mesh[a] // n if np.any(np.asarray(n) > 1) else None
+        ici = 1 / np.asarray(axis_links.get(a, 1.0)) if m is None else np.where((m == 1) & (n > 1), 0.0, 1 / np.asarray(
             axis_links.get(a, 1.0)))
         net = chip.ici_bidi * (n - 1) / (n * m * chip.dcn_bw / chip.devices_per_chip) if m is not None else 0.0
         out[a] = (ici, net)
@@ -442,70 +448,164 @@ def predict(w: Workload, chip: Chip | None = None, layout: Mapping | None = None
     The ICI times are those of the bytes the precision policy puts on the wire (bf16), also when
     ``min_comm_bytes`` widens the volumes reported for an XLA:CPU program.
     """
-    lk = {**(links(layout) if layout else {}), **(axis_links or {})}
-    if chip is not None and chip.kind != "tpu":  # the sets hold libtpu's flags: a GPU runs none of them
-        w = w.replace(flags=w.flags.on(chip.kind))
-    if w.compiler.windowed_grad_rs is None:
-        w = w.with_facts(windowed_grad_rs=windowed_einsum_rs(w, chip, lk, dcn))
-    if np.ndim(w.compiler.windowed_grad_rs):  # the rule differs across the arrays: both programs, each where it applies
-        rule = np.asarray(w.compiler.windowed_grad_rs)
-        if rule.all() or not rule.any():
-            w = w.with_facts(windowed_grad_rs=bool(rule.all()))
-        else:
-            both = [predict(w.with_facts(windowed_grad_rs=v), chip, layout, axis_links, dcn) for v in (True, False)]
-            return _select(rule, *both)
-    mesh, step, schedule, cfg = w.mesh, w.step, w.schedule, w.model
-    windowed_grad_rs = w.compiler.windowed_grad_rs
-    f = step_flops_per_device(w)
-    vols = collective_volumes(w)
-    hidden = overlapped_volumes(w, vols)
-    on_wire = w.with_facts(min_comm_bytes=0) if w.compiler.min_comm_bytes else w  # the bytes on the wire (bf16)
-    wire = collective_volumes(on_wire) if on_wire is not w else vols
-    wire_hidden = overlapped_volumes(on_wire, wire) if on_wire is not w else hidden
-    mem = memory.memory_per_device(w)
-    hbm = memory.hbm_traffic_bytes(w)
-    res = Prediction(f, vols, axis_bytes(vols), mem, hbm, None, axis_bytes(exposed_volumes(w, vols, hidden)),
-                     loop_copy_bytes(w))
-    if chip is None:
-        return res
-    peak = kernels.peak_flops(chip, w.precision.dtype)  # C of the matmuls' input type (bf16: the table's C)
-    t_math = f["total"] / peak
-    t_axes = comm_times(wire, chip, lk, dcn, mesh)
-    t_hbm = hbm / chip.device_hbm_bw
-    terms = np.broadcast_arrays(t_math, *t_axes.values(), t_hbm)
-    stacked = np.stack(terms)
-    t_sum = np.maximum(t_math, t_hbm) + sum(t_axes.values())
-    t_max = stacked.max(axis=0)
-    # the bound, named by the link it runs over: an axis across slices or nodes by its network where that part
-    # dominates (axis_networks)
-    nets = axis_networks(chip, lk, dcn, mesh, axes=tuple(t_axes))
-    over = np.stack(np.broadcast_arrays(False, *(net > ici for ici, net in nets.values()), False, stacked[0]))[:-1]
-    by = (-1,) + (1,) * (stacked.ndim - 1)
-    names = np.where(over, np.array(["compute", *(f"{chip.network_name} ({a})" for a in t_axes), "HBM"]).reshape(by),
-                     np.array(["compute", *(f"{chip.link_name} ({a})" for a in t_axes), "HBM"]).reshape(by))
-    bound = np.take_along_axis(names, stacked.argmax(axis=0)[None], 0)[0]
-    d = mesh["data"]
-    m_x, m_y, m_d = (np.where(mesh[a] > 1, 1 / np.maximum(ici + net, 1e-300), 1.0)
-                     for a, (ici, net) in axis_networks(chip, lk, dcn, mesh, ("fsdp", "tensor", "data")).items())
-    per_micro = d * np.asarray(schedule.microbatches)
-    X = mesh["fsdp"]  # a train step moves 2 gathers and a reduce-scatter ((X+1)/X of V windowed) per 3 passes' math
-    fsdp_bytes = 2 * (2 + (X + 1) / X) / 3 if windowed_grad_rs and step == "train" else 2
-    t_exposed = comm_times(exposed_volumes(on_wire, wire, wire_hidden), chip, lk, dcn, mesh)
-    t_hidden = sum(comm_times(wire_hidden, chip, lk, dcn, mesh).values())
-    t_copies = 2 * loop_copy_bytes(w) / chip.device_hbm_bw  # each copy reads and writes its bytes
-    t_compute = kernels.compute_seconds(kernels.step_kernels(w, chip, w.precision.dtype, kernel_model))
-    steps = {"sum": t_sum, "max": t_max,
-             "scheduled": np.maximum(t_compute, t_hidden) + sum(t_exposed.values()) + t_copies}
-    crits = {}
-    for form in roofline.FORMS if not isinstance(cfg, TransformerConfig) else ():
-        crit = per_micro * roofline.critical_batch_array(cfg.d_ff, X, mesh["tensor"], chip.alpha, m_x, m_y, form,
-                                                         fsdp_bytes)
-        if d > 1 and step == "train":  # and the data-parallel backward: B/(d·M) > alpha/M_d (training page)
-            crit = np.maximum(crit, per_micro * chip.alpha / m_d)
-        crits[form] = crit
-    crits.update({form: np.nan for form in roofline.FORMS if form not in crits})  # the transformer: none modelled
-    times = StepTimes(t_math, t_axes, t_hbm, steps, bound.item() if bound.ndim == 0 else bound,
-                      {k: f["model"] / (peak * t) for k, t in steps.items()},
-                      {k: f["total"] / (peak * t) for k, t in steps.items()}, crits, t_exposed, t_copies,
-                      t_compute)
-    return dataclasses.replace(res, times=times)
+    return StepModel(w, chip, layout, axis_links, dcn, kernel_model).prediction()
+
+
+class StepModel:
+    """predict's terms of one workload on one chip, each computed when first asked for and kept (predict's docstring
+    says what each is): ``step(form)``, the step seconds of one form, and ``prediction()``, all of predict's answer.
+    The planner ranks its candidates by the first and asks the second only of those its plans come from; predict
+    asks the second. ``compute``: the kernels' seconds (kernels.compute_term of ``w`` on ``chip``, at the
+    precision's dtype and ``kernel_model``) where the caller has them."""
+
+    def __init__(self, w: Workload, chip: Chip | None = None, layout: Mapping | None = None,
+                 axis_links: Mapping | None = None, dcn: Mapping | None = None, kernel_model: str = "efficiency",
+                 compute=None):
+        self.lk = {**(links(layout) if layout else {}), **(axis_links or {})}
+        if chip is not None and chip.kind != "tpu":  # the sets hold libtpu's flags: a GPU runs none of them
+            w = w.replace(flags=w.flags.on(chip.kind))
+        if w.compiler.windowed_grad_rs is None:
+            w = w.with_facts(windowed_grad_rs=windowed_einsum_rs(w, chip, self.lk, dcn))
+        self.split = None  # (rule, model where windowed, model where not) where the rule differs across the arrays
+        if np.ndim(w.compiler.windowed_grad_rs):  # both programs, each where it applies
+            rule = np.asarray(w.compiler.windowed_grad_rs)
+            if rule.all() or not rule.any():
+                w = w.with_facts(windowed_grad_rs=bool(rule.all()))
+            else:
+                self.split = (rule, *(StepModel(w.with_facts(windowed_grad_rs=v), chip, layout, axis_links, dcn,
+                                                kernel_model, compute) for v in (True, False)))
+        self.w, self.chip, self.dcn, self.kernel_model, self._prediction = w, chip, dcn, kernel_model, None
+        if compute is not None:  # the kernels read neither the flags nor the compiler's facts
+            self.t_compute = compute
+
+    def step(self, form: str):
+        """The step seconds in ``form`` (sum, max or scheduled), what prediction().times.step[form] holds."""
+        if self.split:
+            rule, yes, no = self.split
+            return np.where(rule, yes.step(form), no.step(form))
+        if form == "sum":
+            return np.maximum(self.t_math, self.t_hbm) + sum(self.t_axes.values())
+        if form == "max":
+            return self.stacked.max(axis=0)
+        return np.maximum(self.t_compute, self.t_hidden) + sum(self.t_exposed.values()) + self.t_copies
+
+    @functools.cached_property
+    def flops(self) -> dict:
+        return step_flops_per_device(self.w)
+
+    @functools.cached_property
+    def volumes(self) -> dict:
+        return collective_volumes(self.w)
+
+    @functools.cached_property
+    def hidden(self) -> dict:
+        return overlapped_volumes(self.w, self.volumes)
+
+    @functools.cached_property
+    def on_wire(self) -> Workload:
+        """The workload whose volumes are the bytes on the wire (bf16)."""
+        w = self.w
+        return w.with_facts(min_comm_bytes=0) if w.compiler.min_comm_bytes else w
+
+    @functools.cached_property
+    def wire(self) -> dict:
+        return collective_volumes(self.on_wire) if self.on_wire is not self.w else self.volumes
+
+    @functools.cached_property
+    def wire_hidden(self) -> dict:
+        return overlapped_volumes(self.on_wire, self.wire) if self.on_wire is not self.w else self.hidden
+
+    @functools.cached_property
+    def memory(self) -> dict:
+        return memory.memory_per_device(self.w)
+
+    @functools.cached_property
+    def hbm(self):
+        return memory.hbm_traffic_bytes(self.w)
+
+    @functools.cached_property
+    def peak(self) -> float:
+        """C of the matmuls' input type (bf16: the table's C)."""
+        return kernels.peak_flops(self.chip, self.w.precision.dtype)
+
+    @functools.cached_property
+    def t_math(self):
+        return self.flops["total"] / self.peak
+
+    @functools.cached_property
+    def t_axes(self) -> dict:
+        return comm_times(self.wire, self.chip, self.lk, self.dcn, self.w.mesh)
+
+    @functools.cached_property
+    def t_hbm(self):
+        return self.hbm / self.chip.device_hbm_bw
+
+    @functools.cached_property
+    def stacked(self) -> np.ndarray:
+        """[terms, ...]: T_math, T_axis per axis, T_hbm."""
+        return np.stack(np.broadcast_arrays(self.t_math, *self.t_axes.values(), self.t_hbm))
+
+    @functools.cached_property
+    def t_exposed(self) -> dict:
+        return comm_times(exposed_volumes(self.on_wire, self.wire, self.wire_hidden), self.chip, self.lk, self.dcn,
+                          self.w.mesh)
+
+    @functools.cached_property
+    def t_hidden(self):
+        return sum(comm_times(self.wire_hidden, self.chip, self.lk, self.dcn, self.w.mesh).values())
+
+    @functools.cached_property
+    def t_copies(self):
+        return 2 * loop_copy_bytes(self.w) / self.chip.device_hbm_bw  # each copy reads and writes its bytes
+
+    @functools.cached_property
+    def t_compute(self):
+        return kernels.compute_term(self.w, self.chip, self.w.precision.dtype, self.kernel_model)
+
+    def prediction(self) -> Prediction:
+        """predict's answer (its docstring), made once."""
+        if self._prediction is None:
+            self._prediction = self._predict()
+        return self._prediction
+
+    def _predict(self) -> Prediction:
+        if self.split:
+            rule, yes, no = self.split
+            return _select(rule, yes.prediction(), no.prediction())
+        w, chip, lk, dcn = self.w, self.chip, self.lk, self.dcn
+        mesh, step, schedule, cfg = w.mesh, w.step, w.schedule, w.model
+        windowed_grad_rs = w.compiler.windowed_grad_rs
+        f, vols = self.flops, self.volumes
+        res = Prediction(f, vols, axis_bytes(vols), self.memory, self.hbm, None,
+                         axis_bytes(exposed_volumes(w, vols, self.hidden)), loop_copy_bytes(w))
+        if chip is None:
+            return res
+        peak, t_axes, stacked = self.peak, self.t_axes, self.stacked
+        # the bound, named by the link it runs over: an axis across slices or nodes by its network where that part
+        # dominates (axis_networks)
+        nets = axis_networks(chip, lk, dcn, mesh, axes=tuple(t_axes))
+        over = np.stack(np.broadcast_arrays(False, *(net > ici for ici, net in nets.values()), False, stacked[0]))[:-1]
+        largest = stacked.argmax(axis=0)
+        names = np.array(["compute", *(f"{chip.link_name} ({a})" for a in t_axes), "HBM",
+                          "compute", *(f"{chip.network_name} ({a})" for a in t_axes), "HBM"])
+        bound = names[largest + len(stacked) * (np.take_along_axis(over, largest[None], 0)[0] != 0)]
+        d = mesh["data"]
+        m_x, m_y, m_d = (np.where(mesh[a] > 1, 1 / np.maximum(ici + net, 1e-300), 1.0)
+                         for a, (ici, net) in axis_networks(chip, lk, dcn, mesh, ("fsdp", "tensor", "data")).items())
+        per_micro = d * np.asarray(schedule.microbatches)
+        X = mesh["fsdp"]  # a train step moves 2 gathers and a reduce-scatter ((X+1)/X of V windowed) per 3 passes' math
+        fsdp_bytes = 2 * (2 + (X + 1) / X) / 3 if windowed_grad_rs and step == "train" else 2
+        steps = {form: self.step(form) for form in ("sum", "max", "scheduled")}
+        crits = {}
+        for form in roofline.FORMS if not isinstance(cfg, TransformerConfig) else ():
+            crit = per_micro * roofline.critical_batch_array(cfg.d_ff, X, mesh["tensor"], chip.alpha, m_x, m_y, form,
+                                                             fsdp_bytes)
+            if d > 1 and step == "train":  # and the data-parallel backward: B/(d·M) > alpha/M_d (training page)
+                crit = np.maximum(crit, per_micro * chip.alpha / m_d)
+            crits[form] = crit
+        crits.update({form: np.nan for form in roofline.FORMS if form not in crits})  # the transformer: none modelled
+        times = StepTimes(self.t_math, t_axes, self.t_hbm, steps, bound.item() if bound.ndim == 0 else bound,
+                          {k: f["model"] / (peak * t) for k, t in steps.items()},
+                          {k: f["total"] / (peak * t) for k, t in steps.items()}, crits, self.t_exposed,
+                          self.t_copies, self.t_compute)
+        return dataclasses.replace(res, times=times)

@@ -12,7 +12,7 @@ import math
 from importlib import resources
 
 from scaling.config import get_preset
-from scaling.table import table
+from scaling.table import footnoted, table
 
 # the reference seeds ship with the package (pyproject.toml, package data): scaling/data/seeds/<name>, each a
 # verbatim copy of shared/reference/seeds/<name> below a header naming it
@@ -313,15 +313,15 @@ def render(rows: list[dict] | None = None) -> str:
             return f"{c / 1e9:.4f} GB" if c >= 1e9 else f"{c / 1e6:.3f} MB"
         return str(c)
 
-    lines = table(("section", "quantity", "seed label", "seed value", "closed form", "match", "note"),
-                  [(r["section"], f"{r['name']} {r['quantity']}", r["label"], r["printed"], show(r),
-                    "✓" if r["match"] else "✗", r["note"]) for r in rows])
+    cells, notes = footnoted([(r["section"], f"{r['name']} {r['quantity']}", r["label"], r["printed"], show(r),
+                               "✓" if r["match"] else "✗", r["note"]) for r in rows], 6)
+    lines = table(("section", "quantity", "seed label", "seed value", "closed form", "match", "note"), cells)
     ok = sum(r["match"] for r in rows)
     explained = sum(bool(r["note"]) for r in rows if not r["match"])
     bad = sum(r["note"].startswith("INCONSISTENT") for r in rows)
     lines.append(f"{ok} of {len(rows)} figures reproduced to the printed digits (4 significant; 0.98 GB has 2), "
                  f"{explained} of the {len(rows) - ok} others explained; {bad} rows state an inconsistency of the seed")
-    return "\n".join(lines)
+    return "\n".join([*lines[:-1], "notes:", *notes, lines[-1]])
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ import math
 import re
 
 from scaling.seed000 import seed_text
-from scaling.table import table
+from scaling.table import footnoted, table
 
 SEED_FILE = "002_deepflow_output.txt"
 GIB, TIB, MIB = 2**30, 2**40, 2**20
@@ -287,14 +287,14 @@ def rows(r: dict | None = None) -> list[dict]:
 def render(rs: list[dict] | None = None) -> str:
     """The table of ``rows`` (line, seed, package, match, note) and a summary line."""
     rs = rows() if rs is None else rs
-    body = table(("line", "seed", "package (closed form)", "match", "note"),
-                 [(r["line"], r["seed"][:70], " ".join(r["package_numbers"])[:60], "✓" if r["match"] else "✗",
-                   r["note"]) for r in rs])
+    cells, notes = footnoted([(r["line"], r["seed"][:70], " ".join(r["package_numbers"])[:60],
+                               "✓" if r["match"] else "✗", r["note"]) for r in rs], 4)
+    body = table(("line", "seed", "package (closed form)", "match", "note"), cells)
     ok = sum(r["match"] for r in rs)
     bad = sum(r["note"].startswith("INCONSISTENT") for r in rs)
     body.append(f"{ok} of {len(rs)} numeric lines reproduced to the printed digits; {bad} state an inconsistency "
                 f"of the seed (the printed figure is DeepFlow's, the correct one in the note)")
-    return "\n".join(body)
+    return "\n".join([*body[:-1], "notes:", *notes, body[-1]])
 
 
 if __name__ == "__main__":

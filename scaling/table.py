@@ -27,3 +27,57 @@ def table(header: Sequence[str], rows: Sequence[Sequence[object]], right: Sequen
     with console.capture() as cap:
         console.print(t, crop=False, soft_wrap=False)
     return [line.rstrip() for line in cap.get().splitlines()]
+
+
+WIDTH = 160  # the widest line a command prints: a table folds above it (fold), prose wraps at PROSE
+
+
+PROSE = 120
+
+
+def fold(header: Sequence[str], rows: Sequence[Sequence[object]], right: Sequence[int] = (), keep: int = 1,
+         width: int = WIDTH) -> list[str]:
+    """``table``, or where it would be wider than ``width``, several tables one under another (a blank line
+    between), each with the first ``keep`` columns and as many of the next ones as fit."""
+    lines = table(header, rows, right)
+    if max(map(len, lines), default=0) <= width:
+        return lines
+    cols = [[str(h), *(str(r[i]) for r in rows)] for i, h in enumerate(header)]
+    widths = [max(map(len, c)) + 2 for c in cols]
+    out, i = [], keep
+    while i < len(header):
+        j, used = i, sum(widths[:keep])
+        while j < len(header) and (j == i or used + widths[j] <= width):
+            used += widths[j]
+            j += 1
+        idx = [*range(keep), *range(i, j)]
+        out += ([""] if out else []) + table([header[k] for k in idx], [[r[k] for k in idx] for r in rows],
+                                             [n for n, k in enumerate(idx) if k in right])
+        i = j
+    return out
+
+
+def prose(text: str, width: int = PROSE) -> str:
+    """``text`` with each line longer than ``width`` wrapped at spaces, its continuation lines indented two
+    spaces past the line's own indent."""
+    import textwrap
+
+    out = []
+    for line in text.split("\n"):
+        indent = len(line) - len(line.lstrip(" "))
+        out += (textwrap.wrap(line, width, subsequent_indent=" " * (indent + 2), break_on_hyphens=False,
+                              break_long_words=False) or [""]) if len(line) > width else [line]
+    return "\n".join(out)
+
+
+def footnoted(rows: Sequence[Sequence[object]], col: int) -> tuple[list[list[object]], list[str]]:
+    """``rows`` with the text of column ``col`` replaced by a reference "[k]" (rows with the same text share k),
+    and the footnotes "[k] text", wrapped (prose): a table of long notes stays as narrow as its figures."""
+    refs: dict[str, int] = {}
+    out = []
+    for r in rows:
+        r = list(r)
+        if r[col]:
+            r[col] = f"[{refs.setdefault(str(r[col]), len(refs) + 1)}]"
+        out.append(r)
+    return out, [prose(f"[{k}] {text}") for text, k in refs.items()]

@@ -416,7 +416,8 @@ def memory_per_device(w: Workload) -> dict:
     are fused into the p·v matmul); flash, the same per key block. With a vocabulary: int32 ids and
     labels as the batch, and the loss's phase, c·(t·D + t·V/Y + V·D/Y) (the final norm's output, the
     BF16 logits, the gathered U), where it exceeds a layer's transients. With repeats R > 1 on stages, the
-    re-laid FP32 copy of the stage's layers (master·P_layers/(S·X·Y)). A forward step holds the master
+    re-laid FP32 copy of the stage's layers (master·P_layers/(S·X·Y)). Under full remat with ring attention
+    the forward's phase, where it exceeds the backward's (ring_forward_phase). A forward step holds the master
     weights, one layer's gathered weights (none without fsdp: the casts fuse into the matmuls) and
     working set. (Each term is an allocation of XLA's memory-usage report: docs/findings.md, memory.)"""
     cfg, mesh, batch_tokens, remat, schedule, precision, step = (w.model, w.mesh, w.batch_tokens, w.remat,
@@ -483,8 +484,64 @@ def memory_per_device(w: Workload) -> dict:
         # 1F1B: the head's forward and backward run in the iteration of a chunk's backward, beside it
         # GPipe and circular: the head runs between the pipeline's forward and backward, beside every residual
         terms["loss_phase"] = loss if S > 1 else np.maximum(0.0, loss - layer)
+    if full and S == 1 and spans(C) and schedule.context == "ring":  # the forward's phase, where it is the higher
+        forward = (terms["master"] + terms["optimizer"] + terms["inputs"] + terms["activations"]
+                   + ring_forward_phase(cfg, mesh, batch_tokens, schedule, precision))
+        terms["ring_forward_phase"] = np.maximum(0.0, forward - sum(terms.values()))
     terms["total"] = sum(terms.values())
     return terms
+
+
+def ring_forward_phase(cfg: TransformerConfig, mesh: Mapping, batch_tokens, schedule: Schedule = Schedule(),
+                       precision: Precision = DEFAULT_PRECISION) -> float:
+    """Bytes per device the forward of a full-remat train step holds with ring attention (ffn_model.attention's
+    ring_attention over a context axis of C devices), beside the state (master, moments), the batch and the L saved
+    layer inputs; memory_per_device's peak is the larger of that phase and the backward's. Per device: s sequences,
+    chunks of Tc = T/C tokens (t = s·Tc), N/Y query and K/Y kv heads, key blocks of b = min(attention_block, Tc):
+
+    held    = C·s·(N/Y)·Tc·(4·b + Tc + 4·H)
+    working = 4·s·(N/Y)·Tc·b + 8·t·(N/Y)·H + c·t·(D + (N + 4·K)·H/Y) + [C > 2, Tc > b]·s·(N/Y)·Tc·(4·b + Tc)
+
+    held: the ring's forward is the fwd rule of a custom_vjp, linearized inside the layer's jax.checkpoint; jax's
+    partial evaluation of the layer scan moves what depends on neither the layer's input nor its weights out of
+    the loop (loop-invariant residuals: what the ring derives from axis_index and the step alone), and that of the
+    ring's own scan comes out stacked over its steps. For each of the C steps (the scan's C − 1 as [C − 1, ...]
+    arrays, and the last) it holds the −inf operand of the scores' causal `where` broadcast to one key block's FP32
+    scores (4·s·(N/Y)·Tc·b), the visibility mask broadcast to the whole chunk's scores (PRED, 1 byte each:
+    s·(N/Y)·Tc², the nb = Tc/b key blocks' masks) and the FP32 zeros the flash forward starts its o from
+    (4·t·(N/Y)·H); a few [s, N/Y, Tc] FP32 statistics per step are left out (0.2% of it at the
+    configuration below). XLA computes them once, before the layers' forward loop, and holds them through it; the
+    backward's loop recomputes each layer without them (in the program compiled for v6e:4x4 below their live
+    ranges end with the forward loop). Not a fixed share of the step: with C, s and the heads it grows as C times
+    a chunk's scores.
+    working, at the forward's peak (a ring step's flash forward on one key block): the key block's FP32 scores,
+    4·s·(N/Y)·Tc·b; two FP32 o's, the flash step's accumulator and the ring's running merge, 8·t·(N/Y)·H; the
+    attention's inputs, the layer input x, q, k and v, and the K/V pair in flight to the next device,
+    c·t·(D + (N + 4·K)·H/Y); and where both the ring's scan and the flash forward's scan over key blocks are loops
+    of more than one trip (C > 2 and nb > 1), that step's −inf scores and masks dynamic-sliced out of the held
+    stacks into copies the key-block loop takes, s·(N/Y)·Tc·(4·b + Tc). Where either runs one trip XLA drops that
+    loop and reads the stacks in place: at C = 2 the [1, ...] stacks' one step, at nb = 1 the step's slice fused
+    into the score computation. No gradient exists yet, and the backward's gathered weights and recomputed
+    residuals are not made.
+
+    Source: XLA's buffer assignment and live ranges of the compiled program (jax 0.10.2, libtpu 0.0.42.1): the
+    4096-wide transformer (32 heads, 8 kv heads, F = 16384, 4 layers, T = 4096, 16 sequences) at fsdp=4,
+    context=4 on v6e:4x4, flash key blocks of 512: C = 4, s = 4, Tc = 1024 gives held 1.88 GB
+    (f32[3,4,8,4,1024,512], pred[3,2,4,8,4,1024,512], f32[3,4,1024,8,4,128] and the last step's three) and
+    working 0.91 GB; the forward's peak 5.13 GB against 4.26 GB for the backward's; at fsdp=8, context=2 (s = 4,
+    Tc = 2048) held 2.42 GB and working 1.01 GB, no slice copies; medium-tf at fsdp=4, context=4 on v5p:2x2x4
+    (s = 32, Tc = b = 512) held 3.22 GB and working 1.07 GB, no slice copies (docs/findings.md, "Full remat's
+    peak"). Other remat policies and pipeline stages: not examined."""
+    s, t, X, Y, C, d = _dims(cfg, mesh, batch_tokens)
+    D, N, K, H, T = cfg.d_model, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.seq_len
+    Tc = T // C
+    b = np.minimum(schedule.attention_block, Tc)
+    heads = N / Y
+    held = C * s * heads * Tc * (4 * b + Tc + 4 * H)
+    # the step's copies out of the ring scan's stacks, into the key-block loop (both loops of more than one trip)
+    sliced = ((np.asarray(C) > 2) & (Tc > b)) * s * heads * Tc * (4 * b + Tc)
+    working = 4 * s * heads * Tc * b + 8 * t * heads * H + precision.compute * t * (D + (N + 4 * K) * H / Y) + sliced
+    return held + working
 
 
 def hbm_traffic_bytes(w: Workload) -> float:

@@ -67,6 +67,18 @@ EXTENDED = {
     # 1F1B's data-manual loop: the ZeRO-1 row runs it; warm-up phases: the interleaved row runs them
     "test_transformer.py::test_pipeline_stages_match_one_device[data=2,stage=2,tensor=2-1f1b1-ulysses-full]",
     "test_transformer.py::test_pipeline_stages_match_one_device[stage=4,tensor=2-1f1b1-phases-ulysses-none]",
+    # 1F1B's lookup gradient over fsdp in BF16: the row, fsdp=4 interleaved, tied M = 8 and cpu:8 stay
+    "test_one_f_one_b_collectives.py::test_one_f_one_b_with_fsdp_and_a_vocabulary[2x2x2-512x4-stage=2,fsdp=2,tensor=2-"
+    "M2R1-none]",
+    "test_one_f_one_b_collectives.py::test_one_f_one_b_with_fsdp_and_a_vocabulary[2x2x2-512x4-stage=2,fsdp=2,tensor=2-"
+    "M4R2-none]",
+    "test_one_f_one_b_collectives.py::test_one_f_one_b_with_fsdp_and_a_vocabulary[2x2x2-512x4-stage=2,tensor=4-M4R1-"
+    "none]",
+    # full remat with ring attention: the v6e row and medium-tf on v5p stay; context=2, the v5p fsdp=2 row
+    # (the two phases 0.17 GB apart) and the row under MaxText's flags
+    "test_full_remat_peak.py::test_full_remat_ring_peak_in_band[v6e:4x4-4096x4-fsdp=8,context=2-B131072-default]",
+    "test_full_remat_peak.py::test_full_remat_ring_peak_in_band[v5p:2x2x2-4096x4-fsdp=2,context=4-B32768-default]",
+    "test_full_remat_peak.py::test_full_remat_ring_peak_in_band[v6e:4x4-4096x4-fsdp=4,context=4-B65536-maxtext]",
 }
 
 

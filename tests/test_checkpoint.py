@@ -2,10 +2,12 @@
 resumed run gives exactly the losses of an uninterrupted one, and a save cut off half-way leaves the
 previous checkpoint as the latest."""
 
+import hashlib
 import importlib.util
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -326,3 +328,157 @@ def test_the_unraisable_hook_is_replaced_only_inside_a_read(monkeypatch):
     assert sys.unraisablehook is mine
     RaisesOnDelete(RuntimeError("Event loop is closed"))
     assert reported == [(ZeroDivisionError, "not orbax's"), (RuntimeError, "Event loop is closed")]
+
+
+# --- issue items 6, 8, 9, 10: control characters, incomplete newer steps, saved lines said at once, metadata ---
+
+
+def test_resume_passes_over_incomplete_newer_steps(saved, tmp_path):
+    """Saves cut off after the complete step 2, as orbax leaves them on object storage and on a local disk:
+    step 3 with every file but the commit marker, step 4 empty, step 5 holding only an item's temporary
+    directory, step 6 still in orbax's temporary name. --resume restores step 2, says what it skipped and why,
+    and trains steps 2 and 3 with the losses of an uninterrupted run; steps 3 and 4 are saved anew where the
+    incomplete ones were (before: "checkpoint step 5 ... cannot be read")."""
+    m = make_mesh("fsdp=4,tensor=2", "cpu:8")
+    full = train(Workload(TINY, mesh_shape(m), B), m, 4)  # uninterrupted, no checkpoints
+    d = tmp_path / "ck"
+    shutil.copytree(saved, d)
+    shutil.copytree(d / "2", d / "3")
+    os.remove(d / "3" / "commit_success.txt")
+    (d / "4").mkdir()
+    (d / "5" / "default.orbax-checkpoint-tmp-1764000000000000").mkdir(parents=True)
+    (d / "6.orbax-checkpoint-tmp-1764000000000000").mkdir()
+
+    lines = []
+    losses = train(Workload(TINY, mesh_shape(m), B), m, 4, checkpoint_dir=d, resume=True, save_every=1,
+                   say=lines.append)
+    assert losses == full[2:]
+    assert lines[:7] == [
+        "skipped step 3: no commit marker (commit_success.txt)",
+        "skipped step 4: empty directory",
+        "skipped step 5: no commit marker (commit_success.txt), "
+        "unfinished default.orbax-checkpoint-tmp-1764000000000000",
+        "skipped step 6: unfinished save 6.orbax-checkpoint-tmp-1764000000000000",
+        f"resumed from step 2 in {d} (saved on mesh fsdp=4,tensor=2, restored on mesh fsdp=4,tensor=2)",
+        f"removed 6.orbax-checkpoint-tmp-1764000000000000 from {d}: a save that never finished",
+        f"removed 3 from {d}: a save that never finished"]
+    assert sorted(os.listdir(d)) == ["2", "3", "4"]
+    assert all(os.path.exists(d / k / "commit_success.txt") for k in ("3", "4"))  # saved by this run
+    assert ckpt.restore_latest(d, state_shardings(TINY, m)[0])[0] == 4
+
+
+def test_no_complete_step_is_one_error_line(tmp_path, capsys):
+    """--resume in a directory whose only steps never completed: one line naming each and why, exit 2, nothing
+    written (before: "checkpoint step 7 ... cannot be read", naming neither the cause nor step 3)."""
+    d = tmp_path / "ck"
+    (d / "3" / "default.orbax-checkpoint-tmp-1764000000000000").mkdir(parents=True)
+    (d / "7").mkdir()
+    before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    code = main(["train", "--preset", "tiny", "--devices", "cpu:8", "--mesh", "fsdp=4,tensor=2", "--batch-tokens",
+                 str(B), "--steps", "4", "--checkpoint-dir", str(d), "--resume"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, (code, out, err)
+    assert err.strip() == (f"error: no complete checkpoint in --checkpoint-dir '{d}'; step 3: no commit marker "
+                           "(commit_success.txt), unfinished default.orbax-checkpoint-tmp-1764000000000000; "
+                           "step 7: empty directory")
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before
+
+
+def test_saved_step_lines_come_while_the_run_goes_on(tmp_path):
+    """stdout a pipe, a save after every step: "saved step 2" comes between the loss lines of steps 2 and 3 (when
+    the save of step 3 starts, orbax has committed step 2), while the run goes on, so a run killed later (kill -9
+    here) has it in its log. Before, each save was still in progress at the next step's end and every "saved"
+    line came at the end of the run."""
+    d = tmp_path / "ck"
+    p = subprocess.Popen([sys.executable, "-m", "ffn_model", "train", "--preset", "tiny", "--devices", "cpu:8",
+                          "--mesh", "fsdp=4,tensor=2", "--batch-tokens", str(B), "--steps", "1000", "--save-every", "1",
+                          "--checkpoint-dir", str(d)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                         env=ENV)
+    lines, running = [], None
+    try:
+        for line in p.stdout:
+            lines.append(line.rstrip("\n"))
+            if lines[-1] == f"saved step 2 to {d}" or lines[-1].startswith("step    10 "):
+                running = p.poll() is None
+                break
+    finally:
+        p.kill()
+        p.wait(timeout=60)
+    assert running, lines
+    steps = [line.split()[1] for line in lines if line.startswith("step ")]
+    assert lines[-1] == f"saved step 2 to {d}" and steps == ["0", "1", "2"], lines
+    assert os.path.exists(d / "2" / "commit_success.txt")
+
+
+def _edit_metadata(d, edit):
+    """Apply ``edit`` to the text of step 2's metadata file (orbax's _CHECKPOINT_METADATA, ours under
+    "custom_metadata")."""
+    f = d / "2" / "_CHECKPOINT_METADATA"
+    f.write_text(edit(f.read_text()))
+
+
+def test_a_changed_byte_of_the_metadata_is_found(saved, tmp_path, capsys):
+    """One byte of the metadata changed on disk: the seed 0 -> 1, a digit of an array's checksum, a comma (not
+    JSON any more). Each is "metadata is corrupt", one line (before: "written with seed 1, not 0", "['params']...
+    does not match the checksum saved with it", "has no 'seed' in its metadata"). The sum saved is the sha256 of
+    the metadata without it as JSON with sorted keys and no spaces; a checkpoint without it (written before it)
+    is refused."""
+    text = (saved / "2" / "_CHECKPOINT_METADATA").read_text()
+    custom = json.loads(text)["custom_metadata"]
+    body = json.dumps({k: v for k, v in custom.items() if k != "metadata_sha256"}, sort_keys=True,
+                      separators=(",", ":"))
+    assert custom["metadata_sha256"] == hashlib.sha256(body.encode()).hexdigest()
+
+    abstract = state_shardings(TINY, make_mesh("fsdp=8", "cpu:8"))[0]
+    expect = {"model": vars(TINY), "seed": 0}
+    digit = str(custom["checksums"]["['params']['w_in']"])
+    edits = {"seed": lambda t: t.replace('"seed": 0,', '"seed": 1,'),
+             "checksum": lambda t: t.replace(f"\"['params']['w_in']\": {digit}",
+                                             f"\"['params']['w_in']\": {digit[:-1]}{(int(digit[-1]) + 1) % 10}"),
+             "comma": lambda t: t.replace('"seed": 0,', '"seed": 0;')}
+    for name, edit in edits.items():
+        d = tmp_path / name
+        shutil.copytree(saved, d)
+        _edit_metadata(d, edit)
+        changed = (d / "2" / "_CHECKPOINT_METADATA").read_bytes()
+        assert len(changed) == len(text) and sum(a != b for a, b in zip(changed, text.encode())) == 1
+        match = (r"^checkpoint step 2's metadata is corrupt \(checksum sha256 [0-9a-f]{16}\.\.\., saved with it "
+                 rf"{custom['metadata_sha256'][:16]}\.\.\.\) in --checkpoint-dir '.*/{name}'$")
+        if name == "comma":
+            match = r"^checkpoint step 2's metadata is corrupt \(JSONDecodeError: .*\) in --checkpoint-dir '.*/comma'$"
+        with pytest.raises(ValueError, match=match):
+            ckpt.restore_latest(d, abstract, expect)
+
+    code = main(["train", "--preset", "tiny", "--devices", "cpu:8", "--mesh", "fsdp=4,tensor=2", "--batch-tokens",
+                 str(B), "--steps", "3", "--checkpoint-dir", str(tmp_path / "seed"), "--resume"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, (code, out, err)
+    assert err.startswith("error: checkpoint step 2's metadata is corrupt (checksum sha256 ")
+
+    d = tmp_path / "before-the-sum"
+    shutil.copytree(saved, d)
+    without = {k: v for k, v in custom.items() if k != "metadata_sha256"}
+    _edit_metadata(d, lambda t: json.dumps({**json.loads(t), "custom_metadata": without}))
+    with pytest.raises(ValueError, match=r"^checkpoint step 2 in --checkpoint-dir '.*/before-the-sum' has no "
+                                         r"metadata checksum \(metadata_sha256\): written before ffn_model checked"):
+        ckpt.restore_latest(d, abstract, expect)
+
+
+def test_a_checkpoint_dir_with_a_control_character_is_refused(tmp_path, capsys):
+    """A newline, a tab, a carriage return or an escape in --checkpoint-dir: one error line (the name as Python
+    writes it, so the line stays one), exit 2, nothing created (before: the directory was made, newline and
+    all); train and check_directory refuse it as well."""
+    m = make_mesh("fsdp=8", "cpu:8")
+    for name, shown in (("ck\nrun", r"ck\\nrun"), ("ck\trun", r"ck\\trun"), ("ck\rrun", r"ck\\rrun"),
+                        ("ck\x1brun", r"ck\\x1brun")):
+        code = main(["train", "--preset", "tiny", "--devices", "cpu:8", "--batch-tokens", str(B), "--steps", "1",
+                     "--checkpoint-dir", str(tmp_path / name)])
+        out, err = capsys.readouterr()
+        assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, (code, out, err)
+        assert re.fullmatch(rf"error: --checkpoint-dir '.*/{shown}' holds a control character \('.*'\); "
+                            r"give a path of printable characters\n", err), err
+        with pytest.raises(ValueError, match="holds a control character"):
+            train(Workload(TINY, mesh_shape(m), B), m, 1, checkpoint_dir=tmp_path / name)
+        with pytest.raises(ValueError, match="holds a control character"):
+            ckpt.check_directory(tmp_path / name, True)
+    assert os.listdir(tmp_path) == []

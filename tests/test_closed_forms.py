@@ -389,10 +389,11 @@ def test_x_opt_reported_within_the_mesh():
 
 
 @pytest.mark.parametrize("args, word", [
-    (["--d-model", str(10**30)], "weights L·D·F"),  # 1e30 itself is not an int to argparse (exit 2 there)
-    (["--batch-tokens", str(10**24)], "activations"),
-    (["--hbm", "95"], "hbm=95 bytes"),
-    (["--gpu-hbm", "1e-300"], "gpu_hbm"),
+    (["--d-model", str(10**30)], "--d-model must be below 2^31"),  # 1e30 is not an int to argparse (exit 2 there)
+    (["--d-model", str(2**30), "--d-ff", str(2**30)], "weights L·D·F"),  # 126·2^60 elements: over 2^63
+    (["--batch-tokens", str(10**24)], "--batch-tokens must be below 2^31"),
+    (["--hbm", "95"], "--hbm is the memory per device in bytes"),  # 95 GB given as 95
+    (["--gpu-hbm", "1e-300"], "--gpu-hbm is the memory per GPU in bytes"),
     (["--fsdp", "4096", "--tensor", "4"], "at most 6,144 chips"),
 ])
 def test_absurd_sizes_exit_2_one_line(args, word, capsys):

@@ -108,8 +108,14 @@ def test_memory_lines(rows):
 
 def test_render_summary(rows):
     text = s0.render(rows)
-    assert len(text.splitlines()) == 95  # header, 93 rows, summary
-    assert text.splitlines()[-1].startswith("90 of 93 figures reproduced") and "3 of the 3 others explained" in text
+    lines = text.splitlines()
+    table = lines[: lines.index("notes:")]
+    assert len(table) == 94  # header, 93 rows; then the notes, each row's by its reference; the summary last
+    assert lines[-1].startswith("90 of 93 figures reproduced") and "3 of the 3 others explained" in text
+    notes = {r["note"] for r in rows if r["note"]}
+    refs = {line.split()[-1] for line in table[1:] if line.split()[-1].startswith("[")}
+    assert len(refs) == len(notes) and all(f"[{k}] " in text for k in range(1, len(notes) + 1))
+    assert max(map(len, lines)) <= 160  # a terminal's width: the notes below the table, wrapped
 
 
 def test_no_jax_import():
@@ -217,6 +223,7 @@ def test_model_trace_bad_inputs():
     assert main(["trace", "--seed", "000", "--preset", "llama2-7b"]) == 2
 
 
+@pytest.mark.tpu
 def test_model_trace_verify_in_the_tpu_band():
     """trace --verify for a model: one layer of a GQA variant of seed 000's model (16 kv heads, 8192 tokens), forward,
     Ulysses over 8 v5p chips (tpu:v5p-16), flash attention: the compiled peak within the TPU band [0.90, 1.10] of the

@@ -214,12 +214,40 @@ def test_layers_of_a_gqa_model_by_hand():
 
 
 def test_layers_bad_inputs():
-    """A chip without a vector rate and none given, a tp that does not divide, an FFN preset, --cells with a model:
-    one error line, exit 2."""
-    from jax_scaling.cli import main
+    """A chip without a vector rate and none given (no row of the table: a row with its rate removed), a tp that does
+    not divide, an FFN preset, --cells with a model: one error line, exit 2."""
+    from dataclasses import replace
 
-    assert main(["layers", "--preset", "llama2-7b", "--chip", "H100"]) == 2
+    from jax_scaling.cli import main
+    from scaling.hardware import get_chip
+
+    with pytest.raises(ValueError, match="H100 has no vector .* give --vector-tflops"):
+        le.system_of(replace(get_chip("H100"), vector_flops=None))
     assert main(["layers", "--preset", "llama2-7b", "--chip", "H100", "--vector-tflops", "134"]) == 0
     assert main(["layers", "--preset", "llama2-7b", "--tp", "3"]) == 2
     assert main(["layers", "--preset", "small"]) == 2
     assert main(["layers", "--preset", "llama2-7b", "--cells"]) == 2
+
+
+def test_every_chip_has_a_vector_rate():
+    """`layers --chip C` runs without --vector-tflops for every row of the hardware table (issue 23, item 14: the
+    H100 asked for it), at the row's vector_flops. Hand check of the H100's: NVIDIA H100 Tensor Core GPU Architecture
+    whitepaper, H100 SXM5 "Peak FP16 TFLOPS (non-Tensor)" 133.8 (BF16 the same; FP32 66.9), which is 132 SMs x 128
+    FP32 lanes x 2 FLOPs (FMA) x 1.98 GHz, doubled for 16-bit operands: the figures of the row's gpu_target (XLA's
+    description of the H100 SXM). The H200 is the same die at the same clocks; the A100s keep seed 001's 78."""
+    from jax_scaling.cli import main
+    from scaling.hardware import CHIPS, get_chip
+
+    for name, chip in CHIPS.items():
+        assert chip.vector_flops and chip.vector_flops < chip.bf16_flops, name
+        assert le.system_of(chip)["vector_flops_fp16"] == chip.vector_flops / 1e12, name
+        assert main(["layers", "--preset", "llama3.1-8b", "--chip", name]) == 0, name
+    h100 = get_chip("H100")
+    assert h100.vector_flops == 133.8e12
+    g = dict(h100.gpu_target)
+    assert h100.vector_flops == pytest.approx(2 * g["core_count"] * g["fpus_per_core"] * 2 * g["clock_rate_ghz"] * 1e9,
+                                              rel=1e-3)
+    assert get_chip("H200").vector_flops == h100.vector_flops
+    assert get_chip("A100-80GB").vector_flops == le.SEED001["system"]["vector_flops_fp16"] * 1e12
+    # v5p: the Scaling Book's VPU figure, 8 x 128 x 4 ALUs x 2 TensorCores x 1.75 GHz
+    assert get_chip("v5p").vector_flops == pytest.approx(8 * 128 * 4 * 2 * 1.75e9, rel=0.03)

@@ -1,6 +1,6 @@
-"""python -m verify {answer, plan, check, trace, layers, train, compile, bench}: the command layer's program
-(jax_scaling.cli) with the commands it offered before the console script. An entry point, not part of the verify
-layer (tests/test_layers.py)."""
+"""python -m verify {answer, plan, predict, validate, check, trace, layers, kernels, train, compile, bench}:
+the command layer's program (jax_scaling.cli) with every command. An entry point, not part of the verify layer
+(tests/test_layers.py)."""
 
 import sys
 

@@ -340,7 +340,8 @@ def compare(w: Workload, devices: str, chip: str | None = None, verbose: bool = 
                      circular_relays=relays, joint_head_reduce=joint)
     pred = program.predict(w, chip_, layout)
 
-    out = {"config": {"model": vars(cfg), "devices": devices, "mesh": shape.as_dict(), "batch_tokens": batch_tokens,
+    out = {"config": {"model": vars(cfg), "model_text": str(cfg),
+                      "devices": devices, "mesh": shape.as_dict(), "batch_tokens": batch_tokens,
                       "remat": remat, "step": step, "schedule": vars(schedule), "chip": chip_.name,
                       "compile_seconds": res.compile_seconds,
                       "ici_layout": layout, "windowed_grad_rs": windowed, "windowed_grad_rs_rule": rule,
@@ -483,7 +484,8 @@ def optimal_seconds_text(seconds: float) -> str:
 def render(rep: dict) -> str:
     """The side-by-side table: quantity, closed form, compiled, ratio, note."""
     cfgd = rep["config"]
-    lines = [f"{cfgd['step']} step, {cfgd['model']}, mesh {cfgd['mesh']}, B={cfgd['batch_tokens']:,} tokens, "
+    lines = [f"{cfgd['step']} step, {cfgd['model_text']}, mesh {MeshShape(cfgd['mesh'])}, "
+             f"B={cfgd['batch_tokens']:,} tokens, "
              f"remat {cfgd['remat']}, devices {cfgd['devices']} (compiled in {cfgd['compile_seconds']:.1f} s)"
              + _schedule_text(cfgd),
              f"chip figures for the times: {get_chip(cfgd['chip']).describe()}",
@@ -511,6 +513,8 @@ def render(rep: dict) -> str:
                  f"(exposed comms " + (", ".join(f"{k} {v:.4g} s" for k, v in t["exposed"].items()) or "none")
                  + f", loop copies {t['copies']:.4g} s); bound: {t['bound']}")
     if cfgd["devices"].startswith("cpu"):
+        lines.append("  (peak memory is not compared on CPU devices: XLA:CPU's peak_memory_in_bytes is about the "
+                     "arguments alone; compile for a TPU topology, --devices tpu:v5p:2x2x2, for the peak)")
         lines.append(f"  (the ICI times are of the bytes a {cfgd['chip']} moves, bf16 as the precision policy says, "
                      "not of XLA:CPU's f32-widened bytes above)")
     if t["xla_optimal_seconds"] is not None:
@@ -529,20 +533,22 @@ def verify_plans(plans: list[dict], cfg, chip: Chip, chips: int, hbm: float | No
     plan dicts, in place; compiled under the XLA flags ``flags`` (scaling.flags). A TPU plan compiles for the chip's
     real topology of ``chips`` chips (hardware.slice_topology; one slice). A GPU plan compiles with XLA's GPU
     compiler for ``chips`` GPUs in nodes of GPU_NODE (gpu:<chip>:<N>, mesh.devices: the CUDA plugin's topology
-    description, no GPU present). Without the CUDA plugin (or a compiler description of the GPU) it compiles on
-    as many emulated CPU devices: the program builds and partitions for the mesh and ``compiled_state_bytes``
-    (its arguments per device) is read, but XLA:CPU's peak is not a GPU's (docs/findings.md), so
-    ``compiled_peak_bytes`` and ``compiled_fits`` are None. This must be the process's first use of jax."""
+    description, no GPU present). ValueError without the CUDA plugin or a compiler description of the GPU (XLA:CPU's
+    peak is not a GPU's: docs/findings.md). This must be the process's first use of jax."""
     if chip.kind == "tpu":
         if any(p["slices"] > 1 for p in plans):
             raise ValueError(f"--verify-top compiles one slice; {chips} {chip.name} chips are {plans[0]['slices']} "
                              "slices")
         devices = f"tpu:{chip.name}:{'x'.join(str(d) for d in slice_topology(chip, chips))}"
-    elif has_cuda_plugin() and chip.gpu_target:
-        devices = f"gpu:{chip.name}:{chips}"
+    elif not chip.gpu_target:
+        raise ValueError(f"--verify-top compiles for GPUs with XLA's GPU compiler, and the hardware table has no "
+                         f"compiler description of the {chip.name} (gpu_target); GPUs with one: "
+                         + ", ".join(c.name for c in CHIPS.values() if c.gpu_target))
+    elif not has_cuda_plugin():
+        raise ValueError(f"--verify-top compiles for {chip.name} GPUs with XLA's GPU compiler, which needs jax's CUDA "
+                         "plugin: `make answer` installs it (in .venv/cuda-aot), or pip install -e '.[cuda-aot]'")
     else:
-        devices = f"cpu:{chips * chip.devices_per_chip}"
-    judged = not devices.startswith("cpu:")  # XLA:CPU's peak says nothing of a TPU's or a GPU's
+        devices = f"gpu:{chip.name}:{chips}"
     hbm = hbm or chip.hbm_budget
     use_cpu_platform_for(devices)
     for p in plans:
@@ -550,9 +556,9 @@ def verify_plans(plans: list[dict], cfg, chip: Chip, chips: int, hbm: float | No
         mesh = make_mesh(MeshShape(p["mesh"]), devices, verbose)
         res = abstract_compile(planner.workload_of(p, cfg, flags), mesh)
         memory = read_compiled(res.compiled, p["mesh"]).memory
-        peak = memory["peak_bytes"] if judged else None
+        peak = memory["peak_bytes"]
         p["compiled_peak_bytes"] = peak
-        p["compiled_fits"] = (peak is not None and peak <= hbm) if judged else None
+        p["compiled_fits"] = peak is not None and peak <= hbm
         p["compiled_state_bytes"] = memory["argument_bytes"]
         p["compiled_on"] = devices
         if chip.kind == "tpu":

@@ -8,7 +8,8 @@ from __future__ import annotations
 from ffn_model import cli as model_cli
 from ffn_model.compile import abstract_compile
 from mesh import make_mesh, mesh_shape
-from mesh.devices import infer_chip
+from mesh.devices import infer_chip, parse_gpu_spec
+from scaling.config import MeshShape
 from scaling.hardware import get_chip
 from scaling.workload import Workload
 from verify.bench import bench
@@ -24,11 +25,13 @@ def compile_report(args, cfg) -> dict:
     schedule = model_cli.schedule_of(args)
     try:
         res = abstract_compile(Workload(cfg, mesh_shape(mesh), args.batch_tokens, args.step, args.remat, schedule,
-                                        flags=model_cli.flags_of(args)), mesh)
+                                        flags=model_cli.flags_of(args)), mesh, args.verbose)
     except Exception as e:  # a program larger than the TPU's HBM: one line (verify.hlo.refusal_error)
         raise refusal_error(e) or e
     got = read_compiled(res.compiled, dict(mesh_shape(mesh)))
-    return {"command": "compile", "model": vars(cfg), "mesh": mesh_shape(mesh).as_dict(), "devices": args.devices,
+    check_gpu_fits(args.devices, got.memory.get("peak_bytes"))
+    return {"command": "compile", "model": vars(cfg), "model_text": str(cfg),
+            "mesh": mesh_shape(mesh).as_dict(), "devices": args.devices,
             "platform": mesh.devices.flat[0].platform, "batch_tokens": args.batch_tokens, "remat": args.remat,
             "step": args.step, "schedule": vars(schedule), "xla_flags": model_cli.flags_of(args).name,
             "compile_seconds": res.compile_seconds, "memory": got.memory,
@@ -36,8 +39,22 @@ def compile_report(args, cfg) -> dict:
             "collective_bytes": got.collective_bytes["by_axis"]}
 
 
+def check_gpu_fits(devices, peak) -> None:
+    """ValueError where a program compiled for GPUs (gpu:<chip>:<N>) peaks above the chip's usable HBM: XLA:GPU
+    compiles it (it only warns that it cannot rematerialize below the limit), a GPU could not run it; XLA:TPU
+    refuses such a program itself (verify.hlo.refusal_error)."""
+    if not (isinstance(devices, str) and devices.strip().lower().startswith("gpu:")) or peak is None:
+        return
+    chip = parse_gpu_spec(devices)[0]
+    if peak > chip.hbm_budget:
+        raise ValueError(f"the program needs {peak / 1e9:.1f} GB per device (XLA:GPU's peak), more than the "
+                         f"{chip.hbm_budget / 1e9:.1f} GB usable on one {chip.name}: shard it over more devices "
+                         "(fsdp, tensor, stage), remat, or a smaller batch")
+
+
 def print_compile(rep: dict) -> None:
-    print(f"{rep['step']} step of {rep['model']} on {rep['devices'] or rep['platform']} mesh {rep['mesh']}, "
+    print(f"{rep['step']} step of {rep['model_text']} on {rep['devices'] or rep['platform']} mesh "
+          f"{MeshShape(rep['mesh'])}, "
           f"B={rep['batch_tokens']:,} tokens, remat {rep['remat']}, XLA flags {rep.get('xla_flags', 'default')!r}: "
           f"compiled in {rep['compile_seconds']:.1f} s")
     for k, v in rep["memory"].items():
@@ -60,7 +77,8 @@ def bench_report(args, cfg) -> dict:
     dev = mesh.devices.flat[0]
     chip = get_chip(args.chip) if args.chip is not None else infer_chip(dev)
     rep = bench(w, mesh, args.steps, args.warmup, chip, args.seed)
-    return {"command": "bench", "model": vars(cfg), "mesh": mesh_shape(mesh).as_dict(), "devices": args.devices,
+    return {"command": "bench", "model": vars(cfg), "model_text": str(cfg),
+            "mesh": mesh_shape(mesh).as_dict(), "devices": args.devices,
             "platform": dev.platform, "device_kind": dev.device_kind, "batch_tokens": args.batch_tokens,
             "remat": args.remat, "steps": args.steps, "warmup": args.warmup, **rep}
 
@@ -68,7 +86,8 @@ def bench_report(args, cfg) -> dict:
 def print_bench(rep: dict) -> None:
     pct = lambda x: "n/a" if x is None else f"{100 * x:.3g}%"  # noqa: E731
     ms = lambda t: f"{t * 1e3:.4g} ms"  # noqa: E731
-    print(f"train step of {rep['model']} on {rep['device_kind']} mesh {rep['mesh']}, B={rep['batch_tokens']:,} "
+    print(f"train step of {rep['model_text']} on {rep['device_kind']} mesh {MeshShape(rep['mesh'])}, "
+          f"B={rep['batch_tokens']:,} "
           f"tokens, remat {rep['remat']}, chip {rep['chip'] or 'n/a'}")
     if rep["chip"]:
         print(f"  chip figures: {get_chip(rep['chip']).describe()}")
