@@ -25,7 +25,7 @@ answer: $(VENV)/.base
 
 test: $(VENV)/.dev
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q -m "not extended"
+	$(PY) -m pytest -q -m "not extended" --durations=25
 
 test-all: $(VENV)/.dev
 	$(VENV)/bin/ruff check .

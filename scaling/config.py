@@ -671,9 +671,6 @@ class Schedule:
             raise ValueError("the 1f1b schedule needs a stage axis (stage > 1 in the mesh)")
         if self.pipeline == "1f1b" and not isinstance(cfg, TransformerConfig):
             raise ValueError("the 1f1b schedule is built for the transformer; the FFN stack runs gpipe or circular")
-        if self.sequence_parallel and mesh.get("tensor", 1) == 1:
-            raise ValueError("sequence_parallel splits the activations over the tensor axis; the mesh has none "
-                             "(give tensor > 1 in the mesh, or leave sequence parallelism off)")
         if R > 1 and S == 1:
             raise ValueError(f"repeats={R} needs a stage axis (circular pipeline); without one use repeats=1")
         if (L // S) % R:
@@ -685,6 +682,9 @@ class Schedule:
                              "without a stage axis every microbatch gathers them")
         if self.sequence_parallel and S > 1:
             raise ValueError("sequence_parallel with pipeline stages is not supported: use one or the other")
+        if self.sequence_parallel and mesh.get("tensor", 1) == 1:
+            raise ValueError("sequence_parallel splits the activations over the tensor axis; the mesh has none "
+                             "(give tensor > 1 in the mesh, or leave sequence parallelism off)")
         if batch_tokens is not None and not isinstance(cfg, TransformerConfig):
             n = M * shards(mesh, "batch_sp" if self.sequence_parallel else "batch")
             if positive_int("batch_tokens", batch_tokens) % n:

@@ -372,7 +372,8 @@ def _stacked(values) -> np.ndarray:
     shapes = {getattr(v, "shape", ()) for v in values}
     if shapes == {()}:
         return np.array(values)
-    a = np.empty((len(values), *np.broadcast_shapes(*shapes)), np.result_type(*values))
+    kinds = {(type(v), getattr(v, "dtype", None)): v for v in values}.values()  # one value of each type (result_type)
+    a = np.empty((len(values), *np.broadcast_shapes(*shapes)), np.result_type(*kinds))
     for i, v in enumerate(values):
         a[i] = v
     return a

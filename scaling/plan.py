@@ -13,11 +13,14 @@ data axis (MaxText's dcn_data_parallelism) or of the fsdp axis spans them (both 
 GPUs: a node of up to 8 GPUs on an NVLink switch (every mesh axis gets the GPU's NVLink bandwidth),
 nodes joined like slices over the scale-out network (InfiniBand, IB: the table's dcn_bw).
 
-For each schedule of a mesh, ``predict`` runs once on numpy arrays of the batch sizes, microbatch counts and
-the mesh's layouts' links (a transformer's: of a group of meshes too, _groups, and for the remat policy that
-keeps the most and fits: plan); each (mesh, batch) keeps its fastest layout. The plans the planner ranks
-are therefore exactly what ``predict`` says of them (tests/test_plan.py, tests/test_plan_transformer.py hold the
-two equal), and what ``python -m scaling check`` compares with the compiler. Ranked by the sum form unless
+For each schedule of a mesh, the step model (program.StepModel, what ``predict`` is made of) runs once on numpy
+arrays of the batch sizes, microbatch counts and the mesh's layouts' links (a transformer's: of a group of meshes
+too, those of one stage count with the same axes > 1, each with its own DCN axis, _groups; and for the remat policy
+that keeps the most and fits: _screen, which sizes the groups of one stage count and context axis together); each
+(mesh, batch) keeps its fastest layout. The candidates are ranked by their step in the plan's form alone; the rest
+of ``predict``'s answer is made for the plans kept only. The plans the planner ranks are therefore exactly what
+``predict`` says of them (tests/test_plan.py, tests/test_plan_transformer.py hold the two equal), and what
+``python -m scaling check`` compares with the compiler. Ranked by the sum form unless
 told otherwise (the compiled forward step runs its collectives synchronously: docs/findings.md, "Finding for
 question (c)"); plans over the HBM budget (the table's usable HBM per device unless ``hbm``) are dropped.
 """
@@ -25,6 +28,7 @@ question (c)"); plans over the HBM budget (the table's usable HBM per device unl
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import itertools
 import math
@@ -190,13 +194,15 @@ class Choices:
                    one(sequence_parallel, (False, True)), one(optimizer_sharding, ("fsdp",)))
 
 
-def schedules(cfg, mesh: MeshShape, choices: Choices, max_microbatches: int, max_repeats: int) -> list[tuple]:
+def schedules(cfg, mesh: MeshShape, choices: Choices, max_microbatches: int, max_repeats: int,
+              made: dict | None = None) -> list[tuple]:
     """(Schedule with an array of microbatch counts, remat) pairs the planner evaluates on ``mesh``, those
     Schedule.check accepts. FFN stack: R in repeats_for, M in microbatches_for. Transformer: without stages
     M = 1 (its gradient accumulation is not in the closed forms) with each attention, context strategy (with a
     context axis), sequence parallelism (with a tensor axis), optimizer sharding and remat; with S stages
     GPipe, circular (R > 1 of repeats_for) and 1F1B (R of repeats_for: R > 1 interleaved), M = S, 2S, ...
-    (microbatches_for)."""
+    (microbatches_for). ``made``: a transformer's schedules already made (the planner's, for other meshes), by their
+    fields; the same Schedule is returned for the same fields."""
     S = mesh["stage"]
     if not isinstance(cfg, TransformerConfig):
         out = [(Schedule(np.array(microbatches_for(S, R, max_microbatches)), R), r)
@@ -215,9 +221,13 @@ def schedules(cfg, mesh: MeshShape, choices: Choices, max_microbatches: int, max
             pipes, choices.attentions, choices.contexts if mesh["context"] > 1 else choices.contexts[:1],
             [v for v in choices.sequence_parallel if mesh["tensor"] > 1 and S == 1] or [False],
             [v for v in choices.optimizer_sharding if mesh["data"] > 1 and S == 1] or ["fsdp"]):
-        ms = np.array(microbatches_for(S, R, max_microbatches) if S > 1 else [1])
-        sched = Schedule(ms, R, sequence_parallel=sp, attention=att, context=ctx, optimizer_sharding=opt,
-                         pipeline=pipe)
+        ms = tuple(microbatches_for(S, R, max_microbatches) if S > 1 else [1])
+        made = {} if made is None else made
+        sched = made.get((ms, R, sp, att, ctx, opt, pipe))
+        if sched is None:
+            sched = made[ms, R, sp, att, ctx, opt, pipe] = Schedule(
+                np.array(ms), R, sequence_parallel=sp, attention=att, context=ctx, optimizer_sharding=opt,
+                pipeline=pipe)
         try:  # the remat policy changes nothing Schedule.check looks at
             sched.check(cfg, mesh)
         except ValueError:
@@ -268,14 +278,13 @@ def _groups(cfg, chip: Chip, dims, n_slices: int, choices: Choices, max_microbat
     # A transformer's schedules on a mesh depend on the mesh through what Schedule.check reads of it (the stage,
     # context and tensor sizes; ZeRO-1's data axis and D over data·fsdp) once the mesh divides the model: found once
     # per such kind of mesh, each with its key (the schedule without its microbatch counts)
-    kinds = {}
+    kinds, made, keys = {}, {}, {}
 
     def keyed(runs):
-        keys = {}  # schedules pairs each with every remat
-        for s, _ in runs:
-            if id(s) not in keys:
-                keys[id(s)] = dataclasses.replace(s, microbatches=1)
-        return [(keys[id(s)], s, r) for s, r in runs]
+        for s, _ in runs:  # schedules pairs each with every remat
+            if keys.get(id(s), (None,))[0] is not s:
+                keys[id(s)] = (s, dataclasses.replace(s, microbatches=1))
+        return [(keys[id(s)][1], s, r) for s, r in runs]
 
     for (sizes, lays), dcn_axis in itertools.product(
             layouts(dims, chip, axes, _mesh_keep(cfg, axes, n_slices, dcn_axes)).items(), dcn_axes):
@@ -291,7 +300,7 @@ def _groups(cfg, chip: Chip, dims, n_slices: int, choices: Choices, max_microbat
             kind = (mesh["stage"], mesh["context"], mesh["tensor"], mesh["data"] > 1,
                     cfg.d_model % (mesh["data"] * mesh["fsdp"]) == 0)
             if kind not in kinds:
-                kinds[kind] = keyed(schedules(cfg, mesh, choices, max_microbatches, max_repeats))
+                kinds[kind] = keyed(schedules(cfg, mesh, choices, max_microbatches, max_repeats, made))
             runs_here = kinds[kind]
         else:
             kind, runs_here = None, keyed(schedules(cfg, mesh, choices, max_microbatches, max_repeats))
@@ -311,12 +320,13 @@ def _groups(cfg, chip: Chip, dims, n_slices: int, choices: Choices, max_microbat
 
 
 def _screen(cfg, chip: Chip, groups: list, batches: np.ndarray, hbm: float, form: str, per_mesh: bool, flags) -> list:
-    """Per group (_groups'), its candidates: [(math-time bound [B, M, G], workload, fits mask [B, M, G], schedule,
-    remat, compute term or None)], each schedule with the remat policies that fit its meshes under ``hbm``, in the
-    group's order of schedules and policies. A transformer's groups of one stage count and context axis are sized
-    together, each policy's memory, FLOPs (_math_bound) and, for the scheduled form, kernels (kernels.compute_term)
-    evaluated on all their meshes at once: those closed forms branch on no other axis being > 1 (config.spans),
-    so each mesh's figures are the same as on its own group's (the planner's tests hold the plans to predict's)."""
+    """Per group (_groups'), its candidates: [(math-time bound [B, M, G], workload (a function that makes it), fits
+    mask [B, M, G], schedule, remat, compute term or None)], each schedule with the remat policies that fit its
+    meshes under ``hbm``, in the group's order of schedules and policies. A transformer's groups of one stage count
+    and context axis are sized together, each policy's memory, FLOPs (_math_bound) and, for the scheduled form,
+    kernels (kernels.compute_term) evaluated on all their meshes at once: those closed forms branch on no other axis
+    being > 1 (config.spans), so each mesh's figures are the same as on its own group's (the planner's tests hold
+    the plans to predict's)."""
     transformer = isinstance(cfg, TransformerConfig)
     out = [[] for _ in groups]
     together: dict = {}
@@ -329,6 +339,7 @@ def _screen(cfg, chip: Chip, groups: list, batches: np.ndarray, hbm: float, form
         for gi in members:
             at[gi], start = slice(start, start + len(groups[gi][0])), start + len(groups[gi][0])
         G, mesh = len(meshes), _mesh_arrays(meshes)
+        own = {gi: _mesh_arrays(groups[gi][0]) for gi in members} if len(members) > 1 else {}
         runs_of: dict = {}  # schedule key -> (Schedule, {remat: [mesh index]}, [(group, its schedule's index)])
         for gi in members:
             for ki, (key, (sched, by_remat)) in enumerate(groups[gi][3].items()):
@@ -370,10 +381,11 @@ def _screen(cfg, chip: Chip, groups: list, batches: np.ndarray, hbm: float, form
                 compute = (np.broadcast_to(kernels.compute_term(w, chip, w.precision.dtype), shape + (1,))
                            if transformer and form == "scheduled" else None)
                 for gi, ki in owners:
-                    part = ok[:, :, at[gi]]
+                    part = ok[:, :, at[gi]].copy()
                     if part.any():
-                        gw = Workload(cfg, _mesh_arrays(groups[gi][0]), batches[:, None, None, None], remat=rem,
-                                      schedule=arrays, flags=flags) if len(members) > 1 else w
+                        # the group's own workload, made if it is predicted
+                        gw = functools.partial(Workload, cfg, own[gi], batches[:, None, None, None], remat=rem,
+                                               schedule=arrays, flags=flags) if len(members) > 1 else lambda w=w: w
                         out[gi].append(((ki, ci), None if bound is None else bound[:, :, at[gi]], gw, part,
                                         groups[gi][3][list(groups[gi][3])[ki]][0], rem,
                                         None if compute is None else compute[:, :, at[gi]]))
@@ -424,8 +436,8 @@ def plan(cfg, chip: Chip, chips: int, batch_tokens, hbm: float | None = None, re
     dropped. ``per_mesh``: keep each mesh's best schedule only (the fastest that fits, then the least memory,
     then the fewest microbatches); False keeps every (mesh, schedule, remat). ``flags``: the XLA flag set the
     programs are compiled with (scaling.flags), whose schedule the "scheduled" form follows (the plan command's
-    default form). A transformer's meshes are evaluated a group at a time (_groups); predict on one of them
-    gives what the plan says (tests/test_plan.py)."""
+    default form). A transformer's meshes are evaluated a group at a time (_groups, _screen); predict on one of
+    them gives what the plan says (tests/test_plan.py)."""
     positive_int("chips", chips)
     choices = choices or Choices.of(cfg, remat)
     # the enumeration makes many short-lived objects and no reference cycles: the cyclic garbage collector's
@@ -502,7 +514,7 @@ def _plan(cfg, chip, chips, batch_tokens, hbm, remat, form, dims, max_microbatch
                 continue
             ms = sched.microbatches
             shape = (len(batches), len(ms), G, nl)
-            model = program.StepModel(w, chip, axis_links=axis_links, dcn=dcn, compute=compute)
+            model = program.StepModel(w(), chip, axis_links=axis_links, dcn=dcn, compute=compute)
             step = np.broadcast_to(model.step(form), shape)
             best = step.argmin(axis=3)  # each (batch, M, mesh)'s fastest layout
             fastest = np.take_along_axis(step, best[..., None], 3)[..., 0]
@@ -605,6 +617,8 @@ def _plan_dict(cfg, chip, axes, n_slices, devices, hbm, form, B, p, shape, at, s
         "hbm_budget": hbm,
         "per_device_batch": B / devices,
         "critical_batch": (None if math.isnan(c := pick(t.critical_batch.get(form, np.nan))) else c),
+        **{f"critical_batch_{f}": (None if math.isnan(c := pick(t.critical_batch.get(f, np.nan))) else c)
+           for f in ("sum", "max")},
     }
 
 

@@ -38,8 +38,9 @@ Slices joined by DCN (more chips than one slice holds) carry the outermost facto
 (data, as MaxText's dcn_data_parallelism, or fsdp); a collective over that axis is hierarchical: over
 ICI within a slice and, for 1/(size within a slice) of the bytes, over DCN (tpus page: V·(n−1)/n per chip).
 
-The mesh is scalar (one MeshShape); the batch and the layout's links may be numpy arrays, so the
-planner evaluates every batch size and every ICI layout of a mesh in one call.
+The mesh is scalar (one MeshShape) or, the transformer's, the planner's group of meshes (arrays of axis sizes, each
+axis > 1 in all of them or in none: config.spans); the batch and the layout's links may be numpy arrays, so the
+planner evaluates every batch size and every ICI layout of a mesh in one call (StepModel: a form's step alone).
 """
 
 from __future__ import annotations
@@ -291,12 +292,12 @@ def comm_times(volumes: dict, chip: Chip, axis_links: Mapping | None = None, dcn
     times = {}
     for key, kinds in volumes.items():
         axis = key.split("+")[0]
-        lk = sum(axis_links.get(a, 1.0) for a in key.split("+"))
+        lkw = sum(axis_links.get(a, 1.0) for a in key.split("+")) * w
         n = dcn.get(axis, 1) if key == axis else 1
         m = mesh[axis] // n if np.any(np.asarray(n) > 1) else None
         ici = (n == 1) | (m > 1) if m is not None else None  # where the axis has an ICI part
         times[key] = sum(KIND_FACTOR[k] * (
-            (v / (lk * w) if m is None else np.where(ici, v / (lk * w), 0.0))
+            (v / lkw if m is None else np.where(ici, v / lkw, 0.0))
             + (0.0 if m is None else collectives.dcn_time("all-gather", v / m, n, dcn_bw) if np.ndim(n) == 0
                else v / m * (n - 1) / n / dcn_bw))  # dcn_time's, for an array of slices (0 where n = 1)
             for k, v in kinds.items())
@@ -424,7 +425,8 @@ def predict(w: Workload, chip: Chip | None = None, layout: Mapping | None = None
                  takes the flags as "default": synchronous); loop_copy_bytes (loop_copy_bytes)
     times        (with ``chip``) T_math = executed FLOPs/C_device; T_axis per mesh axis over its links
                  (``layout`` {axis: (lengths, wraps)} as mesh.ici_layout gives it, or ``axis_links``;
-                 ``dcn`` {axis: slices} for an axis whose outermost factor spans slices: comm_times);
+                 ``dcn`` {axis: slices} for an axis whose outermost factor spans slices, the slices an array over
+                 the planner's meshes where they differ: comm_times);
                  T_hbm = HBM bytes / HBM bandwidth. step_max = max(all terms) (everything overlapped);
                  step_sum = max(T_math, T_hbm) + Σ T_axis: the collectives run between the matmuls
                  (synchronous: docs/findings.md, question (c)) while a kernel's HBM traffic overlaps its own

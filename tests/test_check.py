@@ -277,11 +277,13 @@ def test_check_cli_json():
     (["--preset", "small", "--attention", "flash"], "--attention is a transformer flag"),
     (["--preset", "small", "--attention-block", "64"], "--attention-block is a transformer flag"),
     # sizes: more emulated devices than jax's CPU backend compiles for; an array of 2^63 elements or more
-    # (B·F = 2^62 · 256 for the tiny model)
+    # (the weights L·D·F = 3 · 2^31-8 · 2^31-8, each count below 2^31 = 1.38e19)
     (["--devices", "cpu:4096", "--mesh", "data=4096", "--preset", "tiny", "--batch-tokens", "16384"],
      "at most 2048 emulated devices"),
+    (["--devices", "cpu:8", "--mesh", "fsdp=8", "--preset", "tiny", "--d-model", str(2**31 - 8), "--d-ff",
+      str(2**31 - 8)], "hold 1.38e+19 elements"),
     (["--devices", "cpu:8", "--mesh", "fsdp=8", "--preset", "tiny", "--batch-tokens", str(2**62)],
-     "hold 1.18e+21 elements"),
+     "--batch-tokens must be below 2^31"),
     # larger than the device: XLA:TPU's RESOURCE_EXHAUSTED as one line (928.48 GiB = 996.9 GB, 95.74 GiB = 102.8 GB;
     # libtpu's default flags: the maxtext set's schedule needs 996.0 GB)
     pytest.param(["--preset", "xxl", "--devices", "tpu:v5p:2x2x1", "--mesh", "fsdp=4", "--batch-tokens", "25600",

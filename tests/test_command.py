@@ -42,7 +42,7 @@ def test_console_script_is_the_command_layer():
     ("python -m ffn_model", "bench --devices cpu:8 --steps 0", "--steps must be a positive integer, got 0"),
     ("python -m verify", "plan --verify-top -1", "--verify-top must be 0 (compile none) or a positive count"),
     # check's values: the workload is built and refused before verify (and jax) is imported
-    ("jax-scaling", "check --batch-tokens 0", "batch_tokens must be a positive integer, got 0"),
+    ("jax-scaling", "check --batch-tokens 0", "--batch-tokens must be a positive integer, got 0"),
     ("jax-scaling", "check --devices cpu:8 --mesh fsdp=8 --batch-tokens 100", "batch_tokens=100 is not divisible"),
     # a flag set that does not exist, a flag not written --name=value (scaling.flags)
     ("jax-scaling", "check --xla-flags fastest", "unknown XLA flag set 'fastest'"),

@@ -4,14 +4,16 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from mesh.devices import has_cuda_plugin
-from scaling import program
-from scaling.config import PRESETS
+from scaling import kernels, program
+from scaling.config import PRESETS, Schedule
 from scaling.hardware import get_chip
 from scaling.plan import Choices, plan, workload_of
 from scaling.transformer import POLICY_KEEPS
+from scaling.workload import Workload
 
 V5P, V5E, H100 = get_chip("v5p"), get_chip("v5e"), get_chip("H100")
 LLAMA2_7B, LLAMA3_70B = PRESETS["llama2-7b"], PRESETS["llama3.1-70b"]
@@ -90,14 +92,20 @@ def test_seventy_billion_plans_span_every_axis():
     assert top["mfu"] * top["step_seconds"] == pytest.approx(model_math, rel=1e-6)
 
 
-def test_plan_of_a_full_v5p_pod_takes_under_three_seconds():
-    """A 70B transformer over the five axes on 8,960 v5p chips (two slices of 4,480 over DCN) in under 3 s of CPU
-    time (issue 20's bound was 2 s: 1.69-1.86 s here before the step model evaluated each candidate's kernels,
-    scaling.kernels, about 0.33 ms for each of the 1,205 it predicts; 2.24-2.43 s since), with what the plan
-    command tries by default (every schedule, remat policy, context
-    strategy and sequence parallelism; flash attention). 2,240 sequences (8,960 = 2^8·5·7: a batch with the factor
-    7 for data). Timed in a fresh process, as the plan command runs (this test process's heap made the same plan
-    about 10% slower), the faster of two runs (this machine's speed varies by 10-20% between runs)."""
+def test_plan_of_a_full_v5p_pod_takes_under_two_seconds():
+    """A 70B transformer over the five axes on 8,960 v5p chips (two slices of 4,480 over DCN) in under 2 s of CPU
+    time, with what the plan command tries by default (every schedule, remat policy, context strategy and sequence
+    parallelism; flash attention). 2,240 sequences (8,960 = 2^8·5·7: a batch with the factor 7 for data). Issue 20's
+    bound was 2 s (1.69-1.86 s), raised to 3 s once the step model evaluated each candidate's kernels
+    (scaling.kernels; 2.24-2.43 s). Now a candidate's step is ranked by its form alone (program.StepModel; the rest
+    of predict's answer only for the plans kept), the two DCN axes' meshes share a group, the groups of one stage
+    count and context axis are sized together and the kernels are evaluated stacked (kernels.compute_term): 1,149
+    predictions became 737 step evaluations (149 predictions), 4,572 memory evaluations 947, the plans the same:
+    25.8e9 instructions became 7.2e9 (callgrind, 3.6 times fewer; on a machine shared with other jobs, alternating
+    fresh processes, 4.97-5.3 s of CPU became 1.63-1.9 s). Timed in a fresh process, as the plan command runs (this
+    test process's heap made the same plan about 10% slower), after a small plan (imports and caches warm; the
+    import is not timed), the faster of two runs (this machine's speed varies by 10-20% between runs). The issue's
+    goal is 1 s; measured here on a quiet machine: 1.65 s, so the bound is 2 s (down from 3), the goal not met."""
     script = """if True:
         import json, time
         from scaling.config import PRESETS
@@ -116,7 +124,31 @@ def test_plan_of_a_full_v5p_pod_takes_under_three_seconds():
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["plans"] > 0 and out["slices"] == [2]
-    assert min(out["seconds"]) < 3.0, out["seconds"]
+    assert min(out["seconds"]) < 2.0, out["seconds"]
+
+
+@pytest.mark.parametrize("chip", [V5P, H100])
+def test_kernels_at_once_are_the_kernels_one_by_one(chip):
+    """kernels.compute_term, the planner's compute term (the step's matmuls stacked into arrays, each formula
+    evaluated once), is exactly compute_seconds(step_kernels(...)), a kernel at a time: on arrays of meshes, batches
+    and microbatch counts as the planner passes them, with stages (GPipe, circular, 1F1B), a context axis (Ulysses,
+    ring; flash and materialized attention), sequence parallelism and every remat policy."""
+    group = lambda **axes: {a: np.array(v)[None, None, :, None] if isinstance(v, list) else v  # noqa: E731
+                            for a, v in {"data": 1, "stage": 1, "fsdp": 1, "context": 1, "tensor": 1, **axes}.items()}
+    batch = np.array([2**22, 2**23])[:, None, None, None]
+    cases = [(group(data=2, stage=4, fsdp=[2, 4, 8], tensor=[8, 4, 2]), dict(microbatches=[4, 8, 16], pipeline=p,
+                                                                               repeats=r, attention="flash"))
+             for p, r in (("gpipe", 1), ("circular", 2), ("1f1b", 1), ("1f1b", 2))]
+    cases += [(group(data=[4, 2], fsdp=[2, 4], context=8, tensor=2), dict(microbatches=[1], context=ctx,
+                                                                          attention=att, sequence_parallel=sp))
+              for ctx in ("ulysses", "ring") for att in ("flash", "materialized") for sp in (False, True)]
+    for mesh, kw in cases:
+        sched = Schedule(**{**kw, "microbatches": np.array(kw["microbatches"])[None, :, None, None]})
+        for remat in POLICY_KEEPS:
+            w = Workload(LLAMA3_70B, mesh, batch, remat=remat, schedule=sched)
+            one_by_one = kernels.compute_seconds(kernels.step_kernels(w, chip))
+            at_once = kernels.compute_term(w, chip)
+            assert np.shape(at_once) == np.shape(one_by_one) and np.array_equal(at_once, one_by_one), (kw, remat)
 
 
 def test_choices_fix_what_they_name():

@@ -484,7 +484,7 @@ def optimal_seconds_text(seconds: float) -> str:
 def render(rep: dict) -> str:
     """The side-by-side table: quantity, closed form, compiled, ratio, note."""
     cfgd = rep["config"]
-    lines = [f"{cfgd['step']} step, {cfgd['model_text']}, mesh {MeshShape(cfgd['mesh'])}, "
+    lines = [f"{cfgd['step']} step, {cfgd.get('model_text', cfgd['model'])}, mesh {MeshShape(cfgd['mesh'])}, "
              f"B={cfgd['batch_tokens']:,} tokens, "
              f"remat {cfgd['remat']}, devices {cfgd['devices']} (compiled in {cfgd['compile_seconds']:.1f} s)"
              + _schedule_text(cfgd),

@@ -53,7 +53,7 @@ def check_gpu_fits(devices, peak) -> None:
 
 
 def print_compile(rep: dict) -> None:
-    print(f"{rep['step']} step of {rep['model_text']} on {rep['devices'] or rep['platform']} mesh "
+    print(f"{rep['step']} step of {rep.get('model_text', rep['model'])} on {rep['devices'] or rep['platform']} mesh "
           f"{MeshShape(rep['mesh'])}, "
           f"B={rep['batch_tokens']:,} tokens, remat {rep['remat']}, XLA flags {rep.get('xla_flags', 'default')!r}: "
           f"compiled in {rep['compile_seconds']:.1f} s")
