@@ -364,24 +364,13 @@ def crit_form(form: str) -> str:
     return "sum" if form == "scheduled" else form
 
 
-def factorisations(n: int, k: int):
-    """Every ordered way of writing ``n`` as a product of ``k`` positive integers."""
-    if k == 1:
-        yield (n,)
-        return
-    for d in range(1, n + 1):
-        if n % d == 0:
-            for rest in factorisations(n // d, k - 1):
-                yield (d, *rest)
-
-
 def unsplittable(cfg, devices: int, batch_tokens: int, axes: tuple[str, ...], flags) -> str:
     """Why no mesh of ``devices`` over ``axes`` can run ``cfg`` with ``batch_tokens`` (each mesh built as a
     Workload, whose rules are the sharding table's and the schedule's): the rules that refuse them, most
     frequent first, each with how many meshes it refuses and one example."""
     first: dict[str, tuple[int, str, str]] = {}
     count = 0
-    for sizes in factorisations(devices, len(axes)):
+    for sizes in planner._splits(devices, len(axes)):  # the planner's own enumeration
         if count == 5000:  # enough to name the rules (each Workload is built and checked)
             break
         mesh = MeshShape(dict(zip(axes, sizes)))
