@@ -210,7 +210,7 @@ CASES = [
     # scores B·N·T = 2e9 · 8 · 1e9 = 1.6e19
     ("compile --devices cpu:8 --mesh fsdp=8 --preset tiny --d-model 2000000000 --d-ff 2000000000",
      r"weights L·D·F hold 1.2e\+19 elements; .* below 2\^63"),
-    ("compile --devices cpu:8 --mesh fsdp=4,tensor=2 --preset tiny-tf --batch-tokens 2000000000 --seq-len 1000000000",
+    ("compile --devices cpu:8 --mesh fsdp=2,tensor=4 --preset tiny-tf --batch-tokens 2000000000 --seq-len 1000000000",
      r"attention scores B·N·T hold 1.6e\+19 elements"),
     # more emulated CPU devices than jax's CPU backend compiles for (2049 and up: "Multiprocess computations aren't
     # implemented on the CPU backend")
