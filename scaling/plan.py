@@ -377,9 +377,11 @@ def _screen(cfg, chip: Chip, groups: list, batches: np.ndarray, hbm: float, form
                     taken |= ok
                 if not ok.any():
                     continue
-                bound = np.broadcast_to(_math_bound(w, chip, form), shape + (1,))[..., 0] if per_mesh else None
                 compute = (np.broadcast_to(kernels.compute_term(w, chip, w.precision.dtype), shape + (1,))
                            if transformer and form == "scheduled" else None)
+                # the scheduled step is at least its compute term (max(compute, hidden) + exposed + copies)
+                bound = (None if not per_mesh else compute[..., 0] if compute is not None else
+                         np.broadcast_to(_math_bound(w, chip, form), shape + (1,))[..., 0])
                 for gi, ki in owners:
                     part = ok[:, :, at[gi]].copy()
                     if part.any():
@@ -542,7 +544,7 @@ def _rank(f: list) -> tuple:
     the fewest microbatches. Made once, kept in f[2] (its memory is its prediction's)."""
     if f[2] is None:
         B, model, shape, (i, k, g, _), sched = f[1][:5]
-        mem = float(_at(model.prediction().memory["total"], (i, k, g, 0)))
+        mem = float(_at(model.memory_total(), (i, k, g, 0)))
         f[2] = (B, round(f[0], 12), mem, int(np.asarray(sched.microbatches)[k]))
     return f[2]
 

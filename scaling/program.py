@@ -564,6 +564,13 @@ class StepModel:
     def t_compute(self):
         return kernels.compute_term(self.w, self.chip, self.w.precision.dtype, self.kernel_model)
 
+    def memory_total(self):
+        """prediction().memory["total"], without the rest of the prediction."""
+        if self.split:
+            rule, yes, no = self.split
+            return np.where(rule, yes.memory_total(), no.memory_total())
+        return self.memory["total"]
+
     def prediction(self) -> Prediction:
         """predict's answer (its docstring), made once."""
         if self._prediction is None:
