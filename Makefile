@@ -1,7 +1,7 @@
 # make answer: create .venv, install the package with the tpu extra (libtpu: compiles for TPU topologies on this
 # machine) and jax's CUDA plugin (off sys.path, in .venv/cuda-aot: mesh.devices loads it to compile for GPUs), so
-# every README example runs; print the 4D answers.   make test: also the dev extra, ruff, pytest (all but the tests
-# marked extended: tests/conftest.py).   make test-all: every test.
+# every README example runs; print the 4D answers.   make test: also the dev extra, ruff, pytest on two workers
+# (pytest-xdist), all but the tests marked extended (tests/conftest.py).   make test-all: every test.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -25,11 +25,11 @@ answer: $(VENV)/.base
 
 test: $(VENV)/.dev
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q -m "not extended" --durations=25
+	$(PY) -m pytest -q -n 2 --dist loadgroup -m "not extended" --durations=25
 
 test-all: $(VENV)/.dev
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadgroup
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

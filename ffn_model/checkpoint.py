@@ -324,7 +324,7 @@ def restore_latest(directory, abstract_state, expect: dict | None = None):
                              + "".join(f"; step {k}: {why}" for k, _, why in held["incomplete"]))
         step = held["steps"][-1]
         meta = stored_metadata(directory, step)
-        md, err = _attempt(lambda: mngr.metadata(step))
+        md, err = _attempt(lambda: mngr.metadata(step), directory)
         if err:
             raise ValueError(f"checkpoint step {step} {where} cannot be read: {err}")
         for key in MUST_MATCH if expect is not None else ():
@@ -335,7 +335,7 @@ def restore_latest(directory, abstract_state, expect: dict | None = None):
                 raise ValueError(f"checkpoint step {step} {where} was written with {key} {meta[key]!r}, "
                                  f"not {expect[key]!r}; resume with the same {key}")
         _check_arrays(md.item_metadata, abstract_state, f"checkpoint step {step} {where}")
-        state, err = _attempt(lambda: mngr.restore(step, args=ocp.args.StandardRestore(abstract_state)))
+        state, err = _attempt(lambda: mngr.restore(step, args=ocp.args.StandardRestore(abstract_state)), directory)
         if err:  # damaged array files
             raise ValueError(f"checkpoint step {step} {where} cannot be restored: {err}")
     sums, bad = digest(state)
@@ -386,23 +386,28 @@ def _check_arrays(item_metadata, abstract_state, what: str) -> None:
                              f"this run needs {np.dtype(a.dtype)}{list(a.shape)}")
 
 
-def _attempt(read):
-    """(read(), None), or (None, "Type: first line of the error") when orbax fails (it raises many
+def _attempt(read, directory):
+    """(read(), None), or (None, "Type: first line of the error", paths in ``directory`` relative to it: the
+    message names the directory once) when orbax fails (it raises many
     kinds of errors for damaged files). After a failure it waits for the reads orbax abandoned and
     collects them here, so their late reports (see _quiet_unraisable) come now, not at a random
     later moment of the program (a garbage collection inside, say, an import)."""
     try:
         return read(), None
     except Exception as e:
-        err = _first_line(e)
+        err = _first_line(e, within=directory)
     for _ in range(5):  # inside _reading, which keeps their reports quiet until it ends
         time.sleep(0.1)
         gc.collect()
     return None, err
 
 
-def _first_line(e: Exception, limit: int = 300) -> str:
-    """The error's type and first line, without tensorstore's spec dump, at most ``limit`` characters."""
+def _first_line(e: Exception, limit: int = 300, within=None) -> str:
+    """The error's type and first line, without tensorstore's spec dump, at most ``limit`` characters; paths under
+    the directory ``within`` relative to it (a long directory name would leave no room for the file's)."""
     text = str(e).strip()
     line = text.splitlines()[0].split(" [tensorstore_spec=")[0] if text else ""
+    if within is not None:
+        for root in {str(within), os.path.abspath(within)}:
+            line = line.replace(root.rstrip("/") + "/", "")
     return f"{type(e).__name__}: {line[:limit]}"

@@ -6,9 +6,21 @@ import tempfile
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # AOT compiles for TPU topologies load libtpu in this process and in notebook kernels it starts
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-# verify.check keeps its reports here for this session; the notebooks (executed by tests/test_notebooks.py,
-# after tests/test_check.py) reuse the grids compiled there instead of compiling them a second time
-os.environ.setdefault("VERIFY_CHECK_CACHE", tempfile.mkdtemp(prefix="verify-check-"))
+# verify.check keeps its reports here for this session, one folder for all of pytest-xdist's workers (their run's
+# PYTEST_XDIST_TESTRUNUID); the notebooks (tests/test_notebooks.py) reuse the grids tests/test_check.py compiled
+# where those ran first instead of compiling them a second time
+if "VERIFY_CHECK_CACHE" not in os.environ:
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    folder = (os.path.join(tempfile.gettempdir(), f"verify-check-{run}") if run
+              else tempfile.mkdtemp(prefix="verify-check-"))
+    os.makedirs(folder, exist_ok=True)
+    os.environ["VERIFY_CHECK_CACHE"] = folder
+# XLA:CPU's LLVM code generation at -O0 (the programs the tests run on emulated CPU devices are small: their compile,
+# not their run, is what takes the time): a quarter off each CPU compile (a 1F1B numerics test: 32.5 s -> 24.6 s);
+# it acts after XLA's HLO passes, so the programs tests/test_check.py reads (FLOPs, collectives, buffers) are the
+# same, and libtpu's compiles are untouched (figures compared with and without: docs/findings.md, "Test suite")
+if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
@@ -88,10 +100,17 @@ EXTENDED = {
 }
 
 
+# Under pytest-xdist (make test: --dist loadgroup) the check grids and the notebooks that show them run on one
+# worker, the notebooks after the grids, whose reports they read from VERIFY_CHECK_CACHE instead of compiling them
+GRIDS_THEN_NOTEBOOKS = ("test_check.py", "test_notebooks.py")
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.nodeid.split("tests/", 1)[-1] in EXTENDED:
             item.add_marker(pytest.mark.extended)
+        if item.nodeid.split("::")[0].split("/")[-1] in GRIDS_THEN_NOTEBOOKS:
+            item.add_marker(pytest.mark.xdist_group("grids-then-notebooks"))
     if _has_libtpu():
         return
     skip = pytest.mark.skip(reason="libtpu not installed (pip install -e '.[tpu]')")

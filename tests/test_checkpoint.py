@@ -288,16 +288,19 @@ def test_saved_is_said_once_committed_and_an_interrupted_first_save_is_removed(t
     assert os.listdir(d2) == ["1"]
 
 
-def test_a_failed_read_changes_no_logging_of_the_process(saved, tmp_path):
-    """A truncated manifest.ocdbt is one ValueError; what keeps orbax's abandoned reads quiet meanwhile
-    (absl and asyncio log levels, sys.unraisablehook) is put back when restore_latest returns."""
-    shutil.copytree(saved, tmp_path / "ck")
-    with open(tmp_path / "ck" / "2" / "default" / "manifest.ocdbt", "r+b") as f:
+@pytest.mark.parametrize("folder", ["ck", "a-folder-whose-name-is-long-" * 6 + "/ck"], ids=["short", "long"])
+def test_a_failed_read_changes_no_logging_of_the_process(saved, tmp_path, folder):
+    """A truncated manifest.ocdbt is one ValueError naming the file it could not decode (also under a long
+    directory name: the error's paths are relative to the directory the message names once); what keeps orbax's
+    abandoned reads quiet meanwhile (absl and asyncio log levels, sys.unraisablehook) is put back when
+    restore_latest returns."""
+    shutil.copytree(saved, tmp_path / folder)
+    with open(tmp_path / folder / "2" / "default" / "manifest.ocdbt", "r+b") as f:
         f.truncate(50)
     levels = {n: logging.getLogger(n).level for n in ("absl", "asyncio")}
     hook = sys.unraisablehook
     with pytest.raises(ValueError, match=r"checkpoint step 2 .* cannot be read: .*manifest"):
-        ckpt.restore_latest(tmp_path / "ck", state_shardings(TINY, make_mesh("fsdp=8", "cpu:8"))[0])
+        ckpt.restore_latest(tmp_path / folder, state_shardings(TINY, make_mesh("fsdp=8", "cpu:8"))[0])
     assert {n: logging.getLogger(n).level for n in levels} == levels
     assert sys.unraisablehook is hook
 

@@ -295,7 +295,9 @@ def check(w: Workload, devices: str, chip: str | None = None, verbose: bool = Fa
     if path.exists():
         return pickle.loads(path.read_bytes())
     rep = compare(w, devices, chip, verbose)
-    path.write_bytes(pickle.dumps(rep))
+    part = path.with_suffix(f".{os.getpid()}.part")  # written whole, then renamed: other processes read either none
+    part.write_bytes(pickle.dumps(rep))
+    part.replace(path)
     return rep
 
 
