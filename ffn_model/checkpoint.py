@@ -408,6 +408,6 @@ def _first_line(e: Exception, limit: int = 300, within=None) -> str:
     text = str(e).strip()
     line = text.splitlines()[0].split(" [tensorstore_spec=")[0] if text else ""
     if within is not None:
-        for root in {str(within), os.path.abspath(within)}:
+        for root in sorted({str(within), os.path.abspath(within)}, key=len, reverse=True):  # the absolute first
             line = line.replace(root.rstrip("/") + "/", "")
     return f"{type(e).__name__}: {line[:limit]}"

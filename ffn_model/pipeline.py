@@ -237,28 +237,28 @@ def one_f_one_b(x_MxbxD, labels_Mxbx, weights: dict, head_params: dict, mesh, ch
                 input is kept in a ring of K = 2·R·S − 1 slots;
       head      the last stage's output of the last chunk goes through the head at once (its loss and the
                 gradient of the loss w.r.t. its output and head_params);
-      backward  stage s runs item j = t − (R·S − 1) − (S − 1 − s): the items in the same groups with the chunks in
-                reverse, chunk R − 1 − (j mod S·R) // S of microbatch (j // S·R)·S + j mod S: the chunk's forward
-                again from the kept input (jax.vjp, under the chunk's remat policy) and its transpose with the
-                output gradient (the head's for the last chunk on the last stage, the same iteration as its
-                forward; otherwise stage s + 1's of the previous iteration, stage 0's wrapping round to stage S − 1).
+      backward  stage s runs item j = t − (R·S − 1) − (S − 1 − s): the items in the same groups with the
+                chunks in reverse, chunk R − 1 − (j mod S·R) // S of microbatch (j // S·R)·S + j mod S: the
+                chunk's forward again from the kept input (jax.vjp, under the chunk's remat policy) and its
+                transpose with the output gradient (the head's for the last chunk on the last stage, the same
+                iteration as its forward; otherwise stage s + 1's of the previous iteration, stage 0's wrapping
+                round to stage S − 1).
 
-    T = R·(M + S) + S − 2 iterations (M + 2(S − 1) for R = 1). A kept input lives at most 2·R·S − 2 iterations, so
-    stage s holds at most K chunk inputs and one chunk's residuals at a time, whatever M: memory flat in M. Every
-    stage runs both slots every iteration, the head among them (lock-step SPMD: the last stage's head costs every
-    stage its time, as the imbalance of a Megatron pipeline whose last stage holds the output layer costs the
-    step), bubble slots on whatever they hold, masked out of the sums; the forward runs twice (the slot, and again
-    in the backward). With ``phases`` the first and last W = R·S − 1
-    iterations run in loops of their own with only the forward (no backward item is ready on any stage before
-    t = W) or only the backward slot (no forward item is left after T − W − 1): R·M + S − 1 slots each way,
-    Megatron's bubble (S − 1)/(R·M); XLA:GPU copies the gradient accumulators between the loops
-    (docs/findings.md). With R = 1 the weights are selected behind an
-    optimization barrier with the iteration (pipeline_outputs), and M is any count; with R > 1 the chunk w[r] of
-    the iteration, and M a multiple of S. The head's gradients accumulate in FP32 in the layout of
-    ``head_grad_axes`` (logical axes per name). With ``lookup`` = (first, first_grad), ``x_MxbxD`` are token ids
-    and stage 0 looks its microbatch up in the forward slot, ``first(ids, head_params)``, and adds
-    ``first_grad(ids, dx)`` ({name: gradient}) to the head's accumulators in the backward slot (Megatron-LM's first
-    stage holds the embedding): no stage holds the embedded batch or its gradient (dx comes back None)."""
+    T = R·(M + S) + S − 2 iterations (M + 2(S − 1) for R = 1). A kept input lives at most 2·R·S − 2 iterations,
+    so stage s holds at most K chunk inputs and one chunk's residuals at a time, whatever M: memory flat in M. Every
+    stage runs both slots every iteration, the head among them (lock-step SPMD: the last stage's head costs every stage
+    its time, as the imbalance of a Megatron pipeline whose last stage holds the output layer costs the step), bubble
+    slots on whatever they hold, masked out of the sums; the forward runs twice (the slot, and again in the backward).
+    With ``phases`` the first and last W = R·S − 1 iterations run in loops of their own with only the forward (no
+    backward item is ready on any stage before t = W) or only the backward slot (no forward item is left after T − W
+    − 1): R·M + S − 1 slots each way, Megatron's bubble (S − 1)/(R·M); XLA:GPU copies the gradient accumulators
+    between the loops (docs/findings.md). With R = 1 the weights are selected behind an optimization barrier with the
+    iteration (pipeline_outputs), and M is any count; with R > 1 the chunk w[r] of the iteration, and M a multiple of S.
+    The head's gradients accumulate in FP32 in the layout of ``head_grad_axes`` (logical axes per name). With ``lookup``
+    = (first, first_grad), ``x_MxbxD`` are token ids and stage 0 looks its microbatch up in the forward slot,
+    ``first(ids, head_params)``, and adds ``first_grad(ids, dx)`` ({name: gradient}) to the head's accumulators in the
+    backward slot (Megatron-LM's first stage holds the embedding): no stage holds the embedded batch or its gradient (dx
+    comes back None)."""
     S, M, R, dp = mesh.shape["stage"], x_MxbxD.shape[0], repeats, mesh.shape["data"]
     SR = S * R
     K, T, delay = 2 * SR - 1, R * (M + S) + S - 2, SR - 1

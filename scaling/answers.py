@@ -115,8 +115,8 @@ def answers(
                              f"least {HBM_FLOOR:.0e}")
     most = CHIPS[DEFAULT_CHIP].max_slice_chips
     if fsdp * tensor > most:
-        raise ValueError(f"fsdp·tensor = {fsdp}·{tensor} = {fsdp * tensor:,} chips; M_X and M_Y count the ICI axes of "
-                         f"one v5p slice, which has at most {most:,} chips (fsdp·tensor <= {most:,})")
+        raise ValueError(f"fsdp·tensor = {fsdp}·{tensor} = {fsdp * tensor:,} chips; M_X and M_Y count the ICI "
+                         f"axes of one v5p slice, which has at most {most:,} chips (fsdp·tensor <= {most:,})")
     check_divisible(cfg, MeshShape(fsdp=fsdp, tensor=tensor))
     if (why := axes_error(fsdp, tensor, mx, my)) is not None:
         raise ValueError(why)
@@ -348,8 +348,9 @@ def render(ans: dict) -> str:
     for form, k in (("sum", 4), ("max", 1)):
         xo, s = c[f"x_opt_{form}"], c[f"x_opt_{form}"]["nearest_split"]
         off = (f": more than the N = {N} chips" if xo["x_opt"] > N else ": less than 1 chip" if xo["x_opt"] < 1 else "")
-        w(f"  at X_opt = sqrt((B/F)·(M_X/M_Y)·N) instead of the given X ({form} form): B/N > {k}·alpha²/(M_X·M_Y·F)"
-          f" = {xo['per_device_batch']:.0f}, overall {_k(xo['overall_batch'])} (X_opt = {xo['x_opt']:.1f} unconstrained"
+        w(f"  at X_opt = sqrt((B/F)·(M_X/M_Y)·N) instead of the given X ({form} form): "
+          f"B/N > {k}·alpha²/(M_X·M_Y·F) = {xo['per_device_batch']:.0f}, overall {_k(xo['overall_batch'])} "
+          f"(X_opt = {xo['x_opt']:.1f} unconstrained"
           f"{off}; the nearest mesh of X·Y = {N} chips: X={s['X']}, Y={s['Y']}, overall B > {_k(s['overall_batch'])})")
     w("")
     w("(d) Smaller batch, never communication bound: what helps (overall batch thresholds, this mesh)")

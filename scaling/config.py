@@ -706,8 +706,8 @@ def _check_transformer(cfg: TransformerConfig, mesh: Mapping, schedule: "Schedul
             raise ValueError(f"{name}={n} is not divisible by {what} = {heads_split}")
     t_split = C * Y if schedule.sequence_parallel else C
     if cfg.seq_len % t_split:
-        raise ValueError(f"seq_len={cfg.seq_len} is not divisible by context" + ("·tensor" if schedule.sequence_parallel
-                         else "") + f" = {t_split}")
+        by = "context·tensor" if schedule.sequence_parallel else "context"
+        raise ValueError(f"seq_len={cfg.seq_len} is not divisible by {by} = {t_split}")
     keys = cfg.seq_len // C if C > 1 and schedule.context == "ring" else cfg.seq_len
     if schedule.attention == "flash" and keys > schedule.attention_block and keys % schedule.attention_block:
         raise ValueError(f"attention_block={schedule.attention_block} does not divide the {keys} keys each device "

@@ -6,12 +6,12 @@ pass, the optimizer update), with its FLOPs, the HBM bytes it reads and writes, 
              kernel, Scaling Book roofline page): eta = the chip's ``matmul_efficiency`` (the fraction of peak a
              large aligned matmul sustains, hardware table), q the quantization of the shape:
                TPU: the MXU (a×a systolic array, a = ``mxu``) takes the contracting dim k and the output dim n
-                    in whole tiles: q = k/(a·⌈k/a⌉) · n/(a·⌈n/a⌉)  (Scaling Book TPU page; m streams through);
+                    in whole tiles: q = k/(a·⌈k/a⌉) · n/(a·⌈n/a⌉) (Scaling Book TPU page; m streams through);
                GPU: tile and wave quantization (NVIDIA, "Matrix Multiplication Background", dl-performance
-                    guide): an output of batch·⌈m/tm⌉·⌈n/tn⌉ tiles runs in ⌈tiles/SMs⌉ waves, q = batch·m·n /
-                    (waves·SMs·tm·tn), the best of the chip's ``mma_tiles``; a 16-bit operand whose k or n is not
-                    a multiple of ``tc_align`` elements misses the tensor cores (same guide, "Tensor Core
-                    requirements"): it runs at eta of the chip's FP32 (SIMT) rate.
+                    guide): an output of batch·⌈m/tm⌉·⌈n/tn⌉ tiles runs in ⌈tiles/SMs⌉ waves,
+                    q = batch·m·n / (waves·SMs·tm·tn), the best of the chip's ``mma_tiles``; a 16-bit operand
+                    whose k or n is not a multiple of ``tc_align`` elements misses the tensor cores (same guide,
+                    "Tensor Core requirements"): it runs at eta of the chip's FP32 (SIMT) rate.
   attention  the q·kᵀ and p·v matmuls as batched matmuls over sequences × heads (shape (T, T, H)), the scores
              through HBM where materialized; under flash only q, k, v and o move, and
              the kernel skips the key blocks the causal mask hides (Dao et al. 2022; MaxText's splash and
@@ -30,9 +30,9 @@ pass, the optimizer update), with its FLOPs, the HBM bytes it reads and writes, 
 
 A second matmul model, ``kernel_model="hierarchical"`` (DeepFlow's, as seed 002 runs it: scaling.seed002): a matmul
 tiles through the chip's on-chip memory (``onchip``: a GPU's L2, a TPU's VMEM) in the largest power-of-two tiles t
-with 3·t²·c bytes in it; with k ≤ t the [m, k] operand is read once and the [k, n] one ⌈m/t⌉ times, else they are
-read ⌈n/t⌉ and ⌈m/t⌉ times, the output written once: HBM bytes c·(m·k·r_A + k·n·r_B + m·n) a call; its time the
-larger of FLOPs/(C·eta) (no tile or wave quantization) and those bytes over the HBM bandwidth. Attention,
+with 3·t²·c bytes in it; with k ≤ t the [m, k] operand is read once and the [k, n] one ⌈m/t⌉ times, else they
+are read ⌈n/t⌉ and ⌈m/t⌉ times, the output written once: HBM bytes c·(m·k·r_A + k·n·r_B + m·n) a call; its
+time the larger of FLOPs/(C·eta) (no tile or wave quantization) and those bytes over the HBM bandwidth. Attention,
 pointwise and update kernels are the same in both.
 
 The matmul FLOPs are the program's (scaling.transformer.step_flops, scaling.flops.step_flops: the compiler's
@@ -128,8 +128,8 @@ def _matmul(name, pass_, m, n, k, calls, c, batch=1, kind="matmul", flops_=None,
 
 def _shape_costs(m, n, k, batch, calls, c):
     """(FLOPs, HBM bytes) per step of ``calls`` calls of a matmul [m, k]·[k, n] (× batch) on c-byte elements:
-    2·m·n·k·batch and c·(m·k + k·n + m·n)·batch a call. Elementwise, so the same on numpy arrays of many kernels'
-    shapes (compute_term)."""
+    2·m·n·k·batch and c·(m·k + k·n + m·n)·batch a call. Elementwise, so the same on numpy arrays of many
+    kernels' shapes (compute_term)."""
     # scalars first: m and calls are the arrays of the planner's batches (fewer array operations)
     return m * (2 * n * k * batch) * calls, (m * (c * (k + n) * batch) + c * k * n * batch) * calls
 
@@ -289,8 +289,9 @@ def _ffn(w: Workload) -> list[Kernel]:
 
 def tiled_bytes(chip: Chip, m, n, k, batch, c):
     """HBM bytes of one matmul call [m, k]·[k, n] (× batch) tiled through the chip's on-chip memory (module
-    docstring, the hierarchical model): t = 2^⌊log2 √(onchip/(3·c))⌋, c·(m·k·r_A + k·n·r_B + m·n)·batch with
-    r_A = 1 (k ≤ t) or ⌈n/t⌉, r_B = ⌈m/t⌉ (DeepFlow's reloads). ValueError for a chip without an on-chip size."""
+    docstring, the hierarchical model): t = 2^⌊log2 √(onchip/(3·c))⌋, c·(m·k·r_A + k·n·r_B + m·n)·batch
+    with r_A = 1 (k ≤ t) or ⌈n/t⌉, r_B = ⌈m/t⌉ (DeepFlow's reloads). ValueError for a chip without an on-chip
+    size."""
     if not chip.onchip:
         raise ValueError(f"{chip.name} has no on-chip memory size in the hardware table (onchip_bytes), which the "
                          "hierarchical kernel model tiles through")

@@ -137,6 +137,6 @@ def microbatches_in_flight(schedule: Schedule, stages: int) -> int:
 
 
 def kept_inputs(schedule: Schedule, stages: int) -> int:
-    """1F1B's ring of chunk inputs, K = 2·R·S − 1 microbatches' (2S − 1 for R = 1; ffn_model.pipeline.one_f_one_b);
-    0 otherwise."""
+    """1F1B's ring of chunk inputs, K = 2·R·S − 1 microbatches' (2S − 1 for R = 1;
+    ffn_model.pipeline.one_f_one_b); 0 otherwise."""
     return 2 * schedule.repeats * stages - 1 if stages > 1 and schedule.pipeline == "1f1b" else 0

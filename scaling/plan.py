@@ -355,10 +355,10 @@ def _screen(cfg, chip: Chip, groups: list, batches: np.ndarray, hbm: float, form
                                                     ms[None, :, None, None]), shape + (1,))[..., 0]
                         if transformer else True)
             # The first policy that fits: the transformer's policies keep nested sets (POLICY_KEEPS:
-            # none ⊇ selective ⊇ minimal ⊇ save_dot_* ⊇ save_qkv_proj ⊇ full), so along that order the memory falls
-            # and the recompute (FLOPs and the collectives it repeats) grows: the first that fits is the fastest that
-            # fits (tests/test_plan_transformer.py holds it against every policy), and a policy is neither sized nor
-            # predicted where one that keeps more fits. Not for 1F1B with chunks of one layer, where XLA drops more
+            # none ⊇ selective ⊇ minimal ⊇ save_dot_* ⊇ save_qkv_proj ⊇ full), so along that order the memory
+            # falls and the recompute (FLOPs and the collectives it repeats) grows: the first that fits is the fastest
+            # that fits (tests/test_plan_transformer.py holds it against every policy), and a policy is neither sized
+            # nor predicted where one that keeps more fits. Not for 1F1B with chunks of one layer, where XLA drops more
             # of the second forward the less a policy keeps (transformer.dead_in_again).
             S = int(np.asarray(mesh["stage"]).flat[0])
             first_fit = per_mesh and transformer and not (sched.pipeline == "1f1b" and
@@ -479,7 +479,12 @@ def _plan(cfg, chip, chips, batch_tokens, hbm, remat, form, dims, max_microbatch
     found: dict = {}
     groups = _groups(cfg, chip, dims, n_slices, choices, max_microbatches, max_repeats)
     known: dict = {}  # program.links of each layout (a mesh's layouts serve it over either DCN axis)
-    links_of = lambda lay: known[id(lay)] if id(lay) in known else known.setdefault(id(lay), program.links(lay))  # noqa: E731
+
+    def links_of(lay):
+        if id(lay) not in known:
+            known[id(lay)] = program.links(lay)
+        return known[id(lay)]
+
     for (meshes, dcns, lay_lists, by_choice), candidates in zip(groups, _screen(cfg, chip, groups, batches, hbm, form,
                                                                                 per_mesh, flags)):
         G, nl = len(meshes), max(len(x) for x in lay_lists)

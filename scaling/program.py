@@ -81,10 +81,10 @@ def windowed_einsum_rs(w: Workload, chip: Chip | None, axis_links: Mapping | Non
     partitioner (xla/service/spmd/dot_handler.cc, GetWindowedEinsumConfiguration) for the dW matmul, whose
     contracting tokens and output are split over the same X = fsdp partitions (so data = 1): windowed when
     max(T_comp, m·T_comm) + 2·m·T_comm/X < T_comp + T_comm, i.e. with T_comp/T_comm = b·M_X/alpha (b = B/(M·X)
-    tokens per device and microbatch, M_X the fsdp links, alpha per device):  b·M_X/alpha > m·(1 + 2/X) − 1,  for X in
-    WINDOWED_RS_PARTITIONS, m = WINDOWED_RS_MULTIPLIER (both measured). False for a train step's absence, a
-    GPU, no chip, or an fsdp axis across slices (not measured). Arrays of B and links (and of the slices fsdp
-    spans, ``dcn``: the planner's meshes) give an array."""
+    tokens per device and microbatch, M_X the fsdp links, alpha per device): b·M_X/alpha > m·(1 + 2/X) − 1, for X in
+    WINDOWED_RS_PARTITIONS, m = WINDOWED_RS_MULTIPLIER (both measured). False for a train step's absence, a GPU, no
+    chip, or an fsdp axis across slices (not measured). Arrays of B and links (and of the slices fsdp spans, ``dcn``:
+    the planner's meshes) give an array."""
     X, lo_hi = w.mesh["fsdp"], WINDOWED_RS_PARTITIONS
     inside = (lo_hi[0] <= np.asarray(X)) & (np.asarray(X) <= lo_hi[1])
     across = np.asarray((dcn or {}).get("fsdp", 1)) > 1

@@ -71,7 +71,8 @@ def hardware(h: dict = HARDWARE, prec: int = MODEL["prec"]) -> dict:
 
 
 def tile(size: float, prec: int) -> int:
-    """The largest power of two t with three t×t tiles of prec-byte words in ``size`` bytes: 2^⌊log2 √(size/3·prec)⌋."""
+    """The largest power of two t with three t×t tiles of prec-byte words in ``size`` bytes:
+    2^⌊log2 √(size/3·prec)⌋."""
     return 2 ** math.floor(math.log2(math.sqrt(size / prec / 3)))
 
 
@@ -255,7 +256,8 @@ NOTES = [
     ("projection", "printed, not in Time (proj = False)"),
     (r"\w+ GEMM_flop", "2·m·k·n + m·n·(15 + 5·⌈k/X2⌉): DeepFlow charges each output 15 FLOPs + 5 per "
                        "shared-memory tile"),
-    (r"\(gr\) Hidden point_flop", "its weight-gradient term, 2D·4D·3 words, is added without ×prec (DeepFlow's getCb)"),
+    (r"\(gr\) Hidden point_flop",
+     "its weight-gradient term, 2D·4D·3 words, is added without ×prec (DeepFlow's getCb)"),
     ("Softmax Memory", "INCONSISTENT: the weights counted (P + 1)·V while the softmax GEMMs and #Parameters use D "
                        "(proj = False); with D: {softmax_memory_with_D}"),
     ("time_per_step", "INCONSISTENT: DeepFlow's search script passes its own batch of 32 to time_limit.sh, not the "

@@ -321,19 +321,20 @@ def stage_volumes(w: Workload, c: float) -> dict[str, float]:
     c the bytes a BF16 element moves as): every iteration a microbatch's activations, c·(t/M)·D, to the next
     stage, and in the backward their gradient back: T·c·(t/M)·D per direction (1F1B with warm-up phases: its
     slots, less the permute nothing reads of a phase of one iteration, which XLA unrolls and drops). GPipe and
-    circular: the outputs sent from stage 0 to the stages that run their output layer, S − 1 permutes of c·(t/S)·D (and
-    back in the backward); circular, the weights' re-lay (relay_moves rounds of one FP32 chunk of L/(S·R)
-    layers, in the forward and again for the gradient). All-reduced over stage (train): GPipe and circular, the
-    input's gradient (stage 0's, c·t·D, to the embedding's backward, which every stage runs) and the output matrix's
-    gradient (c·V·D/(X·Y)); 1F1B, the k matrices' FP32 accumulators (the lookup's on stage 0, the output layer's on
-    the last; tied one), summed in BF16, k·c·V·D/(X·Y); and the loss (4 bytes)."""
+    circular: the outputs sent from stage 0 to the stages that run their output layer, S − 1 permutes of c·(t/S)·D
+    (and back in the backward); circular, the weights' re-lay (relay_moves rounds of one FP32 chunk of L/(S·R) layers,
+    in the forward and again for the gradient). All-reduced over stage (train): GPipe and circular, the input's gradient
+    (stage 0's, c·t·D, to the embedding's backward, which every stage runs) and the output matrix's gradient
+    (c·V·D/(X·Y)); 1F1B, the k matrices' FP32 accumulators (the lookup's on stage 0, the output layer's on the last;
+    tied one), summed in BF16, k·c·V·D/(X·Y); and the loss (4 bytes)."""
     cfg, mesh, schedule, train = w.model, w.mesh, w.schedule, w.step == "train"
     s, t, X, Y, C, d = _dims(cfg, mesh, w.batch_tokens)
     S, M, D, p = mesh["stage"], schedule.microbatches, cfg.d_model, passes(w)
     directions = 2 if train else 1
     permute = directions * p["iterations"] * c * t / M * D
     if p["again"] and train and schedule.warmup_phases:  # XLA unrolls a phase of one iteration and drops its permute
-        # that nothing reads: the cool-down's last input gradient (R·S − 1 = 1), the steady phase's last output (H = 1)
+        # that nothing reads: the cool-down's last input gradient (R·S − 1 = 1), the steady phase's last output
+        # (H = 1)
         permute -= ((schedule.repeats * S - 1 == 1) + (p["head_iterations"] == 1)) * c * t / M * D
     if not p["again"]:  # GPipe, circular: the outputs to the stages
         permute += directions * (S - 1) * c * t / S * D
@@ -500,7 +501,8 @@ def ring_forward_phase(cfg: TransformerConfig, mesh: Mapping, batch_tokens, sche
     chunks of Tc = T/C tokens (t = s·Tc), N/Y query and K/Y kv heads, key blocks of b = min(attention_block, Tc):
 
     held    = C·s·(N/Y)·Tc·(4·b + Tc + 4·H)
-    working = 4·s·(N/Y)·Tc·b + 8·t·(N/Y)·H + c·t·(D + (N + 4·K)·H/Y) + [C > 2, Tc > b]·s·(N/Y)·Tc·(4·b + Tc)
+    working = 4·s·(N/Y)·Tc·b + 8·t·(N/Y)·H + c·t·(D + (N + 4·K)·H/Y)
+              + [C > 2, Tc > b]·s·(N/Y)·Tc·(4·b + Tc)
 
     held: the ring's forward is the fwd rule of a custom_vjp, linearized inside the layer's jax.checkpoint; jax's
     partial evaluation of the layer scan moves what depends on neither the layer's input nor its weights out of

@@ -45,8 +45,8 @@ def maxtext_2024(cfg: TransformerConfig, batch_tokens: float, devices: int) -> f
 
 
 def megatron_2021(cfg: TransformerConfig, batch_tokens: float, devices: int) -> float:
-    """Narayanan et al. 2021, eq. 3 (measured.md 2), per device: F = 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h)) over the
-    GPUs, B sequences of s tokens; it counts the recompute forward of full activation recomputation."""
+    """Narayanan et al. 2021, eq. 3 (measured.md 2), per device: F = 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h)) over
+    the GPUs, B sequences of s tokens; it counts the recompute forward of full activation recomputation."""
     s, layers, h, V = cfg.seq_len, cfg.blocks, cfg.d_model, cfg.vocab or 0
     B = batch_tokens / s
     return 96 * B * s * layers * h * h * (1 + s / (6 * h) + V / (16 * layers * h)) / devices
