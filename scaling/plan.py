@@ -216,13 +216,12 @@ def schedules(cfg, mesh: MeshShape, choices: Choices, max_microbatches: int, max
         check_divisible(cfg, mesh)
     except ValueError:
         return []
-    out = []
+    out, made = [], {} if made is None else made
     for (pipe, R), att, ctx, sp, opt in itertools.product(
             pipes, choices.attentions, choices.contexts if mesh["context"] > 1 else choices.contexts[:1],
             [v for v in choices.sequence_parallel if mesh["tensor"] > 1 and S == 1] or [False],
             [v for v in choices.optimizer_sharding if mesh["data"] > 1 and S == 1] or ["fsdp"]):
         ms = tuple(microbatches_for(S, R, max_microbatches) if S > 1 else [1])
-        made = {} if made is None else made
         sched = made.get((ms, R, sp, att, ctx, opt, pipe))
         if sched is None:
             sched = made[ms, R, sp, att, ctx, opt, pipe] = Schedule(
@@ -320,7 +319,8 @@ def _groups(cfg, chip: Chip, dims, n_slices: int, choices: Choices, max_microbat
 
 
 def _screen(cfg, chip: Chip, groups: list, batches: np.ndarray, hbm: float, form: str, per_mesh: bool, flags) -> list:
-    """Per group (_groups'), its candidates: [(math-time bound [B, M, G], workload (a function that makes it), fits
+    """Per group (_groups'), its candidates: [(a lower bound of the step [B, M, G] (its compute term for a
+    transformer's scheduled form, else _math_bound), workload (a function that makes it), fits
     mask [B, M, G], schedule, remat, compute term or None)], each schedule with the remat policies that fit its
     meshes under ``hbm``, in the group's order of schedules and policies. A transformer's groups of one stage count
     and context axis are sized together, each policy's memory, FLOPs (_math_bound) and, for the scheduled form,
