@@ -16,6 +16,7 @@ import enum
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
@@ -154,6 +155,13 @@ class FFNConfig:
     ``activation`` is None (the question's model: no nonlinearity) or a jax.nn function name.
     """
 
+    # What a command or builder asks of a model family instead of its type (scaling.config.FAMILIES):
+    family: ClassVar[str] = "ffn"  # the family's key: which program builds it (ffn_model.families)
+    noun: ClassVar[str] = "FFN stack"  # the family in a message
+    seq_len: ClassVar[None] = None  # no sequences: a batch is B token vectors, not B/T sequences
+    has_attention: ClassVar[bool] = False
+    plan_batch_tokens: ClassVar[int] = 25600  # plan's default B
+
     d_model: int
     d_ff: int
     blocks: int
@@ -202,6 +210,11 @@ class TransformerConfig:
     W_o), MLP m·D·F (m = 2, or 3 gated); the RMSNorms carry no learned scale (ffn_model.transformer.rms_norm).
     Embeddings: V·D, or 2·V·D untied.
     """
+
+    family: ClassVar[str] = "transformer"
+    noun: ClassVar[str] = "transformer"
+    has_attention: ClassVar[bool] = True
+    plan_batch_tokens: ClassVar[int] = 4_194_304  # Llama 2's 4M tokens (Touvron et al. 2023, section 2.2)
 
     d_model: int
     heads: int
@@ -360,6 +373,7 @@ PRESETS: dict[str, FFNConfig | TransformerConfig] = {
 
 
 Model = FFNConfig | TransformerConfig  # the models the package builds, closes forms for and checks
+FAMILIES = (FFNConfig, TransformerConfig)  # every model family, in the order commands list them
 
 
 def get_preset(name: str) -> Model:

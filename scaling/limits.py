@@ -150,7 +150,7 @@ def check_size(w, cpu_devices: int | None = None) -> None:
                          f"below 2^31 = {INT32_LIMIT:,}")
     NH = getattr(cfg, "heads", 0) * getattr(cfg, "head_dim", 0)
     arrays = {"activations B·max(D, F)": B * max(D, F, NH), "weights L·D·F": L * D * max(F, NH)}
-    if hasattr(cfg, "seq_len"):
+    if cfg.has_attention:
         arrays["attention scores B·N·T"] = B * cfg.heads * cfg.seq_len
         arrays["logits B·V"] = B * (cfg.vocab or 0)
     name, n = max(arrays.items(), key=lambda kv: kv[1])
