@@ -25,8 +25,6 @@ Units are the seed's: memory and communication in GB, FLOPs in TFLOP, times in m
 
 from __future__ import annotations
 
-import argparse
-import sys
 from typing import NamedTuple
 
 from scaling.seed000 import seed_text
@@ -703,14 +701,9 @@ def compare_text(cells: list[Cell] | None = None) -> str:
                      + [f"{n_ok}/{len(cells)} printed cells reproduced"])
 
 
-def main(argv: list[str] | None = None) -> int:
-    """python -m scaling.layer_estimator [--cells]: the seed-001 tables (or the per-cell comparison)."""
-    ap = argparse.ArgumentParser(prog="python -m scaling.layer_estimator", description=__doc__.split("\n")[0])
-    ap.add_argument("--cells", action="store_true", help="print 'ours | seed's | match' per printed cell")
-    args = ap.parse_args(argv)
-    print(compare_text() if args.cells else render())
-    return 0
+if __name__ == "__main__":  # python -m scaling.layer_estimator [--cells]: an entry point, the command layer's
+    # program (jax_scaling.layer_estimator), run by name: an import statement here would be scaling importing the
+    # command layer, which only a __main__.py entry point may (tests/test_layers.py)
+    import runpy
 
-
-if __name__ == "__main__":
-    sys.exit(main())
+    runpy.run_module("jax_scaling.layer_estimator", run_name="__main__")

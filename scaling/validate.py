@@ -1,6 +1,6 @@
 """Predicted step time against published measured runs: every row of scaling/data/measured.toml (the runs of
-../shared/reference/measured.md, each written as the `jax-scaling predict` flags that describe it) predicted by
-that command (scaling.cli.predict_result) and set beside its measured step.
+../shared/reference/measured.md, each written as the fields of `jax-scaling predict` that describe it) predicted
+as that command predicts (scaling.reports: predict_setup, predict_report) and set beside its measured step.
 
 A source that reports a rate, not a step, is converted with the FLOP count it states (CONVENTIONS): the measured
 step is the FLOPs its convention counts per device divided by the rate it reports. Errors are predicted/measured
@@ -12,10 +12,8 @@ rank correlation of predicted against measured steps.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
-import shlex
 import tomllib
 from importlib import resources
 
@@ -23,8 +21,12 @@ import numpy as np
 
 from scaling import hardware
 from scaling.config import TransformerConfig
+from scaling.reports import PredictReport, predict_report, predict_setup
 
 _TABLE = "data/measured.toml"
+# a row's keys that describe the measurement, not the configuration (the rest are predict_setup's fields)
+RUN_KEYS = ("id", "table", "compare", "group", "source", "step_seconds", "tflops_per_device", "convention",
+            "memory_gib", "assumption")
 
 
 def maxtext_2023(cfg: TransformerConfig, batch_tokens: float, devices: int) -> float:
@@ -130,38 +132,38 @@ def refitted(kernel_model: str) -> dict:
         return {"validation": validate(kernel_model=kernel_model), "eta": eta}
 
 
-def validate(runs: list[dict] | None = None, kernel_model: str = "efficiency") -> dict:
-    """Predict every run with the predict command's flags; {"rows": [...], "groups": {group: {median, max, n}},
-    "comparisons": {compare: spearman}, "memory": {median, max, n}} (memory: the predicted memory per device
-    against the measured peak of the runs that report one). Each row: id, table, group, measured and predicted
-    seconds, error, the predicted MFU and memory per device (and its error against a measured peak), whether a
-    coefficient was fitted on it (``fitted``: the chip whose matmul_efficiency it sets), and its assumption where
-    the source leaves something out. ``kernel_model`` (scaling.kernels.KERNEL_MODELS) is predict's matmul term;
-    "hierarchical" predicts the rows whose chip has an on-chip memory size in the hardware table, the others are
-    left out."""
-    from scaling.cli import add_predict_parser, predict_result, predict_target
+def _row(run: dict, r: PredictReport) -> dict:
+    """One run's row of validate: its prediction beside its measured step (and peak memory, where it has one)."""
+    w = r.workload
+    # a rate's FLOP convention counts a transformer's; a measured step needs no model
+    measured = measured_step(run, None if "step_seconds" in run else w.model, w.batch_tokens, r.devices)
+    compare = run["compare"] if isinstance(run["compare"], list) else [run["compare"]]
+    mem = run.get("memory_gib")  # a measured peak per device (GiB), where the source gives one
+    return {"id": run["id"], "table": run["table"], "compare": compare, "group": run["group"],
+            "measured_memory_bytes": None if mem is None else mem * 2**30,
+            "memory_error": None if mem is None else r.memory_per_device / (mem * 2**30) - 1,
+            "measured_seconds": measured, "predicted_seconds": r.step_seconds,
+            "error": r.step_seconds / measured - 1, "mfu": r.mfu, "fits": r.fits,
+            "memory_per_device_bytes": r.memory_per_device, "bound": r.bound,
+            "assumption": run.get("assumption", ""), "chip": r.chip.name,
+            "fitted": next((c.name for c in hardware.CHIPS.values() if c.fitted_on == run["id"]), "")}
 
-    parser = argparse.ArgumentParser(prog="validate")
-    add_predict_parser(parser.add_subparsers())
+
+def validate(runs: list[dict] | None = None, kernel_model: str = "efficiency") -> dict:
+    """Predict every run from its fields as the predict command does (scaling.reports); {"rows": [...], "groups":
+    {group: {median, max, n}}, "comparisons": {compare: spearman}, "memory": {median, max, n}} (memory: the
+    predicted memory per device against the measured peak of the runs that report one). Each row: id, table,
+    group, measured and predicted seconds, error, the predicted MFU and memory per device (and its error against a
+    measured peak), whether a coefficient was fitted on it (``fitted``: the chip whose matmul_efficiency it sets),
+    and its assumption where the source leaves something out. ``kernel_model`` (scaling.kernels.KERNEL_MODELS) is
+    predict's matmul term; "hierarchical" predicts the rows whose chip has an on-chip memory size in the hardware
+    table, the others are left out."""
     rows = []
     for run in measured_runs() if runs is None else runs:
-        args = parser.parse_args(["predict", *shlex.split(run["args"]), "--kernel-model", kernel_model])
-        if kernel_model == "hierarchical" and not predict_target(args)[0].onchip:
+        setup = predict_setup(**{k: v for k, v in run.items() if k not in RUN_KEYS}, kernel_model=kernel_model)
+        if kernel_model == "hierarchical" and not setup.chip.onchip:
             continue
-        out, _ = predict_result(args)
-        # a rate's FLOP convention counts a transformer's; a measured step needs no model
-        cfg = None if "step_seconds" in run else TransformerConfig(**out["model"])
-        measured = measured_step(run, cfg, out["batch_tokens"], out["devices"])
-        compare = run["compare"] if isinstance(run["compare"], list) else [run["compare"]]
-        mem = run.get("memory_gib")  # a measured peak per device (GiB), where the source gives one
-        rows.append({"id": run["id"], "table": run["table"], "compare": compare, "group": run["group"],
-                     "measured_memory_bytes": None if mem is None else mem * 2**30,
-                     "memory_error": None if mem is None else out["memory_per_device_bytes"] / (mem * 2**30) - 1,
-                     "measured_seconds": measured, "predicted_seconds": out["step_seconds"],
-                     "error": out["step_seconds"] / measured - 1, "mfu": out["mfu"], "fits": out["fits"],
-                     "memory_per_device_bytes": out["memory_per_device_bytes"], "bound": out["bound"],
-                     "assumption": run.get("assumption", ""), "chip": out["chip"],
-                     "fitted": next((c.name for c in hardware.CHIPS.values() if c.fitted_on == run["id"]), "")})
+        rows.append(_row(run, predict_report(setup)))
     groups = {}
     for g in sorted({r["group"] for r in rows}):
         err = np.abs([r["error"] for r in rows if r["group"] == g])

@@ -305,7 +305,7 @@ def test_negative_xla_optimal_seconds_is_not_shown_as_a_time(capsys):
     is not meaningful instead of printing "-13.99 s"; the reports (JSON) keep the raw figure."""
     import copy
 
-    from verify.cli import print_compile
+    from jax_scaling.model_reports import print_compile
 
     rep = copy.deepcopy(check(grid_workload(get_preset("tiny"), "data=2,fsdp=2,tensor=2", 1024, "none", "forward"),
                               "cpu:8"))

@@ -400,7 +400,7 @@ def test_head_dim_sets_h_apart_from_d_over_n():
     """--heads 7 on a 64-wide model with --head-dim 8: W_q, W_o [N, H, D] and W_k, W_v [K, H, D] with K = N = 7,
     D·H·(2N + 2K) = 64·8·28 = 14,336 attention and 2·D·F = 32,768 MLP parameters per layer, 2 layers."""
     from jax_scaling.cli import parser
-    from scaling.cli import model_config
+    from jax_scaling.args import model_config
 
     cfg = model_config(parser().parse_args("train --preset tiny-tf --heads 7 --head-dim 8".split()))
     assert (cfg.heads, cfg.kv_heads, cfg.head_dim) == (7, 7, 8)

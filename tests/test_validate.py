@@ -13,6 +13,21 @@ def _run(run_id):
     return next(r for r in measured_runs() if r["id"] == run_id)
 
 
+# a row's fields that describe the measurement; the others are predict's flags (a field is a flag's dest)
+MEASURED = ("id", "table", "compare", "group", "source", "step_seconds", "tflops_per_device", "convention",
+            "memory_gib", "assumption")
+
+
+def _flags(run: dict) -> list[str]:
+    """The predict flags a row's fields stand for (--schedule's dest is pipeline; a switch is true)."""
+    out = []
+    for k, v in run.items():
+        if k not in MEASURED:
+            flag = "--schedule" if k == "pipeline" else "--" + k.replace("_", "-")
+            out += [flag] if v is True else [flag, str(v)]
+    return out
+
+
 def test_measured_steps_from_the_sources_conventions():
     """Rates converted to steps with each source's own FLOP count, by hand:
     Megatron's 1.7B (Narayanan et al. 2021, Table 1: 137 TFLOP/s on 32 A100s, B = 512, s = 2048, l = 24,
@@ -47,7 +62,7 @@ def test_every_measured_run_is_predicted(capsys):
     assert set(v["groups"]) == {"tpu", "gpu", "bench"}
     assert all("NVIDIA H200" in r["source"] for r in measured_runs() if r["group"] == "bench")
     row = next(r for r in v["rows"] if r["id"] == "maxtext-h100-llama2-7b-x2")
-    assert main(["predict", *_run(row["id"])["args"].split(), "--json"]) == 0
+    assert main(["predict", *_flags(_run(row["id"])), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["step_seconds"] == row["predicted_seconds"]
     assert main(["validate"]) == 0
     out = capsys.readouterr().out
@@ -98,3 +113,14 @@ def test_hierarchical_kernel_model_column():
     for row in v["rows"]:
         if row["fitted"]:
             assert abs(row["error"]) < 0.005, row["id"]
+
+
+def test_each_rows_fields_are_predicts_flags():
+    """Every row's configuration fields are predict's flags (a field is a flag's dest): parsed as flags by predict's
+    parser, they come back as the row wrote them (a misspelt or unknown field fails here, by its run's id)."""
+    from jax_scaling.cli import parser
+
+    p = parser()
+    for run in measured_runs():
+        args = vars(p.parse_args(["predict", *_flags(run)]))
+        assert all(k in args and args[k] == v for k, v in run.items() if k not in MEASURED), run["id"]

@@ -5,6 +5,6 @@ programs XLA compiles for the model (ffn_model) on a mesh (mesh). The only packa
           collectives by mesh axis, memory and cost analysis
   check   closed form beside compiled, term by term; plan verification; the check grids
   bench   the measured step beside the compiled program's FLOPs and the closed form's prediction
-  cli     compile and bench for the command line (jax_scaling.cli, which also offers check, plan --verify-top,
-          answer --verify-pipeline and trace --verify from check and trace)
+  trace   seed 000's Ulysses layer (and a model's one layer) compiled; the command layer (jax_scaling) runs
+          check, plan --verify-top, answer --verify-pipeline and trace --verify from check and trace
 """

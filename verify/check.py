@@ -12,7 +12,6 @@ the difference or what the program does that the closed form does not.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import os
 import pickle
@@ -31,7 +30,7 @@ from scaling.hardware import CHIPS, DEFAULT_CHIP, Chip, get_chip, slice_topology
 from scaling.pipeline import relay_moves
 from scaling.table import table
 from scaling.workload import Workload
-from verify.hlo import read_compiled, refusal_error
+from verify.hlo import read_compiled
 
 
 # The acceptance grid of ``scaling check`` (tests/test_check.py asserts the bands on it;
@@ -429,19 +428,6 @@ def _peak_note(cfg, step: str, windowed: bool, remat: str = "none") -> str:
         return ("16 B/param/N + saved activations + the batch + gathered bf16 weights: "
                 + ("one matrix (windowed-einsum backward)" if windowed else "two blocks' W_in, W_out"))
     return "master weights + one gathered bf16 weight matrix + one block's activations + the batch"
-
-
-def check_command(args, w: Workload) -> int:
-    """``check`` on the command line, for the workload ffn_model.cli.check_workload built from its flags (every
-    one checked before jax starts)."""
-    use_cpu_platform_for(args.devices)
-    print(f"compiling the {args.step} step for {args.devices} ...", file=sys.stderr, flush=True)
-    try:
-        rep = check(w, args.devices, args.chip, verbose=args.verbose)
-    except Exception as e:  # a program larger than the TPU's HBM: one line (verify.hlo.refusal_error)
-        raise refusal_error(e) or e
-    print(json.dumps(rep, indent=2, default=str) if args.json else render(rep))
-    return 0
 
 
 ROW_ORDER = [("flops", "matmul"), ("flops", "cost_analysis"), ("memory", "arguments"), ("memory", "peak"),

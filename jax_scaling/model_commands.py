@@ -17,9 +17,8 @@ means K emulated CPU devices in each process (collectives over gloo). With none 
 process waits at most --process-timeout seconds for the others, checks that they were started with the
 same flags, and ends with one line when another process stops (end_one_of_several).
 
-``compile`` and ``bench`` read compiled programs, which is verify's work: ``add_commands`` takes their
-implementations from the command layer (jax_scaling.cli), which imports them from verify when such a
-command runs.
+``compile`` and ``bench`` read compiled programs, which is verify's work: their reports are
+jax_scaling.model_reports', imported by run_command once every flag is checked (it imports jax).
 
 Bad input (a zero, negative or non-numeric number; an unknown preset, remat policy, mesh axis, device
 spec or chip; a mesh whose size is not the device count; a dimension not divisible by its shard count;
@@ -32,10 +31,10 @@ from __future__ import annotations
 import json
 import statistics
 import sys
-import time
 
+from jax_scaling.args import add_model_args, add_schedule_args, flags_of, model_config, schedule_of
+from jax_scaling.processes import check_real_cpu_size, end_one_of_several, start_processes
 from mesh.devices import PROCESS_TIMEOUT, cpu_device_count, device_count, use_cpu_platform_for
-from scaling.cli import add_model_args, add_schedule_args, flags_of, model_config, schedule_of
 from scaling.limits import check_size, integer, number
 from scaling.config import (REMAT_POLICIES, MeshShape, check_remat, check_seed, non_negative_int, parse_mesh_spec,
                             positive_float, positive_int)
@@ -50,10 +49,8 @@ COMMANDS = {  # name: (default preset, default batch tokens, help)
 }
 
 
-def add_commands(sub, implementations: dict) -> None:
-    """Add train, compile and bench to an argparse subparsers object. ``implementations`` maps compile and
-    bench to (run(args, cfg) -> report, print(report)): verify's, passed in by jax_scaling.cli."""
-    impls = {"train": (train_command, None), **implementations}
+def add_commands(sub) -> None:
+    """Add train, compile and bench to an argparse subparsers object (each run by run_command)."""
     for name, (preset, batch, help_) in COMMANDS.items():
         s = sub.add_parser(name, help=help_)
         add_model_args(s, preset)
@@ -68,7 +65,7 @@ def add_commands(sub, implementations: dict) -> None:
         add_schedule_args(s)
         s.add_argument("--json", action="store_true", help="print one JSON object on stdout (process 0; "
                        "gloo adds its own [Gloo] lines with cpu:N over several processes)")
-        s.set_defaults(func=lambda args, impl=impls[name]: run_command(args, impl))
+        s.set_defaults(func=lambda args, command=name: run_command(args, command))
         if name == "compile":
             s.add_argument("--step", default="train", choices=("train", "forward"), help="which step to compile")
             s.add_argument("--verbose", action="store_true", help="let libtpu's start-up lines through to stderr")
@@ -159,60 +156,6 @@ def check_flags(args, cfg) -> None:
         check_directory(args.checkpoint_dir, args.resume)
 
 
-def check_workload(args) -> Workload:
-    """check's flags as the workload they describe, each checked without starting jax (a ValueError naming the
-    flag): the model, the mesh over --devices, the batch, the schedule, sizes jax can count, --chip."""
-    cfg = model_config(args)
-    shape = parse_mesh_spec(args.mesh, device_count(args.devices))
-    w = Workload(cfg, shape, args.batch_tokens, args.step, args.remat, schedule_of(args), flags=flags_of(args))
-    check_size(w)
-    if args.chip is not None:
-        get_chip(args.chip)
-    return w
-
-
-def start_processes(args):
-    """Start jax.distributed when asked (before any jax computation), waiting at most --process-timeout
-    for the other processes, then check that every process was started with the same flags (but
-    --process-id); the device spec for make_mesh."""
-    import jax
-
-    from mesh.devices import initialize_distributed, maybe_initialize_distributed
-
-    devices = args.devices
-    if args.distributed or args.coordinator is not None:
-        n_cpu = cpu_device_count(args.devices, "--devices")
-        if n_cpu is not None:  # K emulated CPU devices in each process, collectives over gloo
-            jax.config.update("jax_num_cpu_devices", n_cpu)
-            jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        initialize_distributed(args.coordinator, args.num_processes, args.process_id, args.process_timeout,
-                               hint=": start every process with the same --coordinator and --num-processes "
-                                    "(or raise --process-timeout)")
-        devices = None  # the global device list: every process's devices
-    elif args.devices is None:
-        maybe_initialize_distributed(args.process_timeout)
-    check_same_flags(args)
-    return devices
-
-
-def check_same_flags(args) -> None:
-    """ValueError naming the first flag another process was started with a different value of (only
-    --process-id may differ): processes that disagree on the model, the seed or the mesh would train
-    a run that is neither. Compared through jax.distributed's key-value store; nothing in one process."""
-    import jax
-
-    from mesh.devices import disagreements
-
-    flags = json.loads(json.dumps({k: v for k, v in vars(args).items() if k not in ("process_id", "func")},
-                                  default=str))
-    for j, theirs in disagreements("ffn_model/flags", flags, args.process_timeout).items():
-        name = next(k for k in sorted(flags.keys() | theirs.keys()) if flags.get(k) != theirs.get(k))
-        flag = "--" + name.replace("_", "-")
-        raise ValueError(f"process {j} was started with {flag} {theirs.get(name)!r}, this process "
-                         f"({jax.process_index()}) with {flags.get(name)!r}: start every process with the same flags "
-                         "(only --process-id differs)")
-
-
 def train_command(args, cfg) -> dict:
     import jax
 
@@ -246,21 +189,20 @@ def train_command(args, cfg) -> dict:
             "tokens_per_s": statistics.median(rates[1:] or rates) if rates else None}
 
 
-def check_real_cpu_size(args, w: Workload, mesh) -> None:
-    """check_size against this host's memory for a run on the real devices (no --devices) when they are CPUs,
-    which check_flags could not know before jax started: the closed form per device times the local devices."""
-    local = [d for d in mesh.devices.flat if d.process_index == mesh.devices.flat[0].process_index]
-    if args.devices is None and local[0].platform == "cpu":
-        check_size(w, len(local))
-
-
-def run_command(args, impl) -> int:
-    """Check every flag that needs no devices, run ``impl`` = (run, print) and print its report (process 0):
-    one JSON object with --json, else the command's own text."""
+def run_command(args, command: str) -> int:
+    """Check every flag that needs no devices, run ``command`` (train: train_command; compile, bench:
+    jax_scaling.model_reports' report and its text, imported now) and print its report (process 0): one JSON object
+    with --json, else the command's own text."""
     use_cpu_platform_for(args.devices)
     cfg = model_config(args)
     check_flags(args, cfg)
-    run_, print_ = impl
+    if command == "train":
+        run_, print_ = train_command, None
+    else:
+        from jax_scaling import model_reports
+
+        run_, print_ = {"compile": (model_reports.compile_report, model_reports.print_compile),
+                        "bench": (model_reports.bench_report, model_reports.print_bench)}[command]
     try:
         rep = run_(args, cfg)
     except Exception as e:
@@ -275,33 +217,3 @@ def run_command(args, impl) -> int:
     elif print_ is not None:
         print_(rep)
     return 0
-
-
-COORDINATOR_GRACE = 1.0  # seconds process 0 waits before it ends on an error (end_one_of_several)
-
-
-def end_one_of_several(e: Exception) -> None:
-    """In a program of several processes (jax.distributed), end this one now, with one line on stderr, on a
-    ValueError ("error: ...", exit 2) or a runtime error of jax (a collective that failed because another
-    process stopped: "error: process i: ...", exit 1): exiting normally, jax's shutdown would wait up to
-    --process-timeout for the others at a barrier, then abort with a C++ stack. Returns otherwise."""
-    import os
-
-    import jax
-
-    if not jax.distributed.is_initialized():
-        return
-    if isinstance(e, ValueError):
-        line, code = str(e), 2
-    elif isinstance(e, jax.errors.JaxRuntimeError):
-        line, code = (f"process {jax.process_index()}: {str(e).strip().splitlines()[0][:300]} "
-                      "(another process has probably stopped)"), 1
-    else:
-        return
-    sys.stdout.flush()
-    print(f"error: {line}", file=sys.stderr, flush=True)
-    if jax.process_index() == 0 and jax.process_count() > 1:
-        # process 0 holds the coordination service: the others' jax aborts (a C++ stack) when it disappears
-        # before they have ended, so it ends last
-        time.sleep(COORDINATOR_GRACE)
-    os._exit(code)

@@ -1,12 +1,13 @@
 """The commands that compile or measure, implemented here: ``compile`` and ``bench`` (the report and its
 text). check, plan --verify-top, answer --verify-pipeline are verify.check's, trace --verify verify.trace's.
-The command layer (jax_scaling.cli) imports them when such a command runs.
+Imported (with verify, and so jax) only when such a command runs (jax_scaling.model_commands.run_command).
 """
 
 from __future__ import annotations
 
-from ffn_model import cli as model_cli
 from ffn_model.compile import abstract_compile
+from jax_scaling.args import flags_of, schedule_of
+from jax_scaling.processes import check_real_cpu_size, start_processes
 from mesh import make_mesh, mesh_shape
 from mesh.devices import infer_chip, parse_gpu_spec
 from scaling.config import MeshShape
@@ -22,10 +23,10 @@ COST_KEYS = ("flops", "bytes accessed", "transcendentals", "optimal_seconds")
 def compile_report(args, cfg) -> dict:
     """``compile``: compile one step ahead of time and read it (verify.hlo.read_compiled)."""
     mesh = make_mesh(args.mesh, args.devices, args.verbose)
-    schedule = model_cli.schedule_of(args)
+    schedule = schedule_of(args)
     try:
         res = abstract_compile(Workload(cfg, mesh_shape(mesh), args.batch_tokens, args.step, args.remat, schedule,
-                                        flags=model_cli.flags_of(args)), mesh, args.verbose)
+                                        flags=flags_of(args)), mesh, args.verbose)
     except Exception as e:  # a program larger than the TPU's HBM: one line (verify.hlo.refusal_error)
         raise refusal_error(e) or e
     got = read_compiled(res.compiled, dict(mesh_shape(mesh)))
@@ -33,7 +34,7 @@ def compile_report(args, cfg) -> dict:
     return {"command": "compile", "model": vars(cfg), "model_text": str(cfg),
             "mesh": mesh_shape(mesh).as_dict(), "devices": args.devices,
             "platform": mesh.devices.flat[0].platform, "batch_tokens": args.batch_tokens, "remat": args.remat,
-            "step": args.step, "schedule": vars(schedule), "xla_flags": model_cli.flags_of(args).name,
+            "step": args.step, "schedule": vars(schedule), "xla_flags": flags_of(args).name,
             "compile_seconds": res.compile_seconds, "memory": got.memory,
             "cost": {k: v for k, v in got.cost.items() if k in COST_KEYS}, "dot_flops": got.dot_flops,
             "collective_bytes": got.collective_bytes["by_axis"]}
@@ -70,10 +71,10 @@ def print_compile(rep: dict) -> None:
 
 def bench_report(args, cfg) -> dict:
     """``bench``: time the train step on this process's devices (or cpu:N) and report it."""
-    mesh = make_mesh(args.mesh, model_cli.start_processes(args))
-    w = Workload(cfg, mesh_shape(mesh), args.batch_tokens, remat=args.remat, schedule=model_cli.schedule_of(args),
-                 flags=model_cli.flags_of(args))
-    model_cli.check_real_cpu_size(args, w, mesh)
+    mesh = make_mesh(args.mesh, start_processes(args))
+    w = Workload(cfg, mesh_shape(mesh), args.batch_tokens, remat=args.remat, schedule=schedule_of(args),
+                 flags=flags_of(args))
+    check_real_cpu_size(args, w, mesh)
     dev = mesh.devices.flat[0]
     chip = get_chip(args.chip) if args.chip is not None else infer_chip(dev)
     rep = bench(w, mesh, args.steps, args.warmup, chip, args.seed)

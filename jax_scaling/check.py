@@ -1,0 +1,61 @@
+"""``check``: the closed forms beside the compiled program, term by term (verify.check.check). Every flag is
+read into the workload and checked here (check_workload) before verify, and with it jax, is imported."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from jax_scaling.args import add_model_args, add_schedule_args, flags_of, model_config, schedule_of
+from mesh.devices import device_count, use_cpu_platform_for
+from scaling.config import REMAT_POLICIES, parse_mesh_spec
+from scaling.hardware import DEFAULT_CHIP, get_chip
+from scaling.limits import check_size, integer
+from scaling.workload import Workload
+
+
+def add_parser(sub) -> None:
+    """check's subcommand and flags."""
+    c = sub.add_parser("check", help="closed forms against the compiled program, term by term")
+    c.add_argument("--devices", default="cpu:8",
+                   help="cpu:N (emulated), tpu:<chip>:<shape> (tpu:v5p:4x4x4, tpu:v6e:4x4, tpu:TPU7x:2x2x1) or a "
+                        "slice (tpu:v5p-128), compiled ahead of time")
+    c.add_argument("--mesh", default="data=2,fsdp=2,tensor=2", help="mesh spec (default %(default)s)")
+    add_model_args(c, "small")
+    c.add_argument("--batch-tokens", type=integer, default=4096, help="global batch in tokens (default %(default)s)")
+    c.add_argument("--remat", default="none", choices=REMAT_POLICIES, help="remat policy (default %(default)s)")
+    c.add_argument("--step", default="train", choices=["train", "forward"], help="(default %(default)s)")
+    add_schedule_args(c)
+    c.add_argument("--chip", help=f"chip for the time estimates (default: the TPU topology's, else {DEFAULT_CHIP})")
+    c.add_argument("--json", action="store_true")
+    c.add_argument("--verbose", action="store_true", help="let libtpu's start-up lines through to stderr")
+    c.set_defaults(func=check_command)
+
+
+def check_workload(args) -> Workload:
+    """check's flags as the workload they describe, each checked without starting jax (a ValueError naming the
+    flag): the model, the mesh over --devices, the batch, the schedule, sizes jax can count, --chip."""
+    cfg = model_config(args)
+    shape = parse_mesh_spec(args.mesh, device_count(args.devices))
+    w = Workload(cfg, shape, args.batch_tokens, args.step, args.remat, schedule_of(args), flags=flags_of(args))
+    check_size(w)
+    if args.chip is not None:
+        get_chip(args.chip)
+    return w
+
+
+def check_command(args) -> int:
+    """``check`` on the command line: the workload of its flags (check_workload: every one checked before jax
+    starts), compiled and read by verify.check.check, printed as its table (verify.check.render) or --json."""
+    w = check_workload(args)
+    from verify.check import check, render
+    from verify.hlo import refusal_error
+
+    use_cpu_platform_for(args.devices)
+    print(f"compiling the {args.step} step for {args.devices} ...", file=sys.stderr, flush=True)
+    try:
+        rep = check(w, args.devices, args.chip, verbose=args.verbose)
+    except Exception as e:  # a program larger than the TPU's HBM: one line (verify.hlo.refusal_error)
+        raise refusal_error(e) or e
+    print(json.dumps(rep, indent=2, default=str) if args.json else render(rep))
+    return 0
