@@ -6,7 +6,7 @@ predict, check, model_commands (train, compile, bench), their shared flags in ar
 measure (check, plan --verify-top, answer --verify-pipeline, trace --verify, compile, bench) import verify (and
 so jax) inside the command, after every flag is checked, so a bad flag fails before jax starts.
 ``python -m scaling``, ``python -m ffn_model`` and ``python -m verify`` are this program with the commands each
-offered before (PROGRAMS); ``python -m scaling.layer_estimator`` is jax_scaling.layer_estimator's.
+offered before (PROGRAMS).
 
 Bad input prints one line on stderr and exits 2 (no traceback).
 """

@@ -700,10 +700,3 @@ def compare_text(cells: list[Cell] | None = None) -> str:
     return "\n".join(_table_text(["table", "row", "column", "ours", "seed's", "match"], lines)
                      + [f"{n_ok}/{len(cells)} printed cells reproduced"])
 
-
-if __name__ == "__main__":  # python -m scaling.layer_estimator [--cells]: an entry point, the command layer's
-    # program (jax_scaling.layer_estimator), run by name: an import statement here would be scaling importing the
-    # command layer, which only a __main__.py entry point may (tests/test_layers.py)
-    import runpy
-
-    runpy.run_module("jax_scaling.layer_estimator", run_name="__main__")
