@@ -10,8 +10,13 @@ from __future__ import annotations
 import math
 
 from scaling import memory, program, roofline
-from scaling.config import (DEFAULT_PRECISION, FSDP_GATHERS, PRESETS, FFNConfig, MeshShape, Schedule,
-                            check_divisible, positive_float, positive_int)
+from scaling.family import check_divisible
+from scaling.ffn import FFNConfig
+from scaling.inputs import positive_float, positive_int
+from scaling.mesh_shape import MeshShape
+from scaling.policies import DEFAULT_PRECISION, FSDP_GATHERS
+from scaling.presets import PRESETS
+from scaling.schedule import Schedule
 from scaling.flags import DEFAULT_FLAGS, FLAG_SETS
 from scaling.hardware import CHIPS, DEFAULT_CHIP
 from scaling.workload import Workload

@@ -22,7 +22,7 @@ import math
 
 import numpy as np
 
-from scaling.config import positive_float, positive_int
+from scaling.inputs import positive_float, positive_int
 
 FORMS = ("sum", "max")
 
