@@ -77,7 +77,7 @@ def axes_error(fsdp: int, tensor: int, mx: int, my: int) -> str | None:
 
 def splits(cfg: FFNConfig, chips: int, mx: int, my: int) -> list[tuple[int, int]]:
     """The meshes X·Y = ``chips`` that answers() accepts for ``cfg`` at M_X = ``mx``, M_Y = ``my``: X a divisor
-    of N, D and F divisible by their shard counts (config.check_divisible), the axes on the torus (axes_error)."""
+    of N, D and F divisible by their shard counts (family.check_divisible), the axes on the torus (axes_error)."""
     out = []
     for X in (k for k in range(1, chips + 1) if chips % k == 0):
         try:
@@ -89,6 +89,7 @@ def splits(cfg: FFNConfig, chips: int, mx: int, my: int) -> list[tuple[int, int]
     return out
 
 
+# each an input of the question (questions-4d.md), a flag of the answer command
 def answers(
     d_model: int = 16384,
     d_ff: int = 53248,
@@ -276,6 +277,7 @@ def _k(x) -> str:
     return "any batch (no FSDP weight gathers)" if x == 0 else f"{x:,.0f} tokens ({x / 1e3:.1f}k)"
 
 
+# the answer's text, section by section in the question's order
 def render(ans: dict) -> str:
     """The derivation as text: each number with its formula, inputs and units."""
     i, a, b, c, d = ans["inputs"], ans["a"], ans["b"], ans["c"], ans["d"]

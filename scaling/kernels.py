@@ -118,6 +118,7 @@ def shape_efficiency(chip: Chip, m, n, k, batch=1, dtype: str = "bf16"):
     return out
 
 
+# a Kernel's fields, each a keyword of the families' kernel lists
 def matmul_kernel(name, pass_, m, n, k, calls, c, batch=1, kind="matmul", flops_=None, bytes_=None, executed=1.0):
     """A matmul kernel of ``calls`` calls of [m, k]·[k, n] (× batch): its FLOPs ``flops_`` per step where the
     program's count differs from the shapes', its bytes ``bytes_`` where given; None otherwise, for shape_costs

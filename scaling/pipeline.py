@@ -74,7 +74,7 @@ def block_passes(cfg: ModelFamily, schedule: Schedule, stages: int) -> int:
 
 def saved_per_token(cfg: ModelFamily, mesh: Mapping, remat: str, schedule: Schedule, c: int = 2) -> float:
     """Bytes saved for backward per token of one microbatch, for the blocks one pass runs (a chunk of
-    Lc with stages, all L without), under the remat policy (config.saved_blocks per chunk):
+    Lc with stages, all L without), under the remat policy (schedule.saved_blocks per chunk):
     c·[n_full·(D + F/Y) + n_input·D], D -> D/Y for the saved x under sequence parallelism."""
     Lc = chunk_blocks(cfg, schedule, mesh.get("stage", 1))
     n_full, n_input = saved_blocks(Lc, remat)

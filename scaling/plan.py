@@ -238,7 +238,7 @@ def schedules(cfg, mesh: MeshShape, choices: Choices, max_microbatches: int, max
 
 def _mesh_keep(cfg, axes, n_slices, dcn_axes) -> "callable":
     """keep(sizes) for layouts, on an array [meshes, axes] of sizes within one slice (a DCN axis times the slices):
-    whether the model's dimensions divide on the mesh for some DCN axis, whatever the schedule (config.divisions:
+    whether the model's dimensions divide on the mesh for some DCN axis, whatever the schedule (cfg.divisions:
     D, F, V by their shards; the blocks by the stages; a transformer's heads by tensor and its sequence by
     context). Necessary, not sufficient: schedules checks each mesh that passes in full."""
     def keep(kinds):
@@ -265,7 +265,7 @@ def workload_of(r: dict, cfg, flags=None) -> Workload:
 def _groups(cfg, chip: Chip, dims, n_slices: int, choices: Choices, max_microbatches: int, max_repeats: int):
     """The meshes to evaluate, in groups that predict takes at once: [([MeshShape], [DCN axis], [[layout]],
     {schedule key: (Schedule, {remat: [mesh index]})})]. A transformer's meshes are grouped by stage count and
-    which axes are > 1 (config.spans: every branch of its closed forms then agrees within the group), each with its
+    which axes are > 1 (mesh_shape.spans: every branch of its closed forms then agrees within the group), each with its
     own DCN axis (predict's ``dcn`` takes an array of slices per mesh: the closed forms do not read it, the network
     terms take it mesh by mesh); the FFN stack's one mesh a group."""
     axes, grouped = plan_axes(cfg), cfg.grouped_plan
@@ -322,7 +322,7 @@ def _screen(cfg, chip: Chip, groups: list, batches: np.ndarray, hbm: float, form
     meshes under ``hbm``, in the group's order of schedules and policies. A transformer's groups of one stage count
     and context axis are sized together, each policy's memory, FLOPs (_math_bound) and, for the scheduled form,
     kernels (kernels.compute_term) evaluated on all their meshes at once: those closed forms branch on no other axis
-    being > 1 (config.spans), so each mesh's figures are the same as on its own group's (the planner's tests hold
+    being > 1 (mesh_shape.spans), so each mesh's figures are the same as on its own group's (the planner's tests hold
     the plans to predict's)."""
     grouped = cfg.grouped_plan
     out = [[] for _ in groups]
@@ -412,6 +412,7 @@ def _math_bound(w: Workload, chip: Chip, form: str):
     return (f["total"] - f.get("attention", 0.0) / 2) / (chip.device_flops * chip.matmul_efficiency)
 
 
+# the planner's public call: each argument one input of the plan command (its docstring)
 def plan(cfg, chip: Chip, chips: int, batch_tokens, hbm: float | None = None, remat: str | None = None,
          form: str = "sum", dims: tuple[int, ...] | None = None, max_microbatches: int = 64,
          max_repeats: int = 4, per_mesh: bool = True, flags=None, choices: Choices | None = None) -> list[dict]:
@@ -445,6 +446,8 @@ def plan(cfg, chip: Chip, chips: int, batch_tokens, hbm: float | None = None, re
             gc.enable()
 
 
+# plan's body: its arguments passed through (plan holds the garbage collector off around it); one pass of enumerate,
+# screen, evaluate and keep, whose state (found, kept, evaluated) the steps share
 def _plan(cfg, chip, chips, batch_tokens, hbm, remat, form, dims, max_microbatches, max_repeats, per_mesh, flags,
           choices) -> list[dict]:
     if form not in PLAN_FORMS:
@@ -531,7 +534,8 @@ def _plan(cfg, chip, chips, batch_tokens, hbm, remat, form, dims, max_microbatch
         _, kc, kk = kept
         for i, g in zip(*np.nonzero(kc >= 0)):
             found[(int(batches[i]), mesh_keys[g], dcns[g])] = entry(kc[i, g], i, kk[i, g], g)
-    return [_plan_dict(cfg, chip, axes, n_slices, devices, hbm, form, B, model.prediction(), *rest)
+    setting = _Setting(cfg, chip, axes, n_slices, devices, hbm, form)
+    return [_plan_dict(setting, B, model.prediction(), rest)
             for (B, model, *rest) in (f[1] for f in sorted(found.values(), key=_rank))]
 
 
@@ -574,8 +578,25 @@ def _at(x, at: tuple):
     return a[tuple(0 if n == 1 else i for n, i in zip(a.shape, at[len(at) - a.ndim:]))]
 
 
-def _plan_dict(cfg, chip, axes, n_slices, devices, hbm, form, B, p, shape, at, sched, rem, mesh, lay, dcn_axis) -> dict:
-    """One plan's dict (plan's docstring) from the prediction of its group at index ``at``."""
+@dataclass(frozen=True)
+class _Setting:
+    """What every plan of one plan() call shares: the model, chip, mesh axes, slices, devices, HBM budget, form."""
+
+    cfg: ModelFamily
+    chip: Chip
+    axes: tuple
+    n_slices: int
+    devices: int
+    hbm: float
+    form: str
+
+
+def _plan_dict(setting: _Setting, B, p, found: tuple) -> dict:
+    """One plan's dict (plan's docstring) from the prediction ``p`` of its group at index ``at`` (of ``found``, its
+    entry: shape, at, schedule, remat, mesh, layout, DCN axis)."""
+    cfg, axes, n_slices, devices, hbm, form = (setting.cfg, setting.axes, setting.n_slices, setting.devices,
+                                               setting.hbm, setting.form)
+    shape, at, sched, rem, mesh, lay, dcn_axis = found
     t, k = p.times, at[1]
     pick = lambda x: float(_at(x, at))  # noqa: E731
     M = int(np.broadcast_to(sched.microbatches, shape[1])[k])
@@ -619,6 +640,7 @@ def _plan_dict(cfg, chip, axes, n_slices, devices, hbm, form, B, p, shape, at, s
     }
 
 
+# plan's arguments, which it passes on
 def nearest_miss(cfg, chip: Chip, chips: int, batch_tokens: int, remat: str | None = None, form: str = "sum",
                  flags=None, choices: Choices | None = None, **limits) -> dict | None:
     """The plan with the least memory per device whatever the budget (what comes closest when nothing

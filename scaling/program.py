@@ -39,7 +39,7 @@ Slices joined by DCN (more chips than one slice holds) carry the outermost facto
 ICI within a slice and, for 1/(size within a slice) of the bytes, over DCN (tpus page: V·(n−1)/n per chip).
 
 The mesh is scalar (one MeshShape) or, the transformer's, the planner's group of meshes (arrays of axis sizes, each
-axis > 1 in all of them or in none: config.spans); the batch and the layout's links may be numpy arrays, so the
+axis > 1 in all of them or in none: mesh_shape.spans); the batch and the layout's links may be numpy arrays, so the
 planner evaluates every batch size and every ICI layout of a mesh in one call (StepModel: a form's step alone).
 """
 

@@ -162,6 +162,7 @@ def _value(text: str) -> tuple[float, float, int]:
     return float(num) * scale, scale, len(num.partition(".")[2])
 
 
+# one table row's cells, each a column
 def _row(section, name, quantity, label, printed, seed, closed, note="", **extra):
     unit = printed.split()[-1] in ("MB", "GB", "TFLOPs") and _value(printed)
     match = f"{closed / unit[1]:.{unit[2]}f}" == printed.split()[0] if unit else seed == closed

@@ -452,6 +452,7 @@ def step_flops(w: Workload) -> dict:
     return terms
 
 
+# one function, term by term as the module docstring lists them (each axis's terms read together)
 def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
     """{axis: {kind: V bytes}} per device for one step (module docstring). w.compiler: ``min_comm_bytes`` widens
     narrower element types (XLA:CPU runs BF16 collectives in FP32); ``windowed_grad_rs``: XLA:TPU runs the
@@ -644,6 +645,7 @@ def saved_per_layer(cfg: TransformerConfig, mesh: Mapping, batch_tokens, remat: 
     return terms
 
 
+# one function, term by term as its docstring lists them (terms["total"] their sum)
 def memory_per_device(w: Workload) -> dict:
     """Bytes per device, term by term: the FP32 state (16 B per parameter, the matrices sharded over
     fsdp·tensor), L layers' saved activations (saved_per_layer), the
@@ -803,6 +805,7 @@ def hbm_traffic_bytes(w: Workload) -> float:
     return optimizer * cfg.params / (X * Y) + 3 * W + 2 * saved
 
 
+# one list, kernel by kernel in the step's order (compute_term sums them in it)
 def step_kernels(w: Workload) -> list[Kernel]:
     """The transformer's kernels (module docstring), from the closed forms' counts (passes,
     recomputed, attention_units, dead_in_again)."""
