@@ -6,7 +6,10 @@ hardware table (``scaling.hardware``) and the sharding table (``scaling.sharding
 of each chip figure and each sharding rule.
 """
 
-from scaling.config import DEFAULT_PRECISION, PRESETS, FFNConfig, MeshShape, Precision, parse_mesh_spec
+from scaling.ffn import FFNConfig
+from scaling.mesh_shape import MeshShape, parse_mesh_spec
+from scaling.policies import DEFAULT_PRECISION, Precision
+from scaling.presets import PRESETS
 from scaling.hardware import CHIPS, get_chip
 
 __all__ = ["CHIPS", "DEFAULT_PRECISION", "FFNConfig", "MeshShape", "PRESETS", "Precision", "get_chip",

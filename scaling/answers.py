@@ -10,8 +10,13 @@ from __future__ import annotations
 import math
 
 from scaling import memory, program, roofline
-from scaling.config import (DEFAULT_PRECISION, FSDP_GATHERS, PRESETS, FFNConfig, MeshShape, Schedule,
-                            check_divisible, positive_float, positive_int)
+from scaling.family import check_divisible
+from scaling.ffn import FFNConfig
+from scaling.inputs import positive_float, positive_int
+from scaling.mesh_shape import MeshShape
+from scaling.policies import DEFAULT_PRECISION, FSDP_GATHERS
+from scaling.presets import PRESETS
+from scaling.schedule import Schedule
 from scaling.flags import DEFAULT_FLAGS, FLAG_SETS
 from scaling.hardware import CHIPS, DEFAULT_CHIP
 from scaling.workload import Workload
@@ -72,7 +77,7 @@ def axes_error(fsdp: int, tensor: int, mx: int, my: int) -> str | None:
 
 def splits(cfg: FFNConfig, chips: int, mx: int, my: int) -> list[tuple[int, int]]:
     """The meshes X·Y = ``chips`` that answers() accepts for ``cfg`` at M_X = ``mx``, M_Y = ``my``: X a divisor
-    of N, D and F divisible by their shard counts (config.check_divisible), the axes on the torus (axes_error)."""
+    of N, D and F divisible by their shard counts (family.check_divisible), the axes on the torus (axes_error)."""
     out = []
     for X in (k for k in range(1, chips + 1) if chips % k == 0):
         try:
@@ -84,6 +89,7 @@ def splits(cfg: FFNConfig, chips: int, mx: int, my: int) -> list[tuple[int, int]
     return out
 
 
+# each an input of the question (questions-4d.md), a flag of the answer command
 def answers(
     d_model: int = 16384,
     d_ff: int = 53248,
@@ -271,6 +277,7 @@ def _k(x) -> str:
     return "any batch (no FSDP weight gathers)" if x == 0 else f"{x:,.0f} tokens ({x / 1e3:.1f}k)"
 
 
+# the answer's text, section by section in the question's order
 def render(ans: dict) -> str:
     """The derivation as text: each number with its formula, inputs and units."""
     i, a, b, c, d = ans["inputs"], ans["a"], ans["b"], ans["c"], ans["d"]

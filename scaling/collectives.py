@@ -17,7 +17,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from scaling.config import positive_float, spans
+from scaling.inputs import positive_float
+from scaling.mesh_shape import spans
 
 T_HOP = 1e-6  # seconds per ICI hop (sharding page)
 

@@ -12,16 +12,18 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from scaling.config import FFNConfig, positive_ints, saved_blocks
+from scaling.family import ModelFamily
+from scaling.inputs import positive_ints
+from scaling.schedule import saved_blocks
 
 
-def block_forward_flops(cfg: FFNConfig, batch_tokens: int) -> float:
+def block_forward_flops(cfg: ModelFamily, batch_tokens: int) -> float:
     """4·B·D·F: the two matmuls of one block."""
     return 4.0 * batch_tokens * cfg.d_model * cfg.d_ff
 
 
 def step_flops(
-    cfg: FFNConfig,
+    cfg: ModelFamily,
     batch_tokens: int,
     step: str = "train",
     remat: str = "none",

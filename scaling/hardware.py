@@ -52,7 +52,7 @@ import tomllib
 from dataclasses import dataclass, replace
 from importlib import resources
 
-from scaling.limits import ascii_int
+from scaling.inputs import ascii_int
 
 GiB = 2**30
 

@@ -46,8 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from scaling import memory, pipeline, transformer
-from scaling.config import TransformerConfig, spans
+from scaling import memory, pipeline
 from scaling.hardware import Chip
 from scaling.workload import Workload
 
@@ -119,14 +118,15 @@ def shape_efficiency(chip: Chip, m, n, k, batch=1, dtype: str = "bf16"):
     return out
 
 
-def _matmul(name, pass_, m, n, k, calls, c, batch=1, kind="matmul", flops_=None, bytes_=None, executed=1.0):
+# a Kernel's fields, each a keyword of the families' kernel lists
+def matmul_kernel(name, pass_, m, n, k, calls, c, batch=1, kind="matmul", flops_=None, bytes_=None, executed=1.0):
     """A matmul kernel of ``calls`` calls of [m, k]·[k, n] (× batch): its FLOPs ``flops_`` per step where the
-    program's count differs from the shapes', its bytes ``bytes_`` where given; None otherwise, for _shape_costs
+    program's count differs from the shapes', its bytes ``bytes_`` where given; None otherwise, for shape_costs
     to make (c-byte elements: step_kernels fills them in, compute_term makes them for every kernel at once)."""
     return Kernel(name, pass_, kind, (m, n, k, batch), calls, flops_, bytes_, executed)
 
 
-def _shape_costs(m, n, k, batch, calls, c):
+def shape_costs(m, n, k, batch, calls, c):
     """(FLOPs, HBM bytes) per step of ``calls`` calls of a matmul [m, k]·[k, n] (× batch) on c-byte elements:
     2·m·n·k·batch and c·(m·k + k·n + m·n)·batch a call. Elementwise, so the same on numpy arrays of many
     kernels' shapes (compute_term)."""
@@ -135,106 +135,16 @@ def _shape_costs(m, n, k, batch, calls, c):
 
 
 def _filled(ks: list[Kernel], c) -> list[Kernel]:
-    """The kernels with the FLOPs and bytes _matmul left to their shapes (_shape_costs) made."""
+    """The kernels with the FLOPs and bytes matmul_kernel left to their shapes (shape_costs) made."""
     for k in ks:
         if k.flops is None or k.bytes is None:
-            f, b = _shape_costs(*k.shape, k.calls, c)
+            f, b = shape_costs(*k.shape, k.calls, c)
             k.flops = f if k.flops is None else k.flops
             k.bytes = b if k.bytes is None else k.bytes
     return ks
 
 
-def _transformer(w: Workload) -> list[Kernel]:
-    """The transformer's kernels (module docstring), from the closed forms' counts (scaling.transformer: passes,
-    recomputed, attention_units, dead_in_again)."""
-    cfg, mesh, step, remat, schedule, precision = w.model, w.mesh, w.step, w.remat, w.schedule, w.precision
-    s, t, X, Y, C, d = transformer._dims(cfg, mesh, w.batch_tokens)
-    D, F, N, K, H, T, m = cfg.d_model, cfg.d_ff, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.seq_len, cfg.mlp_matrices
-    V, c = cfg.vocab or 0, precision.compute
-    p = transformer.passes(w)
-    M = schedule.microbatches
-    tm = t / M  # tokens of one call (a microbatch's, per device)
-    calls = p["layers"] * M  # layer-passes of tm tokens
-    ring = spans(C) and schedule.context == "ring"
-    Tq = T / C if ring else T
-    heads = N / Y / (1 if ring else C)  # heads a device runs attention for
-    seqs = s / M  # sequences of one call
-    unit = s * T * T * N * H / (Y * C)  # one attention unit over the step's t tokens (transformer.step_flops)
-    flash = transformer.runs_flash(schedule, mesh)
-    nb = np.maximum(T / (C if ring else 1) / schedule.attention_block, 1.0)
-    # the causal blocks a flash kernel runs: its time, not the program's FLOPs (Kernel.flops stays the count)
-    skip = (nb + 1) / (2 * nb) if flash else 1.0
-    qkv_n, out_k, ff = H * (N + 2 * K) / Y, N * H / Y, F / Y
-    bs = C if ring else 1  # ring: C chunk pairs of (T/C)² per call
-    train = step == "train"
-
-    def layer(pass_, share, what=("qkv", "out", "mlp_in", "mlp_out"), units=4):
-        """One kind of pass over the layers: ``share`` of the layer-passes; forward shapes."""
-        n_calls = calls * share
-        ks = []
-        if "qkv" in what:
-            ks.append(_matmul("qkv", pass_, tm, qkv_n, D, n_calls, c))
-        if units:
-            # flash: the scores stay on chip, only q, k, v and o move (k, v of the kv heads)
-            moved = c * n_calls * seqs * bs * Tq * H * (2 * heads + 2 * heads * K / N) if flash else None
-            ks.append(_matmul("attention", pass_, Tq, Tq, H, n_calls, c, batch=seqs * heads * bs, kind="attention",
-                              flops_=units * unit * p["layers"] * share, bytes_=moved, executed=skip))
-        if "out" in what:
-            ks.append(_matmul("out", pass_, tm, D, out_k, n_calls, c))
-        if "mlp_in" in what:
-            ks.append(_matmul("mlp_in", pass_, tm, ff, D, n_calls * (m - 1), c))
-        if "mlp_out" in what:
-            ks.append(_matmul("mlp_out", pass_, tm, D, ff, n_calls, c))
-        return ks
-
-    def transposed(k: Kernel) -> list[Kernel]:
-        """The backward of a forward matmul [m,k]·[k,n]: dX [m,n]·[n,k] and dW [k,m]·[m,n]."""
-        mm, nn, kk, b = k.shape
-        if k.kind == "attention":  # 8 or 10 units backward (scaling.transformer.attention_units), shapes of the forward
-            units = transformer.attention_units(schedule, "backward", mesh)
-            moved = _shape_costs(*k.shape, k.calls, c)[1] if k.bytes is None else k.bytes
-            return [Kernel(k.name, "backward", k.kind, k.shape, k.calls, k.flops * units / 4, moved * 2, k.executed)]
-        return [_matmul(k.name + ".dx", "backward", mm, kk, nn, k.calls, c),
-                _matmul(k.name + ".dw", "backward", kk, nn, mm, k.calls, c)]
-
-    forward = layer("forward", 1.0)
-    ks = list(forward)
-    th = t * p["head"]
-    staged = not np.all(np.asarray(mesh.get("stage", 1)) == 1)  # one stage count per planner group
-    head_calls = p["head_iterations"] if p["again"] else (1 if staged else M)
-    logits = _matmul("logits", "forward", th / head_calls, V / Y, D, head_calls, c) if V else None
-    if logits is not None:
-        ks.append(logits)
-    if train:
-        for k in forward + ([logits] if logits is not None else []):
-            ks += transposed(k)
-        r = transformer.recomputed(cfg, remat, schedule, mesh)
-        ks += layer("recompute", 1.0, tuple(n for n in ("qkv", "out") if r[n]), units=r["attention_units"])
-        if r["mlp_in"]:
-            ks += layer("recompute", 1.0, ("mlp_in",), units=0)
-        if p["again"]:  # 1F1B's second forward, less what XLA drops from a one-layer chunk's (dead_in_again)
-            dead = transformer.dead_in_again(cfg, remat, p)
-            again = [k for k in layer("recompute", 1.0, units=4 - dead["attention_units"])
-                     if not (k.name == "qkv" and dead["qkv"]) and not (k.name == "out" and dead["out"])]
-            dropped = {"mlp_in", "mlp_out"} if dead["mlp"] == 1 else {"mlp_out"} if dead["mlp"] else set()
-            ks += [k for k in again if k.name not in dropped]
-    # pointwise passes (module docstring), per layer-pass of t tokens (sequence parallel: the D-wide ones on t/Y)
-    sp = Y if schedule.sequence_parallel else 1
-    norms, adds = (1, 1) if cfg.block == "parallel" else (2, 2)
-    per_token = (norms * 2 + adds * 3) * c * D / sp + c * m * ff
-    scores = 0 if flash else 2 * c * unit / H  # the softmax reads and writes the s·N·T²/(Y·C) scores
-    fwd_bytes = p["layers"] * (per_token * t + scores)
-    head_bytes = 2 * c * th * V / Y
-    ks.append(Kernel("pointwise", "forward", "pointwise", None, calls, 0.0, fwd_bytes + head_bytes))
-    if train:
-        ks.append(Kernel("pointwise", "backward", "pointwise", None, calls, 0.0, 2 * (fwd_bytes + head_bytes)))
-        share = (r["qkv"] + r["out"] + r["mlp_in"] + r["attention_units"] / 4) / 4 if not p["again"] else 1.0
-        ks.append(Kernel("pointwise", "recompute", "pointwise", None, calls, 0.0, share * fwd_bytes))
-        ks += [_optimizer(w, cfg.params), _accumulate(w, cfg.params)]
-    return ks
-
-
-def _accumulate(w: Workload, params) -> Kernel:
+def accumulate_kernel(w: Workload, params) -> Kernel:
     """The gradient accumulation's adds (module docstring): n·P/(S·X·Y) parameters of
     Precision.accumulate_bytes_per_param each, n = M for M > 1 without stages, T/R with S stages."""
     S, M, R = w.mesh.get("stage", 1), w.schedule.microbatches, w.schedule.repeats
@@ -243,48 +153,11 @@ def _accumulate(w: Workload, params) -> Kernel:
     return Kernel("accumulate", "update", "pointwise", None, n, 0.0, n * per)
 
 
-def _optimizer(w: Workload, params) -> Kernel:
+def adamw_kernel(w: Workload, params) -> Kernel:
     """AdamW's update: 16 B read and 12 B written per parameter shard (Precision.adam_update_bytes_per_param)."""
     shards = memory.weight_shards(w.mesh) * w.zero1_shards / w.mesh.get("stage", 1)
     per = w.precision.adam_update_bytes_per_param
     return Kernel("adamw", "update", "optimizer", None, 1, 0.0, per * params / shards)
-
-
-def _ffn(w: Workload) -> list[Kernel]:
-    """The FFN stack's kernels: per block-pass h = relu(x·W_inᵀ) [b, D]·[D, F/Y] and y = h·W_out [b, F/Y]·[F/Y, D]
-    on b = B/(M·data·fsdp) tokens; backward dX and dW of each; the program's FLOP terms (scaling.flops.step_flops,
-    scaling.program.step_flops_per_device) spread over those shapes; relu's pass c·F/Y a token (forward,
-    recompute), twice backward; AdamW."""
-    from scaling.program import step_flops_per_device  # the FLOPs the program runs (one definition)
-
-    cfg, mesh, c = w.model, w.mesh, w.precision.compute
-    D, F, Y, M = cfg.d_model, cfg.d_ff, mesh["tensor"], w.schedule.microbatches
-    b = memory.tokens_per_device(mesh, w.batch_tokens) / M
-    f = step_flops_per_device(w)
-    one = 2 * b * D * F / Y  # one matmul of one block-pass
-    n = pipeline.block_passes(cfg, w.schedule, mesh["stage"])  # block-passes per device
-    ks = []
-
-    def pair(pass_, total, shapes):
-        calls = total / one
-        for name, (mm, nn, kk) in shapes:
-            ks.append(_matmul(name, pass_, mm, nn, kk, calls / len(shapes), c, flops_=total / len(shapes)))
-
-    pair("forward", f["forward"], (("w_in", (b, F / Y, D)), ("w_out", (b, D, F / Y))))
-    if w.step == "train":
-        pair("backward", f["backward_weights"], (("w_in.dw", (D, F / Y, b)), ("w_out.dw", (F / Y, D, b))))
-        dx = f["backward_inputs"] + f.get("first_block_input_grad", 0.0)
-        pair("backward", dx, (("w_in.dx", (b, D, F / Y)), ("w_out.dx", (b, F / Y, D))))
-        if np.any(np.asarray(f.get("recompute", 0.0)) > 0):
-            pair("recompute", f["recompute"], (("w_in", (b, F / Y, D)),))
-    act = 2 * c * b * F / Y  # relu: read h, write relu(h)
-    ks.append(Kernel("relu", "forward", "pointwise", None, n, 0.0, n * act))
-    if w.step == "train":
-        ks.append(Kernel("relu", "backward", "pointwise", None, n, 0.0, 2 * n * act))
-        rec = np.asarray(f.get("recompute", 0.0)) / one
-        ks.append(Kernel("relu", "recompute", "pointwise", None, rec, 0.0, rec * act))
-        ks += [_optimizer(w, cfg.params), _accumulate(w, cfg.params)]
-    return ks
 
 
 def tiled_bytes(chip: Chip, m, n, k, batch, c):
@@ -306,7 +179,7 @@ def step_kernels(w: Workload, chip: Chip | None = None, dtype: str = "bf16",
     ``kernel_model`` "hierarchical" takes each matmul's bytes from its tiles and its efficiency unquantized."""
     if kernel_model not in KERNEL_MODELS:
         raise ValueError(f"kernel model {kernel_model!r}: one of {', '.join(KERNEL_MODELS)}")
-    ks = _filled(_transformer(w) if isinstance(w.model, TransformerConfig) else _ffn(w), w.precision.compute)
+    ks = _filled(w.model.step_kernels(w), w.precision.compute)  # the model family's (scaling.ffn, .transformer)
     if chip is None:
         return ks
     peak, bw = peak_flops(chip, dtype), chip.device_hbm_bw
@@ -336,12 +209,12 @@ def compute_seconds(kernels: list[Kernel]) -> object:
 def compute_term(w: Workload, chip: Chip, dtype: str = "bf16", kernel_model: str = "efficiency") -> object:
     """compute_seconds(step_kernels(w, chip, dtype, kernel_model)), the figure predict's scheduled form takes, made
     for all the step's matmuls at once: their shapes, calls, FLOPs and bytes stacked into numpy arrays [kernels, ...]
-    and each formula (_shape_costs, shape_efficiency, the roofline of a kernel) evaluated once on them, elementwise
+    and each formula (shape_costs, shape_efficiency, the roofline of a kernel) evaluated once on them, elementwise
     (the same figures, summed in the kernels' order). The planner's candidates each take it (a kernel at a time,
     about 40 of them, was two thirds of a candidate's step time)."""
     if kernel_model != "efficiency":
         return compute_seconds(step_kernels(w, chip, dtype, kernel_model))
-    ks = _transformer(w) if isinstance(w.model, TransformerConfig) else _ffn(w)
+    ks = w.model.step_kernels(w)
     mm = [k for k in ks if k.shape is not None]
     peak, bw = peak_flops(chip, dtype), chip.device_hbm_bw
     total = 0
@@ -355,7 +228,7 @@ def compute_term(w: Workload, chip: Chip, dtype: str = "bf16", kernel_model: str
         nd = max(a.ndim for a in cols)  # each [kernels, ...] with as many dimensions (numpy aligns the last)
         m, n, kk, b, calls, executed, *given = (a.reshape(a.shape[:1] + (1,) * (nd - a.ndim) + a.shape[1:])
                                                 for a in cols)
-        flops, moved = _shape_costs(m, n, kk, b, calls, w.precision.compute)
+        flops, moved = shape_costs(m, n, kk, b, calls, w.precision.compute)
         if any(flops_given):
             flops, given = np.where(given[0], given[1], flops), given[2:]
         if any(bytes_given):

@@ -1,6 +1,6 @@
 """The input rules every command applies, in one place: how a number is written, the range of each kind of
-flag value, and the sizes jax and XLA can count. Pure Python (no jax, no other scaling module at import), so
-the config, hardware and mesh parsers and every command line use the same rules.
+flag value, and the sizes jax and XLA can count. Pure Python (no jax; at import only scaling.inputs, the number
+syntax), so the config, hardware and mesh parsers and every command line use the same rules.
 
     integers      ASCII digits only ("４" is a full-width digit: int() takes it, a shell user did not mean it)
     counts        every integer flag positive and below 2^31 (jax without 64-bit mode takes a Python int as
@@ -15,19 +15,17 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import unicodedata
+
+from scaling.inputs import ascii_float, ascii_int
 
 INT32_LIMIT = 2**31  # jax without 64-bit mode takes a Python int as int32: the layer scan's length L, any count
 EXTENT_LIMIT = 2**63  # XLA's "static extent product" (an array's elements) is an int64
 MAX_DEVICES = 2**20  # the planner enumerates the meshes of a chip count's divisors; 1,048,576 chips is 20 times
 # the largest training run published (50,944 TPU v5e chips, Google Cloud, Nov 2023)
 
-_INT = re.compile(r"[+-]?[0-9]+")
-_FLOAT = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|[+-]?(?:nan|inf|infinity)", re.I)
-
 # integer flags (argparse dest) that may be 0 (their own rules refuse a negative one, with their own words); a seed
-# has its own upper bound too (scaling.config.MAX_SEED, 2^32 - 1)
+# has its own upper bound too (scaling.inputs.MAX_SEED, 2^32 - 1)
 ZERO_OK = frozenset({"seed", "verify_top", "process_id", "warmup"})
 
 # float flags that are hardware figures (argparse dest): (what, unit, least, most). The range is a factor of
@@ -43,24 +41,6 @@ FIGURES = {
     "process_timeout": ("how long a process waits for its peers", "seconds", 1e-3, 1e6),
 }
 FP32_MAX = 3.4028234663852886e38  # the largest finite float32: what jax computes a float flag in
-
-
-def ascii_int(text: str) -> int:
-    """``text`` as an int if it is written in ASCII digits (an optional sign), else ValueError: int() also reads
-    full-width and other Unicode digits, and "1_000"."""
-    s = str(text).strip()
-    if not _INT.fullmatch(s):
-        raise ValueError(f"invalid literal for an integer: {text!r}")
-    return int(s)
-
-
-def ascii_float(text: str) -> float:
-    """``text`` as a float if it is written in ASCII (digits, '.', an exponent; nan and inf as words), else
-    ValueError."""
-    s = str(text).strip()
-    if not _FLOAT.fullmatch(s):
-        raise ValueError(f"invalid literal for a number: {text!r}")
-    return float(s)
 
 
 def integer(text: str) -> int:

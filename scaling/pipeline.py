@@ -20,7 +20,8 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 
-from scaling.config import FFNConfig, Schedule, saved_blocks
+from scaling.family import ModelFamily
+from scaling.schedule import Schedule, saved_blocks
 
 
 def iterations(schedule: Schedule, stages: int) -> int:
@@ -60,20 +61,20 @@ def bubble(schedule: Schedule, stages: int) -> dict[str, float]:
     return {"idle_share": idle / (R * M + idle), "overhead": idle / (R * M)}
 
 
-def chunk_blocks(cfg: FFNConfig, schedule: Schedule, stages: int) -> int:
+def chunk_blocks(cfg: ModelFamily, schedule: Schedule, stages: int) -> int:
     """Lc: blocks a stage runs per iteration: L/(S·R); L without stages (one microbatch through all)."""
     return cfg.blocks // (stages * schedule.repeats) if stages > 1 else cfg.blocks
 
 
-def block_passes(cfg: FFNConfig, schedule: Schedule, stages: int) -> int:
+def block_passes(cfg: ModelFamily, schedule: Schedule, stages: int) -> int:
     """Block-passes one device executes per step (forward): T·Lc (S > 1: bubble iterations included),
     M·L without stages."""
     return iterations(schedule, stages) * chunk_blocks(cfg, schedule, stages)
 
 
-def saved_per_token(cfg: FFNConfig, mesh: Mapping, remat: str, schedule: Schedule, c: int = 2) -> float:
+def saved_per_token(cfg: ModelFamily, mesh: Mapping, remat: str, schedule: Schedule, c: int = 2) -> float:
     """Bytes saved for backward per token of one microbatch, for the blocks one pass runs (a chunk of
-    Lc with stages, all L without), under the remat policy (config.saved_blocks per chunk):
+    Lc with stages, all L without), under the remat policy (schedule.saved_blocks per chunk):
     c·[n_full·(D + F/Y) + n_input·D], D -> D/Y for the saved x under sequence parallelism."""
     Lc = chunk_blocks(cfg, schedule, mesh.get("stage", 1))
     n_full, n_input = saved_blocks(Lc, remat)

@@ -38,11 +38,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from scaling import kernels, memory, pipeline, program, roofline
-from scaling.config import (ATTENTIONS, CONTEXT_STRATEGIES, MESH_AXES, PIPELINES, REMAT_POLICIES, FFNConfig, MeshShape,
-                            Schedule, TransformerConfig, check_divisible, check_remat, divisions, positive_float,
-                            positive_int)
+from scaling.family import ModelFamily, check_divisible, divisions
+from scaling.inputs import positive_float, positive_int
+from scaling.mesh_shape import MESH_AXES, MeshShape
+from scaling.policies import ATTENTIONS, CONTEXT_STRATEGIES, PIPELINES, REMAT_POLICIES, check_remat
+from scaling.schedule import Schedule
 from scaling.sharding import shards
-from scaling.transformer import POLICY_KEEPS
 from scaling.hardware import GPU_NODE, Chip, split_slices
 from scaling.workload import Workload
 
@@ -50,6 +51,7 @@ from scaling.workload import Workload
 # context axis to split).
 PLAN_AXES = tuple(a for a in MESH_AXES if a != "context")
 TRANSFORMER_REMATS = tuple(r for r in REMAT_POLICIES if r != "every-second")  # the policies a transformer plan tries
+PLAN_KEYS = {"context": "context_strategy"}  # a plan dict's key for a Schedule field (cfg.schedule_options)
 DCN_AXES = ("data", "fsdp")  # the axes whose outermost factor may span slices joined by DCN
 
 
@@ -80,9 +82,9 @@ def _row_ids(rows: np.ndarray) -> np.ndarray:
 
 
 def plan_axes(cfg) -> tuple[str, ...]:
-    """The mesh axes the planner factorises the chips into: PLAN_AXES for the FFN stack, every mesh axis
-    (context too) for a transformer."""
-    return MESH_AXES if isinstance(cfg, TransformerConfig) else PLAN_AXES
+    """The mesh axes the planner factorises the chips into, the family's (cfg.plan_axes): PLAN_AXES for the FFN
+    stack, every mesh axis (context too) for a transformer."""
+    return cfg.plan_axes
 
 
 def layouts(dims: tuple[int, ...], chip: Chip, axes: tuple[str, ...] = PLAN_AXES, keep=None) -> dict[tuple, list[dict]]:
@@ -135,7 +137,7 @@ def layouts(dims: tuple[int, ...], chip: Chip, axes: tuple[str, ...] = PLAN_AXES
     return out
 
 
-def repeats_for(cfg: FFNConfig, stages: int, max_repeats: int) -> list[int]:
+def repeats_for(cfg: ModelFamily, stages: int, max_repeats: int) -> list[int]:
     """The circular repeats R a mesh with ``stages`` can run: 1 (GPipe), and with stages the powers of
     two up to ``max_repeats`` that divide the blocks of a stage."""
     if stages == 1:
@@ -150,9 +152,9 @@ def microbatches_for(stages: int, repeats: int, max_microbatches: int) -> list[i
     return [first * 2**k for k in range(12) if first * 2**k <= max(max_microbatches, first)]
 
 
-def runs(cfg: FFNConfig, mesh: MeshShape, schedule: Schedule, batch_tokens: int | None = None) -> bool:
+def runs(cfg: ModelFamily, mesh: MeshShape, schedule: Schedule, batch_tokens: int | None = None) -> bool:
     """Whether train, check and compile accept ``cfg`` on ``mesh`` with ``schedule`` (and ``batch_tokens``): the
-    same two checks they make (scaling.config.check_divisible, Schedule.check: D by fsdp, F by tensor, the blocks
+    same two checks they make (scaling.family.check_divisible, Schedule.check: D by fsdp, F by tensor, the blocks
     by the stages, B by microbatches·data·fsdp, ...)."""
     try:
         check_divisible(cfg, mesh, batch_tokens)
@@ -185,8 +187,7 @@ class Choices:
            optimizer_sharding=None) -> "Choices":
         """The choices for ``cfg``: each argument one name (or bool) to fix it, None to try every one (remat None:
         "none" for the FFN stack, TRANSFORMER_REMATS for a transformer). ValueError naming a bad name."""
-        transformer = isinstance(cfg, TransformerConfig)
-        remats = (remat,) if remat is not None else TRANSFORMER_REMATS if transformer else ("none",)
+        remats = (remat,) if remat is not None else cfg.plan_remats
         for r in remats:
             check_remat(r, cfg)
         one = lambda v, every: every if v is None else (v,)  # noqa: E731
@@ -204,7 +205,7 @@ def schedules(cfg, mesh: MeshShape, choices: Choices, max_microbatches: int, max
     (microbatches_for). ``made``: a transformer's schedules already made (the planner's, for other meshes), by their
     fields; the same Schedule is returned for the same fields."""
     S = mesh["stage"]
-    if not isinstance(cfg, TransformerConfig):
+    if not cfg.grouped_plan:
         out = [(Schedule(np.array(microbatches_for(S, R, max_microbatches)), R), r)
                for R in repeats_for(cfg, S, max_repeats) for r in choices.remats]
         return [(s, r) for s, r in out if runs(cfg, mesh, s)]
@@ -237,7 +238,7 @@ def schedules(cfg, mesh: MeshShape, choices: Choices, max_microbatches: int, max
 
 def _mesh_keep(cfg, axes, n_slices, dcn_axes) -> "callable":
     """keep(sizes) for layouts, on an array [meshes, axes] of sizes within one slice (a DCN axis times the slices):
-    whether the model's dimensions divide on the mesh for some DCN axis, whatever the schedule (config.divisions:
+    whether the model's dimensions divide on the mesh for some DCN axis, whatever the schedule (cfg.divisions:
     D, F, V by their shards; the blocks by the stages; a transformer's heads by tensor and its sequence by
     context). Necessary, not sufficient: schedules checks each mesh that passes in full."""
     def keep(kinds):
@@ -247,9 +248,7 @@ def _mesh_keep(cfg, axes, n_slices, dcn_axes) -> "callable":
             fits = cfg.blocks % mesh["stage"] == 0
             for _, dim, logical in divisions(cfg):
                 fits &= dim % shards(mesh, logical) == 0
-            if isinstance(cfg, TransformerConfig):
-                fits &= ((cfg.heads % mesh["tensor"] == 0) & (cfg.kv_heads % mesh["tensor"] == 0)
-                         & (cfg.seq_len % mesh["context"] == 0))
+            fits &= cfg.mesh_fits(mesh)  # a transformer's heads by tensor and its sequence by context
             ok |= fits
         return ok
     return keep
@@ -259,19 +258,17 @@ def workload_of(r: dict, cfg, flags=None) -> Workload:
     """The Workload of one plan dict (plan's): its mesh, batch, remat and schedule."""
     return Workload(cfg, MeshShape(r["mesh"]), r["batch_tokens"], remat=r["remat"], flags=flags,
                     schedule=Schedule(r["microbatches"], r["repeats"], sequence_parallel=r["sequence_parallel"],
-                                      pipeline=r["pipeline"], **({"attention": r["attention"],
-                                                                   "context": r["context_strategy"],
-                                                                   "optimizer_sharding": r["optimizer_sharding"]}
-                                                                  if isinstance(cfg, TransformerConfig) else {})))
+                                      pipeline=r["pipeline"],
+                                      **{f: r[PLAN_KEYS.get(f, f)] for f in cfg.schedule_options}))
 
 
 def _groups(cfg, chip: Chip, dims, n_slices: int, choices: Choices, max_microbatches: int, max_repeats: int):
     """The meshes to evaluate, in groups that predict takes at once: [([MeshShape], [DCN axis], [[layout]],
     {schedule key: (Schedule, {remat: [mesh index]})})]. A transformer's meshes are grouped by stage count and
-    which axes are > 1 (config.spans: every branch of its closed forms then agrees within the group), each with its
+    which axes are > 1 (mesh_shape.spans: every branch of its closed forms then agrees within the group), each with its
     own DCN axis (predict's ``dcn`` takes an array of slices per mesh: the closed forms do not read it, the network
     terms take it mesh by mesh); the FFN stack's one mesh a group."""
-    axes, transformer = plan_axes(cfg), isinstance(cfg, TransformerConfig)
+    axes, grouped = plan_axes(cfg), cfg.grouped_plan
     dcn_axes = DCN_AXES if n_slices > 1 else (None,)
     groups: dict[tuple, tuple] = {}
     # A transformer's schedules on a mesh depend on the mesh through what Schedule.check reads of it (the stage,
@@ -291,7 +288,7 @@ def _groups(cfg, chip: Chip, dims, n_slices: int, choices: Choices, max_microbat
         if dcn_axis:
             given[dcn_axis] *= n_slices
         mesh = MeshShape(given)
-        if transformer:
+        if grouped:
             try:
                 check_divisible(cfg, mesh)
             except ValueError:
@@ -305,7 +302,7 @@ def _groups(cfg, chip: Chip, dims, n_slices: int, choices: Choices, max_microbat
             kind, runs_here = None, keyed(schedules(cfg, mesh, choices, max_microbatches, max_repeats))
         if not runs_here:
             continue
-        key = (mesh["stage"], tuple(mesh[a] > 1 for a in axes)) if transformer else (dcn_axis, sizes)
+        key = (mesh["stage"], tuple(mesh[a] > 1 for a in axes)) if grouped else (dcn_axis, sizes)
         meshes, dcns, lay_lists, by_choice, members = groups.setdefault(key, ([], [], [], {}, {}))
         if kind not in members:  # the member lists a mesh of this kind joins: (schedule key, remat) of each run
             members[kind] = [by_choice.setdefault(k, (sched, {}))[1].setdefault(remat, [])
@@ -325,13 +322,13 @@ def _screen(cfg, chip: Chip, groups: list, batches: np.ndarray, hbm: float, form
     meshes under ``hbm``, in the group's order of schedules and policies. A transformer's groups of one stage count
     and context axis are sized together, each policy's memory, FLOPs (_math_bound) and, for the scheduled form,
     kernels (kernels.compute_term) evaluated on all their meshes at once: those closed forms branch on no other axis
-    being > 1 (config.spans), so each mesh's figures are the same as on its own group's (the planner's tests hold
+    being > 1 (mesh_shape.spans), so each mesh's figures are the same as on its own group's (the planner's tests hold
     the plans to predict's)."""
-    transformer = isinstance(cfg, TransformerConfig)
+    grouped = cfg.grouped_plan
     out = [[] for _ in groups]
     together: dict = {}
     for gi, (meshes, *_) in enumerate(groups):
-        key = (meshes[0]["stage"], meshes[0]["context"] > 1) if transformer else gi
+        key = (meshes[0]["stage"], meshes[0]["context"] > 1) if grouped else gi
         together.setdefault(key, []).append(gi)
     for members in together.values():
         meshes = [m for gi in members for m in groups[gi][0]]
@@ -351,9 +348,9 @@ def _screen(cfg, chip: Chip, groups: list, batches: np.ndarray, hbm: float, form
             ms = sched.microbatches
             shape = (len(batches), len(ms), G)
             arrays = dataclasses.replace(sched, microbatches=ms[None, :, None, None])
-            batch_ok = (np.broadcast_to(_batch_runs(cfg, mesh, batches[:, None, None, None],
-                                                    ms[None, :, None, None]), shape + (1,))[..., 0]
-                        if transformer else True)
+            batch_ok = (np.broadcast_to(cfg.plan_batch_runs(mesh, batches[:, None, None, None],
+                                                            ms[None, :, None, None]), shape + (1,))[..., 0]
+                        if grouped else True)
             # The first policy that fits: the transformer's policies keep nested sets (POLICY_KEEPS:
             # none ⊇ selective ⊇ minimal ⊇ save_dot_* ⊇ save_qkv_proj ⊇ full), so along that order the memory
             # falls and the recompute (FLOPs and the collectives it repeats) grows: the first that fits is the fastest
@@ -361,9 +358,10 @@ def _screen(cfg, chip: Chip, groups: list, batches: np.ndarray, hbm: float, form
             # nor predicted where one that keeps more fits. Not for 1F1B with chunks of one layer, where XLA drops more
             # of the second forward the less a policy keeps (transformer.dead_in_again).
             S = int(np.asarray(mesh["stage"]).flat[0])
-            first_fit = per_mesh and transformer and not (sched.pipeline == "1f1b" and
-                                                          pipeline.chunk_blocks(cfg, sched, S) == 1)
-            order = sorted(by_remat, key=lambda r: -len(POLICY_KEEPS[r])) if first_fit else list(by_remat)
+            keeps = cfg.remat_keeps
+            first_fit = per_mesh and keeps is not None and not (sched.pipeline == "1f1b" and
+                                                                pipeline.chunk_blocks(cfg, sched, S) == 1)
+            order = sorted(by_remat, key=lambda r: -len(keeps[r])) if first_fit else list(by_remat)
             taken = np.zeros(shape, bool)
             for ci, rem in enumerate(order):
                 member = np.zeros(G, bool)
@@ -378,7 +376,7 @@ def _screen(cfg, chip: Chip, groups: list, batches: np.ndarray, hbm: float, form
                 if not ok.any():
                     continue
                 compute = (np.broadcast_to(kernels.compute_term(w, chip, w.precision.dtype), shape + (1,))
-                           if transformer and form == "scheduled" else None)
+                           if grouped and form == "scheduled" else None)
                 # the scheduled step is at least its compute term (max(compute, hidden) + exposed + copies)
                 bound = (None if not per_mesh else compute[..., 0] if compute is not None else
                          np.broadcast_to(_math_bound(w, chip, form), shape + (1,))[..., 0])
@@ -414,20 +412,14 @@ def _math_bound(w: Workload, chip: Chip, form: str):
     return (f["total"] - f.get("attention", 0.0) / 2) / (chip.device_flops * chip.matmul_efficiency)
 
 
-def _batch_runs(cfg, mesh: Mapping, B, M):
-    """Schedule.check's batch rule for a transformer, on arrays (B, M, the group's meshes broadcast): whole
-    sequences, their count divisible by M·data·fsdp."""
-    seqs = B // cfg.seq_len
-    return (B % cfg.seq_len == 0) & (seqs % (M * mesh["data"] * mesh["fsdp"]) == 0)
-
-
+# the planner's public call: each argument one input of the plan command (its docstring)
 def plan(cfg, chip: Chip, chips: int, batch_tokens, hbm: float | None = None, remat: str | None = None,
          form: str = "sum", dims: tuple[int, ...] | None = None, max_microbatches: int = 64,
          max_repeats: int = 4, per_mesh: bool = True, flags=None, choices: Choices | None = None) -> list[dict]:
     """Ranked plans (best first) for one or more batch sizes; see the module docstring.
 
     ``batch_tokens`` is an int or a list of ints; each plan dict carries its batch, mesh (plan_axes), microbatches
-    M and repeats R (scaling.config.Schedule: gradient accumulation without stages, GPipe, circular or 1F1B with
+    M and repeats R (scaling.schedule.Schedule: gradient accumulation without stages, GPipe, circular or 1F1B with
     them; schedules), remat, pipeline, sequence_parallel (and a transformer's attention, context_strategy,
     optimizer_sharding), the bubble (Megatron's overhead (S−1)/(R·M), 1F1B's 2(S−1)/M, paid in the step time as
     executed FLOPs; bubble_seconds: the math time of the bubble iterations), layout, M_X/M_Y (physical axes
@@ -454,6 +446,8 @@ def plan(cfg, chip: Chip, chips: int, batch_tokens, hbm: float | None = None, re
             gc.enable()
 
 
+# plan's body: its arguments passed through (plan holds the garbage collector off around it); one pass of enumerate,
+# screen, evaluate and keep, whose state (found, kept, evaluated) the steps share
 def _plan(cfg, chip, chips, batch_tokens, hbm, remat, form, dims, max_microbatches, max_repeats, per_mesh, flags,
           choices) -> list[dict]:
     if form not in PLAN_FORMS:
@@ -474,7 +468,7 @@ def _plan(cfg, chip, chips, batch_tokens, hbm, remat, form, dims, max_microbatch
         n_slices = chips // math.prod(dims)
         if n_slices * math.prod(dims) != chips:
             raise ValueError(f"topology {dims} has {math.prod(dims)} chips, which do not divide {chips}")
-    axes, transformer = plan_axes(cfg), isinstance(cfg, TransformerConfig)
+    axes, grouped = plan_axes(cfg), cfg.grouped_plan
     # (B, mesh, DCN axis), or a serial number without per_mesh -> [step, plan, sort key (None until _rank)]
     found: dict = {}
     groups = _groups(cfg, chip, dims, n_slices, choices, max_microbatches, max_repeats)
@@ -525,7 +519,7 @@ def _plan(cfg, chip, chips, batch_tokens, hbm, remat, form, dims, max_microbatch
             step = np.broadcast_to(model.step(form), shape)
             best = step.argmin(axis=3)  # each (batch, M, mesh)'s fastest layout
             fastest = np.take_along_axis(step, best[..., None], 3)[..., 0]
-            if not transformer:  # a batch train refuses
+            if not grouped:  # a batch train refuses
                 for i, k, g in zip(*np.nonzero(ok)):
                     ok[i, k, g] = runs(cfg, meshes[g], dataclasses.replace(sched, microbatches=int(ms[k])),
                                        int(batches[i]))
@@ -540,7 +534,8 @@ def _plan(cfg, chip, chips, batch_tokens, hbm, remat, form, dims, max_microbatch
         _, kc, kk = kept
         for i, g in zip(*np.nonzero(kc >= 0)):
             found[(int(batches[i]), mesh_keys[g], dcns[g])] = entry(kc[i, g], i, kk[i, g], g)
-    return [_plan_dict(cfg, chip, axes, n_slices, devices, hbm, form, B, model.prediction(), *rest)
+    setting = _Setting(cfg, chip, axes, n_slices, devices, hbm, form)
+    return [_plan_dict(setting, B, model.prediction(), rest)
             for (B, model, *rest) in (f[1] for f in sorted(found.values(), key=_rank))]
 
 
@@ -583,8 +578,25 @@ def _at(x, at: tuple):
     return a[tuple(0 if n == 1 else i for n, i in zip(a.shape, at[len(at) - a.ndim:]))]
 
 
-def _plan_dict(cfg, chip, axes, n_slices, devices, hbm, form, B, p, shape, at, sched, rem, mesh, lay, dcn_axis) -> dict:
-    """One plan's dict (plan's docstring) from the prediction of its group at index ``at``."""
+@dataclass(frozen=True)
+class _Setting:
+    """What every plan of one plan() call shares: the model, chip, mesh axes, slices, devices, HBM budget, form."""
+
+    cfg: ModelFamily
+    chip: Chip
+    axes: tuple
+    n_slices: int
+    devices: int
+    hbm: float
+    form: str
+
+
+def _plan_dict(setting: _Setting, B, p, found: tuple) -> dict:
+    """One plan's dict (plan's docstring) from the prediction ``p`` of its group at index ``at`` (of ``found``, its
+    entry: shape, at, schedule, remat, mesh, layout, DCN axis)."""
+    cfg, axes, n_slices, devices, hbm, form = (setting.cfg, setting.axes, setting.n_slices, setting.devices,
+                                               setting.hbm, setting.form)
+    shape, at, sched, rem, mesh, lay, dcn_axis = found
     t, k = p.times, at[1]
     pick = lambda x: float(_at(x, at))  # noqa: E731
     M = int(np.broadcast_to(sched.microbatches, shape[1])[k])
@@ -599,8 +611,7 @@ def _plan_dict(cfg, chip, axes, n_slices, devices, hbm, form, B, p, shape, at, s
         "pipeline": str(sched.pipeline),
         "remat": str(rem),
         "sequence_parallel": sched.sequence_parallel,
-        **({"attention": str(sched.attention), "context_strategy": str(sched.context),
-            "optimizer_sharding": str(sched.optimizer_sharding)} if isinstance(cfg, TransformerConfig) else {}),
+        **{PLAN_KEYS.get(f, f): str(getattr(sched, f)) for f in cfg.schedule_options},
         "bubble": bub["overhead"],
         "bubble_seconds": pick(t.math) * bub["idle_share"],
         "slices": n_slices,
@@ -629,6 +640,7 @@ def _plan_dict(cfg, chip, axes, n_slices, devices, hbm, form, B, p, shape, at, s
     }
 
 
+# plan's arguments, which it passes on
 def nearest_miss(cfg, chip: Chip, chips: int, batch_tokens: int, remat: str | None = None, form: str = "sum",
                  flags=None, choices: Choices | None = None, **limits) -> dict | None:
     """The plan with the least memory per device whatever the budget (what comes closest when nothing

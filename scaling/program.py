@@ -39,7 +39,7 @@ Slices joined by DCN (more chips than one slice holds) carry the outermost facto
 ICI within a slice and, for 1/(size within a slice) of the bytes, over DCN (tpus page: V·(n−1)/n per chip).
 
 The mesh is scalar (one MeshShape) or, the transformer's, the planner's group of meshes (arrays of axis sizes, each
-axis > 1 in all of them or in none: config.spans); the batch and the layout's links may be numpy arrays, so the
+axis > 1 in all of them or in none: mesh_shape.spans); the batch and the layout's links may be numpy arrays, so the
 planner evaluates every batch size and every ICI layout of a mesh in one call (StepModel: a form's step alone).
 """
 
@@ -52,8 +52,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from scaling import collectives, flops, kernels, memory, pipeline, roofline, transformer
-from scaling.config import TransformerConfig, spans
+from scaling import collectives, kernels, memory, roofline
+from scaling.mesh_shape import spans
 from scaling.hardware import Chip
 from scaling.workload import Workload
 
@@ -120,148 +120,20 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
     windowed, ·(d·X + 1)/(d·X)), and the updated FP32 weights all-gathered over data (V = 4·P/(X·Y)); no
     reduce-scatter over fsdp and no all-reduce over data.
     """
-    if isinstance(w.model, TransformerConfig):
-        return transformer.collective_volumes(w)
-    cfg, mesh, step, precision, remat, schedule = w.model, w.mesh, w.step, w.precision, w.remat, w.schedule
-    windowed_grad_rs, min_comm_bytes = w.compiler.windowed_grad_rs, w.compiler.min_comm_bytes
-    D, F, L = cfg.d_model, cfg.d_ff, cfg.blocks
-    X, Y, d, S = mesh["fsdp"], mesh["tensor"], mesh["data"], mesh["stage"]
-    M = schedule.microbatches
-    c, cw, cg = (max(b, min_comm_bytes) for b in (precision.compute, precision.weight_comm, precision.grad_comm))
-    b_loc = memory.tokens_per_device(mesh, w.batch_tokens) / M  # tokens per device in one microbatch
-    passes = 2 if step == "train" else 1  # weight gathers / activation all-reduces: forward (+ backward)
-    n = pipeline.block_passes(cfg, schedule, S)  # block-passes per device (M·L without stages)
-    T, Ls = pipeline.iterations(schedule, S), L // S
-    once = schedule.fsdp_gather == "step"
-    n_fwd = Ls if once else n  # forward gathers: one per block-pass (ffn_model.pipeline keeps XLA from hoisting them)
-    n_bwd = 0 if once else n  # gathered once: the backward reuses the gathered stage
-    matrix = 2 * D * F / Y  # W_in and W_out of one block, per device after the fsdp gather
-    out: dict[str, dict[str, float]] = {}
-    merged = w.compiler.merged_grad_allreduce and step == "train" and d > 1 and X > 1
-    zero1 = step == "train" and schedule.optimizer_sharding == "zero1" and d > 1
-    merged = merged and not zero1
-    if X > 1:
-        out["fsdp"] = {"all-gather": (n_fwd + (n_bwd if step == "train" else 0)) * cw * matrix}
-        if zero1:
-            pass  # the gradients reduce-scattered over data·fsdp (below)
-        elif step == "train" and windowed_grad_rs:
-            out["fsdp"]["collective-permute"] = n * cg * matrix * (X + 1) / X
-        elif step == "train" and not merged:
-            out["fsdp"]["reduce-scatter"] = n * cg * matrix
-    if Y > 1:
-        # backward skips block 0's dx all-reduce where the program drops that dead dx (flops.first_block_dx_computed;
-        # a pipeline computes every pass's dx: stage 0's input buffer also holds the last stage's outputs)
-        dead = step == "train" and S == 1 and not flops.first_block_dx_computed(L, remat)
-        if schedule.sequence_parallel:
-            # Megatron SP: forward all-gathers x over tensor and reduce-scatters y; backward all-gathers x again
-            # (recomputed: only the token split is saved) and dy, and reduce-scatters dx. Each moves the group's
-            # full activation, V = c·b·D (sharding page: V of an all-gather is the gathered array).
-            gathers = 3 * n if step == "train" else n
-            out["tensor"] = {"all-gather": gathers * c * b_loc * D,
-                             "reduce-scatter": (passes * n - M * dead) * c * b_loc * D}
-        else:
-            out["tensor"] = {"all-reduce": (passes * n - M * dead) * c * b_loc * D}
-    if zero1:
-        for axis, kinds in collectives.zero1_volumes(n * cg * matrix, 0.0, precision.master * cfg.params / (X * Y),
-                                                     d, X, windowed_grad_rs).items():
-            out.setdefault(axis, {}).update(kinds)
-    elif merged:
-        out["data+fsdp"] = {"all-reduce": n * cg * matrix}
-    elif d > 1 and step == "train":
-        out["data"] = {"all-reduce": n * cg * matrix / X}
-    if S > 1:
-        # each iteration's output moves one stage on (backward: back)
-        out["stage"] = {"collective-permute": passes * T * c * b_loc * D,
-                        "all-reduce": 4.0}  # the loss: the stages' masked sum
-        if schedule.repeats > 1:  # circular: the FP32 stacks re-laid so stage s holds chunks s, S+s, ...,
-            # in rounds of one chunk (pipeline.relay_rounds): forward, the gradient back, and again for the
-            # backward where XLA re-lays them rather than keep them (``circular_relays``)
-            relays = w.compiler.circular_relays if step == "train" else 1
-            chunk = precision.master * pipeline.chunk_blocks(cfg, schedule, S) * matrix / X
-            out["stage"]["collective-permute"] += relays * pipeline.relay_moves(S, schedule.repeats) * chunk
-    loss_axes = ("data", "fsdp", "tensor") if schedule.sequence_parallel else ("data", "fsdp")
-    if any(mesh[a] > 1 for a in loss_axes):  # the loss: mean over the batch (each microbatch's with accumulation)
-        key = "+".join(a for a in loss_axes if mesh[a] > 1)
-        out.setdefault(key, {})
-        out[key]["all-reduce"] = out[key].get("all-reduce", 0.0) + 4 * (M if S == 1 else 1)
-    return out
-
-
-# XLA:TPU rotates a scanned loop of FFN blocks (gathers across blocks, scaling.flags) only when it runs at least this
-# many trips; a loop of fewer is unrolled (libtpu 0.0.42.1: 2 trips unrolled, 3 rotated; docs/findings.md).
-ROTATED_MIN_TRIPS = 3
-
-
-def forward_trips(w: Workload) -> int:
-    """Trips of the forward scan over the FFN blocks: L, or L//2 pairs under every-second remat (its odd last
-    block, L%2, runs after the loop)."""
-    L = w.model.blocks
-    return L // 2 if w.remat == "every-second" else L
-
-
-def exposed_gathers(w: Workload) -> tuple[int, int]:
-    """(forward, backward) weight all-gathers per microbatch that XLA:TPU's schedule under w.flags.gathers
-    (scaling.flags) leaves exposed, of the FFN stack's 2·L each way; P = forward_trips(w), rotated = P >= 3
-    (ROTATED_MIN_TRIPS). Read from libtpu 0.0.42.1 programs
-    (docs/findings.md, "Compiler flags"):
-      exposed        2·L, 2·L
-      within-block   forward: the first gather of each trip (P + L%2; full remat: 2·L); backward: 0
-      across-blocks  rotated: the first trip's gathers, peeled out of the loop (2; every-second: the first
-                     pair's 4, + L%2); full remat: also one per block of the backward's recompute (L). Not
-                     rotated (unrolled): only the first gather (1; every-second 1 + L%2; full: 1, L)."""
-    L, P, remat, g = w.model.blocks, forward_trips(w), w.remat, w.flags.gathers
-    if g == "exposed":
-        return 2 * L, 2 * L
-    if g == "within-block":
-        return (2 * L if remat == "full" else P + (L % 2 if remat == "every-second" else 0)), 0
-    rotated = P >= ROTATED_MIN_TRIPS
-    if remat == "every-second":
-        return (4 if rotated else 1) + L % 2, 0
-    return (2 if rotated else 1), (L if remat == "full" else 0)
+    return w.model.collective_volumes(w)
 
 
 def overlapped_volumes(w: Workload, vols: dict | None = None) -> dict[str, dict[str, float]]:
     """The part of collective_volumes(w) that XLA:TPU's schedule runs behind matmuls under the workload's flags
-    (w.flags, scaling.flags), per axis and kind; the rest is exposed. The FFN stack without stages, per
-    microbatch, with m = cw·D·F/Y one gathered matrix and (f, b) = exposed_gathers(w):
-      gathers   (2·L − f)·m forward, (2·L − b)·m backward (train)
-      windowed gradient reduce-scatter: all of it, but where the flags leave the last hop of one ring exposed
-                        (rs_last_hop_exposed): one chunk cg·m/X per forward scan trip (under full remat the
-                        recomputed forward's matmuls hide it too)
-    Tensor, data and stage collectives stay synchronous under every set. Stages and the transformer: only the
-    windowed reduce-scatter counts as hidden (not yet modelled; the check shows the residual). ``vols``:
-    collective_volumes(w), where the caller has it."""
-    if isinstance(w.model, TransformerConfig):
-        return {}
-    vols = collective_volumes(w) if vols is None else vols
-    if "fsdp" not in vols:
-        return {}
-    cfg, mesh, schedule, precision = w.model, w.mesh, w.schedule, w.precision
-    X, Y, M, L = mesh["fsdp"], mesh["tensor"], schedule.microbatches, cfg.blocks
-    cw, cg = (max(b, w.compiler.min_comm_bytes) for b in (precision.weight_comm, precision.grad_comm))
-    m_w, m_g = cw * cfg.d_model * cfg.d_ff / Y, cg * cfg.d_model * cfg.d_ff / Y
-    trips = forward_trips(w) + (L % 2 if w.remat == "every-second" else 0)  # the odd last block's pass too
-    fsdp, out = vols["fsdp"], {}
-    if "collective-permute" in fsdp:
-        last_hop = w.flags.rs_last_hop_exposed and w.remat != "full"
-        out["collective-permute"] = fsdp["collective-permute"] - (M * trips * m_g / X if last_hop else 0.0)
-    if mesh["stage"] == 1 and schedule.fsdp_gather == "microbatch" and w.flags.gathers != "exposed":
-        fwd, bwd = exposed_gathers(w)
-        out["all-gather"] = M * ((2 * L - fwd) + (2 * L - bwd if w.step == "train" else 0)) * m_w
-    return {"fsdp": out} if out else {}
+    (w.flags, scaling.flags), per axis and kind; the rest is exposed: the model family's (scaling.ffn's
+    overlapped_volumes; the transformer's: none yet). ``vols``: collective_volumes(w), where the caller has it."""
+    return w.model.overlapped_volumes(w, vols)
 
 
 def loop_copy_bytes(w: Workload) -> float:
-    """Bytes the rotated forward loop of across-blocks gathers (scaling.flags) copies into its state per step, on
-    the FFN stack without stages: the two gathered matrices of every trip but the first, M·2·(P − 1)·cw·D·F/Y
-    (P = forward_trips(w); every-second: two per pair); 0 where the loop is not rotated (P < ROTATED_MIN_TRIPS)
-    and for other flag sets. Read from libtpu 0.0.42.1 programs."""
-    P = forward_trips(w)
-    if (isinstance(w.model, TransformerConfig) or w.flags.gathers != "across-blocks" or w.mesh["fsdp"] == 1
-            or w.mesh["stage"] > 1 or w.schedule.fsdp_gather == "step" or P < ROTATED_MIN_TRIPS):
-        return 0.0
-    return (w.schedule.microbatches * 2 * (P - 1) * w.precision.weight_comm
-            * w.model.d_model * w.model.d_ff / w.mesh["tensor"])
+    """Bytes a rotated loop of across-blocks gathers (scaling.flags) copies into its state per step: the model
+    family's (scaling.ffn.loop_copy_bytes; the transformer's: 0)."""
+    return w.model.loop_copy_bytes(w)
 
 
 def exposed_volumes(w: Workload, vols: dict | None = None, hidden: dict | None = None) -> dict[str, dict[str, float]]:
@@ -345,23 +217,7 @@ def step_flops_per_device(w: Workload) -> dict:
     in each of the T = R·M + S − 1 iterations, bubble ones included, every pass's dx computed:
     step_flops(chunk of Lc blocks, B)·(T/M)/(data·fsdp·tensor) (scaling.pipeline). The transformer's:
     scaling.transformer.step_flops."""
-    if isinstance(w.model, TransformerConfig):
-        return transformer.step_flops(w)
-    cfg, mesh, batch_tokens, step, remat, schedule = w.model, w.mesh, w.batch_tokens, w.step, w.remat, w.schedule
-    S = mesh["stage"]
-    plain = flops.step_flops(cfg, batch_tokens, step, remat,
-                             first_block_input_grad=flops.first_block_dx_computed(cfg.blocks, remat))
-    model = flops.flops_per_device(plain["total"] - plain.get("recompute", 0.0)
-                                   - plain.get("first_block_input_grad", 0.0), mesh)
-    if S == 1:
-        f = {k: flops.flops_per_device(v, mesh) for k, v in plain.items()}
-    else:
-        chunk = cfg.replace(blocks=pipeline.chunk_blocks(cfg, schedule, S))
-        per = pipeline.iterations(schedule, S) / schedule.microbatches / (mesh["data"] * mesh["fsdp"] * mesh["tensor"])
-        f = {k: v * per
-             for k, v in flops.step_flops(chunk, batch_tokens, step, remat, first_block_input_grad=True).items()}
-    f["model"] = model
-    return f
+    return w.model.step_flops(w)
 
 
 @dataclass(frozen=True)
@@ -606,7 +462,7 @@ class StepModel:
         fsdp_bytes = 2 * (2 + (X + 1) / X) / 3 if windowed_grad_rs and step == "train" else 2
         steps = {form: self.step(form) for form in ("sum", "max", "scheduled")}
         crits = {}
-        for form in roofline.FORMS if not isinstance(cfg, TransformerConfig) else ():
+        for form in roofline.FORMS if cfg.has_critical_batch else ():
             crit = per_micro * roofline.critical_batch_array(cfg.d_ff, X, mesh["tensor"], chip.alpha, m_x, m_y, form,
                                                              fsdp_bytes)
             if d > 1 and step == "train":  # and the data-parallel backward: B/(d·M) > alpha/M_d (training page)

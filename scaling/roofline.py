@@ -22,7 +22,7 @@ import math
 
 import numpy as np
 
-from scaling.config import positive_float, positive_int
+from scaling.inputs import positive_float, positive_int
 
 FORMS = ("sum", "max")
 
@@ -44,6 +44,7 @@ def dp_times(B: float, D: int, F: int, N: int, C: float, w_ici: float, M: int = 
     return {"math": 8 * B * D * F / (N * C), "comms": 8 * D * F / (M * w_ici)}
 
 
+# each a figure of the roofline (its docstring), as the callers hold them
 def mixed_times(
     B: float, D: int, F: int, X: int, Y: int, C: float, w_ici: float, M_X: int = 1, M_Y: int = 1,
     weight_bytes: float = 2,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from importlib import resources
 
-from scaling.config import get_preset
+from scaling.presets import get_preset
 from scaling.table import footnoted, table
 
 # the reference seeds ship with the package (pyproject.toml, package data): scaling/data/seeds/<name>, each a
@@ -162,6 +162,7 @@ def _value(text: str) -> tuple[float, float, int]:
     return float(num) * scale, scale, len(num.partition(".")[2])
 
 
+# one table row's cells, each a column
 def _row(section, name, quantity, label, printed, seed, closed, note="", **extra):
     unit = printed.split()[-1] in ("MB", "GB", "TFLOPs") and _value(printed)
     match = f"{closed / unit[1]:.{unit[2]}f}" == printed.split()[0] if unit else seed == closed
@@ -215,7 +216,7 @@ def _memory_note(what: str, v: float, raw: float, printed: str) -> str:
 
 
 def model_setup(cfg, context: int, data: int, tensor: int) -> dict:
-    """The trace's setup for a transformer (scaling.config.TransformerConfig) on P = context GPUs: Ulysses
+    """The trace's setup for a transformer (scaling.transformer.TransformerConfig) on P = context GPUs: Ulysses
     attention over all P (N/P tokens each, then h/P query heads and K/P kv heads over all N), then the FFN's 2D
     split DP = data × TP = tensor of the same P GPUs (the seed's program): N seq_len, d, h, K kv heads, q head dim,
     d', m MLP matrices, L blocks. ValueError where a split does not divide."""

@@ -1,5 +1,6 @@
-"""Closed forms of the transformer stack (scaling.config.TransformerConfig) as ffn_model.transformer
-compiles it: matmul FLOPs, collective volumes per mesh axis, memory per device, term by term.
+"""The transformer stack as a model family (scaling.family.ModelFamily): its config (TransformerConfig, with
+MLP_KINDS and BLOCK_KINDS), its rules, and its closed forms as ffn_model.transformer compiles it: matmul FLOPs,
+collective volumes per mesh axis, memory per device, the step's kernels, term by term.
 
 Notation (Scaling Book transformers page): B tokens (B/T sequences of T), D, F, L, N query heads, K kv
 heads, H head dim, m MLP matrices (2; 3 gated); mesh X = fsdp, Y = tensor, C = context, d = data.
@@ -53,13 +54,267 @@ With a vocabulary V (k = 1 tied or 2 untied [V, D] matrices, V over tensor, D ov
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
 from scaling import collectives, pipeline
-from scaling.config import DEFAULT_PRECISION, Precision, Schedule, TransformerConfig, spans
+from scaling.inputs import positive_int
+from scaling.kernels import Kernel, accumulate_kernel, adamw_kernel, matmul_kernel, shape_costs
+from scaling.mesh_shape import MESH_AXES, spans
+from scaling.policies import DEFAULT_PRECISION, REMAT_POLICIES, TRANSFORMER_ONLY_REMAT, Precision
+from scaling.schedule import Schedule
+from scaling.sharding import LOGICAL_RULES, shards
 from scaling.workload import Workload
+
+MLP_KINDS = ("relu", "gelu", "swiglu")  # act(h·W_in)·W_out, or SwiGLU (Shazeer 2020)
+BLOCK_KINDS = ("serial", "parallel")  # attention then MLP; or both on one norm, summed (GPT-J, PaLM)
+
+
+# What each named remat policy keeps (ffn_model.transformer.POLICY_SAVES), as the closed forms count it:
+# q, k, v; the attention's residuals (probabilities, or flash's o and log-sum-exp); o·W_o after its reduction
+# (or mid); the norms' outputs; the MLP hidden.
+POLICY_KEEPS = {
+    "none": {"qkv", "attention", "out", "norms", "mlp_in"},
+    "selective": {"qkv", "out", "norms", "mlp_in"},
+    "minimal": {"qkv", "out", "mlp_in"},
+    "save_dot_except_mlpwi": {"qkv", "out"},
+    "save_dot_except_mlp": {"qkv", "out"},
+    "save_qkv_proj": {"qkv"},
+    "full": set(),
+}
+
+
+@dataclass(frozen=True)
+class TransformerConfig:
+    """A pre-norm causal transformer stack: ``blocks`` layers of RMSNorm -> multi-head self-attention
+    (``heads`` query heads N, ``kv_heads`` key/value heads K for grouped-query attention, head dim H)
+    with a residual, then RMSNorm -> MLP (D -> F -> D; ``mlp``: relu, gelu, or swiglu with three
+    matrices) with a residual (``block="serial"``), or attention and MLP on one norm's output, summed
+    into one residual (``block="parallel"``, GPT-J / PaLM: one tensor-parallel reduction per layer);
+    sequences of ``seq_len`` tokens T. Without ``vocab`` there is no embedding or output projection (the
+    synthetic task maps token vectors to token vectors like the FFN stack's); with it, token ids in, an
+    embedding E [V, D], a final RMSNorm, logits h·Uᵀ (U = E with ``tied_embeddings``) and the softmax
+    cross-entropy against the previous token's id (ffn_model.train.make_batch_fn).
+
+    Parameters per layer (Scaling Book transformers page): attention D·H·(2N + 2K) (W_q, W_k, W_v,
+    W_o), MLP m·D·F (m = 2, or 3 gated); the RMSNorms carry no learned scale (ffn_model.transformer.rms_norm).
+    Embeddings: V·D, or 2·V·D untied.
+    """
+
+    family: ClassVar[str] = "transformer"
+    noun: ClassVar[str] = "transformer"
+    has_attention: ClassVar[bool] = True
+    plan_batch_tokens: ClassVar[int] = 4_194_304  # Llama 2's 4M tokens (Touvron et al. 2023, section 2.2)
+    runs_1f1b: ClassVar[bool] = True
+    has_critical_batch: ClassVar[bool] = False  # predict's critical_batch: none modelled (NaN)
+    plan_axes: ClassVar[tuple[str, ...]] = MESH_AXES  # context too
+    plan_remats: ClassVar[tuple[str, ...]] = tuple(r for r in REMAT_POLICIES if r != "every-second")
+    grouped_plan: ClassVar[bool] = True  # meshes in groups, every schedule choice (scaling.plan._groups)
+    remat_keeps: ClassVar[dict] = POLICY_KEEPS  # nested: the planner's first policy that fits is the fastest
+    schedule_options: ClassVar[tuple[str, ...]] = ("attention", "context", "optimizer_sharding")
+
+    d_model: int
+    heads: int
+    d_ff: int
+    blocks: int
+    seq_len: int
+    kv_heads: int | None = None
+    head_dim: int | None = None
+    mlp: str = "gelu"
+    block: str = "serial"
+    vocab: int | None = None
+    tied_embeddings: bool = False
+
+    def __str__(self) -> str:
+        """A header's words: "transformer D=4,096 N=32 K=8 H=128 F=14,336 L=32 T=8,192 swiglu V=128,256"."""
+        return (f"transformer D={self.d_model:,} N={self.heads} K={self.kv_heads} H={self.head_dim} "
+                f"F={self.d_ff:,} L={self.blocks:,} T={self.seq_len:,} {self.mlp}"
+                + (" parallel" if self.block == "parallel" else "")
+                + (f" V={self.vocab:,}" + (" tied" if self.tied_embeddings else "") if self.vocab else ""))
+
+    def __post_init__(self):
+        for name in ("d_model", "heads", "d_ff", "blocks", "seq_len"):
+            positive_int(name, getattr(self, name))
+        for name, kinds in (("mlp", MLP_KINDS), ("block", BLOCK_KINDS)):
+            if getattr(self, name) not in kinds:
+                raise ValueError(f"{name}={getattr(self, name)!r} is not one of {', '.join(kinds)}")
+        if self.vocab is not None:
+            positive_int("vocab", self.vocab)
+        elif self.tied_embeddings:
+            raise ValueError("tied_embeddings needs a vocabulary (--vocab N)")
+        if self.kv_heads is None:
+            object.__setattr__(self, "kv_heads", self.heads)
+        if self.head_dim is None:
+            if self.d_model % self.heads:
+                D, small = self.d_model, [k for k in range(1, math.isqrt(self.d_model) + 1) if self.d_model % k == 0]
+                valid = sorted({*small, *(D // k for k in small)})
+                raise ValueError(f"d_model={D} is not divisible by heads={self.heads}: use heads dividing {D} ("
+                                 + ", ".join(map(str, valid)) + "), or give head_dim (--head-dim) to set H apart "
+                                 "from D/N")
+            object.__setattr__(self, "head_dim", self.d_model // self.heads)
+        positive_int("kv_heads", self.kv_heads)
+        positive_int("head_dim", self.head_dim)
+        if self.heads % self.kv_heads:
+            raise ValueError(f"heads={self.heads} is not divisible by kv_heads={self.kv_heads} "
+                             "(grouped-query attention)")
+
+    @property
+    def gated(self) -> bool:
+        """SwiGLU: silu(h·W_gate)·(h·W_in), three matrices."""
+        return self.mlp == "swiglu"
+
+    @property
+    def mlp_matrices(self) -> int:
+        return 3 if self.gated else 2
+
+    @property
+    def attention_params_per_block(self) -> int:
+        """D·H·(2N + 2K): W_q [N,H,D], W_k and W_v [K,H,D], W_o [N,H,D]."""
+        return self.d_model * self.head_dim * (2 * self.heads + 2 * self.kv_heads)
+
+    @property
+    def params_per_block(self) -> int:
+        """D·H·(2N + 2K) + m·D·F."""
+        return self.attention_params_per_block + self.mlp_matrices * self.d_model * self.d_ff
+
+    @property
+    def embedding_matrices(self) -> int:
+        """How many [V, D] matrices the model holds: 0 without a vocabulary, 1 tied (E = U), 2 untied."""
+        return 0 if self.vocab is None else 1 if self.tied_embeddings else 2
+
+    @property
+    def embedding_params(self) -> int:
+        """V·D per embedding matrix (embedding_matrices of them)."""
+        return self.embedding_matrices * (self.vocab or 0) * self.d_model
+
+    @property
+    def params(self) -> int:
+        """P = L·(D·H·(2N + 2K) + m·D·F) + the embeddings' V·D (tied) or 2·V·D."""
+        return self.blocks * self.params_per_block + self.embedding_params
+
+    def replace(self, **kw) -> "TransformerConfig":
+        kw = {k: v for k, v in kw.items() if v is not None}
+        if "d_model" in kw and "head_dim" not in kw and self.head_dim == self.d_model // self.heads:
+            kw["head_dim"] = None  # the head dim follows D (and the heads) unless it was set apart from them
+        if "heads" in kw and "head_dim" not in kw and self.head_dim == self.d_model // self.heads:
+            kw["head_dim"] = None
+        if "heads" in kw and "kv_heads" not in kw and self.kv_heads == self.heads:
+            kw["kv_heads"] = None
+        return dataclasses.replace(self, **kw)
+
+    def check_remat(self, remat: str) -> None:
+        """every-second is the FFN stack's: none, full or a named policy (TRANSFORMER_ONLY_REMAT)."""
+        if remat == "every-second":
+            raise ValueError("remat every-second is for the FFN stack; the transformer's remat is none, full or "
+                             + ", ".join(TRANSFORMER_ONLY_REMAT))
+
+    def check_schedule(self, schedule: Schedule, mesh: Mapping, batch_tokens: int | None = None) -> None:
+        """Before the shared rules (Schedule.check): _check_transformer; interleaved 1F1B needs M >= S; with stages
+        M a multiple of S (but 1F1B with R = 1); fsdp_gather "step" is the FFN stack's; B whole sequences, their
+        number divisible by microbatches·data·fsdp."""
+        S, M, R = mesh.get("stage", 1), schedule.microbatches, schedule.repeats
+        _check_transformer(self, mesh, schedule)
+        if schedule.pipeline == "1f1b" and R > 1 and np.any(np.asarray(M) < S):
+            raise ValueError(f"interleaved 1f1b needs microbatches >= stages: {M} < {S}")
+        if S > 1 and (schedule.pipeline != "1f1b" or R > 1) and np.any(np.asarray(M) % S):
+            raise ValueError(f"microbatches={M} must be a multiple of stage={S} for the transformer's "
+                             + ("interleaved 1f1b (groups of S microbatches)" if schedule.pipeline == "1f1b" else
+                                f"{schedule.pipeline} (each stage runs the output layer on M/S of them)"))
+        if S > 1 and schedule.fsdp_gather == "step":
+            raise ValueError("fsdp_gather='step' is built for the FFN stack's pipeline, not the transformer's")
+        if batch_tokens is not None:
+            seqs = positive_int("batch_tokens", batch_tokens) // self.seq_len
+            n = M * shards(mesh, "batch")
+            if batch_tokens % self.seq_len or seqs % n:
+                raise ValueError(f"batch_tokens={batch_tokens} must be whole sequences of seq_len={self.seq_len}, "
+                                 f"their number divisible by microbatches·data·fsdp = {n}")
+
+    def check_batch_split(self, schedule: Schedule, mesh: Mapping, batch_tokens: int | None = None) -> None:
+        """Nothing after the shared rules: the batch's split is check_schedule's."""
+
+    def divisions(self) -> list[tuple[str, int, str]]:
+        """(name, dimension, logical axis) the sharding table splits: D (embed), F (mlp), V (vocab) if any."""
+        out = [("d_model", self.d_model, "embed"), ("d_ff", self.d_ff, "mlp")]
+        if self.vocab is not None:
+            out.append(("vocab", self.vocab, "vocab"))
+        return out
+
+    def check_divisible(self, mesh: Mapping, batch_tokens: int | None = None) -> None:
+        """divisions by their shard counts (scaling.sharding); B whole sequences, B/T by the shards of ``batch``."""
+        checks = self.divisions()
+        if batch_tokens is not None:
+            positive_int("batch_tokens", batch_tokens)
+            if batch_tokens % self.seq_len:
+                raise ValueError(f"batch_tokens={batch_tokens} is not whole sequences of seq_len={self.seq_len}")
+            checks.append(("sequences (batch_tokens/seq_len)", batch_tokens // self.seq_len, "batch"))
+        for name, dim, logical in checks:
+            if dim % shards(mesh, logical):
+                raise ValueError(f"{name}={dim} is not divisible by the {'·'.join(LOGICAL_RULES[logical])} shard "
+                                 f"count {shards(mesh, logical)}")
+
+    def mesh_fits(self, mesh: Mapping):
+        """The planner's screen of meshes (arrays of sizes): heads and kv heads by tensor, T by context."""
+        return ((self.heads % mesh["tensor"] == 0) & (self.kv_heads % mesh["tensor"] == 0)
+                & (self.seq_len % mesh["context"] == 0))
+
+    def plan_batch_runs(self, mesh: Mapping, B, M):
+        """check_schedule's batch rule on arrays (B, M, the planner's meshes broadcast): whole sequences, their
+        count divisible by M·data·fsdp."""
+        seqs = B // self.seq_len
+        return (B % self.seq_len == 0) & (seqs % (M * mesh["data"] * mesh["fsdp"]) == 0)
+
+    def memory_terms(self, w: Workload) -> dict:
+        """memory_per_device (module function)."""
+        return memory_per_device(w)
+
+    def hbm_traffic(self, w: Workload):
+        """hbm_traffic_bytes (module function)."""
+        return hbm_traffic_bytes(w)
+
+    def collective_volumes(self, w: Workload) -> dict:
+        """collective_volumes (module function)."""
+        return collective_volumes(w)
+
+    def overlapped_volumes(self, w: Workload, vols: dict | None = None) -> dict:
+        """None modelled as hidden: {} (scaling.program.overlapped_volumes)."""
+        return {}
+
+    def loop_copy_bytes(self, w: Workload) -> float:
+        """None modelled: 0 (scaling.program.loop_copy_bytes)."""
+        return 0.0
+
+    def step_flops(self, w: Workload) -> dict:
+        """step_flops (module function)."""
+        return step_flops(w)
+
+    def step_kernels(self, w: Workload) -> list:
+        """step_kernels (module function)."""
+        return step_kernels(w)
+
+
+def _check_transformer(cfg: TransformerConfig, mesh: Mapping, schedule: Schedule) -> None:
+    """What the transformer's shardings and attention strategies need (ValueError naming the input): the
+    heads and kv heads divide by tensor (and by context·tensor for Ulysses, which splits the heads over
+    context), T by context (by context·tensor with sequence parallelism), and a flash attention's key
+    blocks divide the keys each device attends to (T, or T/C for ring)."""
+    C, Y = mesh.get("context", 1), mesh.get("tensor", 1)
+    heads_split = C * Y if C > 1 and schedule.context == "ulysses" else Y
+    for name, n in (("heads", cfg.heads), ("kv_heads", cfg.kv_heads)):
+        if n % heads_split:
+            what = "context·tensor (Ulysses splits the heads over context)" if heads_split != Y else "tensor"
+            raise ValueError(f"{name}={n} is not divisible by {what} = {heads_split}")
+    t_split = C * Y if schedule.sequence_parallel else C
+    if cfg.seq_len % t_split:
+        by = "context·tensor" if schedule.sequence_parallel else "context"
+        raise ValueError(f"seq_len={cfg.seq_len} is not divisible by {by} = {t_split}")
+    keys = cfg.seq_len // C if C > 1 and schedule.context == "ring" else cfg.seq_len
+    if schedule.attention == "flash" and keys > schedule.attention_block and keys % schedule.attention_block:
+        raise ValueError(f"attention_block={schedule.attention_block} does not divide the {keys} keys each device "
+                         "attends to at a time")
 
 
 def _dims(cfg: TransformerConfig, mesh: Mapping, batch_tokens):
@@ -141,20 +396,6 @@ def attention_units(schedule: Schedule, pass_: str, mesh: Mapping) -> int:
     return 10 if runs_flash(schedule, mesh) else 8
 
 
-# What each named remat policy keeps (ffn_model.transformer.POLICY_SAVES), as the closed forms count it:
-# q, k, v; the attention's residuals (probabilities, or flash's o and log-sum-exp); o·W_o after its reduction
-# (or mid); the norms' outputs; the MLP hidden.
-POLICY_KEEPS = {
-    "none": {"qkv", "attention", "out", "norms", "mlp_in"},
-    "selective": {"qkv", "out", "norms", "mlp_in"},
-    "minimal": {"qkv", "out", "mlp_in"},
-    "save_dot_except_mlpwi": {"qkv", "out"},
-    "save_dot_except_mlp": {"qkv", "out"},
-    "save_qkv_proj": {"qkv"},
-    "full": set(),
-}
-
-
 def recomputed(cfg: TransformerConfig, remat: str, schedule: Schedule, mesh: Mapping) -> dict:
     """What a layer's backward recomputes under ``remat`` (read from the compiled programs' FLOPs, module
     docstring): {"qkv": 0|1 (the projections), "attention_units": 0, 2 or 4 (q·kᵀ only where the
@@ -211,6 +452,7 @@ def step_flops(w: Workload) -> dict:
     return terms
 
 
+# one function, term by term as the module docstring lists them (each axis's terms read together)
 def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
     """{axis: {kind: V bytes}} per device for one step (module docstring). w.compiler: ``min_comm_bytes`` widens
     narrower element types (XLA:CPU runs BF16 collectives in FP32); ``windowed_grad_rs``: XLA:TPU runs the
@@ -403,6 +645,7 @@ def saved_per_layer(cfg: TransformerConfig, mesh: Mapping, batch_tokens, remat: 
     return terms
 
 
+# one function, term by term as its docstring lists them (terms["total"] their sum)
 def memory_per_device(w: Workload) -> dict:
     """Bytes per device, term by term: the FP32 state (16 B per parameter, the matrices sharded over
     fsdp·tensor), L layers' saved activations (saved_per_layer), the
@@ -560,3 +803,95 @@ def hbm_traffic_bytes(w: Workload) -> float:
         return precision.master * cfg.params / (X * Y) + W + 2 * saved
     optimizer = precision.adam_update_bytes_per_param
     return optimizer * cfg.params / (X * Y) + 3 * W + 2 * saved
+
+
+# one list, kernel by kernel in the step's order (compute_term sums them in it)
+def step_kernels(w: Workload) -> list[Kernel]:
+    """The transformer's kernels (module docstring), from the closed forms' counts (passes,
+    recomputed, attention_units, dead_in_again)."""
+    cfg, mesh, step, remat, schedule, precision = w.model, w.mesh, w.step, w.remat, w.schedule, w.precision
+    s, t, X, Y, C, d = _dims(cfg, mesh, w.batch_tokens)
+    D, F, N, K, H, T, m = cfg.d_model, cfg.d_ff, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.seq_len, cfg.mlp_matrices
+    V, c = cfg.vocab or 0, precision.compute
+    p = passes(w)
+    M = schedule.microbatches
+    tm = t / M  # tokens of one call (a microbatch's, per device)
+    calls = p["layers"] * M  # layer-passes of tm tokens
+    ring = spans(C) and schedule.context == "ring"
+    Tq = T / C if ring else T
+    heads = N / Y / (1 if ring else C)  # heads a device runs attention for
+    seqs = s / M  # sequences of one call
+    unit = s * T * T * N * H / (Y * C)  # one attention unit over the step's t tokens (transformer.step_flops)
+    flash = runs_flash(schedule, mesh)
+    nb = np.maximum(T / (C if ring else 1) / schedule.attention_block, 1.0)
+    # the causal blocks a flash kernel runs: its time, not the program's FLOPs (Kernel.flops stays the count)
+    skip = (nb + 1) / (2 * nb) if flash else 1.0
+    qkv_n, out_k, ff = H * (N + 2 * K) / Y, N * H / Y, F / Y
+    bs = C if ring else 1  # ring: C chunk pairs of (T/C)² per call
+    train = step == "train"
+
+    def layer(pass_, share, what=("qkv", "out", "mlp_in", "mlp_out"), units=4):
+        """One kind of pass over the layers: ``share`` of the layer-passes; forward shapes."""
+        n_calls = calls * share
+        ks = []
+        if "qkv" in what:
+            ks.append(matmul_kernel("qkv", pass_, tm, qkv_n, D, n_calls, c))
+        if units:
+            # flash: the scores stay on chip, only q, k, v and o move (k, v of the kv heads)
+            moved = c * n_calls * seqs * bs * Tq * H * (2 * heads + 2 * heads * K / N) if flash else None
+            ks.append(matmul_kernel("attention", pass_, Tq, Tq, H, n_calls, c, batch=seqs * heads * bs,
+                                    kind="attention", flops_=units * unit * p["layers"] * share, bytes_=moved,
+                                    executed=skip))
+        if "out" in what:
+            ks.append(matmul_kernel("out", pass_, tm, D, out_k, n_calls, c))
+        if "mlp_in" in what:
+            ks.append(matmul_kernel("mlp_in", pass_, tm, ff, D, n_calls * (m - 1), c))
+        if "mlp_out" in what:
+            ks.append(matmul_kernel("mlp_out", pass_, tm, D, ff, n_calls, c))
+        return ks
+
+    def transposed(k: Kernel) -> list[Kernel]:
+        """The backward of a forward matmul [m,k]·[k,n]: dX [m,n]·[n,k] and dW [k,m]·[m,n]."""
+        mm, nn, kk, b = k.shape
+        if k.kind == "attention":  # 8 or 10 units backward (scaling.transformer.attention_units), shapes of the forward
+            units = attention_units(schedule, "backward", mesh)
+            moved = shape_costs(*k.shape, k.calls, c)[1] if k.bytes is None else k.bytes
+            return [Kernel(k.name, "backward", k.kind, k.shape, k.calls, k.flops * units / 4, moved * 2, k.executed)]
+        return [matmul_kernel(k.name + ".dx", "backward", mm, kk, nn, k.calls, c),
+                matmul_kernel(k.name + ".dw", "backward", kk, nn, mm, k.calls, c)]
+
+    forward = layer("forward", 1.0)
+    ks = list(forward)
+    th = t * p["head"]
+    staged = not np.all(np.asarray(mesh.get("stage", 1)) == 1)  # one stage count per planner group
+    head_calls = p["head_iterations"] if p["again"] else (1 if staged else M)
+    logits = matmul_kernel("logits", "forward", th / head_calls, V / Y, D, head_calls, c) if V else None
+    if logits is not None:
+        ks.append(logits)
+    if train:
+        for k in forward + ([logits] if logits is not None else []):
+            ks += transposed(k)
+        r = recomputed(cfg, remat, schedule, mesh)
+        ks += layer("recompute", 1.0, tuple(n for n in ("qkv", "out") if r[n]), units=r["attention_units"])
+        if r["mlp_in"]:
+            ks += layer("recompute", 1.0, ("mlp_in",), units=0)
+        if p["again"]:  # 1F1B's second forward, less what XLA drops from a one-layer chunk's (dead_in_again)
+            dead = dead_in_again(cfg, remat, p)
+            again = [k for k in layer("recompute", 1.0, units=4 - dead["attention_units"])
+                     if not (k.name == "qkv" and dead["qkv"]) and not (k.name == "out" and dead["out"])]
+            dropped = {"mlp_in", "mlp_out"} if dead["mlp"] == 1 else {"mlp_out"} if dead["mlp"] else set()
+            ks += [k for k in again if k.name not in dropped]
+    # pointwise passes (module docstring), per layer-pass of t tokens (sequence parallel: the D-wide ones on t/Y)
+    sp = Y if schedule.sequence_parallel else 1
+    norms, adds = (1, 1) if cfg.block == "parallel" else (2, 2)
+    per_token = (norms * 2 + adds * 3) * c * D / sp + c * m * ff
+    scores = 0 if flash else 2 * c * unit / H  # the softmax reads and writes the s·N·T²/(Y·C) scores
+    fwd_bytes = p["layers"] * (per_token * t + scores)
+    head_bytes = 2 * c * th * V / Y
+    ks.append(Kernel("pointwise", "forward", "pointwise", None, calls, 0.0, fwd_bytes + head_bytes))
+    if train:
+        ks.append(Kernel("pointwise", "backward", "pointwise", None, calls, 0.0, 2 * (fwd_bytes + head_bytes)))
+        share = (r["qkv"] + r["out"] + r["mlp_in"] + r["attention_units"] / 4) / 4 if not p["again"] else 1.0
+        ks.append(Kernel("pointwise", "recompute", "pointwise", None, calls, 0.0, share * fwd_bytes))
+        ks += [adamw_kernel(w, cfg.params), accumulate_kernel(w, cfg.params)]
+    return ks

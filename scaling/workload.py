@@ -1,12 +1,12 @@
 """The workload: one step of one model on one mesh, everything the closed forms, the model builder and the
 check need to know about it, validated once where it is built. A new input is one field here.
 
-    model      FFNConfig | TransformerConfig (Model)
+    model      a ModelFamily: FFNConfig (scaling.ffn) | TransformerConfig (scaling.transformer)
     mesh       MeshShape: the sizes of data, stage, fsdp, context, tensor
     batch_tokens  B, the global batch in tokens (the planner passes a numpy array of candidates)
     step       Step: train or forward
     remat      Remat: none, every-second, full
-    schedule   Schedule: microbatches, pipeline repeats, sequence parallelism, attention (scaling.config)
+    schedule   Schedule: microbatches, pipeline repeats, sequence parallelism, attention (scaling.schedule)
     precision  Precision: bytes per element of each kind of state (questions-4d.md)
     compiler   CompilerFacts: what the compiler does that changes the program's bytes
     flags      FlagSet: the XLA flags the step is compiled with and how its schedule overlaps collectives
@@ -25,8 +25,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from scaling.config import (DEFAULT_PRECISION, MESH_AXES, FFNConfig, MeshShape, Model, Precision, Remat, Schedule, Step,
-                            TransformerConfig, check_divisible, check_remat, choose, non_negative_int, positive_int)
+from scaling.family import ModelFamily, check_divisible
+from scaling.inputs import non_negative_int, positive_int
+from scaling.mesh_shape import MESH_AXES, MeshShape
+from scaling.policies import DEFAULT_PRECISION, Precision, Remat, Step, check_remat, choose
+from scaling.schedule import Schedule
 from scaling.flags import FlagSet, get_flag_set
 
 
@@ -60,11 +63,11 @@ class CompilerFacts:
 class Workload:
     """One step of ``model`` on ``mesh`` with a batch of ``batch_tokens`` (module docstring). Built, it has
     passed every rule the model builder enforces: the remat policy exists for the model
-    (config.check_remat), every sharded dimension divides by its shard count (config.check_divisible, the
+    (policies.check_remat), every sharded dimension divides by its shard count (family.check_divisible, the
     sharding table) and the schedule can run the batch (Schedule.check); a ValueError names the input
     otherwise. An array batch (the planner's candidates) is checked for what does not depend on it."""
 
-    model: Model
+    model: ModelFamily
     mesh: MeshShape
     batch_tokens: int | np.ndarray
     step: Step = Step.TRAIN
@@ -75,7 +78,7 @@ class Workload:
     flags: FlagSet = field(default_factory=get_flag_set)
 
     def __post_init__(self):
-        if not isinstance(self.model, (FFNConfig, TransformerConfig)):
+        if not isinstance(self.model, ModelFamily):  # a family's config (scaling.family)
             raise ValueError(f"model must be an FFNConfig or a TransformerConfig, got {type(self.model).__name__}")
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen)
         if self.array_mesh:  # the planner's group of meshes, each checked by it (scaling.plan)
@@ -95,7 +98,7 @@ class Workload:
     @property
     def array_mesh(self) -> bool:
         """Whether the mesh holds arrays of axis sizes (the planner's group of meshes that agree on which axes are
-        > 1, config.spans): checked mesh by mesh by the planner, not here."""
+        > 1, mesh_shape.spans): checked mesh by mesh by the planner, not here."""
         return isinstance(self.mesh, Mapping) and any(np.ndim(v) for v in self.mesh.values())
 
     @property

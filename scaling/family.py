@@ -1,0 +1,81 @@
+"""What a model family is to the rest of the package: the protocol every family's config implements
+(scaling.ffn.FFNConfig, scaling.transformer.TransformerConfig), so that the shared rules (Schedule.check,
+check_remat, check_divisible), the step model (scaling.program), the memory terms, the kernels and the planner
+ask the model, never its type. A new family is one module that implements it, plus its presets
+(scaling.presets).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+
+@runtime_checkable
+class ModelFamily(Protocol):
+    """One model family's config and closed forms. Dimensions: D = d_model, F = d_ff, L = blocks, P = params."""
+
+    family: ClassVar[str]  # the registry key of its program builder (ffn_model.families)
+    noun: ClassVar[str]  # the family in a message: "FFN stack", "transformer"
+    has_attention: ClassVar[bool]
+    plan_batch_tokens: ClassVar[int]  # plan's default B
+    runs_1f1b: ClassVar[bool]  # whether its pipeline runs the 1f1b schedule (Schedule.check)
+    has_critical_batch: ClassVar[bool]  # whether predict's critical_batch is modelled (else NaN)
+    plan_axes: ClassVar[tuple[str, ...]]  # the mesh axes the planner factorises the chips into
+    plan_remats: ClassVar[tuple[str, ...]]  # the remat policies a plan tries by default
+    grouped_plan: ClassVar[bool]  # the planner's strategy: meshes in groups with every schedule choice, or one a group
+    remat_keeps: ClassVar[Mapping | None]  # what each remat policy keeps, nested (the planner's first fit), or None
+    schedule_options: ClassVar[tuple[str, ...]]  # the Schedule fields a plan chooses beyond M, R, pipeline, SP
+
+    d_model: int
+    d_ff: int
+    blocks: int
+    seq_len: Any  # T, or None (the FFN stack: no sequences)
+
+    @property
+    def params(self) -> int: ...
+
+    def replace(self, **kw) -> ModelFamily: ...
+
+    # its rules (a ValueError naming the input)
+    def check_remat(self, remat: str) -> None: ...
+
+    def check_schedule(self, schedule, mesh: Mapping, batch_tokens: int | None = None) -> None: ...
+
+    def check_batch_split(self, schedule, mesh: Mapping, batch_tokens: int | None = None) -> None: ...
+
+    def divisions(self) -> list[tuple[str, int, str]]: ...
+
+    def check_divisible(self, mesh: Mapping, batch_tokens: int | None = None) -> None: ...
+
+    def mesh_fits(self, mesh: Mapping): ...
+
+    def plan_batch_runs(self, mesh: Mapping, B, M): ...
+
+    # its closed forms of one step (w: scaling.workload.Workload), per device
+    def memory_terms(self, w) -> dict: ...
+
+    def hbm_traffic(self, w): ...
+
+    def collective_volumes(self, w) -> dict: ...
+
+    def overlapped_volumes(self, w, vols: dict | None = None) -> dict: ...
+
+    def loop_copy_bytes(self, w) -> float: ...
+
+    def step_flops(self, w) -> dict: ...
+
+    def step_kernels(self, w) -> list: ...
+
+
+def divisions(cfg: ModelFamily) -> list[tuple[str, int, str]]:
+    """(name, dimension, logical axis) of every model dimension the sharding table splits: D (embed), F (mlp), a
+    transformer's vocabulary V (vocab); check_divisible's rule, also the planner's (cfg.divisions)."""
+    return cfg.divisions()
+
+
+def check_divisible(cfg: ModelFamily, mesh: Mapping, batch_tokens: int | None = None) -> None:
+    """Every sharded dimension must divide by its shard count, through the sharding table
+    (scaling.sharding): D by the shards of ``embed``, F by those of ``mlp``, B by those of ``batch``
+    (a transformer's batch in whole sequences: B/T sequences by the shards of ``batch``): cfg.check_divisible."""
+    cfg.check_divisible(mesh, batch_tokens)

@@ -1,0 +1,86 @@
+"""The named models (PRESETS, get_preset), MaxText's scale rule (maxtext_scale), and the families the commands
+list (FAMILIES; Model, their union). A new family adds its presets here.
+"""
+
+from __future__ import annotations
+
+from scaling.ffn import FFNConfig
+from scaling.transformer import TransformerConfig
+
+
+def _maxtext(emb: int, heads: int, mlp: int, layers: int) -> TransformerConfig:
+    """MaxText's 2023 decoder: parallel block, ReLU MLP, head_dim 256, tied vocabulary of 32,768, T = 2048."""
+    return TransformerConfig(d_model=emb, heads=heads, d_ff=mlp, blocks=layers, seq_len=2048, head_dim=256,
+                             mlp="relu", block="parallel", vocab=32768, tied_embeddings=True)
+
+
+def maxtext_scale(scale: int) -> TransformerConfig:
+    """MaxText's global_parameter_scale rule (its 2023 configs, base.yml): on a base of emb 2560, 8 heads, mlp
+    8192, 16 layers, with k = log2(scale) and (b, r) = divmod(k, 3), heads and mlp scale by 2^(b + [r > 0]),
+    emb by 2^(b + [r > 1]), layers by 2^b (../shared/reference/measured.md, section 1)."""
+    k = int(scale).bit_length() - 1
+    if scale < 1 or 2**k != scale:
+        raise ValueError(f"scale={scale} is not a power of two")
+    b, r = divmod(k, 3)
+    wide, emb = 2 ** (b + (r > 0)), 2 ** (b + (r > 1))
+    return _maxtext(2560 * emb, 8 * wide, 8192 * wide, 16 * 2**b)
+
+
+PRESETS: dict[str, FFNConfig | TransformerConfig] = {
+    # The question's model (questions-4d.md): D=16384, F=53248, L=126 -> P = 219,848,638,464.
+    "xxl": FFNConfig(d_model=16384, d_ff=53248, blocks=126),
+    # XXL width, two blocks: the GPU benchmark configuration.
+    "xxl-2": FFNConfig(d_model=16384, d_ff=53248, blocks=2),
+    # Small configurations for emulated-device tests; dims divisible by 8 shards.
+    "small": FFNConfig(d_model=256, d_ff=1024, blocks=4),
+    "tiny": FFNConfig(d_model=64, d_ff=256, blocks=3),
+    # Transformers. seed000: the XXL's dimensions as a transformer (../shared/reference/seeds/000: Ulysses
+    # over 16 GPUs at 60,000 tokens); seed001: the layer estimator's model (e = 12288, 96 heads, f = 4e,
+    # 96 blocks, 2048 tokens); Llama-3-style 8B and 70B shapes (grouped-query, SwiGLU; Meta's model card).
+    "seed000": TransformerConfig(d_model=16384, heads=128, d_ff=53248, blocks=126, seq_len=60000),
+    "seed001": TransformerConfig(d_model=12288, heads=96, d_ff=4 * 12288, blocks=96, seq_len=2048),
+    "llama-8b": TransformerConfig(d_model=4096, heads=32, kv_heads=8, d_ff=14336, blocks=32, seq_len=8192,
+                                  mlp="swiglu"),
+    "llama-70b": TransformerConfig(d_model=8192, heads=64, kv_heads=8, d_ff=28672, blocks=80, seq_len=8192,
+                                   mlp="swiglu"),
+    # for emulated-device tests: heads and kv heads divisible by context·tensor up to 8
+    "tiny-tf": TransformerConfig(d_model=64, heads=8, kv_heads=8, d_ff=256, blocks=2, seq_len=64),
+    "small-tf": TransformerConfig(d_model=256, heads=8, kv_heads=8, d_ff=1024, blocks=4, seq_len=256),
+    # for TPU topologies ahead of time: arrays large enough that HBM, not the compiler's working set, sets the peak
+    "medium-tf": TransformerConfig(d_model=2048, heads=16, kv_heads=8, d_ff=8192, blocks=4, seq_len=2048),
+    # The measured runs' models (../shared/reference/measured.md), with their vocabularies. MaxText's 2023
+    # family (maxtext_scale, by its global_parameter_scale rule; the v4 22B and 52B as its tables list them):
+    # parallel blocks, ReLU, head_dim 256, a tied 32,768-token vocabulary, T = 2048.
+    **{f"maxtext-{k}b": maxtext_scale(k) for k in (16, 32, 64, 128)},
+    "maxtext-22b": _maxtext(6144, 24, 24576, 48),
+    "maxtext-52b": _maxtext(12288, 32, 49152, 32),
+    # GPT-3 175B (Brown et al. 2020, table 2.1; its 50,257 tokens padded to 50,304 = 128·393, as Megatron pads)
+    "gpt3-175b": TransformerConfig(d_model=12288, heads=96, d_ff=49152, blocks=96, seq_len=2048, vocab=50304),
+    # Llama 2 (Touvron et al. 2023, table 1 and the released configs) and Llama 3.1 (Meta's model cards):
+    # SwiGLU, untied embeddings, grouped-query attention at 70B and above
+    "llama2-7b": TransformerConfig(d_model=4096, heads=32, d_ff=11008, blocks=32, seq_len=4096, mlp="swiglu",
+                                   vocab=32000),
+    "llama2-70b": TransformerConfig(d_model=8192, heads=64, kv_heads=8, d_ff=28672, blocks=80, seq_len=4096,
+                                    mlp="swiglu", vocab=32000),
+    "llama3.1-8b": TransformerConfig(d_model=4096, heads=32, kv_heads=8, d_ff=14336, blocks=32, seq_len=8192,
+                                     mlp="swiglu", vocab=128256),
+    "llama3.1-70b": TransformerConfig(d_model=8192, heads=64, kv_heads=8, d_ff=28672, blocks=80, seq_len=8192,
+                                      mlp="swiglu", vocab=128256),
+    "llama3.1-405b": TransformerConfig(d_model=16384, heads=128, kv_heads=8, d_ff=53248, blocks=126, seq_len=8192,
+                                       mlp="swiglu", vocab=128256),
+    # BLOOM-176B (BigScience 2022, table 3: 70 layers, 14336 wide, 112 heads, 250,880 tokens, tied)
+    "bloom-176b": TransformerConfig(d_model=14336, heads=112, d_ff=57344, blocks=70, seq_len=2048, vocab=250880,
+                                    tied_embeddings=True),
+}
+
+
+Model = FFNConfig | TransformerConfig  # the models the package builds, closes forms for and checks
+FAMILIES = (FFNConfig, TransformerConfig)  # every model family, in the order commands list them
+
+
+def get_preset(name: str) -> Model:
+    """The preset named ``name``; ValueError listing the valid names otherwise."""
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(PRESETS)}") from None

@@ -1,0 +1,142 @@
+"""How one step runs its batch (Schedule: microbatches, pipeline repeats and schedule, fsdp gathers, sequence
+parallelism, attention, the optimizer's sharding) and the rules every model family shares for it; a family's
+own rules are its check_schedule and check_batch_split (scaling.family). saved_blocks: what a remat policy
+keeps of a stack of blocks. Pure Python and numpy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from scaling.inputs import positive_int, positive_ints
+from scaling.policies import (Attention, ContextStrategy, FsdpGather, OptimizerSharding, Pipeline, check_remat,
+                              choose)
+from scaling.sharding import shards
+
+
+def saved_blocks(blocks: int, remat: str) -> tuple[int, int]:
+    """(blocks that save input and hidden, blocks that save only their input) under a remat policy.
+
+    none: every block keeps x and h. full: every block keeps only x (h is recomputed).
+    every-second: blocks are taken in pairs (first checkpointed, second not); an odd last block is
+    checkpointed: floor(L/2) full, ceil(L/2) input-only.
+    """
+    check_remat(remat)
+    if remat == "none":
+        return blocks, 0
+    if remat == "full":
+        return 0, blocks
+    return blocks // 2, blocks - blocks // 2
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """How one train step runs its batch (Scaling Book applied-training page; MaxText's pipeline):
+
+    microbatches M  the batch in M microbatches of B/M tokens. Without a stage axis: gradient
+                    accumulation (M forward/backward passes, one optimizer update, one microbatch's
+                    activations live at a time). With stage > 1: the pipeline's microbatches.
+    repeats R       circular (interleaved) pipeline: each stage holds R non-adjacent chunks of
+                    L/(S·R) blocks (stage s holds chunks s, S+s, 2S+s, ...); R = 1 is GPipe.
+    fsdp_gather     "microbatch": every block gathers its weights over fsdp each time it runs (per
+                    microbatch, per pipeline iteration); "step": a stage gathers all its weights once
+                    per step and keeps them for every microbatch (pipeline only).
+    sequence_parallel  Megatron sequence parallelism (Korthikanti et al. 2022) on the tensor axis:
+                    between blocks the activations are split over tensor along the tokens; an
+                    all-gather before the first matmul and a reduce-scatter after the last replace the
+                    tensor all-reduce, and the saved block inputs shrink by Y.
+    attention       (transformer) "materialized": the T×S scores and probabilities as arrays;
+                    "flash": key blocks of ``attention_block`` in a scan with an online softmax, memory
+                    O(T·block) (ffn_model.attention).
+    context         (transformer, with a context axis) "ulysses": all-to-all from sequence-split to
+                    head-split and back around the attention; "ring": K/V chunks passed round the
+                    context axis with ppermute, future chunks skipped.
+    pipeline        (with a stage axis) "gpipe", "circular" (repeats > 1; set by repeats > 1 alone) or "1f1b":
+                    a forward and a backward slot in every iteration, each stage's activations bounded by the
+                    microbatches in flight (at most 2·R·S − 1 stage inputs), not by M (transformer only);
+                    with repeats R > 1 the interleaved 1F1B (Megatron's virtual stages: R chunks per stage).
+    warmup_phases   (1F1B) the first and last R·S − 1 iterations in loops of their own with one slot each (no
+                    backward item is ready before, no forward item is left after): Megatron's bubble
+                    (S − 1)/(R·M) instead of the one loop's lock-step (R·S + S − 2)/(R·M); XLA:GPU copies the
+                    gradient accumulators from one loop to the next (docs/findings.md).
+    optimizer_sharding  "fsdp": the FP32 weights, gradients and Adam moments sharded over fsdp·tensor,
+                    replicated over data; "zero1" (ZeRO stage 1, Rajbhandari et al. 2020): the gradients
+                    reduce-scattered over data·fsdp, the moments and the update sharded over data too, the
+                    updated FP32 weights all-gathered over data (the weights, this package's FP32 masters,
+                    stay replicated over data: the forward reads them).
+    """
+
+    microbatches: int = 1
+    repeats: int = 1
+    fsdp_gather: FsdpGather = FsdpGather.MICROBATCH
+    sequence_parallel: bool = False
+    attention: Attention = Attention.MATERIALIZED
+    context: ContextStrategy = ContextStrategy.ULYSSES
+    attention_block: int = 512
+    optimizer_sharding: OptimizerSharding = OptimizerSharding.FSDP
+    pipeline: Pipeline = Pipeline.GPIPE
+    warmup_phases: bool = False
+
+    def __post_init__(self):
+        positive_ints("microbatches", self.microbatches)  # the planner passes a numpy array of candidates
+        positive_int("repeats", self.repeats)
+        for name, kind, what in (("fsdp_gather", FsdpGather, "fsdp_gather"), ("attention", Attention, "attention"),
+                                 ("context", ContextStrategy, "context strategy"),
+                                 ("optimizer_sharding", OptimizerSharding, "optimizer sharding"),
+                                 ("pipeline", Pipeline, "pipeline schedule")):
+            object.__setattr__(self, name, choose(kind, getattr(self, name), what))
+        if self.repeats > 1 and self.pipeline == "gpipe":  # GPipe's loop over more than one chunk per stage
+            object.__setattr__(self, "pipeline", Pipeline.CIRCULAR)
+        if self.pipeline == "circular" and self.repeats == 1:
+            raise ValueError("a circular pipeline needs repeats > 1 (chunks per stage); repeats=1 is gpipe")
+        if not isinstance(self.warmup_phases, bool):
+            raise ValueError(f"warmup_phases must be True or False, got {self.warmup_phases!r}")
+        if self.warmup_phases and self.pipeline != "1f1b":
+            raise ValueError("warmup_phases is the 1f1b schedule's (its forward-only warm-up and backward-only "
+                             "cool-down)")
+        if not isinstance(self.sequence_parallel, bool):
+            raise ValueError(f"sequence_parallel must be True or False, got {self.sequence_parallel!r}")
+        positive_int("attention_block", self.attention_block)
+
+    def check(self, cfg, mesh: Mapping, batch_tokens: int | None = None) -> "Schedule":
+        """ValueError naming the input when the schedule cannot run ``cfg`` on ``mesh``: the stages must
+        split the blocks evenly, the repeats the blocks of a stage, a circular pipeline needs at least
+        as many microbatches as stages, B must split into M microbatches over data·fsdp; ``cfg``'s family adds its
+        own (cfg.check_schedule before these, cfg.check_batch_split after them; scaling.family)."""
+        S, M, R, L = mesh.get("stage", 1), self.microbatches, self.repeats, cfg.blocks
+        if self.optimizer_sharding == "zero1":
+            if S > 1 and self.pipeline != "1f1b":
+                raise ValueError("optimizer_sharding zero1 with pipeline stages is built for the 1f1b schedule (its "
+                                 "loop reduces the gradients over data once): use --schedule 1f1b, or fsdp")
+            n = shards(mesh, "embed_zero1")
+            if cfg.d_model % n:
+                raise ValueError(f"d_model={cfg.d_model} is not divisible by data·fsdp = {n} (zero1 shards the "
+                                 "optimizer state's D over both)")
+        cfg.check_schedule(self, mesh, batch_tokens)  # the family's own rules, before the shared ones
+        if L % S:
+            divisors = ", ".join(str(k) for k in range(1, L + 1) if L % k == 0)
+            raise ValueError(f"blocks={L} cannot be split evenly over stage={S}; use a stage count that divides "
+                             f"{L} ({divisors})")
+        if self.pipeline == "1f1b" and S == 1:
+            raise ValueError("the 1f1b schedule needs a stage axis (stage > 1 in the mesh)")
+        if self.pipeline == "1f1b" and not cfg.runs_1f1b:
+            raise ValueError(f"the 1f1b schedule is built for the transformer; the {cfg.noun} runs gpipe or circular")
+        if R > 1 and S == 1:
+            raise ValueError(f"repeats={R} needs a stage axis (circular pipeline); without one use repeats=1")
+        if (L // S) % R:
+            raise ValueError(f"repeats={R} must divide the {L // S} blocks of each of the {S} stages")
+        if R > 1 and np.any(np.asarray(M) < S):
+            raise ValueError(f"a circular pipeline (repeats={R}) needs microbatches >= stages: {M} < {S}")
+        if self.fsdp_gather == "step" and S == 1:
+            raise ValueError("fsdp_gather='step' (weights gathered once per step) is for pipelined stages: "
+                             "without a stage axis every microbatch gathers them")
+        if self.sequence_parallel and S > 1:
+            raise ValueError("sequence_parallel with pipeline stages is not supported: use one or the other")
+        if self.sequence_parallel and mesh.get("tensor", 1) == 1:
+            raise ValueError("sequence_parallel splits the activations over the tensor axis; the mesh has none "
+                             "(give tensor > 1 in the mesh, or leave sequence parallelism off)")
+        cfg.check_batch_split(self, mesh, batch_tokens)  # the family's split of the batch, after them
+        return self
