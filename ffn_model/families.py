@@ -6,7 +6,7 @@ that builds its program. Each module exposes the same functions, which are all t
     batch_dtypes(cfg)               (x, y) element types
     synthetic_batch(cfg, shape, seed)  step -> batch (not jitted)
     loss(model, batch)              the module's loss on one batch
-    pipeline_loss(w, mesh, for_grad)  (params, batch) -> loss with a stage axis
+    pipeline_loss_fn(w, mesh, for_grad)  (params, batch) -> loss with a stage axis
 
 A new family is one closed-form module (scaling) and one program module here.
 """

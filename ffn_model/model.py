@@ -16,7 +16,7 @@ backward gathers them again as FSDP does):
                 block keeps only x (scaling.config.saved_blocks)
 
 The FFN family's program (ffn_model.families): build, input_layout, batch_dtypes, synthetic_batch, loss and
-pipeline_loss (the stack as a pipeline over ``stage``: ffn_pipeline_outputs, pipeline_mse), each from the Workload.
+pipeline_loss_fn (the stack as a pipeline over ``stage``: ffn_pipeline_outputs, pipeline_loss), each from the Workload.
 """
 
 from __future__ import annotations
@@ -184,7 +184,7 @@ def ffn_pipeline_outputs(x_MxbxD, w_in, w_out, mesh, w: Workload, for_grad: bool
     return pipeline_outputs(x_MxbxD, ws, mesh, chunk, X_AXES, repeats=R)
 
 
-def pipeline_mse(params, batch, w: Workload, mesh, for_grad: bool = True):
+def pipeline_loss(params, batch, w: Workload, mesh, for_grad: bool = True):
     """Mean squared error (FP32) over every token of the batch, the stack run as a pipeline of w's M microbatches
     (ffn_model.pipeline). The loss is computed on stage 0 (which holds the outputs) as a per-stage masked sum,
     one scalar all-reduce."""
@@ -225,7 +225,7 @@ def loss(model: FFNStack, batch):
     return mse(model(batch["x"]), batch["y"], model.output_axes)
 
 
-def pipeline_loss(w: Workload, mesh, for_grad: bool = True):
-    """(params, batch) -> loss with the blocks run as a pipeline over ``stage`` (pipeline_mse; ``for_grad=False``:
+def pipeline_loss_fn(w: Workload, mesh, for_grad: bool = True):
+    """(params, batch) -> loss with the blocks run as a pipeline over ``stage`` (pipeline_loss; ``for_grad=False``:
     a forward-only step, its weights gathered once per step in BF16)."""
-    return functools.partial(pipeline_mse, w=w, mesh=mesh, for_grad=for_grad)
+    return functools.partial(pipeline_loss, w=w, mesh=mesh, for_grad=for_grad)

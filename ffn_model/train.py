@@ -145,7 +145,7 @@ def loss_fn(w: Workload, mesh, for_grad: bool = True):
     step's (make_train_step). ``w`` is validated where it is built (remat, divisibility, Schedule.check)."""
     family = program(w.model)
     if w.mesh["stage"] > 1:
-        return family.pipeline_loss(w, mesh, for_grad)
+        return family.pipeline_loss_fn(w, mesh, for_grad)
     graphdef, _ = nnx.get_abstract_model(_model(w), mesh)
     return functools.partial(_loss, family.loss, graphdef)
 

@@ -612,7 +612,7 @@ def loss(model: TransformerStack, batch):
     return mse(out, batch["y"], model.output_axes)
 
 
-def pipeline_loss(w: Workload, mesh, for_grad: bool = True):
+def pipeline_loss_fn(w: Workload, mesh, for_grad: bool = True):
     """(params, batch) -> loss with the layers run as a pipeline over ``stage`` (transformer_pipeline_loss; a
     forward-only step, ``for_grad=False``, runs GPipe's forward, as every schedule's)."""
     return functools.partial(transformer_pipeline_loss, w=w, mesh=mesh)
