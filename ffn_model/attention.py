@@ -168,7 +168,8 @@ def _flash_bwd_stats(q, K, o, do, lse_BxNxT, dlse_BxNxT=None):
     return q5, do5, lse, D[..., None]
 
 
-def _flash_bwd_keys(dq5, q5, do5, lse, D, k, v, q_pos, k_pos, nb, dkv_dtype):
+def _flash_bwd_keys(dq5, q5, do5, lse, D, k, v, q_pos, k_pos, nb, dkv_dtype):  # 11 parameters: the
+    # backward's saved residuals and statistics, each an array of _flash_bwd's, passed as they are
     """FlashAttention-2's backward of the queries against one key set, a scan over its nb key blocks:
     -> (dq5 + this key set's part, FP32; dk, dv [B, S, K, H] in dkv_dtype)."""
     def step(dq5, blk):

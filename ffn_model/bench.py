@@ -13,8 +13,7 @@ import time
 
 import jax
 
-from ffn_model.train import init_state, make_batch_fn, make_optimizer, make_train_step
-from mesh.devices import mesh_shape
+from ffn_model.train import check_mesh, init_state, make_batch_fn, make_optimizer, make_train_step
 from scaling.config import check_seed, non_negative_int, positive_int
 from scaling.workload import Workload
 
@@ -26,16 +25,13 @@ def time_train_step(w: Workload, mesh, steps: int = 10, warmup: int = 2, seed: i
     positive_int("steps", steps)
     non_negative_int("warmup", warmup)
     check_seed("seed", seed)
-    if mesh_shape(mesh) != w.mesh:
-        raise ValueError(f"the workload's mesh is {w.mesh}, the devices' mesh {mesh_shape(mesh)}")
-    cfg, batch_tokens, remat, schedule = w.model, w.batch_tokens, w.remat, w.schedule
+    check_mesh(w, mesh)
     tx = make_optimizer()
-    state = init_state(cfg, mesh, seed, tx, schedule.optimizer_sharding)
-    batch_fn = make_batch_fn(cfg, mesh, batch_tokens, seed)
+    state = init_state(w, mesh, seed, tx)
+    batch_fn = make_batch_fn(w, mesh, seed)
     times = []
-    with jax.set_mesh(mesh):
-        lowered = make_train_step(cfg, mesh, remat, tx, schedule).lower(state, batch_fn(0))
-        compiled = lowered.compile(compiler_options=w.flags.options(mesh.devices.flat[0].platform) or None)
+    with jax.set_mesh(mesh):  # compiled under the workload's XLA flags (make_train_step)
+        compiled = make_train_step(w, mesh, tx).lower(state, batch_fn(0)).compile()
         for i in range(warmup + steps):
             batch = jax.block_until_ready(batch_fn(i))
             t0 = time.perf_counter()

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import jax
 
-from ffn_model.train import batch_structs, make_forward_step, make_train_step, state_shardings
-from mesh.devices import mesh_shape, native_stderr
+from ffn_model.train import batch_structs, check_mesh, make_forward_step, make_train_step, state_shardings
+from mesh.devices import native_stderr
 from scaling.limits import check_size
 from scaling.flags import unknown_flag
 from scaling.workload import Workload
@@ -35,22 +35,21 @@ def abstract_compile(w: Workload, mesh, verbose: bool = False) -> CompileResult:
 
     compile_seconds covers tracing, lowering and compiling. ValueError for a mesh of another shape than the
     workload's or a size jax or XLA cannot count (scaling.limits.check_size)."""
-    if mesh_shape(mesh) != w.mesh:
-        raise ValueError(f"the workload's mesh is {w.mesh}, the devices' mesh {mesh_shape(mesh)}")
+    check_mesh(w, mesh)
     check_size(w)  # sizes jax and XLA can count
-    cfg, batch_tokens, remat, step, schedule = w.model, w.batch_tokens, w.remat, w.step, w.schedule
     t0 = time.perf_counter()
-    abstract, _ = state_shardings(cfg, mesh, optimizer_sharding=schedule.optimizer_sharding)
-    batch = batch_structs(cfg, mesh, batch_tokens)
-    if step == "train":
-        fn, args = make_train_step(cfg, mesh, remat, schedule=schedule), (abstract, batch)
+    abstract, _ = state_shardings(w, mesh)
+    batch = batch_structs(w, mesh)
+    if w.step == "train":
+        fn, args = make_train_step(w, mesh), (abstract, batch)
     else:
-        fn, args = make_forward_step(cfg, mesh, remat, schedule), (abstract["params"], batch)
+        fn, args = make_forward_step(w, mesh), (abstract["params"], batch)
     with jax.set_mesh(mesh):  # the model's sharding constraints resolve against it while tracing
         lowered = fn.lower(*args)
-    try:  # the flag set's flags, per compile (scaling.flags: none on CPU); XLA's C++ log lines kept off stderr
+    try:  # under the flag set's flags, set by the step's builder (scaling.flags: none on CPU); XLA's C++ log lines
+        # kept off stderr
         with native_stderr(verbose):
-            compiled = lowered.compile(compiler_options=w.flags.options(mesh.devices.flat[0].platform) or None)
+            compiled = lowered.compile()
     except Exception as e:
         if flag := unknown_flag(e):
             raise ValueError(f"XLA does not know the flag --{flag} (XLA flags {w.flags.name!r})") from None

@@ -4,7 +4,7 @@ compile time does not grow with depth.
 
 Precision (questions-4d.md; Scaling Book training page): master weights are FP32 and stay sharded
 (D over fsdp, F over tensor). Inside the scan body each block's FP32 weight shard is cast to BF16
-*first* and only then gathered over fsdp (``gather_bf16``), so the FSDP all-gather moves BF16 bytes;
+*first* and only then gathered over fsdp (ffn_model.sharded.gather_bf16), so the FSDP all-gather moves BF16 bytes;
 its custom backward reduce-scatters the BF16 weight gradient back to the shard and only then casts it
 to FP32, so the gradient reduce-scatter moves BF16 bytes too and the gradients are FP32 from there on.
 
@@ -14,12 +14,13 @@ backward gathers them again as FSDP does):
   full          only x of every block (h recomputed: one more forward matmul pair per block)
   every-second  blocks taken in pairs: the first keeps only x, the second x and h; an odd last
                 block keeps only x (scaling.config.saved_blocks)
+
+The FFN family's program (ffn_model.families): build, input_layout, batch_dtypes, synthetic_batch, loss and
+pipeline_loss_fn (the stack as a pipeline over ``stage``: ffn_pipeline_outputs, pipeline_loss), each from the Workload.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import functools
 
 import jax
@@ -27,136 +28,13 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
-from mesh.rules import FLAX_RULES, check_logical, logical_to_spec
+from ffn_model.pipeline import circular_layout, pipeline_outputs, split_microbatches
+from ffn_model.sharded import (COMPUTE_DTYPE, already_gathered, constrain, gather_bf16, gather_once, init_normal, param,
+                               reshard)
+from ffn_model.task import mse, teacher_batch
 from scaling.config import FFNConfig, check_remat
-from scaling.sharding import H_AXES, W_IN_AXES, W_OUT_AXES, X_AXES, X_SP_AXES
-
-COMPUTE_DTYPE = jnp.bfloat16
-PARAM_DTYPE = jnp.float32
-
-
-def constrain(x, logical_axes):
-    """with_sharding_constraint through the logical-axis table, when a mesh is set (jax.set_mesh);
-    a no-op without one, so the module also runs unsharded."""
-    if jax.sharding.get_abstract_mesh().empty:
-        return x
-    return jax.lax.with_sharding_constraint(x, logical_to_spec(logical_axes))
-
-
-def _gathered(logical_axes):
-    """The logical axes of a weight slice after the FSDP all-gather: embed (D) unsharded."""
-    return tuple(None if a == "embed" else a for a in logical_axes)
-
-
-def to_bf16(w):
-    """FP32 -> BF16 rounded to nearest even: the same values as ``w.astype(jnp.bfloat16)`` for
-    finite w, rounded with integer ops (through a bitcast) so that only one layer's BF16 weights exist at a
-    time; why: docs/findings.md, "BF16 weight casts inside the scan"."""
-    u = jax.lax.bitcast_convert_type(w.astype(jnp.float32), jnp.uint32)
-    u = (u + jnp.uint32(0x7FFF) + ((u >> 16) & jnp.uint32(1))) & jnp.uint32(0xFFFF0000)
-    return jax.lax.bitcast_convert_type(u, jnp.float32).astype(COMPUTE_DTYPE)
-
-
-_ZERO1 = contextvars.ContextVar("zero1_gradients", default=False)
-
-
-@contextlib.contextmanager
-def zero1_gradients(on: bool):
-    """While tracing a train step under ZeRO-1 (Schedule.optimizer_sharding): weight gradients are reduced to
-    grad_axes' layout."""
-    token = _ZERO1.set(bool(on))
-    try:
-        yield
-    finally:
-        _ZERO1.reset(token)
-
-
-def grad_axes(logical_axes):
-    """The layout a weight's gradient is reduced to: the weight's own, or under zero1_gradients with D split
-    over data·fsdp (the logical axis embed_zero1), so that one reduce-scatter over data·fsdp replaces the
-    reduce-scatter over fsdp and the all-reduce over data."""
-    return tuple("embed_zero1" if a == "embed" and _ZERO1.get() else a for a in logical_axes)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
-def gather_bf16(w, logical_axes):
-    """FP32 weight shard -> BF16, then gathered over fsdp (the all-gather moves BF16)."""
-    return constrain(to_bf16(w), _gathered(logical_axes))
-
-
-def _gather_bf16_fwd(w, logical_axes):
-    return gather_bf16(w, logical_axes), None
-
-
-def _gather_bf16_bwd(logical_axes, _, g):
-    # g: BF16 gradient of the gathered weight (partial sums over data·fsdp). Reduce-scatter it to the
-    # weight's shard (grad_axes: over data too under ZeRO-1) in BF16, then cast to the FP32 master dtype.
-    return (constrain(g, grad_axes(logical_axes)).astype(PARAM_DTYPE),)
-
-
-gather_bf16.defvjp(_gather_bf16_fwd, _gather_bf16_bwd)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
-def gather_once(w, logical_axes):
-    """A whole weight stack gathered over fsdp once (a pipeline stage's weights for every microbatch:
-    FSDP gathers once per step): the all-gather moves BF16; the result is FP32 holding BF16 values (the
-    loop's gradient for it accumulates in FP32, each block-pass's reduce-scattered first by
-    already_gathered). Backward: the accumulated gradient, already in the shard's layout."""
-    return constrain(to_bf16(w), _gathered(logical_axes)).astype(PARAM_DTYPE)
-
-
-def _gather_once_fwd(w, logical_axes):
-    return gather_once(w, logical_axes), None
-
-
-def _gather_once_bwd(logical_axes, _, g):
-    return (constrain(g, logical_axes),)
-
-
-gather_once.defvjp(_gather_once_fwd, _gather_once_bwd)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
-def already_gathered(w, logical_axes):
-    """The per-block weight of a stack gathered once (gather_once): its BF16 values, no collective.
-    Backward: the block-pass's BF16 gradient reduce-scattered over fsdp to the weight's shard, then FP32,
-    so that the loop accumulates sharded FP32 gradients (and every backend reduces the same way)."""
-    return w.astype(COMPUTE_DTYPE)
-
-
-def _already_gathered_fwd(w, logical_axes):
-    return already_gathered(w, logical_axes), None
-
-
-def _already_gathered_bwd(logical_axes, _, g):
-    return (constrain(g, logical_axes).astype(PARAM_DTYPE),)
-
-
-already_gathered.defvjp(_already_gathered_fwd, _already_gathered_bwd)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
-def reshard(x, to_axes, back_axes):
-    """x constrained to the logical axes ``to_axes``; its cotangent constrained to ``back_axes``. Sequence
-    parallelism's two boundaries (Korthikanti et al. 2022, fig. 5: g and its conjugate g-bar):
-    reshard(x, X_AXES, X_SP_AXES) all-gathers the token-split input over tensor, and its backward
-    reduce-scatters the input gradient's partial sums straight to the token split;
-    reshard(y, X_SP_AXES, X_AXES) reduce-scatters the output's partial sums, and its backward
-    all-gathers the gradient. (jax's own transpose of a sharding constraint constrains the cotangent to
-    the forward's sharding, which made XLA all-reduce and then slice.)"""
-    return constrain(x, to_axes)
-
-
-def _reshard_fwd(x, to_axes, back_axes):
-    return reshard(x, to_axes, back_axes), None
-
-
-def _reshard_bwd(to_axes, back_axes, _, g):
-    return (constrain(g, back_axes),)
-
-
-reshard.defvjp(_reshard_fwd, _reshard_bwd)
+from scaling.sharding import H_AXES, W_IN_AXES, W_OUT_AXES, X_AXES, X_SP_AXES, shards
+from scaling.workload import Workload
 
 
 # Under sequence parallelism the stack carries its activations transposed, x^T [D, B] with the tokens minor:
@@ -258,18 +136,6 @@ def _scan_blocks(x, w_in, w_out, activation, remat, gather, sp):
     return x
 
 
-def init_normal(key, shape, fan_in):
-    """N(0, 1/fan_in) in FP32: keeps the activation scale through a linear block."""
-    return jax.random.normal(key, shape, PARAM_DTYPE) * (fan_in**-0.5)
-
-
-def param(value, logical_axes):
-    """An nnx.Param carrying its logical axes as flax's ``out_sharding`` metadata and the table's
-    rules as ``sharding_rules`` (nnx.get_partition_spec / nnx.get_abstract_model turn them into
-    PartitionSpecs); an axis the table has no rule for is a ValueError (mesh.rules.check_logical)."""
-    return nnx.Param(value, out_sharding=check_logical(logical_axes), sharding_rules=FLAX_RULES)
-
-
 class FFNStack(nnx.Module):
     """L scanned blocks; parameters w_in [L,F,D] and w_out [L,F,D] (FP32) carry their logical axes
     (``param``).
@@ -277,11 +143,13 @@ class FFNStack(nnx.Module):
     W_in is stored transposed, [F, D] per block (h = x·W_in^T), so that both weights keep D, the
     FSDP-sharded dimension, minor (why: docs/findings.md, "W_in's layout")."""
 
-    def __init__(self, cfg: FFNConfig, *, rngs: nnx.Rngs, remat: str = "none", sequence_parallel: bool = False):
+    def __init__(self, w: Workload, *, rngs: nnx.Rngs):
+        """The stack of ``w`` (FFNConfig; its remat and sequence parallelism), validated where ``w`` was built."""
+        cfg: FFNConfig = w.model
         D, F, L = cfg.d_model, cfg.d_ff, cfg.blocks
         self.activation = cfg.activation
-        self.remat = check_remat(remat)
-        self.sequence_parallel = sequence_parallel
+        self.remat = w.remat
+        self.sequence_parallel = sequence_parallel = w.schedule.sequence_parallel
         self.output_axes = X_SP_AXES if sequence_parallel else X_AXES  # where the stack's output lies
         self.w_in = param(init_normal(rngs.params(), (L, F, D), D), W_IN_AXES)
         self.w_out = param(init_normal(rngs.params(), (L, F, D), F), W_OUT_AXES)
@@ -290,3 +158,74 @@ class FFNStack(nnx.Module):
         x_BxD = x_BxD.astype(COMPUTE_DTYPE)
         return stack_forward(x_BxD, self.w_in[...], self.w_out[...], self.activation, self.remat,
                              sp=self.sequence_parallel)
+
+
+def ffn_pipeline_outputs(x_MxbxD, w_in, w_out, mesh, w: Workload, for_grad: bool = True):
+    """Stage 0's buffer [S, M, b, D] of the FFN stack run as a pipeline (pipeline_outputs). ``fsdp_gather="step"``:
+    a stage's weights, every chunk of them, gathered over fsdp once per step; ``for_grad=False`` (a
+    forward-only step) holds them as BF16, not as the FP32 a gradient accumulates in."""
+    R, remat, activation, fsdp_gather = w.schedule.repeats, w.remat, w.model.activation, w.schedule.fsdp_gather
+    axes = ("layers", "mlp", "embed")
+    ws = circular_layout({"w_in": w_in, "w_out": w_out}, {"w_in": axes, "w_out": axes}, mesh, R)
+    gather = gather_bf16
+    if fsdp_gather == "step":
+        step_axes = axes if R == 1 else ("layers", None, "mlp", "embed")
+        if for_grad:  # FP32 holding BF16, so that the loop accumulates their gradient in FP32
+            ws = {k: gather_once(w, step_axes) for k, w in ws.items()}
+            gather = already_gathered
+        else:  # forward only: held as the BF16 the all-gather moved
+            ws = {k: gather_bf16(w, step_axes) for k, w in ws.items()}
+            gather = lambda w, axes: w  # noqa: E731
+
+    def chunk(x, w, select):
+        return stack_forward(x, w["w_in"], w["w_out"], activation, remat,
+                             gather=lambda v, axes: gather(select(v), axes))
+
+    return pipeline_outputs(x_MxbxD, ws, mesh, chunk, X_AXES, repeats=R)
+
+
+def pipeline_loss(params, batch, w: Workload, mesh, for_grad: bool = True):
+    """Mean squared error (FP32) over every token of the batch, the stack run as a pipeline of w's M microbatches
+    (ffn_model.pipeline). The loss is computed on stage 0 (which holds the outputs) as a per-stage masked sum,
+    one scalar all-reduce."""
+    M, batch_shards = w.schedule.microbatches, shards(w.mesh, "batch")
+    x = split_microbatches(batch["x"], M, batch_shards)
+    y = split_microbatches(batch["y"], M, batch_shards)
+    buffer = ffn_pipeline_outputs(x, params["w_in"], params["w_out"], mesh, w, for_grad)
+    S = buffer.shape[0]
+    err = jax.vmap(lambda o: jnp.mean(jnp.square(o.astype(jnp.float32) - y)), spmd_axis_name="stage")(buffer)
+    return jnp.sum(jnp.where(jnp.arange(S) == 0, err, 0.0))
+
+# The family's program (ffn_model.families): what the train step asks of a model family, the same functions in
+# ffn_model.transformer.
+
+
+def build(w: Workload, seed: int = 0) -> FFNStack:
+    """The FFN stack of ``w`` (FFNStack), its parameters drawn from ``seed`` (init_normal: N(0, 1/fan_in))."""
+    return FFNStack(w, rngs=nnx.Rngs(seed))
+
+
+def input_layout(cfg: FFNConfig, batch_tokens: int):
+    """(shape, logical axes) of a batch's x and y: B token vectors [B, D] over (batch, act_embed)."""
+    return (batch_tokens, cfg.d_model), X_AXES
+
+
+def batch_dtypes(cfg: FFNConfig):
+    """(x, y) element types of a batch: BF16 inputs, FP32 targets (ffn_model.task)."""
+    return COMPUTE_DTYPE, jnp.float32
+
+
+def synthetic_batch(cfg: FFNConfig, shape: tuple, seed: int = 0):
+    """step -> batch of ``shape``: the teacher regression (ffn_model.task.teacher_batch), not jitted."""
+    return teacher_batch(shape, cfg.d_model, seed)
+
+
+def loss(model: FFNStack, batch):
+    """The stack's loss on one batch: the MSE of its output against y (ffn_model.task.mse)."""
+    return mse(model(batch["x"]), batch["y"], model.output_axes)
+
+
+def pipeline_loss_fn(w: Workload, mesh, for_grad: bool = True):
+    """(params, batch) -> loss with the blocks run as a pipeline over ``stage`` (pipeline_loss; ``for_grad=False``:
+    a forward-only step, its weights gathered once per step in BF16)."""
+    return functools.partial(pipeline_loss, w=w, mesh=mesh, for_grad=for_grad)

@@ -25,14 +25,15 @@ the loss is the mean over every token, so the gradient is that of one pass over 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
-from ffn_model.model import COMPUTE_DTYPE, already_gathered, constrain, gather_bf16, gather_once, stack_forward
-from scaling.sharding import X_AXES
+from ffn_model.sharded import COMPUTE_DTYPE, constrain
 from scaling.pipeline import relay_rounds
 
 
@@ -165,45 +166,6 @@ def to_every_stage(x_MxbxD, stages: int, x_axes: tuple):
     return constrain(x, ("stages", None, *x_axes))
 
 
-def ffn_pipeline_outputs(x_MxbxD, w_in, w_out, mesh, *, repeats: int = 1, remat: str = "none", activation=None,
-                         fsdp_gather: str = "microbatch", for_grad: bool = True):
-    """Stage 0's buffer [S, M, b, D] of the FFN stack run as a pipeline (pipeline_outputs). ``fsdp_gather="step"``:
-    a stage's weights, every chunk of them, gathered over fsdp once per step; ``for_grad=False`` (a
-    forward-only step) holds them as BF16, not as the FP32 a gradient accumulates in."""
-    R = repeats
-    axes = ("layers", "mlp", "embed")
-    ws = circular_layout({"w_in": w_in, "w_out": w_out}, {"w_in": axes, "w_out": axes}, mesh, R)
-    gather = gather_bf16
-    if fsdp_gather == "step":
-        step_axes = axes if R == 1 else ("layers", None, "mlp", "embed")
-        if for_grad:  # FP32 holding BF16, so that the loop accumulates their gradient in FP32
-            ws = {k: gather_once(w, step_axes) for k, w in ws.items()}
-            gather = already_gathered
-        else:  # forward only: held as the BF16 the all-gather moved
-            ws = {k: gather_bf16(w, step_axes) for k, w in ws.items()}
-            gather = lambda w, axes: w  # noqa: E731
-
-    def chunk(x, w, select):
-        return stack_forward(x, w["w_in"], w["w_out"], activation, remat,
-                             gather=lambda v, axes: gather(select(v), axes))
-
-    return pipeline_outputs(x_MxbxD, ws, mesh, chunk, X_AXES, repeats=R)
-
-
-def pipeline_loss(params, batch, mesh, batch_shards: int, *, microbatches: int, repeats: int = 1,
-                  remat: str = "none", activation=None, fsdp_gather: str = "microbatch", for_grad: bool = True):
-    """Mean squared error (FP32) over every token of the batch, the stack run as a pipeline. The loss is
-    computed on stage 0 (which holds the outputs) as a per-stage masked sum, one scalar all-reduce."""
-    M = microbatches
-    x = split_microbatches(batch["x"], M, batch_shards)
-    y = split_microbatches(batch["y"], M, batch_shards)
-    buffer = ffn_pipeline_outputs(x, params["w_in"], params["w_out"], mesh, repeats=repeats, remat=remat,
-                              activation=activation, fsdp_gather=fsdp_gather, for_grad=for_grad)
-    S = buffer.shape[0]
-    err = jax.vmap(lambda o: jnp.mean(jnp.square(o.astype(jnp.float32) - y)), spmd_axis_name="stage")(buffer)
-    return jnp.sum(jnp.where(jnp.arange(S) == 0, err, 0.0))
-
-
 def accumulate(loss_and_grad, params, batch, microbatches: int, batch_shards: int):
     """Gradient accumulation: (mean loss, mean gradient) over M microbatches, one microbatch's forward and
     backward at a time (a scan), the FP32 gradients summed in the parameters' sharding."""
@@ -219,9 +181,9 @@ def accumulate(loss_and_grad, params, batch, microbatches: int, batch_shards: in
     return loss / M, jax.tree.map(lambda g: g / M, grads)
 
 
-
 def one_f_one_b(x_MxbxD, labels_Mxbx, weights: dict, head_params: dict, mesh, chunk, head, head_grad_axes: dict,
-                x_axes: tuple, repeats: int = 1, phases: bool = False, lookup=None):
+                x_axes: tuple, repeats: int = 1, phases: bool = False, lookup=None):  # 12 parameters: each family
+    # passes its own stacks, chunk, head (and lookup) and layouts; the schedule's sizes come from the mesh and x
     """The 1F1B schedule (Narayanan et al. 2021, PipeDream-Flush; Megatron-LM's default) and, with ``repeats`` R > 1,
     its interleaved form (Megatron's virtual stages: stage s runs chunks s, S + s, ..., (R − 1)·S + s of L/(S·R)
     layers, ``weights`` laid out by circular_layout), in one SPMD loop, by hand: (Σ_m loss_m / M, d weights,
@@ -260,22 +222,14 @@ def one_f_one_b(x_MxbxD, labels_Mxbx, weights: dict, head_params: dict, mesh, ch
     backward slot (Megatron-LM's first stage holds the embedding): no stage holds the embedded batch or its gradient (dx
     comes back None)."""
     S, M, R, dp = mesh.shape["stage"], x_MxbxD.shape[0], repeats, mesh.shape["data"]
-    SR = S * R
-    K, T, delay = 2 * SR - 1, R * (M + S) + S - 2, SR - 1
-    W = delay  # with ``phases``: the forward-only warm-up and backward-only cool-down iterations, R·S − 1 each
-    # the batch split [b] -> [data, b/data] (b/data over fsdp), so that the loop, manual over data, sees its shard of
-    # each microbatch with the fsdp split kept
-    def by_data(a, at, axes):
-        a = a.reshape(*a.shape[:at], dp, a.shape[at] // dp, *a.shape[at + 1:])
-        return constrain(a, axes[:at] + ("data_shards", "batch_fsdp") + axes[at + 1:])
-
-    labels_MxDxbx = by_data(labels_Mxbx, 1, (None, *x_axes[:labels_Mxbx.ndim - 1]))
+    labels_MxDxbx = _by_data(labels_Mxbx, 1, (None, *x_axes[:labels_Mxbx.ndim - 1]), dp)
     if lookup:  # the ids, as the labels: every stage holds them (int32), stage 0 looks them up
-        x_SxMxDxbxD = by_data(x_MxbxD, 1, (None, *x_axes[:x_MxbxD.ndim - 1]))[None]
+        x_SxMxDxbxD = _by_data(x_MxbxD, 1, (None, *x_axes[:x_MxbxD.ndim - 1]), dp)[None]
     else:
-        x_SxMxDxbxD = by_data(to_every_stage(x_MxbxD, S, x_axes), 2, ("stages", None, *x_axes))
+        x_SxMxDxbxD = _by_data(to_every_stage(x_MxbxD, S, x_axes), 2, ("stages", None, *x_axes), dp)
     stage = {k: PartitionSpec("stage") for k in weights}
     P = PartitionSpec
+    loop = _Loop(S, M, R, dp, chunk, head, head_grad_axes, lookup, phases)
 
     # manual over data too: each data shard accumulates its own partial gradients through the loop, reduced once
     # after it (an automatic data axis would all-reduce every iteration's)
@@ -288,72 +242,7 @@ def one_f_one_b(x_MxbxD, labels_Mxbx, weights: dict, head_params: dict, mesh, ch
                        + (() if lookup else (P("stage", None, "data"),)),
                        axis_names={"stage", "data"}, check_vma=False)
     def run(x, labels, ws, hp):
-        x, labels = x[0, :, 0], labels[:, 0]  # this stage's and this data shard's [M, b/data, ...]
-        s = jax.lax.axis_index("stage")
-        wrap = R > 1  # the last stage's output goes round to stage 0 (and its gradient back) for the next chunk
-        forward = [(i, (i + 1) % S) for i in range(S if wrap else S - 1)]
-        back = [((i + 1) % S, i) for i in range(S if wrap else S - 1)]
-        f32 = lambda a: jnp.zeros(a.shape, jnp.float32)  # noqa: E731
-
-        def selector(t, r):
-            if R == 1:
-                return lambda w: jax.lax.optimization_barrier((w, t))[0]
-            return lambda w: w[r]
-
-        def iteration(carry, t, fwd: bool = True, bwd: bool = True):
-            recv_f, recv_b, kept, dws, dhp, loss, dx_all = carry
-            if fwd:  # the forward slot: item k = t − s, chunk r of microbatch m
-                k = t - s
-                r, m = (k % SR) // S, jnp.clip((k // SR) * S + k % S, 0, M - 1)
-                f_real = (k >= 0) & (k < R * M)
-                x_in = jnp.where((s == 0) & (r == 0), lookup[0](x[m], hp) if lookup else x[m], recv_f)
-                kept = kept.at[k % K].set(jnp.where(f_real, x_in, kept[k % K]))
-                y = chunk(x_in, ws, selector(t, r))
-                recv_f = jax.lax.ppermute(y, "stage", forward)
-            if fwd and bwd:  # the head runs with the last stage's last chunk, forward and backward in one iteration
-                loss_f, head_vjp = jax.vjp(lambda yy, h: head(yy, labels[m], h), y, hp)
-                dy_head, dh = head_vjp(jnp.ones_like(loss_f) / (M * dp))  # the mean over every data shard's tokens
-                head_real = f_real & (s == S - 1) & (r == R - 1)  # the head's microbatch is the backward's (same t)
-                dhp = {n: constrain(a + jnp.where(head_real, dh[n], 0).astype(a.dtype), head_grad_axes[n])
-                       for n, a in dhp.items()}
-                loss = loss + jnp.where(head_real, loss_f, 0.0) / (M * dp)
-            if bwd:  # the backward slot: item j, chunk rb of microbatch mb, its input kept as item kb
-                j = t - delay - (S - 1 - s)
-                group, i = j // SR, j % S
-                rb = R - 1 - (j % SR) // S
-                mb = jnp.clip(group * S + i, 0, M - 1)
-                b_real, last = (j >= 0) & (j < R * M), (s == S - 1) & (rb == R - 1)
-                _, chunk_vjp = jax.vjp(lambda xi, w: chunk(xi, w, selector(t, rb)), kept[(group * SR + rb * S + i) % K],
-                                       ws)
-                dx, dw = chunk_vjp(jnp.where(last, dy_head, recv_b) if fwd else recv_b)
-                dws = jax.tree.map(lambda a, b: a + jnp.where(b_real, b, 0).astype(a.dtype), dws, dw)
-                first = b_real & (s == 0) & (rb == 0)
-                if lookup:  # stage 0's lookup: its gradient into the head's accumulators
-                    de = lookup[1](x[mb], dx)
-                    dhp = {n: constrain(a + jnp.where(first, de[n], 0).astype(a.dtype), head_grad_axes[n])
-                           if n in de else a for n, a in dhp.items()}
-                else:
-                    dx_all = dx_all.at[mb].set(jnp.where(first, dx, dx_all[mb]))
-                recv_b = jax.lax.ppermute(dx, "stage", back)
-            return (recv_f, recv_b, kept, dws, dhp, loss, dx_all), None
-
-        dhp = {k: constrain(f32(a), head_grad_axes[k]) for k, a in hp.items()}
-        x_shape = jax.eval_shape(lookup[0], x[0], hp).shape if lookup else x.shape[1:]  # a microbatch's layer input
-        zero = jnp.zeros(x_shape, COMPUTE_DTYPE)
-        carry = (zero, zero, jnp.zeros((K, *x_shape), COMPUTE_DTYPE), jax.tree.map(f32, ws), dhp,
-                 jnp.zeros((), jnp.float32), None if lookup else jnp.zeros(x.shape, COMPUTE_DTYPE))
-        if not phases:  # one scan, both slots in every iteration, the bubble ones masked
-            (_, _, _, dws, dhp, loss, dx_all), _ = jax.lax.scan(iteration, carry, jnp.arange(T))
-        else:  # W forward-only iterations (no backward item is ready on any stage), the steady phase, W backward-only
-            # ones (no forward item is left)
-            carry, _ = jax.lax.scan(functools.partial(iteration, bwd=False), carry, jnp.arange(W))
-            carry, _ = jax.lax.scan(iteration, carry, jnp.arange(W, T - W))
-            (_, _, _, dws, dhp, loss, dx_all), _ = jax.lax.scan(functools.partial(iteration, fwd=False), carry,
-                                                                jnp.arange(T - W, T))
-        # each data shard's partial sums, stacked over data: summed outside (one reduction; a psum of BF16 here
-        # crashed XLA:CPU's all-reduce promotion)
-        sums = (loss[None, None], jax.tree.map(lambda a: a[None], dws), jax.tree.map(lambda a: a[None, None], dhp))
-        return sums if lookup else (*sums, dx_all[None, :, None])
+        return _run_loop(loop, x, labels, ws, hp)
 
     loss, dws, dhp, *dx = run(x_SxMxDxbxD, labels_MxDxbx, weights, head_params)
     if dx:  # stage 0's input gradients, [M, b, ...]
@@ -366,3 +255,124 @@ def one_f_one_b(x_MxbxD, labels_Mxbx, weights: dict, head_params: dict, mesh, ch
     reduce = lambda g, axes: jnp.sum(g.astype(COMPUTE_DTYPE), axis=axes)  # noqa: E731
     return (jnp.sum(loss), jax.tree.map(lambda w, g: reduce(g, 0).astype(w.dtype), weights, dws),
             jax.tree.map(lambda p, g: reduce(g, (0, 1)).astype(p.dtype), head_params, dhp), dx)
+
+
+def _by_data(a, at: int, axes: tuple, dp: int):
+    """The batch dimension ``at`` of ``a`` split [b] -> [data, b/data] (b/data over fsdp), so that one_f_one_b's
+    loop, manual over data, sees its shard of each microbatch with the fsdp split kept."""
+    a = a.reshape(*a.shape[:at], dp, a.shape[at] // dp, *a.shape[at + 1:])
+    return constrain(a, axes[:at] + ("data_shards", "batch_fsdp") + axes[at + 1:])
+
+
+@dataclasses.dataclass(frozen=True)
+class _Loop:
+    """one_f_one_b's schedule as its loop runs it: S stages, M microbatches, R chunks per stage, dp data shards,
+    the chunk and the head it runs (and the lookup), the head's gradient layout and whether it runs in phases."""
+
+    S: int
+    M: int
+    R: int
+    dp: int
+    chunk: Callable
+    head: Callable
+    head_grad_axes: dict
+    lookup: tuple | None
+    phases: bool
+
+    @property
+    def K(self) -> int:  # the ring of kept chunk inputs: 2·R·S − 1 slots
+        return 2 * self.S * self.R - 1
+
+    @property
+    def T(self) -> int:  # iterations: R·(M + S) + S − 2
+        return self.R * (self.M + self.S) + self.S - 2
+
+    @property
+    def delay(self) -> int:  # R·S − 1: the backward's lag, and with ``phases`` the warm-up and cool-down iterations
+        return self.S * self.R - 1
+
+    def perms(self) -> tuple[list, list]:
+        """The forward's and the backward's collective-permute pairs over stage: with R > 1 the last stage's
+        output goes round to stage 0 (and its gradient back) for the next chunk."""
+        S, wrap = self.S, self.R > 1
+        return ([(i, (i + 1) % S) for i in range(S if wrap else S - 1)],
+                [((i + 1) % S, i) for i in range(S if wrap else S - 1)])
+
+    def selector(self, t, r):
+        """A chunk's weights at iteration t: with R = 1 behind an optimization barrier with t (pipeline_outputs);
+        otherwise chunk r."""
+        if self.R == 1:
+            return lambda w: jax.lax.optimization_barrier((w, t))[0]
+        return lambda w: w[r]
+
+
+def _run_loop(c: _Loop, x, labels, ws, hp):
+    """one_f_one_b's loop inside its shard_map (manual over stage and data) on this stage's and data shard's
+    microbatches: T iterations (_iteration), in three loops with ``phases``; returns each data shard's partial
+    sums (loss, weight gradients, head gradients[, stage 0's input gradients])."""
+    x, labels = x[0, :, 0], labels[:, 0]  # this stage's and this data shard's [M, b/data, ...]
+    s = jax.lax.axis_index("stage")
+    iteration = functools.partial(_iteration, c, (s, x, labels, ws, hp), c.perms())
+    f32 = lambda a: jnp.zeros(a.shape, jnp.float32)  # noqa: E731
+    dhp = {k: constrain(f32(a), c.head_grad_axes[k]) for k, a in hp.items()}
+    x_shape = jax.eval_shape(c.lookup[0], x[0], hp).shape if c.lookup else x.shape[1:]  # a microbatch's layer input
+    zero = jnp.zeros(x_shape, COMPUTE_DTYPE)
+    carry = (zero, zero, jnp.zeros((c.K, *x_shape), COMPUTE_DTYPE), jax.tree.map(f32, ws), dhp,
+             jnp.zeros((), jnp.float32), None if c.lookup else jnp.zeros(x.shape, COMPUTE_DTYPE))
+    T, W = c.T, c.delay
+    if not c.phases:  # one scan, both slots in every iteration, the bubble ones masked
+        (_, _, _, dws, dhp, loss, dx_all), _ = jax.lax.scan(iteration, carry, jnp.arange(T))
+    else:  # W forward-only iterations (no backward item is ready on any stage), the steady phase, W backward-only
+        # ones (no forward item is left)
+        carry, _ = jax.lax.scan(functools.partial(iteration, bwd=False), carry, jnp.arange(W))
+        carry, _ = jax.lax.scan(iteration, carry, jnp.arange(W, T - W))
+        (_, _, _, dws, dhp, loss, dx_all), _ = jax.lax.scan(functools.partial(iteration, fwd=False), carry,
+                                                            jnp.arange(T - W, T))
+    # each data shard's partial sums, stacked over data: summed outside (one reduction; a psum of BF16 here
+    # crashed XLA:CPU's all-reduce promotion)
+    sums = (loss[None, None], jax.tree.map(lambda a: a[None], dws), jax.tree.map(lambda a: a[None, None], dhp))
+    return sums if c.lookup else (*sums, dx_all[None, :, None])
+
+
+def _iteration(c: _Loop, ins: tuple, perms: tuple, carry, t, fwd: bool = True, bwd: bool = True):
+    """Iteration t of one_f_one_b's loop on stage s (``ins`` = (s, x, labels, ws, hp)): the forward slot, the head
+    with the last stage's last chunk, the backward slot (one_f_one_b's docstring); ``fwd``/``bwd`` False: that
+    slot left out (the phases)."""
+    S, M, R, SR, K, delay, dp = c.S, c.M, c.R, c.S * c.R, c.K, c.delay, c.dp
+    s, x, labels, ws, hp = ins
+    lookup, chunk, head, head_grad_axes = c.lookup, c.chunk, c.head, c.head_grad_axes
+    forward, back = perms
+    recv_f, recv_b, kept, dws, dhp, loss, dx_all = carry
+    if fwd:  # the forward slot: item k = t − s, chunk r of microbatch m
+        k = t - s
+        r, m = (k % SR) // S, jnp.clip((k // SR) * S + k % S, 0, M - 1)
+        f_real = (k >= 0) & (k < R * M)
+        x_in = jnp.where((s == 0) & (r == 0), lookup[0](x[m], hp) if lookup else x[m], recv_f)
+        kept = kept.at[k % K].set(jnp.where(f_real, x_in, kept[k % K]))
+        y = chunk(x_in, ws, c.selector(t, r))
+        recv_f = jax.lax.ppermute(y, "stage", forward)
+    if fwd and bwd:  # the head runs with the last stage's last chunk, forward and backward in one iteration
+        loss_f, head_vjp = jax.vjp(lambda yy, h: head(yy, labels[m], h), y, hp)
+        dy_head, dh = head_vjp(jnp.ones_like(loss_f) / (M * dp))  # the mean over every data shard's tokens
+        head_real = f_real & (s == S - 1) & (r == R - 1)  # the head's microbatch is the backward's (same t)
+        dhp = {n: constrain(a + jnp.where(head_real, dh[n], 0).astype(a.dtype), head_grad_axes[n])
+               for n, a in dhp.items()}
+        loss = loss + jnp.where(head_real, loss_f, 0.0) / (M * dp)
+    if bwd:  # the backward slot: item j, chunk rb of microbatch mb, its input kept as item kb
+        j = t - delay - (S - 1 - s)
+        group, i = j // SR, j % S
+        rb = R - 1 - (j % SR) // S
+        mb = jnp.clip(group * S + i, 0, M - 1)
+        b_real, last = (j >= 0) & (j < R * M), (s == S - 1) & (rb == R - 1)
+        _, chunk_vjp = jax.vjp(lambda xi, w: chunk(xi, w, c.selector(t, rb)), kept[(group * SR + rb * S + i) % K], ws)
+        dx, dw = chunk_vjp(jnp.where(last, dy_head, recv_b) if fwd else recv_b)
+        dws = jax.tree.map(lambda a, b: a + jnp.where(b_real, b, 0).astype(a.dtype), dws, dw)
+        first = b_real & (s == 0) & (rb == 0)
+        if lookup:  # stage 0's lookup: its gradient into the head's accumulators
+            de = lookup[1](x[mb], dx)
+            dhp = {n: constrain(a + jnp.where(first, de[n], 0).astype(a.dtype), head_grad_axes[n])
+                   if n in de else a for n, a in dhp.items()}
+        else:
+            dx_all = dx_all.at[mb].set(jnp.where(first, dx, dx_all[mb]))
+        recv_b = jax.lax.ppermute(dx, "stage", back)
+    return (recv_f, recv_b, kept, dws, dhp, loss, dx_all), None

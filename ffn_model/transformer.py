@@ -1,6 +1,6 @@
 """A pre-norm causal transformer stack in the FFN stack's style: Flax NNX, parameters stacked over the
 layers and scanned, sharded through the logical-axis table, FP32 master weights gathered over fsdp in
-BF16 (ffn_model.model.gather_bf16), BF16 activations.
+BF16 (ffn_model.sharded.gather_bf16), BF16 activations.
 
 One layer, x_BxTxD (batch over data·fsdp, sequence over context; under sequence parallelism the
 sequence also over tensor between the matmuls):
@@ -33,10 +33,15 @@ from jax.ad_checkpoint import checkpoint_name
 
 from ffn_model.attention import (RESIDUAL_NAMES, attention_materialized, flash_attention_o, ring_attention,
                                  ulysses_attention)
-from ffn_model.model import (COMPUTE_DTYPE, constrain, gather_bf16, grad_axes, init_normal, param, reshard,
-                             to_bf16)
+from ffn_model.pipeline import (circular_layout, merge_microbatches, one_f_one_b, pipeline_outputs,
+                                split_microbatches)
+from ffn_model.sharded import (COMPUTE_DTYPE, constrain, gather_bf16, grad_axes, init_normal, param, reshard,
+                               to_bf16)
+from ffn_model.task import mse, teacher_batch, token_mean
 from mesh.rules import logical_to_spec
-from scaling.config import Schedule, TransformerConfig, check_remat
+from scaling.config import Schedule, TransformerConfig
+from scaling.sharding import shards
+from scaling.workload import Workload
 
 # Logical axes (scaling.sharding's table)
 X_AXES = ("batch", "seq", "act_embed")  # x [B, T, D] at the matmuls
@@ -148,7 +153,7 @@ def qkv_projection(h_BxTxD, wq_NxHxD, wk_KxHxD, wv_KxHxD):
     (N, H, D), K = wq_NxHxD.shape, wk_KxHxD.shape[0]
     axes = ("tensor_split", None, "head_dim", "embed")
     # reshard, not constrain: the transpose of a sharding constraint would hold the gradient to the weight's
-    # layout (under ZeRO-1 its gradient is split over data too: ffn_model.model.grad_axes)
+    # layout (under ZeRO-1 its gradient is split over data too: ffn_model.sharded.grad_axes)
     split = lambda w: reshard(w.reshape(Y, w.shape[0] // Y, H, D), axes, grad_axes(axes))  # noqa: E731
     w = jnp.concatenate([split(wq_NxHxD), split(wk_KxHxD), split(wv_KxHxD)], axis=1)  # [Y, (N+2K)/Y, H, D]
     qkv = jnp.einsum("btd,yjhd->btyjh", h_BxTxD, gather_bf16(reshard(w, axes, grad_axes(axes)), axes))
@@ -266,7 +271,7 @@ def layer(x_BxTxD, w: dict, schedule: Schedule, mlp_kind: str = "gelu", block: s
 def stack_forward(x_BxTxD, weights: dict, schedule: Schedule, remat: str = "none", mlp_kind: str = "gelu",
                   block: str = "serial", select=None):
     """The L layers as one lax.scan over the stacked weights (a dict of [L, ...] arrays), each layer under
-    jax.checkpoint with the remat policy (TransformerStack checks it: scaling.config.check_remat): "none"
+    jax.checkpoint with the remat policy (validated where the Workload is built: scaling.config.check_remat): "none"
     saves SAVED, "full" nothing but the layer's input, the named policies what policy_saves says."""
     policy = jax.checkpoint_policies.save_only_these_names(*policy_saves(remat, schedule))
     body = jax.checkpoint(functools.partial(layer, schedule=schedule, mlp_kind=mlp_kind, block=block, select=select),
@@ -448,10 +453,12 @@ class TransformerStack(nnx.Module):
     """``cfg.blocks`` scanned pre-norm layers (module docstring); parameters [L, ...] FP32 carrying their
     logical axes."""
 
-    def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs, remat: str = "none",
-                 schedule: Schedule = Schedule()):
+    def __init__(self, w: Workload, *, rngs: nnx.Rngs):
+        """The stack of ``w`` (TransformerConfig; its remat policy and schedule), validated where ``w`` was built."""
+        cfg: TransformerConfig = w.model
+        schedule = w.schedule
         D, N, K, H, F, L = cfg.d_model, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.d_ff, cfg.blocks
-        self.remat, self.schedule, self.gated = check_remat(remat, cfg), schedule, cfg.gated
+        self.remat, self.schedule, self.gated = w.remat, schedule, cfg.gated
         self.mlp_kind, self.block = cfg.mlp, cfg.block
         self.output_axes = X_SP_AXES if schedule.sequence_parallel else X_AXES  # where the stack's output lies
         self.wq = param(init_normal(rngs.params(), (L, N, H, D), D), WQ_AXES)
@@ -479,3 +486,133 @@ class TransformerStack(nnx.Module):
         x, e = embed(x, self.embedding[...], self.schedule, self.tied)
         y = stack_forward(x, weights, self.schedule, self.remat, self.mlp_kind, self.block)
         return output_logits(y, e if self.tied else self.unembedding[...], self.schedule)
+
+
+def cross_entropy(logits_BxTxV, labels_BxT):
+    """Mean softmax cross-entropy in FP32 over the tokens of vocab-parallel logits
+    (token_cross_entropy per token, then ffn_model.task.token_mean)."""
+    return token_mean(jnp.sum, (token_cross_entropy(logits_BxTxV, labels_BxT),), IDS_AXES)
+
+
+def transformer_pipeline_loss(params, batch, *, w: Workload, mesh):
+    """The transformer's loss with its layers run as a pipeline over ``stage`` (ffn_model.pipeline): the
+    embedding looked up for the whole batch before it (replicated over stage: a gather and one reduction
+    over tensor, no matmul), then the M microbatches. GPipe and circular: through pipeline_outputs, whose
+    outputs come back split over the stages (M/S microbatches each), and the output layer and loss (or the
+    MSE) of each microbatch on the stage that holds it (jax.vmap over microbatches, spmd_axis_name="stage"):
+    every stage runs the output layer on 1/S of the tokens. 1F1B: the loss and every gradient from
+    ffn_model.pipeline.one_f_one_b's loop (a jax.custom_vjp whose forward runs it; a forward-only step runs
+    GPipe), the output layer on the last stage inside the loop and, with a vocabulary, the lookup on stage 0
+    (the token ids go in; E and U gathered once in BF16, their gradients accumulated in the loop). The mean over
+    microbatches is the mean over every token."""
+    cfg, schedule, remat, batch_shards = w.model, w.schedule, w.remat, shards(w.mesh, "batch")
+    M, R = schedule.microbatches, schedule.repeats
+    axes = {n: LAYER_AXES[n] for n in layer_names(cfg.gated)}
+    vocab, tied = cfg.vocab is not None, cfg.tied_embeddings
+
+    def inputs(params):  # the stack's input [B, T, D] and the head's parameters: U, or tied the gathered E
+        if not vocab:
+            return batch["x"].astype(COMPUTE_DTYPE), {}
+        x, e = embed(batch["x"], params["embedding"], schedule, tied)
+        return x, {"u": e if tied else params["unembedding"]}
+
+    def chunk(x, ws, select):
+        return stack_forward(x, ws, schedule, remat, cfg.mlp, cfg.block, select)
+
+    def head(y, labels, hp):
+        if not vocab:
+            return mse(y, labels, X_AXES)
+        return cross_entropy(output_logits(y, hp["u"], schedule), labels)
+
+    labels = split_microbatches(batch["y"], M, batch_shards)
+
+    def gpipe(params):
+        x, hp = inputs(params)
+        weights = circular_layout({n: params[n] for n in axes}, axes, mesh, R)
+        ys = pipeline_outputs(split_microbatches(x, M, batch_shards), weights, mesh, chunk, X_AXES, repeats=R,
+                              to_stages=True)
+        return jnp.mean(jax.vmap(lambda y, lab: head(y, lab, hp), spmd_axis_name="stage")(ys, labels))
+
+    if schedule.pipeline != "1f1b":
+        return gpipe(params)
+
+    def matrices(params):  # the head's parameters and the lookup's E, gathered once in BF16 (tied: one matrix)
+        e = gather_bf16(params["embedding"], VOCAB_AXES)
+        return {"u": e} if tied else {"e": e, "u": gather_bf16(params["unembedding"], VOCAB_AXES)}
+
+    def fwd(params):
+        # the stacks as the schedule runs them (R > 1: re-laid so stage s holds chunks s, S + s, ...; the
+        # gradients re-laid back by the transpose)
+        weights, relay_vjp = jax.vjp(lambda ws: circular_layout(ws, axes, mesh, R), {n: params[n] for n in axes})
+        run = functools.partial(one_f_one_b, weights=weights, mesh=mesh, chunk=chunk, head=head, x_axes=X_AXES,
+                                repeats=R, phases=schedule.warmup_phases)
+        if vocab:  # token ids in: stage 0 looks each microbatch up in the loop, E's gradient accumulated there
+            hp, hp_vjp = jax.vjp(matrices, params)
+            key = "u" if tied else "e"
+            lookup = (lambda ids, h: loop_lookup(ids, h[key]),
+                      lambda ids, dx: {key: loop_lookup_grad(ids, dx, cfg.vocab)})
+            # the matrices' gradients, reduced to their shards each iteration
+            loss, dw, dhp, _ = run(split_microbatches(batch["x"], M, batch_shards), labels, head_params=hp,
+                                   head_grad_axes={n: grad_axes(VOCAB_AXES) for n in hp}, lookup=lookup)
+            d_inputs = hp_vjp(dhp)[0]
+        else:
+            x, inputs_vjp = jax.vjp(lambda p: inputs(p)[0], params)
+            loss, dw, _, dx = run(split_microbatches(x, M, batch_shards), labels, head_params={}, head_grad_axes={})
+            d_inputs = inputs_vjp(merge_microbatches(dx, batch_shards))[0]
+        grads = jax.tree.map(jnp.add, d_inputs, {**jax.tree.map(jnp.zeros_like, params), **relay_vjp(dw)[0]})
+        return loss, grads
+
+    loss_1f1b = jax.custom_vjp(gpipe)
+    loss_1f1b.defvjp(fwd, lambda grads, ct: (jax.tree.map(lambda g: ct * g, grads),))
+    return loss_1f1b(params)
+
+# The family's program (ffn_model.families): what the train step asks of a model family, the same functions in
+# ffn_model.model.
+
+
+def build(w: Workload, seed: int = 0) -> TransformerStack:
+    """The transformer stack of ``w`` (TransformerStack), its parameters drawn from ``seed`` (init_normal:
+    N(0, 1/fan_in))."""
+    return TransformerStack(w, rngs=nnx.Rngs(seed))
+
+
+def input_layout(cfg: TransformerConfig, batch_tokens: int):
+    """(shape, logical axes) of a batch's x and y: B/T sequences of T = seq_len token vectors [B/T, T, D] over
+    (batch, seq, act_embed); with a vocabulary, token ids [B/T, T] over (batch, seq)."""
+    if cfg.vocab is not None:
+        return (batch_tokens // cfg.seq_len, cfg.seq_len), IDS_AXES
+    return (batch_tokens // cfg.seq_len, cfg.seq_len, cfg.d_model), X_AXES
+
+
+def batch_dtypes(cfg: TransformerConfig):
+    """(x, y) element types of a batch: BF16 inputs and FP32 targets; int32 token ids and labels with a vocabulary."""
+    return (jnp.int32, jnp.int32) if cfg.vocab is not None else (COMPUTE_DTYPE, jnp.float32)
+
+
+def synthetic_batch(cfg: TransformerConfig, shape: tuple, seed: int = 0):
+    """step -> batch of ``shape``, not jitted: the teacher regression (ffn_model.task.teacher_batch); with a
+    vocabulary, ids uniform over it from (seed, step), the label of position t the id at t − 1 (at 0, its own)."""
+    if cfg.vocab is None:
+        return teacher_batch(shape, cfg.d_model, seed)
+
+    def tokens(step):
+        key = jax.random.fold_in(jax.random.split(jax.random.key(seed))[1], step)
+        ids = jax.random.randint(key, shape, 0, cfg.vocab, jnp.int32)
+        return {"x": ids, "y": jnp.concatenate([ids[:, :1], ids[:, :-1]], axis=1)}
+
+    return tokens
+
+
+def loss(model: TransformerStack, batch):
+    """The stack's loss on one batch: the MSE of its output (ffn_model.task.mse), or with a vocabulary the
+    cross-entropy of its logits (cross_entropy)."""
+    out = model(batch["x"])
+    if model.vocab is not None:
+        return cross_entropy(out, batch["y"])
+    return mse(out, batch["y"], model.output_axes)
+
+
+def pipeline_loss_fn(w: Workload, mesh, for_grad: bool = True):
+    """(params, batch) -> loss with the layers run as a pipeline over ``stage`` (transformer_pipeline_loss; a
+    forward-only step, ``for_grad=False``, runs GPipe's forward, as every schedule's)."""
+    return functools.partial(transformer_pipeline_loss, w=w, mesh=mesh)

@@ -28,6 +28,11 @@ B = 64
 ENV = {**os.environ, "JAX_PLATFORMS": "cpu"}
 
 
+def _abstract(m, cfg=TINY):
+    """The abstract train state of ``cfg`` on the mesh ``m`` (state_shardings of its workload)."""
+    return state_shardings(Workload(cfg, mesh_shape(m), 64), m)[0]
+
+
 def assert_bit_identical(got, want):
     """Same tree, dtypes, shapes and bytes, leaf by leaf."""
     assert jax.tree.structure(got) == jax.tree.structure(want)
@@ -46,7 +51,7 @@ def test_restore_on_other_meshes_is_bit_identical(tmp_path):
     _, s1 = train(Workload(TINY, mesh_shape(m1), B), m1, 2, checkpoint_dir=tmp_path / "a", return_state=True)
     want = jax.tree.map(np.asarray, s1)
 
-    step, s2, _ = ckpt.restore_latest(tmp_path / "a", state_shardings(TINY, m2)[0])
+    step, s2, _ = ckpt.restore_latest(tmp_path / "a", _abstract(m2))
     assert step == 2
     assert_bit_identical(s2, want)
     w_in = s2["params"]["w_in"]
@@ -57,7 +62,7 @@ def test_restore_on_other_meshes_is_bit_identical(tmp_path):
     mngr = ckpt.open_manager(tmp_path / "b", create=True)
     ckpt.save(mngr, step, s2)  # saved from the second mesh
     mngr.close()
-    step, s3, _ = ckpt.restore_latest(tmp_path / "b", state_shardings(TINY, one)[0])
+    step, s3, _ = ckpt.restore_latest(tmp_path / "b", _abstract(one))
     assert step == 2
     assert_bit_identical(s3, want)
     assert s3["params"]["w_out"].sharding.mesh.devices.size == 1
@@ -127,7 +132,7 @@ def test_interrupted_save_keeps_the_previous_checkpoint(tmp_path):
     full, want = train(Workload(TINY, mesh_shape(m), B), m, 4, return_state=True)
     # computed here, independently of the subprocess
     _, at_2 = train(Workload(TINY, mesh_shape(m), B), m, 2, return_state=True)
-    step, got, _ = ckpt.restore_latest(d, state_shardings(TINY, make_mesh("fsdp=8", "cpu:8"))[0])
+    step, got, _ = ckpt.restore_latest(d, _abstract(make_mesh("fsdp=8", "cpu:8")))
     assert step == 2
     assert_bit_identical(got, jax.tree.map(np.asarray, at_2))
 
@@ -236,7 +241,7 @@ def test_a_flipped_bit_in_a_checkpoint_is_found(saved, tmp_path):
     """The same checkpoint with one bit of one array flipped (the lowest mantissa bit: 1 ulp, finite, so only
     a checksum sees it), written by orbax with the metadata the good state was saved with, as damage on
     disk leaves it: the restore refuses it. A flip of bit b changes the sum mod 2^32 by 2^b."""
-    abstract = state_shardings(TINY, make_mesh("fsdp=2,tensor=4", "cpu:8"))[0]
+    abstract = _abstract(make_mesh("fsdp=2,tensor=4", "cpu:8"))
     step, state, meta = ckpt.restore_latest(saved, abstract)
     w = np.asarray(state["params"]["w_out"]).copy()
     w.view(np.uint32).flat[1000] ^= 1
@@ -300,7 +305,7 @@ def test_a_failed_read_changes_no_logging_of_the_process(saved, tmp_path, folder
     levels = {n: logging.getLogger(n).level for n in ("absl", "asyncio")}
     hook = sys.unraisablehook
     with pytest.raises(ValueError, match=r"checkpoint step 2 .* cannot be read: .*manifest"):
-        ckpt.restore_latest(tmp_path / folder, state_shardings(TINY, make_mesh("fsdp=8", "cpu:8"))[0])
+        ckpt.restore_latest(tmp_path / folder, _abstract(make_mesh("fsdp=8", "cpu:8")))
     assert {n: logging.getLogger(n).level for n in levels} == levels
     assert sys.unraisablehook is hook
 
@@ -367,7 +372,7 @@ def test_resume_passes_over_incomplete_newer_steps(saved, tmp_path):
         f"removed 3 from {d}: a save that never finished"]
     assert sorted(os.listdir(d)) == ["2", "3", "4"]
     assert all(os.path.exists(d / k / "commit_success.txt") for k in ("3", "4"))  # saved by this run
-    assert ckpt.restore_latest(d, state_shardings(TINY, m)[0])[0] == 4
+    assert ckpt.restore_latest(d, _abstract(m))[0] == 4
 
 
 def test_no_complete_step_is_one_error_line(tmp_path, capsys):
@@ -432,7 +437,7 @@ def test_a_changed_byte_of_the_metadata_is_found(saved, tmp_path, capsys):
                       separators=(",", ":"))
     assert custom["metadata_sha256"] == hashlib.sha256(body.encode()).hexdigest()
 
-    abstract = state_shardings(TINY, make_mesh("fsdp=8", "cpu:8"))[0]
+    abstract = _abstract(make_mesh("fsdp=8", "cpu:8"))
     expect = {"model": vars(TINY), "seed": 0}
     digit = str(custom["checksums"]["['params']['w_in']"])
     edits = {"seed": lambda t: t.replace('"seed": 0,', '"seed": 1,'),

@@ -26,6 +26,12 @@ ENV = {**os.environ, "JAX_PLATFORMS": "cpu"}
 TRAIN = "train --preset tiny --devices cpu:8 --mesh fsdp=4,tensor=2 --batch-tokens 64 --steps 2"
 MP = "--coordinator localhost:1234 --num-processes 2 --process-id 0"  # never reached: validated first
 
+
+def _abstract(m, cfg=TINY):
+    """The abstract train state of ``cfg`` on the mesh ``m`` (state_shardings of its workload)."""
+    return state_shardings(Workload(cfg, mesh_shape(m), 64), m)[0]
+
+
 # (arguments, what the one error line must contain). {ck} is a checkpoint directory that does not
 # exist (and must not be created); {file} a regular file; {empty} an empty directory; {full} a
 # complete checkpoint of 2 steps of the tiny model (seed 0); {corrupt} the same with its array files
@@ -313,14 +319,14 @@ def test_public_entry_points_raise_value_error(places, tmp_path):
     with pytest.raises(ValueError, match="unknown preset 'huge'"):
         get_preset("huge")
 
-    abstract = state_shardings(TINY, m)[0]
+    abstract = _abstract(m)
     for where, match in [("ck", "does not exist"), ("file", "is a file"), ("empty", "no complete checkpoint"),
                          ("corrupt", "cannot be")]:
         with pytest.raises(ValueError, match=match):
             ckpt.restore_latest(places[where], abstract)
     with pytest.raises(ValueError, match=r"holds \['opt'\]\[0\].mu\['w_in'\] as float32\[3, 256, 64\], "
                                          r"this run needs float32\[3, 512, 64\]"):
-        ckpt.restore_latest(places["full"], state_shardings(TINY.replace(d_ff=512), m)[0])  # no metadata check
+        ckpt.restore_latest(places["full"], _abstract(m, TINY.replace(d_ff=512)))  # no metadata check
     with pytest.raises(ValueError, match="written with seed 0, not 3"):
         ckpt.restore_latest(places["full"], abstract, {"model": vars(TINY), "seed": 3})
 

@@ -14,7 +14,7 @@ import pytest
 
 from jax_scaling.cli import main
 from ffn_model.compile import abstract_compile
-from ffn_model.model import to_bf16
+from ffn_model.sharded import to_bf16
 from ffn_model.train import train
 from mesh import make_mesh, mesh_shape
 from scaling.config import PRESETS, FFNConfig, MeshShape

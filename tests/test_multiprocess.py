@@ -21,6 +21,11 @@ TINY = PRESETS["tiny"]
 ENV = {**os.environ, "JAX_PLATFORMS": "cpu"}
 
 
+def _abstract(m, cfg=TINY):
+    """The abstract train state of ``cfg`` on the mesh ``m`` (state_shardings of its workload)."""
+    return state_shardings(Workload(cfg, mesh_shape(m), 64), m)[0]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("localhost", 0))
@@ -56,7 +61,7 @@ def test_two_processes_match_one_process(tmp_path):
     np.testing.assert_allclose(rep["losses"], want, rtol=1e-6)
 
     assert sorted(os.listdir(d)) == ["2", "3"]
-    step, got, _ = ckpt.restore_latest(d, state_shardings(TINY, make_mesh("fsdp=2,tensor=4", "cpu:8"))[0])
+    step, got, _ = ckpt.restore_latest(d, _abstract(make_mesh("fsdp=2,tensor=4", "cpu:8")))
     assert step == 3
     # The states agree up to the rounding of a bf16 gradient summed in another order. gloo sums the
     # gradient partials of the two processes in another order than one process does; where that sum

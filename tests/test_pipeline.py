@@ -88,10 +88,11 @@ def test_one_step_of_accumulation_equals_the_exact_gradient():
     """One step from the same state: the accumulated gradient's update equals one pass's to
     bf16 rounding of the per-microbatch partial sums (2^-8 relative of the update, lr per element)."""
     m = make_mesh("fsdp=8", "cpu:8")
-    batch = make_batch_fn(TINY8, m, B)(0)
+    w = Workload(TINY8, mesh_shape(m), B)
+    batch = make_batch_fn(w, m)(0)
     with jax.set_mesh(m):
-        a, la = make_train_step(TINY8, m)(init_state(TINY8, m), batch)
-        b, lb = make_train_step(TINY8, m, schedule=Schedule(8))(init_state(TINY8, m), batch)
+        a, la = make_train_step(w, m)(init_state(w, m), batch)
+        b, lb = make_train_step(w.replace(schedule=Schedule(8)), m)(init_state(w, m), batch)
     assert float(la) == pytest.approx(float(lb), rel=2**-8)
     for name in a["params"]:
         d = np.abs(np.asarray(a["params"][name]) - np.asarray(b["params"][name]))

@@ -316,27 +316,7 @@ def compare(w: Workload, devices: str, chip: str | None = None, verbose: bool = 
     w = w.replace(flags=w.flags.on(platform))  # XLA:CPU gets none of libtpu's flags: synchronous collectives
     res = abstract_compile(w, mesh)
     got = read_compiled(res.compiled, dict(shape))
-    cb = got.collective_bytes
-    # Which implementation of the gradient reduce-scatter XLA chose is a fact of the program: a
-    # windowed einsum is a while loop XLA names windowed_dot_general_body_rs. The closed form models both; the
-    # planner predicts it by XLA's rule (program.windowed_einsum_rs), held here against the program.
-    windowed = step == "train" and bool(got.windowed_rs_loops)
-    rule = platform != "cpu" and program.windowed_einsum_rs(w, chip_, program.links(layout))
-    # Likewise whether it reduces the weight gradients with one all-reduce over data·fsdp (TPU7x): an
-    # all-reduce over both axes that carries more than the 4-byte loss.
-    reduced_over = lambda axes: step == "train" and any(  # noqa: E731 (an all-reduce over these, past the loss)
-        c.kind == "all-reduce" and set(c.axes) == axes and c.volume > 4 for c in got.collectives)
-    merged = reduced_over({"data", "fsdp"})
-    # And, for a circular pipeline, whether it keeps the re-laid stacks for the backward (2 re-lays per
-    # stack: forward, the gradient back) or re-lays them again: the collective-permutes over stage that run
-    # once per step (the pipeline's own run every iteration), over the rounds of one re-lay of both stacks.
-    relays = 2
-    if schedule.repeats > 1 and step == "train":
-        once = sum(c.count for c in got.collectives if c.kind == "collective-permute" and c.axes == ("stage",)
-                   and c.count == 1)
-        relays = round(once / (2 * relay_moves(shape["stage"], schedule.repeats)))
-    # And whether 1F1B's output-layer gradient is summed over stage and data in one all-reduce (XLA:TPU).
-    joint = reduced_over({"data", "stage"})
+    windowed, rule, merged, relays, joint = _program_facts(w, got, chip_, layout, platform)
     w = w.with_facts(min_comm_bytes=widen, windowed_grad_rs=windowed, merged_grad_allreduce=merged,
                      circular_relays=relays, joint_head_reduce=joint)
     pred = program.predict(w, chip_, layout)
@@ -375,6 +355,47 @@ def compare(w: Workload, devices: str, chip: str | None = None, verbose: bool = 
         out["memory"]["peak"]["ratio"] = None
         out["memory"]["peak"]["note"] = ("not compared: XLA:CPU's peak_memory_in_bytes is about the arguments alone "
                                          "(XXL on cpu:64: 41.38 GB peak beside 44.40 GB of temp)")
+    out["collectives"], out["overlap"] = _collective_rows(pred, got, windowed, rule, widen, platform)
+    t = pred.times
+    out["times"] = {"math": t.math, "comms": t.comms, "step_sum": t.step["sum"], "step_max": t.step["max"],
+                    "step_scheduled": t.step["scheduled"], "exposed": t.exposed, "copies": t.copies,
+                    "bound": t.bound, "xla_optimal_seconds": got.cost.get("optimal_seconds")}
+    return out
+
+
+def _program_facts(w: Workload, got, chip_: Chip, layout: dict, platform: str) -> tuple:
+    """(windowed, rule, merged, relays, joint): the compiler facts read from the compiled program ``got``
+    (verify.hlo.CompiledProgram) that the closed forms take (scaling.workload.CompilerFacts), and XLA's rule for
+    the first (program.windowed_einsum_rs). A compiled figure is never adjusted: these say which program XLA
+    built."""
+    step, schedule = w.step, w.schedule
+    # Which implementation of the gradient reduce-scatter XLA chose is a fact of the program: a
+    # windowed einsum is a while loop XLA names windowed_dot_general_body_rs. The closed form models both; the
+    # planner predicts it by XLA's rule (program.windowed_einsum_rs), held here against the program.
+    windowed = step == "train" and bool(got.windowed_rs_loops)
+    rule = platform != "cpu" and program.windowed_einsum_rs(w, chip_, program.links(layout))
+    # Likewise whether it reduces the weight gradients with one all-reduce over data·fsdp (TPU7x): an
+    # all-reduce over both axes that carries more than the 4-byte loss.
+    reduced_over = lambda axes: step == "train" and any(  # noqa: E731 (an all-reduce over these, past the loss)
+        c.kind == "all-reduce" and set(c.axes) == axes and c.volume > 4 for c in got.collectives)
+    merged = reduced_over({"data", "fsdp"})
+    # And, for a circular pipeline, whether it keeps the re-laid stacks for the backward (2 re-lays per
+    # stack: forward, the gradient back) or re-lays them again: the collective-permutes over stage that run
+    # once per step (the pipeline's own run every iteration), over the rounds of one re-lay of both stacks.
+    relays = 2
+    if schedule.repeats > 1 and step == "train":
+        once = sum(c.count for c in got.collectives if c.kind == "collective-permute" and c.axes == ("stage",)
+                   and c.count == 1)
+        relays = round(once / (2 * relay_moves(w.mesh["stage"], schedule.repeats)))
+    # And whether 1F1B's output-layer gradient is summed over stage and data in one all-reduce (XLA:TPU).
+    joint = reduced_over({"data", "stage"})
+    return windowed, rule, merged, relays, joint
+
+
+def _collective_rows(pred, got, windowed: bool, rule: bool, widen: int, platform: str) -> tuple[dict, dict]:
+    """compare's "collectives" (the closed form's bytes per mesh axis beside the compiled program's) and
+    "overlap" (what no matmul runs beside, per axis) sections, from predict's ``pred`` and the program ``got``."""
+    cb = got.collective_bytes
     cf_axes = pred.collective_bytes
     by_axis = {}
     for axis in sorted(set(cf_axes) | set(cb["by_axis"])):
@@ -384,7 +405,7 @@ def compare(w: Workload, devices: str, chip: str | None = None, verbose: bool = 
                              + (f"; MISMATCH: XLA's rule (scaling.program.windowed_einsum_rs) "
                                 f"predicts windowed={rule}, the program windowed={windowed}"
                                 if axis == "fsdp" and rule != windowed else ""))
-    out["collectives"] = {
+    collectives = {
         "total_bytes": _row(sum(cf_axes.values()), cb["total"],
                             "Scaling Book volume V: the full array each collective spans"
                             + ("; XLA:CPU widens bf16 collectives to f32, modelled as 4 B/element" if widen else "")),
@@ -395,7 +416,7 @@ def compare(w: Workload, devices: str, chip: str | None = None, verbose: bool = 
         "count": len(got.collectives),
     }
     ov = got.overlap
-    out["overlap"] = {
+    overlap = {
         "exposed": {a: _row(pred.exposed_bytes.get(a, 0.0), ov["exposed"].get(a, 0.0),
                             "collectives no matmul runs beside in the schedule (verify.hlo, HloProgram.overlaps)")
                     for a in sorted(set(pred.exposed_bytes) | set(ov["exposed"]) | set(ov["overlapped"]))},
@@ -405,18 +426,15 @@ def compare(w: Workload, devices: str, chip: str | None = None, verbose: bool = 
                             "gathered matrices copied into the rotated loop's state (across-blocks gathers)"),
     }
     if platform != "tpu":
-        out["overlap"]["note"] = (f"XLA:{platform.upper()} is given none of libtpu's flags and runs every collective "
+        overlap["note"] = (f"XLA:{platform.upper()} is given none of libtpu's flags and runs every collective "
                                   "synchronously: exposed = all, under every flag set")
-    t = pred.times
-    out["times"] = {"math": t.math, "comms": t.comms, "step_sum": t.step["sum"], "step_max": t.step["max"],
-                    "step_scheduled": t.step["scheduled"], "exposed": t.exposed, "copies": t.copies,
-                    "bound": t.bound, "xla_optimal_seconds": got.cost.get("optimal_seconds")}
-    return out
+    return collectives, overlap
 
 
 def _peak_note(cfg, step: str, windowed: bool, remat: str = "none") -> str:
-    """What the closed-form peak adds up (scaling.memory / scaling.transformer memory_per_device)."""
-    if isinstance(cfg, TransformerConfig):
+    """What the closed-form peak adds up (scaling.memory / scaling.transformer memory_per_device): layers with
+    attention (cfg.has_attention) or the FFN stack's blocks."""
+    if cfg.has_attention:
         return ("16 B/param/N + L layers' saved activations + the batch + "
                 + ("one layer's gathered bf16 weights + its recomputed residuals" if remat == "full" else
                    "two layers' gathered bf16 weights + one layer's fp32 weight gradients"
