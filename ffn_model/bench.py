@@ -14,7 +14,7 @@ import time
 import jax
 
 from ffn_model.train import check_mesh, init_state, make_batch_fn, make_optimizer, make_train_step
-from scaling.config import check_seed, non_negative_int, positive_int
+from scaling.inputs import check_seed, non_negative_int, positive_int
 from scaling.workload import Workload
 
 

@@ -39,7 +39,7 @@ from ffn_model.pipeline import accumulate
 from ffn_model.sharded import zero1_gradients
 from mesh.devices import mesh_shape
 from mesh.rules import logical_to_spec
-from scaling.config import check_seed, positive_float, positive_int
+from scaling.inputs import check_seed, positive_float, positive_int
 from scaling.sharding import shards
 from scaling.workload import Workload
 

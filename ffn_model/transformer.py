@@ -39,7 +39,8 @@ from ffn_model.sharded import (COMPUTE_DTYPE, constrain, gather_bf16, grad_axes,
                                to_bf16)
 from ffn_model.task import mse, teacher_batch, token_mean
 from mesh.rules import logical_to_spec
-from scaling.config import Schedule, TransformerConfig
+from scaling.schedule import Schedule
+from scaling.transformer import TransformerConfig
 from scaling.sharding import shards
 from scaling.workload import Workload
 
@@ -67,7 +68,7 @@ SAVED = ("norm1", "q", "k", "v", *RESIDUAL_NAMES, "mid", "norm2", "mlp_in", "mlp
 # split of x and of mid and all-gathers them again (Korthikanti et al. 2022, section 4.2.2). Named, XLA
 # kept them whole (its sharding propagation gave the saved stacks the all-gathered layout).
 SAVED_SP = tuple(n for n in SAVED if n not in ("norm1", "norm2"))
-# The named policies (scaling.config.Remat): what each keeps besides the layer's input. MaxText's (its
+# The named policies (scaling.policies.Remat): what each keeps besides the layer's input. MaxText's (its
 # decoders' get_remat_policy): the projections' outputs, q, k, v ("query/key/value_proj"), o·W_o after its
 # reduction ("out_proj": attn_proj), the MLP's first matmul(s) ("mlpwi": mlp_in, mlp_gate) and its output
 # ("mlpwo": mlp_out); Korthikanti et al. 2022's selective recompute: everything but the attention's
@@ -271,7 +272,7 @@ def layer(x_BxTxD, w: dict, schedule: Schedule, mlp_kind: str = "gelu", block: s
 def stack_forward(x_BxTxD, weights: dict, schedule: Schedule, remat: str = "none", mlp_kind: str = "gelu",
                   block: str = "serial", select=None):
     """The L layers as one lax.scan over the stacked weights (a dict of [L, ...] arrays), each layer under
-    jax.checkpoint with the remat policy (validated where the Workload is built: scaling.config.check_remat): "none"
+    jax.checkpoint with the remat policy (validated where the Workload is built: scaling.policies.check_remat): "none"
     saves SAVED, "full" nothing but the layer's input, the named policies what policy_saves says."""
     policy = jax.checkpoint_policies.save_only_these_names(*policy_saves(remat, schedule))
     body = jax.checkpoint(functools.partial(layer, schedule=schedule, mlp_kind=mlp_kind, block=block, select=select),

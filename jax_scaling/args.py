@@ -5,8 +5,11 @@ each read into the library's objects (scaling.reports' builders, where every val
 from __future__ import annotations
 
 from scaling import kernels
-from scaling.config import (ACCUMULATION_BYTES, ATTENTIONS, BLOCK_KINDS, CONTEXT_STRATEGIES, FAMILIES, FSDP_GATHERS,
-                            MLP_KINDS, OPTIMIZER_SHARDINGS, PIPELINES, PRESETS, REMAT_POLICIES, Schedule)
+from scaling.policies import (ACCUMULATION_BYTES, ATTENTIONS, CONTEXT_STRATEGIES, FSDP_GATHERS, OPTIMIZER_SHARDINGS,
+                              PIPELINES, REMAT_POLICIES)
+from scaling.presets import FAMILIES, PRESETS
+from scaling.schedule import Schedule
+from scaling.transformer import BLOCK_KINDS, MLP_KINDS
 from scaling.flags import DEFAULT_FLAGS, FLAG_SETS, FlagSet, get_flag_set
 from scaling.hardware import DEFAULT_CHIP
 from scaling.limits import integer, number
@@ -39,7 +42,7 @@ def flags_of(args) -> FlagSet:
 
 
 def add_schedule_args(p) -> None:
-    """--microbatches, --repeats, --schedule, --fsdp-gather (scaling.config.Schedule), and --xla-flags."""
+    """--microbatches, --repeats, --schedule, --fsdp-gather (scaling.schedule.Schedule), and --xla-flags."""
     add_xla_flags_arg(p)
     g = p.add_argument_group("microbatches and pipeline stages (with a stage axis in --mesh)")
     g.add_argument("--microbatches", type=integer, default=1,
@@ -119,7 +122,7 @@ def add_model_args(p, preset: str) -> None:
 
 
 def presets_of(family) -> str:
-    """'FFN presets: tiny, ...' or 'transformer presets: ...': a family's presets (scaling.config.PRESETS by
+    """'FFN presets: tiny, ...' or 'transformer presets: ...': a family's presets (scaling.presets.PRESETS by
     ``family.family``), named by the first word of its noun."""
     return (family.noun.split()[0] + " presets: "
             + ", ".join(k for k, v in PRESETS.items() if v.family == family.family))

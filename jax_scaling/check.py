@@ -8,7 +8,8 @@ import sys
 
 from jax_scaling.args import add_model_args, add_schedule_args, flags_of, model_config, schedule_of
 from mesh.devices import device_count, use_cpu_platform_for
-from scaling.config import REMAT_POLICIES, parse_mesh_spec
+from scaling.mesh_shape import parse_mesh_spec
+from scaling.policies import REMAT_POLICIES
 from scaling.hardware import DEFAULT_CHIP, get_chip
 from scaling.limits import check_size, integer
 from scaling.workload import Workload

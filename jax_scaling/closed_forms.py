@@ -15,7 +15,8 @@ from jax_scaling.args import (MODEL_FLAGS, add_model_args, add_predict_args, add
 from jax_scaling.predict import report_of
 from scaling import kernels, layer_estimator, seed000, seed002
 from scaling.answers import QUESTION, answers, render
-from scaling.config import FFNConfig, MeshShape
+from scaling.ffn import FFNConfig
+from scaling.mesh_shape import MeshShape
 from scaling.hardware import get_chip
 from scaling.limits import check_size, integer, number
 from scaling.table import prose, table

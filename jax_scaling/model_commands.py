@@ -36,8 +36,9 @@ from jax_scaling.args import add_model_args, add_schedule_args, flags_of, model_
 from jax_scaling.processes import check_real_cpu_size, end_one_of_several, start_processes
 from mesh.devices import PROCESS_TIMEOUT, cpu_device_count, device_count, use_cpu_platform_for
 from scaling.limits import check_size, integer, number
-from scaling.config import (REMAT_POLICIES, MeshShape, check_remat, check_seed, non_negative_int, parse_mesh_spec,
-                            positive_float, positive_int)
+from scaling.inputs import check_seed, non_negative_int, positive_float, positive_int
+from scaling.mesh_shape import MeshShape, parse_mesh_spec
+from scaling.policies import REMAT_POLICIES, check_remat
 from scaling.hardware import get_chip
 from scaling.workload import Workload
 

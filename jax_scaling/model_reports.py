@@ -10,7 +10,7 @@ from jax_scaling.args import flags_of, schedule_of
 from jax_scaling.processes import check_real_cpu_size, start_processes
 from mesh import make_mesh, mesh_shape
 from mesh.devices import infer_chip, parse_gpu_spec
-from scaling.config import MeshShape
+from scaling.mesh_shape import MeshShape
 from scaling.hardware import get_chip
 from scaling.workload import Workload
 from verify.bench import bench

@@ -10,8 +10,9 @@ import time
 
 from jax_scaling.args import add_model_args, add_xla_flags_arg, flags_of, model_config, needs, say
 from scaling import plan as planner
-from scaling.config import (ATTENTIONS, CONTEXT_STRATEGIES, OPTIMIZER_SHARDINGS, PIPELINES, REMAT_POLICIES, MeshShape,
-                            TransformerConfig)
+from scaling.mesh_shape import MeshShape
+from scaling.policies import ATTENTIONS, CONTEXT_STRATEGIES, OPTIMIZER_SHARDINGS, PIPELINES, REMAT_POLICIES
+from scaling.transformer import TransformerConfig
 from scaling.flags import check_modelled
 from scaling.hardware import DEFAULT_CHIP, chips_in, get_chip, slice_name
 from scaling.limits import check_devices, check_size, integer, number

@@ -1,5 +1,5 @@
 """Devices (emulated CPU, any TPU topology libtpu compiles for, the real ones), meshes over the axes of
-scaling.config.MESH_AXES, the ICI layout of each mesh axis, and the logical-axis table in jax's and
+scaling.mesh_shape.MESH_AXES, the ICI layout of each mesh axis, and the logical-axis table in jax's and
 flax's forms.
 
 Importing this package does not import jax (jax is imported inside the functions that need it, so a

@@ -23,7 +23,8 @@ import os
 import sys
 import tempfile
 
-from scaling.config import MESH_AXES, MeshShape, parse_mesh_spec, positive_int
+from scaling.inputs import positive_int
+from scaling.mesh_shape import MESH_AXES, MeshShape, parse_mesh_spec
 from scaling.limits import ascii_int
 from scaling.hardware import (CHIPS, DEFAULT_CHIP, GPU_NODE, Chip, chip_of_device_kind, chips_in, get_chip,
                               parse_slice, parse_topology)
@@ -290,7 +291,7 @@ def get_devices(devices=None, verbose: bool = False) -> list:
 
 
 def make_mesh(spec, devices=None, verbose: bool = False):
-    """A jax.sharding.Mesh with the axes of scaling.config.MESH_AXES (Auto axis types) over ``devices``.
+    """A jax.sharding.Mesh with the axes of scaling.mesh_shape.MESH_AXES (Auto axis types) over ``devices``.
 
     ``spec`` is a string such as "fsdp=16,tensor=4" (axes left out have size 1) or a MeshShape.
     The product of the axis sizes must equal the number of devices (ValueError otherwise).

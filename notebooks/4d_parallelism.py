@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from scaling import memory, roofline
 from scaling.answers import answers, render
-from scaling.config import PRESETS
+from scaling.presets import PRESETS
 
 # %matplotlib inline
 plt.rcParams.update({"figure.dpi": 110, "font.size": 10})
@@ -237,7 +237,7 @@ if has_libtpu():
 # copies, 2·0.87 GB of HBM traffic per block); dotted: T_math.
 
 # %%
-from scaling.config import parse_mesh_spec
+from scaling.mesh_shape import parse_mesh_spec
 from scaling.hardware import CHIPS
 from scaling.program import predict
 from scaling.workload import Workload

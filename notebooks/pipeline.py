@@ -24,7 +24,9 @@ import numpy as np
 
 from mesh import devices as mesh_devices
 from scaling import pipeline, program
-from scaling.config import PRESETS, MeshShape, Schedule
+from scaling.mesh_shape import MeshShape
+from scaling.presets import PRESETS
+from scaling.schedule import Schedule
 from scaling.hardware import get_chip
 from scaling.plan import plan
 from scaling.workload import Workload

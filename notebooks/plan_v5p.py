@@ -16,7 +16,7 @@
 import math
 import time
 import matplotlib.pyplot as plt
-from scaling.config import PRESETS
+from scaling.presets import PRESETS
 from scaling.hardware import parse_slice
 from scaling.plan import plan
 

@@ -1,7 +1,7 @@
 # %% [markdown]
 # # Memory per device against sequence length: TP, SP, Ulysses and ring attention on v5p
 #
-# The seed-000 transformer (`scaling.config.get_preset("seed000")`: D = 16384, N = 128 heads of H = 128,
+# The seed-000 transformer (`scaling.presets.get_preset("seed000")`: D = 16384, N = 128 heads of H = 128,
 # F = 53248, L = 126 pre-norm layers, P = 355.1 B parameters; the reference trace
 # `shared/reference/seeds/000_ulysses_2d_tp_trace.txt` runs one of its layers with Ulysses over 16 GPUs at
 # 60,000 tokens) trained with AdamW, per device, as the sequence length T grows, under four strategies:
@@ -40,7 +40,9 @@ import numpy as np
 
 from mesh import devices as mesh_devices
 from scaling import program
-from scaling.config import Schedule, get_preset, parse_mesh_spec
+from scaling.mesh_shape import parse_mesh_spec
+from scaling.presets import get_preset
+from scaling.schedule import Schedule
 from scaling.hardware import CHIPS
 from scaling.workload import Workload
 

@@ -469,7 +469,7 @@ def system_of(chip, vector_tflops: float | None = None) -> dict:
 
 
 def model_tables(cfg, b: int, tp: int, sequence_parallel: bool, system: dict) -> dict:
-    """The seed's tables for a transformer config (scaling.config.TransformerConfig: d_model e, d_ff f, heads h,
+    """The seed's tables for a transformer config (scaling.transformer.TransformerConfig: d_model e, d_ff f, heads h,
     kv_heads, head_dim, mlp_matrices, seq_len l, blocks = depth) on one of tp GPUs, b sequences, 16-bit
     elements; no biases (the presets' models have none): {'mlp', 'sa', 'mlp_totals', 'sa_totals',
     'mlp_comm_fraction', 'sa_comm_fraction'} as seed001_tables."""

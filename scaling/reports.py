@@ -15,8 +15,12 @@ from dataclasses import dataclass
 
 from scaling import kernels
 from scaling import plan as planner
-from scaling.config import (DEFAULT_PRECISION, PRESETS, MeshShape, Precision, Schedule, check_divisible, get_preset,
-                            parse_mesh_spec, positive_float, positive_int)
+from scaling.family import check_divisible
+from scaling.inputs import positive_float, positive_int
+from scaling.mesh_shape import MeshShape, parse_mesh_spec
+from scaling.policies import DEFAULT_PRECISION, Precision
+from scaling.presets import PRESETS, get_preset
+from scaling.schedule import Schedule
 from scaling.flags import DEFAULT_FLAGS, check_modelled, get_flag_set
 from scaling.hardware import DEFAULT_CHIP, GPU_NODE, Chip, get_chip, parse_slice, split_slices
 from scaling.kernels import peak_flops
@@ -33,7 +37,7 @@ DTYPE_BYTES = {"bf16": 2, "fp32": 4, "tf32": 4, "int8": 1, "fp8": 1}  # an eleme
 
 
 def transformer_presets() -> str:
-    """The presets of the families with attention, comma-separated (scaling.config.PRESETS)."""
+    """The presets of the families with attention, comma-separated (scaling.presets.PRESETS)."""
     return ", ".join(k for k, v in PRESETS.items() if v.has_attention)
 
 
@@ -71,7 +75,7 @@ def schedule_from(microbatches: int = 1, repeats: int = 1, fsdp_gather: str = "m
 def precision_of(dtype: str, accumulation: str = "package") -> Precision:
     """The precision policy with ``dtype`` matmuls: activations and weights on the wire in its bytes
     (DTYPE_BYTES; tf32 is stored as fp32), FP32 master weights, gradients and moments as always; the gradient
-    accumulation of the runtime ``accumulation`` (scaling.config.ACCUMULATION_BYTES)."""
+    accumulation of the runtime ``accumulation`` (scaling.policies.ACCUMULATION_BYTES)."""
     b = DTYPE_BYTES[dtype]
     return dataclasses.replace(DEFAULT_PRECISION, compute=b, weight_comm=b, dtype=dtype, accumulation=accumulation)
 

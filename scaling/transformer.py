@@ -98,7 +98,7 @@ class TransformerConfig:
     sequences of ``seq_len`` tokens T. Without ``vocab`` there is no embedding or output projection (the
     synthetic task maps token vectors to token vectors like the FFN stack's); with it, token ids in, an
     embedding E [V, D], a final RMSNorm, logits h·Uᵀ (U = E with ``tied_embeddings``) and the softmax
-    cross-entropy against the previous token's id (ffn_model.train.make_batch_fn).
+    cross-entropy against the previous token's id (ffn_model.transformer.synthetic_batch).
 
     Parameters per layer (Scaling Book transformers page): attention D·H·(2N + 2K) (W_q, W_k, W_v,
     W_o), MLP m·D·F (m = 2, or 3 gated); the RMSNorms carry no learned scale (ffn_model.transformer.rms_norm).
@@ -559,7 +559,7 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
 
 
 def stage_volumes(w: Workload, c: float) -> dict[str, float]:
-    """{kind: V bytes} over ``stage`` per device (ffn_model.pipeline, ffn_model.train.transformer_pipeline_loss;
+    """{kind: V bytes} over ``stage`` per device (ffn_model.pipeline, ffn_model.transformer.transformer_pipeline_loss;
     c the bytes a BF16 element moves as): every iteration a microbatch's activations, c·(t/M)·D, to the next
     stage, and in the backward their gradient back: T·c·(t/M)·D per direction (1F1B with warm-up phases: its
     slots, less the permute nothing reads of a phase of one iteration, which XLA unrolls and drops). GPipe and

@@ -20,7 +20,7 @@ from importlib import resources
 import numpy as np
 
 from scaling import hardware
-from scaling.config import TransformerConfig
+from scaling.transformer import TransformerConfig
 from scaling.reports import PredictReport, predict_report, predict_setup
 
 _TABLE = "data/measured.toml"

@@ -20,7 +20,8 @@ from verify.check import (CPU_GRID, grid_workload, CPU_SEQUENCE_GRID, CPU_STAGE_
                           PEAK_BANDED_ABOVE, TPU_CHIP_GRID, TPU_GRID, TPU_MID_GRID, TPU_SEQUENCE_GRID, TPU_STAGE_GRID,
                           TPU_TF_STAGE_GRID, XXL_ACCUMULATE,
                           XXL_SEQUENCE_PARALLEL, XXL_STAGES, XXL_TRAIN, CACHE_ENV, check, render)
-from scaling.config import TransformerConfig, get_preset
+from scaling.presets import get_preset
+from scaling.transformer import TransformerConfig
 from scaling.workload import Workload
 from scaling.hardware import get_chip
 
@@ -326,7 +327,7 @@ def test_cpu_check_times_the_bytes_a_tpu_moves():
     of the bf16 bytes a TPU moves: the same as predict's with no widening, half the widened ones' here
     (every collective of this step is bf16 but the 4-byte loss)."""
     from scaling import program
-    from scaling.config import MeshShape
+    from scaling.mesh_shape import MeshShape
 
     cfg = get_preset("small")
     rep = check(grid_workload(cfg, "fsdp=4,tensor=2", 4096), "cpu:8")

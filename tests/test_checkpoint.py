@@ -20,7 +20,7 @@ from ffn_model import checkpoint as ckpt
 from jax_scaling.cli import main
 from ffn_model.train import state_shardings, train
 from mesh import make_mesh, mesh_shape
-from scaling.config import PRESETS
+from scaling.presets import PRESETS
 from scaling.workload import Workload
 
 TINY = PRESETS["tiny"]  # D=64, F=256, L=3
@@ -107,7 +107,7 @@ jax.config.update("jax_num_cpu_devices", 8)
 from ffn_model import checkpoint as ckpt
 from ffn_model.train import train
 from mesh import make_mesh, mesh_shape
-from scaling.config import PRESETS
+from scaling.presets import PRESETS
 from scaling.workload import Workload
 
 d = sys.argv[1]

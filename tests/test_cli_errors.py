@@ -18,7 +18,7 @@ from verify.bench import bench
 from jax_scaling.cli import main
 from ffn_model.train import state_shardings, train
 from mesh import make_mesh, mesh_shape
-from scaling.config import PRESETS, get_preset
+from scaling.presets import PRESETS, get_preset
 from scaling.workload import Workload
 
 TINY = PRESETS["tiny"]  # D=64, F=256, L=3
@@ -369,7 +369,7 @@ def test_size_rule_weighs_the_closed_form_against_the_host(monkeypatch):
     """train and bench on emulated CPU devices allocate in this host's memory: the closed-form memory per device
     times the devices must fit it; compile (no cpu_devices) allocates nothing and is not held to it."""
     from scaling import limits as cli
-    from scaling.config import parse_mesh_spec
+    from scaling.mesh_shape import parse_mesh_spec
 
     mesh = parse_mesh_spec("fsdp=8", 8)
     # the tiny model's state alone: 16 B × 2·64·256·3 / 8 = 24,576 B per device, 196,608 B on 8 devices

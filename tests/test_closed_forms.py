@@ -15,7 +15,10 @@ from hypothesis import strategies as st
 
 from scaling import collectives, flops, memory, roofline
 from scaling.answers import answers, render
-from scaling.config import FFNConfig, MeshShape, parse_mesh_spec, PRESETS, Schedule
+from scaling.ffn import FFNConfig
+from scaling.mesh_shape import MeshShape, parse_mesh_spec
+from scaling.presets import PRESETS
+from scaling.schedule import Schedule
 from scaling.program import collective_volumes as collectives_of
 from scaling.hardware import get_chip, parse_slice, slice_topology
 from scaling.workload import Workload
@@ -488,7 +491,7 @@ def test_measured_runs_presets_by_their_sources():
     presets plus the RMSNorm scales this package's model omits (2·L·D + D) give the released checkpoints'
     parameter counts (Llama-2-7B 6,738,415,616; Llama-2-70B 68,976,648,192; Llama-3.1-8B 8,030,261,248;
     Llama-3.1-70B 70,553,706,496)."""
-    from scaling.config import maxtext_scale
+    from scaling.presets import maxtext_scale
 
     table = {16: (5120, 32, 32768, 32), 32: (10240, 32, 32768, 32), 64: (10240, 32, 32768, 64),
              128: (10240, 64, 65536, 64)}

@@ -17,7 +17,9 @@ from ffn_model.compile import abstract_compile
 from ffn_model.sharded import to_bf16
 from ffn_model.train import train
 from mesh import make_mesh, mesh_shape
-from scaling.config import PRESETS, FFNConfig, MeshShape
+from scaling.ffn import FFNConfig
+from scaling.mesh_shape import MeshShape
+from scaling.presets import PRESETS
 from scaling.workload import Workload
 from verify.hlo import read_compiled
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from scaling import program
-from scaling.config import get_preset, parse_mesh_spec
+from scaling.mesh_shape import parse_mesh_spec
+from scaling.presets import get_preset
 from scaling.flags import DEFAULT_FLAGS, FLAG_SETS, get_flag_set
 from scaling.workload import Workload
 from verify import hlo

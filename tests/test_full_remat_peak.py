@@ -15,7 +15,8 @@ from __future__ import annotations
 import pytest
 
 from scaling import transformer
-from scaling.config import Schedule, get_preset
+from scaling.presets import get_preset
+from scaling.schedule import Schedule
 from scaling.flags import get_flag_set
 from verify.check import PEAK_BANDED_ABOVE, check, grid_workload
 

@@ -21,7 +21,8 @@ import pytest
 
 from jax_scaling.cli import main, parser
 from scaling.limits import INT32_LIMIT, check_size
-from scaling.config import MeshShape, get_preset
+from scaling.mesh_shape import MeshShape
+from scaling.presets import get_preset
 from scaling.workload import Workload
 
 ROOT = Path(__file__).resolve().parents[1]

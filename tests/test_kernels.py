@@ -6,7 +6,8 @@ import json
 import pytest
 
 from scaling import kernels
-from scaling.config import PRESETS, Schedule
+from scaling.presets import PRESETS
+from scaling.schedule import Schedule
 from scaling.hardware import get_chip
 from scaling.workload import Workload
 from jax_scaling.cli import main

@@ -10,7 +10,7 @@ from jax.sharding import AxisType, PartitionSpec as P
 
 import mesh
 from mesh import devices as mesh_devices
-from scaling.config import MeshShape
+from scaling.mesh_shape import MeshShape
 from scaling.hardware import get_chip
 from scaling.sharding import LOGICAL_RULES
 

@@ -14,7 +14,7 @@ import numpy as np
 from ffn_model import checkpoint as ckpt
 from ffn_model.train import state_shardings, train
 from mesh import make_mesh, mesh_shape
-from scaling.config import PRESETS
+from scaling.presets import PRESETS
 from scaling.workload import Workload
 
 TINY = PRESETS["tiny"]

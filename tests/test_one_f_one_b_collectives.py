@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import pytest
 
-from scaling.config import Schedule, get_preset
+from scaling.presets import get_preset
+from scaling.schedule import Schedule
 from verify.check import check, grid_workload
 
 from test_check import _assert_bands  # the bands every check test holds (tests/ is on sys.path under pytest)

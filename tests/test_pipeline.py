@@ -14,7 +14,8 @@ from jax_scaling.cli import main
 from ffn_model.train import init_state, make_batch_fn, make_train_step, train
 from mesh import make_mesh, mesh_shape
 from scaling import pipeline as closed
-from scaling.config import FFNConfig, Schedule
+from scaling.ffn import FFNConfig
+from scaling.schedule import Schedule
 from scaling.workload import Workload
 
 # 8 blocks: 2 or 4 stages, and circular R = 2 on 4 stages (2 chunks of 1 block) or on 2 (2 chunks of 2).

@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from scaling.config import PRESETS, Schedule
+from scaling.presets import PRESETS
+from scaling.schedule import Schedule
 from scaling.hardware import get_chip
 from scaling.plan import plan
 from scaling.workload import Workload
@@ -223,7 +224,7 @@ def test_planner_ranks_what_predict_says(chip, chips, batch, remat):
     mesh's fastest layout; calling predict once, on scalars, for the plan's own mesh, layout and DCN
     split must give the same step times, memory, bound, MFU and critical batch. 20+ plans in all."""
     from scaling import program
-    from scaling.config import MeshShape
+    from scaling.mesh_shape import MeshShape
 
     chip_ = get_chip(chip)
     plans = plan(XXL, chip_, chips, batch, remat=remat, hbm=1e30)[:4]
@@ -353,7 +354,7 @@ def test_windowed_einsum_rule_matches_the_compiler(topology, mesh, batch, window
     """scaling.program.windowed_einsum_rs (XLA's cost rule, used by predict for TPU chips) gives what the
     compiler did on every measured program (issue 17, item 4)."""
     from scaling import program
-    from scaling.config import parse_mesh_spec
+    from scaling.mesh_shape import parse_mesh_spec
 
     dims = [int(n) for n in topology.split("x")]
     shape = parse_mesh_spec(mesh)
@@ -370,7 +371,7 @@ def test_plan_and_check_give_one_answer_on_the_question_mesh():
     / 67.5 GB). Memory by hand: the windowed backward holds one gathered bf16 matrix 2·D·F/Y = 436.2 MB
     instead of two blocks' W_in and W_out (4 matrices): 1.309 GB less."""
     from scaling import program
-    from scaling.config import MeshShape
+    from scaling.mesh_shape import MeshShape
 
     p = next(p for p in plan(XXL, V5P, 64, 25600) if tuple(p["mesh"].values()) == (1, 1, 16, 4))
     lay = {a: (v["lens"], v["wrap"]) for a, v in p["layout"].items()}

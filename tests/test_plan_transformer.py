@@ -9,7 +9,8 @@ import pytest
 
 from mesh.devices import has_cuda_plugin
 from scaling import kernels, program
-from scaling.config import PRESETS, Schedule
+from scaling.presets import PRESETS
+from scaling.schedule import Schedule
 from scaling.hardware import get_chip
 from scaling.plan import Choices, plan, workload_of
 from scaling.transformer import POLICY_KEEPS
@@ -110,7 +111,7 @@ def test_plan_of_a_full_v5p_pod_is_evaluated_in_stacks():
         import json, time
         from unittest import mock
         from scaling import kernels, memory, program
-        from scaling.config import PRESETS
+        from scaling.presets import PRESETS
         from scaling.hardware import get_chip
         from scaling.plan import Choices, plan
         cfg, v5p = PRESETS["llama3.1-70b"], get_chip("v5p")

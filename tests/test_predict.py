@@ -5,7 +5,8 @@ import json
 import pytest
 
 from jax_scaling.cli import main
-from scaling.config import PRESETS, parse_mesh_spec
+from scaling.mesh_shape import parse_mesh_spec
+from scaling.presets import PRESETS
 from scaling.hardware import get_chip
 from scaling.plan import Choices, dcn_placement, plan
 

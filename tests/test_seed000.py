@@ -16,7 +16,8 @@ import pytest
 from scaling import seed000 as s0
 from jax_scaling.cli import main
 from scaling.hardware import CHIPS
-from scaling.config import MeshShape, get_preset
+from scaling.mesh_shape import MeshShape
+from scaling.presets import get_preset
 from scaling.workload import Workload
 from scaling.transformer import step_flops
 from verify.trace import compile_seed000_layer, render_compiled

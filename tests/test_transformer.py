@@ -10,7 +10,9 @@ import pytest
 
 from ffn_model.train import train
 from mesh import make_mesh, mesh_shape
-from scaling.config import Schedule, get_preset, parse_mesh_spec
+from scaling.mesh_shape import parse_mesh_spec
+from scaling.presets import get_preset
+from scaling.schedule import Schedule
 from scaling.workload import Workload
 from tests.test_pipeline import assert_matches
 

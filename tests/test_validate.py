@@ -5,7 +5,8 @@ import json
 import pytest
 
 from jax_scaling.cli import main
-from scaling.config import PRESETS, TransformerConfig
+from scaling.presets import PRESETS
+from scaling.transformer import TransformerConfig
 from scaling.validate import measured_runs, measured_step, spearman, validate
 
 

@@ -9,7 +9,10 @@ import numpy as np
 import pytest
 
 from scaling import memory, program
-from scaling.config import PRESETS, MeshShape, Remat, Schedule, Step
+from scaling.mesh_shape import MeshShape
+from scaling.policies import Remat, Step
+from scaling.presets import PRESETS
+from scaling.schedule import Schedule
 from scaling.hardware import get_chip
 from scaling.workload import CompilerFacts, Workload
 

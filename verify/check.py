@@ -24,8 +24,11 @@ from mesh.devices import has_cuda_plugin, parse_tpu_spec, use_cpu_platform_for
 from scaling import pipeline, program
 from scaling import plan as planner
 from scaling.answers import model_name
-from scaling.config import (FFNConfig, MeshShape, Schedule, TransformerConfig, get_preset,
-                            parse_mesh_spec)
+from scaling.ffn import FFNConfig
+from scaling.mesh_shape import MeshShape, parse_mesh_spec
+from scaling.presets import get_preset
+from scaling.schedule import Schedule
+from scaling.transformer import TransformerConfig
 from scaling.hardware import CHIPS, DEFAULT_CHIP, Chip, get_chip, slice_topology
 from scaling.pipeline import relay_moves
 from scaling.table import table

@@ -2,7 +2,7 @@
 
 The trace (scaling.seed000) is a PyTorch forward of one Ulysses attention layer of the XXL's dimensions
 (d 16384, 128 heads, 60,000 tokens) on 16 GPUs. Here the same layer of the package's transformer
-(scaling.config preset seed000, one layer: attention and its MLP, FP32 master weights) is compiled ahead
+(scaling.presets preset seed000, one layer: attention and its MLP, FP32 master weights) is compiled ahead
 of time for a 16-chip v5p slice, context=16 (Ulysses: 8 heads per device over the whole sequence), the
 forward step on one 60,000-token sequence, with materialized scores (as the seed) and with flash
 attention, and its compiled peak set beside the seed's 61.02 GB and the closed form
@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import sys
 
-from scaling.config import Schedule, get_preset, parse_mesh_spec
+from scaling.mesh_shape import parse_mesh_spec
+from scaling.presets import get_preset
+from scaling.schedule import Schedule
 from scaling.workload import Workload
 from scaling.hardware import CHIPS, DEFAULT_CHIP
 from scaling.program import predict
