@@ -122,10 +122,12 @@ def plan_command(args) -> int:
     if args.verify_top:
         from verify.check import verify_plans
 
-        verify_plans(plans[: args.verify_top], cfg, chip, chips, budget, args.verbose, flags)
+        plans[: args.verify_top] = verify_plans(plans[: args.verify_top], cfg, chip, chips, budget, args.verbose,
+                                                flags)
     if args.json:
-        print(json.dumps({"plans": plans[: args.top], "count": len(plans), "enumerate_seconds": seconds,
-                          "chip": chip.name, "chips": chips, "slice": name, "hbm_budget": budget}, indent=2))
+        print(json.dumps({"plans": [p.to_json() for p in plans[: args.top]], "count": len(plans),
+                          "enumerate_seconds": seconds, "chip": chip.name, "chips": chips, "slice": name,
+                          "hbm_budget": budget}, indent=2))
         return 0
     print_header(args, cfg, plans, (chip, chips, budget, where), flags, choices, seconds)
     print_plans(args, cfg, plans)
@@ -139,10 +141,10 @@ def no_plan(args, cfg, chip, chips, budget, where, flags, choices) -> ValueError
                                 max_microbatches=args.max_microbatches, max_repeats=args.max_repeats,
                                 flags=flags, choices=choices)
     why = "" if miss is None else (
-        f"; nearest miss: {_mesh_text(miss['mesh'])}{_schedule_text(miss)} "
-        f"needs {miss['memory_bytes'] / 1e9:.1f} GB per device ("
-        + ", ".join(f"{k} {v / 1e9:.1f}" for k, v in miss["memory_terms"].items() if k != "total" and v >= 5e7)
-        + " GB): " + f"{(miss['memory_bytes'] - budget) / 1e9:.1f} GB over")
+        f"; nearest miss: {miss.mesh_text()}{miss.schedule_text()} "
+        f"needs {miss.memory_bytes / 1e9:.1f} GB per device ("
+        + ", ".join(f"{k} {v / 1e9:.1f}" for k, v in miss.memory_terms.items() if k != "total" and v >= 5e7)
+        + " GB): " + f"{(miss.memory_bytes - budget) / 1e9:.1f} GB over")
     B, most = args.batch_tokens, chips * args.max_microbatches
     if miss is None:  # no mesh runs it at all, whatever the memory: say which rules fail
         return ValueError(f"no mesh of {where} can run {cfg} with B = {B:,} tokens, whatever the memory: "
@@ -160,7 +162,7 @@ def print_header(args, cfg, plans, target, flags, choices, seconds: float) -> No
     chip, chips, budget, where = target
     transformer = cfg.has_attention
     other = "max" if args.form == "sum" else "sum"
-    slices = plans[0]["slices"]
+    slices = plans[0].slices
     tried = (f"remat {', '.join(choices.remats)}" if not transformer else
              f"schedule, remat ({', '.join(choices.remats)}), attention ({', '.join(choices.attentions)}), context "
              f"strategy, sequence parallelism and optimizer sharding ({', '.join(choices.optimizer_sharding)})")
@@ -189,45 +191,37 @@ def print_header(args, cfg, plans, target, flags, choices, seconds: float) -> No
           + (" sched: the pipeline schedule (gpipe, circular, 1f1b; 1F1B's bubble 2(S-1)/M, interleaved "
              "(R*S+S-2)/(R*M)); SP: sequence parallelism; ctx: the context strategy (with a context axis); "
              "no critical batch is modelled for the transformer." if transformer else
-             f" crit B: the global batch above which the {crit_form(args.form)} form is compute bound (never: no "
-             "batch makes it so on that mesh; the scheduled form's exposed collectives follow the flags' schedule, "
-             "so it has no threshold of its own)."))
+             f" crit B: the global batch above which the {planner.crit_form(args.form)} form is compute bound "
+             "(never: no batch makes it so on that mesh; the scheduled form's exposed collectives follow the flags' "
+             "schedule, so it has no threshold of its own)."))
 
 
 def print_plans(args, cfg, plans) -> None:
     """plan's table: the top --top plans, then the best without and with stages (# is the rank)."""
-    transformer, slices = cfg.has_attention, plans[0]["slices"]
+    transformer, slices = cfg.has_attention, plans[0].slices
     other = "max" if args.form == "sum" else "sum"
     best = {}
     for k, r in enumerate(plans, 1):
-        best.setdefault(r["mesh"]["stage"] > 1, (k, r))
+        best.setdefault(r.mesh["stage"] > 1, (k, r))
     shown = list(enumerate(plans[: args.top], 1)) + [best[s] for s in (False, True) if s in best]
     short = {"scheduled": "sched"}.get(args.form, args.form)
     header = ["#", *planner.plan_axes(cfg), *(["dcn"] if slices > 1 else []), "M", "R",
               *(["sched", "remat", "SP", "ctx", "opt"] if transformer else []), "bubble", "bubble s", "M_X",
               "M_Y", f"{short} s", f"{other} s", f"MFU {short}", f"MFU {other}", "HFU", "bound", "GB/dev",
-              *([] if transformer else [f"crit B {crit_form(args.form)}"]),
+              *([] if transformer else [f"crit B {planner.crit_form(args.form)}"]),
               *(["compiled GB", "fits"] if args.verify_top else [])]
-    lines = table(header, [_plan_cells(r, k, slices, args.form, bool(args.verify_top)) for k, r in shown],
+    lines = table(header, [r.cells(k, slices, bool(args.verify_top)) for k, r in shown],
                   right=range(len(header)))
     print("\n".join(lines[: min(args.top, len(plans)) + 1]))
     rest = iter(lines[min(args.top, len(plans)) + 1:])
     for staged, label in ((False, "without stages"), (True, "with stages")):
         if staged in best:
             r = best[staged][1]
-            print(f"Best {label}" + (f": bubble {r['bubble']:.1%} of the ideal step, "
-                                     f"{r['bubble_seconds']:.3f} s" if staged else "") + " (# is the rank)")
+            print(f"Best {label}" + (f": bubble {r.bubble:.1%} of the ideal step, "
+                                     f"{r.bubble_seconds:.3f} s" if staged else "") + " (# is the rank)")
             print(next(rest))
         else:
             print(f"No plan {label} fits")
-
-
-
-
-def crit_form(form: str) -> str:
-    """The form whose critical batch plan shows: the ranking form's, or under the scheduled form (which has none of
-    its own: its exposed collectives depend on the flags' schedule, not on a batch threshold) the sum form's."""
-    return "sum" if form == "scheduled" else form
 
 
 def unsplittable(cfg, devices: int, batch_tokens: int, axes: tuple[str, ...], flags) -> str:
@@ -252,39 +246,3 @@ def unsplittable(cfg, devices: int, batch_tokens: int, axes: tuple[str, ...], fl
             f"{', '.join(axes)} breaks a rule: "
             + "; ".join(f"{n:,} meshes as {m}: {e}" for n, m, e in worst)
             + " (use a chip count whose factors the model's dimensions and the batch divide)")
-
-
-def _plan_cells(r: dict, k: int, slices: int, form: str, compiled: bool) -> list[str]:
-    """The cells of one plan's row (plan_command's header); the other form's step time and MFU beside the
-    ranking form's."""
-    c = r.get(f"critical_batch_{crit_form(form)}", r["critical_batch"])
-    crit = "never" if c is None else "any" if c == 0 else f"{c:,.0f}"
-    step = {"sum": r["step_seconds_sum"], "max": r["step_seconds_max"], "scheduled": r["step_seconds_scheduled"]}
-    mfu = {"sum": r["mfu_sum"], "max": r["mfu_max"], "scheduled": r["mfu"]}
-    other = "max" if form == "sum" else "sum"
-    transformer = "attention" in r  # the transformer's plan (scaling.plan.plan)
-    mesh = r["mesh"]
-    chosen = [r["pipeline"] if mesh["stage"] > 1 else "-", r["remat"], "on" if r["sequence_parallel"] else "-",
-              r["context_strategy"] if mesh["context"] > 1 else "-",
-              "zero1" if r["optimizer_sharding"] == "zero1" else "-"] if transformer else []
-    cells = [k, *mesh.values(), *([r["dcn_axis"]] if slices > 1 else []), r["microbatches"], r["repeats"], *chosen,
-             f"{r['bubble']:.3f}", f"{r['bubble_seconds']:.3f}", r["M_X"], r["M_Y"], f"{step[form]:.3f}",
-             f"{step[other]:.3f}", f"{mfu[form]:.3f}", f"{mfu[other]:.3f}", f"{r['hfu']:.2f}", r["bound"],
-             f"{r['memory_bytes'] / 1e9:.1f}", *([] if transformer else [crit])]
-    if compiled:
-        peak, fits = r.get("compiled_peak_bytes"), r.get("compiled_fits")
-        cells += (["", ""] if "compiled_on" not in r else
-                  [f"{peak / 1e9 if peak else float('nan'):.1f}", "yes" if fits else "no"])
-    return cells
-
-
-def _schedule_text(r: dict) -> str:
-    return ((f" with M={r['microbatches']}" if r["microbatches"] > 1 else "")
-            + (f", R={r['repeats']}" if r["repeats"] > 1 else "")
-            + (f", {r['pipeline']}" if r["mesh"]["stage"] > 1 and "attention" in r else "")
-            + (f", remat {r['remat']}" if "attention" in r else ""))
-
-
-def _mesh_text(mesh: dict) -> str:
-    return ",".join(f"{a}={n}" for a, n in mesh.items() if n > 1) or "1 device"
-

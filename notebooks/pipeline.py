@@ -172,9 +172,9 @@ for M in (1, 2, 4, 8):
 t0 = time.perf_counter()
 plans = plan(XXL, V5P, 512, 2**20)
 print(f"{len(plans)} plans in {time.perf_counter() - t0:.2f} s")
-best = {s: next(p for p in plans if (p["mesh"]["stage"] > 1) == s) for s in (False, True)}
+best = {s: next(p for p in plans if (p.mesh["stage"] > 1) == s) for s in (False, True)}
 for staged, p in best.items():
-    m = ",".join(f"{a}={n}" for a, n in p["mesh"].items() if n > 1)
-    print(f"{'with' if staged else 'without'} stages: #{plans.index(p) + 1} {m} M={p['microbatches']} "
-          f"R={p['repeats']}: step {p['step_seconds']:.3f} s (sum form), bubble {p['bubble']:.3f} of the ideal step = "
-          f"{p['bubble_seconds']:.3f} s, {p['memory_bytes'] / 1e9:.1f} GB per device")
+    m = ",".join(f"{a}={n}" for a, n in p.mesh.items() if n > 1)
+    print(f"{'with' if staged else 'without'} stages: #{plans.index(p) + 1} {m} M={p.microbatches} "
+          f"R={p.repeats}: step {p.step_seconds['sum']:.3f} s (sum form), bubble {p.bubble:.3f} of the ideal step = "
+          f"{p.bubble_seconds:.3f} s, {p.memory_bytes / 1e9:.1f} GB per device")

@@ -50,11 +50,11 @@ def table(plans, k=5):
     print(f"{'data':>5} {'stage':>5} {'fsdp':>5} {'tensor':>6} {'M':>3} {'bubble':>6} {'M_X':>3} {'M_Y':>3} "
           f"{'step sum':>9} {'step max':>9} {'MFU':>5} {'bound':>10} {'GB/chip':>8} {'crit B':>10}")
     for r in plans[:k]:
-        m = r["mesh"]
-        crit = "never" if r["critical_batch"] is None else f"{r['critical_batch']:,.0f}"
-        print(f"{m['data']:>5} {m['stage']:>5} {m['fsdp']:>5} {m['tensor']:>6} {r['microbatches']:>3} "
-              f"{r['bubble']:>6.3f} {r['M_X']:>3} {r['M_Y']:>3} {r['step_seconds_sum']:>9.3f} "
-              f"{r['step_seconds_max']:>9.3f} {r['mfu']:>5.2f} {r['bound']:>10} {r['memory_bytes'] / 1e9:>8.1f} "
+        m = r.mesh
+        crit = "never" if r.critical_batch["sum"] is None else f"{r.critical_batch['sum']:,.0f}"
+        print(f"{m['data']:>5} {m['stage']:>5} {m['fsdp']:>5} {m['tensor']:>6} {r.microbatches:>3} "
+              f"{r.bubble:>6.3f} {r.M_X:>3} {r.M_Y:>3} {r.step_seconds['sum']:>9.3f} "
+              f"{r.step_seconds['max']:>9.3f} {r.mfu['sum']:>5.2f} {r.bound:>10} {r.memory_bytes / 1e9:>8.1f} "
               f"{crit:>10}")
 for s, plans in results.items():
     print(f"--- {s}")
@@ -63,10 +63,10 @@ for s, plans in results.items():
               "chips")
         continue
     table(plans)
-    staged = next((r for r in plans if r["mesh"]["stage"] > 1), None)
+    staged = next((r for r in plans if r.mesh["stage"] > 1), None)
     if staged:
-        print(f"  best with pipeline stages: #{plans.index(staged) + 1}, {staged['step_seconds_sum']:.3f} s "
-              f"(bubble {staged['bubble']:.3f} of the ideal step, {staged['bubble_seconds']:.3f} s)")
+        print(f"  best with pipeline stages: #{plans.index(staged) + 1}, {staged.step_seconds['sum']:.3f} s "
+              f"(bubble {staged.bubble:.3f} of the ideal step, {staged.bubble_seconds:.3f} s)")
 
 # %% [markdown]
 # ## Predicted step time and memory per plan
@@ -78,9 +78,9 @@ shown = [(s, p) for s, p in results.items() if p]
 # larger hollow markers first, so that a plan another slice shares (same memory, same time) stays visible
 for k, (s, plans) in enumerate(shown):
     size = 11 - 1.6 * k
-    axes[0].plot([r["memory_bytes"] / 1e9 for r in plans], [r["step_seconds"] for r in plans], "o", ms=size,
+    axes[0].plot([r.memory_bytes / 1e9 for r in plans], [r.step_seconds["sum"] for r in plans], "o", ms=size,
                  mfc="none", mew=1.2, label=s)
-    axes[1].plot(range(1, len(plans) + 1), [r["mfu"] for r in plans], ".-", label=s)
+    axes[1].plot(range(1, len(plans) + 1), [r.mfu["sum"] for r in plans], ".-", label=s)
 budget = chip.hbm_budget / 1e9
 axes[0].axvline(budget, color="k", ls="--", lw=0.8)
 axes[0].text(budget - 1, 0.97, f"{budget:.1f} GB usable", ha="right", va="top", fontsize=8,
@@ -111,8 +111,8 @@ chip, dims = parse_slice("v5p-128")
 for form, flags in (("sum", "default"), ("scheduled", "maxtext"), ("scheduled", "overlap")):
     top = plan(cfg, chip, 64, 25600, dims=dims, form=form, flags=flags)[:3]
     print(f"{form:>9} form, {flags:8} flags: " + "; ".join(
-        f"{','.join(f'{a}={n}' for a, n in p['mesh'].items() if n > 1)} {p['step_seconds']:.3f} s "
-        f"{p['memory_bytes'] / 1e9:.1f} GB" for p in top))
+        f"{','.join(f'{a}={n}' for a, n in p.mesh.items() if n > 1)} {p.step_seconds[form]:.3f} s "
+        f"{p.memory_bytes / 1e9:.1f} GB" for p in top))
 
 # %% [markdown]
 # ## Where the time goes: the terms of the top plans
@@ -128,12 +128,12 @@ from scaling.plan import workload_of  # noqa: E402
 
 for p in plan(cfg, chip, 64, 25600, dims=dims, form="scheduled", flags="maxtext")[:3]:
     w = workload_of(p, cfg, flags="maxtext")
-    t = program.predict(w, chip, layout={a: (v["lens"], v["wrap"]) for a, v in p["layout"].items()}).times
+    t = program.predict(w, chip, layout={a: (v["lens"], v["wrap"]) for a, v in p.layout.items()}).times
     ks = kernels.step_kernels(w, chip)
     by_kind = {}
     for k in ks:
         by_kind[k.kind] = by_kind.get(k.kind, 0.0) + float(k.seconds)
-    mesh = ",".join(f"{a}={n}" for a, n in p["mesh"].items() if n > 1)
+    mesh = ",".join(f"{a}={n}" for a, n in p.mesh.items() if n > 1)
     print(f"{mesh}: step {float(t.step['scheduled']):.3f} s = compute {float(t.compute):.3f} ("
           + ", ".join(f"{k} {v:.3f}" for k, v in by_kind.items()) + ") + exposed "
           + ", ".join(f"{a} {float(v):.3f}" for a, v in t.exposed.items()) + f"; MFU {float(t.mfu['scheduled']):.3f}"

@@ -41,17 +41,13 @@ from scaling import kernels, memory, pipeline, program, roofline
 from scaling.family import ModelFamily, check_divisible, divisions
 from scaling.inputs import positive_float, positive_int
 from scaling.mesh_shape import MESH_AXES, MeshShape
-from scaling.policies import ATTENTIONS, CONTEXT_STRATEGIES, PIPELINES, REMAT_POLICIES, check_remat
+from scaling.policies import ATTENTIONS, CONTEXT_STRATEGIES, PIPELINES, check_remat
 from scaling.schedule import Schedule
 from scaling.sharding import shards
 from scaling.hardware import GPU_NODE, Chip, split_slices
 from scaling.workload import Workload
 
-# The axes the planner factorises the chips into: the FFN stack's (its tokens have no sequence for a
-# context axis to split).
-PLAN_AXES = tuple(a for a in MESH_AXES if a != "context")
-TRANSFORMER_REMATS = tuple(r for r in REMAT_POLICIES if r != "every-second")  # the policies a transformer plan tries
-PLAN_KEYS = {"context": "context_strategy"}  # a plan dict's key for a Schedule field (cfg.schedule_options)
+PLAN_KEYS = {"context": "context_strategy"}  # a plan's JSON key for a Schedule field (cfg.schedule_options)
 DCN_AXES = ("data", "fsdp")  # the axes whose outermost factor may span slices joined by DCN
 
 
@@ -82,12 +78,12 @@ def _row_ids(rows: np.ndarray) -> np.ndarray:
 
 
 def plan_axes(cfg) -> tuple[str, ...]:
-    """The mesh axes the planner factorises the chips into, the family's (cfg.plan_axes): PLAN_AXES for the FFN
-    stack, every mesh axis (context too) for a transformer."""
+    """The mesh axes the planner factorises the chips into, the family's (cfg.plan_axes): data, stage, fsdp, tensor
+    for the FFN stack (no sequence for a context axis to split), every mesh axis (context too) for a transformer."""
     return cfg.plan_axes
 
 
-def layouts(dims: tuple[int, ...], chip: Chip, axes: tuple[str, ...] = PLAN_AXES, keep=None) -> dict[tuple, list[dict]]:
+def layouts(dims: tuple[int, ...], chip: Chip, axes: tuple[str, ...], keep=None) -> dict[tuple, list[dict]]:
     """Every distinct way of laying ``axes`` onto a slice of shape ``dims``: {mesh sizes: [layout, ...]}
     where a layout is {axis: (lengths, wraps)} over the physical axes it spans (the form mesh.ici_layout
     reads back from a compiled mesh's devices). Layouts that give every mesh axis the same links
@@ -167,6 +163,145 @@ def runs(cfg: ModelFamily, mesh: MeshShape, schedule: Schedule, batch_tokens: in
 PLAN_FORMS = (*roofline.FORMS, "scheduled")  # scheduled: predict's form under the flags' schedule
 
 
+def crit_form(form: str) -> str:
+    """The form whose critical batch plan shows: the ranking form's, or under the scheduled form (which has none of
+    its own: its exposed collectives depend on the flags' schedule, not on a batch threshold) the sum form's."""
+    return "sum" if form == "scheduled" else form
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """A plan's train step compiled ahead of time (verify.check.verify_plans): the compiler's peak bytes per device
+    (None where it reports none), whether it fits the budget (peak <= hbm), its argument bytes (the state and the
+    batch), the devices compiled for, on a TPU the physical axes make_mesh gave each mesh axis (mesh.ici_layout;
+    None on a GPU), and the seconds the compile took."""
+
+    peak_bytes: float | None
+    fits: bool
+    state_bytes: float
+    on: str
+    ici_layout: dict | None
+    seconds: float
+
+    def to_json(self) -> dict:
+        """The plan's JSON keys of the compile: compiled_peak_bytes, _fits, _state_bytes, _on, (_ici_layout,)
+        compile_seconds."""
+        return {"compiled_peak_bytes": self.peak_bytes, "compiled_fits": self.fits,
+                "compiled_state_bytes": self.state_bytes, "compiled_on": self.on,
+                **({} if self.ici_layout is None else {"compiled_ici_layout": self.ici_layout}),
+                "compile_seconds": self.seconds}
+
+
+# a plan's figures kept per form, and the forms to_json writes as key suffixes (step_seconds_sum, ...)
+PER_FORM = {"step_seconds": PLAN_FORMS, "mfu": roofline.FORMS, "hfu": (), "critical_batch": roofline.FORMS}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One ranked plan (plan's docstring): its batch B, mesh (plan_axes), microbatches M, repeats R, pipeline schedule,
+    remat, sequence parallelism and ``options``, the family's other Schedule fields (cfg.schedule_options: a
+    transformer's attention, context, optimizer_sharding; none for the FFN stack); the bubble (Megatron's
+    (S−1)/(R·M), 1F1B's 2(S−1)/M) and its seconds; slices, the DCN axis, the layout ({axis: {"lens", "wrap"}}),
+    M_X/M_Y (physical axes fsdp and tensor span); the ranking ``form`` and, by form (sum, max, scheduled),
+    predict's step seconds, MFU, HFU and critical batch (None: no batch is compute bound); the bound, times by term,
+    memory per device, the budget, B/devices. ``memory_terms``: nearest_miss's; ``compiled``: verify_plans'."""
+
+    batch_tokens: int
+    mesh: dict
+    microbatches: int
+    repeats: int
+    pipeline: str
+    remat: str
+    sequence_parallel: bool
+    options: dict
+    bubble: float
+    bubble_seconds: float
+    slices: int
+    dcn_axis: str | None
+    layout: dict
+    M_X: int
+    M_Y: int
+    form: str
+    step_seconds: dict
+    mfu: dict
+    hfu: dict
+    bound: str
+    times: dict
+    memory_bytes: float
+    hbm_budget: float
+    per_device_batch: float
+    critical_batch: dict
+    memory_terms: dict | None = None
+    compiled: Compiled | None = None
+
+    def to_json(self) -> dict:
+        """plan --json's dict of the plan: its fields in order (dataclasses.asdict), ``options`` as keys of their own
+        (PLAN_KEYS: context -> context_strategy), each per-form figure as the ranking form's value then one key per
+        form (step_seconds, step_seconds_sum, _max, _scheduled; mfu, mfu_sum, _max; hfu; critical_batch, _sum,
+        _max), memory_terms and the compiled keys (Compiled.to_json) where set."""
+        out = {}
+        for k, v in dataclasses.asdict(self).items():
+            if k == "options":
+                out.update({PLAN_KEYS.get(f, f): s for f, s in v.items()})
+            elif k in PER_FORM:
+                out[k] = v[self.form]
+                out.update({f"{k}_{f}": v[f] for f in PER_FORM[k]})
+            elif k == "compiled":
+                out.update({} if self.compiled is None else self.compiled.to_json())
+            elif v is not None or k != "memory_terms":
+                out[k] = v
+        return out
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> Plan:
+        """The Plan of one row of plan --json (to_json's inverse for what it writes: the per-form figures of the
+        forms it names, hfu the ranking form's; compiled keys and memory_terms not read back)."""
+        form, fields = d["form"], {f.name for f in dataclasses.fields(cls)} - {"compiled", "memory_terms"}
+        per = {k: {**{f: d[f"{k}_{f}"] for f in PER_FORM[k]}, form: d[k]} for k in PER_FORM}
+        known = fields | {f"{k}_{f}" for k in PER_FORM for f in PER_FORM[k]}
+        names = {v: k for k, v in PLAN_KEYS.items()}  # the rest are options, but the compiled keys (compile...)
+        return cls(**{k: d[k] for k in fields - set(PER_FORM) - {"options"}}, **per,
+                   options={names.get(k, k): v for k, v in d.items() if k not in known and not k.startswith("compile")})
+
+    def cells(self, rank: int, slices: int, compiled: bool) -> list:
+        """The cells of the plan's row in plan's table (jax_scaling.plan.print_plans' header): rank, mesh, DCN axis
+        (with ``slices`` > 1), M, R, a transformer's choices, bubble, M_X, M_Y, step and MFU in the ranking form and
+        the other (max beside sum, else sum), HFU, bound, GB per device, the FFN stack's critical batch
+        (crit_form's), and with ``compiled`` the compiled peak and whether it fits."""
+        c = self.critical_batch[crit_form(self.form)]
+        crit = "never" if c is None else "any" if c == 0 else f"{c:,.0f}"
+        form, other = self.form, "max" if self.form == "sum" else "sum"
+        transformer, mesh, o = bool(self.options), self.mesh, self.options
+        chosen = [self.pipeline if mesh["stage"] > 1 else "-", self.remat, "on" if self.sequence_parallel else "-",
+                  o["context"] if mesh["context"] > 1 else "-",
+                  "zero1" if o["optimizer_sharding"] == "zero1" else "-"] if transformer else []
+        cells = [rank, *mesh.values(), *([self.dcn_axis] if slices > 1 else []), self.microbatches, self.repeats,
+                 *chosen, f"{self.bubble:.3f}", f"{self.bubble_seconds:.3f}", self.M_X, self.M_Y,
+                 f"{self.step_seconds[form]:.3f}", f"{self.step_seconds[other]:.3f}", f"{self.mfu[form]:.3f}",
+                 f"{self.mfu[other]:.3f}", f"{self.hfu[form]:.2f}", self.bound, f"{self.memory_bytes / 1e9:.1f}",
+                 *([] if transformer else [crit])]
+        if compiled:
+            got = self.compiled
+            cells += (["", ""] if got is None else
+                      [f"{got.peak_bytes / 1e9 if got.peak_bytes else float('nan'):.1f}", "yes" if got.fits else "no"])
+        return cells
+
+    def with_compiled(self, compiled: Compiled) -> Plan:
+        """The same plan with its compiled figures (verify.check.verify_plans)."""
+        return dataclasses.replace(self, compiled=compiled)
+
+    def mesh_text(self) -> str:
+        """The mesh as data=2,fsdp=4 (its axes > 1), or 1 device."""
+        return ",".join(f"{a}={n}" for a, n in self.mesh.items() if n > 1) or "1 device"
+
+    def schedule_text(self) -> str:
+        """The schedule beside the mesh in words: M and R where > 1, a transformer's pipeline (stages) and remat."""
+        return ((f" with M={self.microbatches}" if self.microbatches > 1 else "")
+                + (f", R={self.repeats}" if self.repeats > 1 else "")
+                + (f", {self.pipeline}" if self.mesh["stage"] > 1 and self.options else "")
+                + (f", remat {self.remat}" if self.options else ""))
+
+
 @dataclass(frozen=True)
 class Choices:
     """What the planner tries on each mesh besides its microbatches and repeats (``schedules``), each a tuple of
@@ -186,7 +321,8 @@ class Choices:
     def of(cls, cfg, remat=None, pipeline=None, attention=None, context=None, sequence_parallel=None,
            optimizer_sharding=None) -> "Choices":
         """The choices for ``cfg``: each argument one name (or bool) to fix it, None to try every one (remat None:
-        "none" for the FFN stack, TRANSFORMER_REMATS for a transformer). ValueError naming a bad name."""
+        the family's plan_remats: "none" for the FFN stack, every policy but every-second for a transformer).
+        ValueError naming a bad name."""
         remats = (remat,) if remat is not None else cfg.plan_remats
         for r in remats:
             check_remat(r, cfg)
@@ -254,12 +390,11 @@ def _mesh_keep(cfg, axes, n_slices, dcn_axes) -> "callable":
     return keep
 
 
-def workload_of(r: dict, cfg, flags=None) -> Workload:
-    """The Workload of one plan dict (plan's): its mesh, batch, remat and schedule."""
-    return Workload(cfg, MeshShape(r["mesh"]), r["batch_tokens"], remat=r["remat"], flags=flags,
-                    schedule=Schedule(r["microbatches"], r["repeats"], sequence_parallel=r["sequence_parallel"],
-                                      pipeline=r["pipeline"],
-                                      **{f: r[PLAN_KEYS.get(f, f)] for f in cfg.schedule_options}))
+def workload_of(p: Plan, cfg, flags=None) -> Workload:
+    """The Workload of one plan (plan's): its mesh, batch, remat and schedule (M, R, SP, pipeline, p.options)."""
+    return Workload(cfg, MeshShape(p.mesh), p.batch_tokens, remat=p.remat, flags=flags,
+                    schedule=Schedule(p.microbatches, p.repeats, sequence_parallel=p.sequence_parallel,
+                                      pipeline=p.pipeline, **p.options))
 
 
 def _groups(cfg, chip: Chip, dims, n_slices: int, choices: Choices, max_microbatches: int, max_repeats: int):
@@ -415,15 +550,15 @@ def _math_bound(w: Workload, chip: Chip, form: str):
 # the planner's public call: each argument one input of the plan command (its docstring)
 def plan(cfg, chip: Chip, chips: int, batch_tokens, hbm: float | None = None, remat: str | None = None,
          form: str = "sum", dims: tuple[int, ...] | None = None, max_microbatches: int = 64,
-         max_repeats: int = 4, per_mesh: bool = True, flags=None, choices: Choices | None = None) -> list[dict]:
+         max_repeats: int = 4, per_mesh: bool = True, flags=None, choices: Choices | None = None) -> list[Plan]:
     """Ranked plans (best first) for one or more batch sizes; see the module docstring.
 
-    ``batch_tokens`` is an int or a list of ints; each plan dict carries its batch, mesh (plan_axes), microbatches
+    ``batch_tokens`` is an int or a list of ints; each Plan carries its batch, mesh (plan_axes), microbatches
     M and repeats R (scaling.schedule.Schedule: gradient accumulation without stages, GPipe, circular or 1F1B with
-    them; schedules), remat, pipeline, sequence_parallel (and a transformer's attention, context_strategy,
+    them; schedules), remat, pipeline, sequence_parallel (and in ``options`` a transformer's attention, context,
     optimizer_sharding), the bubble (Megatron's overhead (S−1)/(R·M), 1F1B's 2(S−1)/M, paid in the step time as
     executed FLOPs; bubble_seconds: the math time of the bubble iterations), layout, M_X/M_Y (physical axes
-    spanned), slices, predict's times (every form), MFU/HFU, bound, memory and critical batch. ``dims``: the
+    spanned), slices, predict's times, and by form its step, MFU/HFU and critical batch, bound, memory. ``dims``: the
     slice's shape (default: hardware.split_slices). ``remat``: one policy, or None (Choices.of: "none" for the
     FFN stack, every policy for a transformer); ``choices`` (Choices) replaces it. Plans that train and check
     refuse (``runs``: D by fsdp, F by tensor, B by M·data·fsdp, ...) or whose memory exceeds ``hbm`` are
@@ -449,7 +584,7 @@ def plan(cfg, chip: Chip, chips: int, batch_tokens, hbm: float | None = None, re
 # plan's body: its arguments passed through (plan holds the garbage collector off around it); one pass of enumerate,
 # screen, evaluate and keep, whose state (found, kept, evaluated) the steps share
 def _plan(cfg, chip, chips, batch_tokens, hbm, remat, form, dims, max_microbatches, max_repeats, per_mesh, flags,
-          choices) -> list[dict]:
+          choices) -> list[Plan]:
     if form not in PLAN_FORMS:
         raise ValueError(f"form must be one of {PLAN_FORMS}, got {form!r}")
     hbm = positive_float("hbm", chip.hbm_budget if hbm is None else hbm)
@@ -500,7 +635,7 @@ def _plan(cfg, chip, chips, batch_tokens, hbm, remat, form, dims, max_microbatch
         entries = {}
 
         def entry(c, i, k, g) -> list:
-            """[step, what builds the plan dict, sort key] of candidate c's (batch, M, mesh) index (i, k, g)."""
+            """[step, what builds the Plan, sort key] of candidate c's (batch, M, mesh) index (i, k, g)."""
             if (c, i, k, g) not in entries:
                 model, shape, sched, rem, best, fastest = evaluated[c]
                 j = best[i, k, g]
@@ -535,7 +670,7 @@ def _plan(cfg, chip, chips, batch_tokens, hbm, remat, form, dims, max_microbatch
         for i, g in zip(*np.nonzero(kc >= 0)):
             found[(int(batches[i]), mesh_keys[g], dcns[g])] = entry(kc[i, g], i, kk[i, g], g)
     setting = _Setting(cfg, chip, axes, n_slices, devices, hbm, form)
-    return [_plan_dict(setting, B, model.prediction(), rest)
+    return [_make_plan(setting, B, model.prediction(), rest)
             for (B, model, *rest) in (f[1] for f in sorted(found.values(), key=_rank))]
 
 
@@ -591,70 +726,49 @@ class _Setting:
     form: str
 
 
-def _plan_dict(setting: _Setting, B, p, found: tuple) -> dict:
-    """One plan's dict (plan's docstring) from the prediction ``p`` of its group at index ``at`` (of ``found``, its
-    entry: shape, at, schedule, remat, mesh, layout, DCN axis)."""
+def _make_plan(setting: _Setting, B, p, found: tuple) -> Plan:
+    """One Plan (plan's docstring) from the prediction ``p`` of its group at index ``at`` (of ``found``, its entry:
+    shape, at, schedule, remat, mesh, layout, DCN axis)."""
     cfg, axes, n_slices, devices, hbm, form = (setting.cfg, setting.axes, setting.n_slices, setting.devices,
                                                setting.hbm, setting.form)
     shape, at, sched, rem, mesh, lay, dcn_axis = found
     t, k = p.times, at[1]
     pick = lambda x: float(_at(x, at))  # noqa: E731
+    crit = lambda f: None if math.isnan(c := pick(t.critical_batch.get(f, np.nan))) else c  # noqa: E731
     M = int(np.broadcast_to(sched.microbatches, shape[1])[k])
     one = dataclasses.replace(sched, microbatches=M)
     S = mesh["stage"]
     bub = pipeline.bubble(one, S) if S > 1 else {"overhead": 0.0, "idle_share": 0.0}
-    return {
-        "batch_tokens": B,
-        "mesh": {a: mesh[a] for a in axes},
-        "microbatches": M,
-        "repeats": sched.repeats,
-        "pipeline": str(sched.pipeline),
-        "remat": str(rem),
-        "sequence_parallel": sched.sequence_parallel,
-        **{PLAN_KEYS.get(f, f): str(getattr(sched, f)) for f in cfg.schedule_options},
-        "bubble": bub["overhead"],
-        "bubble_seconds": pick(t.math) * bub["idle_share"],
-        "slices": n_slices,
-        "dcn_axis": dcn_axis,
-        "layout": {a: {"lens": v[0], "wrap": v[1]} for a, v in lay.items()},
-        "M_X": len(lay.get("fsdp", ([], []))[0]),
-        "M_Y": len(lay.get("tensor", ([], []))[0]),
-        "form": form,
-        "step_seconds": pick(t.step[form]),
-        "step_seconds_sum": pick(t.step["sum"]),
-        "step_seconds_max": pick(t.step["max"]),
-        "step_seconds_scheduled": pick(t.step["scheduled"]),
-        "mfu": pick(t.mfu[form]),
-        "mfu_sum": pick(t.mfu["sum"]),
-        "mfu_max": pick(t.mfu["max"]),
-        "hfu": pick(t.hfu[form]),
-        "bound": str(_at(t.bound, at)),
-        "times": {"compute": pick(t.compute), "math": pick(t.math), **{a: pick(v) for a, v in t.comms.items()},
-                  "hbm": pick(t.hbm)},
-        "memory_bytes": pick(p.memory["total"]),
-        "hbm_budget": hbm,
-        "per_device_batch": B / devices,
-        "critical_batch": (None if math.isnan(c := pick(t.critical_batch.get(form, np.nan))) else c),
-        **{f"critical_batch_{f}": (None if math.isnan(c := pick(t.critical_batch.get(f, np.nan))) else c)
-           for f in ("sum", "max")},
-    }
+    return Plan(
+        batch_tokens=B, mesh={a: mesh[a] for a in axes}, microbatches=M, repeats=sched.repeats,
+        pipeline=str(sched.pipeline), remat=str(rem), sequence_parallel=sched.sequence_parallel,
+        options={f: str(getattr(sched, f)) for f in cfg.schedule_options},
+        bubble=bub["overhead"], bubble_seconds=pick(t.math) * bub["idle_share"], slices=n_slices, dcn_axis=dcn_axis,
+        layout={a: {"lens": v[0], "wrap": v[1]} for a, v in lay.items()},
+        M_X=len(lay.get("fsdp", ([], []))[0]), M_Y=len(lay.get("tensor", ([], []))[0]), form=form,
+        step_seconds={f: pick(t.step[f]) for f in PLAN_FORMS}, mfu={f: pick(t.mfu[f]) for f in PLAN_FORMS},
+        hfu={f: pick(t.hfu[f]) for f in PLAN_FORMS}, bound=str(_at(t.bound, at)),
+        times={"compute": pick(t.compute), "math": pick(t.math), **{a: pick(v) for a, v in t.comms.items()},
+               "hbm": pick(t.hbm)},
+        memory_bytes=pick(p.memory["total"]), hbm_budget=hbm, per_device_batch=B / devices,
+        critical_batch={f: crit(f) for f in PLAN_FORMS})
 
 
 # plan's arguments, which it passes on
 def nearest_miss(cfg, chip: Chip, chips: int, batch_tokens: int, remat: str | None = None, form: str = "sum",
-                 flags=None, choices: Choices | None = None, **limits) -> dict | None:
+                 flags=None, choices: Choices | None = None, **limits) -> Plan | None:
     """The plan with the least memory per device whatever the budget (what comes closest when nothing
-    fits), with its memory terms; None when no mesh divides the model at all. ``limits``: plan's
-    max_microbatches and max_repeats."""
+    fits), with its memory terms (Plan.memory_terms: program.predict's); None when no mesh divides the model at
+    all. ``limits``: plan's max_microbatches and max_repeats."""
     plans = plan(cfg, chip, chips, batch_tokens, hbm=1e30, remat=remat, form=form, per_mesh=False, flags=flags,
                  choices=choices, **limits)
     if not plans:
         return None
-    best = min(plans, key=lambda r: r["memory_bytes"])
-    best["memory_terms"] = {k: float(v) for k, v in program.predict(
-        workload_of(best, cfg, flags), chip, {a: (v["lens"], v["wrap"]) for a, v in best["layout"].items()},
-        dcn={best["dcn_axis"]: best["slices"]} if best["dcn_axis"] else None).memory.items()}
-    return best
+    best = min(plans, key=lambda r: r.memory_bytes)
+    terms = program.predict(
+        workload_of(best, cfg, flags), chip, {a: (v["lens"], v["wrap"]) for a, v in best.layout.items()},
+        dcn={best.dcn_axis: best.slices} if best.dcn_axis else None).memory
+    return dataclasses.replace(best, memory_terms={k: float(v) for k, v in terms.items()})
 
 
 def dcn_placement(mesh: Mapping, slices: int, given: Mapping | None = None) -> dict[str, int]:

@@ -25,13 +25,13 @@ def test_enumerates_every_factorisation():
     # stage 2 also circular R = 2 (63 blocks per stage: R must divide 63, so no R = 2): 28·7 + 21·6 = 322
     # plans, less those with under one token per device (B = 25,600 < M·data·fsdp).
     plans = plan(XXL, V5P, 64, 25600, hbm=1e18, per_mesh=False)
-    assert len({tuple(p["mesh"].values()) for p in plans}) == 49
+    assert len({tuple(p.mesh.values()) for p in plans}) == 49
     best = plan(XXL, V5P, 64, 25600, hbm=1e18)  # each mesh once, with its fastest schedule
-    assert len(best) == 49 and {tuple(p["mesh"].values()) for p in best} == {tuple(p["mesh"].values()) for p in plans}
-    assert {p["repeats"] for p in plans} == {1}
-    full = {(tuple(p["mesh"].values()), p["microbatches"]) for p in plans}
+    assert len(best) == 49 and {tuple(p.mesh.values()) for p in best} == {tuple(p.mesh.values()) for p in plans}
+    assert {p.repeats for p in plans} == {1}
+    full = {(tuple(p.mesh.values()), p.microbatches) for p in plans}
     assert len(full) == len(plans) <= 28 * 7 + 21 * 6
-    assert all(25600 >= p["microbatches"] * p["mesh"]["data"] * p["mesh"]["fsdp"] for p in plans)
+    assert all(25600 >= p.microbatches * p.mesh["data"] * p.mesh["fsdp"] for p in plans)
 
 
 def test_question_mesh_by_hand():
@@ -44,14 +44,14 @@ def test_question_mesh_by_hand():
     # this mesh's reduce-scatter windowed ((X+1)/X = 17/16 of V): (2 + 17/16)/3 = 49/48 of the forward's, so
     # max 20,400·49/48 = 20,825 and sum 6656·49/48/0.263775 = 6794.67/0.263775 = 25,759.2.
     for form, crit in (("max", 20_825), ("sum", 25_759.2)):
-        plans = {tuple(p["mesh"].values()): p for p in plan(XXL, V5P, 64, 25600, hbm=95e9, form=form, per_mesh=False)
-                 if p["microbatches"] == 1}
+        plans = {tuple(p.mesh.values()): p
+                 for p in plan(XXL, V5P, 64, 25600, hbm=95e9, form=form, per_mesh=False) if p.microbatches == 1}
         p = plans[(1, 1, 16, 4)]
-        assert (p["M_X"], p["M_Y"]) == (2, 1)
-        assert p["times"]["math"] == pytest.approx(1.14954, rel=1e-5)
-        assert p["critical_batch"] == pytest.approx(crit, rel=1e-5)
-        assert p["bound"] == "compute"
-        assert p["step_seconds"] == p[f"step_seconds_{form}"] and p["step_seconds_sum"] >= p["step_seconds_max"]
+        assert (p.M_X, p.M_Y) == (2, 1)
+        assert p.times["math"] == pytest.approx(1.14954, rel=1e-5)
+        assert p.critical_batch[p.form] == pytest.approx(crit, rel=1e-5)
+        assert p.bound == "compute"
+        assert p.step_seconds[p.form] == p.step_seconds[form] and p.step_seconds["sum"] >= p.step_seconds["max"]
 
 
 def test_mfu_counts_model_flops_and_hfu_the_recompute():
@@ -61,22 +61,22 @@ def test_mfu_counts_model_flops_and_hfu_the_recompute():
     (12L − 2)/(14L) = 1510/1764 = 0.85601 for L = 126 (P = 2DFL), and HFU = 1."""
     plans = plan(XXL, V5P, 128, 1_048_576, remat="full", form="max")
     top = plans[0]
-    assert top["bound"] == "compute"
-    assert top["mfu"] == pytest.approx(1510 / 1764, rel=1e-9)
-    assert top["hfu"] == pytest.approx(1.0, rel=1e-9)
-    assert top["mfu_sum"] < top["mfu_max"]
+    assert top.bound == "compute"
+    assert top.mfu[top.form] == pytest.approx(1510 / 1764, rel=1e-9)
+    assert top.hfu[top.form] == pytest.approx(1.0, rel=1e-9)
+    assert top.mfu["sum"] < top.mfu["max"]
 
 
 def test_budget_drops_plans_and_top_is_compute_bound():
     # Pure data parallel cannot hold 16·P = 3.5 TB per chip: every plan must shard weights 38+ ways
     # (over fsdp, tensor and the pipeline stages, each of which holds L/S blocks).
     plans = plan(XXL, V5P, 64, 25600, hbm=95e9)
-    assert plans and all(p["mesh"]["fsdp"] * p["mesh"]["tensor"] * p["mesh"]["stage"] >= 38 for p in plans)
-    assert {p["mesh"]["stage"] for p in plans} == {1, 2}
-    assert all(p["memory_bytes"] <= 95e9 for p in plans)
-    steps = [p["step_seconds"] for p in plans]
+    assert plans and all(p.mesh["fsdp"] * p.mesh["tensor"] * p.mesh["stage"] >= 38 for p in plans)
+    assert {p.mesh["stage"] for p in plans} == {1, 2}
+    assert all(p.memory_bytes <= 95e9 for p in plans)
+    steps = [p.step_seconds[p.form] for p in plans]
     assert steps == sorted(steps)
-    assert plans[0]["bound"] == "compute"
+    assert plans[0].bound == "compute"
 
 
 def _plan_cli(*args):
@@ -116,12 +116,12 @@ def test_gradient_accumulation_fits_what_one_pass_cannot():
     microbatch), whose backward holds one gathered bf16 matrix 2·D·F/4 = 0.436 GB instead of the two blocks':
     100.6 − 1.745 + 0.436 = 99.3 GB."""
     plans = plan(XXL, V5P, 128, 2**20, per_mesh=False)
-    assert plans and all(p["microbatches"] > 1 for p in plans)
-    p = next(p for p in plans if tuple(p["mesh"].values()) == (1, 1, 32, 4) and p["microbatches"] == 4)
+    assert plans and all(p.microbatches > 1 for p in plans)
+    p = next(p for p in plans if tuple(p.mesh.values()) == (1, 1, 32, 4) and p.microbatches == 4)
     P = 219_848_638_464
     by_hand = (16 * P / 128 + 4 * P / 128 + 8192 * 126 * 2 * (16384 + 53248 / 4) + 2 * 16384 * 53248 / 4
                + 6 * 2**15 * 16384)
-    assert p["memory_bytes"] == pytest.approx(by_hand, rel=1e-9)
+    assert p.memory_bytes == pytest.approx(by_hand, rel=1e-9)
 
 
 def test_top_plans_with_and_without_stages():
@@ -210,7 +210,7 @@ def test_verify_top_plan_compiles_and_fits(capsys):
     assert top["compiled_peak_bytes"] <= 95e9
     assert top["bound"] == "compute"
     top_max = plan(XXL, V5P, 64, 25600, form="max")[0]
-    assert (top_max["mesh"]["data"], top_max["mesh"]["fsdp"], top_max["mesh"]["tensor"]) == (1, 16, 4)
+    assert (top_max.mesh["data"], top_max.mesh["fsdp"], top_max.mesh["tensor"]) == (1, 16, 4)
 
 
 CASES = [("v5p", 64, 25600, "none"), ("v5p", 128, 262144, "full"), ("v5p", 8960, 35 * 2**15, "full"),
@@ -230,16 +230,17 @@ def test_planner_ranks_what_predict_says(chip, chips, batch, remat):
     plans = plan(XXL, chip_, chips, batch, remat=remat, hbm=1e30)[:4]
     assert plans
     for p in plans:
-        layout = {a: (v["lens"], v["wrap"]) for a, v in p["layout"].items()}
-        w = Workload(XXL, MeshShape(p["mesh"]), batch, remat=remat, schedule=Schedule(p["microbatches"], p["repeats"]))
-        one = program.predict(w, chip_, layout, dcn={p["dcn_axis"]: p["slices"]} if p["dcn_axis"] else None)
+        layout = {a: (v["lens"], v["wrap"]) for a, v in p.layout.items()}
+        w = Workload(XXL, MeshShape(p.mesh), batch, remat=remat, schedule=Schedule(p.microbatches, p.repeats))
+        one = program.predict(w, chip_, layout, dcn={p.dcn_axis: p.slices} if p.dcn_axis else None)
         t = one.times
-        assert p["step_seconds_sum"] == pytest.approx(t.step["sum"], rel=1e-12)
-        assert p["step_seconds_max"] == pytest.approx(t.step["max"], rel=1e-12)
-        assert p["memory_bytes"] == pytest.approx(one.memory["total"], rel=1e-12)
-        assert p["bound"] == t.bound and p["mfu_sum"] == pytest.approx(t.mfu["sum"], rel=1e-12)
+        assert p.step_seconds["sum"] == pytest.approx(t.step["sum"], rel=1e-12)
+        assert p.step_seconds["max"] == pytest.approx(t.step["max"], rel=1e-12)
+        assert p.memory_bytes == pytest.approx(one.memory["total"], rel=1e-12)
+        assert p.bound == t.bound and p.mfu["sum"] == pytest.approx(t.mfu["sum"], rel=1e-12)
         crit = t.critical_batch["sum"]
-        assert (p["critical_batch"] is None and crit != crit) or p["critical_batch"] == pytest.approx(crit, rel=1e-12)
+        assert ((p.critical_batch["sum"] is None and crit != crit)
+                or p.critical_batch["sum"] == pytest.approx(crit, rel=1e-12))
 
 
 def test_a_new_chip_is_a_new_row():
@@ -253,11 +254,11 @@ def test_a_new_chip_is_a_new_row():
                wrap_length=8, max_slice_chips=64, slice_prefix="madeup", libtpu_name="madeup")
     assert row.has_wraparound(8, 8, (8, 8)) and not row.has_wraparound(4, 8, (8, 8))
     plans = plan(XXL.replace(blocks=4), row, 64, 16384)
-    assert plans and all(p["memory_bytes"] <= 64e9 for p in plans)
-    plans = [p for p in plans if p["mesh"]["stage"] == 1 and p["microbatches"] == 1]
+    assert plans and all(p.memory_bytes <= 64e9 for p in plans)
+    plans = [p for p in plans if p.mesh["stage"] == 1 and p.microbatches == 1]
     # executed = 6PB − 2BDF (model) + 2BDF (block 0's dead dx in the scan) = 6PB, P = 2·D·F·4
     P = 2 * 16384 * 53248 * 4
-    assert plans[0]["times"]["math"] == pytest.approx(6 * P * 16384 / (64 * 1e15), rel=1e-12)
+    assert plans[0].times["math"] == pytest.approx(6 * P * 16384 / (64 * 1e15), rel=1e-12)
     assert "made-up" not in CHIPS and dataclasses.is_dataclass(row)
 
 
@@ -307,10 +308,10 @@ def test_sum_form_is_never_shorter_than_the_max_form():
         plans = plan(XXL, get_chip(chip), chips, batches, hbm=1e30, remat="full")
         assert plans
         for p in plans:
-            assert p["step_seconds_sum"] >= p["step_seconds_max"] and p["mfu_sum"] <= p["mfu_max"], p
-            assert p["step_seconds_sum"] >= max(p["times"]["math"], p["times"]["hbm"])
-    hbm_bound = [p for p in plan(XXL, V5P, 64, 100, per_mesh=False) if p["bound"] == "HBM"]
-    assert hbm_bound and all(p["step_seconds_sum"] >= p["times"]["hbm"] for p in hbm_bound)
+            assert p.step_seconds["sum"] >= p.step_seconds["max"] and p.mfu["sum"] <= p.mfu["max"], p
+            assert p.step_seconds["sum"] >= max(p.times["math"], p.times["hbm"])
+    hbm_bound = [p for p in plan(XXL, V5P, 64, 100, per_mesh=False) if p.bound == "HBM"]
+    assert hbm_bound and all(p.step_seconds["sum"] >= p.times["hbm"] for p in hbm_bound)
 
 
 def test_planner_ranks_only_batches_train_accepts():
@@ -318,10 +319,10 @@ def test_planner_ranks_only_batches_train_accepts():
     to 4,096) runs only on meshes with data = fsdp = 1 and M = 1, none of which holds the XXL in 102.8 GB, so
     nothing ranks and the error says why; at 100 tokens every ranked plan splits B evenly (issue 17, item 3:
     M = 64 on 1.56 tokens per device was ranked first)."""
-    assert all(p["mesh"]["data"] * p["mesh"]["fsdp"] * p["microbatches"] == 1
+    assert all(p.mesh["data"] * p.mesh["fsdp"] * p.microbatches == 1
                for p in plan(XXL, V5P, 64, 25601, hbm=1e30, per_mesh=False))
     plans = plan(XXL, V5P, 64, 100, per_mesh=False)
-    assert plans and all(100 % (p["microbatches"] * p["mesh"]["data"] * p["mesh"]["fsdp"]) == 0 for p in plans)
+    assert plans and all(100 % (p.microbatches * p.mesh["data"] * p.mesh["fsdp"]) == 0 for p in plans)
     r = _plan_cli("--batch-tokens", "25601")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
     assert "B = 25,601 tokens divides by no microbatches·data·fsdp from 2 to 4,096" in r.stderr
@@ -373,13 +374,13 @@ def test_plan_and_check_give_one_answer_on_the_question_mesh():
     from scaling import program
     from scaling.mesh_shape import MeshShape
 
-    p = next(p for p in plan(XXL, V5P, 64, 25600) if tuple(p["mesh"].values()) == (1, 1, 16, 4))
-    lay = {a: (v["lens"], v["wrap"]) for a, v in p["layout"].items()}
-    w = Workload(XXL, MeshShape(p["mesh"]), 25600)
+    p = next(p for p in plan(XXL, V5P, 64, 25600) if tuple(p.mesh.values()) == (1, 1, 16, 4))
+    lay = {a: (v["lens"], v["wrap"]) for a, v in p.layout.items()}
+    w = Workload(XXL, MeshShape(p.mesh), 25600)
     checked, unwindowed = (program.predict(w.with_facts(windowed_grad_rs=v), V5P, lay) for v in (True, False))
-    assert p["step_seconds_sum"] == pytest.approx(checked.times.step["sum"], rel=1e-12)
-    assert p["memory_bytes"] == pytest.approx(checked.memory["total"], rel=1e-12)
-    assert unwindowed.memory["total"] - p["memory_bytes"] == pytest.approx(3 * 2 * 16384 * 53248 / 4, rel=1e-9)
+    assert p.step_seconds["sum"] == pytest.approx(checked.times.step["sum"], rel=1e-12)
+    assert p.memory_bytes == pytest.approx(checked.memory["total"], rel=1e-12)
+    assert unwindowed.memory["total"] - p.memory_bytes == pytest.approx(3 * 2 * 16384 * 53248 / 4, rel=1e-9)
 
 
 @pytest.mark.tpu
@@ -391,9 +392,9 @@ def test_check_holds_the_windowed_rule_against_the_program():
     rep = check(grid_workload(*XXL_TRAIN[1:]), XXL_TRAIN[0])
     assert rep["config"]["windowed_grad_rs"] is True and rep["config"]["windowed_grad_rs_rule"] is True
     assert "MISMATCH" not in rep["collectives"]["by_axis"]["fsdp"]["note"]
-    p = next(p for p in plan(XXL, V5P, 64, 25600) if tuple(p["mesh"].values()) == (1, 1, 16, 4))
-    assert p["step_seconds_sum"] == pytest.approx(rep["times"]["step_sum"], rel=1e-12)
-    assert p["memory_bytes"] == pytest.approx(rep["memory"]["peak"]["closed_form"], rel=1e-12)
+    p = next(p for p in plan(XXL, V5P, 64, 25600) if tuple(p.mesh.values()) == (1, 1, 16, 4))
+    assert p.step_seconds["sum"] == pytest.approx(rep["times"]["step_sum"], rel=1e-12)
+    assert p.memory_bytes == pytest.approx(rep["memory"]["peak"]["closed_form"], rel=1e-12)
 
 
 def test_gpu_plans_speak_gpu_and_critical_batch_agrees_with_the_bound():
@@ -403,13 +404,13 @@ def test_gpu_plans_speak_gpu_and_critical_batch_agrees_with_the_bound():
     (sum form, per microbatch, times M = 8) is above 1M (before: 19,185 tokens beside bound ICI (fsdp)). Across
     a sweep, no plan bound by a network term has a batch above its critical batch."""
     H200 = get_chip("H200")
-    p = next(p for p in plan(XXL, H200, 64, 2**20) if tuple(p["mesh"].values()) == (1, 1, 16, 4))
-    assert p["dcn_axis"] == "fsdp" and p["bound"] == "IB (fsdp)" and p["critical_batch"] > 2**20
+    p = next(p for p in plan(XXL, H200, 64, 2**20) if tuple(p.mesh.values()) == (1, 1, 16, 4))
+    assert p.dcn_axis == "fsdp" and p.bound == "IB (fsdp)" and p.critical_batch[p.form] > 2**20
     r = _plan_cli("--chip", "H200", "--chips", "64", "--batch-tokens", "1048576")
     assert "8 nodes of 8 GPUs on NVLink joined by IB" in r.stdout and "ICI" not in r.stdout and "DCN" not in r.stdout
     for chip, chips, batches in (("H200", 64, [2**18, 2**20, 2**22]), ("v5p", 64, [100, 25600, 2**20]),
                                  ("v6e", 1024, [2**20]), ("B200", 16, [2**18, 2**20])):
         for form in ("sum", "max"):
             for q in plan(XXL, get_chip(chip), chips, batches, form=form, hbm=1e30, remat="full"):
-                if q["bound"] not in ("compute", "HBM") and q["critical_batch"] is not None:
-                    assert q["batch_tokens"] <= q["critical_batch"], q
+                if q.bound not in ("compute", "HBM") and q.critical_batch[q.form] is not None:
+                    assert q.batch_tokens <= q.critical_batch[q.form], q

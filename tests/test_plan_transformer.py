@@ -12,7 +12,7 @@ from scaling import kernels, program
 from scaling.presets import PRESETS
 from scaling.schedule import Schedule
 from scaling.hardware import get_chip
-from scaling.plan import Choices, plan, workload_of
+from scaling.plan import Choices, Plan, plan, workload_of
 from scaling.transformer import POLICY_KEEPS
 from scaling.workload import Workload
 
@@ -21,8 +21,8 @@ LLAMA2_7B, LLAMA3_70B = PRESETS["llama2-7b"], PRESETS["llama3.1-70b"]
 
 
 def _predict_one(cfg, chip, r):
-    layout = {a: (v["lens"], v["wrap"]) for a, v in r["layout"].items()}
-    dcn = {r["dcn_axis"]: r["slices"]} if r["dcn_axis"] else None
+    layout = {a: (v["lens"], v["wrap"]) for a, v in r.layout.items()}
+    dcn = {r.dcn_axis: r.slices} if r.dcn_axis else None
     return program.predict(workload_of(r, cfg), chip, layout, dcn=dcn)
 
 
@@ -34,15 +34,15 @@ def test_planner_ranks_what_predict_says(cfg, chip, chips, batch):
     layout and schedule must give the same step times, memory and bound. Plans with stages, context, tensor and
     sequence parallelism among those compared."""
     plans = plan(cfg, chip, chips, batch, form="scheduled", hbm=1e30)
-    picked = plans[:3] + [next(r for r in plans if r["mesh"][a] > 1) for a in ("stage", "context", "tensor", "data")]
-    picked += [r for r in plans if r["sequence_parallel"]][:1] + [r for r in plans if r["pipeline"] == "1f1b"][:1]
+    picked = plans[:3] + [next(r for r in plans if r.mesh[a] > 1) for a in ("stage", "context", "tensor", "data")]
+    picked += [r for r in plans if r.sequence_parallel][:1] + [r for r in plans if r.pipeline == "1f1b"][:1]
     for r in picked:
         one = _predict_one(cfg, chip, r)
         t = one.times
         for form in ("sum", "max", "scheduled"):
-            assert r[f"step_seconds_{form}"] == pytest.approx(float(t.step[form]), rel=1e-12), (r["mesh"], form)
-        assert r["memory_bytes"] == pytest.approx(float(one.memory["total"]), rel=1e-12)
-        assert r["bound"] == t.bound and r["mfu"] == pytest.approx(float(t.mfu["scheduled"]), rel=1e-12)
+            assert r.step_seconds[form] == pytest.approx(float(t.step[form]), rel=1e-12), (r.mesh, form)
+        assert r.memory_bytes == pytest.approx(float(one.memory["total"]), rel=1e-12)
+        assert r.bound == t.bound and r.mfu[r.form] == pytest.approx(float(t.mfu["scheduled"]), rel=1e-12)
 
 
 def test_the_first_policy_that_fits_is_the_fastest_that_fits():
@@ -55,14 +55,14 @@ def test_the_first_policy_that_fits_is_the_fastest_that_fits():
     c = Choices.of(LLAMA2_7B, attention="flash", context="ulysses", sequence_parallel=False)
     best = plan(LLAMA2_7B, V5E, 64, 2**20, choices=c)
     every = plan(LLAMA2_7B, V5E, 64, 2**20, per_mesh=False, choices=c)
-    assert len({r["remat"] for r in best}) >= 4 and {r["pipeline"] for r in best} == {"gpipe", "circular", "1f1b"}
+    assert len({r.remat for r in best}) >= 4 and {r.pipeline for r in best} == {"gpipe", "circular", "1f1b"}
     fastest = {}
     for r in every:
-        fastest.setdefault(tuple(r["mesh"].values()), r)
+        fastest.setdefault(tuple(r.mesh.values()), r)
     assert len(fastest) == len(best)
     for r in best:
-        f = fastest[tuple(r["mesh"].values())]
-        assert r["step_seconds"] == pytest.approx(f["step_seconds"], rel=1e-12), (r["mesh"], r["remat"], f["remat"])
+        f = fastest[tuple(r.mesh.values())]
+        assert r.step_seconds[r.form] == pytest.approx(f.step_seconds[f.form], rel=1e-12), (r.mesh, r.remat, f.remat)
 
 
 def test_seventy_billion_plans_span_every_axis():
@@ -79,18 +79,18 @@ def test_seventy_billion_plans_span_every_axis():
     for chip, chips in ((H100, 512), (V5P, 512)):
         plans = plan(LLAMA3_70B, chip, chips, 2**22, form="scheduled",
                      choices=Choices.of(LLAMA3_70B, attention="flash"))
-        assert plans and all(r["memory_bytes"] <= chip.hbm_budget for r in plans)
+        assert plans and all(r.memory_bytes <= chip.hbm_budget for r in plans)
         for axis in ("data", "stage", "fsdp", "context", "tensor"):
-            assert any(r["mesh"][axis] > 1 for r in plans), (chip.name, axis)
-        assert len({r["remat"] for r in plans}) >= 2 and any(r["sequence_parallel"] for r in plans)
+            assert any(r.mesh[axis] > 1 for r in plans), (chip.name, axis)
+        assert len({r.remat for r in plans}) >= 2 and any(r.sequence_parallel for r in plans)
     for pipe in ("gpipe", "1f1b"):
         staged = [r for r in plan(LLAMA3_70B, V5P, 512, 2**22, choices=Choices.of(LLAMA3_70B, pipeline=pipe,
                                                                                    attention="flash"))
-                  if r["mesh"]["stage"] > 1]
-        assert staged and {r["pipeline"] for r in staged} == {pipe}
+                  if r.mesh["stage"] > 1]
+        assert staged and {r.pipeline for r in staged} == {pipe}
     top = plans[0]  # v5p's
     model_math = (80 * 1_845_493_760 + 2_101_346_304) * 3 * 8192 / 4.59e14
-    assert top["mfu"] * top["step_seconds"] == pytest.approx(model_math, rel=1e-6)
+    assert top.mfu[top.form] * top.step_seconds[top.form] == pytest.approx(model_math, rel=1e-6)
 
 
 def test_plan_of_a_full_v5p_pod_is_evaluated_in_stacks():
@@ -132,7 +132,7 @@ def test_plan_of_a_full_v5p_pod_is_evaluated_in_stacks():
                 mock.patch.object(memory, "memory_per_device", counting("memory", memory.memory_per_device)), \\
                 mock.patch.object(kernels, "compute_term", counting("kernels", kernels.compute_term)):
             again = plan(cfg, v5p, 8960, 2240 * 8192, form="scheduled", choices=Choices.of(cfg, attention="flash"))
-        print(json.dumps({"seconds": seconds, "plans": len(plans), "slices": sorted({r["slices"] for r in plans}),
+        print(json.dumps({"seconds": seconds, "plans": len(plans), "slices": sorted({r.slices for r in plans}),
                           "counts": counts, "same": again == plans}))
     """
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
@@ -173,11 +173,11 @@ def test_choices_fix_what_they_name():
     no stages; plans keep their schedule fields."""
     c = Choices.of(LLAMA2_7B, remat="full", pipeline="1f1b", sequence_parallel=False, optimizer_sharding="zero1")
     plans = plan(LLAMA2_7B, V5P, 64, 2**20, choices=c)
-    assert plans and {r["remat"] for r in plans} == {"full"}
-    assert {r["pipeline"] for r in plans if r["mesh"]["stage"] > 1} == {"1f1b"}
-    assert not any(r["sequence_parallel"] for r in plans)
-    assert all(r["optimizer_sharding"] == ("zero1" if r["mesh"]["data"] > 1 and r["mesh"]["stage"] == 1 else "fsdp")
-               for r in plans)
+    assert plans and {r.remat for r in plans} == {"full"}
+    assert {r.pipeline for r in plans if r.mesh["stage"] > 1} == {"1f1b"}
+    assert not any(r.sequence_parallel for r in plans)
+    assert all(r.options["optimizer_sharding"] == ("zero1" if r.mesh["data"] > 1 and r.mesh["stage"] == 1
+                                                   else "fsdp") for r in plans)
     with pytest.raises(ValueError, match="every-second is for the FFN stack"):
         Choices.of(LLAMA2_7B, remat="every-second")
 
@@ -227,7 +227,7 @@ def test_verify_top_compiles_a_gpu_plan_with_the_gpu_compiler():
     assert r.returncode == 0, r.stderr
     top = json.loads(r.stdout)["plans"][0]
     assert top["compiled_on"] == "gpu:H100:16" and top["compiled_fits"] is True
-    terms = program.predict(workload_of(top, LLAMA2_7B), H100).memory
+    terms = program.predict(workload_of(Plan.from_json(top), LLAMA2_7B), H100).memory
     state = terms["master"] + terms["optimizer"] + terms["inputs"]
     assert top["compiled_state_bytes"] == pytest.approx(state, rel=0.01)
     assert top["compiled_peak_bytes"] == pytest.approx(terms["total"], rel=0.10)

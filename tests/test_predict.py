@@ -24,22 +24,22 @@ def test_predict_says_what_the_planner_ranks_by(capsys):
     for target, chip, chips in ((["--slice", "v5litepod-64"], get_chip("v5e"), 64),
                                 (["--chip", "H100", "--chips", "64"], get_chip("H100"), 64)):
         plans = plan(cfg, chip, chips, 2**20, form="scheduled", choices=Choices.of(cfg, attention="flash"))
-        for r in [plans[0]] + [r for r in plans if r["mesh"]["stage"] > 1][:1]:
-            mesh = ",".join(f"{a}={n}" for a, n in r["mesh"].items())
+        for r in [plans[0]] + [r for r in plans if r.mesh["stage"] > 1][:1]:
+            mesh = ",".join(f"{a}={n}" for a, n in r.mesh.items())
             args = [*target, "--preset", "llama2-7b", "--mesh", mesh, "--batch-tokens", str(2**20), "--microbatches",
-                    str(r["microbatches"]), "--repeats", str(r["repeats"]), "--schedule", r["pipeline"],
-                    "--remat", r["remat"], "--attention", "flash", "--context-strategy", r["context_strategy"],
-                    "--optimizer-sharding", r["optimizer_sharding"]]
-            if r["sequence_parallel"]:
+                    str(r.microbatches), "--repeats", str(r.repeats), "--schedule", r.pipeline,
+                    "--remat", r.remat, "--attention", "flash", "--context-strategy", r.options["context"],
+                    "--optimizer-sharding", r.options["optimizer_sharding"]]
+            if r.sequence_parallel:
                 args.append("--sequence-parallel")
-            if r["dcn_axis"]:
-                args += ["--dcn-mesh", f"{r['dcn_axis']}={r['slices']}"]
+            if r.dcn_axis:
+                args += ["--dcn-mesh", f"{r.dcn_axis}={r.slices}"]
             out = _predict(capsys, *args)
-            assert out["step_seconds"] == pytest.approx(r["step_seconds"], rel=1e-9), (target, mesh)
-            assert out["memory_per_device_bytes"] == pytest.approx(r["memory_bytes"], rel=1e-9)
-            assert out["mfu"] == pytest.approx(r["mfu"], rel=1e-9)
+            assert out["step_seconds"] == pytest.approx(r.step_seconds["scheduled"], rel=1e-9), (target, mesh)
+            assert out["memory_per_device_bytes"] == pytest.approx(r.memory_bytes, rel=1e-9)
+            assert out["mfu"] == pytest.approx(r.mfu["scheduled"], rel=1e-9)
             # tokens per second per device: B / step / devices
-            assert out["tokens_per_second_per_device"] == pytest.approx(2**20 / r["step_seconds"] / chips)
+            assert out["tokens_per_second_per_device"] == pytest.approx(2**20 / r.step_seconds["scheduled"] / chips)
 
 
 def test_dcn_placement_fills_the_outermost_axes():

@@ -534,19 +534,19 @@ def render(rep: dict) -> str:
     return "\n".join(lines)
 
 
-def verify_plans(plans: list[dict], cfg, chip: Chip, chips: int, hbm: float | None = None, verbose: bool = False,
-                 flags=None) -> list[dict]:
+def verify_plans(plans: list[planner.Plan], cfg, chip: Chip, chips: int, hbm: float | None = None,
+                 verbose: bool = False, flags=None) -> list[planner.Plan]:
     """Compile each plan's train step (scaling.plan.workload_of: its mesh, batch, remat and schedule) ahead of time
-    and add ``compiled_peak_bytes``, ``compiled_fits`` (peak <= hbm, the chip's usable HBM by default),
-    ``compiled_on`` and, on a TPU, ``compiled_ici_layout`` (the physical axes make_mesh gave each mesh axis) to the
-    plan dicts, in place; compiled under the XLA flags ``flags`` (scaling.flags). A TPU plan compiles for the chip's
+    and return the plans with their ``compiled`` (scaling.plan.Compiled: the peak, whether it fits (peak <= hbm, the
+    chip's usable HBM by default), the argument bytes, the devices and, on a TPU, the physical axes make_mesh gave
+    each mesh axis); compiled under the XLA flags ``flags`` (scaling.flags). A TPU plan compiles for the chip's
     real topology of ``chips`` chips (hardware.slice_topology; one slice). A GPU plan compiles with XLA's GPU
     compiler for ``chips`` GPUs in nodes of GPU_NODE (gpu:<chip>:<N>, mesh.devices: the CUDA plugin's topology
     description, no GPU present). ValueError without the CUDA plugin or a compiler description of the GPU (XLA:CPU's
     peak is not a GPU's: docs/findings.md). This must be the process's first use of jax."""
     if chip.kind == "tpu":
-        if any(p["slices"] > 1 for p in plans):
-            raise ValueError(f"--verify-top compiles one slice; {chips} {chip.name} chips are {plans[0]['slices']} "
+        if any(p.slices > 1 for p in plans):
+            raise ValueError(f"--verify-top compiles one slice; {chips} {chip.name} chips are {plans[0].slices} "
                              "slices")
         devices = f"tpu:{chip.name}:{'x'.join(str(d) for d in slice_topology(chip, chips))}"
     elif not chip.gpu_target:
@@ -560,20 +560,17 @@ def verify_plans(plans: list[dict], cfg, chip: Chip, chips: int, hbm: float | No
         devices = f"gpu:{chip.name}:{chips}"
     hbm = hbm or chip.hbm_budget
     use_cpu_platform_for(devices)
+    out = []
     for p in plans:
-        print(f"compiling plan {_mesh_spec(p['mesh'])} on {devices} ahead of time ...", file=sys.stderr, flush=True)
-        mesh = make_mesh(MeshShape(p["mesh"]), devices, verbose)
+        print(f"compiling plan {_mesh_spec(p.mesh)} on {devices} ahead of time ...", file=sys.stderr, flush=True)
+        mesh = make_mesh(MeshShape(p.mesh), devices, verbose)
         res = abstract_compile(planner.workload_of(p, cfg, flags), mesh)
-        memory = read_compiled(res.compiled, p["mesh"]).memory
+        memory = read_compiled(res.compiled, p.mesh).memory
         peak = memory["peak_bytes"]
-        p["compiled_peak_bytes"] = peak
-        p["compiled_fits"] = peak is not None and peak <= hbm
-        p["compiled_state_bytes"] = memory["argument_bytes"]
-        p["compiled_on"] = devices
-        if chip.kind == "tpu":
-            p["compiled_ici_layout"] = ici_layout(mesh, chip)
-        p["compile_seconds"] = res.compile_seconds
-    return plans
+        out.append(p.with_compiled(planner.Compiled(peak, peak is not None and peak <= hbm, memory["argument_bytes"],
+                                                    devices, ici_layout(mesh, chip) if chip.kind == "tpu" else None,
+                                                    res.compile_seconds)))
+    return out
 
 
 def _mesh_spec(mesh: dict) -> str:
