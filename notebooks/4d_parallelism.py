@@ -153,8 +153,9 @@ if reps:
               ("matmul FLOPs per device (TFLOP)", 1e12, [("train", "flops", "matmul"), ("forward", "flops", "matmul")])]
     for ax, (ylabel, unit, rows) in zip(axes, panels):
         xs = np.arange(len(rows))
-        ax.bar(xs - 0.2, [getattr(getattr(reps[s], q), k).closed_form / unit for s, q, k in rows], 0.4, label="closed form")
-        ax.bar(xs + 0.2, [getattr(getattr(reps[s], q), k).compiled / unit for s, q, k in rows], 0.4, label="compiled")
+        cells = [getattr(getattr(reps[s], q), k) for s, q, k in rows]  # e.g. reps["train"].memory.peak
+        ax.bar(xs - 0.2, [r.closed_form / unit for r in cells], 0.4, label="closed form")
+        ax.bar(xs + 0.2, [r.compiled / unit for r in cells], 0.4, label="compiled")
         ax.set_xticks(xs, [f"{s}\n{k}" for s, q, k in rows], fontsize=8)
         ax.set_ylabel(ylabel)
     ax = axes[2]
