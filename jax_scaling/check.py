@@ -47,9 +47,10 @@ def check_workload(args) -> Workload:
 
 def check_command(args) -> int:
     """``check`` on the command line: the workload of its flags (check_workload: every one checked before jax
-    starts), compiled and read by verify.check.check, printed as its table (verify.check.render) or --json."""
+    starts), compiled and read by verify.check.check, printed as its table (CheckReport.render) or --json
+    (CheckReport.to_json)."""
     w = check_workload(args)
-    from verify.check import check, render
+    from verify.check import check
     from verify.hlo import refusal_error
 
     use_cpu_platform_for(args.devices)
@@ -58,5 +59,5 @@ def check_command(args) -> int:
         rep = check(w, args.devices, args.chip, verbose=args.verbose)
     except Exception as e:  # a program larger than the TPU's HBM: one line (verify.hlo.refusal_error)
         raise refusal_error(e) or e
-    print(json.dumps(rep, indent=2, default=str) if args.json else render(rep))
+    print(json.dumps(rep.to_json(), indent=2, default=str) if args.json else rep.render())
     return 0

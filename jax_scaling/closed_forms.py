@@ -14,7 +14,7 @@ from jax_scaling.args import (MODEL_FLAGS, add_model_args, add_predict_args, add
                               model_config, needs, say)
 from jax_scaling.predict import report_of
 from scaling import kernels, layer_estimator, seed000, seed002
-from scaling.answers import QUESTION, answers, render
+from scaling.answers import QUESTION, answers
 from scaling.ffn import FFNConfig
 from scaling.mesh_shape import MeshShape
 from scaling.hardware import get_chip
@@ -133,7 +133,7 @@ def answer_command(args) -> int:
         from verify.check import verify_pipeline
 
         verify_pipeline(ans, args.verbose, flags)
-    print(json.dumps(ans, indent=2, default=str) if args.json else prose(render(ans)))
+    print(json.dumps(ans.to_json(), indent=2, default=str) if args.json else prose(ans.render()))
     if args.verify_pipeline and not args.json:
         from verify.check import render_pipeline
 

@@ -14,7 +14,7 @@ from scaling.mesh_shape import MeshShape
 from scaling.hardware import get_chip
 from scaling.workload import Workload
 from verify.bench import bench
-from verify.check import optimal_seconds_text
+from verify.report import optimal_seconds_text
 from verify.hlo import read_compiled, refusal_error
 
 COST_KEYS = ("flops", "bytes accessed", "transcendentals", "optimal_seconds")

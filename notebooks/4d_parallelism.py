@@ -10,13 +10,13 @@
 import matplotlib.pyplot as plt
 import numpy as np
 from scaling import memory, roofline
-from scaling.answers import answers, render
+from scaling.answers import answers
 from scaling.presets import PRESETS
 
 # %matplotlib inline
 plt.rcParams.update({"figure.dpi": 110, "font.size": 10})
 ans = answers()          # the question's inputs: X=16, Y=4, M_X=2, M_Y=1, C=4.6e14, W_ici=1.8e11
-print(render(ans))
+print(ans.render())
 
 # %% [markdown]
 # ## (a), (b): memory per device against the FSDP size
@@ -26,17 +26,17 @@ print(render(ans))
 # M(N) = [16·P + ½·2·(D+F)·L·B] / N.
 
 # %%
-cfg, inp = PRESETS["xxl"], ans["inputs"]
+cfg, inp = PRESETS["xxl"], ans.inputs
 N = np.arange(8, 129)
 state = memory.state_bytes(cfg) / N
-acts = 0.5 * memory.activation_bytes_per_token(cfg) * inp["batch_tokens"] / N
+acts = 0.5 * memory.activation_bytes_per_token(cfg) * inp.batch_tokens / N
 fig, ax = plt.subplots(figsize=(7, 4))
 ax.plot(N, state / 1e9, label="FP32 state (16 B/param)")
 ax.plot(N, (state + acts) / 1e9,
-        label=f"+ half the activations at B = {inp['batch_tokens']:,} tokens (a batch we assume)")
-ax.axhline(inp["hbm"] / 1e9, color="k", ls="--", label="95 GB (one v5p)")
-n_state = ans["b"]["min_n_fsdp_without_activations"]
-n_acts = ans["b"]["min_n_fsdp_with_half_activations_at_batch"]
+        label=f"+ half the activations at B = {inp.batch_tokens:,} tokens (a batch we assume)")
+ax.axhline(inp.hbm / 1e9, color="k", ls="--", label="95 GB (one v5p)")
+n_state = ans.b.min_n_fsdp_without_activations
+n_acts = ans.b.min_n_fsdp_with_half_activations_at_batch
 for n, text, y, ha, dx in ((n_state, "state alone", 180, "right", -1.5),
                            (n_acts, "with activations", 240, "left", 1.5)):
     ax.axvline(n, color="grey", ls=":")
@@ -55,10 +55,10 @@ ax.grid(alpha=0.3)
 # overlapped communication) when max(T_FSDP, T_TP) < T_math.
 
 # %%
-c = ans["c"]
-D, F, X, Y = inp["d_model"], inp["d_ff"], inp["fsdp"], inp["tensor"]
+c = ans.c
+D, F, X, Y = inp.d_model, inp.d_ff, inp.fsdp, inp.tensor
 per_dev = np.linspace(50, 800, 300)          # B/N tokens per chip
-t = roofline.mixed_times(per_dev * c["N"], D, F, X, Y, inp["flops"], inp["w_ici"], c["M_X"], c["M_Y"])
+t = roofline.mixed_times(per_dev * c.N, D, F, X, Y, inp.flops, inp.w_ici, c.M_X, c.M_Y)
 fig, ax = plt.subplots(figsize=(7, 4))
 ax.plot(per_dev, t["math"] * 1e3, label="T_math", lw=2)
 ax.plot(per_dev, np.broadcast_to(t["fsdp"], per_dev.shape) * 1e3, label="T_FSDP")
@@ -66,9 +66,9 @@ ax.plot(per_dev, t["tp"] * 1e3, label="T_TP")
 ax.plot(per_dev, t["comms_sum"] * 1e3, "--", label="T_FSDP + T_TP (sum form)")
 top = 6.5
 for form, col, ha, dx, y in (("max", "C4", "right", -8, 0.6 * top), ("sum", "C3", "left", 8, 0.85 * top)):
-    b = c[form]["per_device_batch"]
+    b = c.critical[form].per_device_batch
     ax.axvline(b, color=col, ls=":")
-    ax.text(b + dx, y, f"{form} form: B/N = {b:.0f}\nB = {c[form]['overall_batch'] / 1e3:.1f}k tokens", color=col,
+    ax.text(b + dx, y, f"{form} form: B/N = {b:.0f}\nB = {c.critical[form].overall_batch / 1e3:.1f}k tokens", color=col,
             ha=ha, va="center", fontsize=8, bbox=dict(boxstyle="round,pad=0.2", fc="white", ec=col, lw=0.5))
 ax.set(xlabel="per-device batch B/N (tokens per chip)", ylabel="time per block (ms)", ylim=(0, top),
        title="(c) forward pass, X=16, Y=4, M_X=2, M_Y=1")
@@ -89,26 +89,26 @@ ax.grid(alpha=0.3)
 # %%
 from matplotlib.ticker import NullFormatter, ScalarFormatter
 Xs = np.geomspace(1, 64, 400)
-al, Nn = c["alpha"], c["N"]
+al, Nn = c.alpha, c.N
 def crit(x, form):
     y = Nn / x
-    fs = F / (y * c["M_X"])
+    fs = F / (y * c.M_X)
     m = F / (Nn * al)
-    tp = 1 / (x * c["M_Y"])
+    tp = 1 / (x * c.M_Y)
     return np.where(m > tp, fs / (m - tp) if form == "sum" else fs / m, np.nan)
 fig, ax = plt.subplots(figsize=(7, 4))
 ints = [1, 2, 4, 8, 16, 32, 64]
 for form, col in (("sum", "C0"), ("max", "C1")):
     ax.plot(Xs, crit(Xs, form) / 1e3, color=col, label=f"{form} form")
-    ax.plot(ints, [(roofline.critical_batch(F, x, Nn // x, al, c["M_X"], c["M_Y"], form) or np.nan) / 1e3
+    ax.plot(ints, [(roofline.critical_batch(F, x, Nn // x, al, c.M_X, c.M_Y, form) or np.nan) / 1e3
                    for x in ints],
             "o", ms=4, color=col)
-    xo = c[f"x_opt_{form}"]
-    ax.plot([xo["x_opt"]], [xo["overall_batch"] / 1e3], "*", ms=11, color=col, mec="k", mew=0.5,
-            label=f"X_opt = {xo['x_opt']:.1f} at B = {xo['overall_batch'] / 1e3:.1f}k ({form} minimum)")
-xq = roofline.x_opt(c["sum"]["overall_batch"], F, Nn, c["M_X"], c["M_Y"])
+    xo = c.x_opt[form]
+    ax.plot([xo.x_opt], [xo.overall_batch / 1e3], "*", ms=11, color=col, mec="k", mew=0.5,
+            label=f"X_opt = {xo.x_opt:.1f} at B = {xo.overall_batch / 1e3:.1f}k ({form} minimum)")
+xq = roofline.x_opt(c.critical["sum"].overall_batch, F, Nn, c.M_X, c.M_Y)
 ax.axvline(xq, color="grey", ls=":", lw=0.8)
-ax.text(xq * 1.03, 62, f"X_opt at the question's\nB = {c['sum']['overall_batch'] / 1e3:.1f}k: {xq:.1f}",
+ax.text(xq * 1.03, 62, f"X_opt at the question's\nB = {c.critical['sum'].overall_batch / 1e3:.1f}k: {xq:.1f}",
         fontsize=8, color="grey")
 ax.axvline(X, color="k", ls="--", lw=0.8)
 ax.text(X * 1.03, 85, "X = 16 (question)", fontsize=8)
@@ -119,7 +119,7 @@ ax.xaxis.set_major_formatter(ScalarFormatter())
 ax.xaxis.set_minor_formatter(NullFormatter())
 ax.legend(fontsize=8, loc="upper left")
 ax.grid(alpha=0.3)
-print({f: ans["d"][f]["best_split"] for f in ("sum", "max")})
+print({f: vars(ans.d.levers[f].best_split) for f in ("sum", "max")})
 
 # %% [markdown]
 # ## Closed form vs compiled: the full XXL on v5p:4x4x4 (fsdp = 16, tensor = 4, 25,600 tokens)
@@ -134,14 +134,14 @@ import os
 os.environ.setdefault("JAX_PLATFORMS", "cpu")    # compile for TPU ahead of time; run nothing
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 from mesh.devices import has_libtpu
-from verify.check import check, grid_workload, render
+from verify.check import check, grid_workload
 
 xxl = PRESETS["xxl"]
 reps = {}
 if has_libtpu():
     for step in ("train", "forward"):
-        reps[step] = check(grid_workload(xxl, "fsdp=16,tensor=4", inp["batch_tokens"], "none", step), "tpu:v5p:4x4x4")
-        print(render(reps[step]), end="\n\n")
+        reps[step] = check(grid_workload(xxl, "fsdp=16,tensor=4", inp.batch_tokens, "none", step), "tpu:v5p:4x4x4")
+        print(reps[step].render(), end="\n\n")
 else:
     print("libtpu is not installed (pip install -e '.[tpu]'): the compiled side is skipped")
 
@@ -153,16 +153,17 @@ if reps:
               ("matmul FLOPs per device (TFLOP)", 1e12, [("train", "flops", "matmul"), ("forward", "flops", "matmul")])]
     for ax, (ylabel, unit, rows) in zip(axes, panels):
         xs = np.arange(len(rows))
-        ax.bar(xs - 0.2, [reps[s][q][k]["closed_form"] / unit for s, q, k in rows], 0.4, label="closed form")
-        ax.bar(xs + 0.2, [reps[s][q][k]["compiled"] / unit for s, q, k in rows], 0.4, label="compiled")
+        cells = [getattr(getattr(reps[s], q), k) for s, q, k in rows]  # e.g. reps["train"].memory.peak
+        ax.bar(xs - 0.2, [r.closed_form / unit for r in cells], 0.4, label="closed form")
+        ax.bar(xs + 0.2, [r.compiled / unit for r in cells], 0.4, label="compiled")
         ax.set_xticks(xs, [f"{s}\n{k}" for s, q, k in rows], fontsize=8)
         ax.set_ylabel(ylabel)
     ax = axes[2]
-    crow = [(s, a) for s in ("train", "forward") for a in reps[s]["collectives"]["by_axis"]]
+    crow = [(s, a) for s in ("train", "forward") for a in reps[s].collectives.by_axis]
     xs = np.arange(len(crow))
-    ax.bar(xs - 0.2, [reps[s]["collectives"]["by_axis"][a]["closed_form"] / 1e9 for s, a in crow], 0.4,
+    ax.bar(xs - 0.2, [reps[s].collectives.by_axis[a].closed_form / 1e9 for s, a in crow], 0.4,
            label="closed form")
-    ax.bar(xs + 0.2, [reps[s]["collectives"]["by_axis"][a]["compiled"] / 1e9 for s, a in crow], 0.4, label="compiled")
+    ax.bar(xs + 0.2, [reps[s].collectives.by_axis[a].compiled / 1e9 for s, a in crow], 0.4, label="compiled")
     ax.set_xticks(xs, [f"{s}\n{a}" for s, a in crow], fontsize=8)
     ax.set_ylabel("collective volume V per device per step (GB)")
     axes[0].legend(fontsize=8)
@@ -181,14 +182,14 @@ if reps:
 if reps:
     fwd, trn = reps["forward"], reps["train"]
     for name, r in (("forward", fwd), ("train", trn)):
-        col = r["collectives"]
-        print(f"{name}: {col['count']} collectives in the program, {col['async']} asynchronous; "
+        col = r.collectives
+        print(f"{name}: {col.count} collectives in the program, {col.asynchronous} asynchronous; "
               "bytes per device per step:",
-              ", ".join(f"{a} {v['compiled'] / 1e9:.2f} GB" for a, v in col["by_axis"].items()),
-              "| by kind:", ", ".join(f"{k} {v / 1e9:.2f} GB" for k, v in col["by_kind"].items()))
-    t = fwd["times"]
-    print(f"forward: T_math {t['math']:.3f} s, T_comms " + ", ".join(f"{a} {v:.3f} s" for a, v in t["comms"].items())
-          + f"; sum form {t['step_sum']:.3f} s, max form {t['step_max']:.3f} s")
+              ", ".join(f"{a} {v.compiled / 1e9:.2f} GB" for a, v in col.by_axis.items()),
+              "| by kind:", ", ".join(f"{k} {v / 1e9:.2f} GB" for k, v in col.by_kind.items()))
+    t = fwd.times
+    print(f"forward: T_math {t.math:.3f} s, T_comms " + ", ".join(f"{a} {v:.3f} s" for a, v in t.comms.items())
+          + f"; sum form {t.step_sum:.3f} s, max form {t.step_max:.3f} s")
 
 # %% [markdown]
 # In the forward step every FSDP all-gather and TP all-reduce is a synchronous instruction (the
@@ -216,16 +217,16 @@ from scaling.flags import FLAG_SETS
 flag_reps = {}
 if has_libtpu():
     for name in FLAG_SETS:
-        w = grid_workload(xxl, "fsdp=16,tensor=4", inp["batch_tokens"], "none", "forward").replace(flags=name)
+        w = grid_workload(xxl, "fsdp=16,tensor=4", inp.batch_tokens, "none", "forward").replace(flags=name)
         r = flag_reps[name] = check(w, "tpu:v5p:4x4x4")
-        ov, t, pk = r["overlap"], r["times"], r["memory"]["peak"]
-        print(f"{name:8} overlapped: " + ", ".join(f"{a} {v:.1%}" for a, v in ov["overlapped_share"].items())
+        ov, t, pk = r.overlap, r.times, r.memory.peak
+        print(f"{name:8} overlapped: " + ", ".join(f"{a} {v:.1%}" for a, v in ov.overlapped_share.items())
               + "; exposed (closed form / compiled): "
-              + ", ".join(f"{a} {e['closed_form'] / 1e9:.2f} / {e['compiled'] / 1e9:.2f} GB"
-                          for a, e in ov["exposed"].items())
-              + f"; loop copies {ov['loop_copies']['compiled'] / 1e9:.1f} GB; peak {pk['compiled'] / 1e9:.2f} GB"
-              f" (closed form {pk['closed_form'] / 1e9:.2f}); scheduled step {t['step_scheduled']:.3f} s"
-              f" (sum {t['step_sum']:.3f}, max {t['step_max']:.3f})")
+              + ", ".join(f"{a} {e.closed_form / 1e9:.2f} / {e.compiled / 1e9:.2f} GB"
+                          for a, e in ov.exposed.items())
+              + f"; loop copies {ov.loop_copies.compiled / 1e9:.1f} GB; peak {pk.compiled / 1e9:.2f} GB"
+              f" (closed form {pk.closed_form / 1e9:.2f}); scheduled step {t.step_scheduled:.3f} s"
+              f" (sum {t.step_sum:.3f}, max {t.step_max:.3f})")
 
 # %% [markdown]
 # Exposed communication per block against the batch, from the closed forms (v5p, the 4x4x4 layout's
@@ -253,7 +254,7 @@ for name, color in zip(FLAG_SETS, ("C0", "C1", "C2")):
     ax.plot(Bs, 1e3 * (t.step["scheduled"] - np.maximum(t.math, t.hbm)) / xxl.blocks, color=color, ls="--", lw=0.8,
             label=f"{name}: scheduled step − math")
 ax.plot(Bs, 1e3 * np.broadcast_to(t.math, Bs.shape) / xxl.blocks, "k:", label="T_math")
-ax.axvline(ans["c"]["max"]["overall_batch"], color="grey", lw=0.6)
+ax.axvline(ans.c.critical["max"].overall_batch, color="grey", lw=0.6)
 ax.set_xlabel("global batch B (tokens)")
 ax.set_ylabel("ms per block (forward)")
 ax.set_title("XXL forward, fsdp=16, tensor=4 on v5p: time the flags' schedule leaves exposed")

@@ -75,7 +75,7 @@ print(f"{len(CPU_GRID)} CPU configurations, {len(TPU_GRID)} TPU configurations, 
 t0 = time.perf_counter()
 cpu_reports = [check(grid_workload(*row), "cpu:8") for row in CPU_GRID]
 print(f"CPU grid: {len(cpu_reports)} steps compiled and read in {time.perf_counter() - t0:.1f} s "
-      f"(compile {sum(r['config']['compile_seconds'] for r in cpu_reports):.1f} s)")
+      f"(compile {sum(r.config.compile_seconds for r in cpu_reports):.1f} s)")
 
 # %%
 tpu_reports, mid_reports = [], []
@@ -86,10 +86,9 @@ else:
     for grid, reports in ((TPU_GRID, tpu_reports), (TPU_MID_GRID, mid_reports)):
         for devices, cfg, mesh, batch, remat, step in grid:
             reports.append(check(grid_workload(cfg, mesh, batch, remat, step), devices))
-            reports[-1]["config"]["mid"] = grid is TPU_MID_GRID
-            c = reports[-1]["config"]
+            c = reports[-1].config
             print(f"{devices:<14} {cfg.d_model}x{cfg.d_ff}x{cfg.blocks:<4} {mesh:<24} B={batch:<6} {remat:<12} "
-                  f"{step:<8} compiled in {c['compile_seconds']:5.1f} s")
+                  f"{step:<8} compiled in {c.compile_seconds:5.1f} s")
     print(f"TPU grids: {len(tpu_reports) + len(mid_reports)} steps compiled and read in "
           f"{time.perf_counter() - t0:.1f} s")
 
@@ -108,19 +107,19 @@ BANDS = {"flops": (0.99, 1.01), "args": (0.99, 1.01), "coll": (0.98, 1.02), "axi
 
 def ratios(rep):
     # the ratios of one report, by quantity; per-axis ratios as a dict
-    return {"flops": rep["flops"]["matmul"]["ratio"],
-            "args": rep["memory"]["arguments"]["ratio"],
-            "coll": rep["collectives"]["total_bytes"]["ratio"],
-            "axis": {a: r["ratio"] for a, r in rep["collectives"]["by_axis"].items()},
-            "peak": rep["memory"]["peak"]["ratio"] if not rep["config"]["devices"].startswith("cpu") else None,
-            "mid": rep["config"].get("mid", False)}
+    return {"flops": rep.flops.matmul.ratio,
+            "args": rep.memory.arguments.ratio,
+            "coll": rep.collectives.total_bytes.ratio,
+            "axis": {a: r.ratio for a, r in rep.collectives.by_axis.items()},
+            "peak": rep.memory.peak.ratio if not rep.config.devices.startswith("cpu") else None,
+            "mid": any(rep is m for m in mid_reports)}
 
 def mesh_text(rep):
-    m = rep["config"]["mesh"]
+    m = rep.config.mesh
     return ",".join(f"{k}={v}" for k, v in m.items() if v > 1) or "1 device"
 
 def model_text(rep):
-    m = rep["config"]["model"]
+    m = rep.config.model
     return f"{m['d_model']}x{m['d_ff']}x{m['blocks']}"
 
 def cell(x, band):
@@ -134,16 +133,16 @@ def html_table(reports):
             "per-axis", "peak (TPU)", "windowed RS"]
     rows = []
     for rep in reports:
-        c, r = rep["config"], ratios(rep)
+        c, r = rep.config, ratios(rep)
         axes = "<br>".join(f"{a} <span style='color:{'#c00' if not (0.98 <= v <= 1.02) else 'inherit'}'>{v:.5f}</span>"
                            for a, v in r["axis"].items()) or "-"
         rows.append("<tr>" + "".join([
-            f"<td>{c['devices']}</td>", f"<td>{model_text(rep)}</td>", f"<td>{mesh_text(rep)}</td>",
-            f"<td style='text-align:right'>{c['batch_tokens']:,}</td>", f"<td>{c['remat']}</td>",
-            f"<td>{c['step']}</td>",
+            f"<td>{c.devices}</td>", f"<td>{model_text(rep)}</td>", f"<td>{mesh_text(rep)}</td>",
+            f"<td style='text-align:right'>{c.batch_tokens:,}</td>", f"<td>{c.remat}</td>",
+            f"<td>{c.step}</td>",
             cell(r["flops"], BANDS["flops"]), cell(r["args"], BANDS["args"]), cell(r["coll"], BANDS["coll"]),
             f"<td style='text-align:right'>{axes}</td>", cell(r["peak"], BANDS["peak_mid" if r["mid"] else "peak"]),
-            f"<td>{'yes' if c['windowed_grad_rs'] else 'no'}</td>"]) + "</tr>")
+            f"<td>{'yes' if c.windowed_grad_rs else 'no'}</td>"]) + "</tr>")
     return ("<table style='font-size:85%'><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>"
             + "".join(rows) + "</table>")
 
@@ -167,10 +166,10 @@ MARKERS = {"flops": ("matmul FLOPs", "o"), "args": ("argument bytes", "s"), "col
            "peak": ("peak memory (TPU)", "D"), "peak_mid": ("peak memory (mid-sized, not banded)", "d")}
 
 def short_label(rep):
-    c = rep["config"]
-    mesh = "·".join(f"{k[0]}{v}" for k, v in c["mesh"].items() if v > 1)
-    dev = "" if c["devices"].startswith("cpu") else c["devices"].split(":")[-1] + " "
-    return f"{dev}{model_text(rep)} {mesh} B{c['batch_tokens']} {c['remat']} {c['step']}"
+    c = rep.config
+    mesh = "·".join(f"{k[0]}{v}" for k, v in c.mesh.items() if v > 1)
+    dev = "" if c.devices.startswith("cpu") else c.devices.split(":")[-1] + " "
+    return f"{dev}{model_text(rep)} {mesh} B{c.batch_tokens} {c.remat} {c.step}"
 
 def series(reports):
     # {quantity: [(x, ratio), ...]}; per-axis keys that are not a single mesh axis get their own marker

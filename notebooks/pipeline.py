@@ -101,10 +101,10 @@ for M in (1, 2, 4, 8, 16, 32):
     elif HAVE_TPU:
         try:
             rep = check(workload, DEVICES)
-            compiled, closed = rep["memory"]["peak"]["compiled"], rep["memory"]["peak"]["closed_form"]
+            compiled, closed = rep.memory.peak.compiled, rep.memory.peak.closed_form
             # the terms as check computed them: it tells the closed form what XLA chose for the gradient
             # reduce-scatter (a windowed einsum holds one gathered matrix, not two blocks')
-            terms = program.predict(workload.with_facts(windowed_grad_rs=rep["config"]["windowed_grad_rs"])).memory
+            terms = program.predict(workload.with_facts(windowed_grad_rs=rep.config.windowed_grad_rs)).memory
         except Exception as e:  # the compiler refuses a program that does not fit
             closed, note = terms["total"], str(e).split("\n")[0][:150]
     else:
@@ -155,9 +155,9 @@ for M in (1, 2, 4, 8):
     elif HAVE_TPU:
         try:
             rep = check(workload, "tpu:v5p:4x4x8")
-            pk = rep["memory"]["peak"]
-            line += (f"; compiled {pk['compiled'] / 1e9:6.1f} GB against {pk['closed_form'] / 1e9:6.1f} "
-                     f"(ratio {pk['ratio']:.3f})")
+            pk = rep.memory.peak
+            line += (f"; compiled {pk.compiled / 1e9:6.1f} GB against {pk.closed_form / 1e9:6.1f} "
+                     f"(ratio {pk.ratio:.3f})")
         except Exception as e:  # the compiler refuses a program that does not fit
             line += "; compiler: " + str(e).split("\n")[0][:150]
     print(line + ("  <- over the 102.8 GB usable" if t["total"] > V5P.hbm_budget else ""))

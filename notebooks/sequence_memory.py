@@ -231,10 +231,10 @@ def compile_point(name, T):
     t0 = time.perf_counter()
     try:
         rep = check(workload(name, T), s["devices"])
-        peak = rep["memory"]["peak"]
-        assert abs(peak["closed_form"] - closed) <= 1e-6 * closed  # check's closed form is this notebook's
-        return dict(outcome="fits", compiled=peak["compiled"], closed=closed, seconds=time.perf_counter() - t0,
-                    note=f"compiled in {rep['config']['compile_seconds']:.1f} s")
+        peak = rep.memory.peak
+        assert abs(peak.closed_form - closed) <= 1e-6 * closed  # check's closed form is this notebook's
+        return dict(outcome="fits", compiled=peak.compiled, closed=closed, seconds=time.perf_counter() - t0,
+                    note=f"compiled in {rep.config.compile_seconds:.1f} s")
     except Exception as e:  # noqa: BLE001 - the compiler's refusal, or a failure to trace, is the result
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         if "RESOURCE_EXHAUSTED" in msg:

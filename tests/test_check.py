@@ -19,7 +19,7 @@ import pytest
 from verify.check import (CPU_GRID, grid_workload, CPU_SEQUENCE_GRID, CPU_STAGE_GRID, CPU_TF_STAGE_GRID,
                           PEAK_BANDED_ABOVE, TPU_CHIP_GRID, TPU_GRID, TPU_MID_GRID, TPU_SEQUENCE_GRID, TPU_STAGE_GRID,
                           TPU_TF_STAGE_GRID, XXL_ACCUMULATE,
-                          XXL_SEQUENCE_PARALLEL, XXL_STAGES, XXL_TRAIN, CACHE_ENV, check, render)
+                          XXL_SEQUENCE_PARALLEL, XXL_STAGES, XXL_TRAIN, CACHE_ENV, check)
 from scaling.presets import get_preset
 from scaling.transformer import TransformerConfig
 from scaling.workload import Workload
@@ -48,24 +48,24 @@ def _ids(grid):
 
 
 def _assert_bands(rep):
-    assert 0.99 <= rep["flops"]["matmul"]["ratio"] <= 1.01, rep["flops"]["matmul"]
-    assert 0.99 <= rep["memory"]["arguments"]["ratio"] <= 1.01, rep["memory"]["arguments"]
-    col = rep["collectives"]
-    assert 0.98 <= col["total_bytes"]["ratio"] <= 1.02, col["total_bytes"]
-    mesh = rep["config"]["mesh"]
+    assert 0.99 <= rep.flops.matmul.ratio <= 1.01, rep.flops.matmul
+    assert 0.99 <= rep.memory.arguments.ratio <= 1.01, rep.memory.arguments
+    col = rep.collectives
+    assert 0.98 <= col.total_bytes.ratio <= 1.02, col.total_bytes
+    mesh = rep.config.mesh
     for axis, size in mesh.items():
-        if size > 1 and (axis != "data" or rep["config"]["step"] == "train"):
-            assert any(axis in key.split("+") for key in col["by_axis"]), (axis, col["by_axis"].keys())
-    for axis, row in col["by_axis"].items():
-        assert 0.98 <= row["ratio"] <= 1.02, (axis, row)
+        if size > 1 and (axis != "data" or rep.config.step == "train"):
+            assert any(axis in key.split("+") for key in col.by_axis), (axis, col.by_axis.keys())
+    for axis, row in col.by_axis.items():
+        assert 0.98 <= row.ratio <= 1.02, (axis, row)
 
 
 @pytest.mark.parametrize("cfg,mesh,batch,remat,step", CPU_GRID, ids=_ids(CPU_GRID))
 def test_cpu_grid(cfg, mesh, batch, remat, step):
     rep = check(grid_workload(cfg, mesh, batch, remat, step), "cpu:8")
     _assert_bands(rep)
-    assert rep["collectives"]["total_bytes"]["compiled"] > 0 or mesh == "data=8,fsdp=1,tensor=1"
-    text = render(rep)
+    assert rep.collectives.total_bytes.compiled > 0 or mesh == "data=8,fsdp=1,tensor=1"
+    text = rep.render()
     assert "flops.matmul" in text and "collectives.total_bytes" in text
 
 
@@ -76,8 +76,8 @@ def test_cpu_grid(cfg, mesh, batch, remat, step):
 def test_tpu_targets(devices, cfg, mesh, batch, remat, step):
     rep = check(grid_workload(cfg, mesh, batch, remat, step), devices)
     _assert_bands(rep)
-    assert 0.90 <= rep["memory"]["peak"]["ratio"] <= 1.10, rep["memory"]["peak"]
-    assert rep["times"]["xla_optimal_seconds"] is not None  # TPU reports its own time estimate
+    assert 0.90 <= rep.memory.peak.ratio <= 1.10, rep.memory.peak
+    assert rep.times.xla_optimal_seconds is not None  # TPU reports its own time estimate
 
 
 @pytest.mark.tpu
@@ -101,10 +101,10 @@ def test_tpu_other_generations(devices, cfg, mesh, batch, remat, step):
     HBM to dominate (closed-form peak >= 4 GiB: verify.check.PEAK_BANDED_ABOVE)."""
     rep = check(grid_workload(cfg, mesh, batch, remat, step), devices)
     _assert_bands(rep)
-    peak = rep["memory"]["peak"]
-    if peak["closed_form"] >= PEAK_BANDED_ABOVE:
-        assert 0.90 <= peak["ratio"] <= 1.10, peak
-    assert rep["config"]["chip"] == devices.split(":")[1]  # timed with the topology's own chip row
+    peak = rep.memory.peak
+    if peak.closed_form >= PEAK_BANDED_ABOVE:
+        assert 0.90 <= peak.ratio <= 1.10, peak
+    assert rep.config.chip == devices.split(":")[1]  # timed with the topology's own chip row
 
 
 def test_chip_grid_covers_every_generation():
@@ -129,11 +129,11 @@ def test_tpu_xxl_train_step():
     _assert_bands(rep)
     # hand derivation of the argument bytes: 12 B/param/N = 12 x 219,848,638,464 / 64
     # = 41,221,619,712, + x bf16 + y fp32 per device (1600 tokens x 16384 x 6 B = 157,286,400) + 4 B step
-    assert rep["memory"]["arguments"]["closed_form"] == 41_221_619_712 + 157_286_400 + 4
-    assert 0.95 <= rep["memory"]["peak"]["ratio"] <= 1.05, rep["memory"]["peak"]
+    assert rep.memory.arguments.closed_form == 41_221_619_712 + 157_286_400 + 4
+    assert 0.95 <= rep.memory.peak.ratio <= 1.05, rep.memory.peak
     # XLA:TPU runs the gradient reduce-scatter of these weights as a windowed einsum
-    assert rep["config"]["windowed_grad_rs"]
-    assert rep["collectives"]["by_kind"]["collective-permute"] > 0
+    assert rep.config.windowed_grad_rs
+    assert rep.collectives.by_kind["collective-permute"] > 0
 
 
 def test_stage_grid_covers_the_acceptance_configurations():
@@ -186,7 +186,7 @@ def test_cpu_transformer_stage_grid(cfg, mesh, batch, remat, step, schedule):
     pipeline schedule, tied and untied vocabularies, and a forward step."""
     rep = check(grid_workload(cfg, mesh, batch, remat, step, schedule), "cpu:8")
     _assert_bands(rep)
-    assert any("stage" in key.split("+") for key in rep["collectives"]["by_axis"])
+    assert any("stage" in key.split("+") for key in rep.collectives.by_axis)
 
 
 def test_transformer_stage_grid_covers_every_schedule():
@@ -206,7 +206,7 @@ def test_tpu_transformer_stage_grid(devices, cfg, mesh, batch, remat, step, sche
 def _assert_tpu_bands(rep):
     """Every band, and the compiler's peak within 10%."""
     _assert_bands(rep)
-    assert 0.90 <= rep["memory"]["peak"]["ratio"] <= 1.10, rep["memory"]["peak"]
+    assert 0.90 <= rep.memory.peak.ratio <= 1.10, rep.memory.peak
 
 
 @pytest.mark.tpu
@@ -218,8 +218,8 @@ def test_tpu_xxl_with_stages_and_accumulation():
     for devices, cfg, mesh, batch, remat, step, schedule in (XXL_STAGES, XXL_ACCUMULATE):
         rep = check(grid_workload(cfg, mesh, batch, remat, step, schedule), devices)
         _assert_bands(rep)
-        assert 0.95 <= rep["memory"]["peak"]["ratio"] <= 1.05, (mesh, rep["memory"]["peak"])
-        assert rep["memory"]["peak"]["compiled"] <= get_chip("v5p").hbm_budget
+        assert 0.95 <= rep.memory.peak.ratio <= 1.05, (mesh, rep.memory.peak)
+        assert rep.memory.peak.compiled <= get_chip("v5p").hbm_budget
 
 
 @pytest.mark.tpu
@@ -310,16 +310,37 @@ def test_negative_xla_optimal_seconds_is_not_shown_as_a_time(capsys):
 
     rep = copy.deepcopy(check(grid_workload(get_preset("tiny"), "data=2,fsdp=2,tensor=2", 1024, "none", "forward"),
                               "cpu:8"))
-    rep["times"]["xla_optimal_seconds"] = -13.99
-    text = render(rep)
+    rep.times.xla_optimal_seconds = -13.99
+    text = rep.render()
     assert "optimal_seconds): n/a (XLA reports -13.99, not meaningful)" in text and "-13.99 s" not in text
-    rep["times"]["xla_optimal_seconds"] = 2.5
-    assert "optimal_seconds): 2.5 s." in render(rep)
+    rep.times.xla_optimal_seconds = 2.5
+    assert "optimal_seconds): 2.5 s." in rep.render()
     print_compile({"step": "train", "model": {}, "devices": "tpu:v6e:4x4", "platform": "tpu", "mesh": {},
                    "batch_tokens": 1, "remat": "none", "compile_seconds": 1.0, "memory": {}, "dot_flops": 1.0,
                    "collective_bytes": {}, "cost": {"flops": 1.0, "optimal_seconds": -13.99}})
     out = capsys.readouterr().out
     assert "cost.optimal_seconds       n/a (XLA reports -13.99, not meaningful)" in out and "-13.99 s" not in out
+
+
+def test_report_json_round_trip():
+    """CheckReport.to_json is check --json's object (rows as {closed_form, compiled, ratio, note}) and from_json
+    reads it back: the same rows, typed, the same JSON and text (the config's tuples come back as JSON lists)."""
+    import json
+
+    from verify.report import CheckReport, Row
+
+    rep = check(grid_workload(get_preset("tiny"), "data=2,fsdp=2,tensor=2", 1024, "none", "forward"), "cpu:8")
+    j = rep.to_json()
+    assert list(j) == ["config", "flops", "memory", "collectives", "overlap", "times"]
+    assert j["memory"]["peak"] == {"closed_form": rep.memory.peak.closed_form, "compiled": rep.memory.peak.compiled,
+                                   "ratio": None, "note": rep.memory.peak.note}
+    assert j["collectives"]["async"] == rep.collectives.asynchronous and "note" in j["overlap"]
+    back = CheckReport.from_json(json.loads(json.dumps(j)))
+    assert (back.flops, back.memory, back.collectives, back.overlap, back.times) == (
+        rep.flops, rep.memory, rep.collectives, rep.overlap, rep.times)
+    assert isinstance(back.collectives.by_axis["fsdp"], Row)
+    assert json.dumps(back.to_json()) == json.dumps(j)
+    assert back.render() == rep.render()
 
 
 def test_cpu_check_times_the_bytes_a_tpu_moves():
@@ -332,12 +353,12 @@ def test_cpu_check_times_the_bytes_a_tpu_moves():
     cfg = get_preset("small")
     rep = check(grid_workload(cfg, "fsdp=4,tensor=2", 4096), "cpu:8")
     chip = get_chip("v5p")
-    layout = rep["config"]["ici_layout"]
+    layout = rep.config.ici_layout
     tpu = program.predict(Workload(cfg, MeshShape(fsdp=4, tensor=2), 4096), chip, layout)
-    assert rep["times"]["comms"] == tpu.times.comms
-    widened = program.comm_times(rep["collectives"]["closed_form_by_kind"], chip, program.links(layout))
-    assert rep["times"]["comms"]["tensor"] == pytest.approx(widened["tensor"] / 2, rel=1e-12)
-    assert "not of XLA:CPU's f32-widened bytes" in render(rep)
+    assert rep.times.comms == tpu.times.comms
+    widened = program.comm_times(rep.collectives.closed_form_by_kind, chip, program.links(layout))
+    assert rep.times.comms["tensor"] == pytest.approx(widened["tensor"] / 2, rel=1e-12)
+    assert "not of XLA:CPU's f32-widened bytes" in rep.render()
 
 
 @pytest.mark.tpu
@@ -390,7 +411,7 @@ def test_cpu_sequence_grid(cfg, mesh, batch, remat, step, schedule):
     context's all-to-alls or collective-permutes) in their bands."""
     rep = check(grid_workload(cfg, mesh, batch, remat, step, schedule), "cpu:8")
     _assert_bands(rep)
-    text = render(rep)
+    text = rep.render()
     form = "flash" if "context" in mesh and schedule.context == "ring" else schedule.attention  # ring: flash per chunk
     assert (("sequence parallel" in text) == schedule.sequence_parallel
             and ("attention " + form in text) == isinstance(cfg, TransformerConfig))
@@ -419,9 +440,9 @@ def test_tpu_xxl_sequence_parallel_saves_the_block_inputs():
     devices, cfg, mesh, batch, remat, step, schedule = XXL_SEQUENCE_PARALLEL
     sp = check(grid_workload(cfg, mesh, batch, remat, step, schedule), devices)
     _assert_bands(sp)
-    assert 0.95 <= sp["memory"]["peak"]["ratio"] <= 1.05, sp["memory"]["peak"]
+    assert 0.95 <= sp.memory.peak.ratio <= 1.05, sp.memory.peak
     tp = check(grid_workload(*XXL_TRAIN[1:6]), XXL_TRAIN[0])
-    saved_compiled = tp["memory"]["peak"]["compiled"] - sp["memory"]["peak"]["compiled"]
-    saved_closed = tp["memory"]["peak"]["closed_form"] - sp["memory"]["peak"]["closed_form"]
+    saved_compiled = tp.memory.peak.compiled - sp.memory.peak.compiled
+    saved_closed = tp.memory.peak.closed_form - sp.memory.peak.closed_form
     assert saved_closed == pytest.approx(126 * 2 * 1600 * 16384 * 3 / 4, rel=1e-6)
     assert saved_compiled == pytest.approx(saved_closed, rel=0.05)

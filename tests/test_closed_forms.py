@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scaling import collectives, flops, memory, roofline
-from scaling.answers import answers, render
+from scaling.answers import answers
 from scaling.ffn import FFNConfig
 from scaling.mesh_shape import MeshShape, parse_mesh_spec
 from scaling.presets import PRESETS
@@ -90,20 +90,20 @@ def test_collective_times_book_rules():
 
 def test_xxl_answers_by_hand():
     ans = answers()
-    a, b, c = ans["a"], ans["b"], ans["c"]
-    assert a["params"] == 219_848_638_464
-    assert a["fp32_state_bytes"] == 3_517_578_215_424
-    assert a["gpu_equivalent"] == pytest.approx(43.97, abs=0.005)
-    assert a["gpu_count"] == 44
-    assert a["activation_bytes_per_token"] == 17_547_264
-    assert b["min_n_fsdp_without_activations"] == 38
-    assert c["alpha"] == pytest.approx(2555.56, abs=0.01)
-    assert c["sum"]["overall_batch"] == pytest.approx(25_301.7, abs=0.5)
-    assert c["sum"]["per_device_batch"] == pytest.approx(395.3, abs=0.05)
-    assert c["sum"]["per_fsdp_shard_batch"] == pytest.approx(1581.4, abs=0.1)
-    assert c["max"]["overall_batch"] == pytest.approx(20_444.4, abs=0.5)
-    assert c["max"]["per_device_batch"] == pytest.approx(319.4, abs=0.05)
-    assert c["max"]["per_fsdp_shard_batch"] == pytest.approx(1277.8, abs=0.1)
+    a, b, c = ans.a, ans.b, ans.c
+    assert a.params == 219_848_638_464
+    assert a.fp32_state_bytes == 3_517_578_215_424
+    assert a.gpu_equivalent == pytest.approx(43.97, abs=0.005)
+    assert a.gpu_count == 44
+    assert a.activation_bytes_per_token == 17_547_264
+    assert b.min_n_fsdp_without_activations == 38
+    assert c.alpha == pytest.approx(2555.56, abs=0.01)
+    assert c.critical["sum"].overall_batch == pytest.approx(25_301.7, abs=0.5)
+    assert c.critical["sum"].per_device_batch == pytest.approx(395.3, abs=0.05)
+    assert c.critical["sum"].per_fsdp_shard_batch == pytest.approx(1581.4, abs=0.1)
+    assert c.critical["max"].overall_batch == pytest.approx(20_444.4, abs=0.5)
+    assert c.critical["max"].per_device_batch == pytest.approx(319.4, abs=0.05)
+    assert c.critical["max"].per_fsdp_shard_batch == pytest.approx(1277.8, abs=0.1)
 
 
 def test_other_inputs_by_hand():
@@ -111,16 +111,16 @@ def test_other_inputs_by_hand():
     # P = 2·8192·32768·10 = 5,368,709,120. F/(Y·M_X) = 4096; F/(N·alpha) = 32768/(64·2550) = 0.200784;
     # 1/(X·M_Y) = 0.125. sum: B > 4096/0.075784 = 54,048; max: B > 4096/0.200784 = 20,400.
     ans = answers(d_model=8192, d_ff=32768, blocks=10, fsdp=8, tensor=8, mx=1, my=1, flops=4.59e14, w_ici=1.8e11)
-    assert ans["a"]["params"] == 5_368_709_120
-    assert ans["c"]["sum"]["overall_batch"] == pytest.approx(54_048, rel=1e-3)
-    assert ans["c"]["max"]["overall_batch"] == pytest.approx(20_400, rel=1e-3)
+    assert ans.a.params == 5_368_709_120
+    assert ans.c.critical["sum"].overall_batch == pytest.approx(54_048, rel=1e-3)
+    assert ans.c.critical["max"].overall_batch == pytest.approx(20_400, rel=1e-3)
 
 
 def test_tp_alone_exceeds_math_gives_null():
     # Y = 32 >= M_Y·F/alpha = 53248/2555.6 = 20.8: the TP term B/(X·M_Y) = B/2 grows faster than the
     # math B·F/(N·alpha) = B·0.3256: no batch is compute bound.
     ans = answers(fsdp=2, tensor=32, mx=1)  # fsdp=2 spans one ICI axis
-    assert ans["c"]["sum"]["overall_batch"] is None and ans["c"]["max"]["overall_batch"] is None
+    assert ans.c.critical["sum"].overall_batch is None and ans.c.critical["max"].overall_batch is None
 
 
 def test_first_block_needs_no_input_gradient():
@@ -251,11 +251,11 @@ def test_one_shard_per_stage_has_no_fsdp_term():
     """--stages 16 with X = 16: each stage is 1 FSDP shard x Y = 4 TP chips, so no weight gathers. By hand,
     the stage is compute bound when T_TP < T_math: 4BD/(1·M_Y·W) < 4BDF/(4·C) <=> 1 < F/(4·alpha) =
     53248/(4·2555.6) = 5.2: true for every B, so the threshold is 0 tokens."""
-    d = answers(stages=16, blocks=128)["d"]  # 16 stages need a block count they divide
-    assert d["sum"]["pipeline"] == 0 and d["max"]["pipeline"] == 0
+    d = answers(stages=16, blocks=128).d  # 16 stages need a block count they divide
+    assert d.levers["sum"].pipeline == 0 and d.levers["max"].pipeline == 0
     # and with 4 stages, X/S = 4 shards: the sum form's threshold by hand,
     # F/(Y·M_X) / (F/((N/S)·alpha) - 1/((X/S)·M_Y)) = 6656 / (53248/40888.9 - 1/4) = 6656/1.052260 = 6325.4
-    assert answers(stages=4, blocks=128)["d"]["sum"]["pipeline"] == pytest.approx(6325.4, rel=1e-4)
+    assert answers(stages=4, blocks=128).d.levers["sum"].pipeline == pytest.approx(6325.4, rel=1e-4)
 
 
 def test_default_stages_divide_the_blocks():
@@ -265,14 +265,14 @@ def test_default_stages_divide_the_blocks():
     program it names: stage=2, fsdp=8, tensor=4; gathered once per step its fsdp bytes per device are one
     gather of the stage's 63 blocks, 2 matrices × D·F/Y × 2 B × 63 = 54,962,159,616, and per microbatch
     T = M + S − 1 = 5 times that; both add the loss's 4-byte all-reduce over fsdp."""
-    d = answers()["d"]
-    assert d["sum"]["pipeline_stages"] == 2 and "4 cannot split 126 blocks evenly" in d["pipeline_stages_why"]
-    assert d["sum"]["pipeline"] == pytest.approx(12650.9, rel=1e-4)
-    pp = d["pipeline_program"]
-    assert pp["mesh"] == "stage=2,fsdp=8,tensor=4" and pp["microbatches"] == 4
-    once = pp["gathers"]["step"]["collective_bytes"]["fsdp"] - 4
+    d = answers().d
+    assert d.levers["sum"].pipeline_stages == 2 and "4 cannot split 126 blocks evenly" in d.pipeline_stages_why
+    assert d.levers["sum"].pipeline == pytest.approx(12650.9, rel=1e-4)
+    pp = d.pipeline_program
+    assert pp.mesh == "stage=2,fsdp=8,tensor=4" and pp.microbatches == 4
+    once = pp.gathers["step"].collective_bytes["fsdp"] - 4
     assert once == 2 * 16384 * 53248 // 4 * 2 * 63 == 54_962_159_616
-    assert pp["gathers"]["microbatch"]["collective_bytes"]["fsdp"] - 4 == 5 * once
+    assert pp.gathers["microbatch"].collective_bytes["fsdp"] - 4 == 5 * once
 
 
 def test_answer_states_its_constants_batch_and_recommended_form():
@@ -334,16 +334,16 @@ SMALL_FAST = dict(d_model=4096, d_ff=14336, blocks=32, fsdp=8, tensor=2, mx=1, m
 
 def _suggested_meshes(ans):
     """Every (fsdp, tensor, mx, my) that ans's (c) and (d) name as a mesh to use instead."""
-    i, c, d = ans["inputs"], ans["c"], ans["d"]
-    out = [(c[f"x_opt_{f}"]["nearest_split"]["X"], c[f"x_opt_{f}"]["nearest_split"]["Y"], i["mx"], i["my"])
+    i, c, d = ans.inputs, ans.c, ans.d
+    out = [(c.x_opt[f].nearest_split.X, c.x_opt[f].nearest_split.Y, i.mx, i.my)
            for f in ("sum", "max")]
     for f in ("sum", "max"):
-        if d[f]["fsdp_over_more_axes"]:
-            out.append((i["fsdp"], i["tensor"], d[f]["fsdp_over_more_axes"]["M_X"], i["my"]))
-        if d[f]["best_split"]:
-            out.append((d[f]["best_split"]["X"], d[f]["best_split"]["Y"], i["mx"], i["my"]))
-    S = i["stages"]
-    out.append((i["fsdp"] // S, i["tensor"], i["mx"], i["my"]))  # one pipeline stage, M_X kept
+        if d.levers[f].fsdp_over_more_axes:
+            out.append((i.fsdp, i.tensor, d.levers[f].fsdp_over_more_axes.M_X, i.my))
+        if d.levers[f].best_split:
+            out.append((d.levers[f].best_split.X, d.levers[f].best_split.Y, i.mx, i.my))
+    S = i.stages
+    out.append((i.fsdp // S, i.tensor, i.mx, i.my))  # one pipeline stage, M_X kept
     return out
 
 
@@ -353,7 +353,7 @@ def test_d_suggests_only_meshes_answer_accepts(kwargs):
     """(d) once offered "FSDP spread over 3 ICI axes (M_X=3)" beside M_Y = 1 (4 axes of a 3-axis torus,
     which answer refuses) and offered it for X = 4 (an axis of 4 chips spans at most 2 axes of 2+)."""
     ans = answers(**kwargs)
-    q = {k: ans["inputs"][k] for k in ("d_model", "d_ff", "blocks", "flops", "w_ici")}
+    q = {k: getattr(ans.inputs, k) for k in ("d_model", "d_ff", "blocks", "flops", "w_ici")}
     for fsdp, tensor, mx, my in _suggested_meshes(ans):
         answers(**q, fsdp=fsdp, tensor=tensor, mx=mx, my=my, stages=1)  # raises if answer would refuse it
 
@@ -361,17 +361,17 @@ def test_d_suggests_only_meshes_answer_accepts(kwargs):
 def test_fsdp_over_more_axes_by_hand():
     # defaults: M_X = 2 and M_Y = 1 already use the torus's 3 axes; the text says so instead of M_X = 3
     ans = answers()
-    assert ans["d"]["sum"]["fsdp_over_more_axes"] is None and ans["d"]["max"]["fsdp_over_more_axes"] is None
-    text = render(ans)
+    assert ans.d.levers["sum"].fsdp_over_more_axes is None and ans.d.levers["max"].fsdp_over_more_axes is None
+    text = ans.render()
     assert "FSDP spread over" not in text and "FSDP over more ICI axes (M_X=3): not on this torus" in text
     with pytest.raises(ValueError, match="span 4 ICI axes"):
         answers(mx=3, my=1)
     # X = 4 with M_Y = 2: one axis left, M_X = 1 already
-    assert answers(fsdp=4, mx=1, tensor=16, my=2)["d"]["sum"]["fsdp_over_more_axes"] is None
+    assert answers(fsdp=4, mx=1, tensor=16, my=2).d.levers["sum"].fsdp_over_more_axes is None
     # the question's mesh at M_X = 1: spreading FSDP over 2 axes gives the question's own threshold,
     # 6656/(0.325565 - 0.0625) = 25,301.7 (by hand above, test_xxl_answers_by_hand)
-    more = answers(mx=1)["d"]["sum"]["fsdp_over_more_axes"]
-    assert more["M_X"] == 2 and more["overall_batch"] == pytest.approx(25_301.7, abs=0.5)
+    more = answers(mx=1).d.levers["sum"].fsdp_over_more_axes
+    assert more.M_X == 2 and more.overall_batch == pytest.approx(25_301.7, abs=0.5)
 
 
 def test_x_opt_reported_within_the_mesh():
@@ -379,16 +379,16 @@ def test_x_opt_reported_within_the_mesh():
     # X_opt = sqrt((464464/14336)·1·16) = sqrt(518.4) = 22.8 > N = 16. The divisor of 16 nearest it is X = 16,
     # Y = 1: pure FSDP, B > X·alpha/M_X = 16·10200 = 163,200 tokens.
     ans = answers(**SMALL_FAST)
-    xo = ans["c"]["x_opt_sum"]
-    assert xo["x_opt"] == pytest.approx(22.77, abs=0.01)
-    assert xo["nearest_split"]["X"] == 16 and xo["nearest_split"]["Y"] == 1
-    assert xo["nearest_split"]["overall_batch"] == pytest.approx(163_200, rel=1e-9)
-    text = render(ans)
+    xo = ans.c.x_opt["sum"]
+    assert xo.x_opt == pytest.approx(22.77, abs=0.01)
+    assert xo.nearest_split.X == 16 and xo.nearest_split.Y == 1
+    assert xo.nearest_split.overall_batch == pytest.approx(163_200, rel=1e-9)
+    text = ans.render()
     assert "X_opt = 22.8 unconstrained: more than the N = 16 chips" in text
     assert "the nearest mesh of X·Y = 16 chips: X=16, Y=1, overall B > 163,200 tokens" in text
     # the question's: X_opt = 6.1 (sum), nearest divisor of 64 on a log scale is 8 (ln(8/6.1) = 0.27 <
     # ln(6.1/4) = 0.42), and X = 8, Y = 8 is the (d) re-split's 16,593 tokens
-    assert answers()["c"]["x_opt_sum"]["nearest_split"]["X"] == 8
+    assert answers().c.x_opt["sum"].nearest_split.X == 8
 
 
 @pytest.mark.parametrize("args, word", [
@@ -411,16 +411,16 @@ def test_absurd_sizes_exit_2_one_line(args, word, capsys):
 def test_labels_say_what_was_given():
     """Custom --flops/--hbm were labelled "(TPU v5p as the Scaling Book rounds it)" and "per v5p"; one GPU
     was "1 GPUs". The state of SMALL_FAST: 16·2·4096·14336·32 = 6.01e10 B < 80 GB: 1 GPU."""
-    text = render(answers(**{**SMALL_FAST, "hbm": 32e9, "gpu_hbm": 141e9}))
+    text = answers(**{**SMALL_FAST, "hbm": 32e9, "gpu_hbm": 141e9}).render()
     assert ("C = 9.18e+14 bf16 FLOP/s (given by --flops)" in text
             and "W_ici = 9e+10 B/s per chip (given by --w-ici)" in text)
     assert "32 GB HBM per TPU (given by --hbm)" in text and "141 GB per GPU (given by --gpu-hbm)" in text
     assert "as the Scaling Book rounds it)" not in text and "per v5p" not in text and "H100" not in text
-    text = render(answers(**SMALL_FAST))
+    text = answers(**SMALL_FAST).render()
     assert "-> 1 GPU (state alone)" in text and "1 GPUs" not in text
     assert "95 GB HBM per v5p (the question's)" in text
     # the question's own constants keep the question's label
-    assert "(TPU v5p as the Scaling Book rounds it)" in render(answers())
+    assert "(TPU v5p as the Scaling Book rounds it)" in answers().render()
 
 
 def test_pipeline_label_names_the_compiled_model():
@@ -430,7 +430,7 @@ def test_pipeline_label_names_the_compiled_model():
     for kwargs, name in (({}, "the XXL"), (SMALL_FAST, "the FFN stack D=4,096, F=14,336, L=32"),
                          (dict(d_model=256, d_ff=1024, blocks=4, fsdp=4, tensor=2, mx=1), "the small preset")):
         ans = answers(**kwargs)
-        ans["d"]["pipeline_program"]["devices"] = "tpu:v5p:2x2x2"
+        ans.d.pipeline_program.devices = "tpu:v5p:2x2x2"
         assert f"Forward step of {name}" in render_pipeline(ans)
 
 

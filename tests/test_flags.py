@@ -121,10 +121,10 @@ def test_rotated_or_unrolled_as_the_program_says(blocks, remat, step):
     cfg = XXL.replace(d_model=3072, d_ff=12288) if step == "forward" else XXL.replace(d_model=4096, d_ff=16384)
     w = Workload(cfg.replace(blocks=blocks), parse_mesh_spec("fsdp=4"), 8192 if step == "forward" else 4096, step,
                  remat, flags="overlap")
-    ov = check(w, "tpu:v5p:2x2x1")["overlap"]
-    assert ov["exposed"]["fsdp"]["ratio"] == pytest.approx(1, abs=0.02), ov["exposed"]
-    copies = ov["loop_copies"]
-    assert copies["compiled"] == pytest.approx(copies["closed_form"], rel=0.02, abs=1.0), copies
+    ov = check(w, "tpu:v5p:2x2x1").overlap
+    assert ov.exposed["fsdp"].ratio == pytest.approx(1, abs=0.02), ov.exposed
+    copies = ov.loop_copies
+    assert copies.compiled == pytest.approx(copies.closed_form, rel=0.02, abs=1.0), copies
 
 
 @pytest.mark.tpu
@@ -138,17 +138,17 @@ def test_xxl_under_each_flag_set_on_v5p(step):
     w = Workload(XXL, parse_mesh_spec("fsdp=16,tensor=4"), 25600, step)
     for flags in ("default", "maxtext", "overlap"):
         rep = check(w.replace(flags=flags), "tpu:v5p:4x4x4")
-        ov = rep["overlap"]
-        assert rep["config"]["xla_flags"] == flags
-        for axis, row in ov["exposed"].items():
-            assert row["ratio"] == pytest.approx(1, abs=0.02), (flags, axis, row)
-        assert ov["loop_copies"]["ratio"] == pytest.approx(1, abs=0.02)
-        assert ov["overlapped_share"]["tensor"] == 0
-        assert rep["memory"]["peak"]["ratio"] == pytest.approx(1, abs=0.05), (flags, rep["memory"]["peak"])
+        ov = rep.overlap
+        assert rep.config.xla_flags == flags
+        for axis, row in ov.exposed.items():
+            assert row.ratio == pytest.approx(1, abs=0.02), (flags, axis, row)
+        assert ov.loop_copies.ratio == pytest.approx(1, abs=0.02)
+        assert ov.overlapped_share["tensor"] == 0
+        assert rep.memory.peak.ratio == pytest.approx(1, abs=0.05), (flags, rep.memory.peak)
         if flags == "overlap":
-            assert ov["overlapped_share"]["fsdp"] >= 0.95
+            assert ov.overlapped_share["fsdp"] >= 0.95
         if flags == "default" and step == "forward":
-            assert ov["overlapped_share"]["fsdp"] == 0
+            assert ov.overlapped_share["fsdp"] == 0
 
 
 @pytest.mark.tpu
@@ -169,6 +169,6 @@ def test_xla_cpu_gets_no_flags_and_runs_every_collective_synchronously():
 
     w = grid_workload(get_preset("small"), "data=2,fsdp=2,tensor=2", 4096).replace(flags="overlap")
     rep = check(w, "cpu:8")
-    assert rep["config"]["xla_flags"] == "overlap" and "synchronously" in rep["overlap"]["note"]
-    assert set(rep["overlap"]["overlapped_share"].values()) == {0.0}
-    assert all(r["ratio"] == pytest.approx(1, abs=1e-9) for r in rep["overlap"]["exposed"].values())
+    assert rep.config.xla_flags == "overlap" and "synchronously" in rep.overlap.note
+    assert set(rep.overlap.overlapped_share.values()) == {0.0}
+    assert all(r.ratio == pytest.approx(1, abs=1e-9) for r in rep.overlap.exposed.values())

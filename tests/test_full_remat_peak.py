@@ -90,6 +90,6 @@ def test_full_remat_ring_peak_in_band(devices, cfg, mesh, batch, flags):
     closed form counted the backward's phase alone, 4.26 GB: below PEAK_BANDED_ABOVE, so no grid held it), and the
     closed form's peak at least PEAK_BANDED_ABOVE, where the project's grids hold the band."""
     rep = check(_workload(cfg, mesh, batch, flags), devices)
-    peak = rep["memory"]["peak"]
-    assert 0.90 <= peak["ratio"] <= 1.10, peak
-    assert peak["closed_form"] >= PEAK_BANDED_ABOVE, peak
+    peak = rep.memory.peak
+    assert 0.90 <= peak.ratio <= 1.10, peak
+    assert peak.closed_form >= PEAK_BANDED_ABOVE, peak

@@ -390,11 +390,11 @@ def test_check_holds_the_windowed_rule_against_the_program():
     from verify.check import XXL_TRAIN, check, grid_workload
 
     rep = check(grid_workload(*XXL_TRAIN[1:]), XXL_TRAIN[0])
-    assert rep["config"]["windowed_grad_rs"] is True and rep["config"]["windowed_grad_rs_rule"] is True
-    assert "MISMATCH" not in rep["collectives"]["by_axis"]["fsdp"]["note"]
+    assert rep.config.windowed_grad_rs is True and rep.config.windowed_grad_rs_rule is True
+    assert "MISMATCH" not in rep.collectives.by_axis["fsdp"].note
     p = next(p for p in plan(XXL, V5P, 64, 25600) if tuple(p.mesh.values()) == (1, 1, 16, 4))
-    assert p.step_seconds["sum"] == pytest.approx(rep["times"]["step_sum"], rel=1e-12)
-    assert p.memory_bytes == pytest.approx(rep["memory"]["peak"]["closed_form"], rel=1e-12)
+    assert p.step_seconds["sum"] == pytest.approx(rep.times.step_sum, rel=1e-12)
+    assert p.memory_bytes == pytest.approx(rep.memory.peak.closed_form, rel=1e-12)
 
 
 def test_gpu_plans_speak_gpu_and_critical_batch_agrees_with_the_bound():

@@ -12,7 +12,6 @@ the difference or what the program does that the closed form does not.
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 import pickle
 import sys
@@ -21,9 +20,9 @@ from pathlib import Path
 from ffn_model.compile import abstract_compile
 from mesh import ici_layout, make_mesh, mesh_shape
 from mesh.devices import has_cuda_plugin, parse_tpu_spec, use_cpu_platform_for
-from scaling import pipeline, program
+from scaling import program
 from scaling import plan as planner
-from scaling.answers import model_name
+from scaling.answers import Answers, model_name
 from scaling.ffn import FFNConfig
 from scaling.mesh_shape import MeshShape, parse_mesh_spec
 from scaling.presets import get_preset
@@ -34,6 +33,8 @@ from scaling.pipeline import relay_moves
 from scaling.table import table
 from scaling.workload import Workload
 from verify.hlo import read_compiled
+from verify.report import (CheckConfig, CheckReport, Collectives, Flops, Memory, Overlap, Row, Times,
+                           fmt)
 
 
 # The acceptance grid of ``scaling check`` (tests/test_check.py asserts the bands on it;
@@ -256,18 +257,6 @@ XXL_SEQUENCE_PARALLEL = ("tpu:v5p:4x4x4", _XXL, "fsdp=16,tensor=4", 25600, "none
                          Schedule(sequence_parallel=True))
 
 
-def _ratio(closed, compiled):
-    if closed is None or compiled is None:
-        return None
-    if closed == 0:
-        return 1.0 if compiled == 0 else math.inf
-    return compiled / closed
-
-
-def _row(closed, compiled, note=""):
-    return {"closed_form": closed, "compiled": compiled, "ratio": _ratio(closed, compiled), "note": note}
-
-
 def default_chip(devices) -> Chip:
     """The chip whose figures time a check: the TPU topology's own chip, else (CPU devices) DEFAULT_CHIP."""
     if isinstance(devices, str) and not devices.strip().lower().startswith("cpu:"):
@@ -287,7 +276,7 @@ def grid_workload(cfg, mesh: str, batch_tokens: int, remat: str = "none", step: 
     return Workload(cfg, parse_mesh_spec(mesh), batch_tokens, step, remat, schedule)
 
 
-def check(w: Workload, devices: str, chip: str | None = None, verbose: bool = False) -> dict:
+def check(w: Workload, devices: str, chip: str | None = None, verbose: bool = False) -> CheckReport:
     """compare() (below), or the report an identical call already left in $VERIFY_CHECK_CACHE."""
     folder = os.environ.get(CACHE_ENV)
     if not folder:
@@ -303,12 +292,11 @@ def check(w: Workload, devices: str, chip: str | None = None, verbose: bool = Fa
     return rep
 
 
-def compare(w: Workload, devices: str, chip: str | None = None, verbose: bool = False) -> dict:
-    """Compile the workload's step for ``devices`` and compare it with the closed forms. Returns
-    {"config", "flops": {"matmul": row}, "memory": {...rows}, "collectives": {"total_bytes": row,
-    "by_axis": {axis: row}, "by_kind": {...}, "async": ...}, "times": {...}} where each row is
-    {closed_form, compiled, ratio, note}. The compiler facts of ``w`` are replaced by those read from the
-    program."""
+def compare(w: Workload, devices: str, chip: str | None = None, verbose: bool = False) -> CheckReport:
+    """Compile the workload's step for ``devices`` and compare it with the closed forms (scaling.program.predict)
+    term by term: a verify.report.CheckReport of rows (closed form, compiled, ratio, note) for the FLOPs, memory,
+    collective bytes per mesh axis and exposed bytes, with the closed form's times. The compiler facts of ``w``
+    are replaced by those read from the program."""
     cfg, batch_tokens, remat, step, schedule = w.model, w.batch_tokens, w.remat, w.step, w.schedule
     mesh = make_mesh(w.mesh, devices, verbose)
     shape = mesh_shape(mesh)
@@ -324,46 +312,44 @@ def compare(w: Workload, devices: str, chip: str | None = None, verbose: bool = 
                      circular_relays=relays, joint_head_reduce=joint)
     pred = program.predict(w, chip_, layout)
 
-    out = {"config": {"model": vars(cfg), "model_text": str(cfg),
-                      "devices": devices, "mesh": shape.as_dict(), "batch_tokens": batch_tokens,
-                      "remat": remat, "step": step, "schedule": vars(schedule), "chip": chip_.name,
-                      "compile_seconds": res.compile_seconds,
-                      "ici_layout": layout, "windowed_grad_rs": windowed, "windowed_grad_rs_rule": rule,
-                      "merged_grad_allreduce": merged,
-                      "circular_relays": relays, "joint_head_reduce": joint, "xla_flags": w.flags.name,
-                      "xla_flags_gathers": str(w.flags.gathers),
-                      "platform": platform}}
+    config = CheckConfig(model=vars(cfg), model_text=str(cfg), devices=devices, mesh=shape.as_dict(),
+                         batch_tokens=batch_tokens, remat=remat, step=step, schedule=vars(schedule), chip=chip_.name,
+                         compile_seconds=res.compile_seconds, ici_layout=layout, windowed_grad_rs=windowed,
+                         windowed_grad_rs_rule=rule, merged_grad_allreduce=merged, circular_relays=relays,
+                         joint_head_reduce=joint, xla_flags=w.flags.name, xla_flags_gathers=str(w.flags.gathers),
+                         platform=platform)
     f = pred.flops
-    out["flops"] = {
-        "matmul": _row(f["total"], got.dot_flops,
-                       "dot/convolution FLOPs × loop trip counts; closed form includes the first block's unused "
-                       "input gradient (the scan body is the same for every block)" if step == "train" else
-                       "dot/convolution FLOPs × loop trip counts"),
-        "cost_analysis": _row(f["total"], got.cost.get("flops"),
-                              "XLA's cost_analysis counts a while-loop body once, not per trip"),
-    }
+    flops = Flops(
+        matmul=Row.of(f["total"], got.dot_flops,
+                      "dot/convolution FLOPs × loop trip counts; closed form includes the first block's unused "
+                      "input gradient (the scan body is the same for every block)" if step == "train" else
+                      "dot/convolution FLOPs × loop trip counts"),
+        cost_analysis=Row.of(f["total"], got.cost.get("flops"),
+                             "XLA's cost_analysis counts a while-loop body once, not per trip"),
+    )
     m, gm = pred.memory, got.memory
     args_cf = m["master"] + m.get("optimizer", 0.0) + m["inputs"] + (4 if step == "train" else 0)
-    out["memory"] = {
-        "arguments": _row(args_cf, gm["argument_bytes"],
-                          "fp32 master (+ Adam mu, nu and the int32 step count) + the batch (bf16 x, fp32 y; "
-                          "int32 ids, labels)"),
-        "peak": _row(m["total"], gm["peak_bytes"], _peak_note(cfg, step, windowed, remat)
-                     + ("; + the gathered matrices the flags' schedule prefetches" if m.get("prefetched") else "")),
-        "temp": _row(None, gm["temp_bytes"]),
-        "outputs": _row(None, gm["output_bytes"]),
-        "aliases": _row(None, gm["alias_bytes"]),
-    }
+    peak = Row.of(m["total"], gm["peak_bytes"], _peak_note(cfg, step, windowed, remat)
+                  + ("; + the gathered matrices the flags' schedule prefetches" if m.get("prefetched") else ""))
     if platform == "cpu":  # shown, not compared
-        out["memory"]["peak"]["ratio"] = None
-        out["memory"]["peak"]["note"] = ("not compared: XLA:CPU's peak_memory_in_bytes is about the arguments alone "
-                                         "(XXL on cpu:64: 41.38 GB peak beside 44.40 GB of temp)")
-    out["collectives"], out["overlap"] = _collective_rows(pred, got, windowed, rule, widen, platform)
+        peak = Row(peak.closed_form, peak.compiled, None,
+                   "not compared: XLA:CPU's peak_memory_in_bytes is about the arguments alone "
+                   "(XXL on cpu:64: 41.38 GB peak beside 44.40 GB of temp)")
+    memory = Memory(
+        arguments=Row.of(args_cf, gm["argument_bytes"],
+                         "fp32 master (+ Adam mu, nu and the int32 step count) + the batch (bf16 x, fp32 y; "
+                         "int32 ids, labels)"),
+        peak=peak,
+        temp=Row.of(None, gm["temp_bytes"]),
+        outputs=Row.of(None, gm["output_bytes"]),
+        aliases=Row.of(None, gm["alias_bytes"]),
+    )
+    collectives, overlap = _collective_rows(pred, got, windowed, rule, widen, platform)
     t = pred.times
-    out["times"] = {"math": t.math, "comms": t.comms, "step_sum": t.step["sum"], "step_max": t.step["max"],
-                    "step_scheduled": t.step["scheduled"], "exposed": t.exposed, "copies": t.copies,
-                    "bound": t.bound, "xla_optimal_seconds": got.cost.get("optimal_seconds")}
-    return out
+    times = Times(math=t.math, comms=t.comms, step_sum=t.step["sum"], step_max=t.step["max"],
+                  step_scheduled=t.step["scheduled"], exposed=t.exposed, copies=t.copies, bound=t.bound,
+                  xla_optimal_seconds=got.cost.get("optimal_seconds"))
+    return CheckReport(config, flops, memory, collectives, overlap, times)
 
 
 def _program_facts(w: Workload, got, chip_: Chip, layout: dict, platform: str) -> tuple:
@@ -395,42 +381,43 @@ def _program_facts(w: Workload, got, chip_: Chip, layout: dict, platform: str) -
     return windowed, rule, merged, relays, joint
 
 
-def _collective_rows(pred, got, windowed: bool, rule: bool, widen: int, platform: str) -> tuple[dict, dict]:
+def _collective_rows(pred, got, windowed: bool, rule: bool, widen: int,
+                     platform: str) -> tuple[Collectives, Overlap]:
     """compare's "collectives" (the closed form's bytes per mesh axis beside the compiled program's) and
     "overlap" (what no matmul runs beside, per axis) sections, from predict's ``pred`` and the program ``got``."""
     cb = got.collective_bytes
     cf_axes = pred.collective_bytes
     by_axis = {}
     for axis in sorted(set(cf_axes) | set(cb["by_axis"])):
-        by_axis[axis] = _row(cf_axes.get(axis, 0.0), cb["by_axis"].get(axis, 0.0),
-                             ("gradient reduce-scatter as a windowed einsum: X+1 chunks of V/X as collective-permutes"
-                              if axis == "fsdp" and windowed else "")
-                             + (f"; MISMATCH: XLA's rule (scaling.program.windowed_einsum_rs) "
-                                f"predicts windowed={rule}, the program windowed={windowed}"
-                                if axis == "fsdp" and rule != windowed else ""))
-    collectives = {
-        "total_bytes": _row(sum(cf_axes.values()), cb["total"],
-                            "Scaling Book volume V: the full array each collective spans"
-                            + ("; XLA:CPU widens bf16 collectives to f32, modelled as 4 B/element" if widen else "")),
-        "by_axis": by_axis,
-        "by_kind": cb["by_kind"],
-        "closed_form_by_kind": pred.collectives,
-        "async": got.async_count,
-        "count": len(got.collectives),
-    }
+        by_axis[axis] = Row.of(cf_axes.get(axis, 0.0), cb["by_axis"].get(axis, 0.0),
+                               ("gradient reduce-scatter as a windowed einsum: X+1 chunks of V/X as "
+                                "collective-permutes" if axis == "fsdp" and windowed else "")
+                               + (f"; MISMATCH: XLA's rule (scaling.program.windowed_einsum_rs) "
+                                  f"predicts windowed={rule}, the program windowed={windowed}"
+                                  if axis == "fsdp" and rule != windowed else ""))
+    collectives = Collectives(
+        total_bytes=Row.of(sum(cf_axes.values()), cb["total"],
+                           "Scaling Book volume V: the full array each collective spans"
+                           + ("; XLA:CPU widens bf16 collectives to f32, modelled as 4 B/element" if widen else "")),
+        by_axis=by_axis,
+        by_kind=cb["by_kind"],
+        closed_form_by_kind=pred.collectives,
+        asynchronous=got.async_count,
+        count=len(got.collectives),
+    )
     ov = got.overlap
-    overlap = {
-        "exposed": {a: _row(pred.exposed_bytes.get(a, 0.0), ov["exposed"].get(a, 0.0),
-                            "collectives no matmul runs beside in the schedule (verify.hlo, HloProgram.overlaps)")
-                    for a in sorted(set(pred.exposed_bytes) | set(ov["exposed"]) | set(ov["overlapped"]))},
-        "overlapped": ov["overlapped"],
-        "overlapped_share": {a: ov["overlapped"].get(a, 0.0) / v for a, v in cb["by_axis"].items() if v},
-        "loop_copies": _row(pred.loop_copy_bytes, got.loop_copy_bytes,
-                            "gathered matrices copied into the rotated loop's state (across-blocks gathers)"),
-    }
+    overlap = Overlap(
+        exposed={a: Row.of(pred.exposed_bytes.get(a, 0.0), ov["exposed"].get(a, 0.0),
+                           "collectives no matmul runs beside in the schedule (verify.hlo, HloProgram.overlaps)")
+                 for a in sorted(set(pred.exposed_bytes) | set(ov["exposed"]) | set(ov["overlapped"]))},
+        overlapped=ov["overlapped"],
+        overlapped_share={a: ov["overlapped"].get(a, 0.0) / v for a, v in cb["by_axis"].items() if v},
+        loop_copies=Row.of(pred.loop_copy_bytes, got.loop_copy_bytes,
+                           "gathered matrices copied into the rotated loop's state (across-blocks gathers)"),
+    )
     if platform != "tpu":
-        overlap["note"] = (f"XLA:{platform.upper()} is given none of libtpu's flags and runs every collective "
-                                  "synchronously: exposed = all, under every flag set")
+        overlap.note = (f"XLA:{platform.upper()} is given none of libtpu's flags and runs every collective "
+                        "synchronously: exposed = all, under every flag set")
     return collectives, overlap
 
 
@@ -449,89 +436,6 @@ def _peak_note(cfg, step: str, windowed: bool, remat: str = "none") -> str:
         return ("16 B/param/N + saved activations + the batch + gathered bf16 weights: "
                 + ("one matrix (windowed-einsum backward)" if windowed else "two blocks' W_in, W_out"))
     return "master weights + one gathered bf16 weight matrix + one block's activations + the batch"
-
-
-ROW_ORDER = [("flops", "matmul"), ("flops", "cost_analysis"), ("memory", "arguments"), ("memory", "peak"),
-             ("collectives", "total_bytes")]
-
-
-def _fmt(x):
-    if x is None:
-        return "-"
-    return f"{x:.4g}" if abs(x) < 1e4 else f"{x:.4e}"
-
-
-def _schedule_text(cfgd: dict) -> str:
-    """The schedule part of the report's first line (empty for one pass without stages)."""
-    sch, S = Schedule(**cfgd["schedule"]), cfgd["mesh"]["stage"]
-    seq = "; sequence parallel over tensor" if sch.sequence_parallel else ""
-    if "heads" in cfgd["model"]:  # a transformer
-        ring = cfgd["mesh"].get("context", 1) > 1 and sch.context == "ring"
-        form = "flash" if ring else sch.attention
-        seq += (f"; attention {form}" + (f" (key blocks of {sch.attention_block})" if form == "flash" else "")
-                + (f", context {sch.context}" + (" (flash per chunk)" if ring else "")
-                   if cfgd["mesh"].get("context", 1) > 1 else ""))
-    if S == 1:
-        return seq + (f"; {sch.microbatches} microbatches (gradient accumulation)" if sch.microbatches > 1 else "")
-    bub = pipeline.bubble(sch, S)
-    return (f"; pipeline of {S} stages, {sch.microbatches} microbatches, "
-            + ({"gpipe": "GPipe", "1f1b": "1F1B"}.get(sch.pipeline, f"circular with {sch.repeats} repeats")
-               if sch.pipeline != "1f1b" or sch.repeats == 1 else f"interleaved 1F1B with {sch.repeats} repeats")
-            + f", weights gathered once per {sch.fsdp_gather}; bubble {bub['overhead']:.3f} of the ideal step, "
-            f"{bub['idle_share']:.3f} of this one (" + (("2(S-1)/M, 2(S-1)/(M+2(S-1))" if sch.repeats == 1 else
-                                                       "(R*S+S-2)/(R*M), (R*S+S-2)/(R*(M+S)+S-2)")
-                                                      if sch.pipeline == "1f1b" else "(S-1)/(R*M), (S-1)/(R*M+S-1)")
-            + ")")
-
-
-def optimal_seconds_text(seconds: float) -> str:
-    """XLA:TPU's cost_analysis ``optimal_seconds`` for a person: "12.3 s", or for a negative figure (v6e and
-    TPU7x report some) "n/a (XLA reports -13.99, not meaningful)"; the JSON reports keep the raw figure."""
-    return f"{seconds:.4g} s" if seconds >= 0 else f"n/a (XLA reports {seconds:.4g}, not meaningful)"
-
-
-def render(rep: dict) -> str:
-    """The side-by-side table: quantity, closed form, compiled, ratio, note."""
-    cfgd = rep["config"]
-    lines = [f"{cfgd['step']} step, {cfgd.get('model_text', cfgd['model'])}, mesh {MeshShape(cfgd['mesh'])}, "
-             f"B={cfgd['batch_tokens']:,} tokens, "
-             f"remat {cfgd['remat']}, devices {cfgd['devices']} (compiled in {cfgd['compile_seconds']:.1f} s)"
-             + _schedule_text(cfgd),
-             f"chip figures for the times: {get_chip(cfgd['chip']).describe()}",
-             f"XLA flags {cfgd['xla_flags']!r} (FSDP gathers {cfgd['xla_flags_gathers']} on {cfgd['platform']})"]
-    rows = [(f"{a}.{b}", rep[a][b]) for a, b in ROW_ORDER]
-    rows += [(f"collectives.by_axis.{k}", v) for k, v in rep["collectives"]["by_axis"].items()]
-    rows += [(f"exposed.{k}", v) for k, v in rep["overlap"]["exposed"].items()]
-    rows.append(("loop_copies", rep["overlap"]["loop_copies"]))
-    rows += [(f"memory.{k}", rep["memory"][k]) for k in ("temp", "outputs", "aliases")]
-    lines += table(("quantity", "closed form", "compiled", "ratio", "note"),
-                   [(name, _fmt(r["closed_form"]), _fmt(r["compiled"]),
-                     "-" if r["ratio"] is None else f"{r['ratio']:.4f}", r["note"]) for name, r in rows],
-                   right=(1, 2, 3))
-    c = rep["collectives"]
-    lines.append(f"collectives: {c['count']} in the program, {c['async']} asynchronous (start/done); by kind: "
-                 + ", ".join(f"{k} {v:.4g}" for k, v in c["by_kind"].items()))
-    share = rep["overlap"]["overlapped_share"]
-    lines.append("overlapped by the schedule (compiled): " + (", ".join(f"{a} {100 * v:.1f}% of its bytes"
-                                                                      for a, v in share.items()) or "nothing")
-                 + (f" ({rep['overlap']['note']})" if "note" in rep["overlap"] else ""))
-    t = rep["times"]
-    lines.append(f"times (chip {cfgd['chip']}, closed form): T_math {t['math']:.4g} s; T_comms " +
-                 ", ".join(f"{k} {v:.4g} s" for k, v in t["comms"].items()) +
-                 f"; step sum {t['step_sum']:.4g} s, max {t['step_max']:.4g} s, scheduled {t['step_scheduled']:.4g} s "
-                 f"(exposed comms " + (", ".join(f"{k} {v:.4g} s" for k, v in t["exposed"].items()) or "none")
-                 + f", loop copies {t['copies']:.4g} s); bound: {t['bound']}")
-    if cfgd["devices"].startswith("cpu"):
-        lines.append("  (peak memory is not compared on CPU devices: XLA:CPU's peak_memory_in_bytes is about the "
-                     "arguments alone; compile for a TPU topology, --devices tpu:v5p:2x2x2, for the peak)")
-        lines.append(f"  (the ICI times are of the bytes a {cfgd['chip']} moves, bf16 as the precision policy says, "
-                     "not of XLA:CPU's f32-widened bytes above)")
-    if t["xla_optimal_seconds"] is not None:
-        lines.append("XLA:TPU's cost-model estimate (cost_analysis optimal_seconds): "
-                     f"{optimal_seconds_text(t['xla_optimal_seconds'])}. "
-                     "Not a step time: like cost_analysis FLOPs it counts each while-loop body once (a scan over L "
-                     "blocks as one block)")
-    return "\n".join(lines)
 
 
 def verify_plans(plans: list[planner.Plan], cfg, chip: Chip, chips: int, hbm: float | None = None,
@@ -577,63 +481,62 @@ def _mesh_spec(mesh: dict) -> str:
     return ",".join(f"{a}={n}" for a, n in mesh.items() if n > 1) or "1 device"
 
 
-def verify_pipeline(ans: dict, verbose: bool = False, flags=None) -> dict:
+def verify_pipeline(ans: Answers, verbose: bool = False, flags=None) -> Answers:
     """(d)'s pipeline program (scaling.answers.pipeline_program) compiled ahead of time for v5p (the
     question's chip) with the weights gathered once per microbatch and once per step: for each, the
     check report (collective bytes per axis and peak memory, closed form beside compiled). Added to
-    ``ans["d"]["pipeline_program"]["gathers"][gather]["check"]``, in place."""
-    pp = ans["d"]["pipeline_program"]
-    i = ans["inputs"]
-    cfg = FFNConfig(i["d_model"], i["d_ff"], i["blocks"])
-    topo = "x".join(str(n) for n in slice_topology(CHIPS[DEFAULT_CHIP], pp["chips"]))
-    pp["devices"] = f"tpu:{DEFAULT_CHIP}:{topo}"
-    for gather, g in pp["gathers"].items():
-        if "error" in g:
+    ``ans.d.pipeline_program.gathers[gather].check``, in place."""
+    pp = ans.d.pipeline_program
+    i = ans.inputs
+    cfg = FFNConfig(i.d_model, i.d_ff, i.blocks)
+    topo = "x".join(str(n) for n in slice_topology(CHIPS[DEFAULT_CHIP], pp.chips))
+    pp.devices = f"tpu:{DEFAULT_CHIP}:{topo}"
+    for gather, g in pp.gathers.items():
+        if g.error is not None:
             continue
-        print(f"compiling the forward step for {pp['devices']}, {pp['mesh']}, weights gathered once per {gather} ...",
+        print(f"compiling the forward step for {pp.devices}, {pp.mesh}, weights gathered once per {gather} ...",
               file=sys.stderr, flush=True)
-        w = Workload(cfg, parse_mesh_spec(pp["mesh"]), pp["batch_tokens"], "forward",
-                     schedule=Schedule(pp["microbatches"], 1, gather), flags=flags)
-        g["check"] = check(w, pp["devices"], verbose=verbose)
+        w = Workload(cfg, parse_mesh_spec(pp.mesh), pp.batch_tokens, "forward",
+                     schedule=Schedule(pp.microbatches, 1, gather), flags=flags)
+        g.check = check(w, pp.devices, verbose=verbose)
     return ans
 
 
-def render_pipeline(ans: dict) -> str:
+def render_pipeline(ans: Answers) -> str:
     """verify_pipeline's table: per gather mode, the collective bytes per axis and the peak, closed form
     beside compiled."""
-    pp, d = ans["d"]["pipeline_program"], ans["d"]
-    lines = [f"(d) pipeline, compiled: {d['pipeline_stages_why']}.",
-             f"Forward step of {model_name(ans['inputs'])} on {pp['devices']} as {pp['mesh']}, "
-             f"M = {pp['microbatches']} "
-             f"microbatches, B = {pp['batch_tokens']:,} tokens; per device:"]
+    pp, d = ans.d.pipeline_program, ans.d
+    lines = [f"(d) pipeline, compiled: {d.pipeline_stages_why}.",
+             f"Forward step of {model_name(ans.inputs)} on {pp.devices} as {pp.mesh}, M = {pp.microbatches} "
+             f"microbatches, B = {pp.batch_tokens:,} tokens; per device:"]
     cells = []
-    for gather, g in pp["gathers"].items():
-        if "check" not in g:
-            cells.append((gather, g.get("error", "not compiled"), "", "", ""))
+    for gather, g in pp.gathers.items():
+        if g.check is None:
+            cells.append((gather, g.error or "not compiled", "", "", ""))
             continue
-        rep = g["check"]
-        rows = [(f"collectives.{a} bytes", r) for a, r in rep["collectives"]["by_axis"].items()]
-        rows.append(("memory.peak bytes", rep["memory"]["peak"]))
-        cells += [(gather, name, _fmt(r["closed_form"]), _fmt(r["compiled"]),
-                   "-" if r["ratio"] is None else f"{r['ratio']:.4f}") for name, r in rows]
+        rep = g.check
+        rows = [(f"collectives.{a} bytes", r) for a, r in rep.collectives.by_axis.items()]
+        rows.append(("memory.peak bytes", rep.memory.peak))
+        cells += [(gather, name, fmt(r.closed_form), fmt(r.compiled), "-" if r.ratio is None else f"{r.ratio:.4f}")
+                  for name, r in rows]
     lines += ["  " + line for line in table(("weights gathered once per", "quantity", "closed form", "compiled",
                                              "ratio"), cells, right=(2, 3, 4))]
-    per_mb, per_step = (pp["gathers"][g].get("check") for g in ("microbatch", "step"))
+    per_mb, per_step = (pp.gathers[g].check for g in ("microbatch", "step"))
     if per_mb and per_step:
-        a, b = (r["collectives"]["by_axis"]["fsdp"]["compiled"] for r in (per_mb, per_step))
-        T = pp["microbatches"] + ans["inputs"]["stages"] - 1
+        a, b = (r.collectives.by_axis["fsdp"].compiled for r in (per_mb, per_step))
+        T = pp.microbatches + ans.inputs.stages - 1
         lines.append(f"Gathered once per step, the program moves {b / 1e9:.3g} GB over fsdp, 1/{a / b:.3g} of the "
                      f"{a / 1e9:.3g} GB it moves gathering per microbatch (T = M + S - 1 = {T} pipeline iterations, "
                      "each gathering every block of its stage): the program does gather each weight once per step. "
-                     f"The price is memory: {per_step['memory']['peak']['compiled'] / 1e9:.3g} GB peak against "
-                     f"{per_mb['memory']['peak']['compiled'] / 1e9:.3g} GB (the stage's "
-                     f"{ans['inputs']['blocks'] // ans['inputs']['stages']} blocks held gathered).")
+                     f"The price is memory: {per_step.memory.peak.compiled / 1e9:.3g} GB peak against "
+                     f"{per_mb.memory.peak.compiled / 1e9:.3g} GB (the stage's "
+                     f"{ans.inputs.blocks // ans.inputs.stages} blocks held gathered).")
     return "\n".join(lines)
 
 
 def flag_grid(grids=("TPU_GRID", "TPU_MID_GRID"), sets=("default", "maxtext", "overlap")) -> list[dict]:
     """Each row of the named grids compiled under each XLA flag set (compare with ``w.replace(flags=...)``):
-    {"devices", "row", "flags", "exposed": {axis: row}, "loop_copies": row, "peak": row}, printed as a table
+    {"devices", "row", "flags", "exposed": {axis: Row}, "loop_copies": Row, "peak": Row}, printed as a table
     while it runs (docs/findings.md, "Compiler flags", is this over TPU_GRID and TPU_MID_GRID)."""
     out = []
     for name in grids:
@@ -642,11 +545,11 @@ def flag_grid(grids=("TPU_GRID", "TPU_MID_GRID"), sets=("default", "maxtext", "o
             for flags in sets:
                 rep = compare(grid_workload(*rest).replace(flags=flags), devices)
                 r = {"devices": devices, "row": f"{rest[0].d_model}x{rest[0].d_ff}x{rest[0].blocks} "
-                     + " ".join(map(str, rest[1:])), "flags": flags, "exposed": rep["overlap"]["exposed"],
-                     "loop_copies": rep["overlap"]["loop_copies"], "peak": rep["memory"]["peak"]}
+                     + " ".join(map(str, rest[1:])), "flags": flags, "exposed": rep.overlap.exposed,
+                     "loop_copies": rep.overlap.loop_copies, "peak": rep.memory.peak}
                 out.append(r)
                 print(f"{devices:14} {r['row'][:60]:60} {flags:8} exposed "
-                      + " ".join(f"{a} {_fmt(e['ratio'])}" for a, e in r["exposed"].items())
-                      + f"; copies {_fmt(r['loop_copies']['closed_form'])} / {_fmt(r['loop_copies']['compiled'])}"
-                      + f"; peak {_fmt(r['peak']['ratio'])}", flush=True)
+                      + " ".join(f"{a} {fmt(e.ratio)}" for a, e in r["exposed"].items())
+                      + f"; copies {fmt(r['loop_copies'].closed_form)} / {fmt(r['loop_copies'].compiled)}"
+                      + f"; peak {fmt(r['peak'].ratio)}", flush=True)
     return out

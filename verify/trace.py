@@ -47,9 +47,9 @@ def compile_seed000_layer(verbose: bool = False, flags=None) -> dict:
               flush=True)
         try:
             rep = check(workload, DEVICES, verbose=verbose)
-            peak = rep["memory"]["peak"]
-            out[form] = {"closed_form": peak["closed_form"], "compiled": peak["compiled"], "ratio": peak["ratio"],
-                         "context_bytes": rep["collectives"]["by_axis"]["context"]}
+            peak = rep.memory.peak
+            out[form] = {"closed_form": peak.closed_form, "compiled": peak.compiled, "ratio": peak.ratio,
+                         "context_bytes": rep.collectives.by_axis["context"].to_json()}
         except Exception as e:  # the compiler's refusal is the figure: RESOURCE_EXHAUSTED names what it needs
             msg = str(e).splitlines()[0] if str(e) else type(e).__name__
             if "RESOURCE_EXHAUSTED" not in msg:
@@ -105,7 +105,7 @@ def compile_model_layer(cfg, context: int, verbose: bool = False, flags=None) ->
                  schedule=Schedule(attention="flash", attention_block=block), flags=flags)
     print(f"compiling one layer ({one.seq_len} tokens, flash attention) for {devices}, {mesh} ...", file=sys.stderr,
           flush=True)
-    peak = check(w, devices, verbose=verbose)["memory"]["peak"]
+    peak = check(w, devices, verbose=verbose).memory.peak
     terms = predict(w, CHIPS[DEFAULT_CHIP]).memory
-    return {"devices": devices, "mesh": mesh, "closed_form": terms["total"], "compiled": peak["compiled"],
-            "ratio": peak["compiled"] / terms["total"], "terms": terms}
+    return {"devices": devices, "mesh": mesh, "closed_form": terms["total"], "compiled": peak.compiled,
+            "ratio": peak.compiled / terms["total"], "terms": terms}
