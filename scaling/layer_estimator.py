@@ -307,6 +307,7 @@ class _Plan(NamedTuple):
     ring: bool
 
 
+# the seed's inputs, each a parameter of its notebook's estimator (names as the seed spells them)
 def _plan(b: int, l: int, e: int, tp: int, sequence_parallel: bool, ring: bool, element: float,  # noqa: E741
           mask_element: float, flop_unit: float, system: dict) -> _Plan:
     _require_positive_ints(b=b, l=l, e=e, tp=tp)
@@ -339,6 +340,7 @@ def _sp_gather(p: _Plan) -> tuple[float, str] | None:
 # the two tables
 # ---------------------------------------------------------------------------------------------
 
+# the seed's inputs, each a parameter of its notebook's estimator (names as the seed spells them)
 def mlp_layer_table(b: int, l: int, e: int, f: int, tp: int = 4, sequence_parallel: bool = True,  # noqa: E741
                     system: dict = A100_SEED001, element: float = 2e-9, mask_element: float = 1e-9,
                     flop_unit: float = 1e-12, ring: bool = False, matrices: int = 2, bias: bool = True) -> list[dict]:
@@ -372,6 +374,7 @@ def mlp_layer_table(b: int, l: int, e: int, f: int, tp: int = 4, sequence_parall
     ]
 
 
+# the seed's inputs, each a parameter of its notebook's estimator (names as the seed spells them)
 def attention_layer_table(b: int, l: int, e: int, h: int, tp: int = 4, sequence_parallel: bool = True,  # noqa: E741
                           system: dict = A100_SEED001, element: float = 2e-9,
                           mask_element: float = 1e-9, flop_unit: float = 1e-12,

@@ -163,6 +163,7 @@ class PredictSetup:
     kernel_model: str = "efficiency"
 
 
+# one keyword a predict flag (a measured.toml field): the command and validate pass them by name
 def predict_setup(preset: str = "xxl", *, mesh: str, chip: str | None = None, chips: int | None = None,
                   slice: str | None = None, slices: int | None = None, inter_node_bandwidth: float | None = None,
                   dcn_mesh: str | None = None, global_batch: int | None = None, batch_tokens: int | None = None,

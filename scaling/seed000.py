@@ -324,6 +324,3 @@ def render(rows: list[dict] | None = None) -> str:
                  f"{explained} of the {len(rows) - ok} others explained; {bad} rows state an inconsistency of the seed")
     return "\n".join([*lines[:-1], "notes:", *notes, lines[-1]])
 
-
-if __name__ == "__main__":
-    print(render())

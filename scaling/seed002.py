@@ -298,6 +298,3 @@ def render(rs: list[dict] | None = None) -> str:
                 f"of the seed (the printed figure is DeepFlow's, the correct one in the note)")
     return "\n".join([*body[:-1], "notes:", *notes, body[-1]])
 
-
-if __name__ == "__main__":
-    print(render())

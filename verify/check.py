@@ -536,7 +536,7 @@ def render_pipeline(ans: Answers) -> str:
 
 def flag_grid(grids=("TPU_GRID", "TPU_MID_GRID"), sets=("default", "maxtext", "overlap")) -> list[dict]:
     """Each row of the named grids compiled under each XLA flag set (compare with ``w.replace(flags=...)``):
-    {"devices", "row", "flags", "exposed": {axis: Row}, "loop_copies": Row, "peak": Row}, printed as a table
+    {"devices", "row", "flags", "exposed": {axis: Row}, "loop_copies": Row, "peak": Row}, its lines on stderr
     while it runs (docs/findings.md, "Compiler flags", is this over TPU_GRID and TPU_MID_GRID)."""
     out = []
     for name in grids:
@@ -551,5 +551,5 @@ def flag_grid(grids=("TPU_GRID", "TPU_MID_GRID"), sets=("default", "maxtext", "o
                 print(f"{devices:14} {r['row'][:60]:60} {flags:8} exposed "
                       + " ".join(f"{a} {fmt(e.ratio)}" for a, e in r["exposed"].items())
                       + f"; copies {fmt(r['loop_copies'].closed_form)} / {fmt(r['loop_copies'].compiled)}"
-                      + f"; peak {fmt(r['peak'].ratio)}", flush=True)
+                      + f"; peak {fmt(r['peak'].ratio)}", file=sys.stderr, flush=True)
     return out
