@@ -7,13 +7,12 @@ from __future__ import annotations
 from scaling import kernels
 from scaling.policies import (ACCUMULATION_BYTES, ATTENTIONS, CONTEXT_STRATEGIES, FSDP_GATHERS, OPTIMIZER_SHARDINGS,
                               PIPELINES, REMAT_POLICIES)
-from scaling.presets import FAMILIES, PRESETS
+from scaling.presets import FAMILIES, model_fields, model_of, presets_of
 from scaling.schedule import Schedule
-from scaling.transformer import BLOCK_KINDS, MLP_KINDS
 from scaling.flags import DEFAULT_FLAGS, FLAG_SETS, FlagSet, get_flag_set
 from scaling.hardware import DEFAULT_CHIP
 from scaling.limits import integer, number
-from scaling.reports import TRANSFORMER_SCHEDULE, model_of, schedule_from
+from scaling.reports import schedule_from
 from scaling.table import prose
 
 
@@ -88,58 +87,40 @@ def schedule_of(args) -> Schedule:
     --attention, --attention-block, --context-strategy (Schedule's defaults where not given; ValueError naming a
     bad value): scaling.reports.schedule_from."""
     return schedule_from(args.microbatches, **{k: getattr(args, k, v) for k, v in SCHEDULE_FIELDS.items()},
-                         **{a: getattr(args, a, None) for a in TRANSFORMER_SCHEDULE})
+                         **{a: getattr(args, a, None) for a in SCHEDULE_FLAGS})
 
 
-# --flag: (help, model kinds it applies to)
-MODEL_OVERRIDES = {"d_model": "D", "d_ff": "F", "blocks": "L"}
-TRANSFORMER_OVERRIDES = {"seq_len": "T, tokens per sequence", "heads": "N, query heads",
-                         "kv_heads": "K, key/value heads (grouped-query attention)",
-                         "head_dim": "H, the head dimension (default D/N)",
-                         "vocab": "V, the vocabulary: token ids in, an embedding, logits and a cross-entropy loss "
-                                  "(default none: token vectors in and out)"}
-
-
-# the transformer's kinds: --flag: (choices, help)
-TRANSFORMER_CHOICES = {"mlp": (MLP_KINDS, "the MLP: act(h·W_in)·W_out with relu or gelu, or swiglu (three matrices)"),
-                       "block": (BLOCK_KINDS, "serial (attention, then the MLP) or parallel (both on one norm, summed: "
-                                              "one tensor-parallel reduction per layer)")}
-MODEL_FLAGS = (*MODEL_OVERRIDES, *TRANSFORMER_OVERRIDES, *TRANSFORMER_CHOICES)  # the dimensions' and kinds' flags
+# every model field a command may set (scaling.presets.model_fields): the dimensions', kinds' and switches' flags
+MODEL_FLAGS = tuple(k for k, (kind, _) in model_fields().items() if kind != "schedule_flags")
+SCHEDULE_FLAGS = tuple(k for k, (kind, _) in model_fields().items() if kind == "schedule_flags")
 
 
 def add_model_args(p, preset: str) -> None:
-    """--preset and the overrides of its dimensions (model_config)."""
+    """--preset and the fields of every family (model_config): a field not every family has says whose."""
     p.add_argument("--preset", default=preset, help=f"model preset (default {preset}; "
                    + "; ".join(presets_of(family) for family in FAMILIES) + ")")
-    for name, what in {**MODEL_OVERRIDES, **TRANSFORMER_OVERRIDES}.items():
-        transformer = name in TRANSFORMER_OVERRIDES
-        p.add_argument(f"--{name.replace('_', '-')}", type=integer,
-                       help=f"override the preset's {what}" + (" (transformer)" if transformer else ""))
-    for name, (kinds, what) in TRANSFORMER_CHOICES.items():
-        p.add_argument(f"--{name}", choices=kinds, help=f"{what} (transformer)")
-    p.add_argument("--tied-embeddings", action="store_true", default=None,
-                   help="the output projection is the embedding (transformer with --vocab)")
-
-
-def presets_of(family) -> str:
-    """'FFN presets: tiny, ...' or 'transformer presets: ...': a family's presets (scaling.presets.PRESETS by
-    ``family.family``), named by the first word of its noun."""
-    return (family.noun.split()[0] + " presets: "
-            + ", ".join(k for k, v in PRESETS.items() if v.family == family.family))
+    for name, (kind, fam) in model_fields().items():
+        whose = "" if all(name in getattr(f, kind) for f in FAMILIES) else f" ({fam.noun})"
+        flag, what = f"--{name.replace('_', '-')}", getattr(fam, kind)[name]
+        if kind == "dimensions":
+            p.add_argument(flag, type=integer, help=f"override the preset's {what}{whose}")
+        elif kind == "kinds":
+            p.add_argument(flag, choices=what[0], help=f"{what[1]}{whose}")
+        elif kind == "switches":
+            p.add_argument(flag, action="store_true", default=None, help=what)
 
 
 def model_config(args):
     """The preset named by --preset with the overrides of add_model_args (scaling.reports.model_of: ValueError
     naming a bad value, or a transformer flag given for an FFN preset: a dimension of add_model_args or an
     attention flag of add_schedule_args)."""
-    return model_of(args.preset, **{k: getattr(args, k, None) for k in (*MODEL_FLAGS, "tied_embeddings",
-                                                                         *TRANSFORMER_SCHEDULE)})
+    return model_of(args.preset, **{k: getattr(args, k, None) for k in (*MODEL_FLAGS, *SCHEDULE_FLAGS)})
 
 
 # predict's configuration flags, as scaling.reports.predict_setup's fields (its keyword names are the flags' dests)
-SETUP_FIELDS = ("preset", *MODEL_FLAGS, "tied_embeddings", "chip", "chips", "slice", "slices", "inter_node_bandwidth",
+SETUP_FIELDS = ("preset", *MODEL_FLAGS, "chip", "chips", "slice", "slices", "inter_node_bandwidth",
                 "mesh", "dcn_mesh", "global_batch", "batch_tokens", "microbatch", "microbatches", "step", "remat",
-                *SCHEDULE_FIELDS, *TRANSFORMER_SCHEDULE, "dtype", "grad_accumulation", "xla_flags", "form",
+                *SCHEDULE_FIELDS, *SCHEDULE_FLAGS, "dtype", "grad_accumulation", "xla_flags", "form",
                 "kernel_model")
 
 

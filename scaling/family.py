@@ -26,6 +26,13 @@ class ModelFamily(Protocol):
     grouped_plan: ClassVar[bool]  # the planner's strategy: meshes in groups with every schedule choice, or one a group
     remat_keeps: ClassVar[Mapping | None]  # what each remat policy keeps, nested (the planner's first fit), or None
     schedule_options: ClassVar[tuple[str, ...]]  # the Schedule fields a plan chooses beyond M, R, pipeline, SP
+    # what a command may set (scaling.presets.model_of): {field: what} of its integer dimensions; {field: (choices,
+    # what)} of its kinds; {field: what} of its on/off choices; {field: Schedule's field} of the schedule's fields
+    # only it has (a field no family of a preset has is refused for it)
+    dimensions: ClassVar[dict[str, str]]
+    kinds: ClassVar[dict[str, tuple[tuple[str, ...], str]]]
+    switches: ClassVar[dict[str, str]]
+    schedule_flags: ClassVar[dict[str, str]]
 
     d_model: int
     d_ff: int

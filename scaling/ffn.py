@@ -49,6 +49,11 @@ class FFNConfig:
     grouped_plan: ClassVar[bool] = False  # one mesh a group, microbatches and repeats only (scaling.plan)
     remat_keeps: ClassVar[None] = None  # no nested policies: the planner sizes every remat it is given
     schedule_options: ClassVar[tuple[str, ...]] = ()  # no attention, context or optimizer choice
+    # what a command may set (scaling.presets.model_of; the flags of jax_scaling.args.add_model_args)
+    dimensions: ClassVar[dict[str, str]] = {"d_model": "D", "d_ff": "F", "blocks": "L"}
+    kinds: ClassVar[dict[str, tuple[tuple[str, ...], str]]] = {}
+    switches: ClassVar[dict[str, str]] = {}
+    schedule_flags: ClassVar[dict[str, str]] = {}
 
     d_model: int
     d_ff: int

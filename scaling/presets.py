@@ -5,6 +5,7 @@ list (FAMILIES; Model, their union). A new family adds its presets here.
 from __future__ import annotations
 
 from scaling.ffn import FFNConfig
+from scaling.inputs import positive_int
 from scaling.transformer import TransformerConfig
 
 
@@ -84,3 +85,40 @@ def get_preset(name: str) -> Model:
         return PRESETS[name]
     except KeyError:
         raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(PRESETS)}") from None
+
+
+def presets_of(family) -> str:
+    """'FFN presets: tiny, ...' or 'transformer presets: ...': a family's presets (PRESETS by ``family.family``),
+    named by the first word of its noun."""
+    return (family.noun.split()[0] + " presets: "
+            + ", ".join(k for k, v in PRESETS.items() if v.family == family.family))
+
+
+def model_fields() -> dict[str, tuple]:
+    """{field: (kind, the first family in FAMILIES that has it)} of every field a command may set on a model,
+    kinds in the order dimension, schedule, kind, switch (each family's ModelFamily.dimensions, schedule_flags,
+    kinds, switches): model_of's and the command line's one list."""
+    out = {}
+    for kind in ("dimensions", "schedule_flags", "kinds", "switches"):
+        for fam in FAMILIES:
+            for k in getattr(fam, kind):
+                out.setdefault(k, (kind, fam))
+    return out
+
+
+def model_of(preset: str, **given):
+    """The preset ``preset`` with the fields in ``given`` (model_fields; None: not given): dimensions positive
+    counts, kinds and switches the family's. ValueError naming a bad value, or a field of another family (a
+    dimension, or a flag: a kind, a switch or a schedule field) than the preset's."""
+    cfg, fields = get_preset(preset), model_fields()
+    for k, (kind, _) in fields.items():
+        if kind == "dimensions" and given.get(k) is not None:
+            positive_int(f"--{k.replace('_', '-')}", given[k])
+    own = {**cfg.dimensions, **cfg.schedule_flags, **cfg.kinds, **cfg.switches}
+    extra = [k for k in fields if k not in own and given.get(k) is not None]
+    if extra:
+        kind, owner = fields[extra[0]]
+        what = "dimension" if kind == "dimensions" else "flag"
+        raise ValueError(f"--{extra[0].replace('_', '-')} is a {owner.noun} {what}; {preset!r} is an {cfg.noun} "
+                         f"({presets_of(owner)})")
+    return cfg.replace(**{k: given.get(k) for k in (*cfg.dimensions, *cfg.kinds, *cfg.switches)})

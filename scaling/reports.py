@@ -19,7 +19,7 @@ from scaling.family import check_divisible
 from scaling.inputs import positive_float, positive_int
 from scaling.mesh_shape import MeshShape, parse_mesh_spec
 from scaling.policies import DEFAULT_PRECISION, Precision
-from scaling.presets import PRESETS, get_preset
+from scaling.presets import model_fields, model_of
 from scaling.schedule import Schedule
 from scaling.flags import DEFAULT_FLAGS, check_modelled, get_flag_set
 from scaling.hardware import DEFAULT_CHIP, GPU_NODE, Chip, get_chip, parse_slice, split_slices
@@ -28,46 +28,16 @@ from scaling.limits import check_devices, check_size
 from scaling.table import prose, table
 from scaling.workload import Workload
 
-DIMENSIONS = ("d_model", "d_ff", "blocks")  # every family's, overriding the preset's D, F, L
-TRANSFORMER_DIMENSIONS = ("seq_len", "heads", "kv_heads", "head_dim", "vocab")  # T, N, K, H, V: attention's
-TRANSFORMER_KINDS = ("mlp", "block")  # the transformer's choices of layer
-# the fields of a schedule that only a model with attention has: field -> Schedule's field
-TRANSFORMER_SCHEDULE = {"attention": "attention", "attention_block": "attention_block", "context_strategy": "context"}
 DTYPE_BYTES = {"bf16": 2, "fp32": 4, "tf32": 4, "int8": 1, "fp8": 1}  # an element of each matmul input type
-
-
-def transformer_presets() -> str:
-    """The presets of the families with attention, comma-separated (scaling.presets.PRESETS)."""
-    return ", ".join(k for k, v in PRESETS.items() if v.has_attention)
-
-
-def model_of(preset: str, **given):
-    """The preset ``preset`` with the overrides in ``given`` (DIMENSIONS, TRANSFORMER_DIMENSIONS: positive counts;
-    TRANSFORMER_KINDS, tied_embeddings; None: not given). ValueError naming a bad value, or an attention field
-    (a dimension, a kind, or a TRANSFORMER_SCHEDULE field) given for a model without attention."""
-    cfg = get_preset(preset)
-    over = {k: given.get(k) for k in (*DIMENSIONS, *TRANSFORMER_DIMENSIONS)}
-    for k, v in over.items():
-        if v is not None:
-            positive_int(f"--{k.replace('_', '-')}", v)
-    over.update({k: given.get(k) for k in (*TRANSFORMER_KINDS, "tied_embeddings")})
-    if not cfg.has_attention:
-        extra = [k for k in (*TRANSFORMER_DIMENSIONS, *TRANSFORMER_SCHEDULE, *TRANSFORMER_KINDS, "tied_embeddings")
-                 if given.get(k) is not None]
-        if extra:
-            what = "dimension" if extra[0] in TRANSFORMER_DIMENSIONS else "flag"
-            raise ValueError(f"--{extra[0].replace('_', '-')} is a transformer {what}; {preset!r} is an {cfg.noun} "
-                             f"(transformer presets: {transformer_presets()})")
-        over = {k: over[k] for k in DIMENSIONS}
-    return cfg.replace(**over)
 
 
 def schedule_from(microbatches: int = 1, repeats: int = 1, fsdp_gather: str = "microbatch",
                   sequence_parallel: bool = False, optimizer_sharding: str = "fsdp", pipeline: str = "gpipe",
                   warmup_phases: bool = False, **attention) -> Schedule:
-    """The Schedule of these fields and the attention ones (TRANSFORMER_SCHEDULE; None or absent: Schedule's
-    default). ValueError naming a bad value (Schedule's own checks)."""
-    given = {f: attention[a] for a, f in TRANSFORMER_SCHEDULE.items() if attention.get(a) is not None}
+    """The Schedule of these fields and a family's own (its schedule_flags, scaling.presets.model_fields; None or
+    absent: Schedule's default). ValueError naming a bad value (Schedule's own checks)."""
+    own = {k: fam.schedule_flags[k] for k, (kind, fam) in model_fields().items() if kind == "schedule_flags"}
+    given = {f: attention[a] for a, f in own.items() if attention.get(a) is not None}
     return Schedule(microbatches, repeats, fsdp_gather, sequence_parallel, optimizer_sharding=optimizer_sharding,
                     pipeline=pipeline, warmup_phases=warmup_phases, **given)
 
@@ -177,13 +147,13 @@ def predict_setup(preset: str = "xxl", *, mesh: str, chip: str | None = None, ch
     step model reads, check_modelled; ``command`` names who asks). Every rule predict checks, checked in its order:
     a ValueError naming the field. (Keyword fields, one per flag: more than 8 parameters by design.)"""
     flags = check_modelled(get_flag_set(xla_flags or DEFAULT_FLAGS), command)
-    model_fields = (*DIMENSIONS, *TRANSFORMER_DIMENSIONS, *TRANSFORMER_KINDS, "tied_embeddings", *TRANSFORMER_SCHEDULE)
-    cfg = model_of(preset, **{k: v for k, v in model_and_schedule.items() if k in model_fields})
+    fields = model_fields()
+    cfg = model_of(preset, **{k: v for k, v in model_and_schedule.items() if k in fields})
     hw, dims, slices = target_of(chip, chips, slice, slices, inter_node_bandwidth)
     shape = parse_mesh_spec(mesh)
     B, M = batch_of(cfg, shape, global_batch, batch_tokens, microbatch, microbatches)
-    schedule = schedule_from(M, **{k: v for k, v in model_and_schedule.items() if k not in model_fields
-                                   or k in TRANSFORMER_SCHEDULE})
+    schedule = schedule_from(M, **{k: v for k, v in model_and_schedule.items() if k not in fields
+                                   or fields[k][0] == "schedule_flags"})
     w = Workload(cfg, shape, B, step, remat, schedule, precision=precision_of(dtype, grad_accumulation), flags=flags)
     check_divisible(cfg, shape, B)
     check_size(w)

@@ -116,6 +116,20 @@ class TransformerConfig:
     grouped_plan: ClassVar[bool] = True  # meshes in groups, every schedule choice (scaling.plan._groups)
     remat_keeps: ClassVar[dict] = POLICY_KEEPS  # nested: the planner's first policy that fits is the fastest
     schedule_options: ClassVar[tuple[str, ...]] = ("attention", "context", "optimizer_sharding")
+    dimensions: ClassVar[dict[str, str]] = {
+        "d_model": "D", "d_ff": "F", "blocks": "L", "seq_len": "T, tokens per sequence", "heads": "N, query heads",
+        "kv_heads": "K, key/value heads (grouped-query attention)", "head_dim": "H, the head dimension (default D/N)",
+        "vocab": "V, the vocabulary: token ids in, an embedding, logits and a cross-entropy loss (default none: "
+                 "token vectors in and out)"}
+    kinds: ClassVar[dict[str, tuple[tuple[str, ...], str]]] = {
+        "mlp": (MLP_KINDS, "the MLP: act(h·W_in)·W_out with relu or gelu, or swiglu (three matrices)"),
+        "block": (BLOCK_KINDS, "serial (attention, then the MLP) or parallel (both on one norm, summed: one "
+                               "tensor-parallel reduction per layer)")}
+    switches: ClassVar[dict[str, str]] = {"tied_embeddings": "the output projection is the embedding (transformer "
+                                                             "with --vocab)"}
+    # {field: Schedule's field}: the schedule's attention fields, set only for a model with attention
+    schedule_flags: ClassVar[dict[str, str]] = {"attention": "attention", "attention_block": "attention_block",
+                                                "context_strategy": "context"}
 
     d_model: int
     heads: int

@@ -8,7 +8,9 @@ around a cycle is still an edge of the graph). Each rule has a test that it can 
 from __future__ import annotations
 
 import ast
+import dataclasses
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -142,3 +144,25 @@ def test_a_type_test_on_a_model_config_is_caught(tmp_path):
                  "    b = isinstance(w.model, config.FFNConfig)\n    c = type(cfg) is FFNConfig\n"
                  "    return isinstance(cfg, dict), a, b, c\n")
     assert config_type_tests(p) == [2, 3, 4]
+
+
+def test_a_new_family_brings_its_own_fields(monkeypatch):
+    """model_of asks the families which fields exist and whose they are: a made-up third family's dimension is
+    refused for an FFN preset in the family's own words, and set on its own preset, with no edit elsewhere."""
+    from scaling import presets
+    from scaling.ffn import FFNConfig
+
+    @dataclasses.dataclass(frozen=True)
+    class ToyConfig(FFNConfig):
+        family: ClassVar[str] = "toy"
+        noun: ClassVar[str] = "toy stack"
+        dimensions: ClassVar[dict[str, str]] = {**FFNConfig.dimensions, "experts": "E"}
+        experts: int = 1
+
+    monkeypatch.setattr(presets, "FAMILIES", (*presets.FAMILIES, ToyConfig))
+    monkeypatch.setitem(presets.PRESETS, "toy-1", ToyConfig(8, 32, 2))
+    with pytest.raises(ValueError, match=r"^--experts is a toy stack dimension; 'tiny' is an FFN stack "
+                                         r"\(toy presets: toy-1\)$"):
+        presets.model_of("tiny", experts=4)
+    assert presets.model_of("toy-1", experts=4, d_ff=64) == ToyConfig(8, 64, 2, experts=4)
+    assert presets.model_fields()["experts"] == ("dimensions", ToyConfig)
