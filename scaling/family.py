@@ -75,6 +75,19 @@ class ModelFamily(Protocol):
     def step_kernels(self, w) -> list: ...
 
 
+_FAMILY_TYPES: set[type] = set()  # the types is_family has found to implement ModelFamily
+
+
+def is_family(model) -> bool:
+    """Whether ``model`` implements ModelFamily (its runtime check, made once per type: the planner builds a
+    Workload per candidate, and the protocol's check reads each of its members)."""
+    if type(model) not in _FAMILY_TYPES:
+        if not isinstance(model, ModelFamily):
+            return False
+        _FAMILY_TYPES.add(type(model))
+    return True
+
+
 def divisions(cfg: ModelFamily) -> list[tuple[str, int, str]]:
     """(name, dimension, logical axis) of every model dimension the sharding table splits: D (embed), F (mlp), a
     transformer's vocabulary V (vocab); check_divisible's rule, also the planner's (cfg.divisions)."""

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from scaling.family import ModelFamily, check_divisible
+from scaling.family import ModelFamily, check_divisible, is_family
 from scaling.inputs import non_negative_int, positive_int
 from scaling.mesh_shape import MESH_AXES, MeshShape
 from scaling.policies import DEFAULT_PRECISION, Precision, Remat, Step, check_remat, choose
@@ -78,7 +78,7 @@ class Workload:
     flags: FlagSet = field(default_factory=get_flag_set)
 
     def __post_init__(self):
-        if not isinstance(self.model, ModelFamily):  # a family's config (scaling.family)
+        if not is_family(self.model):  # a family's config (scaling.family)
             raise ValueError(f"model must be an FFNConfig or a TransformerConfig, got {type(self.model).__name__}")
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen)
         if self.array_mesh:  # the planner's group of meshes, each checked by it (scaling.plan)
