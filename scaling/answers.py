@@ -12,7 +12,6 @@ import math
 from dataclasses import dataclass
 
 from scaling import memory, program, roofline
-from scaling.family import check_divisible
 from scaling.ffn import FFNConfig
 from scaling.inputs import positive_float, positive_int
 from scaling.mesh_shape import MeshShape
@@ -79,11 +78,11 @@ def axes_error(fsdp: int, tensor: int, mx: int, my: int) -> str | None:
 
 def splits(cfg: FFNConfig, chips: int, mx: int, my: int) -> list[tuple[int, int]]:
     """The meshes X·Y = ``chips`` that answers() accepts for ``cfg`` at M_X = ``mx``, M_Y = ``my``: X a divisor
-    of N, D and F divisible by their shard counts (family.check_divisible), the axes on the torus (axes_error)."""
+    of N, D and F divisible by their shard counts (the family's check_divisible), the axes on the torus (axes_error)."""
     out = []
     for X in (k for k in range(1, chips + 1) if chips % k == 0):
         try:
-            check_divisible(cfg, MeshShape(fsdp=X, tensor=chips // X))
+            cfg.check_divisible(MeshShape(fsdp=X, tensor=chips // X))
         except ValueError:
             continue
         if axes_error(X, chips // X, mx, my) is None:
@@ -375,7 +374,7 @@ def answers(
     if fsdp * tensor > most:
         raise ValueError(f"fsdp·tensor = {fsdp}·{tensor} = {fsdp * tensor:,} chips; M_X and M_Y count the ICI "
                          f"axes of one v5p slice, which has at most {most:,} chips (fsdp·tensor <= {most:,})")
-    check_divisible(cfg, MeshShape(fsdp=fsdp, tensor=tensor))
+    cfg.check_divisible(MeshShape(fsdp=fsdp, tensor=tensor))
     if (why := axes_error(fsdp, tensor, mx, my)) is not None:
         raise ValueError(why)
     given_stages = stages is not None

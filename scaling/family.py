@@ -1,6 +1,6 @@
 """What a model family is to the rest of the package: the protocol every family's config implements
 (scaling.ffn.FFNConfig, scaling.transformer.TransformerConfig), so that the shared rules (Schedule.check,
-check_remat, check_divisible), the step model (scaling.program), the memory terms, the kernels and the planner
+check_remat, cfg.check_divisible), the step model (scaling.program), the memory terms, the kernels and the planner
 ask the model, never its type. A new family is one module that implements it, plus its presets
 (scaling.presets).
 """
@@ -86,16 +86,3 @@ def is_family(model) -> bool:
             return False
         _FAMILY_TYPES.add(type(model))
     return True
-
-
-def divisions(cfg: ModelFamily) -> list[tuple[str, int, str]]:
-    """(name, dimension, logical axis) of every model dimension the sharding table splits: D (embed), F (mlp), a
-    transformer's vocabulary V (vocab); check_divisible's rule, also the planner's (cfg.divisions)."""
-    return cfg.divisions()
-
-
-def check_divisible(cfg: ModelFamily, mesh: Mapping, batch_tokens: int | None = None) -> None:
-    """Every sharded dimension must divide by its shard count, through the sharding table
-    (scaling.sharding): D by the shards of ``embed``, F by those of ``mlp``, B by those of ``batch``
-    (a transformer's batch in whole sequences: B/T sequences by the shards of ``batch``): cfg.check_divisible."""
-    cfg.check_divisible(mesh, batch_tokens)

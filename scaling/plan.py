@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from scaling import kernels, memory, pipeline, program, roofline
-from scaling.family import ModelFamily, check_divisible, divisions
+from scaling.family import ModelFamily
 from scaling.inputs import positive_float, positive_int
 from scaling.mesh_shape import MESH_AXES, MeshShape
 from scaling.policies import ATTENTIONS, CONTEXT_STRATEGIES, PIPELINES, check_remat
@@ -150,10 +150,10 @@ def microbatches_for(stages: int, repeats: int, max_microbatches: int) -> list[i
 
 def runs(cfg: ModelFamily, mesh: MeshShape, schedule: Schedule, batch_tokens: int | None = None) -> bool:
     """Whether train, check and compile accept ``cfg`` on ``mesh`` with ``schedule`` (and ``batch_tokens``): the
-    same two checks they make (scaling.family.check_divisible, Schedule.check: D by fsdp, F by tensor, the blocks
+    same two checks they make (the family's check_divisible, Schedule.check: D by fsdp, F by tensor, the blocks
     by the stages, B by microbatches·data·fsdp, ...)."""
     try:
-        check_divisible(cfg, mesh, batch_tokens)
+        cfg.check_divisible(mesh, batch_tokens)
         schedule.check(cfg, mesh, batch_tokens)
     except ValueError:
         return False
@@ -350,7 +350,7 @@ def schedules(cfg, mesh: MeshShape, choices: Choices, max_microbatches: int, max
         for R in ([r for r in repeats_for(cfg, S, max_repeats) if r > 1] if pipe == "circular" else
                   repeats_for(cfg, S, max_repeats) if pipe == "1f1b" else [1])]
     try:  # the mesh's own divisibility, once
-        check_divisible(cfg, mesh)
+        cfg.check_divisible(mesh)
     except ValueError:
         return []
     out, made = [], {} if made is None else made
@@ -382,7 +382,7 @@ def _mesh_keep(cfg, axes, n_slices, dcn_axes) -> "callable":
         for dcn_axis in dcn_axes:
             mesh = {a: kinds[:, i] * (n_slices if a == dcn_axis else 1) for i, a in enumerate(axes)}
             fits = cfg.blocks % mesh["stage"] == 0
-            for _, dim, logical in divisions(cfg):
+            for _, dim, logical in cfg.divisions():
                 fits &= dim % shards(mesh, logical) == 0
             fits &= cfg.mesh_fits(mesh)  # a transformer's heads by tensor and its sequence by context
             ok |= fits
@@ -425,7 +425,7 @@ def _groups(cfg, chip: Chip, dims, n_slices: int, choices: Choices, max_microbat
         mesh = MeshShape(given)
         if grouped:
             try:
-                check_divisible(cfg, mesh)
+                cfg.check_divisible(mesh)
             except ValueError:
                 continue
             kind = (mesh["stage"], mesh["context"], mesh["tensor"], mesh["data"] > 1,

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 from scaling import kernels
 from scaling import plan as planner
-from scaling.family import check_divisible
 from scaling.inputs import positive_float, positive_int
 from scaling.mesh_shape import MeshShape, parse_mesh_spec
 from scaling.policies import DEFAULT_PRECISION, Precision
@@ -155,7 +154,7 @@ def predict_setup(preset: str = "xxl", *, mesh: str, chip: str | None = None, ch
     schedule = schedule_from(M, **{k: v for k, v in model_and_schedule.items() if k not in fields
                                    or fields[k][0] == "schedule_flags"})
     w = Workload(cfg, shape, B, step, remat, schedule, precision=precision_of(dtype, grad_accumulation), flags=flags)
-    check_divisible(cfg, shape, B)
+    cfg.check_divisible(shape, B)
     check_size(w)
     peak_flops(hw, dtype)  # ValueError where the table has no rate for it
     given = dict(parse_mesh_spec(dcn_mesh).items()) if dcn_mesh else None

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from scaling.family import ModelFamily, check_divisible, is_family
+from scaling.family import ModelFamily, is_family
 from scaling.inputs import non_negative_int, positive_int
 from scaling.mesh_shape import MESH_AXES, MeshShape
 from scaling.policies import DEFAULT_PRECISION, Precision, Remat, Step, check_remat, choose
@@ -63,7 +63,7 @@ class CompilerFacts:
 class Workload:
     """One step of ``model`` on ``mesh`` with a batch of ``batch_tokens`` (module docstring). Built, it has
     passed every rule the model builder enforces: the remat policy exists for the model
-    (policies.check_remat), every sharded dimension divides by its shard count (family.check_divisible, the
+    (policies.check_remat), every sharded dimension divides by its shard count (the family's check_divisible, the
     sharding table) and the schedule can run the batch (Schedule.check); a ValueError names the input
     otherwise. An array batch (the planner's candidates) is checked for what does not depend on it."""
 
@@ -92,7 +92,7 @@ class Workload:
         if batch is not None:
             set_("batch_tokens", positive_int("batch_tokens", batch))
         if not self.array_mesh:
-            check_divisible(self.model, self.mesh, batch)
+            self.model.check_divisible(self.mesh, batch)
             self.schedule.check(self.model, self.mesh, batch)
 
     @property
