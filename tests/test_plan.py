@@ -99,7 +99,7 @@ def test_nothing_fits_names_the_budget_it_used():
     r = _plan_cli("--chips", "128", "--preset", "xxl", "--batch-tokens", "1048576", "--max-microbatches", "1")
     assert r.returncode == 2 and "102.8 GB per device (--hbm 1.028e+11 bytes)" in r.stderr, r.stderr
     # 16 B/param/128 + activations... = 179.0 GB, + one gathered bf16 matrix 2·D·F = 1.745 GB the default flags'
-    # (maxtext's) schedule prefetches (scaling.memory.prefetched_weights)
+    # (maxtext's) schedule prefetches (scaling.ffn.prefetched_weights)
     assert "nearest miss: fsdp=128 needs 180.8 GB per device" in r.stderr
     assert V5P.hbm_budget == 95.74 * 2**30 and V5P.hbm_bytes == 96 * 2**30
     r = _plan_cli("--chips", "128", "--batch-tokens", "1048576", "--hbm", "1e11", "--max-microbatches", "1")
