@@ -31,10 +31,45 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import PartitionSpec
 
 from ffn_model.sharded import COMPUTE_DTYPE, constrain
-from scaling.pipeline import relay_rounds
+from scaling.pipeline import relay_rounds, stage_blocks
+
+
+def uneven_stages(w) -> tuple[int, ...] | None:
+    """The blocks of each stage (scaling.pipeline.stage_blocks) where the Workload ``w``'s stages are uneven, else
+    None (an even split, or no stage axis: the stacks are [L, ...] as they are)."""
+    S = w.mesh.get("stage", 1)
+    counts = stage_blocks(w.model, w.schedule, S) if S > 1 else (w.model.blocks,)
+    return counts if len(set(counts)) > 1 else None
+
+
+def padded_slots(counts: tuple[int, ...]) -> np.ndarray:
+    """Uneven stages as a padded stack of S·Lmax slots (Lmax = max L_s): stage s holds slots s·Lmax .. (s+1)·Lmax − 1
+    (the stack's even split over ``stage``), its L_s real blocks first, its last Lmax − L_s slots padding. Returns the
+    slot of each real block i = 0..L−1: s·Lmax + (i − (L_0 + ... + L_{s−1}))."""
+    Lmax = max(counts)
+    return np.array([s * Lmax + j for s, n in enumerate(counts) for j in range(n)])
+
+
+def pad_stack(w_Lx___, counts: tuple[int, ...]):
+    """[L, ...] -> [S·Lmax, ...]: the real blocks in their slots (padded_slots), zeros in the padding slots."""
+    slots = padded_slots(counts)
+    out = jnp.zeros((len(counts) * max(counts), *w_Lx___.shape[1:]), w_Lx___.dtype)
+    return out.at[slots].set(w_Lx___)
+
+
+def real_blocks(w_Px___, counts: tuple[int, ...]):
+    """[S·Lmax, ...] -> [L, ...]: the real blocks of a padded stack in their order (padded_slots), the slots mapped
+    back to blocks (a checkpoint's or a one-device run's layout). Works on numpy and jax arrays."""
+    return w_Px___[padded_slots(counts)]
+
+
+def live_slots(counts: tuple[int, ...]):
+    """Inside a shard_map manual over ``stage``: this stage's real blocks L_s (its first L_s slots, then padding)."""
+    return jnp.asarray(counts, jnp.int32)[jax.lax.axis_index("stage")]
 
 
 def split_microbatches(a_Bx___, microbatches: int, batch_shards: int):

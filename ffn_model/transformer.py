@@ -33,8 +33,8 @@ from jax.ad_checkpoint import checkpoint_name
 
 from ffn_model.attention import (RESIDUAL_NAMES, attention_materialized, flash_attention_o, ring_attention,
                                  ulysses_attention)
-from ffn_model.pipeline import (circular_layout, merge_microbatches, one_f_one_b, pipeline_outputs,
-                                split_microbatches)
+from ffn_model.pipeline import (circular_layout, live_slots, merge_microbatches, one_f_one_b, pad_stack,
+                                pipeline_outputs, real_blocks, split_microbatches, uneven_stages)
 from ffn_model.sharded import (COMPUTE_DTYPE, constrain, gather_bf16, grad_axes, init_normal, param, reshard,
                                to_bf16)
 from ffn_model.task import mse, teacher_batch, token_mean
@@ -270,15 +270,24 @@ def layer(x_BxTxD, w: dict, schedule: Schedule, mlp_kind: str = "gelu", block: s
 
 
 def stack_forward(x_BxTxD, weights: dict, schedule: Schedule, remat: str = "none", mlp_kind: str = "gelu",
-                  block: str = "serial", select=None):
+                  block: str = "serial", select=None, live=None):
     """The L layers as one lax.scan over the stacked weights (a dict of [L, ...] arrays), each layer under
     jax.checkpoint with the remat policy (validated where the Workload is built: scaling.policies.check_remat): "none"
-    saves SAVED, "full" nothing but the layer's input, the named policies what policy_saves says."""
+    saves SAVED, "full" nothing but the layer's input, the named policies what policy_saves says. ``live``: a stage
+    of uneven stages, its real slots (ffn_model.pipeline.padded_slots): slot j's layer runs and its output is kept
+    where j < live, else the carry passes unchanged (a masked update x = where(j < live, layer(x), x): the padding
+    slot's FLOPs are executed, as every stage runs Lmax slots in lock-step anyway, and its weights get an exactly
+    zero gradient, the transpose of the select)."""
     policy = jax.checkpoint_policies.save_only_these_names(*policy_saves(remat, schedule))
     body = jax.checkpoint(functools.partial(layer, schedule=schedule, mlp_kind=mlp_kind, block=block, select=select),
                           policy=policy)
     x = constrain(x_BxTxD, X_SP_AXES if schedule.sequence_parallel else X_AXES)
-    x, _ = jax.lax.scan(lambda c, w: (body(c, w), None), x, weights)
+    if live is None:
+        x, _ = jax.lax.scan(lambda c, w: (body(c, w), None), x, weights)
+        return x
+    n = next(iter(weights.values())).shape[0]
+    x, _ = jax.lax.scan(lambda c, wj: (jnp.where(wj[1] < live, body(c, wj[0]), c), None), x,
+                        (weights, jnp.arange(n)))
     return x  # under sequence parallelism still split over tensor: the loss reduces it where it lies
 
 
@@ -462,14 +471,18 @@ class TransformerStack(nnx.Module):
         self.remat, self.schedule, self.gated = w.remat, schedule, cfg.gated
         self.mlp_kind, self.block = cfg.mlp, cfg.block
         self.output_axes = X_SP_AXES if schedule.sequence_parallel else X_AXES  # where the stack's output lies
-        self.wq = param(init_normal(rngs.params(), (L, N, H, D), D), WQ_AXES)
-        self.wk = param(init_normal(rngs.params(), (L, K, H, D), D), WKV_AXES)
-        self.wv = param(init_normal(rngs.params(), (L, K, H, D), D), WKV_AXES)
-        self.wo = param(init_normal(rngs.params(), (L, N, H, D), N * H), WQ_AXES)
-        self.w_in = param(init_normal(rngs.params(), (L, F, D), D), W_MLP_AXES)
+        # uneven stages: the stacks padded to S·Lmax slots, zeros in the padding (ffn_model.pipeline.pad_stack); the
+        # real blocks drawn as without stages
+        self.stage_blocks = counts = uneven_stages(w)
+        pad = (lambda a: a) if counts is None else (lambda a: pad_stack(a, counts))  # noqa: E731
+        self.wq = param(pad(init_normal(rngs.params(), (L, N, H, D), D)), WQ_AXES)
+        self.wk = param(pad(init_normal(rngs.params(), (L, K, H, D), D)), WKV_AXES)
+        self.wv = param(pad(init_normal(rngs.params(), (L, K, H, D), D)), WKV_AXES)
+        self.wo = param(pad(init_normal(rngs.params(), (L, N, H, D), N * H)), WQ_AXES)
+        self.w_in = param(pad(init_normal(rngs.params(), (L, F, D), D)), W_MLP_AXES)
         if cfg.gated:
-            self.w_gate = param(init_normal(rngs.params(), (L, F, D), D), W_MLP_AXES)
-        self.w_out = param(init_normal(rngs.params(), (L, F, D), F), W_MLP_AXES)
+            self.w_gate = param(pad(init_normal(rngs.params(), (L, F, D), D)), W_MLP_AXES)
+        self.w_out = param(pad(init_normal(rngs.params(), (L, F, D), F)), W_MLP_AXES)
         self.vocab, self.tied = cfg.vocab, cfg.tied_embeddings
         if cfg.vocab is not None:  # E, U ~ N(0, 1/D): unit-scale logits (the first norm rescales E's rows)
             self.embedding = param(init_normal(rngs.params(), (cfg.vocab, D), D), VOCAB_AXES)
@@ -481,6 +494,8 @@ class TransformerStack(nnx.Module):
         """x: token vectors [B, T, D] -> the stack's output; with a vocabulary, token ids [B, T] -> logits
         [B, T, V] (FP32, vocab over tensor)."""
         weights = {n: getattr(self, n)[...] for n in layer_names(self.gated)}
+        if self.stage_blocks is not None:  # a padded stack run whole: its real blocks
+            weights = {n: real_blocks(v, self.stage_blocks) for n, v in weights.items()}
         if self.vocab is None:
             return stack_forward(x.astype(COMPUTE_DTYPE), weights, self.schedule, self.remat, self.mlp_kind,
                                  self.block)
@@ -517,8 +532,11 @@ def transformer_pipeline_loss(params, batch, *, w: Workload, mesh):
         x, e = embed(batch["x"], params["embedding"], schedule, tied)
         return x, {"u": e if tied else params["unembedding"]}
 
-    def chunk(x, ws, select):
-        return stack_forward(x, ws, schedule, remat, cfg.mlp, cfg.block, select)
+    counts = uneven_stages(w)
+
+    def chunk(x, ws, select):  # uneven stages: the stage's padding slots masked (stack_forward's ``live``)
+        live = None if counts is None else live_slots(counts)
+        return stack_forward(x, ws, schedule, remat, cfg.mlp, cfg.block, select, live)
 
     def head(y, labels, hp):
         if not vocab:

@@ -61,6 +61,10 @@ def add_schedule_args(p) -> None:
     g.add_argument("--optimizer-sharding", choices=OPTIMIZER_SHARDINGS, default="fsdp",
                    help="fsdp (AdamW's state sharded as the weights) or zero1 (the moments and the update also "
                         "sharded over data; the gradients reduce-scattered over data·fsdp; default fsdp)")
+    g.add_argument("--stage-blocks", type=block_list, metavar="L0,L1,...",
+                   help="the blocks of each pipeline stage, first to last, summing to the blocks (Megatron-LM's "
+                        "--decoder-first/last-pipeline-num-layers as a list; default: an even split, or uneven "
+                        "DeepSpeed's uniform with the embedding and output counted as a block each)")
     g.add_argument("--sequence-parallel", action="store_true",
                    help="Megatron sequence parallelism on the tensor axis: activations split over tensor along the "
                         "tokens between blocks (all-gather + reduce-scatter instead of the all-reduce)")
@@ -79,7 +83,16 @@ def add_schedule_args(p) -> None:
 
 # the fields of Schedule add_schedule_args sets (scaling.reports.schedule_from's), with their flags' defaults
 SCHEDULE_FIELDS = {"repeats": 1, "fsdp_gather": "microbatch", "sequence_parallel": False,
-                   "optimizer_sharding": "fsdp", "pipeline": "gpipe", "warmup_phases": False}
+                   "optimizer_sharding": "fsdp", "pipeline": "gpipe", "warmup_phases": False, "stage_blocks": None}
+
+
+def block_list(text: str) -> tuple[int, ...]:
+    """--stage-blocks 3,2 -> (3, 2) (Schedule checks the counts: positive, one per stage, summing to L)."""
+    import argparse
+    try:
+        return tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of block counts (e.g. 3,2)")
 
 
 def schedule_of(args) -> Schedule:

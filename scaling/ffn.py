@@ -192,8 +192,8 @@ def train_memory_per_device(w: Workload) -> dict:
                                                            w.schedule)
     windowed_grad_rs = w.compiler.windowed_grad_rs
     shards_w = memory.weight_shards(mesh)
-    P, D, F = cfg.params, cfg.d_model, cfg.d_ff
     S, M, Y = mesh.get("stage", 1), schedule.microbatches, shards(mesh, "mlp")
+    P, D, F = cfg.params * pipeline.padding(cfg, schedule, S), cfg.d_model, cfg.d_ff  # uneven stages: S·Lmax slots
     b = memory.tokens_per_device(mesh, batch_tokens)
     c = precision.compute
     once = schedule.fsdp_gather == "step"
@@ -204,7 +204,7 @@ def train_memory_per_device(w: Workload) -> dict:
         "grads": precision.grad * P / shards_w / w.zero1_shards,
         "activations": pipeline.microbatches_in_flight(schedule, S) * pipeline.saved_per_token(
             cfg, mesh, remat, schedule, c) * b / M,
-        "transient_weights": (precision.master * 2 * D * F * (cfg.blocks // S) / Y if once
+        "transient_weights": (precision.master * 2 * D * F * pipeline.chunk_blocks(cfg, schedule, S) / Y if once
                               else c * (1 if windowed_grad_rs else 4) * D * F / Y),
         "inputs": (c + 4) * D * b,
     }
@@ -248,9 +248,9 @@ def forward_memory_per_device(w: Workload) -> dict:
     b = memory.tokens_per_device(mesh, batch_tokens)
     S, M = mesh.get("stage", 1), schedule.microbatches
     terms = {
-        "master": precision.master * cfg.params / memory.weight_shards(mesh),
-        "transient_weights": (c * 2 * D * F * (cfg.blocks // S) / Y if schedule.fsdp_gather == "step"
-                              else c * D * F / Y),
+        "master": precision.master * cfg.params * pipeline.padding(cfg, schedule, S) / memory.weight_shards(mesh),
+        "transient_weights": (c * 2 * D * F * pipeline.chunk_blocks(cfg, schedule, S) / Y
+                              if schedule.fsdp_gather == "step" else c * D * F / Y),
         "activations": c * b / M * (F / Y + 2 * D),
         "inputs": (c + 4) * D * b,
     }
@@ -312,7 +312,7 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
     b_loc = memory.tokens_per_device(mesh, w.batch_tokens) / M  # tokens per device in one microbatch
     passes = 2 if step == "train" else 1  # weight gathers / activation all-reduces: forward (+ backward)
     n = pipeline.block_passes(cfg, schedule, S)  # block-passes per device (M·L without stages)
-    T, Ls = pipeline.iterations(schedule, S), L // S
+    T, Ls = pipeline.iterations(schedule, S), pipeline.largest_stage(cfg, schedule, S)
     once = schedule.fsdp_gather == "step"
     n_fwd = Ls if once else n  # forward gathers: one per block-pass (ffn_model.pipeline keeps XLA from hoisting them)
     n_bwd = 0 if once else n  # gathered once: the backward reuses the gathered stage

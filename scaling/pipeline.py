@@ -61,9 +61,41 @@ def bubble(schedule: Schedule, stages: int) -> dict[str, float]:
     return {"idle_share": idle / (R * M + idle), "overhead": idle / (R * M)}
 
 
+def stage_blocks(cfg: ModelFamily, schedule: Schedule, stages: int) -> tuple[int, ...]:
+    """L_s, the blocks of each stage (Schedule.blocks_per_stage: the explicit list, or the default rule
+    scaling.schedule.default_stage_blocks); (L,) without stages."""
+    return schedule.blocks_per_stage(cfg.blocks, stages, cfg)
+
+
+def largest_stage(cfg: ModelFamily, schedule: Schedule, stages: int) -> int:
+    """Lmax = max_s L_s: the blocks every stage holds and runs per iteration in the program, whose stacks are
+    S·Lmax slots, a stage's unused slots padding (ffn_model.pipeline.padded_slots); L/S for an even split, L
+    without stages. The lock-step loop runs at the pace of the slowest stage: Lmax blocks a chunk-iteration."""
+    return max(stage_blocks(cfg, schedule, stages))
+
+
+def stage_loads(cfg: ModelFamily, schedule: Schedule, stages: int) -> tuple[int, ...]:
+    """Each stage's work in blocks with the embedding counted as one block on the first stage and the output layer
+    as one on the last where the model has them (Megatron-LM's account-for-embedding/loss-in-pipeline-split
+    convention); the step of a stage-balanced pipeline is set by the largest (Narayanan et al. 2021: the slowest
+    stage sets the pipeline's pace)."""
+    loads = list(stage_blocks(cfg, schedule, stages))
+    if getattr(cfg, "vocab", None):
+        loads[0] += 1
+        loads[-1] += 1
+    return tuple(loads)
+
+
+def padding(cfg: ModelFamily, schedule: Schedule, stages: int) -> float:
+    """S·Lmax/L: the stacks' slots over the real blocks (1 for an even split or without stages): the stage-sharded
+    parameters, gradients and optimizer state a device holds are a 1/S share of S·Lmax slots (largest_stage)."""
+    return stages * largest_stage(cfg, schedule, stages) / cfg.blocks if stages > 1 else 1.0
+
+
 def chunk_blocks(cfg: ModelFamily, schedule: Schedule, stages: int) -> int:
-    """Lc: blocks a stage runs per iteration: L/(S·R); L without stages (one microbatch through all)."""
-    return cfg.blocks // (stages * schedule.repeats) if stages > 1 else cfg.blocks
+    """Lc: blocks a stage runs per iteration: Lmax/R (L/(S·R) for an even split; largest_stage); L without stages
+    (one microbatch through all)."""
+    return largest_stage(cfg, schedule, stages) // schedule.repeats if stages > 1 else cfg.blocks
 
 
 def block_passes(cfg: ModelFamily, schedule: Schedule, stages: int) -> int:

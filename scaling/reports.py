@@ -32,13 +32,13 @@ DTYPE_BYTES = {"bf16": 2, "fp32": 4, "tf32": 4, "int8": 1, "fp8": 1}  # an eleme
 
 def schedule_from(microbatches: int = 1, repeats: int = 1, fsdp_gather: str = "microbatch",
                   sequence_parallel: bool = False, optimizer_sharding: str = "fsdp", pipeline: str = "gpipe",
-                  warmup_phases: bool = False, **attention) -> Schedule:
+                  warmup_phases: bool = False, stage_blocks: tuple[int, ...] | None = None, **attention) -> Schedule:
     """The Schedule of these fields and a family's own (its schedule_flags, scaling.presets.model_fields; None or
     absent: Schedule's default). ValueError naming a bad value (Schedule's own checks)."""
     own = {k: fam.schedule_flags[k] for k, (kind, fam) in model_fields().items() if kind == "schedule_flags"}
     given = {f: attention[a] for a, f in own.items() if attention.get(a) is not None}
     return Schedule(microbatches, repeats, fsdp_gather, sequence_parallel, optimizer_sharding=optimizer_sharding,
-                    pipeline=pipeline, warmup_phases=warmup_phases, **given)
+                    pipeline=pipeline, warmup_phases=warmup_phases, stage_blocks=stage_blocks, **given)
 
 
 def precision_of(dtype: str, accumulation: str = "package") -> Precision:

@@ -67,6 +67,10 @@ class Schedule:
                     reduce-scattered over data·fsdp, the moments and the update sharded over data too, the
                     updated FP32 weights all-gathered over data (the weights, this package's FP32 masters,
                     stay replicated over data: the forward reads them).
+    stage_blocks    (with a stage axis) the blocks of each stage, first to last, summing to L (Megatron-LM's
+                    --decoder-first/last-pipeline-num-layers, DeepSpeed's partition_method as a list); None: the
+                    default rule, scaling.pipeline.default_stage_blocks. Uneven stages run as a padded stack of
+                    S·Lmax slots (Lmax the largest stage's blocks; ffn_model.pipeline.padded_slots).
     """
 
     microbatches: int = 1
@@ -79,6 +83,7 @@ class Schedule:
     optimizer_sharding: OptimizerSharding = OptimizerSharding.FSDP
     pipeline: Pipeline = Pipeline.GPIPE
     warmup_phases: bool = False
+    stage_blocks: tuple[int, ...] | None = None
 
     def __post_init__(self):
         positive_ints("microbatches", self.microbatches)  # the planner passes a numpy array of candidates
@@ -100,6 +105,12 @@ class Schedule:
         if not isinstance(self.sequence_parallel, bool):
             raise ValueError(f"sequence_parallel must be True or False, got {self.sequence_parallel!r}")
         positive_int("attention_block", self.attention_block)
+        if self.stage_blocks is not None:
+            blocks = tuple(self.stage_blocks)
+            if not blocks or any(isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 1 for b in blocks):
+                raise ValueError(f"stage_blocks={','.join(map(str, blocks))} must list a positive block count for "
+                                 "every stage (e.g. 3,2)")
+            object.__setattr__(self, "stage_blocks", tuple(int(b) for b in blocks))
 
     def check(self, cfg, mesh: Mapping, batch_tokens: int | None = None) -> "Schedule":
         """ValueError naming the input when the schedule cannot run ``cfg`` on ``mesh``: the stages must
@@ -116,17 +127,26 @@ class Schedule:
                 raise ValueError(f"d_model={cfg.d_model} is not divisible by data·fsdp = {n} (zero1 shards the "
                                  "optimizer state's D over both)")
         cfg.check_schedule(self, mesh, batch_tokens)  # the family's own rules, before the shared ones
-        if L % S:
-            divisors = ", ".join(str(k) for k in range(1, L + 1) if L % k == 0)
-            raise ValueError(f"blocks={L} cannot be split evenly over stage={S}; use a stage count that divides "
-                             f"{L} ({divisors})")
+        if self.stage_blocks is not None:
+            given = ",".join(map(str, self.stage_blocks))
+            if len(self.stage_blocks) != S:
+                raise ValueError(f"stage_blocks={given} lists {len(self.stage_blocks)} stages; the mesh has stage={S}")
+            if sum(self.stage_blocks) != L:
+                raise ValueError(f"stage_blocks={given} sums to {sum(self.stage_blocks)}, not blocks={L}")
+        elif L < S:
+            raise ValueError(f"blocks={L} cannot fill stage={S} (every stage needs at least one block); use "
+                             f"stage <= {L}")
+        uneven = S > 1 and len(set(self.blocks_per_stage(L, S, cfg))) > 1
+        if R > 1 and uneven:
+            raise ValueError(f"repeats={R} (circular, interleaved 1f1b) needs the same blocks on every stage; the "
+                             f"stages hold {','.join(map(str, self.blocks_per_stage(L, S, cfg)))}")
         if self.pipeline == "1f1b" and S == 1:
             raise ValueError("the 1f1b schedule needs a stage axis (stage > 1 in the mesh)")
         if self.pipeline == "1f1b" and not cfg.runs_1f1b:
             raise ValueError(f"the 1f1b schedule is built for the transformer; the {cfg.noun} runs gpipe or circular")
         if R > 1 and S == 1:
             raise ValueError(f"repeats={R} needs a stage axis (circular pipeline); without one use repeats=1")
-        if (L // S) % R:
+        if R > 1 and (L // S) % R:
             raise ValueError(f"repeats={R} must divide the {L // S} blocks of each of the {S} stages")
         if R > 1 and np.any(np.asarray(M) < S):
             raise ValueError(f"a circular pipeline (repeats={R}) needs microbatches >= stages: {M} < {S}")
@@ -140,3 +160,31 @@ class Schedule:
                              "(give tensor > 1 in the mesh, or leave sequence parallelism off)")
         cfg.check_batch_split(self, mesh, batch_tokens)  # the family's split of the batch, after them
         return self
+
+    def blocks_per_stage(self, blocks: int, stages: int, cfg=None) -> tuple[int, ...]:
+        """The blocks of each stage: stage_blocks if given, else default_stage_blocks(L, S, ends), ends = 1 where
+        ``cfg`` has an embedding and an output layer (a vocabulary), else 0; (L,) without stages."""
+        if stages == 1:
+            return (blocks,)
+        if self.stage_blocks is not None:
+            return self.stage_blocks
+        return default_stage_blocks(blocks, stages, 1 if getattr(cfg, "vocab", None) else 0)
+
+
+def default_stage_blocks(blocks: int, stages: int, ends: int = 0) -> tuple[int, ...]:
+    """The default split of L blocks over S stages: DeepSpeed's partition_method "uniform"
+    (deepspeed/runtime/utils.py partition_uniform: L + 2·ends items in S parts of floor((L + 2e)/S), the first
+    (L + 2e) mod S parts one more) with the embedding and the output layer counted as one block each on the
+    first and last stage when ``ends`` = 1 (Megatron-LM's --account-for-embedding-in-pipeline-split and
+    --account-for-loss-in-pipeline-split; BLOOM-176B: 70 + 2 = 72 = 12·6, so 5, 6, ..., 6, 5; Llama 3 405B's
+    126 layers on 16 stages: one fewer on the first and the last, Dubey et al. 2024, section 3.3.2). Where that
+    leaves a stage without a block, the L blocks alone (ends = 0). L divisible by S: L/S each (no padding)."""
+    if blocks % stages == 0:
+        return (blocks // stages,) * stages
+    n = blocks + 2 * ends
+    parts = [n // stages + (1 if s < n % stages else 0) for s in range(stages)]
+    parts[0] -= ends
+    parts[-1] -= ends
+    if min(parts) < 1 and ends:
+        return default_stage_blocks(blocks, stages, 0)
+    return tuple(parts)

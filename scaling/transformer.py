@@ -359,12 +359,13 @@ def passes(w: Workload) -> dict:
     if schedule.pipeline == "1f1b" and not one_f:
         schedule = dataclasses.replace(schedule, pipeline="gpipe")
     T, M, R = pipeline.slots(schedule, S), schedule.microbatches, schedule.repeats
-    Lc = cfg.blocks // (S * R)  # a chunk's layers
+    Ls = pipeline.largest_stage(cfg, schedule, S)  # a stage's layers: L/S, or uneven the largest stage's (padding)
+    Lc = Ls // R  # a chunk's layers
     if one_f:
         H = pipeline.head_iterations(schedule, S)
-        return {"layers": cfg.blocks / S * T / (R * M), "weight_passes": T * Lc, "head": H / M, "head_iterations": H,
+        return {"layers": Ls * T / (R * M), "weight_passes": T * Lc, "head": H / M, "head_iterations": H,
                 "again": 1, "iterations": T, "chunk": Lc, "lookup": T / M, "lookup_iterations": T}
-    return {"layers": cfg.blocks / S * T / (R * M), "weight_passes": T * Lc, "head": 1 / S, "head_iterations": 1,
+    return {"layers": Ls * T / (R * M), "weight_passes": T * Lc, "head": 1 / S, "head_iterations": 1,
             "again": 0, "iterations": T, "chunk": Lc, "lookup": 1.0, "lookup_iterations": 1}
 
 
@@ -478,7 +479,8 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
     s, t, X, Y, C, d = _dims(cfg, mesh, batch_tokens)
     D, H, N, K, S = cfg.d_model, cfg.head_dim, cfg.heads, cfg.kv_heads, mesh.get("stage", 1)
     p = passes(w)
-    L, Ls = p["layers"], cfg.blocks / S  # layer-passes (module docstring); the layers a device holds
+    L, Ls = p["layers"], cfg.blocks / S * pipeline.padding(cfg, schedule, S)  # layer-passes; the layers a device
+    # holds (uneven stages: Lmax, the padded stack's slots)
     c = max(precision.compute, min_comm_bytes)
     train = step == "train"
     W = layer_weight_bytes(cfg, mesh, precision) * c / precision.compute
@@ -534,7 +536,7 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
         out["stage"] = stage_volumes(w, c)
     if zero1:  # the embeddings' gradients as a plain reduce-scatter, as without ZeRO-1 (1F1B: once each, as the
         # layers'); the updated FP32 weights a device holds (a stage's layers) all-gathered
-        held = (cfg.params - cfg.embedding_params) / S + cfg.embedding_params
+        held = (cfg.params - cfg.embedding_params) / S * pipeline.padding(cfg, schedule, S) + cfg.embedding_params
         for axis, kinds in collectives.zero1_volumes(Ls * W, E if p["again"] else dE,
                                                      precision.master * held / (X * Y), d, X,
                                                      windowed_grad_rs).items():
@@ -689,7 +691,7 @@ def memory_per_device(w: Workload) -> dict:
     L = cfg.blocks
     train = step == "train"
     full = train and remat == "full"
-    layer_params = cfg.params - cfg.embedding_params
+    layer_params = (cfg.params - cfg.embedding_params) * pipeline.padding(cfg, schedule, S)  # uneven: S·Lmax slots
     shard = layer_params / (S * X * Y) + cfg.embedding_params / (X * Y)  # parameters per device
     flash = runs_flash(schedule, mesh)
     keys = np.minimum(schedule.attention_block, T // C if schedule.context == "ring" else T) if flash else T
@@ -711,7 +713,7 @@ def memory_per_device(w: Workload) -> dict:
              "attention_working_set": score_bytes})
     if train and not full:  # one layer's FP32 weight gradients as the matmuls make them, before the BF16 reduce-scatter
         # (1F1B: the chunk's, all its layers': jax.vjp returns them at once, before they join the accumulators)
-        terms["layer_grads"] = ((L / S if p["again"] else 1) * precision.grad
+        terms["layer_grads"] = ((L / S * pipeline.padding(cfg, schedule, S) if p["again"] else 1) * precision.grad
                                 * layer_weight_bytes(cfg, mesh, precision) / precision.compute)
     kept = saved_per_layer(cfg, mesh, batch_tokens, remat, schedule, precision)
     saved = sum(kept.values())
