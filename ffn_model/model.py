@@ -28,7 +28,8 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
-from ffn_model.pipeline import circular_layout, pipeline_outputs, split_microbatches
+from ffn_model.pipeline import (circular_layout, live_slots, pad_stack, pipeline_outputs, real_blocks,
+                                split_microbatches, uneven_stages)
 from ffn_model.sharded import (COMPUTE_DTYPE, already_gathered, constrain, gather_bf16, gather_once, init_normal, param,
                                reshard)
 from ffn_model.task import mse, teacher_batch
@@ -69,11 +70,14 @@ def block(x, w_in, w_out, activation=None, hidden_name="hidden", gather=gather_b
     return constrain(h @ gather(w_out, W_OUT_AXES[1:]), X_AXES)
 
 
-def _pair(x, w_in, w_out, activation=None, gather=gather_bf16, sp=False):
-    """Two blocks (w_* [2, ...]): the first keeps only its input, the second its input and hidden."""
+def _pair(x, w_in, w_out, activation=None, gather=gather_bf16, sp=False, live=None):
+    """Two blocks (w_* [2, ...]): the first keeps only its input, the second its input and hidden. ``live``: whether
+    each is a real block (uneven stages: a padding slot passes its input on, stack_forward)."""
     y = block(x, w_in[0], w_out[0], activation, hidden_name="hidden_recomputed", gather=gather, sp=sp)
+    y = y if live is None else jnp.where(live[0], y, x)
     y = checkpoint_name(y, "block_in")
-    return block(y, w_in[1], w_out[1], activation, gather=gather, sp=sp)
+    z = block(y, w_in[1], w_out[1], activation, gather=gather, sp=sp)
+    return z if live is None else jnp.where(live[1], z, y)
 
 
 @jax.custom_vjp
@@ -105,35 +109,48 @@ _KEEP_HIDDEN = jax.checkpoint_policies.save_only_these_names("hidden", "block_in
 _KEEP_INPUT = jax.checkpoint_policies.nothing_saveable
 
 
-def stack_forward(x, w_in, w_out, activation=None, remat="none", gather=gather_bf16, sp=False):
+def stack_forward(x, w_in, w_out, activation=None, remat="none", gather=gather_bf16, sp=False, live=None):
     """Run the L blocks with lax.scan over the stacked weights w_in [L,F,D], w_out [L,F,D]; ``sp``: the
     blocks' inputs and outputs split over tensor along the tokens and carried transposed (sequence
-    parallelism, ``block``); x and the result are [B, D] either way."""
+    parallelism, ``block``); x and the result are [B, D] either way. ``live``: a stage of uneven stages, its real
+    slots (ffn_model.pipeline.padded_slots): slot j's block output is kept where j < live, else its input passes on
+    (a masked update x = where(j < live, block(x), x): the padding slot's FLOPs are executed, as every stage runs
+    Lmax slots in lock-step anyway, and its weights get an exactly zero gradient, the transpose of the select)."""
     check_remat(remat)
     if not sp:
-        return _scan_blocks(x, w_in, w_out, activation, remat, gather, sp)
-    y = _scan_blocks(constrain(x.T, XT_SP_AXES), w_in, w_out, activation, remat, gather, sp)
+        return _scan_blocks(x, w_in, w_out, activation, remat, gather, sp, live)
+    y = _scan_blocks(constrain(x.T, XT_SP_AXES), w_in, w_out, activation, remat, gather, sp, live)
     return constrain(y, XT_SP_AXES).T
 
 
-def _scan_blocks(x, w_in, w_out, activation, remat, gather, sp):
+def _scan_blocks(x, w_in, w_out, activation, remat, gather, sp, live=None):  # 8 parameters: stack_forward's
     """stack_forward's scans (over pairs of blocks under every-second remat), on x^T under ``sp``."""
+    L = w_in.shape[0]
+    slot = jnp.arange(L)
     if remat != "every-second":
         policy = _KEEP_HIDDEN if remat == "none" else _KEEP_INPUT
         body = jax.checkpoint(functools.partial(block, activation=activation, gather=gather, sp=sp), policy=policy)
-        x, _ = jax.lax.scan(lambda c, w: (body(c, *w), None), x, (w_in, w_out))
+        if live is None:
+            x, _ = jax.lax.scan(lambda c, w: (body(c, *w), None), x, (w_in, w_out))
+        else:
+            x, _ = jax.lax.scan(lambda c, w: (jnp.where(w[2] < live, body(c, w[0], w[1]), c), None), x,
+                                (w_in, w_out, slot))
         return x
-    L = w_in.shape[0]
     pairs = L // 2
     if pairs:
         body = jax.checkpoint(functools.partial(_pair, activation=activation, gather=gather, sp=sp),
                               policy=_KEEP_HIDDEN)
         # [2k, D, F] -> [k, 2, D, F] is free for even L; odd L slices off the last block first.
         wi, wo = (w_in, w_out) if L % 2 == 0 else (w_in[: 2 * pairs], w_out[: 2 * pairs])
-        x, _ = jax.lax.scan(lambda c, w: (body(c, *w), None), x, (_pairs(wi), _pairs(wo)))
+        if live is None:
+            x, _ = jax.lax.scan(lambda c, w: (body(c, *w), None), x, (_pairs(wi), _pairs(wo)))
+        else:
+            x, _ = jax.lax.scan(lambda c, w: (body(c, w[0], w[1], live=w[2] < live), None), x,
+                                (_pairs(wi), _pairs(wo), slot[: 2 * pairs].reshape(pairs, 2)))
     if L % 2:
         last = jax.checkpoint(functools.partial(block, activation=activation, gather=gather, sp=sp), policy=_KEEP_INPUT)
-        x = last(x, w_in[L - 1], w_out[L - 1])
+        y = last(x, w_in[L - 1], w_out[L - 1])
+        x = y if live is None else jnp.where(L - 1 < live, y, x)
     return x
 
 
@@ -152,13 +169,18 @@ class FFNStack(nnx.Module):
         self.remat = w.remat
         self.sequence_parallel = sequence_parallel = w.schedule.sequence_parallel
         self.output_axes = X_SP_AXES if sequence_parallel else X_AXES  # where the stack's output lies
-        self.w_in = param(init_normal(rngs.params(), (L, F, D), D), W_IN_AXES)
-        self.w_out = param(init_normal(rngs.params(), (L, F, D), F), W_OUT_AXES)
+        # uneven stages: the stacks padded to S·Lmax slots, zeros in the padding (ffn_model.pipeline.pad_stack)
+        self.stage_blocks = counts = uneven_stages(w)
+        pad = (lambda a: a) if counts is None else (lambda a: pad_stack(a, counts))  # noqa: E731
+        self.w_in = param(pad(init_normal(rngs.params(), (L, F, D), D)), W_IN_AXES)
+        self.w_out = param(pad(init_normal(rngs.params(), (L, F, D), F)), W_OUT_AXES)
 
     def __call__(self, x_BxD):
         x_BxD = x_BxD.astype(COMPUTE_DTYPE)
-        return stack_forward(x_BxD, self.w_in[...], self.w_out[...], self.activation, self.remat,
-                             sp=self.sequence_parallel)
+        w_in, w_out = self.w_in[...], self.w_out[...]
+        if self.stage_blocks is not None:  # a padded stack run whole: its real blocks
+            w_in, w_out = real_blocks(w_in, self.stage_blocks), real_blocks(w_out, self.stage_blocks)
+        return stack_forward(x_BxD, w_in, w_out, self.activation, self.remat, sp=self.sequence_parallel)
 
 
 def ffn_pipeline_outputs(x_MxbxD, w_in, w_out, mesh, w: Workload, for_grad: bool = True):
@@ -178,9 +200,12 @@ def ffn_pipeline_outputs(x_MxbxD, w_in, w_out, mesh, w: Workload, for_grad: bool
             ws = {k: gather_bf16(w, step_axes) for k, w in ws.items()}
             gather = lambda w, axes: w  # noqa: E731
 
-    def chunk(x, w, select):
-        return stack_forward(x, w["w_in"], w["w_out"], activation, remat,
-                             gather=lambda v, axes: gather(select(v), axes))
+    counts = uneven_stages(w)
+
+    def chunk(x, ws, select):  # uneven stages: the stage's padding slots masked (stack_forward's ``live``)
+        return stack_forward(x, ws["w_in"], ws["w_out"], activation, remat,
+                             gather=lambda v, axes: gather(select(v), axes),
+                             live=None if counts is None else live_slots(counts))
 
     return pipeline_outputs(x_MxbxD, ws, mesh, chunk, X_AXES, repeats=R)
 

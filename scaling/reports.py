@@ -13,7 +13,7 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from scaling import kernels
+from scaling import kernels, pipeline
 from scaling import plan as planner
 from scaling.inputs import positive_float, positive_int
 from scaling.mesh_shape import MeshShape, parse_mesh_spec
@@ -275,6 +275,12 @@ class PredictReport:
         lines += [prose(f"{w.model}"),
                   prose(f"on {devices} {chip.name} devices ({where}{net}), mesh {_mesh_text(dict(w.mesh))}, "
                         f"B = {B:,} tokens, M = {M}, remat {w.remat}, {w.step} step, {w.flags.describe()}")]
+        S = w.mesh.get("stage", 1)
+        if S > 1 and len(set(counts := pipeline.stage_blocks(w.model, w.schedule, S))) > 1:  # uneven stages
+            loads = pipeline.stage_loads(w.model, w.schedule, S)
+            lines.append(prose(f"stages of {','.join(map(str, counts))} blocks (with the embedding and output "
+                               f"counted: {','.join(map(str, loads))}); the program pads every stage to the largest, "
+                               f"{max(counts)} slots, which sets the step"))
         rows = [("compute", "the kernels at their shapes' efficiency (--kernels)", t.compute),
                 ("math", "executed FLOPs / C (roofline)", t.math), ("hbm", "HBM bytes / bandwidth (roofline)", t.hbm)]
         rows += [(f"{a}", f"collectives over {a} (all)", v) for a, v in t.comms.items()]

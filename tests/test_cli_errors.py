@@ -157,7 +157,7 @@ CASES = [
     (f"{TRAIN} --preset tiny-tf --batch-tokens 512 --mesh stage=2,fsdp=4 --microbatches 1 --schedule 1f1b "
      "--repeats 2", r"interleaved 1f1b needs microbatches >= stages: 1 < 2"),
     (f"{TRAIN} --preset tiny-tf --batch-tokens 512 --mesh stage=4,fsdp=2 --microbatches 4",
-     r"blocks=2 cannot be split evenly over stage=4"),
+     r"blocks=2 cannot fill stage=4"),
     (f"{TRAIN} --preset tiny-tf --batch-tokens 512 --mesh stage=2,fsdp=4 --microbatches 3",
      r"microbatches=3 must be a multiple of stage=2"),
     (f"{TRAIN} --preset tiny-tf --batch-tokens 512 --schedule 1f1b", r"the 1f1b schedule needs a stage axis"),

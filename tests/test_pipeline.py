@@ -134,8 +134,8 @@ def _train_cli(*args, timeout=300):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--blocks", "3", "--mesh", "stage=2,fsdp=4"], "blocks=3 cannot be split evenly over stage=2; use a stage count "
-                                                    "that divides 3 (1, 3)"),
+    (["--blocks", "3", "--mesh", "stage=2,fsdp=4", "--stage-blocks", "2,2"],
+     "stage_blocks=2,2 sums to 4, not blocks=3"),
     (["--blocks", "4", "--mesh", "stage=2,fsdp=4", "--microbatches", "3"],
      "batch_tokens=64 is not divisible by microbatches·data·fsdp = 12"),
     (["--blocks", "6", "--mesh", "stage=2,fsdp=4", "--microbatches", "2", "--repeats", "2"],

@@ -137,3 +137,43 @@ def test_uneven_stages_match_one_device(kind, L, spec, schedule, remat, counts):
                for n, p in params.items()}
     assert_matches(losses, stacked, _one_device(cfg, B))
     assert losses[-1] < losses[0]
+
+
+PREDICT = "predict --chip A100-80GB --global-batch 2048 --remat full --schedule 1f1b"
+
+
+@pytest.mark.parametrize("args, expect", [
+    # BLOOM-176B's 70 layers on 12 stages (its 384-GPU run: data 8, stage 12, tensor 4), the default split
+    (f"{PREDICT} --preset bloom-176b --chips 384 --mesh data=8,stage=12,tensor=4 --microbatches 128",
+     "stages of 5,6,6,6,6,6,6,6,6,6,6,5 blocks"),
+    # Llama 3.1 405B's 126 layers on 16 and on 8 stages, and an explicit list (Megatron's first/last counts)
+    (f"{PREDICT} --preset llama3.1-405b --chips 2048 --mesh data=16,stage=16,tensor=8 --microbatches 16",
+     "stages of 7,8,8,8,8,8,8,8,8,8,8,8,8,8,8,7 blocks"),
+    (f"{PREDICT} --preset llama3.1-405b --chips 1024 --mesh data=16,stage=8,tensor=8 --microbatches 16",
+     "stages of 15,16,16,16,16,16,16,15 blocks"),
+    (f"{PREDICT} --preset llama3.1-405b --chips 1024 --mesh data=16,stage=8,tensor=8 --microbatches 16 "
+     "--stage-blocks 14,16,16,16,16,16,16,16", "stages of 14,16,16,16,16,16,16,16 blocks"),
+])
+def test_predict_describes_uneven_stages(capsys, args, expect):
+    from jax_scaling.cli import main
+    assert main(args.split()) == 0
+    out = capsys.readouterr().out
+    assert expect in out and "step:" in out
+
+
+@pytest.mark.parametrize("flag, message", [
+    ("--stage-blocks 60,10,0", "stage_blocks=60,10,0 must list a positive block count for every stage"),
+    ("--stage-blocks 30,30,9", "stage_blocks=30,30,9 sums to 69, not blocks=70"),
+    ("--stage-blocks 30,40", "stage_blocks=30,40 lists 2 stages; the mesh has stage=3"),
+    ("--stage-blocks 3,x", "is not a comma-separated list of block counts"),
+])
+def test_bad_lists_are_one_error_line(capsys, flag, message):
+    from jax_scaling.cli import main
+    args = f"{PREDICT} --preset bloom-176b --chips 384 --mesh data=32,stage=3,tensor=4 --microbatches 8 {flag}"
+    try:
+        rc = main(args.split())
+    except SystemExit as e:  # argparse's own error (the list's type)
+        rc = e.code
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err

@@ -255,6 +255,19 @@ TPU_SEQUENCE_GRID = [
 ]
 XXL_SEQUENCE_PARALLEL = ("tpu:v5p:4x4x4", _XXL, "fsdp=16,tensor=4", 25600, "none", "train",
                          Schedule(sequence_parallel=True))
+# Uneven stages (issue 37, item 2): L blocks not divisible by S, run as a padded stack of S·Lmax slots whose padding
+# slots are masked (ffn_model.pipeline.padded_slots): the FFN stack's 5 blocks on 2 stages (3, 2), the transformer's
+# 5 layers on 2 (the default rule with its embedding and output counted: 3, 2) with GPipe and 7 on 4 (2, 2, 2, 1)
+# with 1F1B, and an explicit list; on v5p, the 5-block FFN stack on stage=2 (TPU_STAGE_GRID's first row's mesh).
+UNEVEN_STAGE_GRID = [
+    (_SMALL.replace(blocks=5), "stage=2,fsdp=2,tensor=2", 4096, "none", "train", Schedule(4)),
+    (_TF_V.replace(blocks=5), "stage=2,fsdp=2,tensor=2", 4096, "none", "train", Schedule(4)),
+    (_TF_V.replace(blocks=7), "stage=4,tensor=2", 4096, "full", "train", Schedule(4, pipeline="1f1b")),
+    (_TF_V.replace(blocks=5), "stage=2,tensor=4", 4096, "none", "train", Schedule(2, stage_blocks=(1, 4))),
+]
+TPU_UNEVEN_STAGE_GRID = [
+    ("tpu:v5p:2x2x2", _MEDIUM.replace(blocks=5), "stage=2,fsdp=2,tensor=2", 8192, "none", "train", Schedule(4)),
+]
 
 
 def default_chip(devices) -> Chip:
