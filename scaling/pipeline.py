@@ -13,6 +13,10 @@ T/(R·M) = 1 + (S−1)/(R·M): the Megatron overhead is paid in FLOPs here, not 
 the bubble's activations are saved like the others (autodiff of the scan saves every iteration's).
 Without a stage axis (S = 1) M microbatches are gradient accumulation: M passes of L blocks, one
 microbatch's activations live at a time.
+Uneven stages (L_s blocks on stage s, Σ L_s = L: Schedule.stage_blocks or the default rule): the program's stacks
+are S·Lmax slots, Lmax = max L_s, every stage running its Lmax slots each iteration (the padding ones masked), so
+every per-device term is that of an even stack of S·Lmax blocks (largest_stage, padding): the slowest stage's
+pace is every stage's, in FLOPs executed, weights held and gathered; the useful FLOPs are L's.
 """
 
 from __future__ import annotations

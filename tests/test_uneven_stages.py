@@ -19,7 +19,9 @@ from scaling.mesh_shape import parse_mesh_spec
 from scaling.presets import get_preset
 from scaling.schedule import Schedule, default_stage_blocks
 from scaling.workload import Workload
+from tests.test_check import _assert_bands, _assert_tpu_bands
 from tests.test_pipeline import LR, STEPS, assert_matches
+from verify.check import TPU_UNEVEN_STAGE_GRID, UNEVEN_STAGE_GRID, check, grid_workload
 
 # the tiny transformer with a 512-token vocabulary (tests/test_transformer.py's PIPE_TF, 5 or 7 layers)
 TF = get_preset("tiny-tf").replace(kv_heads=4, vocab=512)
@@ -177,3 +179,21 @@ def test_bad_lists_are_one_error_line(capsys, flag, message):
     assert rc == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1, err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("row", range(len(UNEVEN_STAGE_GRID)))
+def test_uneven_check_grid(row):
+    """verify.check on 8 CPU devices: FLOPs (every stage's Lmax slots, padding included), arguments (the padded
+    stacks) and collectives per axis in tests/test_check.py's bands."""
+    rep = check(grid_workload(*UNEVEN_STAGE_GRID[row]), "cpu:8")
+    _assert_bands(rep)
+    assert any("stage" in key.split("+") for key in rep.collectives.by_axis)
+
+
+@pytest.mark.tpu
+@pytest.mark.parametrize("row", TPU_UNEVEN_STAGE_GRID, ids=lambda g: f"{g[1].blocks}-{g[2]}")
+def test_uneven_tpu_grid(row):
+    """The 5-block FFN stack (3, 2) on v5p:2x2x2, ahead of time: every band, the compiler's peak within 10%."""
+    devices, *rest = row
+    _assert_tpu_bands(check(grid_workload(*rest), devices))
