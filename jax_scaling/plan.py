@@ -4,6 +4,7 @@ jax)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -195,7 +196,7 @@ def plan_command(args) -> int:
     if not fitting:
         raise no_plan(args, cfg, chip, chips, budget, where, flags, choices, precision)
     if not plans:
-        raise not_fixed(tests, fitting, where, budget)
+        raise not_fixed(args, cfg, M, tests, fitting, where, budget)
     if args.verify_top:
         from verify.check import verify_plans
 
@@ -208,20 +209,46 @@ def plan_command(args) -> int:
                          indent=2))
         return 0
     print_header(args, cfg, plans, (chip, chips, budget, where), flags, choices, seconds)
-    print_plans(args, cfg, plans)
+    if tests:
+        say(f"Every plan listed has {' '.join(tests)} (as given).")
+    print_plans(args, cfg, plans, " ".join(tests))
     return 0
 
 
-def not_fixed(tests: dict, fitting: list, where: str, budget: float) -> ValueError:
-    """Why no plan has the choices given (fixed_by's ``tests``): the first one no plan that fits has, with the best
-    of ``fitting`` (the plans that fit without them) as an example."""
+def not_fixed(args, cfg, M: int | None, tests: dict, fitting: list, where: str, budget: float) -> ValueError:
+    """Why no plan has the choices given (fixed_by's ``tests``): the first one no plan that fits has, and on the best
+    plan that fits (on the --mesh given, where one fits) what Schedule.check says of the choices asked there."""
     lacking = [flag for flag, t in tests.items() if not any(t(p) for p in fitting)]
-    best = fitting[0]
-    said = (f"none has {lacking[0]}" if lacking else "none has " + " with ".join(tests) + " together")
-    return ValueError(f"no plan of {where} that fits {budget / 1e9:.4g} GB per device has what was asked: of the "
-                      f"{len(fitting)} that fit, {said} (the best: {best.mesh_text()}{best.schedule_text()}"
-                      + (f", sequence parallelism {'on' if best.sequence_parallel else 'off'}" if best.options else "")
-                      + ")")
+    mesh_test = next((t for flag, t in tests.items() if flag.startswith("--mesh ")), None)
+    needs_axis = [(args.pipeline, "stage", "--schedule names a pipeline schedule: plans with stages"),
+                  (args.context_strategy, "context", "--context-strategy names the attention over a context axis"),
+                  (args.optimizer_sharding == "zero1" or None, "data", "the planner tries zero1 with a data axis (with "
+                   "fsdp alone the optimizer state is sharded over fsdp already)")]
+    on_mesh = [p for p in fitting if mesh_test is None or mesh_test(p)]
+    # the best that fits with the axes the choices need, else the best that fits
+    best = next((p for p in on_mesh if all(g is None or p.mesh[a] > 1 for g, a, _ in needs_axis)),
+                on_mesh[0] if on_mesh else None)
+    head = (f"no plan of {where} that fits {budget / 1e9:.4g} GB per device has {' '.join(tests)} ("
+            + (f"none of the {len(fitting)} that fit has {lacking[0]})" if lacking else
+               f"of the {len(fitting)} that fit, none has them together)"))
+    if best is None:
+        return ValueError(head)
+    asked = {f: v for f, v in (("sequence_parallel", args.sequence_parallel),
+                               ("optimizer_sharding", args.optimizer_sharding), ("context", args.context_strategy),
+                               ("pipeline", args.pipeline), ("repeats", args.repeats), ("microbatches", M))
+             if v is not None}
+    mesh = best.mesh
+    why = next((f"{said}; the mesh has no {axis} axis" for given, axis, said in needs_axis
+                if given is not None and mesh[axis] == 1), None)
+    try:
+        if why is not None:
+            raise ValueError(why)
+        dataclasses.replace(planner.workload_of(best, cfg).schedule, **asked).check(
+            cfg, MeshShape(best.mesh), best.batch_tokens)
+        why = "it runs there but does not fit, or is not among the schedules the planner tries"
+    except ValueError as e:
+        why = str(e)
+    return ValueError(f"{head}; on {best.mesh_text()} (the best that fits{' there' if mesh_test else ''}): {why}")
 
 
 def no_plan(args, cfg, chip, chips, budget, where, flags, choices, precision) -> ValueError:
@@ -286,8 +313,9 @@ def print_header(args, cfg, plans, target, flags, choices, seconds: float) -> No
              "schedule, so it has no threshold of its own)."))
 
 
-def print_plans(args, cfg, plans) -> None:
-    """plan's table: the top --top plans, then the best without and with stages (# is the rank)."""
+def print_plans(args, cfg, plans, asked: str = "") -> None:
+    """plan's table: the top --top plans, then the best without and with stages (# is the rank); ``asked``: the
+    choices given (fixed_by's), which a missing kind of plan is said to lack."""
     transformer, slices = cfg.has_attention, plans[0].slices
     other = "max" if args.form == "sum" else "sum"
     best = {}
@@ -311,7 +339,7 @@ def print_plans(args, cfg, plans) -> None:
                                      f"{r.bubble_seconds:.3f} s" if staged else "") + " (# is the rank)")
             print(next(rest))
         else:
-            print(f"No plan {label} fits")
+            print(f"No plan {label} fits" + (f" with {asked}" if asked else ""))
 
 
 def unsplittable(cfg, devices: int, batch_tokens: int, axes: tuple[str, ...], flags) -> str:
