@@ -131,7 +131,7 @@ def add_model_args(p, preset: str | None) -> None:
         flag, what = f"--{name.replace('_', '-')}", getattr(fam, kind)[name]
         if kind == "dimensions":
             p.add_argument(flag, *(["--layers"] if name == "blocks" else []), type=integer,
-                           help=f"{what}{whose}: the preset's overridden, or with no --preset one of the model's")
+                           help=f"{what}{whose}")
         elif kind == "kinds":
             p.add_argument(flag, choices=what[0], help=f"{what[1]}{whose}")
         elif kind == "switches":
@@ -178,7 +178,10 @@ def add_config_args(r, mesh_required: bool, preset: str | None = "xxl") -> None:
     """The flags that describe a model, its hardware, batch and parallelism: predict's one configuration, plan's
     choices (each fixes what it names in every plan; left out, plan tries each value). One definition for both
     commands: the same spellings and the same defaults (None: left out; CONFIG_DEFAULTS says what predict takes)."""
-    add_model_args(r, preset)
+    add_model_args(r.add_argument_group(
+        "model", "--preset with any of its dimensions overridden, or no --preset and the dimensions alone: --d-model "
+                 "--d-ff --blocks an FFN stack, with --heads --seq-len (and any other transformer flag) a transformer; "
+                 "a dimension it needs and lacks is named"), preset)
     g = r.add_argument_group("hardware")
     g.add_argument("--chip", help=f"chip from the hardware table (default {DEFAULT_CHIP}) with --chips")
     g.add_argument("--chips", type=integer, help="chip count: GPUs in nodes of 8, TPUs in slices of the largest size "

@@ -77,7 +77,15 @@ def plan_choices(args, cfg) -> planner.Choices:
     if block is not None and block != Schedule().attention_block:
         raise ValueError(f"--attention-block {block}: plan's flash attention takes key blocks of "
                          f"{Schedule().attention_block}, so no plan has it; predict takes it")
-    if not cfg.has_attention:
+    if not cfg.grouped_plan:  # the FFN stack's plan: microbatches and repeats (and GPipe or circular) only
+        if args.pipeline == "1f1b" and not cfg.runs_1f1b:
+            raise ValueError(f"--schedule 1f1b: the {cfg.noun} runs gpipe or circular (1f1b is built for the "
+                             "transformer), so no plan has it")
+        for k, off in (("sequence_parallel", False), ("optimizer_sharding", "fsdp")):
+            if getattr(args, k) not in (None, off):
+                raise ValueError(f"--{k.replace('_', '-')} {'on' if getattr(args, k) is True else getattr(args, k)}: "
+                                 f"the {cfg.noun}'s plan tries microbatches and repeats only (a transformer's plan "
+                                 "tries it; predict takes it), so no plan has it")
         return planner.Choices.of(cfg, args.remat)
     return planner.Choices.of(cfg, args.remat, args.pipeline, args.attention or "flash", args.context_strategy,
                               args.sequence_parallel, args.optimizer_sharding)

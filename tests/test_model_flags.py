@@ -249,11 +249,14 @@ def test_a_choice_no_plan_can_have_is_one_error_line(capsys, argv, says):
 
 
 def test_an_ffn_plan_refuses_a_transformer_choice(capsys):
-    """The FFN stack runs no 1F1B: --schedule 1f1b leaves no plan (one line saying why, on a mesh with stages:
-    small's 4 blocks on 2 or 4 stages); --schedule circular is in every plan."""
-    line = _one_error_line(capsys, "plan", "--preset", "small", "--chips", "8", "--batch-tokens", "1024", "--schedule",
-                           "1f1b")
-    assert "has --schedule 1f1b (none of the" in line and "the 1f1b schedule is built for the transformer" in line
+    """The FFN stack runs no 1F1B and its plan tries neither sequence parallelism nor ZeRO-1: each is one line
+    saying so; --schedule circular (small's 4 blocks on 2 or 4 stages) is in every plan."""
+    for flag, says in (("--schedule 1f1b", "the FFN stack runs gpipe or circular"),
+                       ("--sequence-parallel on", "the FFN stack's plan tries microbatches and repeats only"),
+                       ("--optimizer-sharding zero1", "the FFN stack's plan tries microbatches and repeats only")):
+        line = _one_error_line(capsys, "plan", "--preset", "small", "--chips", "8", "--batch-tokens", "1024",
+                               *flag.split())
+        assert line.startswith(f"error: {flag}: {says}"), line
     _, plans = _plans(capsys, "plan", "--preset", "small", "--chips", "8", "--batch-tokens", "1024", "--schedule",
                       "circular")
     assert all(p["mesh"]["stage"] > 1 and p["pipeline"] == "circular" and p["repeats"] > 1 for p in plans)
