@@ -9,7 +9,7 @@ import argparse
 from scaling import kernels
 from scaling.policies import (ACCUMULATION_BYTES, ATTENTIONS, CONTEXT_STRATEGIES, FSDP_GATHERS, OPTIMIZER_SHARDINGS,
                               PIPELINES, REMAT_POLICIES)
-from scaling.presets import FAMILIES, model_fields, model_of, presets_of
+from scaling.presets import FAMILIES, get_preset, model_fields, model_of, presets_of
 from scaling.schedule import Schedule
 from scaling.flags import DEFAULT_FLAGS, FLAG_SETS, FlagSet, get_flag_set
 from scaling.hardware import DEFAULT_CHIP
@@ -124,8 +124,8 @@ def add_model_args(p, preset: str | None) -> None:
     p.add_argument("--preset", help="model preset" + (f" (default {preset} where no dimension is given)" if preset
                                                       else "") + "; "
                    + "; ".join(presets_of(family) for family in FAMILIES)
-                   + ". Without --preset the dimensions make the model: --d-model --d-ff --blocks an FFN stack; "
-                     "with --heads --seq-len (and any other transformer flag) a transformer")
+                   + ". Without --preset: flags the default's family has override it; a flag only a transformer has "
+                     "(--heads, --seq-len, ...) makes a transformer of the flags alone")
     for name, (kind, fam) in model_fields().items():
         whose = "" if all(name in getattr(f, kind) for f in FAMILIES) else f" ({fam.noun})"
         flag, what = f"--{name.replace('_', '-')}", getattr(fam, kind)[name]
@@ -146,12 +146,22 @@ def model_config(args):
 
 
 def preset_of(args) -> str | None:
-    """--preset; left out, None (the model from its dimensions: scaling.presets.model_from_fields) where a dimension
-    is given, else the command's default preset (add_model_args)."""
+    """--preset; left out, the command's default preset (add_model_args) where no dimension is given or every model
+    flag given is one its family has (they override it, as always: --d-model --d-ff --blocks beside predict's
+    default FFN stack); else None: the model from the flags alone (scaling.presets.model_from_fields, which names
+    what is missing), as where a flag only a transformer has is given without --preset."""
     if args.preset is not None:
         return args.preset
-    dims = [k for k, (kind, _) in model_fields().items() if kind == "dimensions"]
-    return None if any(getattr(args, k, None) is not None for k in dims) else getattr(args, "default_preset", None)
+    fields = model_fields()
+    given = [k for k in fields if getattr(args, k, None) is not None and getattr(args, k, None) is not False]
+    default = getattr(args, "default_preset", None)
+    if not any(fields[k][0] == "dimensions" for k in given):
+        return default
+    if default is not None:
+        cfg = get_preset(default)
+        if all(k in {**cfg.dimensions, **cfg.schedule_flags, **cfg.kinds, **cfg.switches} for k in given):
+            return default
+    return None
 
 
 # predict's configuration flags, as scaling.reports.predict_setup's fields (its keyword names are the flags' dests)
@@ -179,9 +189,11 @@ def add_config_args(r, mesh_required: bool, preset: str | None = "xxl") -> None:
     choices (each fixes what it names in every plan; left out, plan tries each value). One definition for both
     commands: the same spellings and the same defaults (None: left out; CONFIG_DEFAULTS says what predict takes)."""
     add_model_args(r.add_argument_group(
-        "model", "--preset with any of its dimensions overridden, or no --preset and the dimensions alone: --d-model "
-                 "--d-ff --blocks an FFN stack, with --heads --seq-len (and any other transformer flag) a transformer; "
-                 "a dimension it needs and lacks is named"), preset)
+        "model", "--preset with any of its dimensions overridden. Without --preset: --d-model --d-ff --blocks "
+                 "(flags of the FFN stack, the default preset's family) override the default, so the three make an "
+                 "FFN stack; with --heads --seq-len (or any flag only a transformer has) the flags alone make a "
+                 "transformer: --d-model --heads --d-ff --blocks (--layers) --seq-len, the rest optional; a dimension "
+                 "it lacks is named"), preset)
     g = r.add_argument_group("hardware")
     g.add_argument("--chip", help=f"chip from the hardware table (default {DEFAULT_CHIP}) with --chips")
     g.add_argument("--chips", type=integer, help="chip count: GPUs in nodes of 8, TPUs in slices of the largest size "

@@ -63,14 +63,16 @@ def test_a_dimension_changes_the_figures(capsys):
 
 
 def test_an_ffn_stack_from_three_dimensions(capsys):
-    """--d-model --d-ff --blocks alone is an FFN stack (its fields; a transformer also needs --heads --seq-len):
-    the preset tiny (D=64, F=256, L=3), in predict and plan."""
+    """--d-model --d-ff --blocks alone is an FFN stack (the FFN stack's fields override the default preset, xxl,
+    whose family it is; a transformer also needs --heads --seq-len): the preset tiny (D=64, F=256, L=3), in predict
+    and plan; one of them alone overrides xxl's, as before (D=64 with xxl's F and L: a different model)."""
     dims = ["--d-model", "64", "--d-ff", "256", "--blocks", "3"]
     rest = ["--chip", "v5p", "--chips", "8", "--mesh", "fsdp=4,tensor=2", "--batch-tokens", "1024"]
     assert _json(capsys, "predict", *dims, *rest) == _json(capsys, "predict", "--preset", "tiny", *rest)
     plan = ["plan", "--chips", "8", "--batch-tokens", "1024"]
     a, b = _json(capsys, *plan, *dims), _json(capsys, *plan, "--preset", "tiny")
     assert [p["mesh"] for p in a["plans"]] == [p["mesh"] for p in b["plans"]] and a["count"] == b["count"] > 0
+    assert _json(capsys, "predict", "--blocks", "3", *rest) != _json(capsys, "predict", "--preset", "tiny", *rest)
 
 
 @pytest.mark.parametrize("missing", ["--d-model", "--heads", "--d-ff", "--layers", "--seq-len"])
@@ -267,6 +269,6 @@ def test_help_reads(capsys):
     for command in ("plan", "predict"):
         code, out, _ = _run(capsys, command, "--help")
         assert code == 0
-        for text in ("hardware:", "batch:", "parallelism", "--blocks BLOCKS, --layers BLOCKS", "Without --preset",
+        for text in ("hardware:", "batch:", "parallelism", "--blocks BLOCKS, --layers BLOCKS", "Without --preset:",
                      "--sequence-parallel [on|off]"):
             assert text in out, (command, text)
