@@ -50,7 +50,7 @@ def on_off(text: str) -> bool:
 
 
 # Every flag of add_schedule_args and add_config_args defaults to None (left out): predict and the commands that
-# run one configuration take the default its help names (schedule_of, config_fields), plan tries every value
+# run one configuration take the default its help names (schedule_of, setup_fields), plan tries every value
 # (jax_scaling.plan.plan_choices); a flag given fixes what it names in both.
 def add_schedule_args(p) -> None:
     """--microbatches, --repeats, --schedule, --fsdp-gather (scaling.schedule.Schedule), and --xla-flags."""
@@ -118,8 +118,8 @@ SCHEDULE_FLAGS = tuple(k for k, (kind, _) in model_fields().items() if kind == "
 
 def add_model_args(p, preset: str | None) -> None:
     """--preset and the fields of every family (model_config): a field not every family has says whose; --layers
-    is --blocks. Without --preset the dimensions alone make the model (scaling.presets.model_from_fields); with no
-    dimension either, the model is ``preset`` (the command's default)."""
+    is --blocks. Without --preset, the command's default ``preset`` with the flags of its family, or the model of the
+    flags alone (preset_of)."""
     p.set_defaults(default_preset=preset)
     p.add_argument("--preset", help="model preset" + (f" (default {preset} where no dimension is given)" if preset
                                                       else "") + "; "
@@ -139,9 +139,9 @@ def add_model_args(p, preset: str | None) -> None:
 
 
 def model_config(args):
-    """The preset named by --preset with the overrides of add_model_args (scaling.reports.model_of: ValueError
-    naming a bad value, or a transformer flag given for an FFN preset: a dimension of add_model_args or an
-    attention flag of add_schedule_args)."""
+    """The preset preset_of names with the overrides of add_model_args, or with none the model of those flags alone
+    (scaling.presets.model_of: ValueError naming a bad value, a dimension the model lacks, or a transformer flag
+    given for an FFN preset: a dimension of add_model_args or an attention flag of add_schedule_args)."""
     return model_of(preset_of(args), **{k: getattr(args, k, None) for k in (*MODEL_FLAGS, *SCHEDULE_FLAGS)})
 
 
