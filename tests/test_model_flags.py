@@ -272,3 +272,15 @@ def test_help_reads(capsys):
         for text in ("hardware:", "batch:", "parallelism", "--blocks BLOCKS, --layers BLOCKS", "Without --preset:",
                      "--sequence-parallel [on|off]"):
             assert text in out, (command, text)
+
+
+def test_microbatch_and_a_model_from_flags_in_plan(capsys):
+    """plan --microbatch 2 with --global-batch 64 on --mesh stage=2,fsdp=4: M = 64/(2·4) = 8 in every plan (by hand);
+    tiny-tf from its flags (D=64, N=8, K=8, F=256, L=2, T=64) plans as the preset."""
+    _, plans = _plans(capsys, *TINY, "--global-batch", "64", "--mesh", "stage=2,fsdp=4", "--microbatch", "2")
+    assert all(p["microbatches"] == 8 and p["mesh"]["stage"] == 2 and p["batch_tokens"] == 64 * 64 for p in plans)
+    dims = ["--d-model", "64", "--heads", "8", "--kv-heads", "8", "--d-ff", "256", "--layers", "2", "--seq-len", "64"]
+    flags = _json(capsys, "plan", *dims, "--chips", "8", "--top", "5")
+    preset = _json(capsys, "plan", "--preset", "tiny-tf", "--chips", "8", "--top", "5")
+    assert [(p["mesh"], p["step_seconds"]) for p in flags["plans"]] == [
+        (p["mesh"], p["step_seconds"]) for p in preset["plans"]]
