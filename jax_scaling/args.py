@@ -4,10 +4,12 @@ each read into the library's objects (scaling.reports' builders, where every val
 
 from __future__ import annotations
 
+import argparse
+
 from scaling import kernels
 from scaling.policies import (ACCUMULATION_BYTES, ATTENTIONS, CONTEXT_STRATEGIES, FSDP_GATHERS, OPTIMIZER_SHARDINGS,
                               PIPELINES, REMAT_POLICIES)
-from scaling.presets import FAMILIES, model_fields, model_of, presets_of
+from scaling.presets import FAMILIES, get_preset, model_fields, model_of, presets_of
 from scaling.schedule import Schedule
 from scaling.flags import DEFAULT_FLAGS, FLAG_SETS, FlagSet, get_flag_set
 from scaling.hardware import DEFAULT_CHIP
@@ -40,40 +42,52 @@ def flags_of(args) -> FlagSet:
     return get_flag_set(getattr(args, "xla_flags", None) or DEFAULT_FLAGS)
 
 
+def on_off(text: str) -> bool:
+    """--sequence-parallel's value: on (True) or off (False); argparse's error naming the choices otherwise."""
+    if text not in ("on", "off"):
+        raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from 'on', 'off')")
+    return text == "on"
+
+
+# Every flag of add_schedule_args and add_config_args defaults to None (left out): predict and the commands that
+# run one configuration take the default its help names (schedule_of, setup_fields), plan tries every value
+# (jax_scaling.plan.plan_choices); a flag given fixes what it names in both.
 def add_schedule_args(p) -> None:
     """--microbatches, --repeats, --schedule, --fsdp-gather (scaling.schedule.Schedule), and --xla-flags."""
     add_xla_flags_arg(p)
-    g = p.add_argument_group("microbatches and pipeline stages (with a stage axis in --mesh)")
-    g.add_argument("--microbatches", type=integer, default=1,
+    g = p.add_argument_group("microbatches and pipeline stages (with a stage axis in --mesh); left out, plan tries "
+                             "each value")
+    g.add_argument("--microbatches", type=integer,
                    help="M microbatches: the pipeline's with a stage axis, else gradient accumulation (default 1)")
-    g.add_argument("--repeats", type=integer, default=1,
+    g.add_argument("--repeats", type=integer,
                    help="R chunks of blocks per stage: the circular pipeline, or with --schedule 1f1b the "
                         "interleaved 1F1B (default 1: GPipe, 1F1B)")
-    g.add_argument("--schedule", dest="pipeline", choices=PIPELINES, default="gpipe",
+    g.add_argument("--schedule", dest="pipeline", choices=PIPELINES,
                    help="pipeline schedule: gpipe, circular (needs --repeats > 1; --repeats alone implies it) or "
                         "1f1b (transformer: a forward and a backward every iteration, activations bounded by the "
                         "stages; interleaved with --repeats R; default gpipe)")
-    g.add_argument("--warmup-phases", action="store_true",
+    g.add_argument("--warmup-phases", action="store_true", default=None,
                    help="1f1b: its warm-up and cool-down iterations in loops of their own, one slot each "
                         "(Megatron's bubble (S-1)/(R*M); XLA:GPU copies the gradient accumulators between the loops)")
-    g.add_argument("--fsdp-gather", default="microbatch", choices=FSDP_GATHERS,
+    g.add_argument("--fsdp-gather", choices=FSDP_GATHERS,
                    help="gather FSDP weights once per microbatch or once per step (pipeline; default microbatch)")
-    g.add_argument("--optimizer-sharding", choices=OPTIMIZER_SHARDINGS, default="fsdp",
+    g.add_argument("--optimizer-sharding", choices=OPTIMIZER_SHARDINGS,
                    help="fsdp (AdamW's state sharded as the weights) or zero1 (the moments and the update also "
                         "sharded over data; the gradients reduce-scattered over data·fsdp; default fsdp)")
     g.add_argument("--stage-blocks", type=block_list, metavar="L0,L1,...",
                    help="the blocks of each pipeline stage, first to last, summing to the blocks (Megatron-LM's "
                         "--decoder-first/last-pipeline-num-layers as a list; default: an even split, or uneven "
                         "DeepSpeed's uniform with the embedding and output counted as a block each)")
-    g.add_argument("--sequence-parallel", action="store_true",
+    g.add_argument("--sequence-parallel", type=on_off, nargs="?", const=True, metavar="on|off",
                    help="Megatron sequence parallelism on the tensor axis: activations split over tensor along the "
-                        "tokens between blocks (all-gather + reduce-scatter instead of the all-reduce)")
+                        "tokens between blocks (all-gather + reduce-scatter instead of the all-reduce); "
+                        "--sequence-parallel alone is on (default off)")
     # the transformer's flags default to None, so that model_config can refuse them given for an FFN preset;
     # schedule_of fills in Schedule's defaults
     d = Schedule()
     g.add_argument("--attention", choices=ATTENTIONS,
                    help="transformer attention: materialized scores or flash (key blocks, online softmax; "
-                        f"default {d.attention})")
+                        f"default {d.attention}; predict and plan: flash)")
     g.add_argument("--attention-block", type=integer, help=f"flash attention's key block (transformer; default "
                    f"{d.attention_block})")
     g.add_argument("--context-strategy", choices=CONTEXT_STRATEGIES,
@@ -99,8 +113,15 @@ def schedule_of(args) -> Schedule:
     """The Schedule of --microbatches, --repeats, --fsdp-gather, --sequence-parallel and the transformer's
     --attention, --attention-block, --context-strategy (Schedule's defaults where not given; ValueError naming a
     bad value): scaling.reports.schedule_from."""
-    return schedule_from(args.microbatches, **{k: getattr(args, k, v) for k, v in SCHEDULE_FIELDS.items()},
+    return schedule_from(given_or(args, "microbatches", 1),
+                         **{k: given_or(args, k, v) for k, v in SCHEDULE_FIELDS.items()},
                          **{a: getattr(args, a, None) for a in SCHEDULE_FLAGS})
+
+
+def given_or(args, name: str, default):
+    """--name's value, or ``default`` where it is left out (None) or the command has no such flag."""
+    value = getattr(args, name, None)
+    return default if value is None else value
 
 
 # every model field a command may set (scaling.presets.model_fields): the dimensions', kinds' and switches' flags
@@ -108,15 +129,22 @@ MODEL_FLAGS = tuple(k for k, (kind, _) in model_fields().items() if kind != "sch
 SCHEDULE_FLAGS = tuple(k for k, (kind, _) in model_fields().items() if kind == "schedule_flags")
 
 
-def add_model_args(p, preset: str) -> None:
-    """--preset and the fields of every family (model_config): a field not every family has says whose."""
-    p.add_argument("--preset", default=preset, help=f"model preset (default {preset}; "
-                   + "; ".join(presets_of(family) for family in FAMILIES) + ")")
+def add_model_args(p, preset: str | None) -> None:
+    """--preset and the fields of every family (model_config): a field not every family has says whose; --layers
+    is --blocks. Without --preset, the command's default ``preset`` with the flags of its family, or the model of the
+    flags alone (preset_of)."""
+    p.set_defaults(default_preset=preset)
+    p.add_argument("--preset", help="model preset" + (f" (default {preset} where no dimension is given)" if preset
+                                                      else "") + "; "
+                   + "; ".join(presets_of(family) for family in FAMILIES)
+                   + ". Without --preset: flags the default's family has override it; a flag only a transformer has "
+                     "(--heads, --seq-len, ...) makes a transformer of the flags alone")
     for name, (kind, fam) in model_fields().items():
         whose = "" if all(name in getattr(f, kind) for f in FAMILIES) else f" ({fam.noun})"
         flag, what = f"--{name.replace('_', '-')}", getattr(fam, kind)[name]
         if kind == "dimensions":
-            p.add_argument(flag, type=integer, help=f"override the preset's {what}{whose}")
+            p.add_argument(flag, *(["--layers"] if name == "blocks" else []), type=integer,
+                           help=f"{what}{whose}")
         elif kind == "kinds":
             p.add_argument(flag, choices=what[0], help=f"{what[1]}{whose}")
         elif kind == "switches":
@@ -124,10 +152,29 @@ def add_model_args(p, preset: str) -> None:
 
 
 def model_config(args):
-    """The preset named by --preset with the overrides of add_model_args (scaling.reports.model_of: ValueError
-    naming a bad value, or a transformer flag given for an FFN preset: a dimension of add_model_args or an
-    attention flag of add_schedule_args)."""
-    return model_of(args.preset, **{k: getattr(args, k, None) for k in (*MODEL_FLAGS, *SCHEDULE_FLAGS)})
+    """The preset preset_of names with the overrides of add_model_args, or with none the model of those flags alone
+    (scaling.presets.model_of: ValueError naming a bad value, a dimension the model lacks, or a transformer flag
+    given for an FFN preset: a dimension of add_model_args or an attention flag of add_schedule_args)."""
+    return model_of(preset_of(args), **{k: getattr(args, k, None) for k in (*MODEL_FLAGS, *SCHEDULE_FLAGS)})
+
+
+def preset_of(args) -> str | None:
+    """--preset; left out, the command's default preset (add_model_args) where no dimension is given or every model
+    flag given is one its family has (they override it, as always: --d-model --d-ff --blocks beside predict's
+    default FFN stack); else None: the model from the flags alone (scaling.presets.model_from_fields, which names
+    what is missing), as where a flag only a transformer has is given without --preset."""
+    if args.preset is not None:
+        return args.preset
+    fields = model_fields()
+    given = [k for k in fields if getattr(args, k, None) is not None and getattr(args, k, None) is not False]
+    default = getattr(args, "default_preset", None)
+    if not any(fields[k][0] == "dimensions" for k in given):
+        return default
+    if default is not None:
+        cfg = get_preset(default)
+        if all(k in {**cfg.dimensions, **cfg.schedule_flags, **cfg.kinds, **cfg.switches} for k in given):
+            return default
+    return None
 
 
 # predict's configuration flags, as scaling.reports.predict_setup's fields (its keyword names are the flags' dests)
@@ -135,45 +182,71 @@ SETUP_FIELDS = ("preset", *MODEL_FLAGS, "chip", "chips", "slice", "slices", "int
                 "mesh", "dcn_mesh", "global_batch", "batch_tokens", "microbatch", "microbatches", "step", "remat",
                 *SCHEDULE_FIELDS, *SCHEDULE_FLAGS, "dtype", "grad_accumulation", "xla_flags", "form",
                 "kernel_model")
+# what one configuration takes where a flag of add_config_args is left out (plan tries every value instead)
+CONFIG_DEFAULTS = {"microbatches": 1, "remat": "none", "dtype": "bf16", "grad_accumulation": "package",
+                   **SCHEDULE_FIELDS}
 
 
 def setup_fields(args) -> dict:
-    """predict's flags (add_predict_args) as scaling.reports.predict_setup's keyword fields, and the command."""
-    return {**{k: getattr(args, k) for k in SETUP_FIELDS}, "command": getattr(args, "command", "predict")}
+    """predict's flags (add_predict_args) as scaling.reports.predict_setup's keyword fields, and the command: a flag
+    left out its CONFIG_DEFAULTS value, the preset preset_of's, a transformer's attention flash (plan's)."""
+    out = {**{k: given_or(args, k, CONFIG_DEFAULTS.get(k)) for k in SETUP_FIELDS},
+           "command": getattr(args, "command", "predict"), "preset": preset_of(args)}
+    if out["attention"] is None and model_config(args).has_attention:
+        out["attention"] = "flash"
+    return out
 
 
-def add_predict_args(r, mesh_required: bool, preset: str | None = "xxl") -> None:
-    """The flags that describe one configuration (predict's; kernels takes them for a model's report, with no
-    preset by default so that a model flag alone is seen)."""
-    add_model_args(r, preset)
+def add_config_args(r, mesh_required: bool, preset: str | None = "xxl") -> None:
+    """The flags that describe a model, its hardware, batch and parallelism: predict's one configuration, plan's
+    choices (each fixes what it names in every plan; left out, plan tries each value). One definition for both
+    commands: the same spellings and the same defaults (None: left out; CONFIG_DEFAULTS says what predict takes)."""
+    add_model_args(r.add_argument_group(
+        "model", "--preset with any of its dimensions overridden. Without --preset: --d-model --d-ff --blocks "
+                 "(flags of the FFN stack, the default preset's family) override the default, so the three make an "
+                 "FFN stack; with --heads --seq-len (or any flag only a transformer has) the flags alone make a "
+                 "transformer: --d-model --heads --d-ff --blocks (--layers) --seq-len, the rest optional; a dimension "
+                 "it lacks is named"), preset)
     g = r.add_argument_group("hardware")
     g.add_argument("--chip", help=f"chip from the hardware table (default {DEFAULT_CHIP}) with --chips")
-    g.add_argument("--chips", type=integer, help="chip count: GPUs in nodes of 8, TPUs in slices of the largest size")
+    g.add_argument("--chips", type=integer, help="chip count: GPUs in nodes of 8, TPUs in slices of the largest size "
+                   "(plan: default 64)")
     g.add_argument("--slice", help="a Cloud TPU slice instead of --chip/--chips: v5p-256, v6e-256, v5litepod-256")
     g.add_argument("--slices", type=integer, help="how many --slice slices, joined by DCN (default 1)")
     g.add_argument("--inter-node-bandwidth", type=number, metavar="BYTES/S",
                    help="a GPU cluster's network, bytes/s per node (default: the chip's IB figure times the node)")
-    r.add_argument("--mesh", required=mesh_required, help="the whole mesh, its product every device: data=8,fsdp=8")
-    r.add_argument("--dcn-mesh", help="which axes cross slices or nodes, e.g. data=4 (default: the outermost axes, "
-                   "data first: MaxText's and Megatron's placement)")
-    r.add_argument("--global-batch", type=integer, help="global batch in sequences (transformer)")
-    r.add_argument("--batch-tokens", type=integer, help="global batch in tokens (instead of --global-batch)")
-    r.add_argument("--microbatch", type=integer, help="sequences per microbatch on each data·fsdp shard (sets "
+    g = r.add_argument_group("batch")
+    g.add_argument("--global-batch", type=integer, help="global batch in sequences (transformer)")
+    g.add_argument("--batch-tokens", type=integer, help="global batch in tokens (instead of --global-batch; plan's "
+                   "default: the family's, 25,600 for the FFN stack, 4,194,304 for a transformer)")
+    g.add_argument("--microbatch", type=integer, help="sequences per microbatch on each data·fsdp shard (sets "
                    "--microbatches = global batch / (microbatch·data·fsdp))")
-    r.add_argument("--remat", default="none", choices=REMAT_POLICIES, help="remat policy (default %(default)s)")
-    r.add_argument("--step", default="train", choices=["train", "forward"], help="(default %(default)s)")
+    g = r.add_argument_group("parallelism (left out, plan tries each value)")
+    g.add_argument("--mesh", required=mesh_required, help="the whole mesh, its product every device: data=8,fsdp=8 "
+                   "(plan: only that mesh)")
+    g.add_argument("--dcn-mesh", help="which axes cross slices or nodes, e.g. data=4 (default: the outermost axes, "
+                   "data first: MaxText's and Megatron's placement)")
+    g.add_argument("--remat", choices=REMAT_POLICIES, help="remat policy (default none; plan: the FFN stack none, a "
+                   "transformer each of its policies)")
+    g.add_argument("--dtype", choices=kernels.DTYPES,
+                   help="the matmuls' input type: its peak from the hardware table, its bytes for activations "
+                        "(default bf16)")
+    g.add_argument("--grad-accumulation", choices=list(ACCUMULATION_BYTES),
+                   help="whose gradient accumulation the run's microbatches pay (HBM bytes per parameter each): "
+                        "package (this package's step, 12), megatron (Megatron-LM's main_grad, 10), deepspeed-bf16 "
+                        "(DeepSpeed's BF16 optimizer, 18) (default package)")
     add_schedule_args(r)
     r.add_argument("--form", default="scheduled", choices=["sum", "max", "scheduled"],
                    help="the step's form: scheduled (math + what --xla-flags' schedule leaves exposed), sum (every "
-                        "collective exposed) or max (every term overlapped) (default %(default)s)")
-    r.add_argument("--dtype", default="bf16", choices=kernels.DTYPES,
-                   help="the matmuls' input type: its peak from the hardware table, its bytes for activations "
-                        "(default %(default)s)")
+                        "collective exposed) or max (every term overlapped); plan ranks by it (default %(default)s)")
+
+
+def add_predict_args(r, mesh_required: bool, preset: str | None = "xxl") -> None:
+    """The flags that describe one configuration (add_config_args, and --step and --kernel-model: predict's;
+    kernels takes them for a model's report, with no preset by default so that a model flag alone is seen)."""
+    add_config_args(r, mesh_required, preset)
+    r.add_argument("--step", default="train", choices=["train", "forward"], help="(default %(default)s)")
     r.add_argument("--kernel-model", default="efficiency", choices=kernels.KERNEL_MODELS,
                    help="the matmuls' time: efficiency (eta times the tile and wave quantization of their shapes) or "
                         "hierarchical (DeepFlow's: their HBM bytes from tiles through the chip's L2 or VMEM, seed "
                         "002's model) (default %(default)s)")
-    r.add_argument("--grad-accumulation", default="package", choices=list(ACCUMULATION_BYTES),
-                   help="whose gradient accumulation the run's microbatches pay (HBM bytes per parameter each): "
-                        "package (this package's step, 12), megatron (Megatron-LM's main_grad, 10), deepspeed-bf16 "
-                        "(DeepSpeed's BF16 optimizer, 18) (default %(default)s)")

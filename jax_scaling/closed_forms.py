@@ -296,7 +296,7 @@ def kernels_command(args) -> int:
                          "model flags kernels prints seed 002's")
     if args.text and args.json:
         raise ValueError("--text and --json are two forms of the report; give one")
-    args.preset = args.preset or "xxl"  # predict's default
+    args.default_preset = "xxl"  # predict's default where no dimension is given (jax_scaling.args.preset_of)
     if args.mesh is not None:
         if args.seed is not None or args.text:
             raise ValueError("--seed and --text are the seed's report; a model's report takes --mesh and no --seed")

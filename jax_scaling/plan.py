@@ -4,121 +4,210 @@ jax)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import re
 import time
 
-from jax_scaling.args import add_model_args, add_xla_flags_arg, flags_of, model_config, needs, say
+from jax_scaling.args import add_config_args, flags_of, model_config, needs, say
 from scaling import plan as planner
-from scaling.mesh_shape import MeshShape
-from scaling.policies import ATTENTIONS, CONTEXT_STRATEGIES, OPTIMIZER_SHARDINGS, PIPELINES, REMAT_POLICIES
-from scaling.transformer import TransformerConfig
+from scaling.kernels import peak_flops
+from scaling.mesh_shape import MeshShape, parse_mesh_spec
+from scaling.schedule import Schedule
 from scaling.flags import check_modelled
-from scaling.hardware import DEFAULT_CHIP, chips_in, get_chip, slice_name
+from scaling.hardware import GPU_NODE, chips_in, slice_name, split_slices
 from scaling.limits import check_devices, check_size, integer, number
-from scaling.reports import named_slice
+from scaling.reports import batch_of, precision_of, target_of
 from scaling.table import table
 from scaling.workload import Workload
 
 
 def add_parser(sub) -> None:
-    """plan's subcommand and flags."""
-    p = sub.add_parser("plan", help="rank every mesh of a slice by predicted step time")
-    p.add_argument("--chip", help=f"chip from the hardware table (default {DEFAULT_CHIP}): v4, v5e, v5p, v6e, TPU7x, "
-                   "H100, ...")
-    p.add_argument("--chips", type=integer,
-                   help="chip count (default 64); more than one slice holds are slices over DCN")
-    p.add_argument("--slice", help="a Cloud TPU slice instead of --chip/--chips: v5p-256 (TensorCores: 128 chips), "
-                   "v6e-256 (chips), tpu7x-128, v5litepod-16, v4-512")
-    add_model_args(p, "xxl")
-    add_xla_flags_arg(p)
-    p.add_argument("--batch-tokens", type=integer, help=f"global batch in tokens (default 25600 for the FFN stack, "
-                   f"{TransformerConfig.plan_batch_tokens:,} for a transformer)")
-    p.add_argument("--hbm", type=number, help="memory budget per device in bytes (default: the table's usable HBM)")
-    p.add_argument("--remat", choices=REMAT_POLICIES, help="remat policy (default: none for the FFN stack; a "
-                   "transformer's plan tries each of its policies)")
-    g = p.add_argument_group("what a transformer's plan tries on each mesh (left out: every one)")
-    g.add_argument("--schedule", dest="pipeline", choices=PIPELINES, help="pipeline schedule with stages")
-    g.add_argument("--attention", choices=ATTENTIONS, help="attention (default flash)")
-    g.add_argument("--context-strategy", choices=CONTEXT_STRATEGIES, help="attention over a context axis")
-    g.add_argument("--sequence-parallel", choices=("on", "off"), help="sequence parallelism with a tensor axis")
-    g.add_argument("--optimizer-sharding", choices=OPTIMIZER_SHARDINGS,
-                   help="zero1: ZeRO-1 where the mesh has a data axis and no stages (default fsdp)")
-    p.add_argument("--form", default="scheduled", choices=["sum", "max", "scheduled"],
-                   help="rank by the scheduled form (math + the collectives --xla-flags' schedule leaves exposed + its "
-                        "loop copies), the sum form (math + every collective: synchronous) or the max form (every "
-                        "collective overlapped) (default %(default)s)")
-    p.add_argument("--top", type=integer, default=10, help="rows to show (default %(default)s)")
-    p.add_argument("--max-microbatches", type=integer, default=64, metavar="M",
+    """plan's subcommand and flags: the model, hardware, batch and parallelism flags predict takes
+    (jax_scaling.args.add_config_args: each given fixes what it names in every plan; left out, plan tries each
+    value), and plan's own."""
+    p = sub.add_parser("plan", help="rank every mesh of a slice by predicted step time",
+                       description="Every mesh of the chips (default 64 v5p) ranked by predicted step time, each with "
+                                   "its best schedule. A model, hardware, batch or parallelism flag (predict's, with "
+                                   "the same spellings and defaults) fixes what it names in every plan listed; left "
+                                   "out, the plan tries each value (a transformer: each remat policy, schedule, "
+                                   "context strategy, sequence parallelism on and off; attention flash).")
+    add_config_args(p, mesh_required=False, preset="xxl")
+    g = p.add_argument_group("plan's own")
+    g.add_argument("--hbm", type=number, help="memory budget per device in bytes (default: the table's usable HBM)")
+    g.add_argument("--top", type=integer, default=10, help="rows to show (default %(default)s)")
+    g.add_argument("--max-microbatches", type=integer, default=64, metavar="M",
                    help="largest microbatch count to try (gradient accumulation, pipeline; default %(default)s; "
                         "1: no microbatches)")
-    p.add_argument("--max-repeats", type=integer, default=4, metavar="R",
+    g.add_argument("--max-repeats", type=integer, default=4, metavar="R",
                    help="largest repeat count to try with stages, circular and interleaved 1F1B (default "
                         "%(default)s; 1: none)")
-    p.add_argument("--verify-top", type=integer, default=0, metavar="K",
+    g.add_argument("--verify-top", type=integer, default=0, metavar="K",
                    help="compile the top K plans ahead of time for the real TPU topology, or with XLA's GPU compiler "
                         "for the GPUs (jax's CUDA plugin, which make answer installs), and add their peak and "
                         "whether it fits")
-    p.add_argument("--verbose", action="store_true", help="with --verify-top: let libtpu's start-up lines through")
-    p.add_argument("--json", action="store_true")
+    g.add_argument("--verbose", action="store_true", help="with --verify-top: let libtpu's start-up lines through")
+    g.add_argument("--json", action="store_true")
     p.set_defaults(func=plan_command)
 
 
 def plan_target(args):
-    """(chip, chips, slice dims or None) from --slice, or --chip and --chips."""
-    if args.slice is not None:
-        chip, dims = named_slice(args.slice, args.chip, args.chips)
-        return chip, chips_in(dims), dims
-    return get_chip(args.chip or DEFAULT_CHIP), 64 if args.chips is None else args.chips, None
+    """(chip, chips, slice dims or None) from --slice (and --slices), or --chip and --chips (default 64), with
+    --inter-node-bandwidth: scaling.reports.target_of."""
+    chips = 64 if args.chips is None and args.slice is None else args.chips
+    chip, dims, slices = target_of(args.chip, chips, args.slice, args.slices, args.inter_node_bandwidth)
+    return chip, slices * chips_in(dims), dims if chip.kind != "gpu" else None
+
+
+# the schedule fields plan's candidates all take at Schedule's default: given another value, no plan has it
+FIXED_FIELDS = {"fsdp_gather": "microbatch", "warmup_phases": False}
 
 
 def plan_choices(args, cfg) -> planner.Choices:
     """What plan tries on each mesh (scaling.plan.Choices) from --remat, --schedule, --attention,
     --context-strategy, --sequence-parallel and --optimizer-sharding: a given name fixes it; left out, every one
-    (--attention: flash; the FFN stack: remat none). Those flags are the transformer's: ValueError for the FFN
-    stack's plan."""
-    given = {k: getattr(args, k) for k in ("pipeline", "attention", "context_strategy", "sequence_parallel",
-                                           "optimizer_sharding") if getattr(args, k) is not None}
-    if not cfg.has_attention:
-        if given:
-            k = next(iter(given))
-            raise ValueError(f"--{'schedule' if k == 'pipeline' else k.replace('_', '-')} is a transformer flag; "
-                             f"{args.preset!r} is an {cfg.noun}")
+    (--attention: flash; the FFN stack: remat none). A choice no plan can take (FIXED_FIELDS, a transformer's
+    attention block) is refused: ValueError saying why."""
+    for k, v in FIXED_FIELDS.items():
+        if getattr(args, k) not in (None, v):
+            raise ValueError(f"--{k.replace('_', '-')} {getattr(args, k)}: plan's schedules all take "
+                             f"{k.replace('_', ' ')} {v}, so no plan has it; predict takes it")
+    if getattr(args, "stage_blocks", None) is not None:
+        raise ValueError("--stage-blocks: plan's stage counts divide the blocks evenly (or take the default uneven "
+                         "split), so no plan has a given list; predict takes it")
+    block = getattr(args, "attention_block", None)
+    if block is not None and block != Schedule().attention_block:
+        raise ValueError(f"--attention-block {block}: plan's flash attention takes key blocks of "
+                         f"{Schedule().attention_block}, so no plan has it; predict takes it")
+    if not cfg.grouped_plan:  # the FFN stack's plan: microbatches and repeats (and GPipe or circular) only
+        if args.pipeline == "1f1b" and not cfg.runs_1f1b:
+            raise ValueError(f"--schedule 1f1b: the {cfg.noun} runs gpipe or circular (1f1b is built for the "
+                             "transformer), so no plan has it")
+        for k, off in (("sequence_parallel", False), ("optimizer_sharding", "fsdp")):
+            if getattr(args, k) not in (None, off):
+                raise ValueError(f"--{k.replace('_', '-')} {'on' if getattr(args, k) is True else getattr(args, k)}: "
+                                 f"the {cfg.noun}'s plan tries microbatches and repeats only (a transformer's plan "
+                                 "tries it; predict takes it), so no plan has it")
         return planner.Choices.of(cfg, args.remat)
-    sp = {"on": True, "off": False}.get(args.sequence_parallel)
-    return planner.Choices.of(cfg, args.remat, args.pipeline, args.attention or "flash", args.context_strategy, sp,
-                              args.optimizer_sharding)
+    return planner.Choices.of(cfg, args.remat, args.pipeline, args.attention or "flash", args.context_strategy,
+                              args.sequence_parallel, args.optimizer_sharding)
+
+
+def plan_batch(args, cfg) -> tuple[int, int | None]:
+    """(B tokens, M or None) of plan's batch flags: --global-batch (sequences) or --batch-tokens (default the
+    family's plan_batch_tokens), and --microbatch (with --mesh: M = sequences / (microbatch·data·fsdp)) or
+    --microbatches (None: plan tries each)."""
+    if args.global_batch is None and args.batch_tokens is None:
+        B = cfg.plan_batch_tokens
+        if args.microbatch is not None:
+            raise ValueError("--microbatch counts sequences of --global-batch; give --global-batch with it")
+        return B, args.microbatches
+    if args.microbatch is not None and args.mesh is None:
+        raise ValueError("--microbatch counts sequences on each data·fsdp shard of --mesh; give --mesh with it, or "
+                         "--microbatches")
+    shape = parse_mesh_spec(args.mesh) if args.mesh else MeshShape()
+    B, M = batch_of(cfg, shape, args.global_batch, args.batch_tokens, args.microbatch, args.microbatches or 1)
+    return B, (M if args.microbatch is not None else args.microbatches)
+
+
+def fixed_by(args, cfg, chips: int, slices: int, M: int | None) -> dict:
+    """{flag text: test(plan)} for each choice given that a plan row carries: what every row listed must have
+    (--mesh, --dcn-mesh, --microbatches, --repeats, --schedule: with stages, --context-strategy: with a context
+    axis, --sequence-parallel, --optimizer-sharding, --remat, --attention)."""
+    tests = {}
+    if args.mesh is not None:
+        shape = parse_mesh_spec(args.mesh)
+        want = {a: shape[a] for a in planner.plan_axes(cfg)}
+        if math.prod(shape.values()) != chips or any(n > 1 and a not in want for a, n in shape.items()):
+            raise ValueError(f"--mesh {args.mesh}: plan's meshes are over {', '.join(planner.plan_axes(cfg))} with "
+                             f"the product {chips} (its chips)")
+        tests[f"--mesh {args.mesh}"] = lambda p: p.mesh == want
+    if args.dcn_mesh is not None:
+        dcn = {a: n for a, n in parse_mesh_spec(args.dcn_mesh).items() if n > 1}
+        if len(dcn) != 1 or next(iter(dcn)) not in planner.DCN_AXES or next(iter(dcn.values())) != slices:
+            raise ValueError(f"--dcn-mesh {args.dcn_mesh}: plan spans its {slices} slices with the outermost factor "
+                             f"of one axis, {' or '.join(planner.DCN_AXES)}: give "
+                             + " or ".join(f"{a}={slices}" for a in planner.DCN_AXES))
+        tests[f"--dcn-mesh {args.dcn_mesh}"] = lambda p: p.dcn_axis in dcn
+    if M is not None:
+        tests[f"--microbatches {M}"] = lambda p: p.microbatches == M
+    if args.repeats is not None:
+        tests[f"--repeats {args.repeats}"] = lambda p: p.repeats == args.repeats
+    if args.pipeline is not None:
+        tests[f"--schedule {args.pipeline}"] = lambda p: p.mesh["stage"] > 1 and p.pipeline == args.pipeline
+    if args.context_strategy is not None:
+        tests[f"--context-strategy {args.context_strategy}"] = (
+            lambda p: p.mesh["context"] > 1 and p.options["context"] == args.context_strategy)
+    if args.sequence_parallel is not None:
+        tests[f"--sequence-parallel {'on' if args.sequence_parallel else 'off'}"] = (
+            lambda p: p.sequence_parallel == args.sequence_parallel)
+    if args.optimizer_sharding is not None:
+        tests[f"--optimizer-sharding {args.optimizer_sharding}"] = (
+            lambda p: p.options.get("optimizer_sharding", "fsdp") == args.optimizer_sharding)
+    if args.remat is not None:
+        tests[f"--remat {args.remat}"] = lambda p: p.remat == args.remat
+    if args.attention is not None:
+        tests[f"--attention {args.attention}"] = lambda p: p.options.get("attention") == args.attention
+    return tests
+
+
+def keep_fixed(plans: list, tests: dict) -> list:
+    """The plans that have every choice of ``tests`` (fixed_by's), each mesh's best (the first: plans are ranked)
+    once per batch, mesh and DCN axis."""
+    seen, out = set(), []
+    for p in plans:
+        key = (p.batch_tokens, tuple(p.mesh.values()), p.dcn_axis)
+        if key not in seen and all(t(p) for t in tests.values()):
+            seen.add(key)
+            out.append(p)
+    return out
 
 
 def plan_command(args) -> int:
     """Rank the plans and print them; with --verify-top K, verify.check.verify_plans (imported here: it imports jax)
-    adds the compiled peak of the first K."""
+    adds the compiled peak of the first K. Each choice given fixes what it names in every plan listed (fixed_by):
+    where no plan that fits has them, ValueError saying which."""
     flags = check_modelled(flags_of(args), "plan")  # an unknown set or flag: refused before anything is enumerated
     needs(args, "verbose", "verify_top")
     if args.verify_top < 0:
         raise ValueError(f"--verify-top must be 0 (compile none) or a positive count of plans, got {args.verify_top}")
     cfg = model_config(args)
     choices = plan_choices(args, cfg)
-    if args.batch_tokens is None:
-        args.batch_tokens = cfg.plan_batch_tokens
+    args.batch_tokens, M = plan_batch(args, cfg)
     if args.top <= 0:
         raise ValueError(f"--top must be a positive integer, got {args.top}")
     chip, chips, dims = plan_target(args)
     check_devices("--chips", chips)
-    check_size(Workload(cfg, MeshShape(), args.batch_tokens, flags=flags))  # the global arrays: any mesh's
+    precision = precision_of(args.dtype or "bf16", args.grad_accumulation or "package")
+    check_size(Workload(cfg, MeshShape(), args.batch_tokens, flags=flags, precision=precision))  # any mesh's arrays
+    peak_flops(chip, precision.dtype)  # ValueError where the table has no rate for it
+    if args.verify_top and precision != precision_of("bf16"):
+        raise ValueError("--verify-top compiles the package's bf16 program with its own gradient accumulation; give "
+                         "--dtype bf16 --grad-accumulation package with it, or leave --verify-top out")
     t0 = time.perf_counter()
     for flag in ("max_microbatches", "max_repeats"):
         if getattr(args, flag) <= 0:
             raise ValueError(f"--{flag.replace('_', '-')} must be a positive integer, got {getattr(args, flag)}")
+    slices = chips // math.prod(dims) if dims else -(-chips // GPU_NODE) if chip.kind == "gpu" else None
+    if slices is None:
+        slices = split_slices(chip, chips)[0]
+    tests = fixed_by(args, cfg, chips * chip.devices_per_chip, slices, M)
+    max_m = max(args.max_microbatches, M or 1)
+    max_r = max(args.max_repeats, args.repeats or 1)
     plans = planner.plan(cfg, chip, chips, args.batch_tokens, hbm=args.hbm, form=args.form, dims=dims,
-                         max_microbatches=args.max_microbatches, max_repeats=args.max_repeats, flags=flags,
-                         choices=choices)
+                         max_microbatches=max_m, max_repeats=max_r, flags=flags, choices=choices,
+                         per_mesh=M is None and args.repeats is None, precision=precision)
+    fitting = plans
+    plans = keep_fixed(plans, tests)
     seconds = time.perf_counter() - t0
     budget = args.hbm if args.hbm is not None else chip.hbm_budget
     name = slice_name(chip, chips)
     where = f"{chips} {chip.name} chips" + (f" ({name})" if name else "")
+    if not fitting:
+        raise no_plan(args, cfg, chip, chips, budget, where, flags, choices, precision)
     if not plans:
-        raise no_plan(args, cfg, chip, chips, budget, where, flags, choices)
+        raise not_fixed(args, cfg, M, tests, fitting, where, budget)
     if args.verify_top:
         from verify.check import verify_plans
 
@@ -127,19 +216,58 @@ def plan_command(args) -> int:
     if args.json:
         print(json.dumps({"plans": [p.to_json() for p in plans[: args.top]], "count": len(plans),
                           "enumerate_seconds": seconds, "chip": chip.name, "chips": chips, "slice": name,
-                          "hbm_budget": budget}, indent=2))
+                          "hbm_budget": budget, "dtype": precision.dtype, "grad_accumulation": precision.accumulation},
+                         indent=2))
         return 0
     print_header(args, cfg, plans, (chip, chips, budget, where), flags, choices, seconds)
-    print_plans(args, cfg, plans)
+    if tests:
+        say(f"Every plan listed has {' '.join(tests)} (as given).")
+    print_plans(args, cfg, plans, " ".join(tests))
     return 0
 
 
-def no_plan(args, cfg, chip, chips, budget, where, flags, choices) -> ValueError:
+def not_fixed(args, cfg, M: int | None, tests: dict, fitting: list, where: str, budget: float) -> ValueError:
+    """Why no plan has the choices given (fixed_by's ``tests``): the first one no plan that fits has, and on the best
+    plan that fits (on the --mesh given, where one fits) what Schedule.check says of the choices asked there."""
+    lacking = [flag for flag, t in tests.items() if not any(t(p) for p in fitting)]
+    mesh_test = next((t for flag, t in tests.items() if flag.startswith("--mesh ")), None)
+    needs_axis = [(args.pipeline, "stage", "--schedule names a pipeline schedule: plans with stages"),
+                  (args.context_strategy, "context", "--context-strategy names the attention over a context axis"),
+                  (args.optimizer_sharding == "zero1" or None, "data", "the planner tries zero1 with a data axis (with "
+                   "fsdp alone the optimizer state is sharded over fsdp already)")]
+    on_mesh = [p for p in fitting if mesh_test is None or mesh_test(p)]
+    # the best that fits with the axes the choices need, else the best that fits
+    best = next((p for p in on_mesh if all(g is None or p.mesh[a] > 1 for g, a, _ in needs_axis)),
+                on_mesh[0] if on_mesh else None)
+    head = (f"no plan of {where} that fits {budget / 1e9:.4g} GB per device has {' '.join(tests)} ("
+            + (f"none of the {len(fitting)} that fit has {lacking[0]})" if lacking else
+               f"of the {len(fitting)} that fit, none has them together)"))
+    if best is None:
+        return ValueError(head)
+    asked = {f: v for f, v in (("sequence_parallel", args.sequence_parallel),
+                               ("optimizer_sharding", args.optimizer_sharding), ("context", args.context_strategy),
+                               ("pipeline", args.pipeline), ("repeats", args.repeats), ("microbatches", M))
+             if v is not None}
+    mesh = best.mesh
+    why = next((f"{said}; the mesh has no {axis} axis" for given, axis, said in needs_axis
+                if given is not None and mesh[axis] == 1), None)
+    try:
+        if why is not None:
+            raise ValueError(why)
+        dataclasses.replace(planner.workload_of(best, cfg).schedule, **asked).check(
+            cfg, MeshShape(best.mesh), best.batch_tokens)
+        why = "it runs there but does not fit, or is not among the schedules the planner tries"
+    except ValueError as e:
+        why = str(e)
+    return ValueError(f"{head}; on {best.mesh_text()} (the best that fits{' there' if mesh_test else ''}): {why}")
+
+
+def no_plan(args, cfg, chip, chips, budget, where, flags, choices, precision) -> ValueError:
     """Why no plan fits: the nearest miss and what it needs (scaling.plan.nearest_miss), or where no mesh runs the
     model at all the rules that refuse them (unsplittable), or a batch that splits no way."""
     miss = planner.nearest_miss(cfg, chip, chips, args.batch_tokens, form=args.form,
                                 max_microbatches=args.max_microbatches, max_repeats=args.max_repeats,
-                                flags=flags, choices=choices)
+                                flags=flags, choices=choices, precision=precision)
     why = "" if miss is None else (
         f"; nearest miss: {miss.mesh_text()}{miss.schedule_text()} "
         f"needs {miss.memory_bytes / 1e9:.1f} GB per device ("
@@ -196,8 +324,9 @@ def print_header(args, cfg, plans, target, flags, choices, seconds: float) -> No
              "schedule, so it has no threshold of its own)."))
 
 
-def print_plans(args, cfg, plans) -> None:
-    """plan's table: the top --top plans, then the best without and with stages (# is the rank)."""
+def print_plans(args, cfg, plans, asked: str = "") -> None:
+    """plan's table: the top --top plans, then the best without and with stages (# is the rank); ``asked``: the
+    choices given (fixed_by's), which a missing kind of plan is said to lack."""
     transformer, slices = cfg.has_attention, plans[0].slices
     other = "max" if args.form == "sum" else "sum"
     best = {}
@@ -221,7 +350,7 @@ def print_plans(args, cfg, plans) -> None:
                                      f"{r.bubble_seconds:.3f} s" if staged else "") + " (# is the rank)")
             print(next(rest))
         else:
-            print(f"No plan {label} fits")
+            print(f"No plan {label} fits" + (f" with {asked}" if asked else ""))
 
 
 def unsplittable(cfg, devices: int, batch_tokens: int, axes: tuple[str, ...], flags) -> str:

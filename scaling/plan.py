@@ -42,6 +42,7 @@ from scaling.family import ModelFamily
 from scaling.inputs import positive_float, positive_int
 from scaling.mesh_shape import MESH_AXES, MeshShape
 from scaling.policies import ATTENTIONS, CONTEXT_STRATEGIES, PIPELINES, check_remat
+from scaling.policies import DEFAULT_PRECISION
 from scaling.schedule import Schedule
 from scaling.sharding import shards
 from scaling.hardware import GPU_NODE, Chip, split_slices
@@ -450,7 +451,8 @@ def _groups(cfg, chip: Chip, dims, n_slices: int, choices: Choices, max_microbat
     return [g[:4] for g in groups.values()]
 
 
-def _screen(cfg, chip: Chip, groups: list, batches: np.ndarray, hbm: float, form: str, per_mesh: bool, flags) -> list:
+def _screen(cfg, chip: Chip, groups: list, batches: np.ndarray, hbm: float, form: str, per_mesh: bool, flags,
+            precision=DEFAULT_PRECISION) -> list:
     """Per group (_groups'), its candidates: [(a lower bound of the step [B, M, G] (its compute term for a
     transformer's scheduled form, else _math_bound), workload (a function that makes it), fits
     mask [B, M, G], schedule, remat, compute term or None)], each schedule with the remat policies that fit its
@@ -504,7 +506,8 @@ def _screen(cfg, chip: Chip, groups: list, batches: np.ndarray, hbm: float, form
                 open_ = member[None, None, :] & batch_ok & ~taken
                 if not open_.any():
                     continue
-                w = Workload(cfg, mesh, batches[:, None, None, None], remat=rem, schedule=arrays, flags=flags)
+                w = Workload(cfg, mesh, batches[:, None, None, None], remat=rem, schedule=arrays, flags=flags,
+                             precision=precision)
                 ok = (np.broadcast_to(memory.memory_per_device(w)["total"], shape + (1,))[..., 0] <= hbm) & open_
                 if first_fit:
                     taken |= ok
@@ -520,7 +523,8 @@ def _screen(cfg, chip: Chip, groups: list, batches: np.ndarray, hbm: float, form
                     if part.any():
                         # the group's own workload, made if it is predicted
                         gw = functools.partial(Workload, cfg, own[gi], batches[:, None, None, None], remat=rem,
-                                               schedule=arrays, flags=flags) if len(members) > 1 else lambda w=w: w
+                                               schedule=arrays, flags=flags,
+                                               precision=precision) if len(members) > 1 else lambda w=w: w
                         out[gi].append(((ki, ci), None if bound is None else bound[:, :, at[gi]], gw, part,
                                         groups[gi][3][list(groups[gi][3])[ki]][0], rem,
                                         None if compute is None else compute[:, :, at[gi]]))
@@ -550,7 +554,8 @@ def _math_bound(w: Workload, chip: Chip, form: str):
 # the planner's public call: each argument one input of the plan command (its docstring)
 def plan(cfg, chip: Chip, chips: int, batch_tokens, hbm: float | None = None, remat: str | None = None,
          form: str = "sum", dims: tuple[int, ...] | None = None, max_microbatches: int = 64,
-         max_repeats: int = 4, per_mesh: bool = True, flags=None, choices: Choices | None = None) -> list[Plan]:
+         max_repeats: int = 4, per_mesh: bool = True, flags=None, choices: Choices | None = None,
+         precision=DEFAULT_PRECISION) -> list[Plan]:
     """Ranked plans (best first) for one or more batch sizes; see the module docstring.
 
     ``batch_tokens`` is an int or a list of ints; each Plan carries its batch, mesh (plan_axes), microbatches
@@ -565,7 +570,8 @@ def plan(cfg, chip: Chip, chips: int, batch_tokens, hbm: float | None = None, re
     dropped. ``per_mesh``: keep each mesh's best schedule only (the fastest that fits, then the least memory,
     then the fewest microbatches); False keeps every (mesh, schedule, remat). ``flags``: the XLA flag set the
     programs are compiled with (scaling.flags), whose schedule the "scheduled" form follows (the plan command's
-    default form). A transformer's meshes are evaluated a group at a time (_groups, _screen); predict on one of
+    default form). ``precision``: every workload's (the matmuls' dtype, the gradient accumulation; plan's --dtype,
+    --grad-accumulation). A transformer's meshes are evaluated a group at a time (_groups, _screen); predict on one of
     them gives what the plan says (tests/test_plan.py)."""
     positive_int("chips", chips)
     choices = choices or Choices.of(cfg, remat)
@@ -575,7 +581,7 @@ def plan(cfg, chip: Chip, chips: int, batch_tokens, hbm: float | None = None, re
     gc.disable()
     try:
         return _plan(cfg, chip, chips, batch_tokens, hbm, remat, form, dims, max_microbatches, max_repeats, per_mesh,
-                     flags, choices)
+                     flags, choices, precision)
     finally:
         if enabled:
             gc.enable()
@@ -584,7 +590,7 @@ def plan(cfg, chip: Chip, chips: int, batch_tokens, hbm: float | None = None, re
 # plan's body: its arguments passed through (plan holds the garbage collector off around it); one pass of enumerate,
 # screen, evaluate and keep, whose state (found, kept, evaluated) the steps share
 def _plan(cfg, chip, chips, batch_tokens, hbm, remat, form, dims, max_microbatches, max_repeats, per_mesh, flags,
-          choices) -> list[Plan]:
+          choices, precision) -> list[Plan]:
     if form not in PLAN_FORMS:
         raise ValueError(f"form must be one of {PLAN_FORMS}, got {form!r}")
     hbm = positive_float("hbm", chip.hbm_budget if hbm is None else hbm)
@@ -615,7 +621,7 @@ def _plan(cfg, chip, chips, batch_tokens, hbm, remat, form, dims, max_microbatch
         return known[id(lay)]
 
     for (meshes, dcns, lay_lists, by_choice), candidates in zip(groups, _screen(cfg, chip, groups, batches, hbm, form,
-                                                                                per_mesh, flags)):
+                                                                                per_mesh, flags, precision)):
         G, nl = len(meshes), max(len(x) for x in lay_lists)
         mesh_keys = [tuple(m[a] for a in axes) for m in meshes]
         best_step = np.full((len(batches), G), np.inf)  # the fastest step found so far per batch and mesh

@@ -4,6 +4,8 @@ list (FAMILIES; Model, their union). A new family adds its presets here.
 
 from __future__ import annotations
 
+import dataclasses
+
 from scaling.ffn import FFNConfig
 from scaling.inputs import positive_int
 from scaling.transformer import TransformerConfig
@@ -106,14 +108,18 @@ def model_fields() -> dict[str, tuple]:
     return out
 
 
-def model_of(preset: str, **given):
+def model_of(preset: str | None, **given):
     """The preset ``preset`` with the fields in ``given`` (model_fields; None: not given): dimensions positive
     counts, kinds and switches the family's. ValueError naming a bad value, or a field of another family (a
-    dimension, or a flag: a kind, a switch or a schedule field) than the preset's."""
-    cfg, fields = get_preset(preset), model_fields()
+    dimension, or a flag: a kind, a switch or a schedule field) than the preset's. ``preset`` None: the model of
+    ``given`` alone (model_from_fields)."""
+    fields = model_fields()
     for k, (kind, _) in fields.items():
         if kind == "dimensions" and given.get(k) is not None:
             positive_int(f"--{k.replace('_', '-')}", given[k])
+    if preset is None:
+        return model_from_fields(**given)
+    cfg = get_preset(preset)
     own = {**cfg.dimensions, **cfg.schedule_flags, **cfg.kinds, **cfg.switches}
     extra = [k for k in fields if k not in own and given.get(k) is not None]
     if extra:
@@ -122,3 +128,36 @@ def model_of(preset: str, **given):
         raise ValueError(f"--{extra[0].replace('_', '-')} is a {owner.noun} {what}; {preset!r} is an {cfg.noun} "
                          f"({presets_of(owner)})")
     return cfg.replace(**{k: given.get(k) for k in (*cfg.dimensions, *cfg.kinds, *cfg.switches)})
+
+
+def _required(family) -> list[str]:
+    """A family's dimensions with no default: those a model from flags must be given (its dataclass fields)."""
+    return [f.name for f in dataclasses.fields(family)
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+
+
+def model_from_fields(**given):
+    """The model ``given`` describes with no preset (None: not given): of the families in FAMILIES whose fields
+    (dimensions, schedule flags, kinds, switches) hold every field given, the one whose required dimensions
+    (_required) are all given; the others take their dataclass defaults. The FFN stack's fields (D, F, L) are a
+    subset of the transformer's, which also needs N (--heads) and T (--seq-len): --d-model --d-ff --blocks alone
+    make an FFN stack; any field only a transformer has (--heads, --seq-len, --vocab, --mlp, --attention, ...)
+    makes a transformer. ValueError naming the missing flags (or the fields no one family has)."""
+    named = [k for k, v in given.items() if v is not None and v is not False]
+    flag = lambda k: f"--{k.replace('_', '-')}"  # noqa: E731
+    if not named:
+        raise ValueError("give --preset, or the model's dimensions: " + "; ".join(
+            f"{' '.join(map(flag, _required(f)))} (a{'n' if f.noun[0] in 'AEFIOU' else ''} {f.noun})"
+            for f in FAMILIES))
+    own = {f: {**f.dimensions, **f.schedule_flags, **f.kinds, **f.switches} for f in FAMILIES}
+    fams = [f for f in FAMILIES if all(k in own[f] for k in named)]
+    if not fams:
+        raise ValueError("no model family has all of " + " ".join(map(flag, named)) + "; " + "; ".join(
+            f"{f.noun}: {' '.join(map(flag, own[f]))}" for f in FAMILIES))
+    whole = [f for f in fams if all(k in named for k in _required(f))]
+    if not whole:
+        raise ValueError("a model with no --preset needs " + " or ".join(
+            f"{' '.join(flag(k) for k in _required(f) if k not in named)} (a{'n' if f.noun[0] in 'AEFIOU' else ''} "
+            f"{f.noun}: {' '.join(map(flag, _required(f)))})" for f in fams) + "; give them or --preset NAME")
+    fam = whole[0]  # the fewest fields: the FFN stack's D, F, L before the transformer's
+    return fam(**{k: given[k] for k in (*fam.dimensions, *fam.kinds, *fam.switches) if given.get(k) is not None})

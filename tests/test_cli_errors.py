@@ -46,7 +46,7 @@ CASES = [
     (f"{TRAIN} --d-ff 0", r"--d-ff must be a positive integer, got 0"),
     (f"{TRAIN} --d-ff 255", r"d_ff=255 is not divisible by the tensor shard count 2"),
     (f"{TRAIN} --blocks -1", r"--blocks must be a positive integer, got -1"),
-    (f"{TRAIN} --blocks 1.5", r"argument --blocks: invalid int value: '1.5'"),
+    (f"{TRAIN} --blocks 1.5", r"argument --blocks/--layers: invalid int value: '1.5'"),
     (f"{TRAIN} --remat half", r"argument --remat: invalid choice: 'half'"),
     # batch, steps, optimizer, seed
     (f"{TRAIN} --batch-tokens 0", r"--batch-tokens must be a positive integer, got 0"),
