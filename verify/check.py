@@ -269,11 +269,12 @@ CPU_SP_STAGE_GRID = [
      Schedule(4, pipeline="1f1b", sequence_parallel=True)),
     (_TF_V, "stage=2,fsdp=2,tensor=2", 4096, "none", "forward", Schedule(4, pipeline="1f1b", sequence_parallel=True)),
 ]
-# On TPU v5p ahead of time: PIPE_TF's 1F1B row of TPU_TF_STAGE_GRID with sequence parallelism (the peak: a chunk's
-# residuals and 2S − 1 stage inputs, each the token split)
+# On TPU v5p ahead of time: PIPE_TF's interleaved 1F1B row of TPU_TF_STAGE_GRID with sequence parallelism (the peak:
+# a chunk's residuals and 2RS − 1 chunk inputs, the token split; compiled 6.169 GB against 6.109, 1.010). Its 1F1B
+# row (R = 1) peaks at 6.816 GB against 6.177 (1.103): the ~0.7 GB the row without SP leaves too (docs/findings.md)
 TPU_SP_STAGE_GRID = [
     ("tpu:v5p:2x2x2", PIPE_TF, "stage=4,tensor=2", 8 * 8 * 2048, "none", "train",
-     Schedule(8, pipeline="1f1b", attention="flash", sequence_parallel=True)),
+     Schedule(8, repeats=2, pipeline="1f1b", attention="flash", sequence_parallel=True)),
 ]
 
 
