@@ -23,7 +23,8 @@ Collectives per layer (V, the Scaling Book's volume: the full array a collective
             the fused q/k/v and the MLP), V = c·t·D each; remat full one more (the recomputed W_o
             output, which the second norm needs). Sequence parallel (Korthikanti et al. 2022):
             forward 2 all-gathers + 2 reduce-scatters, backward 4 all-gathers (the norms' outputs
-            again, the outputs' gradients) + 2 reduce-scatters (+1 under remat full), V = c·t·D each.
+            again, the outputs' gradients) + 2 reduce-scatters (+1 under remat full), V = c·t·D each;
+            1F1B's second forward 2 all-gathers more (less those XLA drops of a one-layer chunk: dead_in_again).
             Parallel blocks: half of each (one reduction of the summed partials forward, one of the
             norm's input gradient backward), nothing again under remat full
   context   Ulysses: all-to-all of q, k, v and o forward and of their gradients backward,
