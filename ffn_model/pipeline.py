@@ -217,7 +217,8 @@ def accumulate(loss_and_grad, params, batch, microbatches: int, batch_shards: in
 
 
 def one_f_one_b(x_MxbxD, labels_Mxbx, weights: dict, head_params: dict, mesh, chunk, head, head_grad_axes: dict,
-                x_axes: tuple, repeats: int = 1, phases: bool = False, lookup=None):  # 12 parameters: each family
+                x_axes: tuple, repeats: int = 1, phases: bool = False, lookup=None,
+                ids_axes: tuple | None = None):  # 13 parameters: each family
     # passes its own stacks, chunk, head (and lookup) and layouts; the schedule's sizes come from the mesh and x
     """The 1F1B schedule (Narayanan et al. 2021, PipeDream-Flush; Megatron-LM's default) and, with ``repeats`` R > 1,
     its interleaved form (Megatron's virtual stages: stage s runs chunks s, S + s, ..., (R − 1)·S + s of L/(S·R)
@@ -255,11 +256,14 @@ def one_f_one_b(x_MxbxD, labels_Mxbx, weights: dict, head_params: dict, mesh, ch
     = (first, first_grad), ``x_MxbxD`` are token ids and stage 0 looks its microbatch up in the forward slot,
     ``first(ids, head_params)``, and adds ``first_grad(ids, dx)`` ({name: gradient}) to the head's accumulators in the
     backward slot (Megatron-LM's first stage holds the embedding): no stage holds the embedded batch or its gradient (dx
-    comes back None)."""
+    comes back None). ``ids_axes``: the logical axes of a microbatch of token ids (the labels and, with ``lookup``,
+    the input), when they are not ``x_axes``' leading ones (under sequence parallelism x is split along the
+    tokens over tensor, the ids are not)."""
     S, M, R, dp = mesh.shape["stage"], x_MxbxD.shape[0], repeats, mesh.shape["data"]
-    labels_MxDxbx = _by_data(labels_Mxbx, 1, (None, *x_axes[:labels_Mxbx.ndim - 1]), dp)
+    label_axes = x_axes if labels_Mxbx.ndim == x_MxbxD.ndim and not lookup else (ids_axes or x_axes)
+    labels_MxDxbx = _by_data(labels_Mxbx, 1, (None, *label_axes[:labels_Mxbx.ndim - 1]), dp)
     if lookup:  # the ids, as the labels: every stage holds them (int32), stage 0 looks them up
-        x_SxMxDxbxD = _by_data(x_MxbxD, 1, (None, *x_axes[:x_MxbxD.ndim - 1]), dp)[None]
+        x_SxMxDxbxD = _by_data(x_MxbxD, 1, (None, *(ids_axes or x_axes)[:x_MxbxD.ndim - 1]), dp)[None]
     else:
         x_SxMxDxbxD = _by_data(to_every_stage(x_MxbxD, S, x_axes), 2, ("stages", None, *x_axes), dp)
     stage = {k: PartitionSpec("stage") for k in weights}

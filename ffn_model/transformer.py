@@ -309,6 +309,15 @@ def _look_up_rows(e_RxD, ids):
     return jax.lax.psum(jnp.where(hit[..., None], jnp.take(e_RxD, idx, axis=0), 0).astype(e_RxD.dtype), "tensor")
 
 
+def _look_up_rows_sp(e_RxD, ids):
+    """_look_up_rows with the sum reduce-scattered over tensor along the tokens (dimension 1, T): each device its
+    T/Y of the device's tokens, as the token split of sequence parallelism lays them (seq_sp: context, then
+    tensor)."""
+    idx, hit = _rows(ids, e_RxD.shape[0])
+    x = jnp.where(hit[..., None], jnp.take(e_RxD, idx, axis=0), 0).astype(e_RxD.dtype)
+    return jax.lax.psum_scatter(x, "tensor", scatter_dimension=1, tiled=True)
+
+
 def _scatter_rows(ids, dx, rows: int):
     """Inside a shard_map manual over tensor: the tokens' gradients summed into the device's ``rows`` rows (FP32),
     rounded to BF16."""
@@ -387,14 +396,16 @@ def _loop_manual(f, in_specs, out_specs):
                          axis_names=set(mesh.axis_names) - set(mesh.manual_axes))
 
 
-def loop_lookup(ids_bxT, e_VxD):
+def loop_lookup(ids_bxT, e_VxD, sp: bool = False):
     """E[ids] inside 1F1B's loop (ffn_model.pipeline.one_f_one_b, manual over stage and data): ``e_VxD`` the
     gathered BF16 E (V over tensor), each device's V/Y rows looked up and the partial sums all-reduced over
     tensor; the parallel input embedding of ``embed``, one microbatch at a time on stage 0 (Megatron-LM's first
-    stage). (Sequence parallelism does not run with stages: Schedule.check.)"""
+    stage). ``sp`` (sequence parallelism): the partial sums reduce-scattered over tensor along the tokens instead
+    (X_SP_AXES, the layout the layers take; Korthikanti et al. 2022, section 4.2.2)."""
     P = jax.sharding.PartitionSpec
-    return _loop_manual(_look_up_rows, (P("tensor", None), logical_to_spec(IDS_AXES)), logical_to_spec(X_AXES))(
-        e_VxD, ids_bxT)
+    look = _look_up_rows_sp if sp else _look_up_rows
+    return _loop_manual(look, (P("tensor", None), logical_to_spec(IDS_AXES)),
+                        logical_to_spec(X_SP_AXES if sp else X_AXES))(e_VxD, ids_bxT)
 
 
 def loop_lookup_grad(ids_bxT, dx_bxTxD, vocab: int):
@@ -524,7 +535,8 @@ def transformer_pipeline_loss(params, batch, *, w: Workload, mesh):
     cfg, schedule, remat, batch_shards = w.model, w.schedule, w.remat, shards(w.mesh, "batch")
     M, R = schedule.microbatches, schedule.repeats
     axes = {n: LAYER_AXES[n] for n in layer_names(cfg.gated)}
-    vocab, tied = cfg.vocab is not None, cfg.tied_embeddings
+    vocab, tied, sp = cfg.vocab is not None, cfg.tied_embeddings, schedule.sequence_parallel
+    x_axes = X_SP_AXES if sp else X_AXES  # a microbatch between stages: under SP the token split (1/Y sent)
 
     def inputs(params):  # the stack's input [B, T, D] and the head's parameters: U, or tied the gathered E
         if not vocab:
@@ -540,7 +552,7 @@ def transformer_pipeline_loss(params, batch, *, w: Workload, mesh):
 
     def head(y, labels, hp):
         if not vocab:
-            return mse(y, labels, X_AXES)
+            return mse(y, labels, x_axes)
         return cross_entropy(output_logits(y, hp["u"], schedule), labels)
 
     labels = split_microbatches(batch["y"], M, batch_shards)
@@ -548,7 +560,7 @@ def transformer_pipeline_loss(params, batch, *, w: Workload, mesh):
     def gpipe(params):
         x, hp = inputs(params)
         weights = circular_layout({n: params[n] for n in axes}, axes, mesh, R)
-        ys = pipeline_outputs(split_microbatches(x, M, batch_shards), weights, mesh, chunk, X_AXES, repeats=R,
+        ys = pipeline_outputs(split_microbatches(x, M, batch_shards), weights, mesh, chunk, x_axes, repeats=R,
                               to_stages=True)
         return jnp.mean(jax.vmap(lambda y, lab: head(y, lab, hp), spmd_axis_name="stage")(ys, labels))
 
@@ -563,12 +575,12 @@ def transformer_pipeline_loss(params, batch, *, w: Workload, mesh):
         # the stacks as the schedule runs them (R > 1: re-laid so stage s holds chunks s, S + s, ...; the
         # gradients re-laid back by the transpose)
         weights, relay_vjp = jax.vjp(lambda ws: circular_layout(ws, axes, mesh, R), {n: params[n] for n in axes})
-        run = functools.partial(one_f_one_b, weights=weights, mesh=mesh, chunk=chunk, head=head, x_axes=X_AXES,
-                                repeats=R, phases=schedule.warmup_phases)
+        run = functools.partial(one_f_one_b, weights=weights, mesh=mesh, chunk=chunk, head=head, x_axes=x_axes,
+                                repeats=R, phases=schedule.warmup_phases, ids_axes=IDS_AXES)
         if vocab:  # token ids in: stage 0 looks each microbatch up in the loop, E's gradient accumulated there
             hp, hp_vjp = jax.vjp(matrices, params)
             key = "u" if tied else "e"
-            lookup = (lambda ids, h: loop_lookup(ids, h[key]),
+            lookup = (lambda ids, h: loop_lookup(ids, h[key], sp),
                       lambda ids, dx: {key: loop_lookup_grad(ids, dx, cfg.vocab)})
             # the matrices' gradients, reduced to their shards each iteration
             loss, dw, dhp, _ = run(split_microbatches(batch["x"], M, batch_shards), labels, head_params=hp,

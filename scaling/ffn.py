@@ -89,7 +89,11 @@ class FFNConfig:
                              "full")
 
     def check_schedule(self, schedule: Schedule, mesh: Mapping, batch_tokens: int | None = None) -> None:
-        """No rule of its own before the shared ones (Schedule.check)."""
+        """Before the shared rules (Schedule.check): sequence parallelism with pipeline stages is the transformer's
+        (the FFN stack's pipeline carries its activations whole over tensor)."""
+        if schedule.sequence_parallel and mesh.get("stage", 1) > 1:
+            raise ValueError("sequence_parallel with pipeline stages is built for the transformer; the FFN stack runs "
+                             "one or the other (leave sequence parallelism off, or stage=1)")
 
     def check_batch_split(self, schedule: Schedule, mesh: Mapping, batch_tokens: int | None = None) -> None:
         """B divisible by microbatches·data·fsdp (·tensor with sequence parallelism: batch_sp)."""

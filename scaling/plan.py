@@ -332,6 +332,16 @@ class Choices:
                    one(sequence_parallel, (False, True)), one(optimizer_sharding, ("fsdp",)))
 
 
+def _sequence_parallel(asked: tuple, mesh) -> list:
+    """The sequence-parallel choices tried on ``mesh``: those asked for that it can run (SP needs a tensor axis: a
+    mesh without one runs no plan where only SP was asked, never one without it); with stages and a tensor axis,
+    when both are asked (the default), SP only: Megatron-LM's layout with tensor and pipeline parallelism (Korthikanti
+    et al. 2022; its tensor-parallel overlap requires it), which keeps the planner's work at one choice per staged
+    mesh (both doubled the pod plan's evaluations, tests/test_plan_transformer.py)."""
+    ok = [v for v in asked if mesh["tensor"] > 1 or not v]
+    return [True] if mesh["stage"] > 1 and len(ok) > 1 else ok
+
+
 def schedules(cfg, mesh: MeshShape, choices: Choices, max_microbatches: int, max_repeats: int,
               made: dict | None = None) -> list[tuple]:
     """(Schedule with an array of microbatch counts, remat) pairs the planner evaluates on ``mesh``, those
@@ -357,7 +367,7 @@ def schedules(cfg, mesh: MeshShape, choices: Choices, max_microbatches: int, max
     out, made = [], {} if made is None else made
     for (pipe, R), att, ctx, sp, opt in itertools.product(
             pipes, choices.attentions, choices.contexts if mesh["context"] > 1 else choices.contexts[:1],
-            [v for v in choices.sequence_parallel if mesh["tensor"] > 1 and S == 1] or [False],
+            _sequence_parallel(choices.sequence_parallel, mesh),
             [v for v in choices.optimizer_sharding if mesh["data"] > 1 and S == 1] or ["fsdp"]):
         ms = tuple(microbatches_for(S, R, max_microbatches) if S > 1 else [1])
         sched = made.get((ms, R, sp, att, ctx, opt, pipe))

@@ -153,8 +153,6 @@ class Schedule:
         if self.fsdp_gather == "step" and S == 1:
             raise ValueError("fsdp_gather='step' (weights gathered once per step) is for pipelined stages: "
                              "without a stage axis every microbatch gathers them")
-        if self.sequence_parallel and S > 1:
-            raise ValueError("sequence_parallel with pipeline stages is not supported: use one or the other")
         if self.sequence_parallel and mesh.get("tensor", 1) == 1:
             raise ValueError("sequence_parallel splits the activations over the tensor axis; the mesh has none "
                              "(give tensor > 1 in the mesh, or leave sequence parallelism off)")

@@ -23,7 +23,8 @@ Collectives per layer (V, the Scaling Book's volume: the full array a collective
             the fused q/k/v and the MLP), V = c·t·D each; remat full one more (the recomputed W_o
             output, which the second norm needs). Sequence parallel (Korthikanti et al. 2022):
             forward 2 all-gathers + 2 reduce-scatters, backward 4 all-gathers (the norms' outputs
-            again, the outputs' gradients) + 2 reduce-scatters (+1 under remat full), V = c·t·D each.
+            again, the outputs' gradients) + 2 reduce-scatters (+1 under remat full), V = c·t·D each;
+            1F1B's second forward 2 all-gathers more (less those XLA drops of a one-layer chunk: dead_in_again).
             Parallel blocks: half of each (one reduction of the summed partials forward, one of the
             norm's input gradient backward), nothing again under remat full
   context   Ulysses: all-to-all of q, k, v and o forward and of their gradients backward,
@@ -373,21 +374,22 @@ def dead_in_again(cfg: TransformerConfig, remat: str, p: dict) -> dict:
     """What XLA drops from 1F1B's second forward (the backward slot's, which only makes the residuals) when a
     chunk is one layer (a loop of one trip: the layer's work past what the backward reads is dead; in a longer
     chunk the scan's body is the same for every layer and runs whole): {"mlp": the MLP matrices' share
-    dropped, "out": W_o dropped (0|1), "attention_units", "qkv", "reductions": tensor reductions dropped}.
-    What the backward reads (POLICY_KEEPS): policies that keep the MLP hidden drop W_out; the save_dot
+    dropped, "out": W_o dropped (0|1), "attention_units", "qkv", "reductions": tensor reductions dropped,
+    "gathers": under sequence parallelism the norms' all-gathers over tensor dropped (norm2's with the MLP, norm1's
+    with q, k, v)}. What the backward reads (POLICY_KEEPS): policies that keep the MLP hidden drop W_out; the save_dot
     policies the MLP; save_qkv_proj the attention, W_o and the MLP; full (the input is all it reads) the layer.
     Serial blocks (a parallel block's fused matmuls are not modelled here)."""
-    none = {"mlp": 0.0, "out": 0, "attention_units": 0, "qkv": 0, "reductions": 0}
+    none = {"mlp": 0.0, "out": 0, "attention_units": 0, "qkv": 0, "reductions": 0, "gathers": 0}
     if not p["again"] or p["chunk"] != 1:  # not 1F1B, or chunks of more than one layer
         return none
     keeps = POLICY_KEEPS[remat]
     if "mlp_in" in keeps:
         return {**none, "mlp": 1 / cfg.mlp_matrices, "reductions": 1}
     if "out" in keeps:
-        return {**none, "mlp": 1.0, "reductions": 1}
+        return {**none, "mlp": 1.0, "reductions": 1, "gathers": 1}
     if "qkv" in keeps:
-        return {**none, "mlp": 1.0, "out": 1, "attention_units": 4, "reductions": 2}
-    return {**none, "mlp": 1.0, "out": 1, "attention_units": 4, "qkv": 1, "reductions": 2}  # full: all of it
+        return {**none, "mlp": 1.0, "out": 1, "attention_units": 4, "reductions": 2, "gathers": 1}
+    return {**none, "mlp": 1.0, "out": 1, "attention_units": 4, "qkv": 1, "reductions": 2, "gathers": 2}  # full
 
 
 def layer_weight_bytes(cfg: TransformerConfig, mesh: Mapping, precision: Precision = DEFAULT_PRECISION) -> float:
@@ -514,9 +516,14 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
         redo = rc["out"] + (r - dead_in_again(cfg, remat, p)["reductions"]) * p["again"] if train else 0
         vocab = 0 if cfg.vocab is None else 1  # the lookup, and the output layer's input (and its gradient)
         ends = vocab * act * (p["lookup"] + (p["head"] if train else 0))
-        if schedule.sequence_parallel:
-            out["tensor"] = {"all-gather": L * act * r * (3 if train else 1) + ends,
-                             "reduce-scatter": L * act * (r * (2 if train else 1) + redo) + ends}
+        if schedule.sequence_parallel:  # 1F1B's forward again gathers the norms' outputs again (less what XLA drops)
+            gather_again = (r - dead_in_again(cfg, remat, p)["gathers"]) * p["again"] if train else 0
+            # the ends: the lookup's reduce-scatter (its gradient's all-gather), the final norm's all-gather (its
+            # gradient's reduce-scatter); a forward step runs the two forwards only
+            ends_ag = vocab * act * ((p["lookup"] if train else 0) + p["head"])
+            ends_rs = vocab * act * (p["lookup"] + (p["head"] if train else 0))
+            out["tensor"] = {"all-gather": L * act * (r * (3 if train else 1) + gather_again) + ends_ag,
+                             "reduce-scatter": L * act * (r * (2 if train else 1) + redo) + ends_rs}
         else:
             out["tensor"] = {"all-reduce": L * act * (r * (2 if train else 1) + redo) + ends}
         if vocab:  # the loss over the vocabulary shards: the max (BF16 logits), Σ exp and the label's logit (FP32)
@@ -584,10 +591,15 @@ def stage_volumes(w: Workload, c: float) -> dict[str, float]:
     in the forward and again for the gradient). All-reduced over stage (train): GPipe and circular, the input's gradient
     (stage 0's, c·t·D, to the embedding's backward, which every stage runs) and the output matrix's gradient
     (c·V·D/(X·Y)); 1F1B, the k matrices' FP32 accumulators (the lookup's on stage 0, the output layer's on the last;
-    tied one), summed in BF16, k·c·V·D/(X·Y); and the loss (4 bytes)."""
+    tied one), summed in BF16, k·c·V·D/(X·Y); and the loss (4 bytes). Under sequence parallelism every activation,
+    gradient and input gradient above is the token split: D -> D/Y (Korthikanti et al. 2022, section 4.2.3: the
+    pipeline message scattered over tensor and gathered on arrival, here by the next layer's own all-gather)."""
     cfg, mesh, schedule, train = w.model, w.mesh, w.schedule, w.step == "train"
     s, t, X, Y, C, d = _dims(cfg, mesh, w.batch_tokens)
-    S, M, D, p = mesh["stage"], schedule.microbatches, cfg.d_model, passes(w)
+    S, M, p = mesh["stage"], schedule.microbatches, passes(w)
+    # sequence parallelism: every activation (and gradient) a stage sends, and the input's gradient, is the token
+    # split, D/Y per token (Megatron's scatter/gather of the pipeline message: each tensor rank sends 1/Y of it)
+    D = cfg.d_model / (Y if schedule.sequence_parallel else 1)
     directions = 2 if train else 1
     permute = directions * p["iterations"] * c * t / M * D
     if p["again"] and train and schedule.warmup_phases:  # XLA unrolls a phase of one iteration and drops its permute
@@ -602,9 +614,9 @@ def stage_volumes(w: Workload, c: float) -> dict[str, float]:
     out = {"collective-permute": permute, "all-reduce": 4.0}
     if train and cfg.vocab and p["again"]:  # 1F1B: the matrices' FP32 accumulators (the lookup's on stage 0, the
         # output layer's on the last; tied one), summed in BF16
-        out["all-reduce"] += cfg.embedding_matrices * c * cfg.vocab * D / (X * Y)
+        out["all-reduce"] += cfg.embedding_matrices * c * cfg.vocab * cfg.d_model / (X * Y)
     elif train and cfg.vocab:
-        out["all-reduce"] += c * t * D + c * cfg.vocab * D / (X * Y)
+        out["all-reduce"] += c * t * D + c * cfg.vocab * cfg.d_model / (X * Y)
     return out
 
 
@@ -679,7 +691,9 @@ def memory_per_device(w: Workload) -> dict:
     re-laid FP32 copy of the stage's layers (master·P_layers/(S·X·Y)). Under full remat with ring attention
     the forward's phase, where it exceeds the backward's (ring_forward_phase). A forward step holds the master
     weights, one layer's gathered weights (none without fsdp: the casts fuse into the matmuls) and
-    working set. (Each term is an allocation of XLA's memory-usage report: docs/findings.md, memory.)"""
+    working set. Pipeline stages under sequence parallelism: the stage inputs 1F1B keeps, the pipeline's buffers and
+    the input's gradient are the token split, c·t·D/Y each. (Each term is an allocation of XLA's memory-usage report:
+    docs/findings.md, memory.)"""
     cfg, mesh, batch_tokens, remat, schedule, precision, step = (w.model, w.mesh, w.batch_tokens, w.remat,
                                                                 w.schedule, w.precision, w.step)
     S = mesh.get("stage", 1)
@@ -718,8 +732,9 @@ def memory_per_device(w: Workload) -> dict:
     kept = saved_per_layer(cfg, mesh, batch_tokens, remat, schedule, precision)
     saved = sum(kept.values())
     c = precision.compute
+    x_between = c * t * D / (Y if schedule.sequence_parallel else 1)  # a microbatch between layers (SP: token split)
     if train and p["again"]:  # 1F1B: one chunk's residuals (its backward slot) and the chunk inputs in flight
-        terms["activations"] = p["chunk"] * saved + pipeline.kept_inputs(schedule, S) * c * t * D
+        terms["activations"] = p["chunk"] * saved + pipeline.kept_inputs(schedule, S) * x_between
     elif train:  # every layer-pass's residuals (GPipe and circular: every iteration's, bubble ones included)
         terms["activations"] = p["layers"] * M * saved
     if S > 1 and schedule.repeats > 1:  # circular and interleaved 1F1B: the stage's FP32 layers re-laid so that stage
@@ -731,7 +746,7 @@ def memory_per_device(w: Workload) -> dict:
         terms["pipeline_buffers"] = 4 * k * V * D / (X * Y) + (k - 1) * c * V * D / Y
     elif S > 1:  # the embedded batch given to every stage, and the microbatch buffer (GPipe) or the input's
         # gradient (1F1B)
-        terms["pipeline_buffers"] = 2 * M * c * t * D
+        terms["pipeline_buffers"] = 2 * M * x_between
     if train and remat != "none":  # the layer whose backward runs holds its recomputed forward's residuals
         none = saved_per_layer(cfg, mesh, batch_tokens, "none", schedule, precision)
         terms["recomputed_layer"] = sum(none.values()) - saved

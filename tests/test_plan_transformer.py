@@ -76,13 +76,16 @@ def test_seventy_billion_plans_span_every_axis():
     2·N·H·D = 134,217,728, mlp 2·3·D·F = 1,409,286,144, attention 2·T·N·H = 2·8192·64·128 = 134,217,728
     (a layer: 1,845,493,760), logits 2·D·V = 2,101,346,304: (80·1,845,493,760 + 2,101,346,304)·3·8192 =
     3.6803e15 FLOPs, at C = 4.59e14 FLOP/s 8.018 s (= MFU · step)."""
+    remats = set()  # on H100s every mesh's best keeps save_dot_except_mlpwi since stages take sequence parallelism
     for chip, chips in ((H100, 512), (V5P, 512)):
         plans = plan(LLAMA3_70B, chip, chips, 2**22, form="scheduled",
                      choices=Choices.of(LLAMA3_70B, attention="flash"))
         assert plans and all(r.memory_bytes <= chip.hbm_budget for r in plans)
         for axis in ("data", "stage", "fsdp", "context", "tensor"):
             assert any(r.mesh[axis] > 1 for r in plans), (chip.name, axis)
-        assert len({r.remat for r in plans}) >= 2 and any(r.sequence_parallel for r in plans)
+        remats |= {r.remat for r in plans}
+        assert any(r.sequence_parallel for r in plans)
+    assert len(remats) >= 2, remats
     for pipe in ("gpipe", "1f1b"):
         staged = [r for r in plan(LLAMA3_70B, V5P, 512, 2**22, choices=Choices.of(LLAMA3_70B, pipeline=pipe,
                                                                                    attention="flash"))
@@ -102,7 +105,8 @@ def test_plan_of_a_full_v5p_pod_is_evaluated_in_stacks():
     (program.StepModel.step, bounded below by the compute term already made for the screen: kernels.compute_term),
     the whole prediction only for the plans returned, and each remat policy sized only where no policy that keeps
     more fits (plan._screen). The counts hold that work: predictions at most one per (group, schedule, policy)
-    whose plan is returned (149), the step's collective volumes at most 711, memory at most 947, kernels 423.
+    whose plan is returned (149), the step's collective volumes at most 711, memory at most 947, kernels 423 (with
+    sequence parallelism on the staged meshes, issue 37: 113 predictions, 595 volumes, 1,284 memory, 506 kernels).
     Its time: CPU seconds in a fresh process, as the plan command runs, after a small plan (imports and caches
     warm), the fastest of three runs; issue 20's bound was 2 s (1.69-1.86 s), the issue's goal 1 s, measured on a
     quiet machine 1.65 s (docs/findings.md, "The planner's time"): the bound here is 3 s, since the suite runs two
@@ -141,7 +145,7 @@ def test_plan_of_a_full_v5p_pod_is_evaluated_in_stacks():
     out = json.loads(r.stdout)
     assert out["plans"] > 0 and out["slices"] == [2] and out["same"]
     c = out["counts"]
-    assert c["predictions"] <= 149 and c["volumes"] <= 711 and c["memory"] <= 947 and c["kernels"] <= 423, c
+    assert c["predictions"] <= 149 and c["volumes"] <= 711 and c["memory"] <= 1284 and c["kernels"] <= 506, c
     assert min(out["seconds"]) < 3.0, out["seconds"]
 
 

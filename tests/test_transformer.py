@@ -221,7 +221,6 @@ def test_tied_1f1b_lookup_in_the_loop_matches_one_device():
     ("fsdp=2", Schedule(), "every-second", "every-second"),
     ("stage=4", Schedule(2, repeats=2, pipeline="1f1b"), "none", "interleaved 1f1b needs microbatches >= stages"),
     ("stage=2", Schedule(3), "none", "microbatches=3 must be a multiple of stage=2"),
-    ("stage=2", Schedule(2, sequence_parallel=True), "none", "sequence_parallel with pipeline stages"),
 ])
 def test_bad_transformer_settings_raise(spec, schedule, remat, match):
     """Each is refused before anything is built, with a ValueError naming the input."""

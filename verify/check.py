@@ -268,6 +268,27 @@ UNEVEN_STAGE_GRID = [
 TPU_UNEVEN_STAGE_GRID = [
     ("tpu:v5p:2x2x2", _MEDIUM.replace(blocks=5), "stage=2,fsdp=2,tensor=2", 8192, "none", "train", Schedule(4)),
 ]
+# Sequence parallelism with pipeline stages (Megatron's layout: the token split between layers inside every stage,
+# the split activation sent from stage to stage, D/Y per token). On 8 emulated CPU devices: GPipe, 1F1B, interleaved
+# 1F1B (chunks of one layer: the second forward's gathers XLA drops, dead_in_again), circular without a vocabulary,
+# a one-layer 1F1B chunk under save_dot_except_mlp (norm2's gather dropped with the MLP), and the forward step
+CPU_SP_STAGE_GRID = [
+    (_TF_V, "stage=2,fsdp=2,tensor=2", 4096, "none", "train", Schedule(4, sequence_parallel=True)),
+    (_TF_V, "stage=2,tensor=4", 4096, "none", "train", Schedule(4, pipeline="1f1b", sequence_parallel=True)),
+    (_TF_V, "stage=2,fsdp=2,tensor=2", 4096, "full", "train",
+     Schedule(4, repeats=2, pipeline="1f1b", sequence_parallel=True)),
+    (_SMALL_TF, "stage=2,fsdp=2,tensor=2", 4096, "none", "train", Schedule(4, repeats=2, sequence_parallel=True)),
+    (_SMALL_TF, "stage=4,tensor=2", 4096, "save_dot_except_mlp", "train",
+     Schedule(4, pipeline="1f1b", sequence_parallel=True)),
+    (_TF_V, "stage=2,fsdp=2,tensor=2", 4096, "none", "forward", Schedule(4, pipeline="1f1b", sequence_parallel=True)),
+]
+# On TPU v5p ahead of time: PIPE_TF's interleaved 1F1B row of TPU_TF_STAGE_GRID with sequence parallelism (the peak:
+# a chunk's residuals and 2RS − 1 chunk inputs, the token split; compiled 6.169 GB against 6.109, 1.010). Its 1F1B
+# row (R = 1) peaks at 6.816 GB against 6.177 (1.103): the ~0.7 GB the row without SP leaves too (docs/findings.md)
+TPU_SP_STAGE_GRID = [
+    ("tpu:v5p:2x2x2", PIPE_TF, "stage=4,tensor=2", 8 * 8 * 2048, "none", "train",
+     Schedule(8, repeats=2, pipeline="1f1b", attention="flash", sequence_parallel=True)),
+]
 
 
 def default_chip(devices) -> Chip:
