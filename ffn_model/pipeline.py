@@ -221,7 +221,9 @@ def one_f_one_b(x_MxbxD, labels_Mxbx, weights: dict, head_params: dict, mesh, ch
     ``first(ids, head_params)``, and adds ``first_grad(ids, dx)`` ({name: gradient}) to the head's accumulators in the
     backward slot (Megatron-LM's first stage holds the embedding): no stage holds the embedded batch or its gradient (dx
     comes back None)."""
-    S, M, R, dp = mesh.shape["stage"], x_MxbxD.shape[0], repeats, mesh.shape["data"]
+    # data already manual (inside ZeRO-1's shard_map, ffn_model.zero1.data_partials): this data shard's batch only
+    dd = None if "data" in mesh.manual_axes else "data"
+    S, M, R, dp = mesh.shape["stage"], x_MxbxD.shape[0], repeats, mesh.shape["data"] if dd else 1
     labels_MxDxbx = _by_data(labels_Mxbx, 1, (None, *x_axes[:labels_Mxbx.ndim - 1]), dp)
     if lookup:  # the ids, as the labels: every stage holds them (int32), stage 0 looks them up
         x_SxMxDxbxD = _by_data(x_MxbxD, 1, (None, *x_axes[:x_MxbxD.ndim - 1]), dp)[None]
@@ -233,14 +235,14 @@ def one_f_one_b(x_MxbxD, labels_Mxbx, weights: dict, head_params: dict, mesh, ch
 
     # manual over data too: each data shard accumulates its own partial gradients through the loop, reduced once
     # after it (an automatic data axis would all-reduce every iteration's)
-    per_data = {k: PartitionSpec("data", "stage") for k in weights}  # the gradients, one partial sum per data shard
+    per_data = {k: PartitionSpec(dd, "stage") for k in weights}  # the gradients, one partial sum per data shard
 
     @functools.partial(jax.shard_map, mesh=mesh,
-                       in_specs=(P(None, None, "data") if lookup else P("stage", None, "data"), P(None, "data"), stage,
+                       in_specs=(P(None, None, dd) if lookup else P("stage", None, dd), P(None, dd), stage,
                                  P()),
-                       out_specs=(P("stage", "data"), per_data, P("stage", "data"))
-                       + (() if lookup else (P("stage", None, "data"),)),
-                       axis_names={"stage", "data"}, check_vma=False)
+                       out_specs=(P("stage", dd), per_data, P("stage", dd))
+                       + (() if lookup else (P("stage", None, dd),)),
+                       axis_names={"stage", "data"} - set(mesh.manual_axes), check_vma=False)
     def run(x, labels, ws, hp):
         return _run_loop(loop, x, labels, ws, hp)
 

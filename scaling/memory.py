@@ -110,3 +110,20 @@ def min_shards_with_activations(
     total = (state_bytes(cfg, precision)
              + activation_fraction * activation_bytes_per_token(cfg, precision) * batch_tokens)
     return math.ceil(total / hbm_bytes)
+
+
+ZERO1_ALIGN = 128  # elements: Megatron-LM's bucket alignment (256 bytes of >= 16-bit values)
+
+
+def zero1_padded(n, data, align: int = ZERO1_ALIGN):
+    """N_pad = ⌈N / lcm(data, 128)⌉·lcm(data, 128): a device's flat ZeRO-1 buffer of N elements padded at its end so
+    that it splits evenly over the ``data`` ranks (Megatron-LM's distributed optimizer,
+    megatron/core/distributed/param_and_grad_buffer.py, _pad_end_of_bucket_if_needed without
+    pad_buckets_for_high_nccl_busbw; this package's buffer is one bucket. Its 64-element alignment of each
+    parameter's start, _pad_start_of_param_if_needed, is not followed: the parameters are laid end to end).
+    Integers in, an int out; numpy arrays (the planner's) elementwise."""
+    import numpy as np
+
+    q = np.lcm(np.asarray(data, dtype=np.int64), align)
+    out = np.ceil(np.asarray(n) / q) * q
+    return int(out) if np.ndim(out) == 0 else out

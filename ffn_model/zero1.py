@@ -1,0 +1,131 @@
+"""ZeRO-1 as a distributed optimizer (Schedule.optimizer_sharding "zero1"): Megatron-LM's distributed optimizer and
+DeepSpeed's ZeRO stage 1 on a jax mesh.
+
+Each device's gradients are its data shard's partial sums (data_partials: the loss and its gradient in a jax.shard_map
+manual over ``data``, so nothing is reduced over data inside the step). The optimizer then works on one flat buffer
+per device (flat_update, in a jax.shard_map manual over every axis): the device's own shards of every parameter
+(its fsdp, tensor and stage pieces) laid end to end in the order of jax.tree.leaves, N elements, padded at the end
+to N_pad, a multiple of lcm(data, 128) (Megatron-LM's bucket padding, scaling.memory.zero1_padded), and split evenly
+over the data ranks: rank r owns elements [r·N_pad/data, (r + 1)·N_pad/data).
+
+  1. the BF16 gradient buffer reduce-scattered over data (psum_scatter): rank r receives its slice summed;
+  2. AdamW (the step's optax ``tx``) on the slice in FP32, with the slice's FP32 moments (mu, nu, kept between steps
+     as one flat array of N_pad/data elements per device);
+  3. the updated FP32 slice all-gathered over data and laid back into the parameters' shards.
+
+No model dimension has to divide by data. This package's FP32 master weights are the parameters the forward reads:
+they stay as they are without ZeRO-1 (sharded over fsdp·tensor·stage, replicated over data), so step 3 gathers FP32
+(Megatron-LM keeps BF16 model weights beside sharded FP32 masters and gathers BF16; here the masters are the model
+weights). The gradients are ZeRO stage 1's, not stage 2's: each device holds its data shard's full FP32 partial
+gradient of its parameter shards until the reduce-scatter.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import NamedSharding, PartitionSpec
+
+from ffn_model.sharded import COMPUTE_DTYPE
+from scaling.memory import zero1_padded
+from scaling.workload import Workload
+
+P = PartitionSpec
+
+
+def _spec_axes(spec: PartitionSpec) -> set:
+    return {a for e in spec if e for a in ((e,) if isinstance(e, str) else e)}
+
+
+def flat_axes(mesh, pshard) -> tuple[str, ...]:
+    """The mesh axes over which the devices' flat buffers differ: data (each rank its slice) and every axis some
+    parameter is split over; over the others (e.g. context) the buffers are copies."""
+    used = set().union(*(_spec_axes(s.spec) for s in jax.tree.leaves(pshard))) | {"data"}
+    return tuple(a for a in mesh.axis_names if a in used)
+
+
+def local_sizes(params, pshard) -> list[int]:
+    """Elements of each parameter's shard on one device, in jax.tree.leaves order."""
+    return [math.prod(s.shard_shape(p.shape)) for p, s in zip(jax.tree.leaves(params), jax.tree.leaves(pshard))]
+
+
+def slice_len(mesh, params, pshard) -> int:
+    """N_pad / data: the elements of the flat buffer one device owns (N = Σ local_sizes; zero1_padded)."""
+    d = mesh.shape["data"]
+    return zero1_padded(sum(local_sizes(params, pshard)), d) // d
+
+
+def opt_layout(tx, mesh, params, pshard):
+    """(abstract optimizer state, its shardings) under ZeRO-1: ``tx`` initialised on {"flat": [G·N_pad/data]} FP32,
+    G the product of flat_axes' sizes, split over flat_axes (each device its slice); scalars (the step count)
+    replicated."""
+    axes = flat_axes(mesh, pshard)
+    n = slice_len(mesh, params, pshard) * math.prod(mesh.shape[a] for a in axes)
+    flat = {"flat": jax.ShapeDtypeStruct((n,), jnp.float32)}
+    opt = jax.eval_shape(tx.init, flat)
+    spec = NamedSharding(mesh, P(axes))
+    oshard = optax.tree_map_params(tx, lambda _, s: s, opt, {"flat": spec},
+                                   transform_non_params=lambda _: NamedSharding(mesh, P()))
+    return opt, oshard
+
+
+def data_shard_workload(w: Workload) -> Workload:
+    """The program one data rank runs inside data_partials: ``w`` on its mesh with data = 1, B/data tokens, the
+    optimizer sharding fsdp (its loss, gradients and pipeline are the data=1 program's)."""
+    d = w.mesh["data"]
+    return w.replace(mesh={**w.mesh, "data": 1}, batch_tokens=w.batch_tokens // d,
+                     schedule=dataclasses.replace(w.schedule, optimizer_sharding="fsdp"))
+
+
+def data_partials(make, mesh, batch_specs):
+    """(params, batch) -> (loss, grads [data, *shape] FP32): ``make(mesh)``'s (params, batch) -> (loss, grads),
+    built on the abstract mesh inside, in a jax.shard_map manual over data,
+    each data rank on its B/data tokens: the loss scaled by 1/data (so the ranks' gradients sum to the gradient of
+    the batch mean) and its partial gradients stacked over data, unreduced; the loss summed over data (4 bytes)."""
+    d = mesh.shape["data"]
+
+    def local(params, batch):
+        loss, grads = make(jax.sharding.get_abstract_mesh())(params, batch)
+        return jax.lax.psum(loss / d, "data"), jax.tree.map(lambda g: (g / d)[None], grads)
+
+    def run(params, batch):
+        specs = jax.tree.map(lambda _: P(), params)
+        return jax.shard_map(local, mesh=mesh, in_specs=(specs, batch_specs), out_specs=(P(), P("data")),
+                             axis_names={"data"}, check_vma=False)(params, batch)
+
+    return run
+
+
+def flat_update(tx, mesh, pshard, oshard):
+    """(params, grads [data, ...], opt) -> (params, opt): steps 1-3 of the module docstring, manual over every mesh
+    axis."""
+    d = mesh.shape["data"]
+
+    def local(params, grads, opt):
+        leaves, tree = jax.tree.flatten(params)
+        sizes = [p.size for p in leaves]
+        n = sum(sizes)
+        pad = zero1_padded(n, d) - n
+        k = (n + pad) // d
+        g = jnp.concatenate([a.reshape(-1).astype(COMPUTE_DTYPE) for a in jax.tree.leaves(grads)]
+                            + [jnp.zeros((pad,), COMPUTE_DTYPE)])
+        g = jax.lax.psum_scatter(g, "data", scatter_dimension=0, tiled=True).astype(jnp.float32)
+        r = jax.lax.axis_index("data")
+        flat = jnp.concatenate([a.reshape(-1) for a in leaves] + [jnp.zeros((pad,), jnp.float32)])
+        p = jax.lax.dynamic_slice_in_dim(flat, r * k, k)
+        updates, opt = tx.update({"flat": g}, opt, {"flat": p})
+        new = jax.lax.all_gather(p + updates["flat"], "data", axis=0, tiled=True)
+        offsets = [0, *itertools.accumulate(sizes)]
+        out = [new[o:o + s].reshape(a.shape) for o, s, a in zip(offsets, sizes, leaves)]
+        return jax.tree.unflatten(tree, out), opt
+
+    pspecs = jax.tree.map(lambda s: s.spec, pshard)
+    gspecs = jax.tree.map(lambda s: P("data", *s.spec), pshard)
+    ospecs = jax.tree.map(lambda s: s.spec, oshard)
+    return jax.shard_map(local, mesh=mesh, in_specs=(pspecs, gspecs, ospecs), out_specs=(pspecs, ospecs),
+                         axis_names=set(mesh.axis_names), check_vma=False)
