@@ -174,22 +174,16 @@ def make_train_step(w: Workload, mesh, tx=None):
     accumulating = schedule.microbatches > 1 and w.mesh["stage"] == 1
     batch_shards = shards(local.mesh, "batch")
 
-    def make_grads(m):  # on the mesh ``m`` (inside zero1's shard_map: the abstract mesh, manual over data)
-        loss_and_grad = jax.value_and_grad(loss_fn(local, m))
+    loss_and_grad = jax.value_and_grad(loss_fn(local, mesh))
 
-        def grads_of(params, batch):
-            if accumulating:
-                return accumulate(loss_and_grad, params, batch, schedule.microbatches, batch_shards)
-            return loss_and_grad(params, batch)
-
-        return grads_of
+    def grads_of(params, batch):
+        if accumulating:
+            return accumulate(loss_and_grad, params, batch, schedule.microbatches, batch_shards)
+        return loss_and_grad(params, batch)
 
     if flat:
-        specs = {k: PartitionSpec("data") for k in ("x", "y")}
-        grads_of = zero1.data_partials(make_grads, mesh, specs)
+        grads_of = zero1.data_partials(grads_of, mesh)
         update = zero1.flat_update(tx, mesh, shardings["params"], shardings["opt"])
-    else:
-        grads_of = make_grads(mesh)
 
     def step(state, batch):
         loss, grads = grads_of(state["params"], batch)

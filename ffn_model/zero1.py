@@ -1,11 +1,12 @@
 """ZeRO-1 as a distributed optimizer (Schedule.optimizer_sharding "zero1"): Megatron-LM's distributed optimizer and
-DeepSpeed's ZeRO stage 1 on a jax mesh.
+DeepSpeed's ZeRO stage 1 on a jax mesh, on any data size and every schedule.
 
-Each device's gradients are its data shard's partial sums (data_partials: the loss and its gradient in a jax.shard_map
-manual over ``data``, so nothing is reduced over data inside the step). The optimizer then works on one flat buffer
-per device (flat_update, in a jax.shard_map manual over every axis): the device's own shards of every parameter
-(its fsdp, tensor and stage pieces) laid end to end in the order of jax.tree.leaves, N elements, padded at the end
-to N_pad, a multiple of lcm(data, 128) (Megatron-LM's bucket padding, scaling.memory.zero1_padded), and split evenly
+Each device's gradients are its data shard's partial sums (data_partials: one data shard's program, jax.vmap'ed over
+the data shards with spmd_axis_name "data", so that nothing is reduced over data inside the step while fsdp, tensor
+and stage run as they do without ZeRO-1). The optimizer then works on one flat buffer per device (flat_update, in a
+jax.shard_map manual over every axis): the device's own shards of every parameter (its fsdp, tensor and stage
+pieces) laid end to end in the order of jax.tree.leaves, N elements, padded at the end to N_pad, a multiple of
+128·data (scaling.memory.zero1_padded: how that follows Megatron-LM's and DeepSpeed's padding), and split evenly
 over the data ranks: rank r owns elements [r·N_pad/data, (r + 1)·N_pad/data).
 
   1. the BF16 gradient buffer reduce-scattered over data (psum_scatter): rank r receives its slice summed;
@@ -17,7 +18,8 @@ No model dimension has to divide by data. This package's FP32 master weights are
 they stay as they are without ZeRO-1 (sharded over fsdp·tensor·stage, replicated over data), so step 3 gathers FP32
 (Megatron-LM keeps BF16 model weights beside sharded FP32 masters and gathers BF16; here the masters are the model
 weights). The gradients are ZeRO stage 1's, not stage 2's: each device holds its data shard's full FP32 partial
-gradient of its parameter shards until the reduce-scatter.
+gradient of its parameter shards until the reduce-scatter. A checkpoint's optimizer state is the flat buffer of its
+mesh: it restores onto a mesh with the same flat layout only.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from ffn_model.sharded import COMPUTE_DTYPE
-from scaling.memory import zero1_padded
+from mesh.rules import VMAPPED_AXES
+from scaling.memory import ZERO1_ROW, zero1_padded
 from scaling.workload import Workload
 
 P = PartitionSpec
@@ -82,21 +85,21 @@ def data_shard_workload(w: Workload) -> Workload:
                      schedule=dataclasses.replace(w.schedule, optimizer_sharding="fsdp"))
 
 
-def data_partials(make, mesh, batch_specs):
-    """(params, batch) -> (loss, grads [data, *shape] FP32): ``make(mesh)``'s (params, batch) -> (loss, grads),
-    built on the abstract mesh inside, in a jax.shard_map manual over data,
-    each data rank on its B/data tokens: the loss scaled by 1/data (so the ranks' gradients sum to the gradient of
-    the batch mean) and its partial gradients stacked over data, unreduced; the loss summed over data (4 bytes)."""
+def data_partials(loss_and_grad, mesh):
+    """(params, batch) -> (loss, grads [data, *shape] FP32): ``loss_and_grad`` (params, batch) -> (loss, grads) of one
+    data shard's program (data_shard_workload) mapped over the data shards with jax.vmap(spmd_axis_name="data"):
+    the batch split [data, B/data, ...], each shard's gradients its partial sums, unreduced over data and scaled
+    by 1/data (so that they sum to the gradient of the batch mean); the loss their mean."""
     d = mesh.shape["data"]
 
-    def local(params, batch):
-        loss, grads = make(jax.sharding.get_abstract_mesh())(params, batch)
-        return jax.lax.psum(loss / d, "data"), jax.tree.map(lambda g: (g / d)[None], grads)
-
     def run(params, batch):
-        specs = jax.tree.map(lambda _: P(), params)
-        return jax.shard_map(local, mesh=mesh, in_specs=(specs, batch_specs), out_specs=(P(), P("data")),
-                             axis_names={"data"}, check_vma=False)(params, batch)
+        split = {k: v.reshape(d, v.shape[0] // d, *v.shape[1:]) for k, v in batch.items()}
+        token = VMAPPED_AXES.set(frozenset({"data"}))
+        try:
+            loss, grads = jax.vmap(lambda b: loss_and_grad(params, b), spmd_axis_name="data")(split)
+        finally:
+            VMAPPED_AXES.reset(token)
+        return jnp.mean(loss), jax.tree.map(lambda g: g / d, grads)
 
     return run
 
@@ -114,7 +117,9 @@ def flat_update(tx, mesh, pshard, oshard):
         k = (n + pad) // d
         g = jnp.concatenate([a.reshape(-1).astype(COMPUTE_DTYPE) for a in jax.tree.leaves(grads)]
                             + [jnp.zeros((pad,), COMPUTE_DTYPE)])
-        g = jax.lax.psum_scatter(g, "data", scatter_dimension=0, tiled=True).astype(jnp.float32)
+        # [rows, 128]: each rank's slice whole rows (scaling.memory.zero1_padded)
+        g = jax.lax.psum_scatter(g.reshape(-1, ZERO1_ROW), "data", scatter_dimension=0, tiled=True)
+        g = g.reshape(-1).astype(jnp.float32)
         r = jax.lax.axis_index("data")
         flat = jnp.concatenate([a.reshape(-1) for a in leaves] + [jnp.zeros((pad,), jnp.float32)])
         p = jax.lax.dynamic_slice_in_dim(flat, r * k, k)

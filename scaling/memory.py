@@ -112,18 +112,32 @@ def min_shards_with_activations(
     return math.ceil(total / hbm_bytes)
 
 
-ZERO1_ALIGN = 128  # elements: Megatron-LM's bucket alignment (256 bytes of >= 16-bit values)
+ZERO1_ROW = 128  # elements: a row of the flat buffer, the TPU's 128 lanes (Megatron-LM aligns its buckets to 128 too)
 
 
-def zero1_padded(n, data, align: int = ZERO1_ALIGN):
-    """N_pad = ⌈N / lcm(data, 128)⌉·lcm(data, 128): a device's flat ZeRO-1 buffer of N elements padded at its end so
-    that it splits evenly over the ``data`` ranks (Megatron-LM's distributed optimizer,
-    megatron/core/distributed/param_and_grad_buffer.py, _pad_end_of_bucket_if_needed without
-    pad_buckets_for_high_nccl_busbw; this package's buffer is one bucket. Its 64-element alignment of each
-    parameter's start, _pad_start_of_param_if_needed, is not followed: the parameters are laid end to end).
-    Integers in, an int out; numpy arrays (the planner's) elementwise."""
+def zero1_padded(n, data, row: int = ZERO1_ROW):
+    """N_pad = ⌈N / (128·data)⌉·128·data: a device's flat ZeRO-1 buffer of N elements padded at its end so that it
+    splits evenly over the ``data`` ranks, each rank's slice whole rows of 128 (ffn_model.zero1). Megatron-LM's
+    distributed optimizer pads each bucket to a multiple of lcm(data, 128) (megatron/core/distributed/
+    param_and_grad_buffer.py, _pad_end_of_bucket_if_needed, without pad_buckets_for_high_nccl_busbw; DeepSpeed's
+    ZeRO-1/2 pads its flat group to a multiple of 2·data); that is this rule for odd data. For even data this
+    pads up to 128·data − 1 elements where Megatron pads less: XLA:TPU turned the reduce-scatter of slices that were
+    not whole 128-lane rows into an all-reduce and a slice (v5p, docs/findings.md). Megatron-LM's 64-element
+    alignment of each parameter's start (_pad_start_of_param_if_needed) is not followed: the parameters lie end
+    to end. Integers in, an int out; numpy arrays (the planner's) elementwise."""
     import numpy as np
 
-    q = np.lcm(np.asarray(data, dtype=np.int64), align)
+    q = np.asarray(data, dtype=np.int64) * row
     out = np.ceil(np.asarray(n) / q) * q
     return int(out) if np.ndim(out) == 0 else out
+
+
+def zero1_slice(w: Workload, n):
+    """Elements of a device's ``n``-element optimizer state (Adam's moments, the update) it keeps: n, or under
+    ZeRO-1 (w.zero1_shards = data > 1) its slice of the padded flat buffer, zero1_padded(n, data)/data
+    (ffn_model.zero1)."""
+    import numpy as np
+
+    d = w.zero1_shards
+    return np.where(np.asarray(d) > 1, zero1_padded(n, d) / d, n) if np.ndim(d) else (
+        zero1_padded(n, d) / d if d > 1 else n)

@@ -64,7 +64,7 @@ class Schedule:
     optimizer_sharding  "fsdp": the FP32 weights, gradients and Adam moments sharded over fsdp·tensor,
                     replicated over data; "zero1" (ZeRO stage 1, Rajbhandari et al. 2020; Megatron-LM's
                     distributed optimizer): each device's gradients, moments and update as one flat buffer
-                    padded to a multiple of lcm(data, 128) and split evenly over data; the BF16 gradients
+                    padded to a multiple of 128·data and split evenly over data; the BF16 gradients
                     reduce-scattered over data, AdamW on the slice, the updated FP32 weights all-gathered over
                     data (the weights, this package's FP32 masters, stay replicated over data: the forward
                     reads them). Any data size, any schedule (ffn_model.zero1).
