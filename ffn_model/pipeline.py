@@ -34,7 +34,6 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 from ffn_model.sharded import COMPUTE_DTYPE, constrain
-from mesh.rules import VMAPPED_AXES
 from scaling.pipeline import relay_rounds
 
 
@@ -222,8 +221,8 @@ def one_f_one_b(x_MxbxD, labels_Mxbx, weights: dict, head_params: dict, mesh, ch
     ``first(ids, head_params)``, and adds ``first_grad(ids, dx)`` ({name: gradient}) to the head's accumulators in the
     backward slot (Megatron-LM's first stage holds the embedding): no stage holds the embedded batch or its gradient (dx
     comes back None)."""
-    # data mapped over already (ZeRO-1's data shards, ffn_model.zero1.data_partials): this data shard's batch only
-    dd = None if "data" in VMAPPED_AXES.get() else "data"
+    # data manual already (ZeRO-1's data shards, ffn_model.zero1.data_partials): this data shard's batch only
+    dd = None if "data" in mesh.manual_axes else "data"
     S, M, R, dp = mesh.shape["stage"], x_MxbxD.shape[0], repeats, mesh.shape["data"] if dd else 1
     labels_MxDxbx = _by_data(labels_Mxbx, 1, (None, *x_axes[:labels_Mxbx.ndim - 1]), dp)
     if lookup:  # the ids, as the labels: every stage holds them (int32), stage 0 looks them up
@@ -243,7 +242,7 @@ def one_f_one_b(x_MxbxD, labels_Mxbx, weights: dict, head_params: dict, mesh, ch
                                  P()),
                        out_specs=(P("stage", dd), per_data, P("stage", dd))
                        + (() if lookup else (P("stage", None, dd),)),
-                       axis_names={"stage", "data"} - VMAPPED_AXES.get(), check_vma=False)
+                       axis_names={"stage", "data"} - set(mesh.manual_axes), check_vma=False)
     def run(x, labels, ws, hp):
         return _run_loop(loop, x, labels, ws, hp)
 

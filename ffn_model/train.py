@@ -174,15 +174,24 @@ def make_train_step(w: Workload, mesh, tx=None):
     accumulating = schedule.microbatches > 1 and w.mesh["stage"] == 1
     batch_shards = shards(local.mesh, "batch")
 
-    loss_and_grad = jax.value_and_grad(loss_fn(local, mesh))
+    # built outside the step (flax builds the stack's graph under jax.set_mesh); a pipeline's loss under ZeRO-1 inside
+    # its shard_map, on the mesh there (abstract, manual over data), which the pipeline's own shard_maps take
+    pipelined = w.mesh["stage"] > 1
+    outside = None if flat and pipelined else jax.value_and_grad(loss_fn(local, mesh))
 
-    def grads_of(params, batch):
-        if accumulating:
-            return accumulate(loss_and_grad, params, batch, schedule.microbatches, batch_shards)
-        return loss_and_grad(params, batch)
+    def make_grads(m):
+        loss_and_grad = outside or jax.value_and_grad(loss_fn(local, m))
 
+        def grads_of(params, batch):
+            if accumulating:
+                return accumulate(loss_and_grad, params, batch, schedule.microbatches, batch_shards)
+            return loss_and_grad(params, batch)
+
+        return grads_of
+
+    grads_of = make_grads(mesh)
     if flat:
-        grads_of = zero1.data_partials(grads_of, mesh)
+        grads_of = zero1.data_partials(make_grads, mesh, pipelined)
         update = zero1.flat_update(tx, mesh, shardings["params"], shardings["opt"])
 
     def step(state, batch):

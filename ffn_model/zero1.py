@@ -85,12 +85,27 @@ def data_shard_workload(w: Workload) -> Workload:
                      schedule=dataclasses.replace(w.schedule, optimizer_sharding="fsdp"))
 
 
-def data_partials(loss_and_grad, mesh):
-    """(params, batch) -> (loss, grads [data, *shape] FP32): ``loss_and_grad`` (params, batch) -> (loss, grads) of one
-    data shard's program (data_shard_workload) mapped over the data shards with jax.vmap(spmd_axis_name="data"):
-    the batch split [data, B/data, ...], each shard's gradients its partial sums, unreduced over data and scaled
-    by 1/data (so that they sum to the gradient of the batch mean); the loss their mean."""
+def data_partials(make, mesh, pipelined: bool):
+    """(params, batch) -> (loss, grads [data, *shape] FP32): each data shard's loss and partial gradients, unreduced
+    over data and scaled by 1/data (so that they sum to the gradient of the batch mean), the loss their mean.
+    ``make(mesh)`` builds one data shard's (params, batch) -> (loss, grads) (data_shard_workload's program). Without
+    stages it is jax.vmap'ed over the batch split [data, B/data, ...] with spmd_axis_name "data" (the model's specs
+    leave data out, mesh.rules.VMAPPED_AXES), so fsdp and tensor run as without ZeRO-1; a pipeline (its own
+    shard_map over stage does not batch under that vmap) runs in a jax.shard_map manual over data, built on the
+    abstract mesh there, whose fsdp reductions XLA makes all-reduces (docs/findings.md)."""
     d = mesh.shape["data"]
+    if pipelined:
+        def local(params, batch):
+            loss, grads = make(jax.sharding.get_abstract_mesh())(params, batch)
+            return jax.lax.psum(loss / d, "data"), jax.tree.map(lambda g: (g / d)[None], grads)
+
+        def manual(params, batch):
+            specs = jax.tree.map(lambda _: P(), params)
+            return jax.shard_map(local, mesh=mesh, in_specs=(specs, {k: P("data") for k in batch}),
+                                 out_specs=(P(), P("data")), axis_names={"data"}, check_vma=False)(params, batch)
+
+        return manual
+    loss_and_grad = make(mesh)
 
     def run(params, batch):
         split = {k: v.reshape(d, v.shape[0] // d, *v.shape[1:]) for k, v in batch.items()}
