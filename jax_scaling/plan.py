@@ -43,7 +43,7 @@ def add_parser(sub) -> None:
     g.add_argument("--context-strategy", choices=CONTEXT_STRATEGIES, help="attention over a context axis")
     g.add_argument("--sequence-parallel", choices=("on", "off"), help="sequence parallelism with a tensor axis")
     g.add_argument("--optimizer-sharding", choices=OPTIMIZER_SHARDINGS,
-                   help="zero1: ZeRO-1 where the mesh has a data axis and no stages (default fsdp)")
+                   help="zero1: ZeRO-1 where the mesh has a data axis (default fsdp)")
     p.add_argument("--form", default="scheduled", choices=["sum", "max", "scheduled"],
                    help="rank by the scheduled form (math + the collectives --xla-flags' schedule leaves exposed + its "
                         "loop copies), the sum form (math + every collective: synchronous) or the max form (every "

@@ -226,6 +226,8 @@ def train_memory_per_device(w: Workload) -> dict:
         terms["staging"] = pipeline.saved_per_token(cfg, mesh, remat, schedule, c) * b / M
         if R > 1:
             terms["relaid"] = precision.master * P / shards_w
+    if np.any(zero1 := memory.zero1_update(w, terms, P / shards_w)):  # ZeRO-1's update phase, where it is the higher
+        terms["zero1_update"] = zero1
     terms["total"] = sum(terms.values())
     return terms
 

@@ -743,6 +743,8 @@ def memory_per_device(w: Workload) -> dict:
         forward = (terms["master"] + terms["optimizer"] + terms["inputs"] + terms["activations"]
                    + ring_forward_phase(cfg, mesh, batch_tokens, schedule, precision))
         terms["ring_forward_phase"] = np.maximum(0.0, forward - sum(terms.values()))
+    if train and np.any(zero1 := memory.zero1_update(w, terms, shard)):  # ZeRO-1's update phase, where the higher
+        terms["zero1_update"] = zero1
     terms["total"] = sum(terms.values())
     return terms
 
