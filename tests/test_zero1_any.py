@@ -8,6 +8,7 @@ import pytest
 
 from ffn_model.train import train
 from mesh import make_mesh, mesh_shape
+from scaling import program
 from scaling.ffn import collective_volumes
 from scaling.memory import memory_per_device
 from scaling.memory import zero1_padded
@@ -84,15 +85,16 @@ def test_zero1_matches_one_device(preset, spec, batch, schedule):
     assert_matches(*_run(cfg, spec, batch, schedule), _run(cfg, "fsdp=1", batch, Schedule()))
 
 
-def _assert_bands(rep, peak: bool):
+def _assert_bands(rep, w, devices, peak: bool):
     """FLOPs, arguments and the collectives per axis within ±2% (tests/test_check.py's bands), the peak within ±10%
-    on a TPU; ZeRO-1's data axis a reduce-scatter and an all-gather (no all-reduce of the gradients)."""
+    on a TPU; the program's reduce-scatters at least the flat buffer's over data (a reduce-scatter, not an all-reduce
+    and a slice; XLA:CPU's f32 wire: 4 B an element)."""
     from tests.test_check import _assert_bands as bands
 
     bands(rep)
-    got, want = rep.collectives.by_kind, rep.collectives.closed_form_by_kind
-    assert got.get("reduce-scatter", 0) >= 0.98 * want["reduce-scatter"], (got, want)
-    assert got.get("all-reduce", 0) <= 1.02 * want.get("all-reduce", 0), (got, want)
+    wide = w.with_facts(min_comm_bytes=4 if devices.startswith("cpu") else 0)
+    flat = program.collective_volumes(wide)["data"]["reduce-scatter"]
+    assert rep.collectives.by_kind.get("reduce-scatter", 0) >= 0.98 * flat, (rep.collectives.by_kind, flat)
     if peak:
         assert 0.90 <= rep.memory.peak.ratio <= 1.10, rep.memory.peak
 
@@ -101,7 +103,8 @@ def _assert_bands(rep, peak: bool):
 @pytest.mark.parametrize("devices,cfg,mesh,batch,remat,step,schedule", CPU_ROWS,
                          ids=[f"{g[2]}-{g[-1].pipeline}" for g in CPU_ROWS])
 def test_zero1_cpu_check(devices, cfg, mesh, batch, remat, step, schedule):
-    _assert_bands(check(grid_workload(cfg, mesh, batch, remat, step, schedule), devices), peak=False)
+    w = grid_workload(cfg, mesh, batch, remat, step, schedule)
+    _assert_bands(check(w, devices), w, devices, peak=False)
 
 
 @pytest.mark.tpu
@@ -109,4 +112,18 @@ def test_zero1_cpu_check(devices, cfg, mesh, batch, remat, step, schedule):
 @pytest.mark.parametrize("devices,cfg,mesh,batch,remat,step,schedule", TPU_ROWS,
                          ids=[f"{g[0]}-{g[2]}" for g in TPU_ROWS])
 def test_zero1_tpu_check(devices, cfg, mesh, batch, remat, step, schedule):
-    _assert_bands(check(grid_workload(cfg, mesh, batch, remat, step, schedule), devices), peak=True)
+    w = grid_workload(cfg, mesh, batch, remat, step, schedule)
+    _assert_bands(check(w, devices), w, devices, peak=True)
+
+
+def test_predict_a_14336_wide_model_on_12_data_shards(capsys):
+    """`predict` describes BLOOM's width (D = 14,336 is not divisible by data = 12: the refusal this replaces) with
+    ZeRO-1 on 12 data shards and 1F1B stages, and prints the optimizer's share of memory: exit 0."""
+    from jax_scaling.cli import main
+
+    argv = ["predict", "--preset", "bloom-176b", "--blocks", "72", "--chip", "A100-80GB", "--chips", "576", "--mesh",
+            "data=12,stage=12,tensor=4", "--batch-tokens", str(12 * 192 * 2048), "--microbatches", "96",
+            "--schedule", "1f1b", "--remat", "full", "--optimizer-sharding", "zero1"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "D=14,336" in out and "optimizer" in out

@@ -256,13 +256,14 @@ TPU_SEQUENCE_GRID = [
 XXL_SEQUENCE_PARALLEL = ("tpu:v5p:4x4x4", _XXL, "fsdp=16,tensor=4", 25600, "none", "train",
                          Schedule(sequence_parallel=True))
 # ZeRO-1 as a distributed optimizer (ffn_model.zero1), (devices, cfg, mesh, batch, remat, step, schedule): each
-# device's flat buffer reduce-scattered over data in BF16 and the FP32 weights all-gathered, on data sizes no
-# dimension divides (D = 200 on data=3; 1024-row vocabulary and D = 256 on data=3), with GPipe stages, and on v5p
-# with odd D and F (4095 x 16380: its flat buffer padded, 134,152,200 elements to 134,152,448)
+# device's flat buffer reduce-scattered over data in BF16 and the FP32 weights all-gathered, where data·fsdp does not
+# divide D (196 on data=4, fsdp=2), a transformer with a vocabulary, GPipe stages, and on v5p with odd D and F
+# (4095 x 16380 on data=2: each device's flat buffer padded, 134,152,200 elements to 134,152,448). On 8 CPU devices
+# (the suite's backend); data=3 and data=6 are in tests/test_zero1_any.py's numerics.
 ZERO1_GRID = [
-    ("cpu:6", _SMALL.replace(d_model=200), "data=3,fsdp=2", 3072, "none", "train",
+    ("cpu:8", _SMALL.replace(d_model=196), "data=4,fsdp=2", 4096, "none", "train",
      Schedule(optimizer_sharding="zero1")),
-    ("cpu:6", _SMALL_TF.replace(vocab=1024), "data=3,tensor=2", 1536, "none", "train",
+    ("cpu:8", _SMALL_TF.replace(vocab=1024), "data=4,tensor=2", 4096, "none", "train",
      Schedule(optimizer_sharding="zero1")),
     ("cpu:8", _TF_V, "data=2,stage=2,tensor=2", 4096, "none", "train", Schedule(2, optimizer_sharding="zero1")),
     ("tpu:v5p:2x2x2", _SMALL.replace(d_model=4095, d_ff=16380), "data=2,tensor=4", 8192, "none", "train",
