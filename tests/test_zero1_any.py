@@ -2,6 +2,8 @@
 padding rule and the closed forms by hand, the refusals gone, 3 AdamW steps against one device where no model
 dimension divides by data, and the compiled program against the closed forms (verify.check.ZERO1_GRID)."""
 
+import functools
+
 import jax
 import numpy as np
 import pytest
@@ -59,6 +61,12 @@ def test_no_refusals():
              schedule=Schedule(2, repeats=2, optimizer_sharding="zero1"))
 
 
+@functools.lru_cache(maxsize=None)
+def _one_device(preset, batch):
+    """3 steps of ``preset`` on one device (shared by the cases with the same model and batch)."""
+    return _run(get_preset(preset), "fsdp=1", batch, Schedule())
+
+
 def _run(cfg, spec, batch, schedule):
     m = make_mesh(spec, jax.devices()[: parse_mesh_spec(spec).devices])
     losses, state = train(Workload(cfg, mesh_shape(m), batch, schedule=schedule), m, STEPS, lr=LR, return_state=True)
@@ -81,8 +89,7 @@ NUMERICS = [
                          ids=[f"{p}-{s}-{k.pipeline if 'stage' in s else 'nostage'}" for p, s, _, k in NUMERICS])
 def test_zero1_matches_one_device(preset, spec, batch, schedule):
     """3 AdamW steps under ZeRO-1 within test_pipeline.assert_matches' tolerance of the same steps on one device."""
-    cfg = get_preset(preset)
-    assert_matches(*_run(cfg, spec, batch, schedule), _run(cfg, "fsdp=1", batch, Schedule()))
+    assert_matches(*_run(get_preset(preset), spec, batch, schedule), _one_device(preset, batch))
 
 
 def _assert_bands(rep, w, devices, peak: bool):
