@@ -121,7 +121,9 @@ def data_partials(make, mesh, pipelined: bool):
 
 def flat_update(tx, mesh, pshard, oshard):
     """(params, grads [data, ...], opt) -> (params, opt): steps 1-3 of the module docstring, manual over every mesh
-    axis."""
+    axis. On rank r, with k = N_pad/data: g = RS_data(BF16 flat grads)[r·k:(r+1)·k] in FP32, p = flat weights[r·k:
+    (r+1)·k], p' = p + AdamW(g, mu, nu, p), weights = AG_data(p') (Megatron-LM's distributed optimizer; Rajbhandari
+    et al. 2020, ZeRO stage 1)."""
     d = mesh.shape["data"]
 
     def local(params, grads, opt):
