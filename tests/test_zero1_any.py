@@ -64,7 +64,12 @@ def test_no_refusals():
 @functools.lru_cache(maxsize=None)
 def _one_device(preset, batch):
     """3 steps of ``preset`` on one device (shared by the cases with the same model and batch)."""
-    return _run(get_preset(preset), "fsdp=1", batch, Schedule())
+    return _run(_model(preset), "fsdp=1", batch, Schedule())
+
+
+def _model(name):
+    """A preset, or "tiny-4": the tiny FFN stack with 4 blocks (2 chunks of 1 on each of 2 stages, circular)."""
+    return get_preset("tiny").replace(blocks=4) if name == "tiny-4" else get_preset(name)
 
 
 def _run(cfg, spec, batch, schedule):
@@ -74,13 +79,14 @@ def _run(cfg, spec, batch, schedule):
 
 
 # (model, mesh, batch tokens, schedule): D = 64 on data=3 and data=6 (neither divides it), the FFN stack and the
-# transformer; a pipeline with data=2: GPipe (FFN, 3 blocks on 3 stages) and 1F1B (transformer)
+# transformer; pipelines with data=2: GPipe (FFN, 3 blocks on 3 stages), 1F1B (transformer), circular (FFN)
 NUMERICS = [
     ("tiny", "data=3", 192, ZERO1),
     ("tiny", "data=6", 192, ZERO1),
     ("tiny-tf", "data=3", 3 * 64, ZERO1),
     ("tiny", "data=2,stage=3", 192, Schedule(3, optimizer_sharding="zero1")),
     ("tiny-tf", "data=2,stage=2", 4 * 64, Schedule(2, pipeline="1f1b", optimizer_sharding="zero1")),
+    ("tiny-4", "data=2,stage=2", 192, Schedule(2, repeats=2, optimizer_sharding="zero1")),
 ]
 
 
@@ -89,7 +95,7 @@ NUMERICS = [
                          ids=[f"{p}-{s}-{k.pipeline if 'stage' in s else 'nostage'}" for p, s, _, k in NUMERICS])
 def test_zero1_matches_one_device(preset, spec, batch, schedule):
     """3 AdamW steps under ZeRO-1 within test_pipeline.assert_matches' tolerance of the same steps on one device."""
-    assert_matches(*_run(get_preset(preset), spec, batch, schedule), _one_device(preset, batch))
+    assert_matches(*_run(_model(preset), spec, batch, schedule), _one_device(preset, batch))
 
 
 def _assert_bands(rep, w, devices, peak: bool):
