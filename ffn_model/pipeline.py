@@ -259,7 +259,9 @@ def one_f_one_b(x_MxbxD, labels_Mxbx, weights: dict, head_params: dict, mesh, ch
     comes back None). ``ids_axes``: the logical axes of a microbatch of token ids (the labels and, with ``lookup``,
     the input), when they are not ``x_axes``' leading ones (under sequence parallelism x is split along the
     tokens over tensor, the ids are not)."""
-    S, M, R, dp = mesh.shape["stage"], x_MxbxD.shape[0], repeats, mesh.shape["data"]
+    # data manual already (ZeRO-1's data shards, ffn_model.zero1.data_partials): this data shard's batch only
+    dd = None if "data" in mesh.manual_axes else "data"
+    S, M, R, dp = mesh.shape["stage"], x_MxbxD.shape[0], repeats, mesh.shape["data"] if dd else 1
     label_axes = x_axes if labels_Mxbx.ndim == x_MxbxD.ndim and not lookup else (ids_axes or x_axes)
     labels_MxDxbx = _by_data(labels_Mxbx, 1, (None, *label_axes[:labels_Mxbx.ndim - 1]), dp)
     if lookup:  # the ids, as the labels: every stage holds them (int32), stage 0 looks them up
@@ -272,14 +274,14 @@ def one_f_one_b(x_MxbxD, labels_Mxbx, weights: dict, head_params: dict, mesh, ch
 
     # manual over data too: each data shard accumulates its own partial gradients through the loop, reduced once
     # after it (an automatic data axis would all-reduce every iteration's)
-    per_data = {k: PartitionSpec("data", "stage") for k in weights}  # the gradients, one partial sum per data shard
+    per_data = {k: PartitionSpec(dd, "stage") for k in weights}  # the gradients, one partial sum per data shard
 
     @functools.partial(jax.shard_map, mesh=mesh,
-                       in_specs=(P(None, None, "data") if lookup else P("stage", None, "data"), P(None, "data"), stage,
+                       in_specs=(P(None, None, dd) if lookup else P("stage", None, dd), P(None, dd), stage,
                                  P()),
-                       out_specs=(P("stage", "data"), per_data, P("stage", "data"))
-                       + (() if lookup else (P("stage", None, "data"),)),
-                       axis_names={"stage", "data"}, check_vma=False)
+                       out_specs=(P("stage", dd), per_data, P("stage", dd))
+                       + (() if lookup else (P("stage", None, dd),)),
+                       axis_names={"stage", "data"} - set(mesh.manual_axes), check_vma=False)
     def run(x, labels, ws, hp):
         return _run_loop(loop, x, labels, ws, hp)
 

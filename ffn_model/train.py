@@ -36,7 +36,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from ffn_model import checkpoint as ckpt
 from ffn_model.families import program
 from ffn_model.pipeline import accumulate
-from ffn_model.sharded import zero1_gradients
+from ffn_model import zero1
 from mesh.devices import mesh_shape
 from mesh.rules import logical_to_spec
 from scaling.inputs import check_seed, positive_float, positive_int
@@ -67,27 +67,28 @@ def input_layout(w: Workload):
     return program(w.model).input_layout(w.model, w.batch_tokens)
 
 
-def zero1_sharding(sharding: NamedSharding) -> NamedSharding:
-    """A parameter's sharding with its fsdp-split dimension split over data·fsdp (the rule of the logical axis
-    embed_zero1, scaling.sharding): where ZeRO-1 keeps the gradients, Adam's moments and the update."""
-    fsdp, zero1 = logical_to_spec(("embed",))[0], logical_to_spec(("embed_zero1",))[0]
-    return NamedSharding(sharding.mesh, PartitionSpec(*(zero1 if e == fsdp else e for e in sharding.spec)))
+def _zero1(w: Workload) -> bool:
+    """Whether the step runs ZeRO-1's distributed optimizer (ffn_model.zero1): optimizer_sharding "zero1" on a
+    data axis (with data=1 it is the fsdp layout)."""
+    return w.schedule.optimizer_sharding == "zero1" and w.mesh["data"] > 1
 
 
 def state_shardings(w: Workload, mesh, tx=None):
     """(abstract state with shardings, state shardings): ShapeDtypeStructs carrying NamedShardings
     for every leaf. The parameters' come from their logical axes through flax
     (nnx.get_abstract_model on ``mesh``); Adam's mu and nu follow their parameter (split over data too under
-    w.schedule.optimizer_sharding "zero1": zero1_sharding), the step count is replicated. ``w`` is validated
+    ZeRO-1: a flat buffer split over data, ffn_model.zero1.opt_layout), the step count is replicated. ``w`` is validated
     where it is built (scaling.workload)."""
     tx = tx or make_optimizer()
     _, abs_state = nnx.get_abstract_model(_model(w), mesh)
     params = nnx.to_pure_dict(nnx.state(abs_state, nnx.Param))
     opt = jax.eval_shape(tx.init, params)
     pshard = jax.tree.map(lambda a: a.sharding, params)
-    moment = zero1_sharding if w.schedule.optimizer_sharding == "zero1" else (lambda s: s)
-    oshard = optax.tree_map_params(tx, lambda _, s: moment(s), opt, pshard,
-                                   transform_non_params=lambda _: NamedSharding(mesh, PartitionSpec()))
+    if _zero1(w):  # ZeRO-1: one flat buffer per device, its slice (ffn_model.zero1.opt_layout)
+        opt, oshard = zero1.opt_layout(tx, mesh, params, pshard)
+    else:
+        oshard = optax.tree_map_params(tx, lambda _, s: s, opt, pshard,
+                                       transform_non_params=lambda _: NamedSharding(mesh, PartitionSpec()))
     shardings = {"params": pshard, "opt": oshard}
     abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                             {"params": params, "opt": opt}, shardings)
@@ -100,10 +101,13 @@ def init_state(w: Workload, mesh, seed: int = 0, tx=None):
     tx = tx or make_optimizer()
     _, shardings = state_shardings(w, mesh, tx)
 
+    abstract, shardings = state_shardings(w, mesh, tx)
+
     @functools.partial(jax.jit, out_shardings=shardings)
     def init():
         params = nnx.to_pure_dict(nnx.state(_model(w, seed)(), nnx.Param))
-        return {"params": params, "opt": tx.init(params)}
+        opt = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), abstract["opt"])  # Adam's state starts at 0
+        return {"params": params, "opt": opt if _zero1(w) else tx.init(params)}
 
     with jax.set_mesh(mesh):
         return init()
@@ -164,24 +168,39 @@ def make_train_step(w: Workload, mesh, tx=None):
     model's sharding constraints resolve. ``w`` is validated where it is built (scaling.workload)."""
     tx = tx or make_optimizer()
     schedule = w.schedule
-    loss_and_grad = jax.value_and_grad(loss_fn(w, mesh))
-    zero1 = schedule.optimizer_sharding == "zero1"
+    flat = _zero1(w)  # ZeRO-1: each data shard's partial gradients, one flat buffer per device (ffn_model.zero1)
+    local = zero1.data_shard_workload(w) if flat else w  # inside zero1's shard_map: one data shard's program
     _, shardings = state_shardings(w, mesh, tx)
     accumulating = schedule.microbatches > 1 and w.mesh["stage"] == 1
+    batch_shards = shards(local.mesh, "batch")
+
+    # built outside the step (flax builds the stack's graph under jax.set_mesh); a pipeline's loss under ZeRO-1 inside
+    # its shard_map, on the mesh there (abstract, manual over data), which the pipeline's own shard_maps take
+    pipelined = w.mesh["stage"] > 1
+    outside = None if flat and pipelined else jax.value_and_grad(loss_fn(local, mesh))
+
+    def make_grads(m):
+        loss_and_grad = outside or jax.value_and_grad(loss_fn(local, m))
+
+        def grads_of(params, batch):
+            if accumulating:
+                return accumulate(loss_and_grad, params, batch, schedule.microbatches, batch_shards)
+            return loss_and_grad(params, batch)
+
+        return grads_of
+
+    grads_of = make_grads(mesh)
+    if flat:
+        grads_of = zero1.data_partials(make_grads, mesh, pipelined)
+        update = zero1.flat_update(tx, mesh, shardings["params"], shardings["opt"])
 
     def step(state, batch):
-        with zero1_gradients(zero1):  # the weight gradients reduced to ZeRO-1's layout (ffn_model.sharded.grad_axes)
-            if accumulating:
-                loss, grads = accumulate(loss_and_grad, state["params"], batch, schedule.microbatches,
-                                         shards(w.mesh, "batch"))
-            else:
-                loss, grads = loss_and_grad(state["params"], batch)
-        params = state["params"]
-        if zero1:  # each data shard updates its slice; out_shardings all-gathers the new weights over data
-            params = jax.tree.map(lambda p, s: jax.lax.with_sharding_constraint(p, zero1_sharding(s)), params,
-                                  shardings["params"])
-        updates, opt = tx.update(grads, state["opt"], params)
-        return {"params": optax.apply_updates(params, updates), "opt": opt}, loss
+        loss, grads = grads_of(state["params"], batch)
+        if flat:
+            params, opt = update(state["params"], grads, state["opt"])
+            return {"params": params, "opt": opt}, loss
+        updates, opt = tx.update(grads, state["opt"], state["params"])
+        return {"params": optax.apply_updates(state["params"], updates), "opt": opt}, loss
 
     return jax.jit(step, donate_argnums=(0,), out_shardings=(shardings, NamedSharding(mesh, PartitionSpec())),
                    compiler_options=compiler_options(w, mesh))

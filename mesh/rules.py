@@ -9,6 +9,8 @@ table strict (an axis without a rule is an error), and the model calls it for ev
 
 from __future__ import annotations
 
+import contextvars
+
 from scaling.sharding import H_AXES, LOGICAL_RULES, W_IN_AXES, W_OUT_AXES, X_AXES, mesh_axes  # noqa: F401
 
 def _spec_entry(axes: tuple[str, ...] | None):
@@ -26,12 +28,17 @@ def check_logical(logical: tuple[str | None, ...]) -> tuple[str | None, ...]:
     return tuple(logical)
 
 
+# Mesh axes a jax.vmap(spmd_axis_name=...) is mapping over while the model is traced (ZeRO-1's data shards,
+# ffn_model.zero1.data_partials): left out of the specs as manual axes are, vmap adds them to the mapped dimension.
+VMAPPED_AXES = contextvars.ContextVar("vmapped_axes", default=frozenset())
+
+
 def logical_to_spec(logical: tuple[str | None, ...]):
     """jax.sharding.PartitionSpec for a tuple of logical axis names, through the table; inside jax.shard_map the
     mesh axes it is manual over are left out (each device sees its own block of them)."""
     import jax
     from jax.sharding import PartitionSpec
 
-    manual = set(jax.sharding.get_abstract_mesh().manual_axes)
+    manual = set(jax.sharding.get_abstract_mesh().manual_axes) | VMAPPED_AXES.get()
     return PartitionSpec(*(_spec_entry(tuple(m for m in a if m not in manual) if a else a)
                            for a in mesh_axes(logical)))

@@ -15,10 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
-
 from scaling.inputs import positive_float
-from scaling.mesh_shape import spans
 
 T_HOP = 1e-6  # seconds per ICI hop (sharding page)
 
@@ -29,20 +26,12 @@ KIND_FACTOR = {"all-gather": 1.0, "reduce-scatter": 1.0, "all-reduce": 2.0, "all
 KINDS = tuple(KIND_FACTOR)
 
 
-def zero1_volumes(windowed: float, plain: float, weights: float, d: int, X: int,
-                  is_windowed: bool) -> dict[str, dict[str, float]]:
-    """ZeRO-1's collectives per axis and kind (Schedule.optimizer_sharding; docs/findings.md): the gradients
-    reduce-scattered over data·fsdp at once, ``windowed`` bytes (V) as XLA's windowed einsum where it windows
-    (n + 1 chunks of V/n on the n = d·X ring, collective-permutes) or as a reduce-scatter, and ``plain`` bytes
-    (gradients XLA never windows) as a reduce-scatter; the updated FP32 weights, ``weights`` bytes per device,
-    all-gathered over data."""
-    n = d * X
-    grads = {"collective-permute": windowed * (n + 1) / n} if is_windowed else {"reduce-scatter": windowed}
-    if np.any(plain):  # (an array over the planner's group of meshes)
-        grads["reduce-scatter"] = grads.get("reduce-scatter", 0.0) + plain
-    out = {"data+fsdp" if spans(X) else "data": grads}
-    out.setdefault("data", {})["all-gather"] = weights
-    return out
+def zero1_volumes(n_pad, grad_bytes: float, master_bytes: float) -> dict[str, dict[str, float]]:
+    """ZeRO-1's collectives over data (Schedule.optimizer_sharding; ffn_model.zero1): a device's flat buffer of
+    N_pad elements (scaling.memory.zero1_padded, the padding included), its gradients reduce-scattered in
+    ``grad_bytes`` per element (BF16) and the updated weights all-gathered in ``master_bytes`` (FP32), each
+    V = bytes·N_pad (sharding page: V of a reduce-scatter or an all-gather is the full array)."""
+    return {"data": {"reduce-scatter": grad_bytes * n_pad, "all-gather": master_bytes * n_pad}}
 
 
 def _axes(axis_lens: Sequence[int], wraparound) -> list[tuple[int, bool]]:

@@ -203,9 +203,10 @@ def train_memory_per_device(w: Workload) -> dict:
     once = schedule.fsdp_gather == "step"
     terms = {
         "master": precision.master * P / shards_w,
-        # ZeRO-1: the moments and the reduced FP32 gradients split over data too
-        "optimizer": precision.adam_moments * precision.adam_moment * P / shards_w / w.zero1_shards,
-        "grads": precision.grad * P / shards_w / w.zero1_shards,
+        # ZeRO-1: the moments the device's slice of its padded flat buffer (scaling.memory.zero1_padded); the FP32
+        # gradients each data shard's partial sums, whole (ZeRO stage 1)
+        "optimizer": precision.adam_moments * precision.adam_moment * memory.zero1_slice(w, P / shards_w),
+        "grads": precision.grad * P / shards_w,
         "activations": pipeline.microbatches_in_flight(schedule, S) * pipeline.saved_per_token(
             cfg, mesh, remat, schedule, c) * b / M,
         "transient_weights": (precision.master * 2 * D * F * pipeline.chunk_blocks(cfg, schedule, S) / Y if once
@@ -229,6 +230,8 @@ def train_memory_per_device(w: Workload) -> dict:
         terms["staging"] = pipeline.saved_per_token(cfg, mesh, remat, schedule, c) * b / M
         if R > 1:
             terms["relaid"] = precision.master * P / shards_w
+    if np.any(zero1 := memory.zero1_update(w, terms, P / shards_w)):  # ZeRO-1's update phase, where it is the higher
+        terms["zero1_update"] = zero1
     terms["total"] = sum(terms.values())
     return terms
 
@@ -327,9 +330,7 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
     merged = merged and not zero1
     if X > 1:
         out["fsdp"] = {"all-gather": (n_fwd + (n_bwd if step == "train" else 0)) * cw * matrix}
-        if zero1:
-            pass  # the gradients reduce-scattered over data·fsdp (below)
-        elif step == "train" and windowed_grad_rs:
+        if step == "train" and windowed_grad_rs:
             out["fsdp"]["collective-permute"] = n * cg * matrix * (X + 1) / X
         elif step == "train" and not merged:
             out["fsdp"]["reduce-scatter"] = n * cg * matrix
@@ -346,10 +347,10 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
                              "reduce-scatter": (passes * n - M * dead) * c * b_loc * D}
         else:
             out["tensor"] = {"all-reduce": (passes * n - M * dead) * c * b_loc * D}
-    if zero1:
-        for axis, kinds in collectives.zero1_volumes(n * cg * matrix, 0.0, precision.master * cfg.params / (X * Y),
-                                                     d, X, windowed_grad_rs).items():
-            out.setdefault(axis, {}).update(kinds)
+    if zero1:  # each data shard's partial gradients, the device's flat buffer reduce-scattered over data, the
+        # updated FP32 weights all-gathered (ffn_model.zero1): N_pad = the stage's P/(S·X·Y) padded (uneven: S·Lmax)
+        held = cfg.params * pipeline.padding(cfg, schedule, S) / (S * X * Y)
+        out.update(collectives.zero1_volumes(memory.zero1_padded(held, d), cg, precision.master))
     elif merged:
         out["data+fsdp"] = {"all-reduce": n * cg * matrix}
     elif d > 1 and step == "train":
@@ -365,6 +366,9 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
             chunk = precision.master * pipeline.chunk_blocks(cfg, schedule, S) * matrix / X
             out["stage"]["collective-permute"] += relays * pipeline.relay_moves(S, schedule.repeats) * chunk
     loss_axes = ("data", "fsdp", "tensor") if schedule.sequence_parallel else ("data", "fsdp")
+    if zero1:  # each data shard's loss (ffn_model.zero1.data_partials), their mean over data once
+        loss_axes = loss_axes[1:]
+        out["data"]["all-reduce"] = 4.0
     if any(mesh[a] > 1 for a in loss_axes):  # the loss: mean over the batch (each microbatch's with accumulation)
         key = "+".join(a for a in loss_axes if mesh[a] > 1)
         out.setdefault(key, {})

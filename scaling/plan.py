@@ -368,7 +368,7 @@ def schedules(cfg, mesh: MeshShape, choices: Choices, max_microbatches: int, max
     for (pipe, R), att, ctx, sp, opt in itertools.product(
             pipes, choices.attentions, choices.contexts if mesh["context"] > 1 else choices.contexts[:1],
             _sequence_parallel(choices.sequence_parallel, mesh),
-            [v for v in choices.optimizer_sharding if mesh["data"] > 1 and S == 1] or ["fsdp"]):
+            [v for v in choices.optimizer_sharding if mesh["data"] > 1] or ["fsdp"]):
         ms = tuple(microbatches_for(S, R, max_microbatches) if S > 1 else [1])
         sched = made.get((ms, R, sp, att, ctx, opt, pipe))
         if sched is None:

@@ -14,7 +14,6 @@ import numpy as np
 from scaling.inputs import positive_int, positive_ints
 from scaling.policies import (Attention, ContextStrategy, FsdpGather, OptimizerSharding, Pipeline, check_remat,
                               choose)
-from scaling.sharding import shards
 
 
 def saved_blocks(blocks: int, remat: str) -> tuple[int, int]:
@@ -63,10 +62,12 @@ class Schedule:
                     (S − 1)/(R·M) instead of the one loop's lock-step (R·S + S − 2)/(R·M); XLA:GPU copies the
                     gradient accumulators from one loop to the next (docs/findings.md).
     optimizer_sharding  "fsdp": the FP32 weights, gradients and Adam moments sharded over fsdp·tensor,
-                    replicated over data; "zero1" (ZeRO stage 1, Rajbhandari et al. 2020): the gradients
-                    reduce-scattered over data·fsdp, the moments and the update sharded over data too, the
-                    updated FP32 weights all-gathered over data (the weights, this package's FP32 masters,
-                    stay replicated over data: the forward reads them).
+                    replicated over data; "zero1" (ZeRO stage 1, Rajbhandari et al. 2020; Megatron-LM's
+                    distributed optimizer): each device's gradients, moments and update as one flat buffer
+                    padded to a multiple of 128·data and split evenly over data; the BF16 gradients
+                    reduce-scattered over data, AdamW on the slice, the updated FP32 weights all-gathered over
+                    data (the weights, this package's FP32 masters, stay replicated over data: the forward
+                    reads them). Any data size, any schedule (ffn_model.zero1).
     stage_blocks    (with a stage axis) the blocks of each stage, first to last, summing to L (Megatron-LM's
                     --decoder-first/last-pipeline-num-layers, DeepSpeed's partition_method as a list); None: the
                     default rule, scaling.pipeline.default_stage_blocks. Uneven stages run as a padded stack of
@@ -118,14 +119,6 @@ class Schedule:
         as many microbatches as stages, B must split into M microbatches over data·fsdp; ``cfg``'s family adds its
         own (cfg.check_schedule before these, cfg.check_batch_split after them; scaling.family)."""
         S, M, R, L = mesh.get("stage", 1), self.microbatches, self.repeats, cfg.blocks
-        if self.optimizer_sharding == "zero1":
-            if S > 1 and self.pipeline != "1f1b":
-                raise ValueError("optimizer_sharding zero1 with pipeline stages is built for the 1f1b schedule (its "
-                                 "loop reduces the gradients over data once): use --schedule 1f1b, or fsdp")
-            n = shards(mesh, "embed_zero1")
-            if cfg.d_model % n:
-                raise ValueError(f"d_model={cfg.d_model} is not divisible by data·fsdp = {n} (zero1 shards the "
-                                 "optimizer state's D over both)")
         cfg.check_schedule(self, mesh, batch_tokens)  # the family's own rules, before the shared ones
         if self.stage_blocks is not None:
             given = ",".join(map(str, self.stage_blocks))

@@ -62,7 +62,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from scaling import collectives, pipeline
+from scaling import collectives, memory, pipeline
 from scaling.inputs import positive_int
 from scaling.kernels import Kernel, accumulate_kernel, adamw_kernel, matmul_kernel, shape_costs
 from scaling.mesh_shape import MESH_AXES, spans
@@ -500,13 +500,11 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
         dead_w = c * (dead["mlp"] * cfg.mlp_matrices * D * cfg.d_ff + dead["out"] * N * H * D
                       + dead["qkv"] * D * H * (N + 2 * K)) / Y
         out["fsdp"] = {"all-gather": Lw * (W * ((2 + p["again"]) if train else 1) - p["again"] * dead_w) + E}
-        if zero1:
-            pass  # the gradients reduce-scattered over data·fsdp (below)
-        elif train and windowed_grad_rs:
+        if train and windowed_grad_rs:
             out["fsdp"]["collective-permute"] = Lw * W * (X + 1) / X
         elif train:
             out["fsdp"]["reduce-scatter"] = Lw * W
-        if train and V and not zero1:
+        if train and V:
             out["fsdp"]["reduce-scatter"] = out["fsdp"].get("reduce-scatter", 0.0) + dE
     if spans(Y):
         act = c * t * D
@@ -537,17 +535,16 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
             chunk = t * H * K / Y
             out["context"] = {"collective-permute": L * (ring_permute_bytes(C, chunk, train, c) + (again + p["again"])
                                                          * ring_permute_bytes(C, chunk, False, c))}
-        if train:  # the gradients over context: on the fsdp shard, or ZeRO-1's data·fsdp shard
-            out["context"]["all-reduce"] = (Lw * W + dE) / (X * (d if zero1 else 1))
+        if train:  # the gradients over context, on the fsdp shard
+            out["context"]["all-reduce"] = (Lw * W + dE) / X
     if S > 1:
         out["stage"] = stage_volumes(w, c)
-    if zero1:  # the embeddings' gradients as a plain reduce-scatter, as without ZeRO-1 (1F1B: once each, as the
-        # layers'); the updated FP32 weights a device holds (a stage's layers) all-gathered
-        held = (cfg.params - cfg.embedding_params) / S * pipeline.padding(cfg, schedule, S) + cfg.embedding_params
-        for axis, kinds in collectives.zero1_volumes(Ls * W, E if p["again"] else dE,
-                                                     precision.master * held / (X * Y), d, X,
-                                                     windowed_grad_rs).items():
-            out.setdefault(axis, {}).update(kinds)
+    if zero1:  # each data shard's partial gradients, the device's flat buffer (a stage's layers and the embeddings,
+        # as memory_per_device's master) reduce-scattered over data, the updated FP32 weights all-gathered
+        layers = (cfg.params - cfg.embedding_params) / S * pipeline.padding(cfg, schedule, S)  # uneven: Lmax slots
+        held = (layers + cfg.embedding_params) / (X * Y)
+        out.update(collectives.zero1_volumes(memory.zero1_padded(held, d), max(precision.grad_comm, min_comm_bytes),
+                                             precision.master))
     elif spans(d) and train and p["again"]:  # 1F1B: each data shard's partial gradients accumulated through the
         # loop, reduced once after it (ffn_model.pipeline.one_f_one_b): the stage's layers, and the matrices'
         # accumulators (the lookup's and the output layer's; tied one)
@@ -561,18 +558,18 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
         out[partner]["all-reduce"] -= merged
         out["context"]["all-reduce"] -= merged
         out[f"{partner}+context"] = {"all-reduce": merged}
-    if S > 1 and spans(d) and train and cfg.vocab and p["again"] and w.compiler.joint_head_reduce:
+    if S > 1 and spans(d) and train and cfg.vocab and p["again"] and w.compiler.joint_head_reduce and not zero1:
         # 1F1B: the matrices' accumulated gradients summed over stage and data in one all-reduce each (XLA:TPU), out
-        # of the data reduction (ZeRO-1's reduce-scatter of the unsharded gradient)
+        # of the data reduction
         joint = cfg.embedding_matrices * c * cfg.vocab * D / (X * Y)
-        if zero1:
-            out["data+fsdp" if spans(X) else "data"]["reduce-scatter"] -= E  # the gradients before their fsdp split
-        else:
-            out["data"]["all-reduce"] -= joint
+        out["data"]["all-reduce"] -= joint
         out["stage"]["all-reduce"] -= joint
         out["data+stage"] = {"all-reduce": joint}
     loss_axes = [a for a in ("data", "fsdp", "context", "tensor") if spans(mesh.get(a, 1))  # tensor: the SP output
-                 and (a != "tensor" or (schedule.sequence_parallel and cfg.vocab is None))]
+                 and (a != "tensor" or (schedule.sequence_parallel and cfg.vocab is None))
+                 and (a != "data" or not zero1)]
+    if zero1:  # each data shard's loss (ffn_model.zero1.data_partials), their mean over data once
+        out["data"]["all-reduce"] = 4.0
     if loss_axes:  # the loss: one mean over the tokens, split over these axes together (per microbatch a stage
         key = "+".join(loss_axes)  # holds with stages, GPipe's M/S at once; 1F1B's every iteration)
         out.setdefault(key, {})
@@ -713,11 +710,12 @@ def memory_per_device(w: Workload) -> dict:
     V = cfg.vocab or 0
     terms = {"master": precision.master * shard}
     if train:
-        z = w.zero1_shards  # ZeRO-1: the moments and the reduced gradients split over data too
-        terms["optimizer"] = precision.adam_moments * precision.adam_moment * shard / z
-        # the layers' FP32 gradients; the embeddings' are made after the layers' backward and consumed by the
-        # update (XLA schedules dU's matmul after the scan): at neither peak below
-        terms["grads"] = precision.grad * layer_params / (S * X * Y) / z
+        # ZeRO-1: the moments the device's slice of its padded flat buffer (scaling.memory.zero1_padded)
+        terms["optimizer"] = precision.adam_moments * precision.adam_moment * memory.zero1_slice(w, shard)
+        # the layers' FP32 gradients (ZeRO-1: each data shard's partial sums, whole); the embeddings' are made after
+        # the layers' backward and consumed by the update (XLA schedules dU's matmul after the scan): at neither peak
+        # below
+        terms["grads"] = precision.grad * layer_params / (S * X * Y)
     M = schedule.microbatches if S > 1 else 1
     terms.update({"inputs": M * (8 * t if V else (precision.compute + 4) * t * D),  # int32 ids and labels, or x, y
              # forward without fsdp: nothing gathered, XLA fuses each FP32 -> BF16 cast into its matmul (the
@@ -763,6 +761,8 @@ def memory_per_device(w: Workload) -> dict:
         forward = (terms["master"] + terms["optimizer"] + terms["inputs"] + terms["activations"]
                    + ring_forward_phase(cfg, mesh, batch_tokens, schedule, precision))
         terms["ring_forward_phase"] = np.maximum(0.0, forward - sum(terms.values()))
+    if train and np.any(zero1 := memory.zero1_update(w, terms, shard)):  # ZeRO-1's update phase, where the higher
+        terms["zero1_update"] = zero1
     terms["total"] = sum(terms.values())
     return terms
 

@@ -169,11 +169,6 @@ CASES = [
      r"argument --remat: invalid choice: 'sometimes'"),
     (f"{TRAIN} --sequence-parallel --attention sparse", r"argument --attention: invalid choice: 'sparse'"),
     (f"{TRAIN} --context-strategy star", r"argument --context-strategy: invalid choice: 'star'"),
-    # ZeRO-1: with stages only under 1F1B; D over data·fsdp
-    ("bench --preset tiny --devices cpu:8 --mesh stage=2,data=2,fsdp=2 --microbatches 2 --optimizer-sharding zero1",
-     r"optimizer_sharding zero1 with pipeline stages is built for the 1f1b schedule"),
-    ("bench --preset tiny --devices cpu:8 --mesh data=8 --d-model 60 --optimizer-sharding zero1",
-     r"d_model=60 is not divisible by data·fsdp = 8"),
     # block and MLP kinds
     (f"{TRAIN} --preset tiny-tf --mlp tanh", r"argument --mlp: invalid choice: 'tanh'"),
     (f"{TRAIN} --block parallel", r"--block is a transformer flag; 'tiny' is an FFN stack"),

@@ -511,19 +511,20 @@ def test_measured_runs_presets_by_their_sources():
 
 def test_zero1_terms_by_hand():
     """The FFN 'small' (D=256, F=1024, L=4; P = 2·256·1024·4 = 2,097,152) on data=4, fsdp=2, B = 4,096, BF16 on the
-    wire. By hand, ZeRO-1 against optimizer_sharding fsdp:
-      fsdp: all-gathers unchanged, 2 per block and pass: 2·4·2·(2·256·1024·2 B) = 8,388,608; no reduce-scatter
-      data+fsdp: one reduce-scatter of each block's BF16 gradient, 4·2·256·1024·2 = 4,194,304 (fsdp alone had it)
-      data: the updated FP32 weights all-gathered, 4·P/X = 4·2,097,152/2 = 4,194,304 (no all-reduce of 1/X grads)
-      memory: Adam's moments 8·P/(X·d) = 2,097,152 and the FP32 gradients 4·P/(X·d) = 1,048,576 per device"""
+    wire. By hand, ZeRO-1 as a distributed optimizer (ffn_model.zero1) against optimizer_sharding fsdp:
+      fsdp: as without ZeRO-1: all-gathers 2 per block and pass, 2·4·2·(2·256·1024·2 B) = 8,388,608; the gradients'
+            reduce-scatter 4·2·256·1024·2 = 4,194,304; each data shard's loss, 4
+      data: the flat buffer N = P/X = 1,048,576 (a multiple of 128·4: no padding), its BF16 reduce-scatter 2·N =
+            2,097,152, the FP32 all-gather 4·N = 4,194,304, the losses' mean 4 (no all-reduce of gradients)
+      memory: Adam's moments 8·N/4 = 2,097,152; the FP32 gradients whole (ZeRO stage 1) 4·N = 4,194,304"""
     mesh = parse_mesh_spec("data=4,fsdp=2")
     z = Workload(PRESETS["small"], mesh, 4096, schedule=Schedule(optimizer_sharding="zero1"))
     vols = collectives_of(z)
-    assert vols["fsdp"] == {"all-gather": 8_388_608}
-    assert vols["data+fsdp"]["reduce-scatter"] == 4_194_304
-    assert vols["data"] == {"all-gather": 4_194_304}
+    assert vols["fsdp"] == {"all-gather": 8_388_608, "reduce-scatter": 4_194_304, "all-reduce": 4}
+    assert vols["data"] == {"reduce-scatter": 2_097_152, "all-gather": 4_194_304, "all-reduce": 4}
+    assert "data+fsdp" not in vols
     m = memory.memory_per_device(z)
-    assert (m["optimizer"], m["grads"]) == (2_097_152, 1_048_576)
+    assert (m["optimizer"], m["grads"]) == (2_097_152, 4_194_304)
 
 
 def test_transformer_pipeline_terms_by_hand():

@@ -174,15 +174,14 @@ def test_kernels_at_once_are_the_kernels_one_by_one(chip):
 
 
 def test_choices_fix_what_they_name():
-    """A named choice fixes it: only 1F1B with stages, only remat full, ZeRO-1 on every mesh with a data axis and
-    no stages; plans keep their schedule fields."""
+    """A named choice fixes it: only 1F1B with stages, only remat full, ZeRO-1 on every mesh with a data axis (stages
+    too); plans keep their schedule fields."""
     c = Choices.of(LLAMA2_7B, remat="full", pipeline="1f1b", sequence_parallel=False, optimizer_sharding="zero1")
     plans = plan(LLAMA2_7B, V5P, 64, 2**20, choices=c)
     assert plans and {r.remat for r in plans} == {"full"}
     assert {r.pipeline for r in plans if r.mesh["stage"] > 1} == {"1f1b"}
     assert not any(r.sequence_parallel for r in plans)
-    assert all(r.options["optimizer_sharding"] == ("zero1" if r.mesh["data"] > 1 and r.mesh["stage"] == 1
-                                                   else "fsdp") for r in plans)
+    assert all(r.options["optimizer_sharding"] == ("zero1" if r.mesh["data"] > 1 else "fsdp") for r in plans)
     with pytest.raises(ValueError, match="every-second is for the FFN stack"):
         Choices.of(LLAMA2_7B, remat="every-second")
 

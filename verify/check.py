@@ -289,6 +289,20 @@ TPU_SP_STAGE_GRID = [
     ("tpu:v5p:2x2x2", PIPE_TF, "stage=4,tensor=2", 8 * 8 * 2048, "none", "train",
      Schedule(8, repeats=2, pipeline="1f1b", attention="flash", sequence_parallel=True)),
 ]
+# ZeRO-1 as a distributed optimizer (ffn_model.zero1), (devices, cfg, mesh, batch, remat, step, schedule): each
+# device's flat buffer reduce-scattered over data in BF16 and the FP32 weights all-gathered, where data·fsdp does not
+# divide D (196 on data=4, fsdp=2), a transformer with a vocabulary, GPipe stages, and on v5p with odd D and F
+# (4095 x 16380 on data=2: each device's flat buffer padded, 134,152,200 elements to 134,152,448). On 8 CPU devices
+# (the suite's backend); data=3 and data=6 are in tests/test_zero1_any.py's numerics.
+ZERO1_GRID = [
+    ("cpu:8", _SMALL.replace(d_model=196), "data=4,fsdp=2", 4096, "none", "train",
+     Schedule(optimizer_sharding="zero1")),
+    ("cpu:8", _SMALL_TF.replace(vocab=1024), "data=4,tensor=2", 4096, "none", "train",
+     Schedule(optimizer_sharding="zero1")),
+    ("cpu:8", _TF_V, "data=2,stage=2,tensor=2", 4096, "none", "train", Schedule(2, optimizer_sharding="zero1")),
+    ("tpu:v5p:2x2x2", _SMALL.replace(d_model=4095, d_ff=16380), "data=2,tensor=4", 8192, "none", "train",
+     Schedule(optimizer_sharding="zero1")),
+]
 
 
 def default_chip(devices) -> Chip:
