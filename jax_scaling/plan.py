@@ -234,7 +234,9 @@ def not_fixed(args, cfg, M: int | None, tests: dict, fitting: list, where: str, 
     needs_axis = [(args.pipeline, "stage", "--schedule names a pipeline schedule: plans with stages"),
                   (args.context_strategy, "context", "--context-strategy names the attention over a context axis"),
                   (args.optimizer_sharding == "zero1" or None, "data", "the planner tries zero1 with a data axis (with "
-                   "fsdp alone the optimizer state is sharded over fsdp already)")]
+                   "fsdp alone the optimizer state is sharded over fsdp already)"),
+                  (args.sequence_parallel or None, "tensor", "sequence_parallel splits the activations over the tensor "
+                   "axis")]
     on_mesh = [p for p in fitting if mesh_test is None or mesh_test(p)]
     # the best that fits with the axes the choices need, else the best that fits
     best = next((p for p in on_mesh if all(g is None or p.mesh[a] > 1 for g, a, _ in needs_axis)),
@@ -242,8 +244,11 @@ def not_fixed(args, cfg, M: int | None, tests: dict, fitting: list, where: str, 
     head = (f"no plan of {where} that fits {budget / 1e9:.4g} GB per device has {' '.join(tests)} ("
             + (f"none of the {len(fitting)} that fit has {lacking[0]})" if lacking else
                f"of the {len(fitting)} that fit, none has them together)"))
-    if best is None:
-        return ValueError(head)
+    if best is None:  # no plan fits on the --mesh given: the axis a choice needs, where it lacks one
+        shape = parse_mesh_spec(args.mesh) if args.mesh else None
+        why = next((f"{said}; the mesh has no {axis} axis" for given, axis, said in needs_axis
+                    if shape is not None and given is not None and shape[axis] == 1), None)
+        return ValueError(f"{head}; on {args.mesh}: {why}" if why else head)
     asked = {f: v for f, v in (("sequence_parallel", args.sequence_parallel),
                                ("optimizer_sharding", args.optimizer_sharding), ("context", args.context_strategy),
                                ("pipeline", args.pipeline), ("repeats", args.repeats), ("microbatches", M))

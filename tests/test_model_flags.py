@@ -220,11 +220,7 @@ def test_precision_and_network_given_are_the_plans(capsys, given):
 
 @pytest.mark.parametrize("argv, says", [
     (["--sequence-parallel", "on", "--mesh", "data=8"],
-     "on data=8 (the best that fits there): sequence_parallel splits the activations over the tensor axis; the mesh "
-     "has none"),
-    (["--optimizer-sharding", "zero1", "--mesh", "data=2,stage=2,fsdp=2", "--schedule", "gpipe"],
-     "on data=2,stage=2,fsdp=2 (the best that fits there): optimizer_sharding zero1 with pipeline stages is built for "
-     "the 1f1b schedule"),
+     "on data=8: sequence_parallel splits the activations over the tensor axis; the mesh has no tensor axis"),
     (["--context-strategy", "ring", "--mesh", "data=2,tensor=4"],
      "has --mesh data=2,tensor=4 --context-strategy ring (of the 30 that fit, none has them together); on "
      "data=2,tensor=4 (the best that fits there): --context-strategy names the attention over a context axis; the "
