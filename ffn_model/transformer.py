@@ -273,6 +273,9 @@ def layer(x_BxTxD, w: dict, schedule: Schedule, mlp_kind: str = "gelu", block: s
     return x + checkpoint_name(from_matmul(mlp(to_matmul(rms_norm(x), "norm2"), w, mlp_kind)), "mlp_out")
 
 
+GLOBAL_WINDOW = 2 ** 30  # a global layer among local ones: a window no sequence reaches
+
+
 def stack_forward(x_BxTxD, weights: dict, schedule: Schedule, remat: str = "none", mlp_kind: str = "gelu",
                   block: str = "serial", select=None, windows: tuple | None = None):
     """The L layers as one lax.scan over the stacked weights (a dict of [L, ...] arrays), each layer under
@@ -300,9 +303,9 @@ def stack_forward(x_BxTxD, weights: dict, schedule: Schedule, remat: str = "none
     g = windows.index(None) + 1  # the first global layer closes the first group
     q, r = divmod(L, g)
 
-    def group(x, wg):
+    def group(x, wg):  # the global layer's window longer than any sequence: its masks tied to q too (attention._tied)
         x = run(x, {n: a[:g - 1] for n, a in wg.items()}, W)
-        return body(None)(x, {n: a[g - 1] for n, a in wg.items()}), None
+        return body(GLOBAL_WINDOW)(x, {n: a[g - 1] for n, a in wg.items()}), None
 
     if q:
         head = weights if not r else {n: a[:q * g] for n, a in weights.items()}
