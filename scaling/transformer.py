@@ -14,6 +14,9 @@ One layer, per device (module docstring of ffn_model.transformer):
             future ones inside a cond that a static count of the program takes, while at run time
             device i computes i+1 of them); backward 8 units (materialized: dv, dp, dq, dk from the
             saved probabilities) or 10 (flash: the scores recomputed)
+  local     a window W (cfg.window, every layer or all but each global_every-th): materialized masks it and
+            runs every pair; flash runs c + 1 key blocks per query block, c = ceil((W − 1)/b): the units
+            scaled by attention_shares (model FLOPs: T·W − W·(W − 1)/2 pairs for T²/2)
   remat full recomputes the forward but W_out's matmul (its output is not needed for the backward);
             parallel blocks not W_o's either (the layer's sum feeds nothing the backward needs)
 Collectives per layer (V, the Scaling Book's volume: the full array a collective spans per device):
