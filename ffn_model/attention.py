@@ -37,12 +37,29 @@ def _split_heads(q_BxTxNxH, K):
     return q_BxTxNxH.reshape(B, T, K, N // K, H)
 
 
-def _scores(q_BxTxKxGxH, k_BxSxKxH, q_pos_T, k_pos_S):
-    """FP32 scaled scores [B, K, G, T, S], -inf where the key is in the query's future."""
+def _visible(q_pos, k_pos, window=None):
+    """Query at q_pos sees the key at k_pos iff q_pos - window < k_pos <= q_pos (window None: k_pos <= q_pos);
+    broadcasts q_pos [..., T, 1] against k_pos [..., 1, S]."""
+    visible = k_pos <= q_pos
+    return visible if window is None else visible & (k_pos > q_pos - window)
+
+
+def _tied(q_pos, k_pos, q, window):
+    """With a window: the positions through an optimization barrier with q, so that the masks made from them depend
+    on the layer's data. Otherwise the masks depend on nothing the layer computes: jax's partial evaluation and
+    XLA's loop-invariant code motion moved them out of the layer loop, the masks of every key block broadcast to
+    their scores' shape and held through the step (on v5p 0.7 GB for a 4-layer stack, T = 4096, blocks of 512).
+    Without a window the positions are returned as they are (the global programs unchanged)."""
+    if window is None:
+        return q_pos, k_pos
+    return jax.lax.optimization_barrier((q_pos, k_pos, q))[:2]
+
+
+def _scores(q_BxTxKxGxH, k_BxSxKxH, q_pos_T, k_pos_S, window=None):
+    """FP32 scaled scores [B, K, G, T, S], -inf where the key is in the query's future (or before its window)."""
     scale = q_BxTxKxGxH.shape[-1] ** -0.5
     s = jnp.einsum("btkgh,bskh->bkgts", q_BxTxKxGxH, k_BxSxKxH, preferred_element_type=jnp.float32) * scale
-    visible_TxS = k_pos_S[None, :] <= q_pos_T[:, None]
-    return jnp.where(visible_TxS, s, -jnp.inf)
+    return jnp.where(_visible(q_pos_T[:, None], k_pos_S[None, :], window), s, -jnp.inf)
 
 
 def _safe(m):
@@ -69,9 +86,10 @@ def _grads_from_p(p, ds, q5, k, do5):
 # ---------------------------------------------------------------------------------------------------
 # Materialized: the whole [T, S] score matrix, p saved in BF16.
 
-def _materialized_fwd(q, k, v, q_pos, k_pos):
+def _materialized_fwd(q, k, v, q_pos, k_pos, window=None):
+    q_pos, k_pos = _tied(q_pos, k_pos, q, window)
     q5 = _split_heads(q, k.shape[2])
-    s = _scores(q5, k, q_pos, k_pos)
+    s = _scores(q5, k, q_pos, k_pos, window)
     e = jnp.exp(s - _safe(jnp.max(s, axis=-1, keepdims=True)))
     row_sum = jnp.sum(e, axis=-1, keepdims=True)
     p = (e / jnp.where(row_sum > 0, row_sum, 1.0)).astype(COMPUTE_DTYPE)  # a row with no visible key: p = 0, o = 0
@@ -80,7 +98,7 @@ def _materialized_fwd(q, k, v, q_pos, k_pos):
     return o, (q, k, v, p)
 
 
-def _materialized_bwd(res, do):
+def _materialized_bwd(window, res, do):
     q, k, v, p = res
     q5, do5 = _split_heads(q, k.shape[2]), _split_heads(do, k.shape[2])
     pf = p.astype(jnp.float32)
@@ -90,15 +108,16 @@ def _materialized_bwd(res, do):
     return (dq5.reshape(q.shape).astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None)
 
 
-@jax.custom_vjp
-def attention_materialized(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, q_pos_T, k_pos_S):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def attention_materialized(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, q_pos_T, k_pos_S, window=None):
     """Causal softmax attention o = softmax(q.k^T * H**-0.5 + mask) . v, the [B, K, G, T, S] scores
     materialized at once -> o_BxTxNxH (BF16); a row with no visible key gives o = 0. Saves q, k, v and the
     BF16 probabilities p ("attn_probs"); backward dv = p^T.do, dp = do.v^T, ds = p * (dp - rowsum(dp * p)),
     dq = ds.k * H**-0.5, dk = ds^T.q * H**-0.5. FLOPs: forward 4.B.T.S.N.H, backward 8.B.T.S.N.H.
     Source: Vaswani et al. 2017, eq. 1; the backward as FlashAttention-2 (Dao 2023), Algorithm 2 without the
-    recomputation."""
-    return _materialized_fwd(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, q_pos_T, k_pos_S)[0]
+    recomputation. ``window`` W (sliding-window attention, Beltagy et al. 2020 / Mistral 7B, Jiang et al. 2023):
+    query t sees keys t - W < s <= t; the whole [T, S] matrix is still computed and masked (same FLOPs)."""
+    return _materialized_fwd(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, q_pos_T, k_pos_S, window)[0]
 
 
 attention_materialized.defvjp(_materialized_fwd, _materialized_bwd)
@@ -128,16 +147,21 @@ def _num_blocks(S, block):
     return S // block
 
 
-def _flash_fwd(q, k, v, q_pos, k_pos, block):
-    """-> (o BF16 [B, T, N, H], lse FP32 [B, N, T]) by key blocks (flash_attention's forward)."""
+def _flash_fwd(q, k, v, q_pos, k_pos, block, window=None):
+    """-> (o BF16 [B, T, N, H], lse FP32 [B, N, T]) by key blocks (flash_attention's forward); a window that
+    leaves key blocks out of every query block's band runs the banded form (_band_fwd)."""
     B, T, N, H = q.shape
     K, nb = k.shape[2], _num_blocks(k.shape[1], block)
+    c = _band(q.shape[1], k.shape[1], block, window)
+    q_pos, k_pos = _tied(q_pos, k_pos, q, window)
+    if c is not None:
+        return _band_fwd(q, k, v, q_pos, k_pos, nb, c, window)
     q5 = _split_heads(q, K)
 
     def step(carry, blk):
         m, row_sum, acc = carry  # [B,K,G,T] running max and sum, [B,T,K,G,H] FP32 accumulator
         k_blk, v_blk, k_pos_blk = blk
-        s = _scores(q5, k_blk, q_pos, k_pos_blk)
+        s = _scores(q5, k_blk, q_pos, k_pos_blk, window)
         m_new = jnp.maximum(m, jnp.max(s, axis=-1))
         m_safe = _safe(m_new)
         p = jnp.exp(s - m_safe[..., None])
@@ -168,13 +192,13 @@ def _flash_bwd_stats(q, K, o, do, lse_BxNxT, dlse_BxNxT=None):
     return q5, do5, lse, D[..., None]
 
 
-def _flash_bwd_keys(dq5, q5, do5, lse, D, k, v, q_pos, k_pos, nb, dkv_dtype):  # 11 parameters: the
+def _flash_bwd_keys(dq5, q5, do5, lse, D, k, v, q_pos, k_pos, nb, dkv_dtype, window=None):  # 12 parameters: the
     # backward's saved residuals and statistics, each an array of _flash_bwd's, passed as they are
     """FlashAttention-2's backward of the queries against one key set, a scan over its nb key blocks:
     -> (dq5 + this key set's part, FP32; dk, dv [B, S, K, H] in dkv_dtype)."""
     def step(dq5, blk):
         k_blk, v_blk, k_pos_blk = blk
-        p = jnp.exp(_scores(q5, k_blk, q_pos, k_pos_blk) - lse)  # masked: exp(-inf) = 0
+        p = jnp.exp(_scores(q5, k_blk, q_pos, k_pos_blk, window) - lse)  # masked: exp(-inf) = 0
         dp = jnp.einsum("btkgh,bskh->bkgts", do5, v_blk, preferred_element_type=jnp.float32)
         dq5_blk, dk_blk, dv_blk = _grads_from_p(p, p * (dp - D), q5, k_blk, do5)
         return dq5 + dq5_blk, (dk_blk.astype(dkv_dtype), dv_blk.astype(dkv_dtype))
@@ -183,30 +207,39 @@ def _flash_bwd_keys(dq5, q5, do5, lse, D, k, v, q_pos, k_pos, nb, dkv_dtype):  #
     return dq5, _unblocks(dk), _unblocks(dv)
 
 
-def _flash_bwd(block, res, cts):
+def _flash_bwd(block, window, res, cts):
     q, k, v, o, lse_BxNxT, q_pos, k_pos = res
     do, dlse_BxNxT = cts
     K, nb = k.shape[2], _num_blocks(k.shape[1], block)
     q5, do5, lse, D = _flash_bwd_stats(q, K, o, do, lse_BxNxT, dlse_BxNxT)
-    dq5, dk, dv = _flash_bwd_keys(jnp.zeros_like(q5, dtype=jnp.float32), q5, do5, lse, D, k, v, q_pos, k_pos,
-                                  nb, k.dtype)
+    c = _band(q.shape[1], k.shape[1], block, window)
+    q_pos, k_pos = _tied(q_pos, k_pos, do, window)
+    if c is not None:
+        dq5, dk, dv = _band_bwd(q5, do5, lse, D, k, v, q_pos, k_pos, nb, c, window)
+    else:
+        dq5, dk, dv = _flash_bwd_keys(jnp.zeros_like(q5, dtype=jnp.float32), q5, do5, lse, D, k, v, q_pos, k_pos,
+                                      nb, k.dtype, window)
     return (dq5.reshape(q.shape).astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
-def flash_attention(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, q_pos_T, k_pos_S, block=512):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+def flash_attention(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, q_pos_T, k_pos_S, block=512, window=None):
     """Causal attention by key blocks with an online softmax -> (o_BxTxNxH BF16, lse_BxNxT FP32).
 
     A lax.scan over S/block key blocks (S divisible by ``block``; block >= S is one block): m' = max(m,
     rowmax s), p = exp(s - m'), l' = exp(m - m').l + rowsum p, acc' = exp(m - m').acc + p.v_blk; o = acc / l,
     lse = m + log l. Saves q, k, v, o ("attn_out"), lse ("attn_lse"): nothing O(T.S). Backward recomputes
     p = exp(s - lse) per block: ds = p * (dp - D + dlse), D = rowsum(do * o). FLOPs: forward 4.B.T.S.N.H,
-    backward 10.B.T.S.N.H + 2.B.T.N.H. Source: FlashAttention-2 (Dao 2023), Algorithms 1 and 2."""
-    return _flash_fwd(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, q_pos_T, k_pos_S, block)
+    backward 10.B.T.S.N.H + 2.B.T.N.H. Source: FlashAttention-2 (Dao 2023), Algorithms 1 and 2.
+
+    ``window`` W: query t sees keys t - W < s <= t. Where T = S and the band of c + 1 key blocks a query block
+    needs, c = ceil((W - 1)/b), is narrower than the nb = S/b blocks, the blocks outside it are skipped (_band_fwd):
+    FLOPs forward 4.B.T.(c+1).b.N.H, backward 10.B.T.(c+1).b.N.H + 2.B.T.N.H; otherwise every block, masked."""
+    return _flash_fwd(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, q_pos_T, k_pos_S, block, window)
 
 
-def _flash_fwd_rule(q, k, v, q_pos, k_pos, block):
-    o, lse = _flash_fwd(q, k, v, q_pos, k_pos, block)
+def _flash_fwd_rule(q, k, v, q_pos, k_pos, block, window):
+    o, lse = _flash_fwd(q, k, v, q_pos, k_pos, block, window)
     o, lse = checkpoint_name(o, "attn_out"), checkpoint_name(lse, "attn_lse")
     return (o, lse), (q, k, v, o, lse, q_pos, k_pos)
 
@@ -214,10 +247,115 @@ def _flash_fwd_rule(q, k, v, q_pos, k_pos, block):
 flash_attention.defvjp(_flash_fwd_rule, _flash_bwd)
 
 
-def flash_attention_o(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, q_pos_T, k_pos_S, block=512):
+def flash_attention_o(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, q_pos_T, k_pos_S, block=512, window=None):
     """flash_attention's o_BxTxNxH only (a drop-in for attention_materialized); saved bytes and FLOPs
     as flash_attention's (FlashAttention-2, Dao 2023)."""
-    return flash_attention(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, q_pos_T, k_pos_S, block)[0]
+    return flash_attention(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, q_pos_T, k_pos_S, block, window)[0]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Banded flash: a sliding window's key blocks only. Query block i (b queries) needs key blocks i - c .. i,
+# c = ceil((W - 1)/b); step j of a scan over the c + 1 diagonals takes key block i - c + j for every query block
+# at once, from k padded in front by c blocks (masked: position _PAD_POS is before every window).
+
+_PAD_POS = -(2 ** 30)
+
+
+def _band(T, S, block, window):
+    """c, the diagonals below the main one a query block of the banded form visits, or None where the window
+    leaves no key block out (every block is run: None window, T != S, or c + 1 >= S/block)."""
+    if window is None or T != S:
+        return None
+    nb = _num_blocks(S, block)
+    c = -(-(window - 1) // (S // nb))
+    return c if c + 1 < nb else None
+
+
+def _band_layout(q, k, v, q_pos, k_pos, nb, c):
+    """q6 [B, nb, b, K, G, H], k, v padded [B, nb + c, b, K, H], q_pos [nb, b], padded k_pos [nb + c, b]."""
+    B, T, N, H = q.shape
+    K, b = k.shape[2], T // nb
+    q6 = _split_heads(q, K).reshape(B, nb, b, K, N // K, H)
+
+    def pad(x):
+        return jnp.pad(x, ((0, 0), (c * b, 0), (0, 0), (0, 0))).reshape(B, nb + c, b, *x.shape[2:])
+
+    k_pos = jnp.concatenate([jnp.full((c * b,), _PAD_POS, k_pos.dtype), k_pos]).reshape(nb + c, b)
+    return q6, pad(k), pad(v), q_pos.reshape(nb, b), k_pos
+
+
+def _diagonal(j, nb, *xs):
+    """Key blocks j .. j + nb - 1 of padded arrays (axis 1, or 0 for the positions): diagonal j's keys."""
+    return [jax.lax.dynamic_slice_in_dim(x, j, nb, axis=0 if x.ndim == 2 else 1) for x in xs]
+
+
+def _band_scores(q6, k_blk, q_pos, k_pos_blk, window):
+    """FP32 scaled scores [B, nb, K, G, b, b] of every query block against its diagonal's key block, masked."""
+    scale = q6.shape[-1] ** -0.5
+    s = jnp.einsum("bitkgh,biskh->bikgts", q6, k_blk, preferred_element_type=jnp.float32) * scale
+    visible = _visible(q_pos[:, :, None], k_pos_blk[:, None, :], window)  # [nb, b, b]
+    return jnp.where(visible[None, :, None, None], s, -jnp.inf)
+
+
+def _band_fwd(q, k, v, q_pos, k_pos, nb, c, window):
+    """The banded forward: (o BF16 [B, T, N, H], lse FP32 [B, N, T]), an online softmax over c + 1 diagonals."""
+    B, T, N, H = q.shape
+    q6, kp, vp, qp, kpp = _band_layout(q, k, v, q_pos, k_pos, nb, c)
+
+    def step(carry, j):
+        m, row_sum, acc = carry  # [B,nb,K,G,b] running max and sum, [B,nb,b,K,G,H] FP32 accumulator
+        k_blk, v_blk, k_pos_blk = _diagonal(j, nb, kp, vp, kpp)
+        s = _band_scores(q6, k_blk, qp, k_pos_blk, window)
+        m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+        m_safe = _safe(m_new)
+        p = jnp.exp(s - m_safe[..., None])
+        alpha = jnp.exp(m - m_safe)
+        row_sum = alpha * row_sum + jnp.sum(p, axis=-1)
+        pv = jnp.einsum("bikgts,biskh->bitkgh", p.astype(COMPUTE_DTYPE), v_blk, preferred_element_type=jnp.float32)
+        return (m_new, row_sum, jnp.moveaxis(alpha, 4, 2)[..., None] * acc + pv), None
+
+    m0 = jnp.moveaxis(jnp.full_like(q6[..., 0], -jnp.inf, dtype=jnp.float32), 2, 4)  # [B, nb, K, G, b]
+    init = (m0, jnp.zeros_like(m0), jnp.zeros_like(q6, dtype=jnp.float32))
+    (m, row_sum, acc), _ = jax.lax.scan(step, init, jnp.arange(c + 1))
+    l_safe = jnp.where(row_sum > 0, row_sum, 1.0)
+    o = (acc / jnp.moveaxis(l_safe, 4, 2)[..., None]).reshape(q.shape).astype(COMPUTE_DTYPE)
+    lse = jnp.where(row_sum > 0, m + jnp.log(l_safe), -jnp.inf)  # [B, nb, K, G, b]
+    return o, jnp.moveaxis(lse, 1, 3).reshape(B, N, T)
+
+
+def _band_bwd(q5, do5, lse, D, k, v, q_pos, k_pos, nb, c, window):
+    """The banded backward (FlashAttention-2's, diagonal by diagonal): -> (dq5 FP32 [B, T, K, G, H], dk, dv in
+    k's dtype). dk, dv accumulate in FP32 over the diagonals in k's padded layout."""
+    B, T, K, G, H = q5.shape
+    b = T // nb
+    q6, kp, vp, qp, kpp = _band_layout(q5.reshape(B, T, K * G, H), k, v, q_pos, k_pos, nb, c)
+    do6 = do5.reshape(q6.shape)
+
+    def blocked(x_BxKxGxTx1):  # [B, K, G, T, 1] -> [B, nb, K, G, b, 1]
+        return jnp.moveaxis(x_BxKxGxTx1.reshape(B, K, G, nb, b, 1), 3, 1)
+
+    lse6, D6 = blocked(lse), blocked(D)
+    scale = H ** -0.5
+
+    def step(carry, j):
+        dq6, dkp, dvp = carry
+        k_blk, v_blk, k_pos_blk = _diagonal(j, nb, kp, vp, kpp)
+        p = jnp.exp(_band_scores(q6, k_blk, qp, k_pos_blk, window) - lse6)
+        dp = jnp.einsum("bitkgh,biskh->bikgts", do6, v_blk, preferred_element_type=jnp.float32)
+        p16, ds16 = p.astype(COMPUTE_DTYPE), (p * (dp - D6)).astype(COMPUTE_DTYPE)
+        dv = jnp.einsum("bikgts,bitkgh->biskh", p16, do6, preferred_element_type=jnp.float32)
+        dq6 = dq6 + jnp.einsum("bikgts,biskh->bitkgh", ds16, k_blk, preferred_element_type=jnp.float32) * scale
+        dk = jnp.einsum("bikgts,bitkgh->biskh", ds16, q6, preferred_element_type=jnp.float32) * scale
+
+        def add(acc, d):
+            return jax.lax.dynamic_update_slice_in_dim(acc, _diagonal(j, nb, acc)[0] + d, j, axis=1)
+        return (dq6, add(dkp, dk), add(dvp, dv)), None
+
+    init = (jnp.zeros_like(q6, dtype=jnp.float32), jnp.zeros_like(kp, dtype=jnp.float32),
+            jnp.zeros_like(vp, dtype=jnp.float32))
+    (dq6, dkp, dvp), _ = jax.lax.scan(step, init, jnp.arange(c + 1))
+    unpad = lambda x: x[:, c:].reshape(k.shape).astype(k.dtype)  # noqa: E731
+    return dq6.reshape(q5.shape), unpad(dkp), unpad(dvp)
 
 
 def merge(o1_BxTxNxH, lse1_BxNxT, o2_BxTxNxH, lse2_BxNxT):

@@ -105,21 +105,23 @@ def _named(q, k, v):
     return checkpoint_name(q, "q"), checkpoint_name(k, "k"), checkpoint_name(v, "v")
 
 
-def _local_attention(schedule: Schedule):
-    """attend(q, k, v, q_pos, k_pos) -> o for the schedule's attention form, q, k, v named (_named)."""
+def _local_attention(schedule: Schedule, window=None):
+    """attend(q, k, v, q_pos, k_pos) -> o for the schedule's attention form, q, k, v named (_named); ``window``:
+    sliding-window attention over W keys (None: global)."""
     if schedule.attention == "flash":
-        kernel = functools.partial(flash_attention_o, block=schedule.attention_block)
+        kernel = functools.partial(flash_attention_o, block=schedule.attention_block, window=window)
     else:
-        kernel = attention_materialized
+        kernel = functools.partial(attention_materialized, window=window)
     return lambda q, k, v, q_pos, k_pos: kernel(*_named(q, k, v), q_pos, k_pos)
 
 
-def attention(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, schedule: Schedule):
+def attention(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, schedule: Schedule, window=None):
     """Causal attention on the global arrays. Without a context axis: the local form on every device's
     batch and heads (GSPMD). With one: jax.shard_map manual over context and tensor (each device its
-    sequence chunk and its heads), Ulysses or ring (ffn_model.attention)."""
+    sequence chunk and its heads), Ulysses or ring (ffn_model.attention). ``window``: a local layer's W keys
+    (materialized, flash and Ulysses; ring is refused where the Workload is built)."""
     mesh = jax.sharding.get_abstract_mesh()
-    local = _local_attention(schedule)
+    local = _local_attention(schedule, window)
     T = q_BxTxNxH.shape[1]
     if mesh.empty or mesh.shape.get("context", 1) == 1:
         pos = jnp.arange(T, dtype=jnp.int32)
@@ -206,7 +208,7 @@ def fused_out(xs, ws):
     return jnp.einsum("btyj,yjd->btd", constrain(x, ("batch", "seq", "tensor_split", None)), w)
 
 
-def parallel_branches(h_BxTxD, w: dict, schedule: Schedule, kind: str):
+def parallel_branches(h_BxTxD, w: dict, schedule: Schedule, kind: str, window=None):
     """o·W_o + MLP(h) of a parallel block from one norm's output h (PaLM, Chowdhery et al. 2022, section 2:
     the input projections fused, the output projections fused): q, k, v and the MLP's input(s) as one
     matmul (fused_in), the attention, then o and act(u) against W_o and W_out as one (fused_out)."""
@@ -217,7 +219,7 @@ def parallel_branches(h_BxTxD, w: dict, schedule: Schedule, kind: str):
     q, k, v, u, *g = fused_in(h_BxTxD, ws)
     q = constrain(q.reshape(B, T, N, H), Q_AXES)
     k, v = (constrain(a.reshape(B, T, K, H), KV_AXES) for a in (k, v))
-    o = checkpoint_name(constrain(attention(q, k, v, schedule), Q_AXES), "attn_out")
+    o = checkpoint_name(constrain(attention(q, k, v, schedule, window), Q_AXES), "attn_out")
     u = checkpoint_name(constrain(u, H_AXES), "mlp_in")
     if kind == "swiglu":
         a = jax.nn.silu(checkpoint_name(constrain(g[0], H_AXES), "mlp_gate")) * u
@@ -242,10 +244,12 @@ def mlp(h_BxTxD, w: dict, kind: str):
     return a @ _gather(w["w_out"], W_MLP_AXES)
 
 
-def layer(x_BxTxD, w: dict, schedule: Schedule, mlp_kind: str = "gelu", block: str = "serial", select=None):
+def layer(x_BxTxD, w: dict, schedule: Schedule, mlp_kind: str = "gelu", block: str = "serial", select=None,
+          window=None):
     """One pre-norm layer (module docstring) on one layer's weights ``w`` (FP32 shards): serial, or parallel
     (attention and MLP on the same norm's output, their partial sums added before one reduction over tensor).
-    ``select``: applied to each weight first (a pipeline's chunk choice: ffn_model.pipeline.pipeline_outputs)."""
+    ``select``: applied to each weight first (a pipeline's chunk choice: ffn_model.pipeline.pipeline_outputs).
+    ``window``: a local layer's sliding window W (None: global attention)."""
     if select is not None:
         w = {k: select(v) for k, v in w.items()}
     sp = schedule.sequence_parallel
@@ -261,34 +265,65 @@ def layer(x_BxTxD, w: dict, schedule: Schedule, mlp_kind: str = "gelu", block: s
     x = constrain(x_BxTxD, between)
     h = to_matmul(rms_norm(x), "norm1")
     if block == "parallel":
-        return x + from_matmul(parallel_branches(h, w, schedule, mlp_kind))
+        return x + from_matmul(parallel_branches(h, w, schedule, mlp_kind, window))
     q, k, v = qkv_projection(h, w["wq"], w["wk"], w["wv"])
-    o = checkpoint_name(constrain(attention(q, k, v, schedule), Q_AXES), "attn_out")
+    o = checkpoint_name(constrain(attention(q, k, v, schedule, window), Q_AXES), "attn_out")
     attn = jnp.einsum("btnh,nhd->btd", o, _gather(w["wo"], WQ_AXES))
     x = checkpoint_name(x + checkpoint_name(from_matmul(attn), "attn_proj"), "mid")
     return x + checkpoint_name(from_matmul(mlp(to_matmul(rms_norm(x), "norm2"), w, mlp_kind)), "mlp_out")
 
 
+GLOBAL_WINDOW = 2 ** 30  # a global layer among local ones: a window no sequence reaches
+
+
 def stack_forward(x_BxTxD, weights: dict, schedule: Schedule, remat: str = "none", mlp_kind: str = "gelu",
-                  block: str = "serial", select=None, live=None):
+                  block: str = "serial", select=None, live=None, windows: tuple | None = None):
     """The L layers as one lax.scan over the stacked weights (a dict of [L, ...] arrays), each layer under
     jax.checkpoint with the remat policy (validated where the Workload is built: scaling.policies.check_remat): "none"
-    saves SAVED, "full" nothing but the layer's input, the named policies what policy_saves says. ``live``: a stage
-    of uneven stages, its real slots (ffn_model.pipeline.padded_slots): slot j's layer runs and its output is kept
-    where j < live, else the carry passes unchanged (a masked update x = where(j < live, layer(x), x): the padding
-    slot's FLOPs are executed, as every stage runs Lmax slots in lock-step anyway, and its weights get an exactly
-    zero gradient, the transpose of the select)."""
+    saves SAVED, "full" nothing but the layer's input, the named policies what policy_saves says.
+
+    ``live``: a stage of uneven stages, its real slots (ffn_model.pipeline.padded_slots): slot j's layer runs and its
+    output is kept where j < live, else the carry passes unchanged (a masked update x = where(j < live, layer(x), x):
+    the padding slot's FLOPs are executed, as every stage runs Lmax slots in lock-step anyway, and its weights get an
+    exactly zero gradient, the transpose of the select).
+
+    ``windows``: each layer's sliding window (TransformerConfig.layer_windows; None: global). Every layer alike: the
+    one scan, its window static. Local and global layers mixed, g = the period (global_every): one scan over the
+    L // g groups, each its g - 1 local layers then the global one unrolled (the window static in each, so that
+    flash runs the local layers' band only), then a scan over the L mod g local layers left."""
     policy = jax.checkpoint_policies.save_only_these_names(*policy_saves(remat, schedule))
-    body = jax.checkpoint(functools.partial(layer, schedule=schedule, mlp_kind=mlp_kind, block=block, select=select),
-                          policy=policy)
+
+    def body(window):
+        return jax.checkpoint(functools.partial(layer, schedule=schedule, mlp_kind=mlp_kind, block=block,
+                                                select=select, window=window), policy=policy)
+
+    def run(x, ws, window):
+        return jax.lax.scan(lambda c, w: (body(window)(c, w), None), x, ws)[0]
+
     x = constrain(x_BxTxD, X_SP_AXES if schedule.sequence_parallel else X_AXES)
-    if live is None:
-        x, _ = jax.lax.scan(lambda c, w: (body(c, w), None), x, weights)
-        return x
-    n = next(iter(weights.values())).shape[0]
-    x, _ = jax.lax.scan(lambda c, wj: (jnp.where(wj[1] < live, body(c, wj[0]), c), None), x,
-                        (weights, jnp.arange(n)))
-    return x  # under sequence parallelism still split over tensor: the loss reduces it where it lies
+    windows = tuple(windows or (None,))
+    if live is not None:  # uneven stages (a window with stages is refused: TransformerConfig.check_schedule)
+        n = next(iter(weights.values())).shape[0]
+        x, _ = jax.lax.scan(lambda c, wj: (jnp.where(wj[1] < live, body(windows[0])(c, wj[0]), c), None), x,
+                            (weights, jnp.arange(n)))
+        return x  # under sequence parallelism still split over tensor: the loss reduces it where it lies
+    if len(set(windows)) == 1:
+        return run(x, weights, windows[0])  # under sequence parallelism still split over tensor (the loss reduces it)
+    W, L = next(w for w in windows if w is not None), len(windows)
+    g = windows.index(None) + 1  # the first global layer closes the first group
+    q, r = divmod(L, g)
+
+    def group(x, wg):  # the global layer's window longer than any sequence: its masks tied to q too (attention._tied)
+        for i in range(g):  # unrolled: an inner scan's residual stacks were copied into the outer one's (v5p: 1.3x)
+            x = body(W if i < g - 1 else GLOBAL_WINDOW)(x, {n: a[i] for n, a in wg.items()})
+        return x, None
+
+    if q:
+        head = weights if not r else {n: a[:q * g] for n, a in weights.items()}
+        x = jax.lax.scan(group, x, {n: a.reshape(q, g, *a.shape[1:]) for n, a in head.items()})[0]
+    if r:
+        x = run(x, {n: a[q * g:] for n, a in weights.items()}, W)
+    return x
 
 
 def _token_axes(spec) -> tuple[str, ...]:
@@ -481,6 +516,7 @@ class TransformerStack(nnx.Module):
         D, N, K, H, F, L = cfg.d_model, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.d_ff, cfg.blocks
         self.remat, self.schedule, self.gated = w.remat, schedule, cfg.gated
         self.mlp_kind, self.block = cfg.mlp, cfg.block
+        self.windows = cfg.layer_windows  # each layer's sliding window (None: global)
         self.output_axes = X_SP_AXES if schedule.sequence_parallel else X_AXES  # where the stack's output lies
         # uneven stages: the stacks padded to S·Lmax slots, zeros in the padding (ffn_model.pipeline.pad_stack); the
         # real blocks drawn as without stages
@@ -509,9 +545,9 @@ class TransformerStack(nnx.Module):
             weights = {n: real_blocks(v, self.stage_blocks) for n, v in weights.items()}
         if self.vocab is None:
             return stack_forward(x.astype(COMPUTE_DTYPE), weights, self.schedule, self.remat, self.mlp_kind,
-                                 self.block)
+                                 self.block, windows=self.windows)
         x, e = embed(x, self.embedding[...], self.schedule, self.tied)
-        y = stack_forward(x, weights, self.schedule, self.remat, self.mlp_kind, self.block)
+        y = stack_forward(x, weights, self.schedule, self.remat, self.mlp_kind, self.block, windows=self.windows)
         return output_logits(y, e if self.tied else self.unembedding[...], self.schedule)
 
 

@@ -74,6 +74,18 @@ PRESETS: dict[str, FFNConfig | TransformerConfig] = {
     # BLOOM-176B (BigScience 2022, table 3: 70 layers, 14336 wide, 112 heads, 250,880 tokens, tied)
     "bloom-176b": TransformerConfig(d_model=14336, heads=112, d_ff=57344, blocks=70, seq_len=2048, vocab=250880,
                                     tied_embeddings=True),
+    # Sliding-window attention. Mistral 7B (Jiang et al. 2023, arXiv:2310.06825, table 1, and mistralai's
+    # params.json: dim 4096, 32 layers, head_dim 128, hidden_dim 14336, 32 heads, 8 kv heads, window 4096, context
+    # 8192, vocab 32000; SwiGLU, untied): every layer local. Gemma 2 9B (Gemma Team 2024, arXiv:2408.00118, table 1,
+    # and its Hugging Face config: hidden 3584, 42 layers, 16 heads, 8 kv heads, head_dim 256, intermediate 14336,
+    # sliding_window 4096, 8192 positions, vocab 256000, tied): local and global layers alternating, the first
+    # local. Its MLP is GeGLU, counted here as the gated "swiglu" (the same three matrices and FLOPs); its logit
+    # soft-capping and extra norms are not modelled.
+    "mistral-7b": TransformerConfig(d_model=4096, heads=32, kv_heads=8, d_ff=14336, blocks=32, seq_len=8192,
+                                    mlp="swiglu", vocab=32000, window=4096),
+    "gemma-2-9b": TransformerConfig(d_model=3584, heads=16, kv_heads=8, head_dim=256, d_ff=14336, blocks=42,
+                                    seq_len=8192, mlp="swiglu", vocab=256000, tied_embeddings=True, window=4096,
+                                    global_every=2),
 }
 
 

@@ -14,6 +14,9 @@ One layer, per device (module docstring of ffn_model.transformer):
             future ones inside a cond that a static count of the program takes, while at run time
             device i computes i+1 of them); backward 8 units (materialized: dv, dp, dq, dk from the
             saved probabilities) or 10 (flash: the scores recomputed)
+  local     a window W (cfg.window, every layer or all but each global_every-th): materialized masks it and
+            runs every pair; flash runs c + 1 key blocks per query block, c = ceil((W − 1)/b): the units
+            scaled by attention_shares (model FLOPs: T·W − W·(W − 1)/2 pairs for T²/2)
   remat full recomputes the forward but W_out's matmul (its output is not needed for the backward);
             parallel blocks not W_o's either (the layer's sum feeds nothing the backward needs)
 Collectives per layer (V, the Scaling Book's volume: the full array a collective spans per device):
@@ -121,7 +124,10 @@ class TransformerConfig:
         "d_model": "D", "d_ff": "F", "blocks": "L", "seq_len": "T, tokens per sequence", "heads": "N, query heads",
         "kv_heads": "K, key/value heads (grouped-query attention)", "head_dim": "H, the head dimension (default D/N)",
         "vocab": "V, the vocabulary: token ids in, an embedding, logits and a cross-entropy loss (default none: "
-                 "token vectors in and out)"}
+                 "token vectors in and out)",
+        "window": "W, tokens a local (sliding-window) layer's query sees, itself included (default none: every layer "
+                  "global)",
+        "global_every": "every n-th layer global, the others local (with --window; default none: all local)"}
     kinds: ClassVar[dict[str, tuple[tuple[str, ...], str]]] = {
         "mlp": (MLP_KINDS, "the MLP: act(h·W_in)·W_out with relu or gelu, or swiglu (three matrices)"),
         "block": (BLOCK_KINDS, "serial (attention, then the MLP) or parallel (both on one norm, summed: one "
@@ -143,13 +149,17 @@ class TransformerConfig:
     block: str = "serial"
     vocab: int | None = None
     tied_embeddings: bool = False
+    window: int | None = None  # sliding-window (local) attention over W keys; None: global (local_attention.md)
+    global_every: int | None = None  # layer l global iff (l + 1) % global_every == 0 (Gemma 2: 2, Gemma 3: 6)
 
     def __str__(self) -> str:
         """A header's words: "transformer D=4,096 N=32 K=8 H=128 F=14,336 L=32 T=8,192 swiglu V=128,256"."""
         return (f"transformer D={self.d_model:,} N={self.heads} K={self.kv_heads} H={self.head_dim} "
                 f"F={self.d_ff:,} L={self.blocks:,} T={self.seq_len:,} {self.mlp}"
                 + (" parallel" if self.block == "parallel" else "")
-                + (f" V={self.vocab:,}" + (" tied" if self.tied_embeddings else "") if self.vocab else ""))
+                + (f" V={self.vocab:,}" + (" tied" if self.tied_embeddings else "") if self.vocab else "")
+                + (f" W={self.window:,}" + (f"/{self.global_every}" if self.global_every else "")
+                   if self.window else ""))
 
     def __post_init__(self):
         for name in ("d_model", "heads", "d_ff", "blocks", "seq_len"):
@@ -176,6 +186,21 @@ class TransformerConfig:
         if self.heads % self.kv_heads:
             raise ValueError(f"heads={self.heads} is not divisible by kv_heads={self.kv_heads} "
                              "(grouped-query attention)")
+        if self.window is not None:
+            positive_int("window", self.window)
+        if self.global_every is not None:
+            positive_int("global_every", self.global_every)
+            if self.window is None:
+                raise ValueError("global_every needs a window (--window W) for the other layers")
+
+    @property
+    def layer_windows(self) -> tuple:
+        """Each layer's window W_l (None: global): layer l (from 0) global iff (l + 1) % global_every == 0, so that
+        the stack starts with a local layer (Gemma 2's 1:1, Beyer et al. 2024 sec. 2; Gemma 3's 5:1); every layer
+        local without global_every (Mistral 7B, Jiang et al. 2023 sec. 2); a window >= T is global."""
+        W = self.window if self.window is not None and self.window < self.seq_len else None
+        g = self.global_every
+        return tuple(None if W is None or (g and (i + 1) % g == 0) else W for i in range(self.blocks))
 
     @property
     def gated(self) -> bool:
@@ -330,6 +355,10 @@ def _check_transformer(cfg: TransformerConfig, mesh: Mapping, schedule: Schedule
     if schedule.attention == "flash" and keys > schedule.attention_block and keys % schedule.attention_block:
         raise ValueError(f"attention_block={schedule.attention_block} does not divide the {keys} keys each device "
                          "attends to at a time")
+    if any(cfg.layer_windows) and spans(C) and schedule.context == "ring":
+        raise ValueError("window (local attention) runs with context ulysses, not ring")
+    if any(cfg.layer_windows) and mesh.get("stage", 1) > 1:
+        raise ValueError(f"window (local attention) runs without pipeline stages, not stage={mesh['stage']}")
 
 
 def _dims(cfg: TransformerConfig, mesh: Mapping, batch_tokens):
@@ -431,6 +460,36 @@ def recomputed(cfg: TransformerConfig, remat: str, schedule: Schedule, mesh: Map
             "out": int(cfg.block == "serial" and "out" not in keeps), "mlp_in": int("mlp_in" not in keeps)}
 
 
+def attention_shares(cfg: TransformerConfig, schedule: Schedule, mesh: Mapping) -> tuple[float, float, float]:
+    """(executed, model, timed): the layers' mean attention, as a share of a global layer's. Executed, the score
+    pairs the program computes: a global layer, and a local one that runs every key block (materialized, or a
+    flash band as wide as the keys), T·T; a flash local layer the c + 1 key blocks of b = min(block, T) keys
+    each query block's band needs, c = ceil((W − 1)/b): T·(c + 1)·b (ffn_model.attention._band_fwd). Model, the
+    pairs a layer keeps: causal T²/2 (the Scaling Book's halving), a window W < T: T·W − W·(W − 1)/2
+    (Σ_t min(t + 1, W)). Timed, what a kernel that skips the causal half's blocks runs: a global flash layer
+    (nb + 1)/(2·nb) of T·T (nb = T/b), a band all of its (c + 1) blocks. Without windows (1, 1, None): the
+    kernels' own causal share. Numpy arrays of schedules (the planner's) evaluate element-wise."""
+    T = cfg.seq_len
+    windows = cfg.layer_windows
+    if not any(windows):
+        return 1.0, 1.0, None
+    flash = np.asarray(runs_flash(schedule, mesh))
+    b = np.where(flash, np.minimum(schedule.attention_block, T), T)
+    nb = T // b
+    executed = model = timed = 0.0
+    for W in windows:
+        if W is None:
+            executed, model, timed = executed + 1.0, model + 1.0, timed + np.where(flash, (nb + 1) / (2 * nb), 1.0)
+            continue
+        c = -(-(W - 1) // b)
+        banded = flash & (c + 1 < nb)
+        executed = executed + np.where(banded, (c + 1) * b / T, 1.0)
+        model += (T * W - W * (W - 1) / 2) / (T * T / 2)
+        timed = timed + np.where(banded, (c + 1) * b / T, np.where(flash, (nb + 1) / (2 * nb), 1.0))
+    L = len(windows)
+    return executed / L, model / L, timed / L
+
+
 def step_flops(w: Workload) -> dict:
     """Matmul FLOPs per device of one step, term by term (module docstring):
     forward = L·(qkv + attention 4 units + out + mlp) + logits; backward = L·(2·(qkv + out + mlp) + attention
@@ -445,11 +504,12 @@ def step_flops(w: Workload) -> dict:
     p, S = passes(w), mesh.get("stage", 1)
     L = p["layers"]  # layer-passes over t tokens: the blocks, or a pipeline's executed chunk-iterations
     qkv, out, mlp = 2 * t * D * H * (N + 2 * K) / Y, 2 * t * N * H * D / Y, 2 * t * D * F * m / Y
-    unit = s * T * T * N * H / (Y * C)
+    executed, kept, _ = attention_shares(cfg, schedule, mesh)  # local layers' windows (1, 1 without)
+    unit = s * T * T * N * H / (Y * C) * executed
     logits = 2 * t * D * (cfg.vocab or 0) / Y
     layer_forward = qkv + out + mlp + attention_units(schedule, "forward", mesh) * unit
     terms = {"forward": L * layer_forward + p["head"] * logits}
-    model_attn = attention_units(schedule, "forward", mesh) * unit / 2  # the causal half
+    model_attn = attention_units(schedule, "forward", mesh) * unit / executed * kept / 2  # the causal half
     model = (cfg.blocks * (qkv + out + mlp + model_attn) + logits) / S
     if step == "train":
         terms["backward"] = (L * (2 * (qkv + out + mlp) + attention_units(schedule, "backward", mesh) * unit)
@@ -852,11 +912,12 @@ def step_kernels(w: Workload) -> list[Kernel]:
     Tq = T / C if ring else T
     heads = N / Y / (1 if ring else C)  # heads a device runs attention for
     seqs = s / M  # sequences of one call
-    unit = s * T * T * N * H / (Y * C)  # one attention unit over the step's t tokens (transformer.step_flops)
+    executed, _, timed = attention_shares(cfg, schedule, mesh)  # local layers' windows (1, 1 without)
+    unit = s * T * T * N * H / (Y * C) * executed  # one attention unit over the step's t tokens (step_flops)
     flash = runs_flash(schedule, mesh)
     nb = np.maximum(T / (C if ring else 1) / schedule.attention_block, 1.0)
     # the causal blocks a flash kernel runs: its time, not the program's FLOPs (Kernel.flops stays the count)
-    skip = (nb + 1) / (2 * nb) if flash else 1.0
+    skip = ((nb + 1) / (2 * nb) if flash else 1.0) if timed is None else timed / executed
     qkv_n, out_k, ff = H * (N + 2 * K) / Y, N * H / Y, F / Y
     bs = C if ring else 1  # ring: C chunk pairs of (T/C)² per call
     train = step == "train"

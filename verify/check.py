@@ -303,6 +303,19 @@ ZERO1_GRID = [
     ("tpu:v5p:2x2x2", _SMALL.replace(d_model=4095, d_ff=16380), "data=2,tensor=4", 8192, "none", "train",
      Schedule(optimizer_sharding="zero1")),
 ]
+# Local (sliding-window) attention, local and global layers interleaved 1:1 (Gemma 2's pattern): flash runs a local
+# layer's band of key blocks only (W = 64, blocks of 32: 3 of 8 per query block), materialized masks the window;
+# under Ulysses the window is over the whole sequence after the all-to-all
+_LOCAL_TF = _SMALL_TF.replace(window=64, global_every=2)
+CPU_LOCAL_ATTENTION_GRID = [
+    (_LOCAL_TF, "fsdp=2,tensor=4", 4096, "none", "train", Schedule(attention="flash", attention_block=32)),
+    (_LOCAL_TF, "fsdp=2,context=2,tensor=2", 4096, "none", "train", Schedule(context="ulysses")),
+]
+# v5p: the 4096-wide transformer with W = 1024 on every other layer, flash blocks of 512 (3 of 8 per local layer)
+TPU_LOCAL_ATTENTION_GRID = [
+    ("tpu:v5p:2x2x2", _LARGE_TF.replace(window=1024, global_every=2), "fsdp=2,tensor=4", 32768, "none", "train",
+     Schedule(attention="flash")),
+]
 
 
 def default_chip(devices) -> Chip:
