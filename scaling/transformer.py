@@ -61,7 +61,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from scaling import collectives, pipeline
+from scaling import collectives, pipeline, runtimes
 from scaling.inputs import positive_int
 from scaling.kernels import Kernel, accumulate_kernel, adamw_kernel, matmul_kernel, shape_costs
 from scaling.mesh_shape import MESH_AXES, spans
@@ -746,6 +746,8 @@ def memory_per_device(w: Workload) -> dict:
         forward = (terms["master"] + terms["optimizer"] + terms["inputs"] + terms["activations"]
                    + ring_forward_phase(cfg, mesh, batch_tokens, schedule, precision))
         terms["ring_forward_phase"] = np.maximum(0.0, forward - sum(terms.values()))
+    if train and precision.accumulation in runtimes.RUNTIMES:  # a PyTorch runtime keeps what its code keeps
+        return runtimes.runtime_memory(w, terms)
     terms["total"] = sum(terms.values())
     return terms
 
