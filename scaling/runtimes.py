@@ -52,12 +52,11 @@ def stage_inflight(w: Workload) -> tuple[float, float]:
     return M * R, L / (S * R)
 
 
-def runtime_memory(w: Workload, package: dict) -> dict:
+def runtime_memory(w: Workload, package: dict, layer_residuals: float) -> dict:
     """The runtime's memory terms per device (module docstring), bytes; ``package`` is
     scaling.transformer.memory_per_device's terms for the same workload (its attention working set, batch and loss
-    phase are kept)."""
-    from scaling.transformer import saved_per_layer  # the family's module imports this one
-
+    phase are kept), ``layer_residuals`` one layer's residuals without remat on a microbatch (its saved_per_layer
+    "none"), what the layer whose backward runs recomputes."""
     cfg, mesh, schedule, precision = w.model, w.mesh, w.schedule, w.precision
     state = RUNTIME_STATE[precision.accumulation]
     S, Y = mesh.get("stage", 1), mesh.get("tensor", 1)
@@ -68,12 +67,11 @@ def runtime_memory(w: Workload, package: dict) -> dict:
     c, D = precision.compute, cfg.d_model
     x = c * t * D / (Y if schedule.sequence_parallel else 1)
     chunks, layers = stage_inflight(w)
-    none = saved_per_layer(cfg, mesh, tokens, "none", schedule, precision)
     terms = {"weights": state["weights"] * P, "grads": state["grads"] * P,
              "fp32_state": state["fp32_state"] * P / z, "zero_buckets": state["reserved"],
              "inputs": package.get("inputs", 0.0),
              "activations": chunks * (layers + (1 if S > 1 else 0)) * x,
-             "recomputed_layer": sum(none.values()),
+             "recomputed_layer": layer_residuals,
              "attention_working_set": package.get("attention_working_set", 0.0),
              "loss_phase": package.get("loss_phase", 0.0)}
     terms["total"] = sum(terms.values())

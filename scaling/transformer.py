@@ -84,8 +84,14 @@ POLICY_KEEPS = {
     "save_dot_except_mlpwi": {"qkv", "out"},
     "save_dot_except_mlp": {"qkv", "out"},
     "save_qkv_proj": {"qkv"},
+    "qkv_proj_offloaded": {"qkv"},
+    "input_qkv_offloaded": {"qkv"},
     "full": set(),
 }
+# What the offloading policies keep in pinned host memory (jax.checkpoint_policies.save_and_offload_only_these_names,
+# offload_dst "pinned_host"; ffn_model.transformer.POLICY_OFFLOADS): kept as POLICY_KEEPS says (the same recompute),
+# but not in HBM where the compiler places them on the host (CompilerFacts.host_offload); "x" the layer's input
+OFFLOADED = {"qkv_proj_offloaded": {"qkv"}, "input_qkv_offloaded": {"x", "qkv"}}
 
 
 @dataclass(frozen=True)
@@ -112,7 +118,8 @@ class TransformerConfig:
     runs_1f1b: ClassVar[bool] = True
     has_critical_batch: ClassVar[bool] = False  # predict's critical_batch: none modelled (NaN)
     plan_axes: ClassVar[tuple[str, ...]] = MESH_AXES  # context too
-    plan_remats: ClassVar[tuple[str, ...]] = tuple(r for r in REMAT_POLICIES if r != "every-second")
+    plan_remats: ClassVar[tuple[str, ...]] = tuple(r for r in REMAT_POLICIES if r != "every-second"
+                                                   and r not in OFFLOADED)  # the host's transfers: not modelled
     grouped_plan: ClassVar[bool] = True  # meshes in groups, every schedule choice (scaling.plan._groups)
     remat_keeps: ClassVar[dict] = POLICY_KEEPS  # nested: the planner's first policy that fits is the fastest
     schedule_options: ClassVar[tuple[str, ...]] = ("attention", "context", "optimizer_sharding")
@@ -659,6 +666,31 @@ def saved_per_layer(cfg: TransformerConfig, mesh: Mapping, batch_tokens, remat: 
     return terms
 
 
+def offloaded_per_layer(cfg: TransformerConfig, mesh: Mapping, batch_tokens, remat: str = "none",
+                        schedule: Schedule = Schedule(), precision: Precision = DEFAULT_PRECISION) -> float:
+    """Bytes per device of one layer's saved residuals an offloading policy (OFFLOADED) places in pinned host memory:
+    of saved_per_layer's terms, q, k, v (c·t·H·(N+2K)/Y) and, for input_qkv_offloaded, the layer's input x (c·t·D,
+    /Y under SP); 0 for the other policies. MaxText's qkv_proj_offloaded and its v6e Llama 3.1 70B recipe's custom
+    policy (decoder_layer_input and the q/k/v projections offloaded), with jax's save_and_offload_only_these_names."""
+    where = OFFLOADED.get(remat, set())
+    kept = saved_per_layer(cfg, mesh, batch_tokens, remat, schedule, precision)
+    return float(sum(v for k, v in kept.items() if k in where))
+
+
+def host_memory_per_device(w: Workload) -> float:
+    """Bytes per device in pinned host memory (an offloading policy's, OFFLOADED; 0 where the compiler keeps them in
+    device memory, CompilerFacts.host_offload): the layer-passes' offloaded residuals, p["layers"]·offloaded_per_layer
+    (memory_per_device leaves them out of the device's peak)."""
+    if w.step != "train" or not w.compiler.host_offload or w.remat not in OFFLOADED:
+        return 0.0
+    S = w.mesh.get("stage", 1)
+    M = w.schedule.microbatches if S > 1 else 1
+    tokens = w.batch_tokens / w.schedule.microbatches if S > 1 else w.batch_tokens
+    p = passes(w)
+    per = offloaded_per_layer(w.model, w.mesh, tokens, w.remat, w.schedule, w.precision)
+    return float((p["chunk"] if p["again"] else p["layers"] * M) * per)
+
+
 # one function, term by term as its docstring lists them (terms["total"] their sum)
 def memory_per_device(w: Workload) -> dict:
     """Bytes per device, term by term: the FP32 state (16 B per parameter, the matrices sharded over
@@ -715,6 +747,9 @@ def memory_per_device(w: Workload) -> dict:
                                 * layer_weight_bytes(cfg, mesh, precision) / precision.compute)
     kept = saved_per_layer(cfg, mesh, batch_tokens, remat, schedule, precision)
     saved = sum(kept.values())
+    if w.compiler.host_offload:  # an offloading policy's residuals in pinned host memory (host_memory_per_device);
+        # the layer whose backward runs holds its own, brought back, in recomputed_layer (none's less the saved)
+        saved -= offloaded_per_layer(cfg, mesh, batch_tokens, remat, schedule, precision)
     c = precision.compute
     if train and p["again"]:  # 1F1B: one chunk's residuals (its backward slot) and the chunk inputs in flight
         terms["activations"] = p["chunk"] * saved + pipeline.kept_inputs(schedule, S) * c * t * D
@@ -747,7 +782,9 @@ def memory_per_device(w: Workload) -> dict:
                    + ring_forward_phase(cfg, mesh, batch_tokens, schedule, precision))
         terms["ring_forward_phase"] = np.maximum(0.0, forward - sum(terms.values()))
     if train and precision.accumulation in runtimes.RUNTIMES:  # a PyTorch runtime keeps what its code keeps
-        return runtimes.runtime_memory(w, terms)
+        tokens = w.batch_tokens / schedule.microbatches  # a microbatch's: the runtimes accumulate over them
+        none = saved_per_layer(cfg, mesh, tokens, "none", schedule, precision)
+        return runtimes.runtime_memory(w, terms, sum(none.values()))
     terms["total"] = sum(terms.values())
     return terms
 

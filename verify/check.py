@@ -310,6 +310,7 @@ def compare(w: Workload, devices: str, chip: str | None = None, verbose: bool = 
     windowed, rule, merged, relays, joint = _program_facts(w, got, chip_, layout, platform)
     w = w.with_facts(min_comm_bytes=widen, windowed_grad_rs=windowed, merged_grad_allreduce=merged,
                      circular_relays=relays, joint_head_reduce=joint)
+    w = w.with_facts(host_offload=platform != "cpu")  # XLA:CPU keeps offloaded residuals in device memory
     pred = program.predict(w, chip_, layout)
 
     config = CheckConfig(model=vars(cfg), model_text=str(cfg), devices=devices, mesh=shape.as_dict(),
