@@ -344,6 +344,7 @@ def compare(w: Workload, devices: str, chip: str | None = None, verbose: bool = 
         temp=Row.of(None, gm["temp_bytes"]),
         outputs=Row.of(None, gm["output_bytes"]),
         aliases=Row.of(None, gm["alias_bytes"]),
+        host=Row.of(None, gm.get("host_temp_bytes"), "pinned host memory: an offloading remat policy's residuals"),
     )
     collectives, overlap = _collective_rows(pred, got, windowed, rule, widen, platform)
     t = pred.times
