@@ -709,7 +709,11 @@ def memory_per_device(w: Workload) -> dict:
     re-laid FP32 copy of the stage's layers (master·P_layers/(S·X·Y)). Under full remat with ring attention
     the forward's phase, where it exceeds the backward's (ring_forward_phase). A forward step holds the master
     weights, one layer's gathered weights (none without fsdp: the casts fuse into the matmuls) and
-    working set. (Each term is an allocation of XLA's memory-usage report: docs/findings.md, memory.)"""
+    working set. An offloading policy (OFFLOADED) where the compiler places its residuals in pinned host memory
+    (CompilerFacts.host_offload): those residuals left out of the saved activations (host_memory_per_device;
+    compiled on v5p, the peak drops by all the offloaded bytes: the reloaded layer is not at the peak). A PyTorch
+    runtime (Precision.accumulation: scaling.runtimes) its own terms. (Each term is an allocation of XLA's
+    memory-usage report: docs/findings.md, memory.)"""
     cfg, mesh, batch_tokens, remat, schedule, precision, step = (w.model, w.mesh, w.batch_tokens, w.remat,
                                                                 w.schedule, w.precision, w.step)
     S = mesh.get("stage", 1)
@@ -747,14 +751,13 @@ def memory_per_device(w: Workload) -> dict:
                                 * layer_weight_bytes(cfg, mesh, precision) / precision.compute)
     kept = saved_per_layer(cfg, mesh, batch_tokens, remat, schedule, precision)
     saved = sum(kept.values())
-    if w.compiler.host_offload:  # an offloading policy's residuals in pinned host memory (host_memory_per_device);
-        # the layer whose backward runs holds its own, brought back, in recomputed_layer (none's less the saved)
-        saved -= offloaded_per_layer(cfg, mesh, batch_tokens, remat, schedule, precision)
+    # an offloading policy's residuals in pinned host memory (host_memory_per_device), out of the saved activations
+    off = offloaded_per_layer(cfg, mesh, batch_tokens, remat, schedule, precision) if w.compiler.host_offload else 0
     c = precision.compute
     if train and p["again"]:  # 1F1B: one chunk's residuals (its backward slot) and the chunk inputs in flight
-        terms["activations"] = p["chunk"] * saved + pipeline.kept_inputs(schedule, S) * c * t * D
+        terms["activations"] = p["chunk"] * (saved - off) + pipeline.kept_inputs(schedule, S) * c * t * D
     elif train:  # every layer-pass's residuals (GPipe and circular: every iteration's, bubble ones included)
-        terms["activations"] = p["layers"] * M * saved
+        terms["activations"] = p["layers"] * M * (saved - off)
     if S > 1 and schedule.repeats > 1:  # circular and interleaved 1F1B: the stage's FP32 layers re-laid so that stage
         # s holds chunks s, S + s, ... (ffn_model.pipeline.relay), a copy beside the masters (the FFN stack's too)
         terms["relaid"] = precision.master * layer_params / (S * X * Y)

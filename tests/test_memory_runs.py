@@ -84,8 +84,8 @@ def test_offloaded_bytes_by_hand():
     """qkv_proj_offloaded keeps q, k, v of each layer in host memory: per device on fsdp=2, tensor=2 with 8
     sequences of 1024, t = 4096 tokens, c·t·H·(N + 2K)/Y = 2·4096·128·12/2 = 6,291,456 B a layer, 25,165,824 B
     for the 4 layers; input_qkv_offloaded adds the layer's input, c·t·D = 8,388,608 B a layer. The device's memory
-    is save_qkv_proj's less them (and the input for the second) where the compiler places them on the host, and
-    save_qkv_proj's where it does not (XLA:CPU)."""
+    is save_qkv_proj's less them where the compiler places them on the host, and save_qkv_proj's where it does not
+    (XLA:CPU)."""
     mesh = parse_mesh_spec("fsdp=2,tensor=2")
     B = 8 * _TF.seq_len
     assert offloaded_per_layer(_TF, mesh, B, "qkv_proj_offloaded") == 6_291_456
@@ -97,8 +97,7 @@ def test_offloaded_bytes_by_hand():
         assert host_memory_per_device(w) == 4 * per
         m = memory_per_device(w)
         assert saved["activations"] - m["activations"] == pytest.approx(4 * per)
-        # the layer whose backward runs holds its own offloaded residuals again, brought back
-        assert m["recomputed_layer"] - saved["recomputed_layer"] == pytest.approx(per)
+        assert saved["total"] - m["total"] == pytest.approx(4 * per)
         on_cpu = w.with_facts(host_offload=False)
         assert memory_per_device(on_cpu)["total"] == pytest.approx(saved["total"])
         assert host_memory_per_device(on_cpu) == 0
@@ -122,3 +121,32 @@ def test_offloading_policies_train_like_one_device(remat):
     losses, state = train(Workload(tf, parse_mesh_spec(spec), B, remat=remat), make_mesh(spec, jax.devices()[:4]),
                           3, lr=1e-3, return_state=True)
     assert_matches(losses, state["params"], (ref_losses, jax.tree.map(np.asarray, ref["params"])))
+
+
+@pytest.mark.tpu
+@pytest.mark.slow
+def test_offloading_policies_on_v5p_ahead_of_time():
+    """jax 0.10.2's save_and_offload_only_these_names compiled for tpu:v5p:2x2x2 (verify.check.TPU_OFFLOAD_GRID):
+    XLA:TPU places the offloaded residuals in pinned host memory (memory_analysis' host_temp_size_in_bytes: the
+    closed form's host_memory_per_device within 2%) and the device's peak falls from save_qkv_proj's (which keeps
+    the same q, k, v in HBM) by the offloaded bytes (within 2% of the closed form's difference: 0.805 GB for q, k, v
+    of 8 layers, 2·8192·128·48 B each; 1.342 GB with the layer inputs, 2·8192·4096 B each). FLOPs, arguments and
+    collectives in their bands. (XLA:CPU compiles the same program and keeps them in device memory: its host and
+    device memory are one.)"""
+    from verify.check import TPU_OFFLOAD_GRID, check, grid_workload
+
+    reps, host = {}, {}
+    for devices, cfg, mesh, batch, remat, step, schedule in TPU_OFFLOAD_GRID:
+        w = grid_workload(cfg, mesh, batch, remat, step, schedule)
+        reps[remat] = rep = check(w, devices)
+        host[remat] = host_memory_per_device(w)
+        assert 0.99 <= rep.flops.matmul.ratio <= 1.01 and 0.99 <= rep.memory.arguments.ratio <= 1.01
+        assert 0.98 <= rep.collectives.total_bytes.ratio <= 1.02
+    assert host["qkv_proj_offloaded"] == pytest.approx(8 * 2 * 8192 * 128 * 48)
+    assert host["input_qkv_offloaded"] == pytest.approx(8 * 2 * 8192 * (128 * 48 + 4096))
+    base = reps["save_qkv_proj"].memory.peak
+    for remat in ("qkv_proj_offloaded", "input_qkv_offloaded"):
+        peak = reps[remat].memory.peak
+        assert reps[remat].memory.host.compiled == pytest.approx(host[remat], rel=0.02), remat
+        assert base.closed_form - peak.closed_form == pytest.approx(host[remat], rel=1e-9)
+        assert base.compiled - peak.compiled == pytest.approx(host[remat], rel=0.02), remat
