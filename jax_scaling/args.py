@@ -163,4 +163,5 @@ def add_predict_args(r, mesh_required: bool, preset: str | None = "xxl") -> None
     r.add_argument("--grad-accumulation", default="package", choices=list(ACCUMULATION_BYTES),
                    help="whose gradient accumulation the run's microbatches pay (HBM bytes per parameter each): "
                         "package (this package's step, 12), megatron (Megatron-LM's main_grad, 10), deepspeed-bf16 "
-                        "(DeepSpeed's BF16 optimizer, 18) (default %(default)s)")
+                        "(DeepSpeed's BF16 optimizer, 18); megatron and deepspeed-bf16 also set the memory per "
+                        "device to what that runtime keeps (scaling.runtimes) (default %(default)s)")
