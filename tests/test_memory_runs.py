@@ -150,3 +150,24 @@ def test_offloading_policies_on_v5p_ahead_of_time():
         assert reps[remat].memory.host.compiled == pytest.approx(host[remat], rel=0.02), remat
         assert base.closed_form - peak.closed_form == pytest.approx(host[remat], rel=1e-9)
         assert base.compiled - peak.compiled == pytest.approx(host[remat], rel=0.02), remat
+
+
+@pytest.mark.slow
+def test_xla_cpu_keeps_offloaded_residuals_in_device_memory():
+    """On XLA:CPU (jax 0.10.2) the offloading policies compile (the CPU device lists a pinned_host memory) but
+    change nothing: the program's temporaries are save_qkv_proj's to the byte and it reports no host memory (host
+    and device memory are one), which is why check tells the closed form host_offload=False on a cpu:N mesh."""
+    from ffn_model.compile import abstract_compile
+    from mesh import make_mesh
+
+    tf = get_preset("tiny-tf").replace(kv_heads=4)
+    spec = "fsdp=2,tensor=2"
+    mesh = make_mesh(spec, jax.devices()[:4])
+    temp = {}
+    for remat in ("save_qkv_proj", "qkv_proj_offloaded", "input_qkv_offloaded"):
+        ma = abstract_compile(Workload(tf, parse_mesh_spec(spec), 8 * tf.seq_len, remat=remat), mesh).compiled
+        ma = ma.memory_analysis()
+        temp[remat] = ma.temp_size_in_bytes
+        assert ma.host_temp_size_in_bytes == 0
+    assert temp["qkv_proj_offloaded"] == temp["save_qkv_proj"]
+    assert temp["input_qkv_offloaded"] == temp["save_qkv_proj"]
