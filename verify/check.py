@@ -255,12 +255,11 @@ TPU_SEQUENCE_GRID = [
 ]
 XXL_SEQUENCE_PARALLEL = ("tpu:v5p:4x4x4", _XXL, "fsdp=16,tensor=4", 25600, "none", "train",
                          Schedule(sequence_parallel=True))
-# Memory of the runs that ran (issue 37): MaxText's offloading remat policies beside save_qkv_proj, which keeps what
-# qkv_proj_offloaded keeps but in HBM: 8 layers of the 4096-wide transformer over fsdp=8 (8192 tokens a device),
-# whose q, k, v (0.81 GB) and layer inputs (0.54 GB) are a large share of the peak (tests/test_memory_runs.py)
+# Memory of the runs that ran (issue 37): MaxText's qkv_proj_offloaded beside save_qkv_proj, which keeps the same
+# q, k, v in HBM: 8 layers of the 4096-wide transformer over fsdp=8 (8192 tokens a device), whose q, k, v (0.81 GB)
+# are a large share of the peak (tests/test_memory_runs.py; about 10 minutes each beside other compiles)
 TPU_OFFLOAD_GRID = [("tpu:v5p:2x2x2", _LARGE_TF.replace(blocks=8), "fsdp=8", 65536, remat, "train",
-                     Schedule(attention="flash"))
-                    for remat in ("save_qkv_proj", "qkv_proj_offloaded", "input_qkv_offloaded")]
+                     Schedule(attention="flash")) for remat in ("save_qkv_proj", "qkv_proj_offloaded")]
 
 
 def default_chip(devices) -> Chip:
