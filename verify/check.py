@@ -256,9 +256,8 @@ TPU_SEQUENCE_GRID = [
 XXL_SEQUENCE_PARALLEL = ("tpu:v5p:4x4x4", _XXL, "fsdp=16,tensor=4", 25600, "none", "train",
                          Schedule(sequence_parallel=True))
 # Memory of the runs that ran (issue 37): MaxText's qkv_proj_offloaded beside save_qkv_proj, which keeps the same
-# q, k, v in HBM: 8 layers of the 4096-wide transformer over fsdp=8 (8192 tokens a device), whose q, k, v (0.81 GB)
-# are a large share of the peak (tests/test_memory_runs.py; about 10 minutes each beside other compiles)
-TPU_OFFLOAD_GRID = [("tpu:v5p:2x2x2", _LARGE_TF.replace(blocks=8), "fsdp=8", 65536, remat, "train",
+# q, k, v in HBM, on the 4096-wide transformer (tests/test_memory_runs.py; 4 to 9 minutes each beside other compiles)
+TPU_OFFLOAD_GRID = [("tpu:v5p:2x2x2", _LARGE_TF, "fsdp=2,tensor=4", 32768, remat, "train",
                      Schedule(attention="flash")) for remat in ("save_qkv_proj", "qkv_proj_offloaded")]
 
 
