@@ -20,7 +20,8 @@ the distributed optimizer; 1 without), t = a microbatch's tokens per data shard,
              microbatch in flight on the first stage (stage_inflight), and each in-flight microbatch's stage
              output (DeepSpeed's and Megatron's pipeline buffers), c·t·D
   recomputed_layer the layer whose backward runs: its recomputed forward's residuals (saved_per_layer "none")
-  attention_working_set, loss_phase, inputs: as this package's (scaling.transformer.memory_per_device)
+  attention_working_set, loss_phase, inputs: as this package's (scaling.transformer.memory_per_device; without
+             stages the working set of one microbatch, the package's over M)
 """
 
 from __future__ import annotations
@@ -72,7 +73,9 @@ def runtime_memory(w: Workload, package: dict, layer_residuals: float) -> dict:
              "inputs": package.get("inputs", 0.0),
              "activations": chunks * (layers + (1 if S > 1 else 0)) * x,
              "recomputed_layer": layer_residuals,
-             "attention_working_set": package.get("attention_working_set", 0.0),
+             # the package's is the whole shard's without stages (no gradient accumulation there): a microbatch's
+             "attention_working_set": package.get("attention_working_set", 0.0) / (schedule.microbatches if S == 1
+                                                                                   else 1),
              "loss_phase": package.get("loss_phase", 0.0)}
     terms["total"] = sum(terms.values())
     return terms
