@@ -78,7 +78,16 @@ POLICY_SAVES = {
     "save_dot_except_mlpwi": ("q", "k", "v", "attn_proj", "mlp_out"),
     "save_dot_except_mlp": ("q", "k", "v", "attn_proj"),
     "save_qkv_proj": ("q", "k", "v"),
+    "qkv_proj_offloaded": (),
+    "input_qkv_offloaded": (),
     "full": (),
+}
+# The offloading policies (MaxText's qkv_proj_offloaded; its v6e Llama 3.1 70B recipe's custom policy, which offloads
+# decoder_layer_input too): what jax.checkpoint_policies.save_and_offload_only_these_names moves to pinned host memory
+# in the forward and back for the layer's backward ("layer_input": the layer's input x, named where it enters)
+POLICY_OFFLOADS = {
+    "qkv_proj_offloaded": ("q", "k", "v"),
+    "input_qkv_offloaded": ("layer_input", "q", "k", "v"),
 }
 
 
@@ -262,7 +271,7 @@ def layer(x_BxTxD, w: dict, schedule: Schedule, mlp_kind: str = "gelu", block: s
     def from_matmul(y):  # partial sums over tensor: all-reduced, or reduce-scattered to the token split
         return reshard(y, X_SP_AXES, X_AXES) if sp else constrain(y, X_AXES)
 
-    x = constrain(x_BxTxD, between)
+    x = checkpoint_name(constrain(x_BxTxD, between), "layer_input")
     h = to_matmul(rms_norm(x), "norm1")
     if block == "parallel":
         return x + from_matmul(parallel_branches(h, w, schedule, mlp_kind, window))
@@ -290,8 +299,13 @@ def stack_forward(x_BxTxD, weights: dict, schedule: Schedule, remat: str = "none
     ``windows``: each layer's sliding window (TransformerConfig.layer_windows; None: global). Every layer alike: the
     one scan, its window static. Local and global layers mixed, g = the period (global_every): one scan over the
     L // g groups, each its g - 1 local layers then the global one unrolled (the window static in each, so that
-    flash runs the local layers' band only), then a scan over the L mod g local layers left."""
+    flash runs the local layers' band only), then a scan over the L mod g local layers left. The offloading
+    policies (POLICY_OFFLOADS) move theirs to pinned host memory and back."""
     policy = jax.checkpoint_policies.save_only_these_names(*policy_saves(remat, schedule))
+    if remat in POLICY_OFFLOADS:
+        policy = jax.checkpoint_policies.save_and_offload_only_these_names(
+            names_which_can_be_saved=policy_saves(remat, schedule), names_which_can_be_offloaded=POLICY_OFFLOADS[remat],
+            offload_src="device", offload_dst="pinned_host")
 
     def body(window):
         return jax.checkpoint(functools.partial(layer, schedule=schedule, mlp_kind=mlp_kind, block=block,

@@ -234,7 +234,8 @@ def add_config_args(r, mesh_required: bool, preset: str | None = "xxl") -> None:
     g.add_argument("--grad-accumulation", choices=list(ACCUMULATION_BYTES),
                    help="whose gradient accumulation the run's microbatches pay (HBM bytes per parameter each): "
                         "package (this package's step, 12), megatron (Megatron-LM's main_grad, 10), deepspeed-bf16 "
-                        "(DeepSpeed's BF16 optimizer, 18) (default package)")
+                        "(DeepSpeed's BF16 optimizer, 18); megatron and deepspeed-bf16 also set the memory per "
+                        "device to what that runtime keeps (scaling.runtimes) (default package)")
     add_schedule_args(r)
     r.add_argument("--form", default="scheduled", choices=["sum", "max", "scheduled"],
                    help="the step's form: scheduled (math + what --xla-flags' schedule leaves exposed), sum (every "

@@ -40,6 +40,8 @@ Sources (abbreviated in the table):
              program too large for a device fails with "exceeds available HBM (95.74G)" (v5p; G = GiB),
              which is the usable HBM per device; the AOT topologies give v4 one device per chip with
              chip_config_name="megacore" (as on the hardware) and TPU7x two devices per chip.
+  [PT-cap]   PyTorch's CUDA out-of-memory message on an A100 80GB: "GPU 2 has a total capacity of 79.25 GiB"
+             (github.com/wbfwonderful/Vad-R1 issue 11; levihsu/OOTDiffusion issue 235): what a process may use.
 ICI figures are per link: one-way, and bidirectional = 2 x one-way (W_ici). A GPU's "ICI" is its NVLink
 bandwidth one way, as the Scaling Book's GPU page treats it. Figures per chip unless the name says
 per device (TPU7x: two devices per chip, each with half the chip's FLOP/s and HBM bandwidth).

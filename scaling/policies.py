@@ -20,9 +20,13 @@ class Remat(enum.StrEnum):
     SAVE_DOT_EXCEPT_MLPWI = "save_dot_except_mlpwi"
     SAVE_DOT_EXCEPT_MLP = "save_dot_except_mlp"
     SAVE_QKV_PROJ = "save_qkv_proj"
+    # MaxText's offloading policies: what they keep lives in pinned host memory, not HBM (scaling.transformer.OFFLOADED)
+    QKV_PROJ_OFFLOADED = "qkv_proj_offloaded"  # MaxText's qkv_proj_offloaded: q, k, v
+    INPUT_QKV_OFFLOADED = "input_qkv_offloaded"  # MaxText's custom policy of its v6e Llama 3.1 70B recipe: + the input
 
 
-TRANSFORMER_ONLY_REMAT = ("selective", "minimal", "save_dot_except_mlpwi", "save_dot_except_mlp", "save_qkv_proj")
+TRANSFORMER_ONLY_REMAT = ("selective", "minimal", "save_dot_except_mlpwi", "save_dot_except_mlp", "save_qkv_proj",
+                          "qkv_proj_offloaded", "input_qkv_offloaded")
 
 
 class Step(enum.StrEnum):

@@ -65,7 +65,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from scaling import collectives, memory, pipeline
+from scaling import collectives, memory, pipeline, runtimes
 from scaling.inputs import positive_int
 from scaling.kernels import Kernel, accumulate_kernel, adamw_kernel, matmul_kernel, shape_costs
 from scaling.mesh_shape import MESH_AXES, spans
@@ -88,8 +88,14 @@ POLICY_KEEPS = {
     "save_dot_except_mlpwi": {"qkv", "out"},
     "save_dot_except_mlp": {"qkv", "out"},
     "save_qkv_proj": {"qkv"},
+    "qkv_proj_offloaded": {"qkv"},
+    "input_qkv_offloaded": {"qkv"},
     "full": set(),
 }
+# What the offloading policies keep in pinned host memory (jax.checkpoint_policies.save_and_offload_only_these_names,
+# offload_dst "pinned_host"; ffn_model.transformer.POLICY_OFFLOADS): kept as POLICY_KEEPS says (the same recompute),
+# but not in HBM where the compiler places them on the host (CompilerFacts.host_offload); "x" the layer's input
+OFFLOADED = {"qkv_proj_offloaded": {"qkv"}, "input_qkv_offloaded": {"x", "qkv"}}
 
 
 @dataclass(frozen=True)
@@ -116,7 +122,8 @@ class TransformerConfig:
     runs_1f1b: ClassVar[bool] = True
     has_critical_batch: ClassVar[bool] = False  # predict's critical_batch: none modelled (NaN)
     plan_axes: ClassVar[tuple[str, ...]] = MESH_AXES  # context too
-    plan_remats: ClassVar[tuple[str, ...]] = tuple(r for r in REMAT_POLICIES if r != "every-second")
+    plan_remats: ClassVar[tuple[str, ...]] = tuple(r for r in REMAT_POLICIES if r != "every-second"
+                                                   and r not in OFFLOADED)  # the host's transfers: not modelled
     grouped_plan: ClassVar[bool] = True  # meshes in groups, every schedule choice (scaling.plan._groups)
     remat_keeps: ClassVar[dict] = POLICY_KEEPS  # nested: the planner's first policy that fits is the fastest
     schedule_options: ClassVar[tuple[str, ...]] = ("attention", "context", "optimizer_sharding")
@@ -730,6 +737,31 @@ def saved_per_layer(cfg: TransformerConfig, mesh: Mapping, batch_tokens, remat: 
     return terms
 
 
+def offloaded_per_layer(cfg: TransformerConfig, mesh: Mapping, batch_tokens, remat: str = "none",
+                        schedule: Schedule = Schedule(), precision: Precision = DEFAULT_PRECISION) -> float:
+    """Bytes per device of one layer's saved residuals an offloading policy (OFFLOADED) places in pinned host memory:
+    of saved_per_layer's terms, q, k, v (c·t·H·(N+2K)/Y) and, for input_qkv_offloaded, the layer's input x (c·t·D,
+    /Y under SP); 0 for the other policies. MaxText's qkv_proj_offloaded and its v6e Llama 3.1 70B recipe's custom
+    policy (decoder_layer_input and the q/k/v projections offloaded), with jax's save_and_offload_only_these_names."""
+    where = OFFLOADED.get(remat, set())
+    kept = saved_per_layer(cfg, mesh, batch_tokens, remat, schedule, precision)
+    return float(sum(v for k, v in kept.items() if k in where))
+
+
+def host_memory_per_device(w: Workload) -> float:
+    """Bytes per device in pinned host memory (an offloading policy's, OFFLOADED; 0 where the compiler keeps them in
+    device memory, CompilerFacts.host_offload): the layer-passes' offloaded residuals, p["layers"]·offloaded_per_layer
+    (memory_per_device leaves them out of the device's peak)."""
+    if w.step != "train" or not w.compiler.host_offload or w.remat not in OFFLOADED:
+        return 0.0
+    S = w.mesh.get("stage", 1)
+    M = w.schedule.microbatches if S > 1 else 1
+    tokens = w.batch_tokens / w.schedule.microbatches if S > 1 else w.batch_tokens
+    p = passes(w)
+    per = offloaded_per_layer(w.model, w.mesh, tokens, w.remat, w.schedule, w.precision)
+    return float((p["chunk"] if p["again"] else p["layers"] * M) * per)
+
+
 # one function, term by term as its docstring lists them (terms["total"] their sum)
 def memory_per_device(w: Workload) -> dict:
     """Bytes per device, term by term: the FP32 state (16 B per parameter, the matrices sharded over
@@ -749,7 +781,10 @@ def memory_per_device(w: Workload) -> dict:
     the forward's phase, where it exceeds the backward's (ring_forward_phase). A forward step holds the master
     weights, one layer's gathered weights (none without fsdp: the casts fuse into the matmuls) and
     working set. Pipeline stages under sequence parallelism: the stage inputs 1F1B keeps, the pipeline's buffers and
-    the input's gradient are the token split, c·t·D/Y each. (Each term is an allocation of XLA's memory-usage report:
+    the input's gradient are the token split, c·t·D/Y each. An offloading policy (OFFLOADED) where the compiler places its residuals in pinned
+    host memory (CompilerFacts.host_offload): those residuals left out of the saved activations
+    (host_memory_per_device; compiled on v5p, the peak drops by all the offloaded bytes: the reloaded layer is not at
+    the peak). A PyTorch runtime (Precision.accumulation: scaling.runtimes) its own terms. (Each term is an allocation of XLA's memory-usage report:
     docs/findings.md, memory.)"""
     cfg, mesh, batch_tokens, remat, schedule, precision, step = (w.model, w.mesh, w.batch_tokens, w.remat,
                                                                 w.schedule, w.precision, w.step)
@@ -789,12 +824,14 @@ def memory_per_device(w: Workload) -> dict:
                                 * layer_weight_bytes(cfg, mesh, precision) / precision.compute)
     kept = saved_per_layer(cfg, mesh, batch_tokens, remat, schedule, precision)
     saved = sum(kept.values())
+    # an offloading policy's residuals in pinned host memory (host_memory_per_device), out of the saved activations
+    off = offloaded_per_layer(cfg, mesh, batch_tokens, remat, schedule, precision) if w.compiler.host_offload else 0
     c = precision.compute
     x_between = c * t * D / (Y if schedule.sequence_parallel else 1)  # a microbatch between layers (SP: token split)
     if train and p["again"]:  # 1F1B: one chunk's residuals (its backward slot) and the chunk inputs in flight
-        terms["activations"] = p["chunk"] * saved + pipeline.kept_inputs(schedule, S) * x_between
+        terms["activations"] = p["chunk"] * (saved - off) + pipeline.kept_inputs(schedule, S) * x_between
     elif train:  # every layer-pass's residuals (GPipe and circular: every iteration's, bubble ones included)
-        terms["activations"] = p["layers"] * M * saved
+        terms["activations"] = p["layers"] * M * (saved - off)
     if S > 1 and schedule.repeats > 1:  # circular and interleaved 1F1B: the stage's FP32 layers re-laid so that stage
         # s holds chunks s, S + s, ... (ffn_model.pipeline.relay), a copy beside the masters (the FFN stack's too)
         terms["relaid"] = precision.master * layer_params / (S * X * Y)
@@ -821,6 +858,10 @@ def memory_per_device(w: Workload) -> dict:
         forward = (terms["master"] + terms["optimizer"] + terms["inputs"] + terms["activations"]
                    + ring_forward_phase(cfg, mesh, batch_tokens, schedule, precision))
         terms["ring_forward_phase"] = np.maximum(0.0, forward - sum(terms.values()))
+    if train and precision.accumulation in runtimes.RUNTIMES:  # a PyTorch runtime keeps what its code keeps
+        tokens = w.batch_tokens / schedule.microbatches  # a microbatch's: the runtimes accumulate over them
+        none = saved_per_layer(cfg, mesh, tokens, "none", schedule, precision)
+        return runtimes.runtime_memory(w, terms, sum(none.values()))
     if train and np.any(zero1 := memory.zero1_update(w, terms, shard)):  # ZeRO-1's update phase, where the higher
         terms["zero1_update"] = zero1
     terms["total"] = sum(terms.values())

@@ -316,6 +316,10 @@ TPU_LOCAL_ATTENTION_GRID = [
     ("tpu:v5p:2x2x2", _LARGE_TF.replace(window=1024, global_every=2), "fsdp=2,tensor=4", 32768, "none", "train",
      Schedule(attention="flash")),
 ]
+# Memory of the runs that ran (issue 37): MaxText's qkv_proj_offloaded beside save_qkv_proj, which keeps the same
+# q, k, v in HBM, on the 4096-wide transformer (tests/test_memory_runs.py; 4 to 9 minutes each beside other compiles)
+TPU_OFFLOAD_GRID = [("tpu:v5p:2x2x2", _LARGE_TF, "fsdp=2,tensor=4", 32768, remat, "train",
+                     Schedule(attention="flash")) for remat in ("save_qkv_proj", "qkv_proj_offloaded")]
 
 
 def default_chip(devices) -> Chip:
@@ -371,6 +375,7 @@ def compare(w: Workload, devices: str, chip: str | None = None, verbose: bool = 
     windowed, rule, merged, relays, joint = _program_facts(w, got, chip_, layout, platform)
     w = w.with_facts(min_comm_bytes=widen, windowed_grad_rs=windowed, merged_grad_allreduce=merged,
                      circular_relays=relays, joint_head_reduce=joint)
+    w = w.with_facts(host_offload=platform != "cpu")  # XLA:CPU keeps offloaded residuals in device memory
     pred = program.predict(w, chip_, layout)
 
     config = CheckConfig(model=vars(cfg), model_text=str(cfg), devices=devices, mesh=shape.as_dict(),
@@ -404,6 +409,7 @@ def compare(w: Workload, devices: str, chip: str | None = None, verbose: bool = 
         temp=Row.of(None, gm["temp_bytes"]),
         outputs=Row.of(None, gm["output_bytes"]),
         aliases=Row.of(None, gm["alias_bytes"]),
+        host=Row.of(None, gm.get("host_temp_bytes"), "pinned host memory: an offloading remat policy's residuals"),
     )
     collectives, overlap = _collective_rows(pred, got, windowed, rule, widen, platform)
     t = pred.times

@@ -747,7 +747,8 @@ def read_compiled(compiled, mesh_axes: dict[str, int]) -> CompiledProgram:
     memory = {"argument_bytes": get("argument_size_in_bytes"), "output_bytes": get("output_size_in_bytes"),
               "alias_bytes": get("alias_size_in_bytes"), "temp_bytes": get("temp_size_in_bytes"),
               "generated_code_bytes": get("generated_code_size_in_bytes"),
-              "peak_bytes": peak if peak and peak > 0 else None}
+              "peak_bytes": peak if peak and peak > 0 else None,
+              "host_temp_bytes": get("host_temp_size_in_bytes")}  # pinned host memory (offloaded residuals)
     return CompiledProgram(dot_flops=prog.dot_flops(), collectives=cols, collective_bytes=collective_bytes(cols),
                            windowed_rs_loops=prog.windowed_einsum_loops("rs"), memory=memory,
                            cost={k: float(v) for k, v in (cost or {}).items()}, overlap=overlap_bytes(cols),

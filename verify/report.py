@@ -109,6 +109,8 @@ class Memory:
     temp: Row
     outputs: Row
     aliases: Row
+    # pinned host memory the program uses (an offloading remat policy's residuals; compiled only), shown where > 0
+    host: Row = dataclasses.field(default_factory=lambda: Row(None, None, None, ""))
 
 
 @dataclass
@@ -217,6 +219,7 @@ class CheckReport:
         rows += [(f"exposed.{k}", v) for k, v in self.overlap.exposed.items()]
         rows.append(("loop_copies", self.overlap.loop_copies))
         rows += [(f"memory.{k}", getattr(self.memory, k)) for k in ("temp", "outputs", "aliases")]
+        rows += [("memory.host", self.memory.host)] if self.memory.host.compiled else []
         lines += table(("quantity", "closed form", "compiled", "ratio", "note"),
                        [(name, fmt(r.closed_form), fmt(r.compiled), "-" if r.ratio is None else f"{r.ratio:.4f}",
                          r.note) for name, r in rows], right=(1, 2, 3))
