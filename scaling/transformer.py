@@ -781,10 +781,11 @@ def memory_per_device(w: Workload) -> dict:
     the forward's phase, where it exceeds the backward's (ring_forward_phase). A forward step holds the master
     weights, one layer's gathered weights (none without fsdp: the casts fuse into the matmuls) and
     working set. Pipeline stages under sequence parallelism: the stage inputs 1F1B keeps, the pipeline's buffers and
-    the input's gradient are the token split, c·t·D/Y each. An offloading policy (OFFLOADED) where the compiler places its residuals in pinned
-    host memory (CompilerFacts.host_offload): those residuals left out of the saved activations
-    (host_memory_per_device; compiled on v5p, the peak drops by all the offloaded bytes: the reloaded layer is not at
-    the peak). A PyTorch runtime (Precision.accumulation: scaling.runtimes) its own terms. (Each term is an allocation of XLA's memory-usage report:
+    the input's gradient are the token split, c·t·D/Y each. An offloading policy (OFFLOADED) where the compiler
+    places its residuals in pinned host memory (CompilerFacts.host_offload): those residuals left out of the saved
+    activations (host_memory_per_device; compiled on v5p, the peak drops by all the offloaded bytes: the reloaded
+    layer is not at the peak). A PyTorch runtime (Precision.accumulation: scaling.runtimes) its own terms. (Each term
+    is an allocation of XLA's memory-usage report:
     docs/findings.md, memory.)"""
     cfg, mesh, batch_tokens, remat, schedule, precision, step = (w.model, w.mesh, w.batch_tokens, w.remat,
                                                                 w.schedule, w.precision, w.step)
