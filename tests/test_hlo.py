@@ -144,7 +144,7 @@ def test_cpu_fsdp_gradient_reduce_scatter(cpu_mesh):
 def test_memory_report_cpu(cpu_mesh):
     c = jax.jit(lambda x: x * 2).lower(_sds(cpu_mesh, (64, 128), (DF, None))).compile()
     m = hlo.read_compiled(c, AXES).memory
-    assert set(m) == {"argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "peak_bytes",
+    assert set(m) == {"argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "host_temp_bytes", "peak_bytes",
                       "generated_code_bytes"}
     assert m["argument_bytes"] == 64 / 4 * 128 * 4 and m["output_bytes"] == 64 / 4 * 128 * 4  # the local shard
     assert m["peak_bytes"] is None or m["peak_bytes"] > 0
