@@ -197,22 +197,30 @@ def one_f_one_b(x_MxbxD, labels_Mxbx, weights: dict, head_params: dict, mesh, ch
       forward   stage s runs item k = t − s: in groups of S microbatches, each through the R chunks in turn,
                 chunk r = (k mod S·R) // S of microbatch m = (k // S·R)·S + k mod S (R = 1: m = k). Stage 0 reads
                 m from x for its first chunk; otherwise the input is the previous iteration's output of stage
-                s − 1 (stage S − 1's output wraps round to stage 0 for the next chunk), a collective-permute. The
-                input is kept in a ring of K = 2·R·S − 1 slots;
+                s − 1 (stage S − 1's output wraps round to stage 0 for the next chunk), a collective-permute. With
+                ``keep`` (remat other than full) the slot runs jax.vjp of the chunk and keeps its residuals (the
+                array leaves of the vjp function, a pytree, that depend on the input: what the chunk's remat policy
+                saves of each layer, the layer inputs among them; remat none: every activation the backward reads)
+                in rings of K = 2·R·S − 1 slots; without (remat full) only the input, in one such ring;
       head      the last stage's output of the last chunk goes through the head at once (its loss and the
                 gradient of the loss w.r.t. its output and head_params);
       backward  stage s runs item j = t − (R·S − 1) − (S − 1 − s): the items in the same groups with the
                 chunks in reverse, chunk R − 1 − (j mod S·R) // S of microbatch (j // S·R)·S + j mod S: the
-                chunk's forward again from the kept input (jax.vjp, under the chunk's remat policy) and its
-                transpose with the output gradient (the head's for the last chunk on the last stage, the same
-                iteration as its forward; otherwise stage s + 1's of the previous iteration, stage 0's wrapping
-                round to stage S − 1).
+                chunk's vjp rebuilt from its kept residuals (no forward; the policy's recomputation inside each
+                layer's backward) or, without ``keep``, the chunk's forward again from the kept input (jax.vjp,
+                under the chunk's remat policy), and its transpose with the output gradient (the head's for the
+                last chunk on the last stage, the same iteration as its forward; otherwise stage s + 1's of the
+                previous iteration, stage 0's wrapping round to stage S − 1).
 
-    T = R·(M + S) + S − 2 iterations (M + 2(S − 1) for R = 1). A kept input lives at most 2·R·S − 2 iterations,
-    so stage s holds at most K chunk inputs and one chunk's residuals at a time, whatever M: memory flat in M. Every
+    T = R·(M + S) + S − 2 iterations (M + 2(S − 1) for R = 1). A kept chunk lives at most 2·R·S − 2 iterations
+    (chunk r on stage s: 2·(R − r)·S − 2 − 2s), so a slot is free when the next forward writes it, and stage s holds K
+    chunks' residuals (without ``keep``: K chunk inputs and one chunk's residuals at a time), whatever M: memory
+    grows with S (Megatron's stage 0 holds S microbatches; this lock-step schedule up to 2·R·S − 1 chunks:
+    scaling.pipeline.microbatches_in_flight), flat in M. Every
     stage runs both slots every iteration, the head among them (lock-step SPMD: the last stage's head costs every stage
     its time, as the imbalance of a Megatron pipeline whose last stage holds the output layer costs the step), bubble
-    slots on whatever they hold, masked out of the sums; the forward runs twice (the slot, and again in the backward).
+    slots on whatever they hold, masked out of the sums; without ``keep`` the forward runs twice (the slot, and again
+    in the backward).
     With ``phases`` the first and last W = R·S − 1 iterations run in loops of their own with only the forward (no
     backward item is ready on any stage before t = W) or only the backward slot (no forward item is left after T − W
     − 1): R·M + S − 1 slots each way, Megatron's bubble (S − 1)/(R·M); XLA:GPU copies the gradient accumulators
