@@ -256,6 +256,15 @@ TPU_SEQUENCE_GRID = [
 XXL_SEQUENCE_PARALLEL = ("tpu:v5p:4x4x4", _XXL, "fsdp=16,tensor=4", 25600, "none", "train",
                          Schedule(sequence_parallel=True))
 
+# 1F1B with --remat meaning what it means (issue 37, item 4; ffn_model.pipeline.one_f_one_b): remat none keeps every
+# in-flight chunk's residuals (no second forward), selective the probabilities recomputed in the backward slot (the
+# materialized attention's q·kᵀ and softmax again), on 8 emulated CPU devices; on v5p the peak of the ring of
+# 2·R·S − 1 chunks' residuals (scaling.pipeline.microbatches_in_flight)
+CPU_ONEFB_REMAT_GRID = [
+    (_TF_V, "stage=2,fsdp=2,tensor=2", 4096, "none", "train", Schedule(4, pipeline="1f1b")),
+    (_TF_V, "stage=2,fsdp=2,tensor=2", 4096, "selective", "train", Schedule(4, pipeline="1f1b")),
+]
+
 
 def default_chip(devices) -> Chip:
     """The chip whose figures time a check: the TPU topology's own chip, else (CPU devices) DEFAULT_CHIP."""
