@@ -39,3 +39,37 @@ def test_one_f_one_b_keeping_residuals_matches_one_device(pipe_one_device, spec,
                           STEPS, lr=LR, return_state=True)
     assert_matches(losses, state["params"], pipe_one_device)
     assert losses[-1] < losses[0]
+
+
+def test_kept_residuals_and_recompute_by_hand():
+    """The closed forms on tiny-tf (D = 64, 8 heads and 4 kv heads of 8, F = 256 gelu, L = 4, T = 64, V = 512) on
+    stage=2, fsdp=2, tensor=2, 512 tokens, 1F1B with M = 4: t = 512/fsdp = 256 tokens per device, a microbatch's
+    64 (one sequence); K = 2·R·S − 1 = 3 ring slots of a chunk of L/S = 2 layers. One layer's residuals under
+    remat none, c = 2, Y = 2: x, norm1, norm2, mid 4·2·64·64 = 32,768; q, k, v 2·64·8·(8 + 2·4)/2 = 8,192; the
+    probabilities 2·1·64²·8/2 = 32,768; o 2·64·64/2 = 4,096; the MLP hidden 2·64·256/2 = 16,384: 94,208 B.
+    Selective drops the probabilities: 61,440. Full keeps 3 chunk inputs of 2·64·64 = 8,192 and, in its backward
+    slot, the chunk's 2 layer inputs."""
+    from scaling import pipeline
+    from scaling import transformer as tf
+    from scaling.presets import PRESETS
+
+    cfg = PRESETS["tiny-tf"].replace(kv_heads=4, blocks=4, vocab=512)
+    mesh = parse_mesh_spec("stage=2,fsdp=2,tensor=2")
+
+    def w(remat):
+        return Workload(cfg, mesh, 512, remat=remat, schedule=Schedule(4, pipeline="1f1b"))
+
+    assert pipeline.microbatches_in_flight(w("none").schedule, 2, "none") == 3
+    assert pipeline.microbatches_in_flight(w("full").schedule, 2, "full") == 1
+    assert tf.memory_per_device(w("none"))["activations"] == 3 * 2 * 94208
+    assert tf.memory_per_device(w("selective"))["activations"] == 3 * 2 * 61440
+    assert tf.memory_per_device(w("full"))["activations"] == 2 * 8192 + 3 * 8192
+    # no forward again under none; selective recomputes q·kᵀ (2 attention units of s·T²·N·H/(Y·C) over the step's
+    # s = 4 sequences: 4·64²·8·8/2 = 524,288 FLOPs) in each of the 3 layer-passes over t (6 chunk-iterations of 2
+    # layers on a quarter of t)
+    assert tf.step_flops(w("none"))["recompute"] == 0
+    assert tf.step_flops(w("selective"))["recompute"] == 3 * 2 * 524288
+    # the weights gathered over fsdp twice a chunk-iteration (forward slot, backward slot), three times under full
+    ag = {r: tf.collective_volumes(w(r))["fsdp"]["all-gather"] for r in ("none", "full")}
+    E = 2 * 2 * 512 * 64 / 2  # both [V, D] matrices gathered once (BF16, over tensor's V/Y rows)
+    assert (ag["full"] - E) / (ag["none"] - E) == pytest.approx(3 / 2)
