@@ -726,7 +726,10 @@ def memory_per_device(w: Workload) -> dict:
     c = precision.compute
     if train and p["again"]:  # 1F1B: under full one chunk's residuals (its backward slot) and the chunk inputs in
         # flight; otherwise the chunk residuals of every slot of the ring (scaling.pipeline.microbatches_in_flight)
-        terms["activations"] = (pipeline.microbatches_in_flight(schedule, S, remat) * p["chunk"] * saved
+        # and one chunk's more beside it, a slot's copy (the compiler's peak on v5p, PIPE_TF on stage=4, tensor=2,
+        # M = 8: 22.90 GB, 2.45 GB over the ring's 7 chunks alone, one chunk's residuals 2.28 GB)
+        in_flight = pipeline.microbatches_in_flight(schedule, S, remat)
+        terms["activations"] = ((in_flight + (remat != "full")) * p["chunk"] * saved
                                 + pipeline.kept_inputs(schedule, S, remat) * c * t * D)
     elif train:  # every layer-pass's residuals (GPipe and circular: every iteration's, bubble ones included)
         terms["activations"] = p["layers"] * M * saved

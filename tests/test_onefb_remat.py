@@ -10,7 +10,9 @@ from ffn_model.train import train
 from scaling.mesh_shape import parse_mesh_spec
 from scaling.schedule import Schedule
 from scaling.workload import Workload
+from tests.test_check import _assert_bands, _assert_tpu_bands
 from tests.test_pipeline import assert_matches
+from verify.check import CPU_ONEFB_REMAT_GRID, TPU_ONEFB_REMAT_GRID, check, grid_workload
 from tests.test_transformer import PIPE_TF, B, LR, STEPS, _mesh, _one_device
 
 NUMERICS = [
@@ -61,8 +63,9 @@ def test_kept_residuals_and_recompute_by_hand():
 
     assert pipeline.microbatches_in_flight(w("none").schedule, 2, "none") == 3
     assert pipeline.microbatches_in_flight(w("full").schedule, 2, "full") == 1
-    assert tf.memory_per_device(w("none"))["activations"] == 3 * 2 * 94208
-    assert tf.memory_per_device(w("selective"))["activations"] == 3 * 2 * 61440
+    # the ring's 3 chunks and one chunk's copy beside it (the compiler's peak: scaling.transformer.memory_per_device)
+    assert tf.memory_per_device(w("none"))["activations"] == (3 + 1) * 2 * 94208
+    assert tf.memory_per_device(w("selective"))["activations"] == (3 + 1) * 2 * 61440
     assert tf.memory_per_device(w("full"))["activations"] == 2 * 8192 + 3 * 8192
     # no forward again under none; selective recomputes q·kᵀ (2 attention units of s·T²·N·H/(Y·C) over the step's
     # s = 4 sequences: 4·64²·8·8/2 = 524,288 FLOPs) in each of the 3 layer-passes over t (6 chunk-iterations of 2
@@ -73,3 +76,21 @@ def test_kept_residuals_and_recompute_by_hand():
     ag = {r: tf.collective_volumes(w(r))["fsdp"]["all-gather"] for r in ("none", "full")}
     E = 2 * 2 * 512 * 64 / 2  # both [V, D] matrices gathered once (BF16, over tensor's V/Y rows)
     assert (ag["full"] - E) / (ag["none"] - E) == pytest.approx(3 / 2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cfg,mesh,batch,remat,step,schedule", CPU_ONEFB_REMAT_GRID,
+                         ids=[f"{g[1]}-M{g[-1].microbatches}-{g[3]}" for g in CPU_ONEFB_REMAT_GRID])
+def test_cpu_one_f_one_b_remat_grid(cfg, mesh, batch, remat, step, schedule):
+    """1F1B with remat none (no second forward) and selective (the materialized attention's scores again) on 8 CPU
+    devices: FLOPs, arguments and collectives per axis in their bands."""
+    _assert_bands(check(grid_workload(cfg, mesh, batch, remat, step, schedule), "cpu:8"))
+
+
+@pytest.mark.tpu
+@pytest.mark.slow
+@pytest.mark.parametrize("devices,cfg,mesh,batch,remat,step,schedule", TPU_ONEFB_REMAT_GRID,
+                         ids=[f"{g[2]}-M{g[-1].microbatches}-{g[4]}" for g in TPU_ONEFB_REMAT_GRID])
+def test_tpu_one_f_one_b_remat_grid(devices, cfg, mesh, batch, remat, step, schedule):
+    """On v5p ahead of time: every band, the peak (the ring of K chunks' residuals) within 10%."""
+    _assert_tpu_bands(check(grid_workload(cfg, mesh, batch, remat, step, schedule), devices))

@@ -264,6 +264,12 @@ CPU_ONEFB_REMAT_GRID = [
     (_TF_V, "stage=2,fsdp=2,tensor=2", 4096, "none", "train", Schedule(4, pipeline="1f1b")),
     (_TF_V, "stage=2,fsdp=2,tensor=2", 4096, "selective", "train", Schedule(4, pipeline="1f1b")),
 ]
+TPU_ONEFB_REMAT_GRID = [
+    # PIPE_TF's 8-layer cut, materialized attention (selective recomputes its probabilities), 8 microbatches of 4
+    # sequences: the ring's 7 chunks of 2 layers and one chunk's copy beside them
+    ("tpu:v5p:2x2x2", PIPE_TF.replace(blocks=8), "stage=4,tensor=2", 8 * 4 * 2048, "selective", "train",
+     Schedule(8, pipeline="1f1b")),
+]
 
 
 def default_chip(devices) -> Chip:
