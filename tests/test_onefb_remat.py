@@ -94,3 +94,31 @@ def test_cpu_one_f_one_b_remat_grid(cfg, mesh, batch, remat, step, schedule):
 def test_tpu_one_f_one_b_remat_grid(devices, cfg, mesh, batch, remat, step, schedule):
     """On v5p ahead of time: every band, the peak (the ring of K chunks' residuals) within 10%."""
     _assert_tpu_bands(check(grid_workload(cfg, mesh, batch, remat, step, schedule), devices))
+
+
+# The peak against S and M (remat none): D = 1024, 8 heads of 128, F = 4096 (gelu), T = 1024, V = 1024, materialized
+# attention, tensor = 2, microbatches of 4 sequences (t = 4096 tokens a device); L = 2·S, so that every stage holds
+# 2 layers whatever S (the same weights, gradients and optimizer state per device at S = 2 on v5p:2x2x1 and S = 4 on
+# v5p:2x2x2). One layer's residuals (c = 2, Y = 2): x, norm1, norm2, mid 4·2·4096·1024 = 33,554,432; q, k, v
+# 2·4096·128·24/2 = 12,582,912; the probabilities 2·4·1024²·8/2 = 33,554,432; o 2·4096·1024/2 = 4,194,304; the MLP
+# hidden 2·4096·4096/2 = 16,777,216: 100,663,296 B.
+_PEAK_TF = PIPE_TF.replace(d_model=1024, heads=8, kv_heads=8, d_ff=4096, blocks=4, seq_len=1024, vocab=1024)
+_LAYER = 100_663_296
+
+
+def _peak(devices, stages, microbatches):
+    w = grid_workload(_PEAK_TF.replace(blocks=2 * stages), f"stage={stages},tensor=2", microbatches * 4 * 1024,
+                      "none", "train", Schedule(microbatches, pipeline="1f1b"))
+    return check(w, devices).memory.peak.compiled
+
+
+@pytest.mark.tpu
+@pytest.mark.slow
+def test_one_f_one_b_peak_grows_with_stages_not_microbatches():
+    """1F1B with remat none on v5p, from the compiler: from S = 2 to S = 4 stages the ring grows from K = 3 to 7
+    chunks of 2 layers, 8 layers' residuals more, 8·100,663,296 = 805,306,368 B (nothing else a device holds
+    changes); from M = 4 to 8 microbatches of the same size only the int32 ids and labels grow (8·4·4096 =
+    131,072 B), the peak not by a layer's residuals."""
+    s2m4, s2m8, s4m4 = _peak("tpu:v5p:2x2x1", 2, 4), _peak("tpu:v5p:2x2x1", 2, 8), _peak("tpu:v5p:2x2x2", 4, 4)
+    assert (s4m4 - s2m4) / (8 * _LAYER) == pytest.approx(1.0, abs=0.10), (s2m4, s4m4)
+    assert abs(s2m8 - s2m4) < _LAYER, (s2m4, s2m8)
