@@ -164,8 +164,9 @@ TPU_STAGE_GRID = [
     ("tpu:v5p:2x2x2", _MEDIUM, "fsdp=4,tensor=2", 16384, "none", "train", Schedule(4)),
 ]
 # A 2048-wide transformer (16 layers, T = 2048, V = 32768, flash attention) on stage=4, tensor=2 with 8
-# microbatches of 8 sequences: 1F1B's peak (a chunk's residuals and 2S − 1 stage inputs) and the interleaved
-# 1F1B's (2RS − 1 chunk inputs, the re-laid layers); README's table runs M = S, 2S, 4S for them and GPipe
+# microbatches of 8 sequences: 1F1B's peak under remat none (the residuals of 2S − 1 chunks in flight and one chunk's
+# copy) and the interleaved 1F1B's (2RS − 1 chunks, the re-laid layers); README's table runs M = S, 2S, 4S for them
+# and GPipe (with the program before remat none kept the residuals: each chunk's forward ran again)
 PIPE_TF = TransformerConfig(d_model=2048, heads=16, kv_heads=16, d_ff=8192, blocks=16, seq_len=2048, vocab=32768)
 TPU_TF_STAGE_GRID = [
     ("tpu:v5p:2x2x2", PIPE_TF, "stage=4,tensor=2", 8 * 8 * 2048, "none", "train",
