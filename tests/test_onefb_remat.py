@@ -109,7 +109,9 @@ _LAYER = 100_663_296
 def _peak(devices, stages, microbatches):
     w = grid_workload(_PEAK_TF.replace(blocks=2 * stages), f"stage={stages},tensor=2", microbatches * 4 * 1024,
                       "none", "train", Schedule(microbatches, pipeline="1f1b"))
-    return check(w, devices).memory.peak.compiled
+    peak = check(w, devices).memory.peak
+    assert 0.90 <= peak.ratio <= 1.10, peak  # each within the peak's band of the closed form, too
+    return peak.compiled
 
 
 @pytest.mark.tpu
@@ -118,7 +120,8 @@ def test_one_f_one_b_peak_grows_with_stages_not_microbatches():
     """1F1B with remat none on v5p, from the compiler: from S = 2 to S = 4 stages the ring grows from K = 3 to 7
     chunks of 2 layers, 8 layers' residuals more, 8·100,663,296 = 805,306,368 B (nothing else a device holds
     changes); from M = 4 to 8 microbatches of the same size only the int32 ids and labels grow (8·4·4096 =
-    131,072 B), the peak not by a layer's residuals."""
+    131,072 B), the peak not by a layer's residuals. (Compiled: 1.2838, 1.2841 and 2.0891 GB; closed forms 1.2479,
+    1.2481 and 2.0532 GB.)"""
     s2m4, s2m8, s4m4 = _peak("tpu:v5p:2x2x1", 2, 4), _peak("tpu:v5p:2x2x1", 2, 8), _peak("tpu:v5p:2x2x2", 4, 4)
     assert (s4m4 - s2m4) / (8 * _LAYER) == pytest.approx(1.0, abs=0.10), (s2m4, s4m4)
     assert abs(s2m8 - s2m4) < _LAYER, (s2m4, s2m8)
