@@ -386,7 +386,7 @@ def _iteration(c: _Loop, ins: tuple, perms: tuple, carry, t, fwd: bool = True, b
         r, m = (k % SR) // S, jnp.clip((k // SR) * S + k % S, 0, M - 1)
         f_real = (k >= 0) & (k < R * M)
         x_in = jnp.where((s == 0) & (r == 0), lookup[0](x[m], hp) if lookup else x[m], recv_f)
-        if c.keep:  # the chunk's residuals of microbatch m into the rings (a slot is free: module docstring)
+        if c.keep:  # the chunk's residuals of microbatch m into the rings (the slot is free: one_f_one_b's docstring)
             y, f = c.chunk_vjp(x_in, ws, t, r)
             res = [a for a, k in zip(_arrays(f), on_x) if k]
             kept = tuple(b.at[k % K].set(a.astype(b.dtype)) for b, a in zip(kept, res))
