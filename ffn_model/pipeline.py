@@ -32,6 +32,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax._src.interpreters import partial_eval as pe  # dce_jaxpr: which residuals depend on the chunk's input
 from jax.sharding import PartitionSpec
 
 from ffn_model.sharded import COMPUTE_DTYPE, constrain
@@ -218,8 +219,8 @@ def accumulate(loss_and_grad, params, batch, microbatches: int, batch_shards: in
 
 def one_f_one_b(x_MxbxD, labels_Mxbx, weights: dict, head_params: dict, mesh, chunk, head, head_grad_axes: dict,
                 x_axes: tuple, repeats: int = 1, phases: bool = False, lookup=None,
-                ids_axes: tuple | None = None):  # 13 parameters: each family
-    # passes its own stacks, chunk, head (and lookup) and layouts; the schedule's sizes come from the mesh and x
+                ids_axes: tuple | None = None, keep: bool = True):  # 14 parameters: each family passes its own
+    # stacks, chunk, head (and lookup), layouts and remat; the schedule's sizes come from the mesh and x
     """The 1F1B schedule (Narayanan et al. 2021, PipeDream-Flush; Megatron-LM's default) and, with ``repeats`` R > 1,
     its interleaved form (Megatron's virtual stages: stage s runs chunks s, S + s, ..., (R − 1)·S + s of L/(S·R)
     layers, ``weights`` laid out by circular_layout), in one SPMD loop, by hand: (Σ_m loss_m / M, d weights,
@@ -231,22 +232,30 @@ def one_f_one_b(x_MxbxD, labels_Mxbx, weights: dict, head_params: dict, mesh, ch
       forward   stage s runs item k = t − s: in groups of S microbatches, each through the R chunks in turn,
                 chunk r = (k mod S·R) // S of microbatch m = (k // S·R)·S + k mod S (R = 1: m = k). Stage 0 reads
                 m from x for its first chunk; otherwise the input is the previous iteration's output of stage
-                s − 1 (stage S − 1's output wraps round to stage 0 for the next chunk), a collective-permute. The
-                input is kept in a ring of K = 2·R·S − 1 slots;
+                s − 1 (stage S − 1's output wraps round to stage 0 for the next chunk), a collective-permute. With
+                ``keep`` (remat other than full) the slot runs jax.vjp of the chunk and keeps its residuals (the
+                array leaves of the vjp function, a pytree, that depend on the input: what the chunk's remat policy
+                saves of each layer, the layer inputs among them; remat none: every activation the backward reads)
+                in rings of K = 2·R·S − 1 slots; without (remat full) only the input, in one such ring;
       head      the last stage's output of the last chunk goes through the head at once (its loss and the
                 gradient of the loss w.r.t. its output and head_params);
       backward  stage s runs item j = t − (R·S − 1) − (S − 1 − s): the items in the same groups with the
                 chunks in reverse, chunk R − 1 − (j mod S·R) // S of microbatch (j // S·R)·S + j mod S: the
-                chunk's forward again from the kept input (jax.vjp, under the chunk's remat policy) and its
-                transpose with the output gradient (the head's for the last chunk on the last stage, the same
-                iteration as its forward; otherwise stage s + 1's of the previous iteration, stage 0's wrapping
-                round to stage S − 1).
+                chunk's vjp rebuilt from its kept residuals (no forward; the policy's recomputation inside each
+                layer's backward) or, without ``keep``, the chunk's forward again from the kept input (jax.vjp,
+                under the chunk's remat policy), and its transpose with the output gradient (the head's for the
+                last chunk on the last stage, the same iteration as its forward; otherwise stage s + 1's of the
+                previous iteration, stage 0's wrapping round to stage S − 1).
 
-    T = R·(M + S) + S − 2 iterations (M + 2(S − 1) for R = 1). A kept input lives at most 2·R·S − 2 iterations,
-    so stage s holds at most K chunk inputs and one chunk's residuals at a time, whatever M: memory flat in M. Every
+    T = R·(M + S) + S − 2 iterations (M + 2(S − 1) for R = 1). A kept chunk lives at most 2·R·S − 2 iterations
+    (chunk r on stage s: 2·(R − r)·S − 2 − 2s), so a slot is free when the next forward writes it, and stage s holds K
+    chunks' residuals (without ``keep``: K chunk inputs and one chunk's residuals at a time), whatever M: memory
+    grows with S (Megatron's stage 0 holds S microbatches; this lock-step schedule up to 2·R·S − 1 chunks:
+    scaling.pipeline.microbatches_in_flight), flat in M. Every
     stage runs both slots every iteration, the head among them (lock-step SPMD: the last stage's head costs every stage
     its time, as the imbalance of a Megatron pipeline whose last stage holds the output layer costs the step), bubble
-    slots on whatever they hold, masked out of the sums; the forward runs twice (the slot, and again in the backward).
+    slots on whatever they hold, masked out of the sums; without ``keep`` the forward runs twice (the slot, and again
+    in the backward).
     With ``phases`` the first and last W = R·S − 1 iterations run in loops of their own with only the forward (no
     backward item is ready on any stage before t = W) or only the backward slot (no forward item is left after T − W
     − 1): R·M + S − 1 slots each way, Megatron's bubble (S − 1)/(R·M); XLA:GPU copies the gradient accumulators
@@ -270,7 +279,7 @@ def one_f_one_b(x_MxbxD, labels_Mxbx, weights: dict, head_params: dict, mesh, ch
         x_SxMxDxbxD = _by_data(to_every_stage(x_MxbxD, S, x_axes), 2, ("stages", None, *x_axes), dp)
     stage = {k: PartitionSpec("stage") for k in weights}
     P = PartitionSpec
-    loop = _Loop(S, M, R, dp, chunk, head, head_grad_axes, lookup, phases)
+    loop = _Loop(S, M, R, dp, chunk, head, head_grad_axes, lookup, phases, keep)
 
     # manual over data too: each data shard accumulates its own partial gradients through the loop, reduced once
     # after it (an automatic data axis would all-reduce every iteration's)
@@ -319,9 +328,10 @@ class _Loop:
     head_grad_axes: dict
     lookup: tuple | None
     phases: bool
+    keep: bool = True  # the forward slot keeps the chunk's residuals (remat other than full); else its input only
 
     @property
-    def K(self) -> int:  # the ring of kept chunk inputs: 2·R·S − 1 slots
+    def K(self) -> int:  # the ring of kept chunk residuals (or inputs): 2·R·S − 1 slots
         return 2 * self.S * self.R - 1
 
     @property
@@ -338,6 +348,10 @@ class _Loop:
         S, wrap = self.S, self.R > 1
         return ([(i, (i + 1) % S) for i in range(S if wrap else S - 1)],
                 [((i + 1) % S, i) for i in range(S if wrap else S - 1)])
+
+    def chunk_vjp(self, x, ws, t, r):
+        """(y, the chunk's vjp function) of chunk r on x at iteration t (jax.vjp under the chunk's remat policy)."""
+        return jax.vjp(lambda xi, w: self.chunk(xi, w, self.selector(t, r)), x, ws)
 
     def selector(self, t, r):
         """A chunk's weights at iteration t: with R = 1 behind an optimization barrier with t (pipeline_outputs);
@@ -358,7 +372,11 @@ def _run_loop(c: _Loop, x, labels, ws, hp):
     dhp = {k: constrain(f32(a), c.head_grad_axes[k]) for k, a in hp.items()}
     x_shape = jax.eval_shape(c.lookup[0], x[0], hp).shape if c.lookup else x.shape[1:]  # a microbatch's layer input
     zero = jnp.zeros(x_shape, COMPUTE_DTYPE)
-    carry = (zero, zero, jnp.zeros((c.K, *x_shape), COMPUTE_DTYPE), jax.tree.map(f32, ws), dhp,
+    on_x, avals = _residuals_on_x(c, zero, ws) if c.keep else ((), [])
+    iteration = functools.partial(iteration, on_x=on_x)
+    kept = (tuple(jnp.zeros((c.K, *a.shape), a.dtype) for a in avals) if c.keep
+            else jnp.zeros((c.K, *x_shape), COMPUTE_DTYPE))
+    carry = (zero, zero, kept, jax.tree.map(f32, ws), dhp,
              jnp.zeros((), jnp.float32), None if c.lookup else jnp.zeros(x.shape, COMPUTE_DTYPE))
     T, W = c.T, c.delay
     if not c.phases:  # one scan, both slots in every iteration, the bubble ones masked
@@ -375,10 +393,29 @@ def _run_loop(c: _Loop, x, labels, ws, hp):
     return sums if c.lookup else (*sums, dx_all[None, :, None])
 
 
-def _iteration(c: _Loop, ins: tuple, perms: tuple, carry, t, fwd: bool = True, bwd: bool = True):
+def _arrays(tree) -> list:
+    """The array leaves of a pytree (of a jax.vjp function: its residuals; its other leaves mark unused inputs)."""
+    return [a for a in jax.tree.leaves(tree) if hasattr(a, "shape")]
+
+
+def _residuals_on_x(c: _Loop, x, ws) -> tuple[tuple[bool, ...], list]:
+    """Which residuals of a chunk's vjp (the array leaves of jax.vjp's function, a pytree) depend on the chunk's
+    input x, by dead-code elimination of their jaxpr, and their avals: the forward slot keeps those in rings; the
+    others (the weights, the chunk index: no microbatch's) the backward slot takes from its own trace of the
+    chunk's vjp, whose forward is then dead code (XLA removes it)."""
+    i32 = jnp.zeros((), jnp.int32)
+    closed = jax.make_jaxpr(lambda *a: _arrays(c.chunk_vjp(*a)[1]))(x, ws, i32, i32)
+    n, nc = len(closed.jaxpr.outvars), len(closed.jaxpr.constvars)
+    jaxpr = pe.convert_constvars_jaxpr(closed.jaxpr)  # consts first, then x
+    on_x = tuple(bool(pe.dce_jaxpr(jaxpr, [j == i for j in range(n)])[1][nc]) for i in range(n))
+    return on_x, [a for a, k in zip(closed.out_avals, on_x) if k]
+
+
+def _iteration(c: _Loop, ins: tuple, perms: tuple, carry, t, fwd: bool = True, bwd: bool = True,
+               on_x: tuple = ()):
     """Iteration t of one_f_one_b's loop on stage s (``ins`` = (s, x, labels, ws, hp)): the forward slot, the head
     with the last stage's last chunk, the backward slot (one_f_one_b's docstring); ``fwd``/``bwd`` False: that
-    slot left out (the phases)."""
+    slot left out (the phases). ``on_x``: which of the chunk vjp's residuals the rings keep (_residuals_on_x)."""
     S, M, R, SR, K, delay, dp = c.S, c.M, c.R, c.S * c.R, c.K, c.delay, c.dp
     s, x, labels, ws, hp = ins
     lookup, chunk, head, head_grad_axes = c.lookup, c.chunk, c.head, c.head_grad_axes
@@ -389,8 +426,13 @@ def _iteration(c: _Loop, ins: tuple, perms: tuple, carry, t, fwd: bool = True, b
         r, m = (k % SR) // S, jnp.clip((k // SR) * S + k % S, 0, M - 1)
         f_real = (k >= 0) & (k < R * M)
         x_in = jnp.where((s == 0) & (r == 0), lookup[0](x[m], hp) if lookup else x[m], recv_f)
-        kept = kept.at[k % K].set(jnp.where(f_real, x_in, kept[k % K]))
-        y = chunk(x_in, ws, c.selector(t, r))
+        if c.keep:  # the chunk's residuals of microbatch m into the rings (the slot is free: one_f_one_b's docstring)
+            y, f = c.chunk_vjp(x_in, ws, t, r)
+            res = [a for a, k in zip(_arrays(f), on_x) if k]
+            kept = tuple(b.at[k % K].set(a.astype(b.dtype)) for b, a in zip(kept, res))
+        else:  # only the input, its forward run again in the backward slot
+            kept = kept.at[k % K].set(jnp.where(f_real, x_in, kept[k % K]))
+            y = chunk(x_in, ws, c.selector(t, r))
         recv_f = jax.lax.ppermute(y, "stage", forward)
     if fwd and bwd:  # the head runs with the last stage's last chunk, forward and backward in one iteration
         loss_f, head_vjp = jax.vjp(lambda yy, h: head(yy, labels[m], h), y, hp)
@@ -405,7 +447,15 @@ def _iteration(c: _Loop, ins: tuple, perms: tuple, carry, t, fwd: bool = True, b
         rb = R - 1 - (j % SR) // S
         mb = jnp.clip(group * S + i, 0, M - 1)
         b_real, last = (j >= 0) & (j < R * M), (s == S - 1) & (rb == R - 1)
-        _, chunk_vjp = jax.vjp(lambda xi, w: chunk(xi, w, c.selector(t, rb)), kept[(group * SR + rb * S + i) % K], ws)
+        slot = (group * SR + rb * S + i) % K
+        if c.keep:  # the vjp rebuilt: its residuals of microbatch mb from the rings, the others from a trace whose
+            # forward (on zeros) nothing reads
+            leaves, tree = jax.tree.flatten(c.chunk_vjp(jnp.zeros_like(recv_f), ws, t, rb)[1])
+            flags, rings = iter(on_x), iter(kept)
+            chunk_vjp = jax.tree.unflatten(tree, [next(rings)[slot] if hasattr(a, "shape") and next(flags) else a
+                                                  for a in leaves])
+        else:  # the chunk's forward again from its kept input
+            _, chunk_vjp = c.chunk_vjp(kept[slot], ws, t, rb)
         dx, dw = chunk_vjp(jnp.where(last, dy_head, recv_b) if fwd else recv_b)
         dws = jax.tree.map(lambda a, b: a + jnp.where(b_real, b, 0).astype(a.dtype), dws, dw)
         first = b_real & (s == 0) & (rb == 0)

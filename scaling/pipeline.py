@@ -165,15 +165,27 @@ def relay_moves(stages: int, repeats: int) -> int:
     return sum(any(t != s for s, _, t, _ in rd) for rd in relay_rounds(stages, repeats))
 
 
-def microbatches_in_flight(schedule: Schedule, stages: int) -> int:
-    """How many iterations' activations a device holds at the peak: all T = R·M + S − 1 of the scan
-    (GPipe and circular: jax's reverse scan needs every forward iteration's residuals), 1 for gradient
-    accumulation (each microbatch's backward runs before the next forward) and for 1F1B (one chunk's
-    residuals, in its backward slot; the stage inputs it keeps are kept_inputs)."""
-    return iterations(schedule, stages) if stages > 1 and schedule.pipeline != "1f1b" else 1
+def microbatches_in_flight(schedule: Schedule, stages: int, remat: str = "none") -> int:
+    """How many iterations' (or microbatches') residuals a device holds at the peak: all T = R·M + S − 1 of the
+    scan (GPipe and circular: jax's reverse scan needs every forward iteration's residuals), 1 for gradient
+    accumulation (each microbatch's backward runs before the next forward). 1F1B (ffn_model.pipeline.one_f_one_b):
+    under remat full 1, the chunk its backward slot runs again (the stage inputs it keeps are kept_inputs); under
+    any other policy K = 2·R·S − 1, the ring of chunk residuals its forward slots keep (what the policy names, of
+    every layer of the chunk), allocated whole on every stage.
+
+    Against Megatron-LM's 1F1B (Narayanan et al. 2021, sec. 2.2; Korthikanti et al. 2022, sec. 4.2.3: stage 0
+    holds S microbatches' activations at its peak, S·L/S = L layers' worth): here every iteration runs a forward
+    and a backward slot in lock-step, one hop per iteration each way, so chunk r's backward runs on stage s
+    2·(R − r)·S − 2 − 2s iterations after its forward: stage 0 holds up to 2·R·S − 1 chunks in flight (R = 1: 2S − 1
+    microbatches, (2S − 1)·L/S layers' worth, about twice Megatron's S), and as one SPMD program every stage
+    allocates the K slots stage 0 needs."""
+    if stages > 1 and schedule.pipeline == "1f1b":
+        return 1 if remat == "full" else 2 * schedule.repeats * stages - 1
+    return iterations(schedule, stages) if stages > 1 else 1
 
 
-def kept_inputs(schedule: Schedule, stages: int) -> int:
-    """1F1B's ring of chunk inputs, K = 2·R·S − 1 microbatches' (2S − 1 for R = 1;
-    ffn_model.pipeline.one_f_one_b); 0 otherwise."""
-    return 2 * schedule.repeats * stages - 1 if stages > 1 and schedule.pipeline == "1f1b" else 0
+def kept_inputs(schedule: Schedule, stages: int, remat: str = "full") -> int:
+    """1F1B under remat full: the ring of chunk inputs, K = 2·R·S − 1 microbatches' (2S − 1 for R = 1;
+    ffn_model.pipeline.one_f_one_b); 0 otherwise (under the other policies the input is among the chunk's
+    residuals: microbatches_in_flight)."""
+    return 2 * schedule.repeats * stages - 1 if stages > 1 and schedule.pipeline == "1f1b" and remat == "full" else 0

@@ -383,11 +383,11 @@ def passes(w: Workload) -> dict:
     microbatch); "head": the output layer's and loss's share of t, 1 without stages, 1/S for GPipe and circular
     (each stage its M/S microbatches), H/M for 1F1B (every stage, in each of its H iterations with both slots:
     pipeline.head_iterations); "head_iterations": how often the output layer's weight gradient is made and
-    accumulated (H for 1F1B, else 1); "again": 1 for 1F1B (its backward slot runs the forward again); "iterations"
-    T (0 without stages); "chunk": a stage's layers per chunk, L/(S·R) (L without stages); "lookup": the embedding
-    lookup's share of t, 1, or T/M for 1F1B (every stage looks a microbatch up in each forward slot);
-    "lookup_iterations": how often its gradient is made and accumulated (T for 1F1B, else 1). A forward-only step
-    runs GPipe."""
+    accumulated (H for 1F1B, else 1); "again": 1 for 1F1B (its loop; its backward slot runs the forward again
+    under remat full: forward_again); "iterations" T (0 without stages); "chunk": a stage's layers per chunk,
+    L/(S·R) (L without stages); "lookup": the embedding lookup's share of t, 1, or T/M for 1F1B (every stage looks
+    a microbatch up in each forward slot); "lookup_iterations": how often its gradient is made and accumulated (T
+    for 1F1B, else 1). A forward-only step runs GPipe."""
     cfg, schedule, S = w.model, w.schedule, w.mesh.get("stage", 1)
     if S == 1:
         return {"layers": cfg.blocks, "weight_passes": cfg.blocks, "head": 1.0, "head_iterations": 1, "again": 0,
@@ -406,6 +406,13 @@ def passes(w: Workload) -> dict:
             "again": 0, "iterations": T, "chunk": Lc, "lookup": 1.0, "lookup_iterations": 1}
 
 
+def forward_again(remat: str, p: dict) -> int:
+    """1 where 1F1B's backward slot runs its chunk's forward again: remat full, which keeps only each chunk's input;
+    under the other policies the forward slot keeps the chunk's residuals (what the policy names) and the backward
+    slot runs no forward (ffn_model.pipeline.one_f_one_b); 0 without 1F1B (passes: "again")."""
+    return int(bool(p["again"]) and remat == "full")
+
+
 def dead_in_again(cfg: TransformerConfig, remat: str, p: dict) -> dict:
     """What XLA drops from 1F1B's second forward (the backward slot's, which only makes the residuals) when a
     chunk is one layer (a loop of one trip: the layer's work past what the backward reads is dead; in a longer
@@ -416,7 +423,7 @@ def dead_in_again(cfg: TransformerConfig, remat: str, p: dict) -> dict:
     policies the MLP; save_qkv_proj the attention, W_o and the MLP; full (the input is all it reads) the layer.
     Serial blocks (a parallel block's fused matmuls are not modelled here)."""
     none = {"mlp": 0.0, "out": 0, "attention_units": 0, "qkv": 0, "reductions": 0, "gathers": 0}
-    if not p["again"] or p["chunk"] != 1:  # not 1F1B, or chunks of more than one layer
+    if not forward_again(remat, p) or p["chunk"] != 1:  # no second forward, or chunks of more than one layer
         return none
     keeps = POLICY_KEEPS[remat]
     if "mlp_in" in keeps:
@@ -504,7 +511,7 @@ def step_flops(w: Workload) -> dict:
     qkv + attention 4 units + out + mlp·(m−1)/m);
     model = the matmuls the step needs with the causal half of attention: 6·P_matmul·B-style terms with
     attention counted at T²/2 (Scaling Book transformers page), per device; attention = the part of the total
-    that is q·kᵀ and p·v (1F1B's second forward counted whole)."""
+    that is q·kᵀ and p·v (1F1B's second forward, remat full: forward_again, counted whole)."""
     cfg, mesh, batch_tokens, step, remat, schedule = w.model, w.mesh, w.batch_tokens, w.step, w.remat, w.schedule
     s, t, X, Y, C, d = _dims(cfg, mesh, batch_tokens)
     D, F, N, K, H, T, m = cfg.d_model, cfg.d_ff, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.seq_len, cfg.mlp_matrices
@@ -526,11 +533,11 @@ def step_flops(w: Workload) -> dict:
         again = (layer_forward - dead["mlp"] * mlp - dead["out"] * out - dead["attention_units"] * unit
                  - dead["qkv"] * qkv)
         terms["recompute"] = L * (r["qkv"] * qkv + r["out"] * out + r["mlp_in"] * mlp * (m - 1) / m
-                                  + r["attention_units"] * unit + p["again"] * again)
+                                  + r["attention_units"] * unit + forward_again(remat, p) * again)
         model *= 3
     terms["total"] = sum(terms.values())
     terms["model"] = model
-    units = attention_units(schedule, "forward", mesh) * (1 + p["again"]) + (
+    units = attention_units(schedule, "forward", mesh) * (1 + forward_again(remat, p)) + (
         attention_units(schedule, "backward", mesh) + r["attention_units"] if step == "train" else 0)
     terms["attention"] = L * unit * units  # of the total: the q·kᵀ and p·v matmuls (an upper bound under 1F1B)
     return terms
@@ -561,12 +568,13 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
     dE = (p["lookup_iterations"] + p["head_iterations"]) * c * V * D / Y
     zero1 = train and schedule.optimizer_sharding == "zero1" and spans(d)
     Lw = p["weight_passes"]
-    if spans(X):  # 1F1B gathers a chunk's weights three times an iteration: its forward slot, again (less the
-        # matrices XLA drops from a one-layer chunk's second forward, dead_in_again), its backward
+    if spans(X):  # 1F1B gathers a chunk's weights three times an iteration under remat full: its forward slot, again
+        # (less the matrices XLA drops from a one-layer chunk's second forward, dead_in_again), its backward; twice else
         dead = dead_in_again(cfg, remat, p)
         dead_w = c * (dead["mlp"] * cfg.mlp_matrices * D * cfg.d_ff + dead["out"] * N * H * D
                       + dead["qkv"] * D * H * (N + 2 * K)) / Y
-        out["fsdp"] = {"all-gather": Lw * (W * ((2 + p["again"]) if train else 1) - p["again"] * dead_w) + E}
+        again = forward_again(remat, p)
+        out["fsdp"] = {"all-gather": Lw * (W * ((2 + again) if train else 1) - again * dead_w) + E}
         if train and windowed_grad_rs:
             out["fsdp"]["collective-permute"] = Lw * W * (X + 1) / X
         elif train:
@@ -578,11 +586,11 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
         serial = cfg.block == "serial"
         r = 2 if serial else 1  # reductions over tensor per layer and pass
         # mid = x + o·W_o again: reduced again; 1F1B: the forward again (less what XLA drops of it)
-        redo = rc["out"] + (r - dead_in_again(cfg, remat, p)["reductions"]) * p["again"] if train else 0
+        redo = rc["out"] + (r - dead_in_again(cfg, remat, p)["reductions"]) * forward_again(remat, p) if train else 0
         vocab = 0 if cfg.vocab is None else 1  # the lookup, and the output layer's input (and its gradient)
         ends = vocab * act * (p["lookup"] + (p["head"] if train else 0))
         if schedule.sequence_parallel:  # 1F1B's forward again gathers the norms' outputs again (less what XLA drops)
-            gather_again = (r - dead_in_again(cfg, remat, p)["gathers"]) * p["again"] if train else 0
+            gather_again = (r - dead_in_again(cfg, remat, p)["gathers"]) * forward_again(remat, p) if train else 0
             # the ends: the lookup's reduce-scatter (its gradient's all-gather), the final norm's all-gather (its
             # gradient's reduce-scatter); a forward step runs the two forwards only
             ends_ag = vocab * act * ((p["lookup"] if train else 0) + p["head"])
@@ -594,13 +602,13 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
         if vocab:  # the loss over the vocabulary shards: the max (BF16 logits), Σ exp and the label's logit (FP32)
             out["tensor"]["all-reduce"] = out["tensor"].get("all-reduce", 0.0) + (c + 8) * t * p["head"]
     if spans(C):  # a recomputed attention forward runs its all-to-alls (of what it does not keep) or K/V permutes again
-        again = int(rc["attention_units"] == 4)
+        again, twice = int(rc["attention_units"] == 4), forward_again(remat, p)
         if schedule.context == "ulysses":  # q, k, v again where not kept; o where the attention is recomputed
-            again_heads = (rc["qkv"] + p["again"]) * (N + 2 * K) + (again + p["again"]) * N
+            again_heads = (rc["qkv"] + twice) * (N + 2 * K) + (again + twice) * N
             out["context"] = {"all-to-all": L * c * t * H * ((2 * N + 2 * K) * (2 if train else 1) + again_heads) / Y}
         else:
             chunk = t * H * K / Y
-            out["context"] = {"collective-permute": L * (ring_permute_bytes(C, chunk, train, c) + (again + p["again"])
+            out["context"] = {"collective-permute": L * (ring_permute_bytes(C, chunk, train, c) + (again + twice)
                                                          * ring_permute_bytes(C, chunk, False, c))}
         if train:  # the gradients over context, on the fsdp shard
             out["context"]["all-reduce"] = (Lw * W + dE) / X
@@ -829,8 +837,13 @@ def memory_per_device(w: Workload) -> dict:
     off = offloaded_per_layer(cfg, mesh, batch_tokens, remat, schedule, precision) if w.compiler.host_offload else 0
     c = precision.compute
     x_between = c * t * D / (Y if schedule.sequence_parallel else 1)  # a microbatch between layers (SP: token split)
-    if train and p["again"]:  # 1F1B: one chunk's residuals (its backward slot) and the chunk inputs in flight
-        terms["activations"] = p["chunk"] * (saved - off) + pipeline.kept_inputs(schedule, S) * x_between
+    if train and p["again"]:  # 1F1B: under full one chunk's residuals (its backward slot) and the chunk inputs in
+        # flight; otherwise the chunk residuals of every slot of the ring (scaling.pipeline.microbatches_in_flight)
+        # and one chunk's more beside it, a slot's copy (the compiler's peak on v5p, PIPE_TF on stage=4, tensor=2,
+        # M = 8: 22.90 GB, 2.45 GB over the ring's 7 chunks alone, one chunk's residuals 2.28 GB)
+        in_flight = pipeline.microbatches_in_flight(schedule, S, remat)
+        terms["activations"] = ((in_flight + (remat != "full")) * p["chunk"] * (saved - off)
+                                + pipeline.kept_inputs(schedule, S, remat) * x_between)
     elif train:  # every layer-pass's residuals (GPipe and circular: every iteration's, bubble ones included)
         terms["activations"] = p["layers"] * M * (saved - off)
     if S > 1 and schedule.repeats > 1:  # circular and interleaved 1F1B: the stage's FP32 layers re-laid so that stage
@@ -1009,7 +1022,8 @@ def step_kernels(w: Workload) -> list[Kernel]:
         ks += layer("recompute", 1.0, tuple(n for n in ("qkv", "out") if r[n]), units=r["attention_units"])
         if r["mlp_in"]:
             ks += layer("recompute", 1.0, ("mlp_in",), units=0)
-        if p["again"]:  # 1F1B's second forward, less what XLA drops from a one-layer chunk's (dead_in_again)
+        if forward_again(remat, p):  # 1F1B's second forward (remat full), less what XLA drops from a one-layer
+            # chunk's (dead_in_again)
             dead = dead_in_again(cfg, remat, p)
             again = [k for k in layer("recompute", 1.0, units=4 - dead["attention_units"])
                      if not (k.name == "qkv" and dead["qkv"]) and not (k.name == "out" and dead["out"])]
@@ -1025,7 +1039,8 @@ def step_kernels(w: Workload) -> list[Kernel]:
     ks.append(Kernel("pointwise", "forward", "pointwise", None, calls, 0.0, fwd_bytes + head_bytes))
     if train:
         ks.append(Kernel("pointwise", "backward", "pointwise", None, calls, 0.0, 2 * (fwd_bytes + head_bytes)))
-        share = (r["qkv"] + r["out"] + r["mlp_in"] + r["attention_units"] / 4) / 4 if not p["again"] else 1.0
+        share = ((r["qkv"] + r["out"] + r["mlp_in"] + r["attention_units"] / 4) / 4 if not forward_again(remat, p)
+                 else 1.0)
         ks.append(Kernel("pointwise", "recompute", "pointwise", None, calls, 0.0, share * fwd_bytes))
         ks += [adamw_kernel(w, cfg.params), accumulate_kernel(w, cfg.params)]
     return ks

@@ -586,10 +586,12 @@ def test_interleaved_one_f_one_b_terms_by_hand():
     v = tf.collective_volumes(w)["stage"]
     assert v == {"collective-permute": 196608 + 90112, "all-reduce": 32768 + 4}
     m = tf.memory_per_device(w)
-    # the re-laid copy of the stage's 2 layers: 4·2·45,056/4 = 90,112 B; 7 kept chunk inputs of c·64·D = 8,192 B
+    # the re-laid copy of the stage's 2 layers: 4·2·45,056/4 = 90,112 B; remat none: the residuals of 7 chunks of one
+    # layer kept (the ring of 2·R·S − 1 slots) and one chunk's copy beside them, no chunk input apart
     assert m["relaid"] == 90112
     saved = sum(tf.saved_per_layer(cfg, w.mesh, 512 / 4, "none", w.schedule).values())
-    assert m["activations"] == saved + 7 * 8192
+    assert m["activations"] == (7 + 1) * saved
+    assert pipeline.kept_inputs(w.schedule, 2, "none") == 0
 
 
 def test_one_f_one_b_warmup_phases_by_hand():

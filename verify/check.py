@@ -164,8 +164,9 @@ TPU_STAGE_GRID = [
     ("tpu:v5p:2x2x2", _MEDIUM, "fsdp=4,tensor=2", 16384, "none", "train", Schedule(4)),
 ]
 # A 2048-wide transformer (16 layers, T = 2048, V = 32768, flash attention) on stage=4, tensor=2 with 8
-# microbatches of 8 sequences: 1F1B's peak (a chunk's residuals and 2S − 1 stage inputs) and the interleaved
-# 1F1B's (2RS − 1 chunk inputs, the re-laid layers); README's table runs M = S, 2S, 4S for them and GPipe
+# microbatches of 8 sequences: 1F1B's peak under remat none (the residuals of 2S − 1 chunks in flight and one chunk's
+# copy) and the interleaved 1F1B's (2RS − 1 chunks, the re-laid layers); README's table runs M = S, 2S, 4S for them
+# and GPipe (with the program before remat none kept the residuals: each chunk's forward ran again)
 PIPE_TF = TransformerConfig(d_model=2048, heads=16, kv_heads=16, d_ff=8192, blocks=16, seq_len=2048, vocab=32768)
 TPU_TF_STAGE_GRID = [
     ("tpu:v5p:2x2x2", PIPE_TF, "stage=4,tensor=2", 8 * 8 * 2048, "none", "train",
@@ -320,6 +321,21 @@ TPU_LOCAL_ATTENTION_GRID = [
 # q, k, v in HBM, on the 4096-wide transformer (tests/test_memory_runs.py; 4 to 9 minutes each beside other compiles)
 TPU_OFFLOAD_GRID = [("tpu:v5p:2x2x2", _LARGE_TF, "fsdp=2,tensor=4", 32768, remat, "train",
                      Schedule(attention="flash")) for remat in ("save_qkv_proj", "qkv_proj_offloaded")]
+
+# 1F1B with --remat meaning what it means (issue 37, item 4; ffn_model.pipeline.one_f_one_b): remat none keeps every
+# in-flight chunk's residuals (no second forward), selective the probabilities recomputed in the backward slot (the
+# materialized attention's q·kᵀ and softmax again), on 8 emulated CPU devices; on v5p the peak of the ring of
+# 2·R·S − 1 chunks' residuals (scaling.pipeline.microbatches_in_flight)
+CPU_ONEFB_REMAT_GRID = [
+    (_TF_V, "stage=2,fsdp=2,tensor=2", 4096, "none", "train", Schedule(4, pipeline="1f1b")),
+    (_TF_V, "stage=2,fsdp=2,tensor=2", 4096, "selective", "train", Schedule(4, pipeline="1f1b")),
+]
+TPU_ONEFB_REMAT_GRID = [
+    # PIPE_TF's 8-layer cut, materialized attention (selective recomputes its probabilities), 8 microbatches of 4
+    # sequences: the ring's 7 chunks of 2 layers and one chunk's copy beside them
+    ("tpu:v5p:2x2x2", PIPE_TF.replace(blocks=8), "stage=4,tensor=2", 8 * 4 * 2048, "selective", "train",
+     Schedule(8, pipeline="1f1b")),
+]
 
 
 def default_chip(devices) -> Chip:
