@@ -626,7 +626,7 @@ def transformer_pipeline_loss(params, batch, *, w: Workload, mesh):
         # gradients re-laid back by the transpose)
         weights, relay_vjp = jax.vjp(lambda ws: circular_layout(ws, axes, mesh, R), {n: params[n] for n in axes})
         run = functools.partial(one_f_one_b, weights=weights, mesh=mesh, chunk=chunk, head=head, x_axes=x_axes,
-                                repeats=R, phases=schedule.warmup_phases, ids_axes=IDS_AXES, keep=remat != "full")
+                                repeats=R, phases=schedule.warmup_phases, ids_axes=IDS_AXES)
         if vocab:  # token ids in: stage 0 looks each microbatch up in the loop, E's gradient accumulated there
             hp, hp_vjp = jax.vjp(matrices, params)
             key = "u" if tied else "e"

@@ -169,9 +169,9 @@ def microbatches_in_flight(schedule: Schedule, stages: int, remat: str = "none")
     """How many iterations' (or microbatches') residuals a device holds at the peak: all T = R·M + S − 1 of the
     scan (GPipe and circular: jax's reverse scan needs every forward iteration's residuals), 1 for gradient
     accumulation (each microbatch's backward runs before the next forward). 1F1B (ffn_model.pipeline.one_f_one_b):
-    under remat full 1, the chunk its backward slot runs again (the stage inputs it keeps are kept_inputs); under
-    any other policy K = 2·R·S − 1, the ring of chunk residuals its forward slots keep (what the policy names, of
-    every layer of the chunk), allocated whole on every stage.
+    K = 2·R·S − 1, the ring of chunk residuals its forward slots keep (what the remat policy names, of every layer
+    of the chunk; under remat full each layer's input, Megatron's full recomputation: the backward slot recomputes
+    each layer's forward once), allocated whole on every stage.
 
     Against Megatron-LM's 1F1B (Narayanan et al. 2021, sec. 2.2; Korthikanti et al. 2022, sec. 4.2.3: stage 0
     holds S microbatches' activations at its peak, S·L/S = L layers' worth): here every iteration runs a forward
@@ -180,12 +180,12 @@ def microbatches_in_flight(schedule: Schedule, stages: int, remat: str = "none")
     microbatches, (2S − 1)·L/S layers' worth, about twice Megatron's S), and as one SPMD program every stage
     allocates the K slots stage 0 needs."""
     if stages > 1 and schedule.pipeline == "1f1b":
-        return 1 if remat == "full" else 2 * schedule.repeats * stages - 1
+        return 2 * schedule.repeats * stages - 1
     return iterations(schedule, stages) if stages > 1 else 1
 
 
 def kept_inputs(schedule: Schedule, stages: int, remat: str = "full") -> int:
-    """1F1B under remat full: the ring of chunk inputs, K = 2·R·S − 1 microbatches' (2S − 1 for R = 1;
-    ffn_model.pipeline.one_f_one_b); 0 otherwise (under the other policies the input is among the chunk's
-    residuals: microbatches_in_flight)."""
-    return 2 * schedule.repeats * stages - 1 if stages > 1 and schedule.pipeline == "1f1b" and remat == "full" else 0
+    """Chunk inputs kept apart from the chunk's residuals: 0 (1F1B keeps each chunk's input among its residuals under
+    every remat policy, the ring of microbatches_in_flight; one_f_one_b without ``keep``, which the transformer does
+    not run, would keep K = 2·R·S − 1 inputs and run the forward twice)."""
+    return 0

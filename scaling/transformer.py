@@ -407,10 +407,11 @@ def passes(w: Workload) -> dict:
 
 
 def forward_again(remat: str, p: dict) -> int:
-    """1 where 1F1B's backward slot runs its chunk's forward again: remat full, which keeps only each chunk's input;
-    under the other policies the forward slot keeps the chunk's residuals (what the policy names) and the backward
-    slot runs no forward (ffn_model.pipeline.one_f_one_b); 0 without 1F1B (passes: "again")."""
-    return int(bool(p["again"]) and remat == "full")
+    """1 where 1F1B's backward slot runs its chunk's forward again: never, as the transformer runs it: under every
+    remat policy the forward slot keeps the chunk's residuals (what the policy names; under full each layer's input,
+    whose forward the backward recomputes once as full remat does on every schedule) and the backward slot runs no
+    forward of its own (ffn_model.pipeline.one_f_one_b with ``keep``); 0 without 1F1B (passes: "again")."""
+    return 0
 
 
 def dead_in_again(cfg: TransformerConfig, remat: str, p: dict) -> dict:
@@ -837,12 +838,12 @@ def memory_per_device(w: Workload) -> dict:
     off = offloaded_per_layer(cfg, mesh, batch_tokens, remat, schedule, precision) if w.compiler.host_offload else 0
     c = precision.compute
     x_between = c * t * D / (Y if schedule.sequence_parallel else 1)  # a microbatch between layers (SP: token split)
-    if train and p["again"]:  # 1F1B: under full one chunk's residuals (its backward slot) and the chunk inputs in
-        # flight; otherwise the chunk residuals of every slot of the ring (scaling.pipeline.microbatches_in_flight)
-        # and one chunk's more beside it, a slot's copy (the compiler's peak on v5p, PIPE_TF on stage=4, tensor=2,
-        # M = 8: 22.90 GB, 2.45 GB over the ring's 7 chunks alone, one chunk's residuals 2.28 GB)
+    if train and p["again"]:  # 1F1B: the chunk residuals of every slot of the ring (what the policy keeps; under
+        # full each layer's input: scaling.pipeline.microbatches_in_flight) and one chunk's more beside it, a slot's
+        # copy (the compiler's peak on v5p, PIPE_TF on stage=4, tensor=2, M = 8: 22.90 GB, 2.45 GB over the ring's 7
+        # chunks alone, one chunk's residuals 2.28 GB)
         in_flight = pipeline.microbatches_in_flight(schedule, S, remat)
-        terms["activations"] = ((in_flight + (remat != "full")) * p["chunk"] * (saved - off)
+        terms["activations"] = ((in_flight + 1) * p["chunk"] * (saved - off)
                                 + pipeline.kept_inputs(schedule, S, remat) * x_between)
     elif train:  # every layer-pass's residuals (GPipe and circular: every iteration's, bubble ones included)
         terms["activations"] = p["layers"] * M * (saved - off)

@@ -578,7 +578,7 @@ def test_interleaved_one_f_one_b_terms_by_hand():
                             "iterations": 12, "chunk": 1, "lookup": 3.0, "lookup_iterations": 12}
     # idle: T − R·M = 12 − 8 = 4 chunk-iterations
     assert pipeline.bubble(w.schedule, 2) == {"idle_share": 4 / 12, "overhead": 4 / 8}
-    assert pipeline.kept_inputs(w.schedule, 2) == 7  # 2·R·S − 1
+    assert pipeline.microbatches_in_flight(w.schedule, 2) == 7  # the ring: 2·R·S − 1 chunks
     # over stage: 12 iterations both ways, 2·12·c·64·D = 2·12·2·64·64 = 196,608; the re-lay (stage 0 holds chunks
     # 0, 1 and needs 0, 2: one round of swaps, chunk 1 for chunk 2) of one FP32 layer, ((2·8 + 2·4)·8·64 + 2·64·256)
     # = 45,056 parameters over fsdp·tensor = 4, 4·11,264 = 45,056 B, and its gradient back: 90,112; all-reduced,
