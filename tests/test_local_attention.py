@@ -185,6 +185,7 @@ def test_cpu_local_attention_grid(row):
 
 
 @pytest.mark.tpu
+@pytest.mark.extended  # v5p compiles of minutes each beside the suite: make test-all runs them
 @pytest.mark.parametrize("row", TPU_LOCAL_ATTENTION_GRID, ids=[r[2] for r in TPU_LOCAL_ATTENTION_GRID])
 def test_tpu_local_attention_grid(row):
     """v5p:2x2x2 ahead of time: FLOPs (1.9963e13: the two local layers' attention 2 x 14 units x 4·4096²·8·128

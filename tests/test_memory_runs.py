@@ -124,6 +124,7 @@ def test_offloading_policies_train_like_one_device(remat):
 
 
 @pytest.mark.tpu
+@pytest.mark.extended  # v5p compiles of minutes each beside the suite: make test-all runs them
 @pytest.mark.slow
 def test_offloading_policy_on_v5p_ahead_of_time():
     """jax 0.10.2's save_and_offload_only_these_names compiled for tpu:v5p:2x2x2 (verify.check.TPU_OFFLOAD_GRID: the

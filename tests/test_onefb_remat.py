@@ -88,6 +88,7 @@ def test_cpu_one_f_one_b_remat_grid(cfg, mesh, batch, remat, step, schedule):
 
 
 @pytest.mark.tpu
+@pytest.mark.extended  # v5p compiles of minutes each beside the suite: make test-all runs them
 @pytest.mark.slow
 @pytest.mark.parametrize("devices,cfg,mesh,batch,remat,step,schedule", TPU_ONEFB_REMAT_GRID,
                          ids=[f"{g[2]}-M{g[-1].microbatches}-{g[4]}" for g in TPU_ONEFB_REMAT_GRID])
@@ -115,6 +116,7 @@ def _peak(devices, stages, microbatches):
 
 
 @pytest.mark.tpu
+@pytest.mark.extended  # v5p compiles of minutes each beside the suite: make test-all runs them
 @pytest.mark.slow
 def test_one_f_one_b_peak_grows_with_stages_not_microbatches():
     """1F1B with remat none on v5p, from the compiler: from S = 2 to S = 4 stages the ring grows from K = 3 to 7

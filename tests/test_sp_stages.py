@@ -97,6 +97,7 @@ def test_cpu_sp_stage_grid(cfg, mesh, batch, remat, step, schedule):
 
 
 @pytest.mark.tpu
+@pytest.mark.extended  # v5p compiles of minutes each beside the suite: make test-all runs them
 @pytest.mark.slow
 @pytest.mark.parametrize("devices,cfg,mesh,batch,remat,step,schedule", TPU_SP_STAGE_GRID,
                          ids=[f"{g[0][4:]}-{g[2]}-{g[-1].pipeline}" for g in TPU_SP_STAGE_GRID])

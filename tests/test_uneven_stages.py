@@ -192,6 +192,7 @@ def test_uneven_check_grid(row):
 
 
 @pytest.mark.tpu
+@pytest.mark.extended  # v5p compiles of minutes each beside the suite: make test-all runs them
 @pytest.mark.parametrize("row", TPU_UNEVEN_STAGE_GRID, ids=lambda g: f"{g[1].blocks}-{g[2]}")
 def test_uneven_tpu_grid(row):
     """The 5-block FFN stack (3, 2) on v5p:2x2x2, ahead of time: every band, the compiler's peak within 10%."""

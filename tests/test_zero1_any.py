@@ -121,6 +121,7 @@ def test_zero1_cpu_check(devices, cfg, mesh, batch, remat, step, schedule):
 
 
 @pytest.mark.tpu
+@pytest.mark.extended  # v5p compiles of minutes each beside the suite: make test-all runs them
 @pytest.mark.slow
 @pytest.mark.parametrize("devices,cfg,mesh,batch,remat,step,schedule", TPU_ROWS,
                          ids=[f"{g[0]}-{g[2]}" for g in TPU_ROWS])
