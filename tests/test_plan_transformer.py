@@ -106,7 +106,9 @@ def test_plan_of_a_full_v5p_pod_is_evaluated_in_stacks():
     the whole prediction only for the plans returned, and each remat policy sized only where no policy that keeps
     more fits (plan._screen). The counts hold that work: predictions at most one per (group, schedule, policy)
     whose plan is returned (149), the step's collective volumes at most 711, memory at most 947, kernels 423 (with
-    sequence parallelism on the staged meshes, issue 37: 113 predictions, 595 volumes, 1,284 memory, 506 kernels).
+    sequence parallelism on the staged meshes, issue 37: 113 predictions, 595 volumes, 1,284 memory, 506 kernels;
+    with 1F1B keeping its chunks' residuals under every policy but full, more policies are screened before one fits:
+    114 predictions, 713 volumes, 1,353 memory, 628 kernels).
     Its time: CPU seconds in a fresh process, as the plan command runs, after a small plan (imports and caches
     warm), the fastest of three runs; issue 20's bound was 2 s (1.69-1.86 s), the issue's goal 1 s, measured on a
     quiet machine 1.65 s (docs/findings.md, "The planner's time"): the bound here is 3 s, since the suite runs two
@@ -145,7 +147,7 @@ def test_plan_of_a_full_v5p_pod_is_evaluated_in_stacks():
     out = json.loads(r.stdout)
     assert out["plans"] > 0 and out["slices"] == [2] and out["same"]
     c = out["counts"]
-    assert c["predictions"] <= 149 and c["volumes"] <= 711 and c["memory"] <= 1284 and c["kernels"] <= 506, c
+    assert c["predictions"] <= 149 and c["volumes"] <= 713 and c["memory"] <= 1353 and c["kernels"] <= 628, c
     assert min(out["seconds"]) < 3.0, out["seconds"]
 
 
