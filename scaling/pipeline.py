@@ -183,9 +183,3 @@ def microbatches_in_flight(schedule: Schedule, stages: int, remat: str = "none")
         return 2 * schedule.repeats * stages - 1
     return iterations(schedule, stages) if stages > 1 else 1
 
-
-def kept_inputs(schedule: Schedule, stages: int, remat: str = "full") -> int:
-    """Chunk inputs kept apart from the chunk's residuals: 0 (1F1B keeps each chunk's input among its residuals under
-    every remat policy, the ring of microbatches_in_flight; one_f_one_b without ``keep``, which the transformer does
-    not run, would keep K = 2·R·S − 1 inputs and run the forward twice)."""
-    return 0

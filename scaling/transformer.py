@@ -843,8 +843,7 @@ def memory_per_device(w: Workload) -> dict:
         # copy (the compiler's peak on v5p, PIPE_TF on stage=4, tensor=2, M = 8: 22.90 GB, 2.45 GB over the ring's 7
         # chunks alone, one chunk's residuals 2.28 GB)
         in_flight = pipeline.microbatches_in_flight(schedule, S, remat)
-        terms["activations"] = ((in_flight + 1) * p["chunk"] * (saved - off)
-                                + pipeline.kept_inputs(schedule, S, remat) * x_between)
+        terms["activations"] = (in_flight + 1) * p["chunk"] * (saved - off)
     elif train:  # every layer-pass's residuals (GPipe and circular: every iteration's, bubble ones included)
         terms["activations"] = p["layers"] * M * (saved - off)
     if S > 1 and schedule.repeats > 1:  # circular and interleaved 1F1B: the stage's FP32 layers re-laid so that stage

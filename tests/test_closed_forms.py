@@ -591,7 +591,6 @@ def test_interleaved_one_f_one_b_terms_by_hand():
     assert m["relaid"] == 90112
     saved = sum(tf.saved_per_layer(cfg, w.mesh, 512 / 4, "none", w.schedule).values())
     assert m["activations"] == (7 + 1) * saved
-    assert pipeline.kept_inputs(w.schedule, 2, "none") == 0
 
 
 def test_one_f_one_b_warmup_phases_by_hand():
