@@ -17,7 +17,7 @@ import argparse
 import os
 import sys
 
-from jax_scaling import check, closed_forms, model_commands, plan, predict
+from jax_scaling import calibrate, check, closed_forms, model_commands, plan, predict
 from scaling.limits import check_flag
 
 DESCRIPTION = __doc__.split("\n\n")[0]
@@ -62,6 +62,7 @@ def parser(prog: str = "jax-scaling") -> Parser:
             add(sub)
     if model:
         model_commands.add_commands(sub)
+        calibrate.add_parser(sub)
     return p
 
 
