@@ -177,11 +177,20 @@ def preset_of(args) -> str | None:
     return None
 
 
+def add_kernel_table_arg(g) -> None:
+    """--kernel-table FILE: a GPU's kernel table (scaling.kernel_tables' format, what calibrate writes) instead of
+    the one shipped for its chip."""
+    g.add_argument("--kernel-table", metavar="FILE",
+                   help="a GPU's kernel-level measurements (TOML: chip, source, [gemm.<dtype>] rows of m, n, k, "
+                        "seconds; what calibrate writes) to fit its GEMM ceiling and fixed time on, instead of the "
+                        "table shipped for the chip (scaling/data/kernels/)")
+
+
 # predict's configuration flags, as scaling.reports.predict_setup's fields (its keyword names are the flags' dests)
 SETUP_FIELDS = ("preset", *MODEL_FLAGS, "chip", "chips", "slice", "slices", "inter_node_bandwidth",
                 "mesh", "dcn_mesh", "global_batch", "batch_tokens", "microbatch", "microbatches", "step", "remat",
                 *SCHEDULE_FIELDS, *SCHEDULE_FLAGS, "dtype", "grad_accumulation", "xla_flags", "form",
-                "kernel_model")
+                "kernel_model", "kernel_table")
 # what one configuration takes where a flag of add_config_args is left out (plan tries every value instead)
 CONFIG_DEFAULTS = {"microbatches": 1, "remat": "none", "dtype": "bf16", "grad_accumulation": "package",
                    **SCHEDULE_FIELDS}
@@ -215,6 +224,7 @@ def add_config_args(r, mesh_required: bool, preset: str | None = "xxl") -> None:
     g.add_argument("--slices", type=integer, help="how many --slice slices, joined by DCN (default 1)")
     g.add_argument("--inter-node-bandwidth", type=number, metavar="BYTES/S",
                    help="a GPU cluster's network, bytes/s per node (default: the chip's IB figure times the node)")
+    add_kernel_table_arg(g)
     g = r.add_argument_group("batch")
     g.add_argument("--global-batch", type=integer, help="global batch in sequences (transformer)")
     g.add_argument("--batch-tokens", type=integer, help="global batch in tokens (instead of --global-batch; plan's "

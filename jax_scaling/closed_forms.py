@@ -10,8 +10,8 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from jax_scaling.args import (MODEL_FLAGS, add_model_args, add_predict_args, add_xla_flags_arg, flags_of,
-                              model_config, needs, say)
+from jax_scaling.args import (MODEL_FLAGS, add_kernel_table_arg, add_model_args, add_predict_args, add_xla_flags_arg,
+                              flags_of, model_config, needs, say)
 from jax_scaling.predict import report_of
 from scaling import kernels, layer_estimator, seed000, seed002
 from scaling.answers import QUESTION, answers
@@ -58,10 +58,12 @@ def add_validate_parser(sub) -> None:
     """validate's subcommand and flags."""
     v = sub.add_parser("validate", help="every published measured run predicted, against its measured step")
     v.add_argument("--fit", action="store_true",
-                   help="fit each chip's matmul_efficiency on the run its hardware-table row names (fitted_on) and "
-                        "print it beside the table's value")
+                   help="fit each TPU's matmul_efficiency on the run its hardware-table row names (fitted_on) and "
+                        "print it beside the table's value (GPUs fit nothing on a step: their GEMM coefficients "
+                        "come from their kernel tables)")
     v.add_argument("--kernel-model", default="efficiency", choices=kernels.KERNEL_MODELS,
                    help="predict's matmul term (default %(default)s); hierarchical refits each chip's eta under it")
+    add_kernel_table_arg(v)
     v.add_argument("--json", action="store_true", help="one JSON object")
     v.set_defaults(func=validate_command)
 
@@ -113,6 +115,9 @@ def add_kernels_parser(sub) -> None:
     k.add_argument("--text", action="store_true", help="the whole report regenerated in the seed's layout")
     k.add_argument("--json", action="store_true", help="one JSON object: the rows, Time, the parts, the hardware "
                    "(with --mesh: predict's object with its kernels)")
+    k.add_argument("--gemm", metavar="MxNxK", help="one GEMM [M, K]·[K, N]: its predicted seconds and TFLOP/s on "
+                   "--chip at --dtype, the terms (tiles, waves, ceiling, fixed time, memory bound) and the kernel "
+                   "table's rows nearest it (scaling.gemm); with --chip, --dtype, --kernel-table, --json")
     add_predict_args(k, mesh_required=False, preset=None)  # with --mesh: a model's report instead of the seed's
     k.set_defaults(func=kernels_command)
 
@@ -148,6 +153,9 @@ def validate_command(args) -> int:
     from scaling.hardware import CHIPS
     from scaling.validate import fit_efficiency, refitted, validate
 
+    if args.fit and args.kernel_table is not None:
+        raise ValueError("--fit fits the TPUs' matmul_efficiency on their named runs; --kernel-table prices GPU GEMMs "
+                         "(give one)")
     if args.fit and args.json:
         raise ValueError("--fit prints the fitted efficiencies as a table; --json is the validation's (give one)")
     if args.fit:
@@ -160,8 +168,11 @@ def validate_command(args) -> int:
         print("\n".join(table(["chip", "fitted on", "fitted eta", "table's eta", "borrowed by"], rows, right=(2, 3))))
         return 0
     if args.kernel_model == "efficiency":
-        v = validate()
+        v = validate(kernel_table=args.kernel_table)
     else:  # each fitted chip's eta refitted under that model on its own named run; rows it cannot predict left out
+        if args.kernel_table is not None:
+            raise ValueError("--kernel-table is the efficiency model's (GEMM coefficients); --kernel-model "
+                             "hierarchical refits each chip's eta on its named run")
         r = refitted(args.kernel_model)
         v = r["validation"]
         say(f"kernel model {args.kernel_model!r}, eta refitted on each chip's named run: "
@@ -288,6 +299,8 @@ def kernels_command(args) -> int:
     figure; --text the whole report regenerated in the seed's layout; --json the rows and the report's figures.
     With --mesh, the same report for any model and chip from the step model's kernels
     (scaling.reports.PredictReport.kernel_report)."""
+    if args.gemm is not None:
+        return gemm_command(args)
     given = [f for f in ("preset", "chip", "chips", "slice", "global_batch", "batch_tokens", "microbatch",
                          *MODEL_FLAGS)
              if getattr(args, f, None) is not None]
@@ -310,4 +323,27 @@ def kernels_command(args) -> int:
                           "parts": r["parts"], "hardware": r["hw"]}))
     else:
         print(seed002.text() if args.text else seed002.render() + "\n", end="")
+    return 0
+
+
+def gemm_command(args) -> int:
+    """kernels --gemm MxNxK --chip C [--dtype D] [--kernel-table FILE] [--json]: one GEMM's predicted time and what
+    it is made of (scaling.gemm.gemm_report). Every other kernels flag is refused (one line, exit 2)."""
+    from scaling.gemm import gemm_report, parse_gemm
+    from scaling.reports import with_kernel_table
+
+    allowed = {"gemm", "chip", "dtype", "kernel_table", "json", "command", "func", "default_preset", "kernel_model",
+               "form", "step"}
+    extra = [k for k, v in vars(args).items() if k not in allowed and v not in (None, False)]
+    if extra:
+        raise ValueError(f"--gemm takes --chip, --dtype, --kernel-table and --json; "
+                         f"--{extra[0].replace('_', '-')} is a model's kernel report's")
+    m, n, k = parse_gemm(args.gemm)
+    if args.chip is None:
+        raise ValueError("--gemm needs --chip (a chip of the hardware table, e.g. A100-80GB)")
+    chip = get_chip(args.chip)
+    if args.kernel_table is not None:
+        chip = with_kernel_table(chip, args.kernel_table)
+    r = gemm_report(chip, m, n, k, args.dtype or "bf16")
+    print(json.dumps(r.to_json(), indent=2) if args.json else r.render())
     return 0

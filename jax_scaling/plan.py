@@ -56,7 +56,8 @@ def plan_target(args):
     """(chip, chips, slice dims or None) from --slice (and --slices), or --chip and --chips (default 64), with
     --inter-node-bandwidth: scaling.reports.target_of."""
     chips = 64 if args.chips is None and args.slice is None else args.chips
-    chip, dims, slices = target_of(args.chip, chips, args.slice, args.slices, args.inter_node_bandwidth)
+    chip, dims, slices = target_of(args.chip, chips, args.slice, args.slices, args.inter_node_bandwidth,
+                                   args.kernel_table)
     return chip, slices * chips_in(dims), dims if chip.kind != "gpu" else None
 
 
@@ -313,8 +314,9 @@ def print_header(args, cfg, plans, target, flags, choices, seconds: float) -> No
           f" (the kernels at the efficiency their shapes get on the chip, scaling.kernels, + the collectives the "
           f"schedule of {flags.describe()} leaves exposed + its loop copies)")
           + f"; the {other} form beside it.")
-    say(("The scheduled form is the step model's forecast (matmul efficiency fitted on measured runs: jax-scaling "
-           "validate); the sum and max forms are " if args.form == "scheduled" or other == "scheduled" else
+    say(("The scheduled form is the step model's forecast (a TPU's matmul efficiency fitted on a measured run, a "
+           "GPU's GEMM ceiling and fixed time on its kernel table: jax-scaling validate, kernels --gemm); the sum and "
+           "max forms are " if args.form == "scheduled" or other == "scheduled" else
            "These are ") + "roofline bounds: their step times are lower bounds, MFU and HFU upper bounds "
           + ("(MFU counts the model's matmul FLOPs, attention's causal half, HFU the remat recompute and the "
              "pipeline's too)." if transformer else "(MFU counts model FLOPs 6PB-2BDF, HFU the remat recompute too)."))

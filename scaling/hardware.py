@@ -26,8 +26,10 @@ Sources (abbreviated in the table):
                    VMEM per TensorCore, v4 16 MiB, v5e 128 MiB, v5p 64 MiB, v6e 128 MiB, TPU7x 64 MiB
   [jax-precision]  jax's dot algorithms (jax.lax.DotAlgorithmPreset): an FP32 matmul on a TPU's bf16 MXU at full
              precision is six bf16 passes (BF16_BF16_F32_X6): a sixth of the bf16 rate.
-  [fit]      fitted by ``jax-scaling validate --fit`` on the one measured run the row names (``fitted_on``):
-             scaling.validate.fit_efficiency; the other rows are held out (docs/findings.md).
+  [fit]      TPUs: fitted by ``jax-scaling validate --fit`` on the one measured run the row names (``fitted_on``):
+             scaling.validate.fit_efficiency; the other rows are held out (docs/findings.md). GPUs fit nothing on
+             a step: their GEMM ceiling and fixed time per dtype are fitted on kernel-level data, the chip's
+             kernel table (scaling/data/kernels/, scaling.kernels.gemm_coefficients).
   [Megatron-2021]  Narayanan et al. 2021 (arXiv 2104.04473): Selene's nodes of 8 A100s, 8 x 200 Gb/s InfiniBand
              per node.
   [GC-v4], [GC-v5e], [GC-v5p], [GC-v6e], [GC-7x]  Google Cloud TPU documentation pages
@@ -55,6 +57,7 @@ from dataclasses import dataclass, replace
 from importlib import resources
 
 from scaling.inputs import ascii_int
+from scaling.kernel_tables import kernel_table
 
 GiB = 2**30
 
@@ -90,8 +93,12 @@ class Chip:
     sm_count: int | None = None  # GPU: streaming multiprocessors (the waves of a matmul's tiles)
     mma_tiles: tuple[tuple[int, int], ...] = ()  # GPU: the output tiles (rows, columns) cuBLAS's kernels take
     tc_align: int | None = None  # GPU: a 16-bit operand's k and n in multiples of this many elements for tensor cores
-    matmul_efficiency: float = 1.0  # the fraction of peak a large aligned matmul sustains (fitted: chips.toml)
+    matmul_efficiency: float = 1.0  # TPU: the fraction of peak a large aligned matmul sustains (fitted: chips.toml)
     fitted_on: str | None = None  # the measured run (scaling/data/measured.toml id) matmul_efficiency is fitted on
+    # GPU: the kernel table (scaling.kernel_tables.KernelTable) the GEMM coefficients are fitted on: the shipped
+    # scaling/data/kernels/<name or kernels_as>.toml, or the user's (--kernel-table); None where none ships
+    kernels_as: str | None = None  # a GPU without a table of its own takes this chip's (named in chips.toml)
+    kernel_table: object = None
     efficiency_as: str | None = None  # a chip without measured runs takes the efficiency of this one (same unit)
     onchip_bytes: float | None = None  # the memory a matmul tiles through (GPU L2, TPU VMEM): the hierarchical model
     vector_flops: float | None = None  # per chip off the matrix units: GPU non-Tensor FP16, TPU VPU (layer_estimator)
@@ -185,6 +192,8 @@ def _load_chips() -> dict[str, Chip]:
     for name, chip in chips.items():  # one value per fitted efficiency: the chips that borrow it read it
         if chip.efficiency_as:
             chips[name] = replace(chip, matmul_efficiency=chips[chip.efficiency_as].matmul_efficiency)
+        if chip.kind == "gpu":  # the GEMM coefficients' kernel table (scaling.kernels.gemm_coefficients)
+            chips[name] = replace(chips[name], kernel_table=kernel_table(chip.kernels_as or name))
     return chips
 
 

@@ -2,16 +2,23 @@
 scheduled form). Each kernel is one class of op a device runs in a step (a matmul of one shape, a pointwise
 pass, the optimizer update), with its FLOPs, the HBM bytes it reads and writes, its calls, and its time:
 
-  matmul     FLOPs / (C_dtype · eta · q(shape)), or its bytes / HBM bandwidth where more (the roofline of one
-             kernel, Scaling Book roofline page): eta = the chip's ``matmul_efficiency`` (the fraction of peak a
-             large aligned matmul sustains, hardware table), q the quantization of the shape:
+  matmul     t_fixed·calls + max(FLOPs / (C_dtype · eta · q(shape)), bytes / HBM bandwidth) (the roofline of one
+             kernel, Scaling Book roofline page, and a fixed time per call): eta the fraction of peak a large
+             aligned matmul sustains, q the quantization of the shape (below).
+               TPU: eta = the chip's ``matmul_efficiency`` (hardware table: fitted on one named run), t_fixed 0.
+               GPU: eta = the dtype's ceiling and t_fixed (launch, prologue and epilogue of one GEMM) are the
+                    chip's GEMM coefficients, fitted by least squares in log time on the GEMM rows of its kernel
+                    table (scaling/data/kernels/, published or calibrated kernel-level sweeps: gemm_coefficients);
+                    a dtype the table lacks takes the bf16 ceiling and t_fixed at its own peak, a chip without a
+                    table its ``matmul_efficiency`` and t_fixed 0: the coefficients say which (``fallback``).
+             q:
                TPU: the MXU (a×a systolic array, a = ``mxu``) takes the contracting dim k and the output dim n
                     in whole tiles: q = k/(a·⌈k/a⌉) · n/(a·⌈n/a⌉) (Scaling Book TPU page; m streams through);
                GPU: tile and wave quantization (NVIDIA, "Matrix Multiplication Background", dl-performance
                     guide): an output of batch·⌈m/tm⌉·⌈n/tn⌉ tiles runs in ⌈tiles/SMs⌉ waves,
                     q = batch·m·n / (waves·SMs·tm·tn), the best of the chip's ``mma_tiles``; a 16-bit operand
                     whose k or n is not a multiple of ``tc_align`` elements misses the tensor cores (same guide,
-                    "Tensor Core requirements"): it runs at eta of the chip's FP32 (SIMT) rate.
+                    "Tensor Core requirements"): it runs at the fp32 ceiling of the chip's FP32 (SIMT) rate.
   attention  the q·kᵀ and p·v matmuls as batched matmuls over sequences × heads (shape (T, T, H)), the scores
              through HBM where materialized; under flash only q, k, v and o move, and
              the kernel skips the key blocks the causal mask hides (Dao et al. 2022; MaxText's splash and
@@ -42,11 +49,12 @@ count); the kernel times sum to the step model's compute term, ``compute_seconds
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 
-from scaling import memory, pipeline
+from scaling import hardware, memory, pipeline
 from scaling.hardware import Chip
 from scaling.workload import Workload
 
@@ -59,8 +67,8 @@ class Kernel:
     """One class of op of a step, per device: name, pass (forward | backward | recompute | update), kind (matmul |
     attention | pointwise | optimizer), shape (m, n, k, batch) of one call for a matmul (None otherwise), calls per
     step, FLOPs and HBM bytes per step, the share of those FLOPs it runs (``executed``), and with a chip: the
-    efficiency its shape gets (eta·q, or the SIMT rate's fraction) and its compute and memory seconds; it takes
-    the larger (``seconds``, ``bound``)."""
+    efficiency its shape gets (eta·q, or the SIMT rate's fraction), its compute and memory seconds and its calls'
+    fixed seconds (a GPU's t_fixed); it takes the larger of the first two, plus the third (``seconds``, ``bound``)."""
 
     name: str
     pass_: str
@@ -73,11 +81,13 @@ class Kernel:
     efficiency: object = 1.0
     math_seconds: object = 0.0
     memory_seconds: object = 0.0
+    fixed_seconds: object = 0.0  # a GPU matmul's t_fixed times its calls (gemm_coefficients)
 
     @property
     def seconds(self):
-        """max(FLOPs·executed/(peak·efficiency), bytes/HBM bandwidth): the roofline of one kernel."""
-        return np.maximum(self.math_seconds, self.memory_seconds)
+        """fixed + max(FLOPs·executed/(peak·efficiency), bytes/HBM bandwidth): the roofline of one kernel and its
+        calls' fixed time."""
+        return self.fixed_seconds + np.maximum(self.math_seconds, self.memory_seconds)
 
     @property
     def bound(self):
@@ -97,25 +107,150 @@ def peak_flops(chip: Chip, dtype: str = "bf16") -> float:
     return table[dtype] / chip.devices_per_chip
 
 
-def shape_efficiency(chip: Chip, m, n, k, batch=1, dtype: str = "bf16"):
-    """The fraction of the chip's ``dtype`` peak a matmul [m, k]·[k, n] (``batch`` of them) gets: eta·q(shape)
-    (module docstring); on a GPU a 16-bit operand with k or n off the tensor-core alignment gets eta times the FP32
-    rate's fraction of the peak instead."""
-    eta = chip.matmul_efficiency
-    if chip.kind == "tpu":
-        a = chip.mxu or 128
-        return eta * (k / (np.ceil(k / a) * a)) * (n / (np.ceil(n / a) * a))
-    sms, best = chip.sm_count or 1, 0.0
+DTYPE_BYTES = {"bf16": 2, "fp32": 4, "tf32": 4, "int8": 1, "fp8": 1}  # an element of each matmul input type
+
+
+@dataclass(frozen=True)
+class GemmCoefficients:
+    """A chip's GEMM coefficients for one dtype (module docstring): ``ceiling`` the fraction of the dtype's peak a
+    large GEMM reaches, ``t_fixed`` seconds per call; ``source`` the data they come from, ``rows`` how many GEMM
+    rows they were fitted on (0: taken from elsewhere), ``fallback`` what was taken instead where the chip's table
+    has no rows for the dtype ("" where none was), ``rms_log_error`` the fit's root-mean-square error in log time."""
+
+    chip: str
+    dtype: str
+    ceiling: float
+    t_fixed: float
+    source: str
+    rows: int = 0
+    fallback: str = ""
+    rms_log_error: float = float("nan")
+
+
+_COEFFICIENTS: dict = {}  # (id(chip), dtype) -> (chip, GemmCoefficients): the fit is made once per chip row
+
+
+def gemm_coefficients(chip: Chip, dtype: str = "bf16") -> GemmCoefficients:
+    """The GEMM coefficients of a GPU ``chip`` for ``dtype`` (module docstring): fit_gemm on the rows of
+    chip.kernel_table's [gemm.<dtype>] section; a dtype without rows takes bf16's (fallback says so), a chip
+    without a table (or without bf16 rows) its matmul_efficiency as ceiling and t_fixed 0 (likewise said). A TPU:
+    its matmul_efficiency, t_fixed 0."""
+    hit = _COEFFICIENTS.get((id(chip), dtype))
+    if hit is not None and hit[0] is chip:
+        return hit[1]
+    table = chip.kernel_table
+    owner = hardware.CHIPS.get(table.chip, chip) if table is not None and table.chip != chip.name else chip
+    if chip.kind != "gpu":
+        c = GemmCoefficients(chip.name, dtype, chip.matmul_efficiency, 0.0, "matmul_efficiency (hardware table)")
+    elif owner is not chip:  # a table measured on another GPU (kernels_as): fitted on that GPU's structure
+        o = gemm_coefficients(owner if owner.kernel_table is table else dataclasses.replace(owner, kernel_table=table),
+                              dtype)
+        c = dataclasses.replace(o, chip=chip.name, fallback="; ".join(
+            [f"{chip.name} has no kernel table of its own: the {owner.name}'s coefficients, fitted on its table",
+             *([o.fallback] if o.fallback else [])]))
+    elif table is not None and dtype in table.gemm:
+        c = fit_gemm(chip, dtype, table.gemm[dtype].rows, f"{table.path} [gemm.{dtype}]: {table.gemm[dtype].source}")
+    elif table is not None and "bf16" in table.gemm:
+        b = gemm_coefficients(chip, "bf16")
+        c = dataclasses.replace(b, dtype=dtype, rows=0, fallback=(
+            f"{table.path} has no {dtype} GEMM rows: the bf16 ceiling {b.ceiling:.3f} at the {dtype} peak and the bf16 "
+            f"t_fixed {b.t_fixed * 1e6:.1f} us"))
+    else:
+        where = "no kernel table" if table is None else f"{table.path} has no bf16 or {dtype} GEMM rows"
+        c = GemmCoefficients(chip.name, dtype, chip.matmul_efficiency, 0.0, "matmul_efficiency (hardware table)",
+                             fallback=f"{chip.name}: {where}: ceiling = the hardware row's matmul_efficiency "
+                                      f"{chip.matmul_efficiency}, t_fixed 0")
+    _COEFFICIENTS[(id(chip), dtype)] = (chip, c)
+    return c
+
+
+def gemm_terms(chip: Chip, m, n, k, batch=1, dtype: str = "bf16"):
+    """(A, B): a GEMM [m, k]·[k, n] (× batch)'s math seconds at the full ``dtype`` peak over the wave quantization
+    2·m·n·k·batch/(C_dtype·q) and its memory seconds c·(m·k + k·n + m·n)·batch/W_hbm (c the dtype's bytes): its time
+    is t_fixed + max(A/ceiling, B) (module docstring; numpy arrays elementwise)."""
+    flops, moved = shape_costs(m, n, k, batch, 1, DTYPE_BYTES[dtype])
+    return flops / (peak_flops(chip, dtype) * wave_quantization(chip, m, n, batch)), moved / chip.device_hbm_bw
+
+
+def fit_gemm(chip: Chip, dtype: str, rows, source: str) -> GemmCoefficients:
+    """ceiling and t_fixed of t = t_fixed + max(A/ceiling, B) (gemm_terms on ``chip``) fitted on measured GEMM
+    ``rows`` (m, n, k, seconds) by least squares in log time, min Σ (log t_model − log t_measured)²: a grid search,
+    ceiling on [0.05, 1] by 0.01 and t_fixed on 0 and 0.1 us .. 1 ms 5% apart, refined twice tenfold around the
+    best (to 0.0001 and 0.05%). One row fits the ceiling alone with t_fixed 0 (two coefficients need two rows)."""
+    r = np.asarray(rows, float)
+    a, b = gemm_terms(chip, r[:, 0], r[:, 1], r[:, 2], 1, dtype)
+    t = np.log(r[:, 3])
+
+    def best(ceil, fixed):
+        ceil, fixed = np.clip(ceil, 0.05, 1.0), np.clip(fixed, 0.0, None)
+        pred = fixed[None, :, None] + np.maximum(a / ceil[:, None, None], b)
+        sse = ((np.log(pred) - t) ** 2).sum(-1)
+        i, j = np.unravel_index(np.argmin(sse), sse.shape)
+        return ceil[i], fixed[j], sse[i, j]
+
+    c, f, sse = best(np.arange(0.05, 1.001, 0.01),
+                     np.concatenate([[0.0], np.geomspace(1e-7, 1e-3, 190)]) if len(r) > 1 else np.zeros(1))
+    for step, spread in ((0.001, 1.05), (0.0001, 1.005)):
+        c, f, sse = best(c + step * np.arange(-10, 11), np.array([0.0]) if f == 0 and len(r) == 1 else
+                         (np.concatenate([[0.0], np.geomspace(1e-7, 1e-6, 21)]) if f == 0 else
+                          f * np.geomspace(1 / spread, spread, 21)))
+    return GemmCoefficients(chip.name, dtype, round(float(c), 4), float(f), source, len(r),
+                            rms_log_error=float(np.sqrt(sse / len(r))))
+
+
+def tilings(chip: Chip, m, n, batch=1):
+    """Per output tile (tm, tn) of the GPU's ``mma_tiles`` (128×128 where the row has none): (tm, tn, tiles, waves,
+    q), tiles = batch·⌈m/tm⌉·⌈n/tn⌉, waves = ⌈tiles/SMs⌉, q = batch·m·n/(waves·SMs·tm·tn) (NVIDIA, "Matrix
+    Multiplication Background User's Guide", tile and wave quantization)."""
+    sms = chip.sm_count or 1
     for tm, tn in chip.mma_tiles or ((128, 128),):
         tiles = batch * np.ceil(m / tm) * np.ceil(n / tn)
-        q = batch * m * n / (np.ceil(tiles / sms) * sms * tm * tn)
+        waves = np.ceil(tiles / sms)
+        yield tm, tn, tiles, waves, batch * m * n / (waves * sms * tm * tn)
+
+
+def wave_quantization(chip: Chip, m, n, batch=1):
+    """A GPU's tile and wave quantization q of an output [m, n] (× batch) (module docstring): the best q of
+    tilings, the tile cuBLAS would pick."""
+    best = 0.0
+    for *_, q in tilings(chip, m, n, batch):
         best = np.maximum(best, q)
-    out = eta * best
+    return best
+
+
+def shape_efficiency(chip: Chip, m, n, k, batch=1, dtype: str = "bf16"):
+    """The fraction of the chip's ``dtype`` peak a matmul [m, k]·[k, n] (``batch`` of them) gets on its math:
+    eta·q(shape) (module docstring: a TPU's matmul_efficiency and MXU padding; a GPU's ceiling for the dtype,
+    gemm_coefficients, and wave_quantization); on a GPU a 16-bit operand with k or n off the tensor-core alignment
+    gets the fp32 ceiling times the FP32 rate's fraction of the peak instead."""
+    if chip.kind == "tpu":
+        eta, a = chip.matmul_efficiency, chip.mxu or 128
+        return eta * (k / (np.ceil(k / a) * a)) * (n / (np.ceil(n / a) * a))
+    out = gemm_coefficients(chip, dtype).ceiling * wave_quantization(chip, m, n, batch)
     if dtype in ("bf16", "fp8", "int8") and chip.tc_align:
-        simt = dict(chip.dtype_flops).get("fp32", chip.bf16_flops) / chip.bf16_flops
+        simt = dict(chip.dtype_flops).get("fp32", chip.bf16_flops) / peak_flops(chip, dtype) * chip.devices_per_chip
         off = (k % chip.tc_align != 0) | (n % chip.tc_align != 0)
-        out = np.where(off, simt * eta, out)
+        out = np.where(off, simt * gemm_coefficients(chip, "fp32").ceiling, out)
     return out
+
+
+def fixed_seconds(chip: Chip, dtype: str = "bf16") -> float:
+    """A matmul call's fixed time: a GPU's t_fixed for ``dtype`` (gemm_coefficients), a TPU's 0."""
+    return gemm_coefficients(chip, dtype).t_fixed if chip.kind == "gpu" else 0.0
+
+
+def large_gemm_efficiency(chip: Chip, dtype: str = "bf16") -> float:
+    """The fraction of the ``dtype`` peak the largest aligned matmul reaches: a GPU's ceiling, a TPU's
+    matmul_efficiency (no kernel runs faster: a lower bound of the compute term divides by it)."""
+    return gemm_coefficients(chip, dtype).ceiling if chip.kind == "gpu" else chip.matmul_efficiency
+
+
+def gemm_seconds(chip: Chip, m, n, k, batch=1, dtype: str = "bf16"):
+    """One call of [m, k]·[k, n] (× batch): t_fixed + max(2·m·n·k·batch/(C_dtype·shape_efficiency), c·(m·k + k·n +
+    m·n)·batch/W_hbm) (module docstring)."""
+    flops, moved = shape_costs(m, n, k, batch, 1, DTYPE_BYTES[dtype])
+    math = flops / (peak_flops(chip, dtype) * shape_efficiency(chip, m, n, k, batch, dtype))
+    return fixed_seconds(chip, dtype) + np.maximum(math, moved / chip.device_hbm_bw)
 
 
 # a Kernel's fields, each a keyword of the families' kernel lists
@@ -182,14 +317,14 @@ def step_kernels(w: Workload, chip: Chip | None = None, dtype: str = "bf16",
     ks = _filled(w.model.step_kernels(w), w.precision.compute)  # the model family's (scaling.ffn, .transformer)
     if chip is None:
         return ks
-    peak, bw = peak_flops(chip, dtype), chip.device_hbm_bw
+    peak, bw, fixed = peak_flops(chip, dtype), chip.device_hbm_bw, fixed_seconds(chip, dtype)
     out = []
     for k in ks:
         if kernel_model == "hierarchical" and k.kind == "matmul":
             b = tiled_bytes(chip, *k.shape, w.precision.compute) * k.calls
-            eff = chip.matmul_efficiency
+            eff = large_gemm_efficiency(chip, dtype)
             out.append(Kernel(k.name, k.pass_, k.kind, k.shape, k.calls, k.flops, b, k.executed, eff,
-                              k.flops * (k.executed / (peak * eff)), b / bw))
+                              k.flops * (k.executed / (peak * eff)), b / bw, fixed * k.calls))
             continue
         t_mem = k.bytes / bw
         if k.shape is None:
@@ -197,7 +332,8 @@ def step_kernels(w: Workload, chip: Chip | None = None, dtype: str = "bf16",
             continue
         eff = shape_efficiency(chip, *k.shape, dtype)
         t_math = k.flops * (k.executed / (peak * eff))
-        out.append(Kernel(k.name, k.pass_, k.kind, k.shape, k.calls, k.flops, k.bytes, k.executed, eff, t_math, t_mem))
+        out.append(Kernel(k.name, k.pass_, k.kind, k.shape, k.calls, k.flops, k.bytes, k.executed, eff, t_math, t_mem,
+                          fixed * k.calls))
     return out
 
 
@@ -233,8 +369,9 @@ def compute_term(w: Workload, chip: Chip, dtype: str = "bf16", kernel_model: str
             flops, given = np.where(given[0], given[1], flops), given[2:]
         if any(bytes_given):
             moved = np.where(given[0], given[1], moved)
-        seconds = iter(np.maximum(flops * (executed / (peak * shape_efficiency(chip, m, n, kk, b, dtype))),
-                                  moved / bw))
+        seconds = np.maximum(flops * (executed / (peak * shape_efficiency(chip, m, n, kk, b, dtype))), moved / bw)
+        fixed = fixed_seconds(chip, dtype)
+        seconds = iter(seconds + fixed * calls if fixed else seconds)
     for k in ks:  # in the kernels' order, as compute_seconds sums them
         total = total + (np.maximum(0.0, k.bytes / bw) if k.shape is None else next(seconds))
     return total

@@ -553,12 +553,14 @@ def _mesh_arrays(meshes: list) -> Mapping:
 
 def _math_bound(w: Workload, chip: Chip, form: str):
     """A lower bound of the step in ``form``: the executed FLOPs at the peak, T_math (every roofline form); the
-    scheduled form's compute term runs no kernel faster than the chip's matmul_efficiency and no flash attention
-    on fewer than half its FLOPs (its causal blocks: scaling.kernels), so (total − attention/2)/(C·eta)."""
+    scheduled form's compute term runs no kernel faster than the chip's large-GEMM efficiency eta (a TPU's
+    matmul_efficiency, a GPU's ceiling: scaling.kernels.large_gemm_efficiency) and no flash attention on fewer than
+    half its FLOPs (its causal blocks: scaling.kernels), so (total − attention/2)/(C·eta)."""
     f = program.step_flops_per_device(w)
     if form != "scheduled":
         return f["total"] / chip.device_flops
-    return (f["total"] - f.get("attention", 0.0) / 2) / (chip.device_flops * chip.matmul_efficiency)
+    eta = kernels.large_gemm_efficiency(chip, w.precision.dtype)
+    return (f["total"] - f.get("attention", 0.0) / 2) / (chip.device_flops * eta)
 
 
 # the planner's public call: each argument one input of the plan command (its docstring)

@@ -22,12 +22,12 @@ from scaling.presets import model_fields, model_of
 from scaling.schedule import Schedule
 from scaling.flags import DEFAULT_FLAGS, check_modelled, get_flag_set
 from scaling.hardware import DEFAULT_CHIP, GPU_NODE, Chip, get_chip, parse_slice, split_slices
-from scaling.kernels import peak_flops
+from scaling.kernel_tables import KernelTable, load_kernel_table
+from scaling.kernels import DTYPE_BYTES, gemm_coefficients, peak_flops
 from scaling.limits import check_devices, check_size
 from scaling.table import prose, table
 from scaling.workload import Workload
 
-DTYPE_BYTES = {"bf16": 2, "fp32": 4, "tf32": 4, "int8": 1, "fp8": 1}  # an element of each matmul input type
 
 
 def schedule_from(microbatches: int = 1, repeats: int = 1, fsdp_gather: str = "microbatch",
@@ -59,11 +59,24 @@ def named_slice(slice: str, chip: str | None, chips: int | None) -> tuple[Chip, 
     return named, dims
 
 
+def with_kernel_table(hw: Chip, kernel_table) -> Chip:
+    """``hw`` with the kernel table ``kernel_table`` (a KernelTable or the path of one: --kernel-table FILE) in place
+    of the shipped one: its GEMM coefficients are fitted on it (scaling.kernels.gemm_coefficients). ValueError where
+    the table is another chip's, or the chip a TPU (its matmuls take the hardware table's matmul_efficiency)."""
+    table = kernel_table if isinstance(kernel_table, KernelTable) else load_kernel_table(kernel_table)
+    if hw.kind != "gpu":
+        raise ValueError(f"--kernel-table {table.path}: {hw.name} is a TPU, whose matmuls take the hardware table's "
+                         "matmul_efficiency; kernel tables price a GPU's GEMMs")
+    if get_chip(table.chip) is not get_chip(hw.name):
+        raise ValueError(f"--kernel-table {table.path} is {table.chip}'s (chip = {table.chip!r}), not {hw.name}'s")
+    return dataclasses.replace(hw, kernel_table=table)
+
+
 def target_of(chip: str | None = None, chips: int | None = None, slice: str | None = None, slices: int | None = None,
-              inter_node_bandwidth: float | None = None) -> tuple[Chip, tuple[int, ...], int]:
+              inter_node_bandwidth: float | None = None, kernel_table=None) -> tuple[Chip, tuple[int, ...], int]:
     """(chip, slice dims, slices) from a slice and a slice count, or a chip and a chip count (GPUs: nodes of
     GPU_NODE; TPUs: hardware.split_slices), the GPU's share of ``inter_node_bandwidth`` (bytes/s per node) as its
-    dcn_bw."""
+    dcn_bw, the user's ``kernel_table`` (with_kernel_table) where given."""
     if slice is not None:
         hw, dims = named_slice(slice, chip, chips)
         slices = positive_int("--slices", 1 if slices is None else slices)
@@ -86,6 +99,8 @@ def target_of(chip: str | None = None, chips: int | None = None, slice: str | No
                              "hardware table's")
         bw = positive_float("--inter-node-bandwidth", inter_node_bandwidth)
         hw = dataclasses.replace(hw, dcn_bw=bw / dims[0])
+    if kernel_table is not None:
+        hw = with_kernel_table(hw, kernel_table)
     return hw, dims, slices
 
 
@@ -139,7 +154,7 @@ def predict_setup(preset: str = "xxl", *, mesh: str, chip: str | None = None, ch
                   microbatch: int | None = None, microbatches: int = 1, step: str = "train", remat: str = "none",
                   dtype: str = "bf16", grad_accumulation: str = "package", xla_flags: str | None = None,
                   form: str = "scheduled", kernel_model: str = "efficiency", command: str = "predict",
-                  **model_and_schedule) -> PredictSetup:
+                  kernel_table=None, **model_and_schedule) -> PredictSetup:
     """The PredictSetup of predict's fields (module docstring): the model (model_of: ``preset`` and the overrides
     in ``model_and_schedule``), the hardware (target_of), the mesh spec, the batch (batch_of), the schedule
     (schedule_from: the rest of ``model_and_schedule``), the precision (precision_of), the XLA flag set (a set the
@@ -148,7 +163,7 @@ def predict_setup(preset: str = "xxl", *, mesh: str, chip: str | None = None, ch
     flags = check_modelled(get_flag_set(xla_flags or DEFAULT_FLAGS), command)
     fields = model_fields()
     cfg = model_of(preset, **{k: v for k, v in model_and_schedule.items() if k in fields})
-    hw, dims, slices = target_of(chip, chips, slice, slices, inter_node_bandwidth)
+    hw, dims, slices = target_of(chip, chips, slice, slices, inter_node_bandwidth, kernel_table)
     shape = parse_mesh_spec(mesh)
     B, M = batch_of(cfg, shape, global_batch, batch_tokens, microbatch, microbatches)
     schedule = schedule_from(M, **{k: v for k, v in model_and_schedule.items() if k not in fields
@@ -317,8 +332,17 @@ class PredictReport:
                          f"{k['seconds'] * 1e3:.4g}", k["bound"]))
         how = ("efficiency = eta·q(shape)" if self.setup.kernel_model == "efficiency" else
                f"hierarchical: matmul bytes from tiles through {chip.onchip / 2**20:.0f} MiB on chip, efficiency = eta")
-        lines = [prose(f"kernels per device (ridge point C/W_hbm = {ridge:.0f} FLOPs/byte; {how}, eta = "
-                       f"{chip.matmul_efficiency} on {chip.name}; flash attention's time counts its causal blocks)")]
+        dtype = self.workload.precision.dtype
+        if chip.kind == "gpu":
+            g = gemm_coefficients(chip, dtype)
+            eta = (f"eta = the {dtype} ceiling {g.ceiling:.3f} on {chip.name} and t_fixed {g.t_fixed * 1e6:.1f} us per "
+                   f"matmul call, fitted on {g.rows} GEMM rows of its kernel table" if not g.fallback else
+                   f"eta = the ceiling {g.ceiling:.3f} and t_fixed {g.t_fixed * 1e6:.1f} us per matmul call "
+                   f"({g.fallback})")
+        else:
+            eta = f"eta = {chip.matmul_efficiency} on {chip.name}"
+        lines = [prose(f"kernels per device (ridge point C/W_hbm = {ridge:.0f} FLOPs/byte; {how}, {eta}; flash "
+                       "attention's time counts its causal blocks)")]
         lines += table(["kernel", "pass", "m x n x k", "calls", "TFLOPs", "GB", "FLOPs/B", "eff", "ms", "bound"],
                        rows, right=range(3, 9))
         by = {}

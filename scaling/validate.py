@@ -5,9 +5,10 @@ as that command predicts (scaling.reports: predict_setup, predict_report) and se
 A source that reports a rate, not a step, is converted with the FLOP count it states (CONVENTIONS): the measured
 step is the FLOPs its convention counts per device divided by the rate it reports. Errors are predicted/measured
 − 1; per group (tpu, gpu) the median and the largest |error|, over every row and over the rows held out (no
-coefficient fitted on them: each chip's matmul_efficiency is fitted on the one run its table row names,
-fit_efficiency); per comparison (rows of one source table that vary one configuration of one model) Spearman's
-rank correlation of predicted against measured steps.
+coefficient fitted on them: each TPU's matmul_efficiency is fitted on the one run its table row names,
+fit_efficiency; a GPU fits nothing on a step, its GEMM coefficients come from its kernel table,
+scaling.kernels.gemm_coefficients); per comparison (rows of one source table that vary one configuration of one
+model) Spearman's rank correlation of predicted against measured steps.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import numpy as np
 
 from scaling import hardware
 from scaling.transformer import TransformerConfig
-from scaling.reports import PredictReport, predict_report, predict_setup
+from scaling.kernel_tables import KernelTable, load_kernel_table
+from scaling.reports import PredictReport, predict_report, predict_setup, with_kernel_table
 
 _TABLE = "data/measured.toml"
 # a row's keys that describe the measurement, not the configuration (the rest are predict_setup's fields)
@@ -149,7 +151,7 @@ def _row(run: dict, r: PredictReport) -> dict:
             "fitted": next((c.name for c in hardware.CHIPS.values() if c.fitted_on == run["id"]), "")}
 
 
-def validate(runs: list[dict] | None = None, kernel_model: str = "efficiency") -> dict:
+def validate(runs: list[dict] | None = None, kernel_model: str = "efficiency", kernel_table=None) -> dict:
     """Predict every run from its fields as the predict command does (scaling.reports); {"rows": [...], "groups":
     {group: {median, max, n}}, "comparisons": {compare: spearman}, "memory": {median, max, n}} (memory: the
     predicted memory per device against the measured peak of the runs that report one). Each row: id, table,
@@ -157,12 +159,17 @@ def validate(runs: list[dict] | None = None, kernel_model: str = "efficiency") -
     measured peak), whether a coefficient was fitted on it (``fitted``: the chip whose matmul_efficiency it sets),
     and its assumption where the source leaves something out. ``kernel_model`` (scaling.kernels.KERNEL_MODELS) is
     predict's matmul term; "hierarchical" predicts the rows whose chip has an on-chip memory size in the hardware
-    table, the others are left out."""
+    table, the others are left out. ``kernel_table`` (a KernelTable or its path: --kernel-table) replaces the
+    shipped kernel table of the rows on its chip (scaling.reports.with_kernel_table)."""
+    if kernel_table is not None and not isinstance(kernel_table, KernelTable):
+        kernel_table = load_kernel_table(kernel_table)
     rows = []
     for run in measured_runs() if runs is None else runs:
         setup = predict_setup(**{k: v for k, v in run.items() if k not in RUN_KEYS}, kernel_model=kernel_model)
         if kernel_model == "hierarchical" and not setup.chip.onchip:
             continue
+        if kernel_table is not None and setup.chip.name == hardware.get_chip(kernel_table.chip).name:
+            setup = dataclasses.replace(setup, chip=with_kernel_table(setup.chip, kernel_table))
         rows.append(_row(run, predict_report(setup)))
     groups = {}
     for g in sorted({r["group"] for r in rows}):

@@ -42,7 +42,9 @@ def test_kernel_sums_are_the_step_terms(row):
     out = _predict_json(*row.split(), "--kernels")
     ks, chip = out["kernels"], get_chip(out["chip"])
     # each kernel's seconds from its own printed fields: max(FLOPs·executed/(C·efficiency), bytes/W_hbm), the
-    # efficiency by hand for the matmuls' shapes (shape_efficiency), pointwise work at the HBM bandwidth
+    # efficiency by hand for the matmuls' shapes (shape_efficiency), pointwise work at the HBM bandwidth; a GPU's
+    # matmuls add t_fixed per call (its kernel table's, scaling.kernels.gemm_coefficients; a TPU's is 0)
+    fixed = kernels.gemm_coefficients(chip, "bf16").t_fixed if chip.kind == "gpu" else 0.0
     by_hand = []
     for k in ks:
         memory = k["bytes"] / chip.device_hbm_bw
@@ -51,7 +53,7 @@ def test_kernel_sums_are_the_step_terms(row):
             continue
         eff = float(kernels.shape_efficiency(chip, *k["shape"]))
         assert k["efficiency"] == pytest.approx(eff, rel=1e-12)
-        by_hand.append(max(k["flops"] * k["executed"] / (chip.device_flops * eff), memory))
+        by_hand.append(fixed * k["calls"] + max(k["flops"] * k["executed"] / (chip.device_flops * eff), memory))
     assert [k["seconds"] for k in ks] == pytest.approx(by_hand, rel=1e-12)
     # their sum is the compute term the step is built from, their FLOPs the program's (what check holds)
     assert sum(by_hand) == pytest.approx(out["terms"]["compute"], rel=1e-12)
@@ -88,10 +90,11 @@ def test_hierarchical_kernels_sum_to_the_step_terms():
         if k["kind"] == "matmul":
             m, n, kk, b = k["shape"]
             assert k["bytes"] == pytest.approx(float(kernels.tiled_bytes(chip, m, n, kk, b, 2)) * k["calls"])
-            assert k["efficiency"] == chip.matmul_efficiency
-            assert k["seconds"] == pytest.approx(max(k["flops"] * k["executed"] / (chip.device_flops
-                                                                                   * chip.matmul_efficiency),
-                                                     k["bytes"] / chip.device_hbm_bw), rel=1e-12)
+            g = kernels.gemm_coefficients(chip, "bf16")  # a GPU: its kernel table's ceiling and t_fixed
+            assert k["efficiency"] == g.ceiling
+            assert k["seconds"] == pytest.approx(g.t_fixed * k["calls"] + max(
+                k["flops"] * k["executed"] / (chip.device_flops * g.ceiling), k["bytes"] / chip.device_hbm_bw),
+                rel=1e-12)
         total += k["seconds"]
     assert total == pytest.approx(out["terms"]["compute"], rel=1e-12)
     b200 = "--preset llama2-7b --chip B200 --chips 8 --mesh data=8 --global-batch 64 --kernel-model hierarchical"
@@ -112,12 +115,13 @@ def test_gpu_tile_and_wave_quantization_by_hand():
     """A100, 108 SMs, BLOOM's MLP shard under TP=8 with one sequence: [2048, 14400]·[14400, 1800]. Tiles 256×128:
     8·15 = 120 tiles, 2 waves of 108: 2048·1800/(2·108·256·128) = 0.5208; 128×256: 16·8 = 128, 2 waves, the same;
     128×128: 16·15 = 240 tiles, 3 waves: 2048·1800/(3·108·128·128) = 0.6944, the best. Head dim 150 (k of q·kᵀ) is
-    not a multiple of 8 halves: no tensor cores, eta of the FP32 rate, 19.5/312 (NVIDIA's guide, A100 datasheet)."""
+    not a multiple of 8 halves: no tensor cores, the fp32 ceiling of the FP32 rate, 19.5/312 (NVIDIA's guide, A100
+    datasheet)."""
     a100 = get_chip("A100-80GB")
-    eta = a100.matmul_efficiency
+    eta, fp32 = (kernels.gemm_coefficients(a100, d).ceiling for d in ("bf16", "fp32"))  # the kernel table's ceilings
     assert kernels.shape_efficiency(a100, 2048, 1800, 14400) == pytest.approx(eta * 2048 * 1800 / (3 * 108 * 128 * 128))
-    assert kernels.shape_efficiency(a100, 2048, 2048, 150, batch=12) == pytest.approx(eta * 19.5 / 312)
-    assert kernels.shape_efficiency(a100, 2048, 2048, 144, batch=12) > eta * 19.5 / 312  # 13824/96 = 144: aligned
+    assert kernels.shape_efficiency(a100, 2048, 2048, 150, batch=12) == pytest.approx(fp32 * 19.5 / 312)
+    assert kernels.shape_efficiency(a100, 2048, 2048, 144, batch=12) > fp32 * 19.5 / 312  # 13824/96 = 144: aligned
 
 
 def test_flash_runs_its_causal_blocks_and_moves_no_scores():

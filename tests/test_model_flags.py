@@ -101,7 +101,7 @@ SHARED = {"--preset", "--d-model", "--d-ff", "--blocks", "--layers", "--seq-len"
           "--chip", "--chips", "--slice", "--slices", "--inter-node-bandwidth", "--global-batch", "--batch-tokens",
           "--microbatch", "--microbatches", "--mesh", "--dcn-mesh", "--remat", "--dtype", "--grad-accumulation",
           "--repeats", "--schedule", "--warmup-phases", "--fsdp-gather", "--optimizer-sharding", "--sequence-parallel",
-          "--stage-blocks", "--window", "--global-every", "--xla-flags", "--form"}
+          "--stage-blocks", "--window", "--global-every", "--xla-flags", "--form", "--kernel-table"}
 PREDICT_ONLY = {"--step", "--kernel-model", "--kernels", "--json", "-h", "--help"}
 PLAN_ONLY = {"--hbm", "--top", "--max-microbatches", "--max-repeats", "--verify-top", "--verbose", "--json", "-h",
              "--help"}

@@ -73,19 +73,20 @@ def test_every_measured_run_is_predicted(capsys):
 def test_each_chips_efficiency_is_its_fit_on_the_named_run():
     """The hardware table's matmul_efficiency of each chip that names a run (fitted_on) is what fit_efficiency finds
     on that run now (a change to the step model that moves it fails here until the table is refitted:
-    jax-scaling validate --fit); that run is then predicted at its measured step, the others are held out."""
+    jax-scaling validate --fit); that run is then predicted at its measured step, the others are held out. Only
+    TPUs name one (issue 38): a GPU's GEMM coefficients come from its kernel table, every GPU row is held out."""
     from scaling.hardware import CHIPS
     from scaling.validate import fit_efficiency
 
     fitted = {n: c for n, c in CHIPS.items() if c.fitted_on}
-    assert {"v4", "v5e", "v6e", "H100", "A100-80GB"} <= set(fitted)
+    assert set(fitted) == {"v4", "v5e", "v6e"}
     for name, chip in fitted.items():
         assert fit_efficiency(name) == pytest.approx(chip.matmul_efficiency, abs=0.0011), name
     v = validate()
     for r in v["rows"]:
         if r["fitted"]:
             assert abs(r["error"]) < 0.005, r["id"]
-    assert v["groups"]["gpu"]["held_out"] == v["groups"]["gpu"]["n"] - 2  # H100's and A100's fit rows
+    assert v["groups"]["gpu"]["held_out"] == v["groups"]["gpu"]["n"]  # no GPU coefficient fitted on a step
     # a borrowed efficiency is the lender's: v5p takes v5e's (same MXU)
     assert CHIPS["v5p"].matmul_efficiency == CHIPS["v5e"].matmul_efficiency
 
@@ -109,7 +110,7 @@ def test_hierarchical_kernel_model_column():
 
     r = refitted("hierarchical")
     v = r["validation"]
-    assert set(r["eta"]) == {"v4", "v5e", "v6e", "H100", "A100-80GB"}
+    assert set(r["eta"]) == {"v4", "v5e", "v6e"}  # GPUs: their kernel tables' ceilings, nothing refitted
     assert len(v["rows"]) == len(measured_runs())
     for row in v["rows"]:
         if row["fitted"]:
