@@ -69,7 +69,7 @@ def to_toml(chip: str, source: str, rows: dict, skipped: list[str]) -> str:
         if not rs:
             return
         lines.extend(["", f"[{name}]", f"# {note}", "rows = ["])
-        lines.extend("  [" + ", ".join(f"{v:.4e}" if isinstance(v, float) else str(int(v)) for v in r) + "],"
+        lines.extend("  [" + ", ".join(_value(v) for v in r) + "],"
                      for r in rs)
         lines.append("]")
 
@@ -82,6 +82,13 @@ def to_toml(chip: str, source: str, rows: dict, skipped: list[str]) -> str:
     for kind, rs in rows.get("collectives", {}).items():
         section(f"collectives.{kind}", rs, "devices, bytes per device, seconds")
     return "\n".join(lines) + "\n"
+
+
+def _value(v) -> str:
+    """One TOML value of a row: true/false, an integer, or a float in 5 significant digits."""
+    if isinstance(v, bool):
+        return str(v).lower()
+    return f"{v:.4e}" if isinstance(v, float) else str(int(v))
 
 
 def calibrate_command(args) -> int:
@@ -175,7 +182,7 @@ def _run(cal, rows, section, key, p) -> None:
         rows.setdefault("pointwise", []).append([4 * p, cal.pointwise_seconds(p)])
     elif section == "attention":
         fwd, both, impl = cal.attention_seconds(*p)
-        rows.setdefault("attention", {}).setdefault(impl, []).append([*p[:4], int(p[4]), fwd, both])
+        rows.setdefault("attention", {}).setdefault(impl, []).append([*p[:4], bool(p[4]), fwd, both])
     elif section == "collectives":
         import jax
         rows.setdefault("collectives", {}).setdefault(key, []).append(
