@@ -56,6 +56,7 @@ class GemmReport:
     nearest: tuple[tuple, ...] = ()
     aligned: bool = True
     rows_chip: str | None = None  # the chip the nearest rows were measured on (and are predicted for)
+    split: int = 1  # the slices of k (split-K; kernels.tilings)
 
     @property
     def flops(self) -> float:
@@ -76,7 +77,8 @@ class GemmReport:
                 "flops": self.flops, "seconds": self.seconds, "tflops": self.tflops, "peak_flops": self.peak_flops,
                 "efficiency": self.efficiency,
                 "terms": {"tile": None if self.tile is None else list(self.tile), "tiles": self.tiles,
-                          "waves": self.waves, "quantization": self.quantization, "tensor_cores": self.aligned,
+                          "waves": self.waves, "k_slices": self.split, "k_split": c.k_split,
+                          "quantization": self.quantization, "tensor_cores": self.aligned,
                           "ceiling": c.ceiling, "t_fixed": c.t_fixed, "math_seconds": self.math_seconds,
                           "memory_seconds": self.memory_seconds, "bound": self.bound},
                 "data": {"source": c.source, "rows_fitted": c.rows, "rms_log_error": c.rms_log_error,
@@ -92,16 +94,19 @@ class GemmReport:
                  f"{self.tflops:.4g} TFLOP/s, {self.efficiency:.1%} of the {self.peak_flops / 1e12:.4g} TFLOP/s peak "
                  f"({self.bound} bound)"]
         if self.tile is not None:
-            lines.append(f"  tiles: {self.tile[0]}x{self.tile[1]}, {self.tiles} of them in {self.waves} "
-                         f"wave{'s' if self.waves != 1 else ''}: "
+            lines.append(f"  tiles: {self.tile[0]}x{self.tile[1]}, {self.tiles} of them"
+                         + (f", k in {self.split} slices of {self.shape[2] // self.split} (split-K, slices of at "
+                            f"least {c.k_split})" if self.split > 1 else "")
+                         + f" in {self.waves} wave{'s' if self.waves != 1 else ''}: "
                          f"q = {self.quantization:.4f}" + ("" if self.aligned else
                                                            "; k or n off the tensor-core alignment: FP32 (SIMT) rate"))
         else:
             lines.append(f"  MXU padding: q = {self.quantization:.4f}")
         lines.append(f"  t = t_fixed {c.t_fixed * 1e6:.3g} us + max(math {self.math_seconds * 1e6:.4g} us at ceiling "
                      f"{c.ceiling:.4f} x q, memory {self.memory_seconds * 1e6:.4g} us)")
-        lines.append(f"  coefficients: {c.source}" + (f" ({c.rows} rows, rms log error {c.rms_log_error:.3f})"
-                                                      if c.rows else ""))
+        split = f"from k slices of {c.k_split}" if c.k_split else "none"
+        lines.append(f"  coefficients: {c.source}" + (f" ({c.rows} rows, rms log error {c.rms_log_error:.3f}; "
+                                                      f"split-K {split})" if c.rows else ""))
         if c.fallback:
             lines.append(f"  fallback: {c.fallback}")
         if self.nearest:
@@ -126,12 +131,13 @@ def gemm_report(chip: Chip, m: int, n: int, k: int, dtype: str = "bf16", nearest
     eff = float(kernels.shape_efficiency(chip, m, n, k, 1, dtype))
     flops, moved = kernels.shape_costs(m, n, k, 1, 1, kernels.DTYPE_BYTES[dtype])
     if chip.kind == "gpu":
-        tm, tn, tiles, waves, q = max(kernels.tilings(chip, m, n), key=lambda t: t[4])
-        tile, tiles, waves, q = (tm, tn), int(tiles), int(waves), float(q)
+        tm, tn, tiles, waves, q, split = max(kernels.tilings(chip, m, n, 1, k, coeff.k_split), key=lambda t: t[4])
+        tile, tiles, waves, q, split = (tm, tn), int(tiles), int(waves), float(q), int(split)
         aligned = not (dtype in ("bf16", "fp8", "int8") and chip.tc_align
                        and (k % chip.tc_align or n % chip.tc_align))
     else:
         tile = tiles = waves = None
+        split = 1
         q, aligned = eff / chip.matmul_efficiency, True
     rows, owner = (), None
     table = chip.kernel_table
@@ -147,4 +153,4 @@ def gemm_report(chip: Chip, m: int, n: int, k: int, dtype: str = "bf16", nearest
                       float(kernels.gemm_seconds(owner, r[0], r[1], r[2], 1, dtype))) for r in near)
     return GemmReport(chip.name, dtype, (m, n, k), seconds, peak, float(flops / seconds / peak), tile, tiles, waves,
                       q, float(flops / (peak * eff)), float(np.asarray(moved) / chip.device_hbm_bw), coeff, rows,
-                      bool(aligned), None if owner is None else owner.name)
+                      bool(aligned), None if owner is None else owner.name, split)

@@ -16,9 +16,14 @@ pass, the optimizer update), with its FLOPs, the HBM bytes it reads and writes, 
                     in whole tiles: q = k/(a·⌈k/a⌉) · n/(a·⌈n/a⌉) (Scaling Book TPU page; m streams through);
                GPU: tile and wave quantization (NVIDIA, "Matrix Multiplication Background", dl-performance
                     guide): an output of batch·⌈m/tm⌉·⌈n/tn⌉ tiles runs in ⌈tiles/SMs⌉ waves,
-                    q = batch·m·n / (waves·SMs·tm·tn), the best of the chip's ``mma_tiles``; a 16-bit operand
-                    whose k or n is not a multiple of ``tc_align`` elements misses the tensor cores (same guide,
-                    "Tensor Core requirements"): it runs at the fp32 ceiling of the chip's FP32 (SIMT) rate.
+                    q = batch·m·n / (waves·SMs·tm·tn), the best of the chip's ``mma_tiles``; where the library
+                    splits the contracting dim over more thread blocks (split-K / stream-K: CUTLASS's and
+                    cuBLAS's kernels for outputs of under two waves of tiles), s slices of k ≥ k_split
+                    (s ∈ 1, 2, 4, 8, 16) make s·tiles work units: q = s·batch·m·n / (⌈s·tiles/SMs⌉·SMs·tm·tn);
+                    k_split is the table's, fitted with the ceiling (None: the library does not split, as cuBLAS
+                    11 on the A100's published curve); a 16-bit operand whose k or n is not a multiple of
+                    ``tc_align`` elements misses the tensor cores (same guide, "Tensor Core requirements"): it
+                    runs at the fp32 ceiling of the chip's FP32 (SIMT) rate.
   attention  the q·kᵀ and p·v matmuls as batched matmuls over sequences × heads (shape (T, T, H)), the scores
              through HBM where materialized; under flash only q, k, v and o move, and
              the kernel skips the key blocks the causal mask hides (Dao et al. 2022; MaxText's splash and
@@ -115,7 +120,8 @@ class GemmCoefficients:
     """A chip's GEMM coefficients for one dtype (module docstring): ``ceiling`` the fraction of the dtype's peak a
     large GEMM reaches, ``t_fixed`` seconds per call; ``source`` the data they come from, ``rows`` how many GEMM
     rows they were fitted on (0: taken from elsewhere), ``fallback`` what was taken instead where the chip's table
-    has no rows for the dtype ("" where none was), ``rms_log_error`` the fit's root-mean-square error in log time."""
+    has no rows for the dtype ("" where none was), ``rms_log_error`` the fit's root-mean-square error in log time,
+    ``k_split`` the least slice of k the library splits the contracting dim into (None: no split-K)."""
 
     chip: str
     dtype: str
@@ -125,6 +131,7 @@ class GemmCoefficients:
     rows: int = 0
     fallback: str = ""
     rms_log_error: float = float("nan")
+    k_split: int | None = None
 
 
 _COEFFICIENTS: dict = {}  # (id(chip), dtype) -> (chip, GemmCoefficients): the fit is made once per chip row
@@ -164,56 +171,79 @@ def gemm_coefficients(chip: Chip, dtype: str = "bf16") -> GemmCoefficients:
     return c
 
 
-def gemm_terms(chip: Chip, m, n, k, batch=1, dtype: str = "bf16"):
+def gemm_terms(chip: Chip, m, n, k, batch=1, dtype: str = "bf16", k_split=None):
     """(A, B): a GEMM [m, k]·[k, n] (× batch)'s math seconds at the full ``dtype`` peak over the wave quantization
     2·m·n·k·batch/(C_dtype·q) and its memory seconds c·(m·k + k·n + m·n)·batch/W_hbm (c the dtype's bytes): its time
     is t_fixed + max(A/ceiling, B) (module docstring; numpy arrays elementwise)."""
     flops, moved = shape_costs(m, n, k, batch, 1, DTYPE_BYTES[dtype])
-    return flops / (peak_flops(chip, dtype) * wave_quantization(chip, m, n, batch)), moved / chip.device_hbm_bw
+    q = wave_quantization(chip, m, n, batch, k, k_split)
+    return flops / (peak_flops(chip, dtype) * q), moved / chip.device_hbm_bw
+
+
+K_SPLITS = (None, 256, 512, 1024, 2048, 4096)  # the candidates fit_gemm tries for k_split (None: no split-K)
 
 
 def fit_gemm(chip: Chip, dtype: str, rows, source: str) -> GemmCoefficients:
-    """ceiling and t_fixed of t = t_fixed + max(A/ceiling, B) (gemm_terms on ``chip``) fitted on measured GEMM
-    ``rows`` (m, n, k, seconds) by least squares in log time, min Σ (log t_model − log t_measured)²: a grid search,
-    ceiling on [0.05, 1] by 0.01 and t_fixed on 0 and 0.1 us .. 1 ms 5% apart, refined twice tenfold around the
-    best (to 0.0001 and 0.05%). One row fits the ceiling alone with t_fixed 0 (two coefficients need two rows)."""
+    """ceiling, t_fixed and k_split of t = t_fixed + max(A/ceiling, B) (gemm_terms on ``chip``) fitted on measured
+    GEMM ``rows`` (m, n, k, seconds) by least squares in log time, min Σ (log t_model − log t_measured)²: for each
+    k_split of K_SPLITS a grid search, ceiling on [0.05, 1] by 0.01 and t_fixed on 0 and 0.1 us .. 1 ms 5% apart,
+    refined twice tenfold around the best (to 0.0001 and 0.05%); the k_split of the least error (tried from 6 rows
+    up; fewer fit no split). One row fits the ceiling alone with t_fixed 0 (two coefficients need two rows)."""
     r = np.asarray(rows, float)
-    a, b = gemm_terms(chip, r[:, 0], r[:, 1], r[:, 2], 1, dtype)
     t = np.log(r[:, 3])
+    out = None
+    for k_split in K_SPLITS if len(r) >= 6 else (None,):
+        a, b = gemm_terms(chip, r[:, 0], r[:, 1], r[:, 2], 1, dtype, k_split)
 
-    def best(ceil, fixed):
-        ceil, fixed = np.clip(ceil, 0.05, 1.0), np.clip(fixed, 0.0, None)
-        pred = fixed[None, :, None] + np.maximum(a / ceil[:, None, None], b)
-        sse = ((np.log(pred) - t) ** 2).sum(-1)
-        i, j = np.unravel_index(np.argmin(sse), sse.shape)
-        return ceil[i], fixed[j], sse[i, j]
+        def best(ceil, fixed):
+            ceil, fixed = np.clip(ceil, 0.05, 1.0), np.clip(fixed, 0.0, None)
+            pred = fixed[None, :, None] + np.maximum(a / ceil[:, None, None], b)
+            sse = ((np.log(pred) - t) ** 2).sum(-1)
+            i, j = np.unravel_index(np.argmin(sse), sse.shape)
+            return ceil[i], fixed[j], sse[i, j]
 
-    c, f, sse = best(np.arange(0.05, 1.001, 0.01),
-                     np.concatenate([[0.0], np.geomspace(1e-7, 1e-3, 190)]) if len(r) > 1 else np.zeros(1))
-    for step, spread in ((0.001, 1.05), (0.0001, 1.005)):
-        c, f, sse = best(c + step * np.arange(-10, 11), np.array([0.0]) if f == 0 and len(r) == 1 else
-                         (np.concatenate([[0.0], np.geomspace(1e-7, 1e-6, 21)]) if f == 0 else
-                          f * np.geomspace(1 / spread, spread, 21)))
+        c, f, sse = best(np.arange(0.05, 1.001, 0.01),
+                         np.concatenate([[0.0], np.geomspace(1e-7, 1e-3, 190)]) if len(r) > 1 else np.zeros(1))
+        for step, spread in ((0.001, 1.05), (0.0001, 1.005)):
+            c, f, sse = best(c + step * np.arange(-10, 11), np.array([0.0]) if f == 0 and len(r) == 1 else
+                             (np.concatenate([[0.0], np.geomspace(1e-7, 1e-6, 21)]) if f == 0 else
+                              f * np.geomspace(1 / spread, spread, 21)))
+        if out is None or sse < out[2] - 1e-12:
+            out = (c, f, sse, k_split)
+    c, f, sse, k_split = out
     return GemmCoefficients(chip.name, dtype, round(float(c), 4), float(f), source, len(r),
-                            rms_log_error=float(np.sqrt(sse / len(r))))
+                            rms_log_error=float(np.sqrt(sse / len(r))), k_split=k_split)
 
 
-def tilings(chip: Chip, m, n, batch=1):
+SPLITS = (1, 2, 4, 8, 16)  # the slices of k a split-K GEMM may run (module docstring)
+
+
+def tilings(chip: Chip, m, n, batch=1, k=None, k_split=None):
     """Per output tile (tm, tn) of the GPU's ``mma_tiles`` (128×128 where the row has none): (tm, tn, tiles, waves,
-    q), tiles = batch·⌈m/tm⌉·⌈n/tn⌉, waves = ⌈tiles/SMs⌉, q = batch·m·n/(waves·SMs·tm·tn) (NVIDIA, "Matrix
-    Multiplication Background User's Guide", tile and wave quantization)."""
+    q, s), tiles = batch·⌈m/tm⌉·⌈n/tn⌉, s the slices of k (split-K: the best of SPLITS with k/s ≥ k_split; 1
+    without ``k_split``, and only for outputs of fewer than 2·SMs tiles), waves = ⌈s·tiles/SMs⌉,
+    q = s·batch·m·n/(waves·SMs·tm·tn) (NVIDIA, "Matrix Multiplication Background User's Guide", tile and wave
+    quantization; CUTLASS's split-K and stream-K GEMMs)."""
     sms = chip.sm_count or 1
     for tm, tn in chip.mma_tiles or ((128, 128),):
         tiles = batch * np.ceil(m / tm) * np.ceil(n / tn)
-        waves = np.ceil(tiles / sms)
-        yield tm, tn, tiles, waves, batch * m * n / (waves * sms * tm * tn)
+        best_q, best_s, best_w = 0.0, 1, np.ceil(tiles / sms)
+        for s in SPLITS if (k_split is not None and k is not None) else (1,):
+            waves = np.ceil(s * tiles / sms)
+            q = s * batch * m * n / (waves * sms * tm * tn)
+            if s > 1:
+                q = np.where(np.asarray(k) / s >= k_split, q, 0.0)
+            better = (q > best_q) & ((s == 1) | (tiles < 2 * sms))  # split only outputs of under two waves of tiles
+            best_q, best_s, best_w = (np.where(better, q, best_q), np.where(better, s, best_s),
+                                      np.where(better, waves, best_w))
+        yield tm, tn, tiles, best_w, best_q, best_s
 
 
-def wave_quantization(chip: Chip, m, n, batch=1):
+def wave_quantization(chip: Chip, m, n, batch=1, k=None, k_split=None):
     """A GPU's tile and wave quantization q of an output [m, n] (× batch) (module docstring): the best q of
-    tilings, the tile cuBLAS would pick."""
+    tilings (split-K over k's slices of at least ``k_split``), the tile and split the library would pick."""
     best = 0.0
-    for *_, q in tilings(chip, m, n, batch):
+    for *_, q, _s in tilings(chip, m, n, batch, k, k_split):
         best = np.maximum(best, q)
     return best
 
@@ -226,7 +256,8 @@ def shape_efficiency(chip: Chip, m, n, k, batch=1, dtype: str = "bf16"):
     if chip.kind == "tpu":
         eta, a = chip.matmul_efficiency, chip.mxu or 128
         return eta * (k / (np.ceil(k / a) * a)) * (n / (np.ceil(n / a) * a))
-    out = gemm_coefficients(chip, dtype).ceiling * wave_quantization(chip, m, n, batch)
+    coeff = gemm_coefficients(chip, dtype)
+    out = coeff.ceiling * wave_quantization(chip, m, n, batch, k, coeff.k_split)
     if dtype in ("bf16", "fp8", "int8") and chip.tc_align:
         simt = dict(chip.dtype_flops).get("fp32", chip.bf16_flops) / peak_flops(chip, dtype) * chip.devices_per_chip
         off = (k % chip.tc_align != 0) | (n % chip.tc_align != 0)

@@ -199,12 +199,15 @@ def test_predict_kernels_prints_the_breakdown(capsys):
 
 def test_dtype_sets_the_peak_the_step_and_mfu_use():
     """--dtype fp8 on an H100: the matmuls run against the fp8 peak (1,979 TFLOP/s dense, NVIDIA's datasheet), the
-    activations move 1 byte; MFU is model FLOPs over that peak times the step (not over bf16's 989)."""
+    activations move 1 byte; MFU is model FLOPs over that peak times the step (not over bf16's 989). The compute
+    term follows the fp8 GEMMs measured on the H100 (scaling/data/kernels/H100.toml: XLA's plain fp8 dot reaches
+    0.58 of the fp8 peak at 16384³ but no more than bf16's ~0.8·989 at 2048-8192 shapes), not bf16's ceiling at
+    twice the peak, which would halve the bf16 matmuls' time."""
     bf16 = _predict_json(*"--preset llama2-7b --chip H100 --chips 8 --mesh fsdp=8 --global-batch 32".split())
     fp8 = _predict_json(*"--preset llama2-7b --chip H100 --chips 8 --mesh fsdp=8 --global-batch 32 --dtype fp8".split())
     assert fp8["mfu"] == pytest.approx(fp8["flops"]["model"] / (1.979e15 * fp8["step_seconds"]), rel=1e-9)
     assert fp8["terms"]["math"] == pytest.approx(fp8["flops"]["total"] / 1.979e15, rel=1e-9)
-    assert fp8["terms"]["compute"] < bf16["terms"]["compute"]
+    assert fp8["terms"]["compute"] > 0.7 * bf16["terms"]["compute"]
 
 
 def test_kernels_report_of_a_model(capsys):
