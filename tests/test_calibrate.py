@@ -56,7 +56,7 @@ def test_cpu_table_round_trips(tmp_path, capsys, monkeypatch):
 def test_time_copies_divides_by_the_copies(monkeypatch):
     """A kernel under ``small`` seconds is timed as several copies in one executable and divided by their number: a
     fake executable of c copies taking 5 ms + c·1 ms (a fixed dispatch and 1 ms a copy) reads (5 + 32)/32 ms a copy
-    with the 32 copies max_copies allows (2·small/6 ms would be 33)."""
+    with the 32 copies max_copies allows (10·small/6 ms would be 166)."""
     asked = []
 
     def make(c):

@@ -116,15 +116,16 @@ def time_call(fn, args, target: float = 0.05, repeats: int = 3) -> float:
     return best
 
 
-def time_copies(make, small: float, budget_bytes: float, each_bytes: float, max_copies: int = 64) -> float:
+def time_copies(make, small: float, budget_bytes: float, each_bytes: float, max_copies: int = 128) -> float:
     """Seconds of one instance of a kernel: ``make(c)`` returns (compiled fn, args) running c independent
-    instances; timed once with c = 1, then, if under ``small`` seconds, with as many copies as fill about 2·small
-    seconds (at most ``max_copies``, and their operands within ``budget_bytes``)."""
+    instances; timed once with c = 1, then, if under ``small`` seconds, with as many copies as fill about 10·small
+    seconds (at most ``max_copies``, and their operands within ``budget_bytes``): the executable's own dispatch
+    (tens of microseconds) is then a small share of each copy's time."""
     fn, args = make(1)
     t = time_call(fn, args)
     if t >= small:
         return t
-    copies = int(min(max_copies, max(2, 2 * small / max(t, 1e-7)), budget_bytes // max(each_bytes, 1)))
+    copies = int(min(max_copies, max(2, 10 * small / max(t, 1e-7)), budget_bytes // max(each_bytes, 1)))
     if copies < 2:
         return t
     fn, args = make(copies)
