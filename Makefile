@@ -2,11 +2,12 @@
 # machine) and jax's CUDA plugin (off sys.path, in .venv/cuda-aot: mesh.devices loads it to compile for GPUs), so
 # every README example runs; print the 4D answers.   make test: also the dev extra, ruff, pytest on two workers
 # (pytest-xdist), all but the tests marked extended (tests/conftest.py).   make test-all: every test.
+# make pictures: redraw the README's picture, docs/predict-llama2-7b-h100.png (predict --plot).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: answer test test-all clean
+.PHONY: answer test test-all pictures clean
 
 $(VENV)/.base: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +23,11 @@ $(VENV)/.dev: $(VENV)/.base
 
 answer: $(VENV)/.base
 	$(VENV)/bin/jax-scaling answer
+
+# the README's predict example, drawn (jax_scaling.plots.draw_predict)
+pictures: $(VENV)/.base
+	$(VENV)/bin/jax-scaling predict --preset llama2-7b --chip H100 --chips 64 --mesh data=8,fsdp=8 --global-batch 256 \
+		--attention flash --plot docs/predict-llama2-7b-h100.png > /dev/null
 
 test: $(VENV)/.dev
 	$(VENV)/bin/ruff check .

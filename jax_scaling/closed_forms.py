@@ -12,6 +12,7 @@ import json
 
 from jax_scaling.args import (MODEL_FLAGS, add_kernel_table_arg, add_model_args, add_predict_args, add_xla_flags_arg,
                               flags_of, model_config, needs, say)
+from jax_scaling.plots import add_plot_arg
 from jax_scaling.predict import report_of
 from scaling import kernels, layer_estimator, seed000, seed002
 from scaling.answers import QUESTION, answers
@@ -65,6 +66,8 @@ def add_validate_parser(sub) -> None:
                    help="predict's matmul term (default %(default)s); hierarchical refits each chip's eta under it")
     add_kernel_table_arg(v)
     v.add_argument("--json", action="store_true", help="one JSON object")
+    add_plot_arg(v, "every run's predicted step against its measured step (log axes, TPU and GPU marked) with y = x "
+                    "and the ±10%% band")
     v.set_defaults(func=validate_command)
 
 
@@ -119,6 +122,8 @@ def add_kernels_parser(sub) -> None:
                    "--chip at --dtype, the terms (tiles, waves, ceiling, fixed time, memory bound) and the kernel "
                    "table's rows nearest it (scaling.gemm); with --chip, --dtype, --kernel-table, --json")
     add_predict_args(k, mesh_required=False, preset=None)  # with --mesh: a model's report instead of the seed's
+    add_plot_arg(k, "(with --mesh) every kernel of the step on the chip's roofline (FLOPs per byte against achieved "
+                    "FLOP/s, log axes), the ridge point and the chip's kernel-table GEMMs")
     k.set_defaults(func=kernels_command)
 
 
@@ -158,6 +163,9 @@ def validate_command(args) -> int:
                          "(give one)")
     if args.fit and args.json:
         raise ValueError("--fit prints the fitted efficiencies as a table; --json is the validation's (give one)")
+    if args.fit and args.plot is not None:
+        raise ValueError("--fit prints the fitted efficiencies as a table; --plot draws the validation's runs "
+                         "(give one)")
     if args.fit:
         rows = []
         for name, chip in CHIPS.items():
@@ -178,6 +186,10 @@ def validate_command(args) -> int:
         say(f"kernel model {args.kernel_model!r}, eta refitted on each chip's named run: "
               + ", ".join(f"{c} {e:.3f}" for c, e in r["eta"].items()) + "; rows on chips without an on-chip "
               "memory size left out")
+    if args.plot is not None:  # drawn from the object --json prints
+        from jax_scaling.plots import draw_validate, save
+
+        save(draw_validate(v), args.plot)
     if args.json:
         print(json.dumps(v, indent=2))
         return 0
@@ -309,6 +321,9 @@ def kernels_command(args) -> int:
                          "model flags kernels prints seed 002's")
     if args.text and args.json:
         raise ValueError("--text and --json are two forms of the report; give one")
+    if args.plot is not None and args.mesh is None:
+        raise ValueError("--plot draws a model's kernels on its chip's roofline: give predict's flags with --mesh "
+                         "(seed 002's report has no plot)")
     args.default_preset = "xxl"  # predict's default where no dimension is given (jax_scaling.args.preset_of)
     if args.mesh is not None:
         if args.seed is not None or args.text:
@@ -316,6 +331,10 @@ def kernels_command(args) -> int:
         report = report_of(args, with_kernels=True)
         print(json.dumps(report.to_json(), indent=2) if args.json else report.kernel_report(),
               end="\n" if args.json else "")
+        if args.plot is not None:
+            from jax_scaling.plots import draw_kernels, save
+
+            save(draw_kernels(report), args.plot)
         return 0
     if args.json:
         r = seed002.report()

@@ -11,6 +11,7 @@ import re
 import time
 
 from jax_scaling.args import add_config_args, flags_of, model_config, needs, say
+from jax_scaling.plots import add_plot_arg
 from scaling import plan as planner
 from scaling.kernels import peak_flops
 from scaling.mesh_shape import MeshShape, parse_mesh_spec
@@ -49,6 +50,8 @@ def add_parser(sub) -> None:
                         "whether it fits")
     g.add_argument("--verbose", action="store_true", help="with --verify-top: let libtpu's start-up lines through")
     g.add_argument("--json", action="store_true")
+    add_plot_arg(g, "every plan listed (not only the --top shown) as its predicted step time against its memory per "
+                    "device, the HBM budget, the Pareto frontier, the top plans labelled by their mesh")
     p.set_defaults(func=plan_command)
 
 
@@ -214,11 +217,16 @@ def plan_command(args) -> int:
 
         plans[: args.verify_top] = verify_plans(plans[: args.verify_top], cfg, chip, chips, budget, args.verbose,
                                                 flags)
+    rows = [p.to_json() for p in plans] if args.plot is not None else [p.to_json() for p in plans[: args.top]]
+    result = {"plans": rows[: args.top], "count": len(plans), "enumerate_seconds": seconds, "chip": chip.name,
+              "chips": chips, "slice": name, "hbm_budget": budget, "dtype": precision.dtype,
+              "grad_accumulation": precision.accumulation}
+    if args.plot is not None:  # every plan listed, from the same to_json rows --json prints the first --top of
+        from jax_scaling.plots import draw_plan, save
+
+        save(draw_plan(result, rows, min(args.top, 5)), args.plot)
     if args.json:
-        print(json.dumps({"plans": [p.to_json() for p in plans[: args.top]], "count": len(plans),
-                          "enumerate_seconds": seconds, "chip": chip.name, "chips": chips, "slice": name,
-                          "hbm_budget": budget, "dtype": precision.dtype, "grad_accumulation": precision.accumulation},
-                         indent=2))
+        print(json.dumps(result, indent=2))
         return 0
     print_header(args, cfg, plans, (chip, chips, budget, where), flags, choices, seconds)
     if tests:

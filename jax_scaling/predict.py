@@ -1,12 +1,14 @@
 """``predict``: one configuration's step time, term by term (the planner's step model): its flags built into a
 workload and a target (scaling.reports.predict_setup), predicted (predict_report), printed as the report's text
-or --json object."""
+or --json object; --plot FILE draws it (jax_scaling.plots)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 from jax_scaling.args import add_predict_args, setup_fields
+from jax_scaling.plots import add_plot_arg
 from scaling.reports import PredictReport, predict_report, predict_setup
 
 
@@ -18,6 +20,9 @@ def add_parser(sub) -> None:
                    help="the step's kernels one by one: FLOPs, HBM bytes, intensity against the ridge point, "
                         "efficiency, seconds, bound (scaling.kernels)")
     r.add_argument("--json", action="store_true", help="one JSON object")
+    add_plot_arg(r, "the step's time as a stacked bar by term (compute by kernel class, the pipeline bubble, each "
+                    "axis's exposed collectives, loop copies) beside the memory per device by term and the chip's "
+                    "usable HBM; --json then carries the kernels the bar sums")
     r.set_defaults(func=predict_command)
 
 
@@ -27,7 +32,14 @@ def report_of(args, with_kernels: bool) -> PredictReport:
 
 
 def predict_command(args) -> int:
-    """One configuration's predicted step (PredictReport), term by term, or with --json one object."""
-    report = report_of(args, args.kernels)
-    print(json.dumps(report.to_json(), indent=2) if args.json else report.render())
+    """One configuration's predicted step (PredictReport), term by term, or with --json one object; with --plot FILE
+    the report (with its kernels: the bar's compute classes, which --json then carries) drawn into FILE
+    (jax_scaling.plots.draw_predict; the text lists the kernels only with --kernels)."""
+    report = report_of(args, args.kernels or args.plot is not None)
+    text = report if args.kernels else dataclasses.replace(report, kernels=None)
+    print(json.dumps(report.to_json(), indent=2) if args.json else text.render())
+    if args.plot is not None:
+        from jax_scaling.plots import draw_predict, save
+
+        save(draw_predict(report), args.plot)
     return 0

@@ -102,9 +102,9 @@ SHARED = {"--preset", "--d-model", "--d-ff", "--blocks", "--layers", "--seq-len"
           "--microbatch", "--microbatches", "--mesh", "--dcn-mesh", "--remat", "--dtype", "--grad-accumulation",
           "--repeats", "--schedule", "--warmup-phases", "--fsdp-gather", "--optimizer-sharding", "--sequence-parallel",
           "--stage-blocks", "--window", "--global-every", "--xla-flags", "--form", "--kernel-table"}
-PREDICT_ONLY = {"--step", "--kernel-model", "--kernels", "--json", "-h", "--help"}
-PLAN_ONLY = {"--hbm", "--top", "--max-microbatches", "--max-repeats", "--verify-top", "--verbose", "--json", "-h",
-             "--help"}
+PREDICT_ONLY = {"--step", "--kernel-model", "--kernels", "--json", "--plot", "-h", "--help"}
+PLAN_ONLY = {"--hbm", "--top", "--max-microbatches", "--max-repeats", "--verify-top", "--verbose", "--json", "--plot",
+             "-h", "--help"}
 
 
 def _actions(command: str) -> dict:
