@@ -206,6 +206,19 @@ def setup_fields(args) -> dict:
     return out
 
 
+# --runtime's names and the gradient accumulation (scaling.policies.ACCUMULATION_BYTES) each runs: MaxText's step is
+# XLA's, as this package's; Megatron-LM's main_grad; Megatron-DeepSpeed's BF16 optimizer (scaling.runtimes)
+RUNTIME_ACCUMULATION = {"maxtext": "package", "megatron": "megatron", "deepspeed": "deepspeed-bf16",
+                        "package": "package"}
+
+
+class RuntimeAction(argparse.Action):
+    """--runtime NAME: stores RUNTIME_ACCUMULATION[NAME] where --grad-accumulation stores its value."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, RUNTIME_ACCUMULATION[values])
+
+
 def add_config_args(r, mesh_required: bool, preset: str | None = "xxl") -> None:
     """The flags that describe a model, its hardware, batch and parallelism: predict's one configuration, plan's
     choices (each fixes what it names in every plan; left out, plan tries each value). One definition for both
@@ -246,6 +259,11 @@ def add_config_args(r, mesh_required: bool, preset: str | None = "xxl") -> None:
                         "package (this package's step, 12), megatron (Megatron-LM's main_grad, 10), deepspeed-bf16 "
                         "(DeepSpeed's BF16 optimizer, 18); megatron and deepspeed-bf16 also set the memory per "
                         "device to what that runtime keeps (scaling.runtimes) (default package)")
+    g.add_argument("--runtime", choices=list(RUNTIME_ACCUMULATION), action=RuntimeAction, dest="grad_accumulation",
+                   help="the runtime that runs the step: maxtext (XLA: this package's step), megatron (Megatron-LM), "
+                        "deepspeed (Megatron-DeepSpeed's BF16 optimizer), package; sets what --grad-accumulation sets "
+                        "(maxtext and package: package, megatron: megatron, deepspeed: deepspeed-bf16), the later of "
+                        "the two flags wins")
     add_schedule_args(r)
     r.add_argument("--form", default="scheduled", choices=["sum", "max", "scheduled"],
                    help="the step's form: scheduled (math + what --xla-flags' schedule leaves exposed), sum (every "

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from scaling.inputs import positive_float
 
 T_HOP = 1e-6  # seconds per ICI hop (sharding page)
@@ -78,3 +80,67 @@ def dcn_time(kind: str, V: float, n_slices: int, dcn_bw: float) -> float:
         return 0.0
     t = V * (n_slices - 1) / n_slices / dcn_bw
     return 2 * t if kind == "all-reduce" else t
+
+
+# ---- GPUs: NCCL over NVLink within a node, InfiniBand across nodes ----
+# InfiniBand: the fraction of a GPU's NIC bandwidth a large collective reaches and its latency per call, Calculon's
+# A100 system file (calculon-ai/calculon systems/a100_80g.json: IB 25 GB/s per GPU at efficiency 0.9, 20 us;
+# ../shared/reference/kernels.md). The NIC bandwidth itself is the hardware table's dcn_bw (A100: Selene's 8 x 200
+# Gb/s per node of 8, Narayanan et al. 2021).
+IB_EFFICIENCY = 0.9
+IB_LATENCY = 20e-6
+# Bytes each device moves over its link per byte of V, by kind, on a switch (NVSwitch, or an IB fat tree): a ring
+# all-gather or reduce-scatter (n−1)/n, an all-reduce twice that, an all-to-all (n−1)/n; a collective-permute sends
+# its V once (the nccl-tests "bus bandwidth" conventions: NVIDIA/nccl-tests doc/PERFORMANCE.md).
+GPU_KIND_FACTOR = {"all-gather": 1.0, "reduce-scatter": 1.0, "all-reduce": 2.0, "all-to-all": 1.0,
+                   "collective-permute": 1.0}
+
+
+def _all_reduce_rows(chip):
+    """(the chip whose link bandwidth the rows were measured over, rows) of the [collectives.all_reduce] rows a GPU
+    takes: its kernel table's, else the A100-80GB's (the only published NVLink table; an H100's NVLink 4 is taken at
+    the same fraction of its link bandwidth). None where no table has rows."""
+    from scaling import hardware
+    from scaling.kernel_tables import kernel_table
+    t = chip.kernel_table
+    if t is not None and "all_reduce" in t.collectives:
+        return hardware.CHIPS.get(t.chip, chip), t.collectives["all_reduce"].rows
+    a100 = kernel_table("A100-80GB")
+    if a100 is not None and "all_reduce" in a100.collectives:
+        return hardware.CHIPS["A100-80GB"], a100.collectives["all_reduce"].rows
+    return None
+
+
+def nvlink_efficiency(chip, message_bytes):
+    """The fraction of a GPU's one-way NVLink bandwidth (ici_oneway) a collective of ``message_bytes`` per call
+    reaches: the all-reduce rows' bus bandwidth 2·(n−1)/n·b/t over the measuring chip's one-way link bandwidth,
+    interpolated linearly in log bytes between the rows (clamped to the end rows). Latency is in it: a small
+    message's bus bandwidth is mostly its latency (vTrain's 1 MiB: 92.8 us, 0.066 of 300 GB/s). 1 where no table has
+    rows (the link bandwidth alone)."""
+    got = _all_reduce_rows(chip)
+    if got is None:
+        return np.ones_like(np.asarray(message_bytes, float))
+    owner, rows = got
+    rows = sorted(rows, key=lambda r: r[1])
+    eff = [2 * (r[0] - 1) / r[0] * r[1] / r[2] / (owner.ici_bidi / 2) for r in rows]
+    return np.interp(np.log(np.maximum(np.asarray(message_bytes, float), 1.0)), np.log([r[1] for r in rows]), eff)
+
+
+def gpu_time(kind: str, V, n, message_bytes, chip):
+    """One step's collectives of ``kind``, V bytes in all, over n GPUs of one node (NVLink/NVSwitch), in calls of
+    ``message_bytes``: GPU_KIND_FACTOR·(n−1)/n·V / (W_oneway · nvlink_efficiency(message_bytes)) (a permute: V
+    over one link, no (n−1)/n); 0 where n = 1."""
+    n = np.asarray(n, float)
+    share = 1.0 if kind == "collective-permute" else (n - 1) / np.maximum(n, 1.0)
+    t = GPU_KIND_FACTOR[kind] * share * V / (chip.ici_bidi / 2 * nvlink_efficiency(chip, message_bytes))
+    return np.where(n > 1, t, 0.0)
+
+
+def ib_time(kind: str, V, n, m, calls, dcn_bw_per_device):
+    """The across-node part of a GPU collective over n nodes of m GPUs each (hierarchical: each GPU carries 1/m of
+    the bytes over its own NIC): GPU_KIND_FACTOR·(V/m)·(n−1)/n / (IB bandwidth per GPU · IB_EFFICIENCY) + calls ·
+    IB_LATENCY (Calculon's IB figures); 0 where n = 1."""
+    n = np.asarray(n, float)
+    share = 1.0 if kind == "collective-permute" else (n - 1) / np.maximum(n, 1.0)
+    t = GPU_KIND_FACTOR[kind] * V / m * share / (dcn_bw_per_device * IB_EFFICIENCY) + calls * IB_LATENCY
+    return np.where(n > 1, t, 0.0)

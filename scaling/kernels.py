@@ -33,6 +33,12 @@ pass, the optimizer update), with its FLOPs, the HBM bytes it reads and writes, 
              the scores, c·s·N·T²/Y), the loss's softmax over the vocabulary (c·V/Y a token, read and write);
              a backward pass moves twice its forward's bytes (reads the saved input and the incoming
              gradient, writes the gradient), a recomputed forward its forward's again
+             On a GPU (issue 38) a pass is its kernels (pointwise_launches: norms, residual adds, activation,
+             materialized softmax; a backward twice the forward's), each launch_seconds + its bytes at the bandwidth
+             that size reaches on the kernel table's [pointwise] rows (pointwise_seconds); a fused flash attention
+             takes the table's [attention.cudnn] rows (attention_table_seconds) in place of the matmul model.
+             A100 (GEMM rows only): the H100's launch and pointwise rows (bandwidth scaled by the HBM ratio), and
+             the matmul model for attention; H200/B200 take the H100's table whole (chips.toml kernels_as).
   optimizer  AdamW reads master, gradient, μ, ν and writes master, μ, ν: 7·4 B per parameter shard
              (scaling.memory.hbm_traffic_bytes)
   accumulate each microbatch's gradient added to the FP32 accumulator (read both, write one: 3·4 B per
@@ -61,6 +67,7 @@ import numpy as np
 
 from scaling import hardware, memory, pipeline
 from scaling.hardware import Chip
+from scaling.mesh_shape import spans
 from scaling.workload import Workload
 
 DTYPES = ("bf16", "fp32", "tf32", "int8", "fp8")  # the matmul input types the hardware table gives peaks for
@@ -339,6 +346,152 @@ def tiled_bytes(chip: Chip, m, n, k, batch, c):
     return c * (m * k * r_a + k * n * np.ceil(m / t) + m * n) * batch
 
 
+# ---- a GPU's non-GEMM kernels from its kernel table (module docstring: pointwise, attention on GPUs) ----
+
+def launch_seconds(chip: Chip) -> float:
+    """One kernel launch inside a compiled program (the gap a tiny kernel takes): the chip's kernel table's
+    launch_seconds (H100: 5.58 us, measured with jax-scaling calibrate); a GPU whose table has none takes the H100
+    table's (the same CUDA launch path; A100: published GEMM rows only); 0 on a TPU (XLA:TPU runs one program, no
+    launches) or where no table gives one (non_gemm_sources says which)."""
+    if chip.kind != "gpu":
+        return 0.0
+    for t in (chip.kernel_table, _h100_table()):
+        if t is not None and t.launch_seconds:
+            return float(t.launch_seconds)
+    return 0.0
+
+
+def _h100_table():
+    from scaling.kernel_tables import kernel_table
+    return kernel_table("H100")
+
+
+def _pointwise_rows(chip: Chip):
+    """(log bytes, bandwidth reached) of the pointwise rows a GPU prices its elementwise kernels by: its own table's,
+    or the H100's (a GPU whose table has none: A100), None on a TPU or without any."""
+    if chip.kind != "gpu":
+        return None
+    for t in (chip.kernel_table, _h100_table()):
+        if t is not None and t.pointwise is not None:
+            return (*_pointwise_bandwidth(t.pointwise.rows, launch_seconds(chip) if t is chip.kernel_table
+                                          else float(t.launch_seconds or 0.0)), t is not chip.kernel_table)
+    return None
+
+
+_PW: dict = {}
+
+
+def _pointwise_bandwidth(rows, launch: float):
+    """(log bytes, bytes/s) of each pointwise row past its launch: b / (t − launch) (a row no slower than a launch
+    reads as the largest row's bandwidth: the kernel is all launch)."""
+    key = (id(rows), launch)
+    if key not in _PW:
+        b = np.array([r[0] for r in rows], float)
+        t = np.array([r[1] for r in rows], float)
+        order = np.argsort(b)
+        b, t = b[order], t[order]
+        bw = np.where(t > launch, b / np.maximum(t - launch, 1e-300), b[-1] / t[-1])
+        _PW[key] = (np.log(b), bw)
+    return _PW[key]
+
+
+def pointwise_seconds(chip: Chip, nbytes, launches=1.0):
+    """Seconds of ``launches`` elementwise kernels moving ``nbytes`` in all (read + written), each its share
+    b = nbytes/launches: launches·(t_launch + b/W(b)). On a GPU W(b) is the bandwidth the kernel table's
+    [pointwise] rows reach at that size, b_i/(t_i − t_launch), interpolated linearly in log bytes (clamped to the
+    end rows; so a kernel of a row's size takes that row's time), a GPU without rows the H100's scaled by the HBM
+    bandwidths' ratio (hardware table), t_launch = launch_seconds; on a TPU nbytes/W_hbm (no launch)."""
+    rows = _pointwise_rows(chip)
+    nbytes = np.asarray(nbytes, float)
+    if rows is None:
+        return np.maximum(0.0, nbytes / chip.device_hbm_bw)
+    logb, bw, borrowed = rows
+    launches = np.asarray(launches, float)
+    per = nbytes / np.maximum(launches, 1e-300)
+    w = np.interp(np.log(np.maximum(per, 1.0)), logb, bw)
+    if borrowed:
+        w = w * chip.device_hbm_bw / hardware.CHIPS["H100"].device_hbm_bw
+    return np.where(launches > 0, launches * launch_seconds(chip) + nbytes / w, 0.0)
+
+
+def pointwise_launches(w: Workload, k: Kernel):
+    """Kernel launches per call of a non-matmul kernel (each kernel the runtime launches, as the step's program
+    runs them): the transformer's per layer-pass ("pointwise", forward) the norms (1 parallel, 2 serial), the
+    residual adds (1, 2), the MLP's activation (1: the gate's product fused with it), the materialized softmax (1;
+    flash: in the attention kernel); its backward twice the forward's (each op's input and weight gradients), a
+    recomputed forward the share of the forward its remat recomputes (the bytes' share); the FFN model's relu 1 a
+    block-pass; AdamW 3 (multi-tensor apply in Megatron-LM and DeepSpeed, XLA's few fusions: the gradients'
+    norm, the clip, the update); a gradient accumulation 1 per accumulation."""
+    if k.name == "adamw":
+        return 3.0 / np.maximum(np.asarray(k.calls, float), 1.0)
+    if k.name != "pointwise":
+        return 1.0
+    cfg = w.model
+    serial = getattr(cfg, "block", "serial") != "parallel"
+    forward = (2 if serial else 1) * 2 + 1 + (0 if _runs_flash(w) else 1)
+    return {"forward": forward, "backward": 2 * forward}.get(k.pass_, forward)
+
+
+def _runs_flash(w: Workload):
+    """scaling.transformer.runs_flash (not imported: the transformer imports this module): flash attention, or ring
+    attention over a context axis (flash per chunk)."""
+    s = w.schedule
+    return np.asarray(s.attention == "flash") | (spans(w.mesh.get("context", 1)) & np.asarray(s.context == "ring"))
+
+
+def uses_attention_table(w: Workload, chip: Chip) -> bool:
+    """Whether a GPU step's attention takes the kernel table's cuDNN rows (attention_seconds): the program runs a
+    fused flash kernel (transformer.runs_flash) without a context axis, every layer global (no windows), on a GPU
+    whose table (or kernels_as's) has [attention.cudnn] rows."""
+    if chip.kind != "gpu" or chip.kernel_table is None or "cudnn" not in chip.kernel_table.attention:
+        return False
+    cfg = w.model
+    return (bool(np.all(_runs_flash(w))) and not spans(w.mesh.get("context", 1))
+            and not any(getattr(cfg, "layer_windows", ()) or ()))
+
+
+def attention_unit_seconds(chip: Chip, seq, head_dim, causal: bool = True):
+    """(forward, backward) seconds of one (sequence, head) of cuDNN's fused attention on a GPU: its kernel table's
+    [attention.cudnn] rows per batch·heads (fwd, fwd_bwd − fwd), interpolated linearly in log seq between the rows'
+    sequence lengths (past the ends: the FLOPs' T² from the nearest) and linearly in the head dimension between the
+    rows' (past the ends: proportionally to H from the nearest, the FLOPs' H), of the rows with the causal flag
+    given (the kernel's own block skipping)."""
+    rows = [r for r in chip.kernel_table.attention["cudnn"].rows if r[4] == causal]
+    if not rows:
+        raise ValueError(f"{chip.kernel_table.path} [attention.cudnn] has no causal={causal} rows")
+    dims = sorted({r[3] for r in rows})
+    out = []
+    for col in (5, 6):
+        per_h = []
+        for h in dims:
+            pts = sorted((r[1], r[col] / (r[0] * r[2])) for r in rows if r[3] == h)
+            s = np.log([p[0] for p in pts])
+            t = np.log([p[1] for p in pts])
+            x = np.log(np.asarray(seq, float))
+            y = np.interp(x, s, t) + np.where(x < s[0], 2 * (x - s[0]), 0.0) + np.where(x > s[-1], 2 * (x - s[-1]), 0.0)
+            per_h.append(np.exp(y))
+        hd, d = float(head_dim), [float(x) for x in dims]
+        if hd <= d[0] or len(d) == 1:
+            v = per_h[0] * hd / d[0] if hd <= d[0] else per_h[-1] * hd / d[-1]
+        elif hd >= d[-1]:
+            v = per_h[-1] * hd / d[-1]
+        else:
+            i = max(j for j in range(len(d) - 1) if d[j] <= hd)
+            f = (hd - d[i]) / (d[i + 1] - d[i])
+            v = per_h[i] + f * (per_h[i + 1] - per_h[i])
+        out.append(v)
+    return out[0], out[1] - out[0]
+
+
+def attention_table_seconds(chip: Chip, k: Kernel):
+    """A flash attention kernel's seconds from the cuDNN rows (attention_unit_seconds): calls · batch ·
+    (forward for a forward or recomputed pass, the backward's for a backward), batch = the call's sequences × heads
+    (its shape's fourth entry; a ring's chunk pairs included)."""
+    seq, _, head_dim, batch = k.shape
+    fwd, bwd = attention_unit_seconds(chip, seq, head_dim, True)
+    return k.calls * batch * (bwd if k.pass_ == "backward" else fwd)
+
+
 def step_kernels(w: Workload, chip: Chip | None = None, dtype: str = "bf16",
                  kernel_model: str = "efficiency") -> list[Kernel]:
     """The step's kernels per device (module docstring), with their efficiency, seconds and bound on ``chip``;
@@ -349,18 +502,25 @@ def step_kernels(w: Workload, chip: Chip | None = None, dtype: str = "bf16",
     if chip is None:
         return ks
     peak, bw, fixed = peak_flops(chip, dtype), chip.device_hbm_bw, fixed_seconds(chip, dtype)
+    table_attention = uses_attention_table(w, chip)
     out = []
     for k in ks:
+        if k.kind == "attention" and table_attention:  # cuDNN's fused kernel, timed whole (attention_table_seconds)
+            t = attention_table_seconds(chip, k)
+            out.append(Kernel(k.name, k.pass_, k.kind, k.shape, k.calls, k.flops, k.bytes, k.executed,
+                              k.flops * k.executed / (peak * np.maximum(t, 1e-300)), t, 0.0))
+            continue
         if kernel_model == "hierarchical" and k.kind == "matmul":
             b = tiled_bytes(chip, *k.shape, w.precision.compute) * k.calls
             eff = large_gemm_efficiency(chip, dtype)
             out.append(Kernel(k.name, k.pass_, k.kind, k.shape, k.calls, k.flops, b, k.executed, eff,
                               k.flops * (k.executed / (peak * eff)), b / bw, fixed * k.calls))
             continue
-        t_mem = k.bytes / bw
-        if k.shape is None:
+        if k.shape is None:  # a pointwise pass or the optimizer: its bandwidth and launches (pointwise_seconds)
+            t_mem = pointwise_seconds(chip, k.bytes, k.calls * pointwise_launches(w, k))
             out.append(Kernel(k.name, k.pass_, k.kind, None, k.calls, k.flops, k.bytes, 1.0, 1.0, 0.0, t_mem))
             continue
+        t_mem = k.bytes / bw
         eff = shape_efficiency(chip, *k.shape, dtype)
         t_math = k.flops * (k.executed / (peak * eff))
         out.append(Kernel(k.name, k.pass_, k.kind, k.shape, k.calls, k.flops, k.bytes, k.executed, eff, t_math, t_mem,
@@ -382,7 +542,9 @@ def compute_term(w: Workload, chip: Chip, dtype: str = "bf16", kernel_model: str
     if kernel_model != "efficiency":
         return compute_seconds(step_kernels(w, chip, dtype, kernel_model))
     ks = w.model.step_kernels(w)
-    mm = [k for k in ks if k.shape is not None]
+    table_attention = uses_attention_table(w, chip)
+    own = [attention_table_seconds(chip, k) if table_attention and k.kind == "attention" else None for k in ks]
+    mm = [k for k, o in zip(ks, own) if k.shape is not None and o is None]
     peak, bw = peak_flops(chip, dtype), chip.device_hbm_bw
     total = 0
     if mm:
@@ -403,8 +565,11 @@ def compute_term(w: Workload, chip: Chip, dtype: str = "bf16", kernel_model: str
         seconds = np.maximum(flops * (executed / (peak * shape_efficiency(chip, m, n, kk, b, dtype))), moved / bw)
         fixed = fixed_seconds(chip, dtype)
         seconds = iter(seconds + fixed * calls if fixed else seconds)
-    for k in ks:  # in the kernels' order, as compute_seconds sums them
-        total = total + (np.maximum(0.0, k.bytes / bw) if k.shape is None else next(seconds))
+    gpu = chip.kind == "gpu"  # a TPU's pointwise passes: bytes / HBM bandwidth (pointwise_seconds), no launches
+    for k, o in zip(ks, own):  # in the kernels' order, as compute_seconds sums them
+        total = total + (o if o is not None else next(seconds) if k.shape is not None else
+                         pointwise_seconds(chip, k.bytes, k.calls * pointwise_launches(w, k)) if gpu else
+                         np.maximum(0.0, k.bytes / bw))
     return total
 
 

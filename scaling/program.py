@@ -37,6 +37,10 @@ rooflines.
 Slices joined by DCN (more chips than one slice holds) carry the outermost factor of one mesh axis
 (data, as MaxText's dcn_data_parallelism, or fsdp); a collective over that axis is hierarchical: over
 ICI within a slice and, for 1/(size within a slice) of the bytes, over DCN (tpus page: V·(n−1)/n per chip).
+On GPUs (issue 38) a collective over the m GPUs of a node runs at the NCCL bus bandwidth its per-call message reaches
+(published nccl-tests all-reduce figures on 8 A100s: collectives.nvlink_efficiency; gpu_messages), ring bytes
+(n−1)/n of V over the one-way NVLink bandwidth; across nodes over InfiniBand at Calculon's efficiency and latency
+(collectives.ib_time): _gpu_comm_times.
 
 The mesh is scalar (one MeshShape) or, the transformer's, the planner's group of meshes (arrays of axis sizes, each
 axis > 1 in all of them or in none: mesh_shape.spans); the batch and the layout's links may be numpy arrays, so the
@@ -150,8 +154,22 @@ def axis_bytes(volumes: dict[str, dict[str, float]]) -> dict[str, float]:
     return {axis: sum(kinds.values()) for axis, kinds in volumes.items()}
 
 
+def gpu_messages(w: Workload) -> dict:
+    """Bytes of one call of each mesh axis's collectives on a GPU (what sets the fraction of the link bandwidth it
+    reaches: collectives.nvlink_efficiency): over tensor, context and stage one microbatch's activations per device,
+    c·t_m·D (t_m = B/(M·data·fsdp·context) tokens: the tensor-parallel all-reduces, the pipeline's sends); over fsdp
+    one layer's weights over tensor, c·P_layer/Y (each layer's gather); over data the whole gradient (one call: the
+    runtimes' buckets, 25M-500M elements, are in the large-message regime of the table)."""
+    cfg, mesh, c = w.model, w.mesh, w.precision.compute
+    M = np.asarray(w.schedule.microbatches)
+    t_m = w.batch_tokens / (M * mesh.get("data", 1) * mesh.get("fsdp", 1) * mesh.get("context", 1))
+    act = c * t_m * cfg.d_model
+    layer = getattr(cfg, "params_per_block", None) or 2 * cfg.d_model * cfg.d_ff
+    return {"tensor": act, "context": act, "stage": act, "fsdp": c * layer / mesh.get("tensor", 1)}
+
+
 def comm_times(volumes: dict, chip: Chip, axis_links: Mapping | None = None, dcn: Mapping | None = None,
-               mesh: Mapping | None = None) -> dict:
+               mesh: Mapping | None = None, messages: Mapping | None = None) -> dict:
     """Seconds per mesh axis: Σ_kind KIND_FACTOR·V / (links·W_ici) over the links of the axis
     (``axis_links``: links(); 1 where absent). A key that joins axes ("data+fsdp") runs over all of
     their links (sharding page: V/(n·W_ici) over n axes).
@@ -161,6 +179,8 @@ def comm_times(volumes: dict, chip: Chip, axis_links: Mapping | None = None, dcn
     array over the planner's meshes (1 where a mesh's outermost factor of the axis spans no slices)."""
     axis_links, dcn = axis_links or {}, dcn or {}
     w, dcn_bw = chip.ici_bidi, chip.dcn_bw / chip.devices_per_chip
+    if chip.kind == "gpu" and mesh is not None:
+        return _gpu_comm_times(volumes, chip, dcn, mesh, messages or {})
     times = {}
     for key, kinds in volumes.items():
         axis = key.split("+")[0]
@@ -176,15 +196,51 @@ def comm_times(volumes: dict, chip: Chip, axis_links: Mapping | None = None, dcn
     return times
 
 
+def _gpu_comm_times(volumes: dict, chip: Chip, dcn: Mapping, mesh: Mapping, messages: Mapping) -> dict:
+    """comm_times on a GPU: per axis Σ_kind of the NVLink part over the m GPUs of a node
+    (collectives.gpu_time: ring bytes (n−1)/n of V at the bus bandwidth the per-call message reaches, nccl-tests
+    figures) and, for an axis whose outermost factor n spans nodes (``dcn``), the InfiniBand part
+    (collectives.ib_time: V/m over each GPU's NIC at Calculon's efficiency, a latency per call); ``messages``
+    {axis: bytes per call} (gpu_messages; an axis without one: the whole V in one call)."""
+    times = {}
+    for key, kinds in volumes.items():
+        axes = key.split("+")
+        size = 1
+        for a in axes:
+            size = size * np.asarray(mesh.get(a, 1))
+        n = dcn.get(axes[0], 1) if len(axes) == 1 else 1
+        m = size // n
+        total = 0.0
+        for kind, v in kinds.items():
+            msg = messages.get(key, v)
+            calls = v / np.maximum(msg, 1e-300)
+            total = total + collectives.gpu_time(kind, v, m, msg, chip) + collectives.ib_time(
+                kind, v, n, m, calls, chip.dcn_bw / chip.devices_per_chip)
+        times[key] = total
+    return times
+
+
 def axis_networks(chip: Chip, axis_links: Mapping | None = None, dcn: Mapping | None = None,
-                  mesh: Mapping | None = None, axes=("fsdp", "tensor")) -> dict:
+                  mesh: Mapping | None = None, axes=("fsdp", "tensor"), messages: Mapping | None = None) -> dict:
     """{axis: (ici, net)}: the seconds·W_ici per byte of V that comm_times charges an all-gather over the axis,
     split into its ICI part 1/links (0 where the axis has one device per slice) and, for an axis whose
     outermost factor n spans slices (``dcn``; m = size/n devices per slice), its network part
     W_ici·(n−1)/(n·m·DCN bytes/s per device). The axis's effective links, what the roofline's M takes, are
     1/(ici + net); it runs over the network (TPU: DCN, GPU: IB) where net > ici. ``dcn``'s n may be an array
-    over the planner's meshes (1 where a mesh's axis spans no slices: net 0)."""
+    over the planner's meshes (1 where a mesh's axis spans no slices: net 0).
+    A GPU (with ``mesh``) charges what _gpu_comm_times does: ici = W_ici·(m−1)/m/(W_oneway·nvlink_efficiency of the
+    axis's message, ``messages``; the largest where none), net = W_ici·(n−1)/(n·m·IB bytes/s per GPU·IB_EFFICIENCY)."""
     axis_links, dcn, out = axis_links or {}, dcn or {}, {}
+    if chip.kind == "gpu" and mesh is not None:
+        for a in axes:
+            size, n = np.asarray(mesh.get(a, 1)), np.asarray(dcn.get(a, 1))
+            m = size // n
+            eff = collectives.nvlink_efficiency(chip, (messages or {}).get(a, np.inf))
+            ici = np.where(m > 1, chip.ici_bidi * (m - 1) / np.maximum(m, 1) / (chip.ici_bidi / 2 * eff), 0.0)
+            net = np.where(n > 1, chip.ici_bidi * (n - 1) / (np.maximum(n, 1) * m * chip.dcn_bw / chip.devices_per_chip
+                                                            * collectives.IB_EFFICIENCY), 0.0)
+            out[a] = (ici, net)
+        return out
     for a in axes:
         n = dcn.get(a, 1)
         m = mesh[a] // n if np.any(np.asarray(n) > 1) else None
@@ -392,7 +448,12 @@ class StepModel:
 
     @functools.cached_property
     def t_axes(self) -> dict:
-        return comm_times(self.wire, self.chip, self.lk, self.dcn, self.w.mesh)
+        return comm_times(self.wire, self.chip, self.lk, self.dcn, self.w.mesh, self.messages)
+
+    @functools.cached_property
+    def messages(self) -> dict:
+        """Bytes per call of each axis's collectives on a GPU (gpu_messages; none on a TPU)."""
+        return gpu_messages(self.w) if self.chip is not None and self.chip.kind == "gpu" else {}
 
     @functools.cached_property
     def t_hbm(self):
@@ -406,11 +467,11 @@ class StepModel:
     @functools.cached_property
     def t_exposed(self) -> dict:
         return comm_times(exposed_volumes(self.on_wire, self.wire, self.wire_hidden), self.chip, self.lk, self.dcn,
-                          self.w.mesh)
+                          self.w.mesh, self.messages)
 
     @functools.cached_property
     def t_hidden(self):
-        return sum(comm_times(self.wire_hidden, self.chip, self.lk, self.dcn, self.w.mesh).values())
+        return sum(comm_times(self.wire_hidden, self.chip, self.lk, self.dcn, self.w.mesh, self.messages).values())
 
     @functools.cached_property
     def t_copies(self):
@@ -448,7 +509,7 @@ class StepModel:
         peak, t_axes, stacked = self.peak, self.t_axes, self.stacked
         # the bound, named by the link it runs over: an axis across slices or nodes by its network where that part
         # dominates (axis_networks)
-        nets = axis_networks(chip, lk, dcn, mesh, axes=tuple(t_axes))
+        nets = axis_networks(chip, lk, dcn, mesh, axes=tuple(t_axes), messages=self.messages)
         over = np.stack(np.broadcast_arrays(False, *(net > ici for ici, net in nets.values()), False, stacked[0]))[:-1]
         largest = stacked.argmax(axis=0)
         names = np.array(["compute", *(f"{chip.link_name} ({a})" for a in t_axes), "HBM",
@@ -456,7 +517,8 @@ class StepModel:
         bound = names[largest + len(stacked) * (np.take_along_axis(over, largest[None], 0)[0] != 0)]
         d = mesh["data"]
         m_x, m_y, m_d = (np.where(mesh[a] > 1, 1 / np.maximum(ici + net, 1e-300), 1.0)
-                         for a, (ici, net) in axis_networks(chip, lk, dcn, mesh, ("fsdp", "tensor", "data")).items())
+                         for a, (ici, net) in axis_networks(chip, lk, dcn, mesh, ("fsdp", "tensor", "data"),
+                                                            self.messages).items())
         per_micro = d * np.asarray(schedule.microbatches)
         X = mesh["fsdp"]  # a train step moves 2 gathers and a reduce-scatter ((X+1)/X of V windowed) per 3 passes' math
         fsdp_bytes = 2 * (2 + (X + 1) / X) / 3 if windowed_grad_rs and step == "train" else 2

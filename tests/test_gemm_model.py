@@ -176,7 +176,8 @@ def test_step_kernels_pay_t_fixed_per_call():
     t = kernels.gemm_coefficients(h100, "bf16").t_fixed
     ks = kernels.step_kernels(w, h100)
     for k in ks:
-        if k.shape is not None:
+        # (a flash attention kernel on the H100 takes the cuDNN rows' time, its launch in it: test_step_terms.py)
+        if k.shape is not None and k.kind != "attention":
             assert k.fixed_seconds == pytest.approx(t * k.calls)
             assert k.seconds == pytest.approx(t * k.calls + max(k.math_seconds, k.memory_seconds))
     assert kernels.compute_term(w, h100) == pytest.approx(kernels.compute_seconds(ks), rel=1e-12)
