@@ -1,10 +1,10 @@
-"""jax-scaling {answer, plan, predict, validate, check, trace, layers, kernels, train, compile, bench}: every
-command of the package.
+"""jax-scaling {answer, plan, predict, validate, check, trace, layers, kernels, train, compile, bench, calibrate}:
+every command of the package.
 
 One parser, a module per command or group: closed_forms (answer, validate, trace, layers, kernels), plan,
-predict, check, model_commands (train, compile, bench), their shared flags in args. The commands that compile or
-measure (check, plan --verify-top, answer --verify-pipeline, trace --verify, compile, bench) import verify (and
-so jax) inside the command, after every flag is checked, so a bad flag fails before jax starts.
+predict, check, model_commands (train, compile, bench), calibrate, their shared flags in args. The commands that
+compile or measure (check, plan --verify-top, answer --verify-pipeline, trace --verify, compile, bench, calibrate)
+import verify (and so jax) inside the command, after every flag is checked, so a bad flag fails before jax starts.
 ``python -m scaling``, ``python -m ffn_model`` and ``python -m verify`` are this program with the commands each
 offered before (PROGRAMS).
 

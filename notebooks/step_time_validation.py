@@ -1,17 +1,18 @@
 # %% [markdown]
 # # Predicted step time against published measured runs
 #
-# Every run of `shared/reference/measured.md` (MaxText on TPU v5e, v4, v6e and H100; Megatron-LM on A100), each
-# written as the `jax-scaling predict` flags that describe it (`scaling/data/measured.toml`, with its source and
-# what the source leaves out), predicted by that command (`scaling.validate.validate`) and set beside its measured
-# step. A source that reports TFLOP/s is turned into seconds with the FLOP count it states
-# (`scaling.validate.CONVENTIONS`). The step model is the planner's scheduled form: the step's kernels at the
-# efficiency their shapes get (`scaling.kernels`), one coefficient per chip fitted on one named run (the
-# matmul efficiency, `fitted_on` in the hardware table; `jax-scaling validate --fit` reproduces it), the
-# collectives its schedule leaves exposed. The rows a coefficient was fitted on are marked; the held-out rows'
-# errors are reported apart. The group "bench" is this project's own `jax-scaling bench` runs on one NVIDIA H200
-# (verify/gpu_timings.sh; the GPU, its driver and the versions are in each row's source), reported apart from the
-# published runs.
+# Every run of `shared/reference/measured.md` (MaxText on TPU v5e, v4, v6e and H100; Megatron-LM on A100; BLOOM's
+# searches on A100), each written as the `jax-scaling predict` flags that describe it (`scaling/data/measured.toml`,
+# with its source and what the source leaves out), predicted by that command (`scaling.validate.validate`) and set
+# beside its measured step. A source that reports TFLOP/s is turned into seconds with the FLOP count it states
+# (`scaling.validate.CONVENTIONS`). The step model is the planner's scheduled form: the step's kernels at the time
+# their shapes take (`scaling.kernels`), the collectives its schedule leaves exposed. A TPU keeps one coefficient
+# fitted on one named run (its matmul efficiency, `fitted_on` in the hardware table); a GPU fits nothing on a step
+# (issue 38): its GEMMs, pointwise kernels, attention and launches come from its kernel table
+# (`scaling/data/kernels/`: the A100's published cuBLAS curves, the H100's measured here with `jax-scaling
+# calibrate`). The group "bench" is this project's own `jax-scaling bench` runs on one NVIDIA H200, reported apart.
+# The model before issue 38 (one efficiency per GPU fitted on one step row) is set beside it from its recorded
+# output (`docs/measured/validate-before-issue-38.json`).
 
 # %%
 import matplotlib.pyplot as plt
@@ -41,6 +42,55 @@ for c, rho in v["comparisons"].items():
 m = v["memory"]
 print(f"memory per device against the {m['n']} measured peaks (BLOOM): median |error| {m['median_abs_error']:.1%}, "
       f"max {m['max_abs_error']:.1%}")
+
+# %% [markdown]
+# The model before issue 38 beside today's: each row's error, each group's median and largest |error|, and each
+# search's Spearman.
+
+# %%
+import json
+
+old = json.load(open("../docs/measured/validate-before-issue-38.json"))
+before = {r["id"]: r for r in old["rows"]}
+print(f"{'run':32s} {'before':>8s} {'now':>8s}")
+for r in rows:
+    if r["id"] in before:
+        print(f"{r['id']:32s} {before[r['id']]['error']:+8.1%} {r['error']:+8.1%}")
+for g, s in v["groups"].items():
+    o = old["groups"].get(g)
+    if o:
+        print(f"{g}: median |error| {o['median_abs_error']:.1%} -> {s['median_abs_error']:.1%}, "
+              f"max {o['max_abs_error']:.1%} -> {s['max_abs_error']:.1%}")
+for c, rho in v["comparisons"].items():
+    print(f"Spearman {c:11s} {old['comparisons'].get(c, float('nan')):+.2f} -> {rho:+.2f}")
+
+# %% [markdown]
+# The GEMM model against the kernel-level points it is fitted on: NVIDIA's published cuBLAS curve on the A100
+# (bf16, tf32, fp32 squares) and the H100's bf16 GEMMs measured with `jax-scaling calibrate`, achieved TFLOP/s
+# against the model's (`jax-scaling kernels --gemm MxNxK --chip C --dtype D`).
+
+# %%
+from scaling import kernels
+from scaling.hardware import get_chip
+
+fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+for ax, name in zip(axes, ("A100-80GB", "H100")):
+    chip = get_chip(name)
+    for dtype, color in (("bf16", "tab:blue"), ("tf32", "tab:orange"), ("fp32", "tab:green")):
+        sec = chip.kernel_table.gemm.get(dtype)
+        if sec is None:
+            continue
+        r = np.asarray(sec.rows, float)
+        flops = 2 * r[:, 0] * r[:, 1] * r[:, 2]
+        pred = kernels.gemm_seconds(chip, r[:, 0], r[:, 1], r[:, 2], 1, dtype)
+        ax.scatter(flops, flops / r[:, 3] / 1e12, s=14, color=color, label=f"{dtype} measured")
+        ax.scatter(flops, flops / pred / 1e12, s=14, marker="x", color=color, label=f"{dtype} model")
+        c = kernels.gemm_coefficients(chip, dtype)
+        print(f"{name} {dtype}: {len(r)} rows, ceiling {c.ceiling:.3f}, t_fixed {c.t_fixed * 1e6:.1f} us, k_split "
+              f"{c.k_split}, rms log error {c.rms_log_error:.3f}")
+    ax.set(xscale="log", xlabel="FLOPs of one GEMM", ylabel="TFLOP/s", title=f"{name}: GEMMs, measured and model")
+    ax.legend(fontsize=7)
+plt.show()
 
 # %% [markdown]
 # The hierarchical kernel model (seed 002's, DeepFlow's: each matmul's HBM bytes from its tiles through the chip's

@@ -40,6 +40,7 @@ BASE = {
     "train": "train --devices cpu:8 --mesh fsdp=8 --preset tiny --batch-tokens 64 --steps 1",
     "compile": "compile --devices cpu:8 --mesh fsdp=8 --preset tiny --batch-tokens 64",
     "bench": "bench --devices cpu:8 --mesh fsdp=8 --preset tiny --batch-tokens 64 --steps 1 --warmup 0",
+    "calibrate": "calibrate --out /tmp/calibrate-refused.toml --allow-cpu --quick",
 }
 ZERO_OK = {"--seed", "--verify-top", "--process-id", "--warmup"}  # counts that may be 0
 
@@ -83,7 +84,7 @@ CASES = [(c, f, v) for c, f, t in number_flags()
 
 
 def test_every_number_flag_of_every_command_is_listed():
-    """The fuzzing below covers every command with a number flag (10 of the 11)."""
+    """The fuzzing below covers every command with a number flag (11 of the 12)."""
     assert {c for c, *_ in number_flags()} == set(BASE) - {"validate"}  # validate takes no number
     assert len(CASES) > 300
 
