@@ -475,6 +475,14 @@ def recomputed(cfg: TransformerConfig, remat: str, schedule: Schedule, mesh: Map
             "out": int(cfg.block == "serial" and "out" not in keeps), "mlp_in": int("mlp_in" not in keeps)}
 
 
+def whole_layer_again(remat: str, precision: Precision) -> int:
+    """1 where the backward reruns the whole layer's forward, W_out's matmul too: remat full under a PyTorch runtime
+    (runtimes.RUNTIMES), whose torch.utils.checkpoint calls the layer's forward function again and keeps what it
+    returns (PyTorch docs, torch.utils.checkpoint; Megatron-LM's full recomputation counts 4 forward passes:
+    Narayanan et al. 2021, eq. 3); 0 elsewhere (XLA drops W_out's dead recomputed matmul: recomputed())."""
+    return int(remat == "full" and precision.accumulation in runtimes.RUNTIMES)
+
+
 def attention_shares(cfg: TransformerConfig, schedule: Schedule, mesh: Mapping) -> tuple[float, float, float]:
     """(executed, model, timed): the layers' mean attention, as a share of a global layer's. Executed, the score
     pairs the program computes: a global layer, and a local one that runs every key block (materialized, or a
@@ -509,7 +517,7 @@ def step_flops(w: Workload) -> dict:
     """Matmul FLOPs per device of one step, term by term (module docstring):
     forward = L·(qkv + attention 4 units + out + mlp) + logits; backward = L·(2·(qkv + out + mlp) + attention
     8 or 10 units) + 2·logits; recompute = L·(what the remat policy recomputes, recomputed(): full
-    qkv + attention 4 units + out + mlp·(m−1)/m);
+    qkv + attention 4 units + out + mlp·(m−1)/m, and mlp/m more under a PyTorch runtime: whole_layer_again);
     model = the matmuls the step needs with the causal half of attention: 6·P_matmul·B-style terms with
     attention counted at T²/2 (Scaling Book transformers page), per device; attention = the part of the total
     that is q·kᵀ and p·v (1F1B's second forward, remat full: forward_again, counted whole)."""
@@ -534,6 +542,7 @@ def step_flops(w: Workload) -> dict:
         again = (layer_forward - dead["mlp"] * mlp - dead["out"] * out - dead["attention_units"] * unit
                  - dead["qkv"] * qkv)
         terms["recompute"] = L * (r["qkv"] * qkv + r["out"] * out + r["mlp_in"] * mlp * (m - 1) / m
+                                  + whole_layer_again(remat, w.precision) * mlp / m
                                   + r["attention_units"] * unit + forward_again(remat, p) * again)
         model *= 3
     terms["total"] = sum(terms.values())
@@ -1022,6 +1031,8 @@ def step_kernels(w: Workload) -> list[Kernel]:
         ks += layer("recompute", 1.0, tuple(n for n in ("qkv", "out") if r[n]), units=r["attention_units"])
         if r["mlp_in"]:
             ks += layer("recompute", 1.0, ("mlp_in",), units=0)
+        if whole_layer_again(remat, precision):
+            ks += layer("recompute", 1.0, ("mlp_out",), units=0)
         if forward_again(remat, p):  # 1F1B's second forward (remat full), less what XLA drops from a one-layer
             # chunk's (dead_in_again)
             dead = dead_in_again(cfg, remat, p)

@@ -130,3 +130,22 @@ def test_gpu_messages_are_one_microbatch_or_one_layer():
     assert float(m["tensor"]) == pytest.approx(2 * 4096 * 4096)
     assert float(m["fsdp"]) == pytest.approx(2 * 202_375_168 / 2)
     assert np.isfinite(float(m["stage"]))
+
+
+def test_pytorch_full_recompute_reruns_the_whole_layer():
+    """Megatron-LM's full recomputation (torch.utils.checkpoint over each layer) runs the layer's forward again,
+    W_out's matmul included: Narayanan et al. 2021, eq. 3, count 96·B·s·l·h²·(1 + s/(6h)) = 4 forward passes of
+    24·B·s·l·h²·(1 + s/(6h)) without the vocabulary. With --runtime megatron and remat full the matmul FLOPs are
+    4 times the forward's; the package's own step (XLA drops the dead W_out matmul) recomputes less."""
+    from scaling.policies import Precision
+    from scaling.transformer import TransformerConfig, step_flops
+
+    cfg = TransformerConfig(d_model=2304, heads=24, d_ff=4 * 2304, blocks=4, seq_len=2048, mlp="gelu")
+    sched = Schedule(attention="materialized")
+    mega = step_flops(Workload(cfg, {"data": 1}, 8 * 2048, remat="full", schedule=sched,
+                               precision=Precision(accumulation="megatron")))
+    own = step_flops(Workload(cfg, {"data": 1}, 8 * 2048, remat="full", schedule=sched))
+    assert mega["total"] == pytest.approx(4 * mega["forward"], rel=1e-12)
+    # the package's step: the whole forward but W_out, 2·t·D·F of the layer's 24·t·D²·(1 + s/(6D)) per token
+    t, D, F = 8 * 2048, 2304, 4 * 2304
+    assert mega["total"] - own["total"] == pytest.approx(cfg.blocks * 2 * t * D * F, rel=1e-12)
