@@ -134,16 +134,11 @@ ax.legend(fontsize=7, loc="upper left")
 plt.show()
 
 # %% [markdown]
-# What is left (docs/findings.md, "Predicted step time" and "One H200, measured"): the TPU rows sit within 11% of
-# the line; the GPU rows' outliers are Megatron-LM's 1.7B and 3.6B (their small matmuls and materialized 24- and
-# 32-head attention, where the kernel model is weakest) and BLOOM's 9-way data-parallel row. Each microbatch's
-# gradient accumulation (an FP32 add per parameter, its bytes the runtime's: DeepSpeed's BF16 optimizer 18 B for
-# BLOOM, Megatron-LM's main_grad 10 B, this package 12 B) is what BLOOM's micro-batch searches gain from MBS 1 to 2
-# before the bubble eats it; every search ranks at 0.8 or more. The H200 bench rows are the package's own program:
-# its matrix products ran faster than the H100's fitted efficiency says (the FFN's at 0.73 of peak), its attention's
-# element-wise work and XLA:GPU's layer-loop copies slower than the kernel model's pointwise term. The hierarchical
-# kernel model (the table above) does not improve the error: on these runs almost every matmul is compute-bound
-# through its tiles, so it differs from the efficiency model by the tile and wave quantization it leaves out, which
-# is what ranks BLOOM's PP11 and PP12 micro-batch searches. Predicted memory
-# is the package's program, whose 1F1B looks each microbatch up inside its loop, as Megatron-DeepSpeed's first
-# stage does.
+# What is left (docs/findings.md, "GPU step times from kernel-level data" and "The package's own step on one H100"):
+# the TPU rows sit within 11% of the line with one efficiency per chip fitted on one named run. The GPU rows, with
+# nothing fitted on a step, are all too fast (median 25%): the GEMMs, pointwise kernels, launches, cuDNN attention and
+# NCCL collectives the model prices from kernel-level data do not add up to the measured steps; Megatron-LM's 18.4B
+# and 39.1B rows come within 9%, BLOOM's and MaxText's H100 rows miss by 18-34%. On the package's own step on one
+# H100 the model's GEMMs are within 6% of the cuBLAS kernels measured; the rest of that step is the program's own
+# elementwise work and copies (issue 39). The hierarchical kernel model (the table above) does not improve the TPU
+# error: on these runs almost every matmul is compute-bound through its tiles.
