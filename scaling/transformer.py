@@ -362,10 +362,6 @@ def _check_transformer(cfg: TransformerConfig, mesh: Mapping, schedule: Schedule
     if schedule.attention == "flash" and keys > schedule.attention_block and keys % schedule.attention_block:
         raise ValueError(f"attention_block={schedule.attention_block} does not divide the {keys} keys each device "
                          "attends to at a time")
-    if schedule.attention in ("splash", "cudnn") and spans(C) and schedule.context == "ring":
-        raise ValueError(f"attention {schedule.attention} runs with context ulysses, not ring: the ring's merge needs "
-                         "each chunk's logsumexp under differentiation, which the kernel does not return (splash: "
-                         "save_residuals raises under autodiff); use --context-strategy ulysses or --attention flash")
     if schedule.attention == "splash":
         b = min(SPLASH_BLOCK, cfg.seq_len)
         if cfg.seq_len % b or b % 128:
@@ -375,6 +371,10 @@ def _check_transformer(cfg: TransformerConfig, mesh: Mapping, schedule: Schedule
         raise ValueError("window (local attention) runs with context ulysses, not ring")
     if any(cfg.layer_windows) and mesh.get("stage", 1) > 1:
         raise ValueError(f"window (local attention) runs without pipeline stages, not stage={mesh['stage']}")
+    if schedule.attention in ("splash", "cudnn") and spans(C) and schedule.context == "ring":
+        raise ValueError(f"attention {schedule.attention} runs with context ulysses, not ring: the ring's merge needs "
+                         "each chunk's logsumexp under differentiation, which the kernel does not return (splash: "
+                         "save_residuals raises under autodiff); use --context-strategy ulysses or --attention flash")
 
 
 def _dims(cfg: TransformerConfig, mesh: Mapping, batch_tokens):
@@ -461,14 +461,13 @@ SPLASH_BLOCK = 512
 def runs_flash(schedule: Schedule, mesh: Mapping) -> bool:
     """Whether the program's attention is flash-like (ffn_model.transformer.attention): --attention flash, splash or
     cudnn (BLOCKWISE), or ring over a context axis (flash per chunk); without a context axis the strategy is unused."""
-    return np.isin(schedule.attention, BLOCKWISE) | (spans(mesh.get("context", 1)) & (schedule.context == "ring"))
+    return schedule.attention in BLOCKWISE or (spans(mesh.get("context", 1)) and schedule.context == "ring")
 
 
 def key_block(schedule: Schedule, keys) -> float:
     """The key block b of a blockwise kernel over ``keys`` keys: splash's SPLASH_BLOCK and cuDNN's (128, its
     FlashAttention-2 tile) capped at the keys, flash's attention_block; the keys (one block) otherwise."""
-    block = np.where(schedule.attention == "splash", SPLASH_BLOCK,
-                     np.where(schedule.attention == "cudnn", 128, schedule.attention_block))
+    block = {"splash": SPLASH_BLOCK, "cudnn": 128}.get(schedule.attention, schedule.attention_block)
     return np.minimum(block, keys)
 
 
@@ -476,8 +475,8 @@ def skips_causal(schedule: Schedule, mesh: Mapping) -> bool:
     """Whether the kernel skips the key blocks above the diagonal (runs nb·(nb + 1)/2 of nb² block pairs, nb = T/b)
     in the program, not only in its time: splash (its mask's block map) and cuDNN; not over a ring's chunks
     (refused)."""
-    return np.isin(schedule.attention, ("splash", "cudnn")) & ~(spans(mesh.get("context", 1))
-                                                                  & (schedule.context == "ring"))
+    return schedule.attention in ("splash", "cudnn") and not (spans(mesh.get("context", 1))
+                                                               and schedule.context == "ring")
 
 
 def attention_units(schedule: Schedule, pass_: str, mesh: Mapping) -> int:
@@ -488,7 +487,7 @@ def attention_units(schedule: Schedule, pass_: str, mesh: Mapping) -> int:
         return 4
     # splash's separate dq and dkv kernels (MaxText's default, sa_use_fused_bwd_kernel false) each recompute s and
     # dp: dq kernel s, dp, dq (6), dkv kernel s, dp, dv, dk (8)
-    return np.where(schedule.attention == "splash", 14, np.where(runs_flash(schedule, mesh), 10, 8))
+    return 14 if schedule.attention == "splash" else 10 if runs_flash(schedule, mesh) else 8
 
 
 def recomputed(cfg: TransformerConfig, remat: str, schedule: Schedule, mesh: Mapping) -> dict:
@@ -524,7 +523,7 @@ def attention_shares(cfg: TransformerConfig, schedule: Schedule, mesh: Mapping) 
     T = cfg.seq_len
     windows = cfg.layer_windows
     skips = np.asarray(skips_causal(schedule, mesh))
-    if not any(windows) and not np.any(skips):
+    if not any(windows) and not skips:
         return 1.0, 1.0, None
     flash = np.asarray(runs_flash(schedule, mesh))
     b = np.where(flash, key_block(schedule, T), T)
@@ -585,7 +584,7 @@ def step_flops(w: Workload) -> dict:
         attention_units(schedule, "backward", mesh) + r["attention_units"] if step == "train" else 0)
     terms["attention"] = L * unit * units  # of the total: the q·kᵀ and p·v matmuls (an upper bound under 1F1B)
     # of the total, what runs inside custom-call kernels (splash's Pallas kernels, cuDNN's), not as the program's dots
-    terms["kernels"] = np.where(np.isin(schedule.attention, ("splash", "cudnn")), terms["attention"], 0.0)
+    terms["kernels"] = terms["attention"] if schedule.attention in ("splash", "cudnn") else 0.0
     return terms
 
 

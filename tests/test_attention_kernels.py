@@ -90,12 +90,15 @@ def test_auto_takes_the_platforms_kernel():
 
 def test_auto_is_the_commands_default_and_says_so(capsys):
     from jax_scaling.args import schedule_of
-    from jax_scaling.cli import parser
+    from jax_scaling.cli import main, parser
     args = parser().parse_args(["check", "--preset", "small-tf", "--devices", "tpu:v5p:2x2x2"])
     assert schedule_of(args).attention == "splash"
-    assert "attention: splash (auto on tpu)" in capsys.readouterr().err
     args = parser().parse_args(["check", "--preset", "small-tf", "--devices", "cpu:8"])
     assert schedule_of(args).attention == "flash"
+    for chip, kernel in (("v5p", "splash"), ("h100", "cudnn")):
+        assert main(["predict", "--preset", "small-tf", "--chip", chip, "--chips", "8", "--mesh", "fsdp=8",
+                     "--batch-tokens", "32768"]) == 0
+        assert f"attention {kernel}," in capsys.readouterr().out.replace("\n  ", " ")
 
 
 def test_cudnn_refused_without_a_gpu():
@@ -182,3 +185,29 @@ def test_splash_train_step_on_v5p_in_band():
     for axis, row in rep.collectives.by_axis.items():
         assert 0.98 <= row.ratio <= 1.02, (axis, row)
     assert 0.90 <= rep.memory.peak.ratio <= 1.10, rep.memory.peak
+
+
+# the transformer with splash in its layers, on 8 emulated CPU devices (interpret mode), against one device running
+# materialized attention: T = 128 (one 128-block), GQA (8 heads, 4 kv heads)
+SPLASH_TF = [("fsdp=2,tensor=2", Schedule(attention="splash")),
+             ("fsdp=2,context=2", Schedule(attention="splash", context="ulysses"))]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec, schedule", SPLASH_TF, ids=[s for s, _ in SPLASH_TF])
+def test_splash_transformer_trains_like_one_device(spec, schedule):
+    """tests/test_transformer.py's tolerance (losses within 2^-7 relative, parameters within 2·steps·lr): the
+    shard_map over batch and heads (or Ulysses' all-to-alls) around the kernel gives each device whole sequences."""
+    from ffn_model.train import train
+    from mesh import make_mesh, mesh_shape
+    from scaling.mesh_shape import parse_mesh_spec
+    from scaling.workload import Workload
+    from tests.test_transformer import LR, STEPS, TINY_TF, _one_device
+    from tests.test_pipeline import assert_matches
+    cfg = TINY_TF.replace(seq_len=128)
+    batch = 4 * cfg.seq_len
+    want = _one_device(cfg, batch)
+    mesh = make_mesh(spec, jax.devices()[: parse_mesh_spec(spec).devices])
+    losses, state = train(Workload(cfg, mesh_shape(mesh), batch, schedule=schedule), mesh, STEPS, lr=LR,
+                          return_state=True)
+    assert_matches(losses, state["params"], want)
