@@ -1,4 +1,5 @@
-"""Causal multi-head self-attention with grouped-query heads: materialized, flash, Ulysses and ring.
+"""Causal multi-head self-attention with grouped-query heads: materialized, flash, Ulysses and ring; and the
+libraries' kernels, splash (jax's Pallas kernel, TPU) and cuDNN's fused attention (GPU).
 
 Notation (Scaling Book / nanodo): B batch, T query length, S key length, N query heads, K kv heads,
 G = N / K query heads per kv head, H head dim, C devices on the sequence (context) axis. Inputs are
@@ -544,8 +545,9 @@ def splash_attention(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, q_pos_T=None, k_pos_S=None
     positions are not taken). The kernel's custom_vjp saves q, k, v, o and the FP32 logsumexp (named "attn_lse",
     both: RESIDUAL_NAMES) and runs separate dq and dkv kernels that recompute p = exp(s - lse). It visits only the
     (query block, key block) pairs the mask does not fully hide: causal, nb·(nb + 1)/2 of nb² (nb = T/b).
-    FLOPs per visited block pair of b_q·b_kv scores: forward 4·b_q·b_kv·H, backward 10·b_q·b_kv·H (dq: s, dp, dq;
-    dkv: s, dp, dv, dk, 2 each... per head). ``interpret``: Pallas's interpret mode (None: interpret_kernels()).
+    FLOPs per visited block pair of b_q·b_kv scores, per head: forward 4·b_q·b_kv·H, backward 14·b_q·b_kv·H (the dq
+    kernel s, dp, dq; the dkv kernel s, dp, dv, dk; 2 each). ``interpret``: Pallas's interpret mode (None:
+    interpret_kernels()).
     Source: FlashAttention-2 (Dao 2023), Algorithms 1 and 2, as the splash kernel implements them."""
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm

@@ -7,7 +7,7 @@ sequence also over tensor between the matmuls):
 
   h1 = RMSNorm(x)                     (FP32 statistics, BF16 out; no learned scale: rms_norm)
   q, k, v = h1·W_q, h1·W_k, h1·W_v    [B,T,N,H], [B,T,K,H]: heads over tensor
-  o = causal attention(q, k, v)       ffn_model.attention: materialized or flash; with a context
+  o = causal attention(q, k, v)       ffn_model.attention: materialized, flash, splash or cudnn; with a context
                                       axis, Ulysses (all-to-all) or ring (ppermute), in a shard_map
                                       manual over every mesh axis
   x = x + o·W_o                       partial sums over tensor: all-reduce (reduce-scatter under SP)
@@ -132,7 +132,9 @@ def attention(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, schedule: Schedule, window=None):
     """Causal attention on the global arrays. Without a context axis: the local form on every device's
     batch and heads (GSPMD). With one: jax.shard_map manual over context and tensor (each device its
     sequence chunk and its heads), Ulysses or ring (ffn_model.attention). ``window``: a local layer's W keys
-    (materialized, flash and Ulysses; ring is refused where the Workload is built)."""
+    (materialized, flash, splash and Ulysses; ring is refused where the Workload is built). Attention "auto" takes
+    the traced mesh's platform's kernel (Schedule.on); splash, a Pallas kernel XLA does not partition, runs under a
+    shard_map over the mesh's automatic axes (MaxText's form) or inside Ulysses' shard_map."""
     mesh = jax.sharding.get_abstract_mesh()
     schedule = schedule.on(mesh.abstract_device.platform if not mesh.empty and mesh.abstract_device
                            else jax.default_backend())  # auto: the platform's kernel (Schedule.on)

@@ -13,7 +13,9 @@ One layer, per device (module docstring of ffn_model.transformer):
             skipped (Ulysses: N/(Y·C) heads over the whole sequence; ring: C chunks of T/C keys, the
             future ones inside a cond that a static count of the program takes, while at run time
             device i computes i+1 of them); backward 8 units (materialized: dv, dp, dq, dk from the
-            saved probabilities) or 10 (flash: the scores recomputed)
+            saved probabilities) or 10 (flash: the scores recomputed). Splash and cuDNN visit only the
+            causal block pairs, nb·(nb + 1)/2 of nb² (attention_shares), splash's backward 14 units (its dq
+            and dkv kernels each recompute s and dp); their FLOPs run inside custom calls (step_flops "kernels")
   local     a window W (cfg.window, every layer or all but each global_every-th): materialized masks it and
             runs every pair; flash runs c + 1 key blocks per query block, c = ceil((W − 1)/b): the units
             scaled by attention_shares (model FLOPs: T·W − W·(W − 1)/2 pairs for T²/2)
