@@ -1,4 +1,5 @@
-"""Causal multi-head self-attention with grouped-query heads: materialized, flash, Ulysses and ring.
+"""Causal multi-head self-attention with grouped-query heads: materialized, flash, Ulysses and ring; and the
+libraries' kernels, splash (jax's Pallas kernel, TPU) and cuDNN's fused attention (GPU).
 
 Notation (Scaling Book / nanodo): B batch, T query length, S key length, N query heads, K kv heads,
 G = N / K query heads per kv head, H head dim, C devices on the sequence (context) axis. Inputs are
@@ -505,3 +506,86 @@ def ring_attention(q_BxTcxNxH, k_BxTcxKxH, v_BxTcxKxH, axis_name, block=512):
     notes: docs/findings.md, "Attention kernels". Source: Ring Attention (Liu, Zaharia, Abbeel 2023,
     arXiv:2310.01889), Algorithm 1; per chunk FlashAttention-2 (Dao 2023), Algorithms 1 and 2."""
     return _ring(q_BxTcxNxH, k_BxTcxKxH, v_BxTcxKxH, axis_name, block)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The libraries' kernels: splash attention (Pallas, TPU; MaxText's) and cuDNN's fused attention (GPU).
+
+# MaxText's splash block sizes (its base.yml: sa_block_q, sa_block_kv, sa_block_kv_compute, sa_block_q_dkv,
+# sa_block_kv_dkv, sa_block_kv_dkv_compute, sa_block_q_dq, sa_block_kv_dq all 512, sa_use_fused_bwd_kernel false),
+# each capped at the sequence as layers/attention_op.py's tpu_flash_attention caps them
+SPLASH_BLOCK = 512
+
+
+def splash_blocks(T: int, S: int, block: int = SPLASH_BLOCK):
+    """splash_attention_kernel.BlockSizes as MaxText sets them (attention_op.tpu_flash_attention): every block
+    min(``block``, T) for the queries and min(``block``, S) for the keys, separate dq and dkv backward kernels."""
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+    bq, bkv = min(block, T), min(block, S)
+    return sk.BlockSizes(block_q=bq, block_kv=bkv, block_kv_compute=bkv, block_q_dkv=bq, block_kv_dkv=bkv,
+                         block_kv_dkv_compute=bkv, block_q_dq=bq, block_kv_dq=bkv, use_fused_bwd_kernel=False)
+
+
+def interpret_kernels() -> bool:
+    """Whether a Pallas TPU kernel runs through Pallas's interpret mode: where the devices being compiled for (the
+    mesh set with jax.set_mesh, its abstract device's platform; without one jax's default backend) are not TPUs."""
+    mesh = jax.sharding.get_abstract_mesh()
+    platform = mesh.abstract_device.platform if not mesh.empty and mesh.abstract_device else jax.default_backend()
+    return platform != "tpu"
+
+
+def splash_attention(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, q_pos_T=None, k_pos_S=None, window=None,
+                     block=SPLASH_BLOCK, interpret=None):
+    """Causal attention by jax's splash attention kernel (jax.experimental.pallas.ops.tpu.splash_attention,
+    what MaxText runs on TPUs) on one device's arrays -> o_BxTxNxH (BF16). q is scaled by H**-0.5 in BF16 first
+    (MaxText's query scaling), then, per sequence (vmap over B, MaxText's form), make_splash_mha's kernel on
+    [N, T, H] against the K kv heads [K, S, H] (grouped-query: query head n reads kv head n // G) with a
+    CausalMask, or with ``window`` W a LocalMask of window_size (W - 1, 0) (query t sees t - W < s <= t), block
+    sizes splash_blocks (MaxText's 512s). q_pos_T, k_pos_S must be None or arange(T) (the mask is the kernel's:
+    positions are not taken). The kernel's custom_vjp saves q, k, v, o and the FP32 logsumexp (named "attn_lse",
+    both: RESIDUAL_NAMES) and runs separate dq and dkv kernels that recompute p = exp(s - lse). It visits only the
+    (query block, key block) pairs the mask does not fully hide: causal, nb·(nb + 1)/2 of nb² (nb = T/b).
+    FLOPs per visited block pair of b_q·b_kv scores, per head: forward 4·b_q·b_kv·H, backward 14·b_q·b_kv·H (the dq
+    kernel s, dp, dq; the dkv kernel s, dp, dv, dk; 2 each). ``interpret``: Pallas's interpret mode (None:
+    interpret_kernels()).
+    Source: FlashAttention-2 (Dao 2023), Algorithms 1 and 2, as the splash kernel implements them."""
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
+    B, T, N, H = q_BxTxNxH.shape
+    S, K = k_BxSxKxH.shape[1], k_BxSxKxH.shape[2]
+    if N % K:
+        raise ValueError(f"query heads N={N} must be a multiple of kv heads K={K}")
+    mask = sm.CausalMask((T, S)) if window is None else sm.LocalMask((T, S), window_size=(window - 1, 0), offset=0)
+    kernel = sk.make_splash_mha(mask=sm.MultiHeadMask((mask,) * N), block_sizes=splash_blocks(T, S, block),
+                                head_shards=1, q_seq_shards=1, residual_checkpoint_name="attn_lse",
+                                interpret=interpret_kernels() if interpret is None else interpret)
+    scale = jnp.asarray(H ** -0.5, COMPUTE_DTYPE)
+    q = jnp.swapaxes(q_BxTxNxH.astype(COMPUTE_DTYPE) * scale, 1, 2)  # [B, N, T, H]
+    k, v = jnp.swapaxes(k_BxSxKxH, 1, 2), jnp.swapaxes(v_BxSxKxH, 1, 2)
+    o_BxNxTxH = jax.vmap(kernel)(q, k, v)
+    return jnp.swapaxes(o_BxNxTxH, 1, 2).astype(COMPUTE_DTYPE)
+
+
+def has_cudnn() -> bool:
+    """Whether cuDNN's fused attention can be traced here: a CUDA GPU among jax's devices."""
+    try:
+        return any(d.platform == "gpu" for d in jax.devices("gpu"))
+    except RuntimeError:
+        return False
+
+
+def cudnn_attention(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, q_pos_T=None, k_pos_S=None, window=None):
+    """Causal attention by cuDNN's fused attention, jax.nn.dot_product_attention(q, k, v, is_causal=True,
+    implementation="cudnn") -> o_BxTxNxH (BF16): grouped-query heads as given (K kv heads), the scale H**-0.5,
+    ``window`` W as local_window_size (W - 1, 0). The kernel (cuDNN's FlashAttention-2 form) saves o and the
+    softmax statistics, recomputes the scores in the backward and skips the key blocks above the diagonal.
+    FLOPs as flash's: forward 4, backward 10 units of B·T·S·N·H over the visited blocks. It needs the CUDA
+    libraries when traced: ValueError where no GPU is present."""
+    if not has_cudnn():
+        raise ValueError("attention cudnn needs a CUDA GPU (cuDNN's fused attention is traced with the CUDA "
+                         "libraries); none is present here: use --attention flash or auto")
+    local = None if window is None else (window - 1, 0)
+    o = jax.nn.dot_product_attention(q_BxTxNxH.astype(COMPUTE_DTYPE), k_BxSxKxH.astype(COMPUTE_DTYPE),
+                                     v_BxSxKxH.astype(COMPUTE_DTYPE), is_causal=True, local_window_size=local,
+                                     implementation="cudnn")
+    return o.astype(COMPUTE_DTYPE)

@@ -7,7 +7,7 @@ sequence also over tensor between the matmuls):
 
   h1 = RMSNorm(x)                     (FP32 statistics, BF16 out; no learned scale: rms_norm)
   q, k, v = h1·W_q, h1·W_k, h1·W_v    [B,T,N,H], [B,T,K,H]: heads over tensor
-  o = causal attention(q, k, v)       ffn_model.attention: materialized or flash; with a context
+  o = causal attention(q, k, v)       ffn_model.attention: materialized, flash, splash or cudnn; with a context
                                       axis, Ulysses (all-to-all) or ring (ppermute), in a shard_map
                                       manual over every mesh axis
   x = x + o·W_o                       partial sums over tensor: all-reduce (reduce-scatter under SP)
@@ -31,8 +31,8 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
-from ffn_model.attention import (RESIDUAL_NAMES, attention_materialized, flash_attention_o, ring_attention,
-                                 ulysses_attention)
+from ffn_model.attention import (RESIDUAL_NAMES, attention_materialized, cudnn_attention, flash_attention_o,
+                                 ring_attention, splash_attention, ulysses_attention)
 from ffn_model.pipeline import (circular_layout, live_slots, merge_microbatches, one_f_one_b, pad_stack,
                                 pipeline_outputs, real_blocks, split_microbatches, uneven_stages)
 from ffn_model.sharded import (COMPUTE_DTYPE, constrain, gather_bf16, grad_axes, init_normal, param, reshard,
@@ -119,6 +119,10 @@ def _local_attention(schedule: Schedule, window=None):
     sliding-window attention over W keys (None: global)."""
     if schedule.attention == "flash":
         kernel = functools.partial(flash_attention_o, block=schedule.attention_block, window=window)
+    elif schedule.attention == "splash":
+        kernel = functools.partial(splash_attention, window=window)
+    elif schedule.attention == "cudnn":
+        kernel = functools.partial(cudnn_attention, window=window)
     else:
         kernel = functools.partial(attention_materialized, window=window)
     return lambda q, k, v, q_pos, k_pos: kernel(*_named(q, k, v), q_pos, k_pos)
@@ -128,22 +132,31 @@ def attention(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, schedule: Schedule, window=None):
     """Causal attention on the global arrays. Without a context axis: the local form on every device's
     batch and heads (GSPMD). With one: jax.shard_map manual over context and tensor (each device its
     sequence chunk and its heads), Ulysses or ring (ffn_model.attention). ``window``: a local layer's W keys
-    (materialized, flash and Ulysses; ring is refused where the Workload is built)."""
+    (materialized, flash, splash and Ulysses; ring is refused where the Workload is built). Attention "auto" takes
+    the traced mesh's platform's kernel (Schedule.on); splash, a Pallas kernel XLA does not partition, runs under a
+    shard_map over the mesh's automatic axes (MaxText's form) or inside Ulysses' shard_map."""
     mesh = jax.sharding.get_abstract_mesh()
+    schedule = schedule.on(mesh.abstract_device.platform if not mesh.empty and mesh.abstract_device
+                           else jax.default_backend())  # auto: the platform's kernel (Schedule.on)
     local = _local_attention(schedule, window)
     T = q_BxTxNxH.shape[1]
+    spec, kv_spec = logical_to_spec(Q_AXES), logical_to_spec(KV_AXES)
+    auto = set(mesh.axis_names) - set(mesh.manual_axes)  # inside a pipeline's shard_map, stage is manual already
     if mesh.empty or mesh.shape.get("context", 1) == 1:
         pos = jnp.arange(T, dtype=jnp.int32)
-        return local(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, pos, pos)
+        if schedule.attention != "splash" or mesh.empty or not auto:
+            return local(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, pos, pos)
+        # a Pallas kernel is not partitioned by XLA: splash runs under a shard_map over the mesh's batch and heads
+        # axes, each device its sequences and heads whole in T (MaxText's attention_op, tpu_flash_attention)
+        return jax.shard_map(lambda q, k, v: local(q, k, v, pos, pos), mesh=mesh, in_specs=(spec, kv_spec, kv_spec),
+                             out_specs=spec, axis_names=auto, check_vma=False)(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH)
     # fully manual: every device its batch shard, sequence chunk and heads (left automatic, the batch axes
     # made XLA all-gather q, k, v over fsdp around the all-to-all)
-    spec, kv_spec = logical_to_spec(Q_AXES), logical_to_spec(KV_AXES)
     if schedule.context == "ulysses":
         fn = functools.partial(ulysses_attention, axis_name="context", attend=local)
     else:
         ring = functools.partial(ring_attention, axis_name="context", block=schedule.attention_block)
         fn = lambda q, k, v: ring(*_named(q, k, v))  # noqa: E731
-    auto = set(mesh.axis_names) - set(mesh.manual_axes)  # inside a pipeline's shard_map, stage is manual already
     return jax.shard_map(lambda q, k, v: fn(q, k, v), mesh=mesh, in_specs=(spec, kv_spec, kv_spec), out_specs=spec,
                          axis_names=auto, check_vma=False)(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH)
 

@@ -86,8 +86,9 @@ def add_schedule_args(p) -> None:
     # schedule_of fills in Schedule's defaults
     d = Schedule()
     g.add_argument("--attention", choices=ATTENTIONS,
-                   help="transformer attention: materialized scores or flash (key blocks, online softmax; "
-                        f"default {d.attention}; predict and plan: flash)")
+                   help="transformer attention: materialized scores, flash (the package's key blocks, online "
+                        "softmax), splash (jax's Pallas kernel, TPU), cudnn (cuDNN's fused attention, GPU) or auto "
+                        "(default: splash on TPU, cudnn on GPU, flash on CPU; the command says which it took)")
     g.add_argument("--attention-block", type=integer, help=f"flash attention's key block (transformer; default "
                    f"{d.attention_block})")
     g.add_argument("--context-strategy", choices=CONTEXT_STRATEGIES,
@@ -109,13 +110,38 @@ def block_list(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of block counts (e.g. 3,2)")
 
 
-def schedule_of(args) -> Schedule:
+def schedule_of(args, platform: str | None = None) -> Schedule:
     """The Schedule of --microbatches, --repeats, --fsdp-gather, --sequence-parallel and the transformer's
     --attention, --attention-block, --context-strategy (Schedule's defaults where not given; ValueError naming a
-    bad value): scaling.reports.schedule_from."""
-    return schedule_from(given_or(args, "microbatches", 1),
-                         **{k: given_or(args, k, v) for k, v in SCHEDULE_FIELDS.items()},
-                         **{a: getattr(args, a, None) for a in SCHEDULE_FLAGS})
+    bad value): scaling.reports.schedule_from. A transformer's --attention left out is auto, resolved for
+    ``platform`` (Schedule.on; None: platform_of the command's --devices); the reports name the kernel taken."""
+    attention = {a: getattr(args, a, None) for a in SCHEDULE_FLAGS}
+    if "attention" in attention and attention["attention"] is None and model_config(args).has_attention:
+        attention["attention"] = "auto"
+    schedule = schedule_from(given_or(args, "microbatches", 1),
+                             **{k: given_or(args, k, v) for k, v in SCHEDULE_FIELDS.items()}, **attention)
+    platform = platform or platform_of(getattr(args, "devices", None))
+    if schedule.attention == "auto" and platform is not None:
+        schedule = schedule.on(platform)
+    return schedule
+
+
+def platform_of(devices: str | None) -> str | None:
+    """The platform a --devices spec names: tpu:... -> tpu, gpu:... -> gpu, cpu:N -> cpu; left out (the machine's
+    own devices), jax's default backend once jax has started its backends, else None (not known yet: jax is not
+    started for it, so that a bad flag still fails first and a multi-process run initializes itself first; the
+    model resolves auto at trace time, ffn_model.transformer.attention)."""
+    head = (devices or "").strip().lower().split(":")[0]
+    if head in ("tpu", "gpu", "cpu"):
+        return head
+    import sys
+    if "jax" not in sys.modules:
+        return None
+    from jax._src import xla_bridge
+    if not xla_bridge.backends_are_initialized():
+        return None
+    import jax
+    return jax.default_backend()
 
 
 def given_or(args, name: str, default):
@@ -198,11 +224,11 @@ CONFIG_DEFAULTS = {"microbatches": 1, "remat": "none", "dtype": "bf16", "grad_ac
 
 def setup_fields(args) -> dict:
     """predict's flags (add_predict_args) as scaling.reports.predict_setup's keyword fields, and the command: a flag
-    left out its CONFIG_DEFAULTS value, the preset preset_of's, a transformer's attention flash (plan's)."""
+    left out its CONFIG_DEFAULTS value, the preset preset_of's, a transformer's attention the chip's
+    (chip_attention)."""
     out = {**{k: given_or(args, k, CONFIG_DEFAULTS.get(k)) for k in SETUP_FIELDS},
            "command": getattr(args, "command", "predict"), "preset": preset_of(args)}
-    if out["attention"] is None and model_config(args).has_attention:
-        out["attention"] = "flash"
+    out["attention"] = chip_attention(args)
     return out
 
 
@@ -217,6 +243,21 @@ class RuntimeAction(argparse.Action):
 
     def __call__(self, parser, namespace, values, option_string=None):
         setattr(namespace, self.dest, RUNTIME_ACCUMULATION[values])
+
+
+def chip_attention(args) -> str | None:
+    """A transformer's --attention for predict and plan: given, itself; left out or auto, the kernel the chip's
+    production code runs (scaling.schedule.attention_for of --chip's or --slice's kind: splash on a TPU, cudnn on a
+    GPU; predict's header and plan's options name it); None for a model without attention."""
+    if not model_config(args).has_attention:
+        return getattr(args, "attention", None)
+    if getattr(args, "attention", None) not in (None, "auto"):
+        return args.attention
+    from scaling.hardware import get_chip, parse_slice
+    from scaling.schedule import attention_for
+    kind = parse_slice(args.slice)[0].kind if getattr(args, "slice", None) else get_chip(
+        getattr(args, "chip", None) or DEFAULT_CHIP).kind
+    return attention_for(kind)
 
 
 def add_config_args(r, mesh_required: bool, preset: str | None = "xxl") -> None:

@@ -164,8 +164,8 @@ def train_command(args, cfg) -> dict:
     from mesh import make_mesh, mesh_shape
 
     mesh = make_mesh(args.mesh, start_processes(args))
-    w = Workload(cfg, mesh_shape(mesh), args.batch_tokens, remat=args.remat, schedule=schedule_of(args),
-                 flags=flags_of(args))
+    w = Workload(cfg, mesh_shape(mesh), args.batch_tokens, remat=args.remat,
+                 schedule=schedule_of(args, mesh.devices.flat[0].platform), flags=flags_of(args))
     check_real_cpu_size(args, w, mesh)
     main = jax.process_index() == 0
     out = sys.stderr if args.json else sys.stdout
@@ -180,12 +180,14 @@ def train_command(args, cfg) -> dict:
         if main:
             print(line, file=sys.stderr if args.json or line.startswith("warning:") else sys.stdout, flush=True)
 
+    if cfg.has_attention:
+        say(f"attention {w.schedule.attention}")  # auto: the platform's kernel (scaling.schedule.attention_for)
     losses = train(w, mesh, args.steps, lr=args.lr, seed=args.seed, log=log, checkpoint_dir=args.checkpoint_dir,
                    save_every=args.save_every, resume=args.resume, say=say)
     return {"command": "train", "model": vars(cfg), "mesh": mesh_shape(mesh).as_dict(), "devices": args.devices,
             "processes": jax.process_count(), "batch_tokens": args.batch_tokens, "steps": args.steps,
             "start_step": args.steps - len(losses), "lr": args.lr, "seed": args.seed, "remat": args.remat,
-            "schedule": vars(schedule_of(args)),
+            "schedule": vars(w.schedule),
             "checkpoint_dir": args.checkpoint_dir, "losses": losses,
             "tokens_per_s": statistics.median(rates[1:] or rates) if rates else None}
 

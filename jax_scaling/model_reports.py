@@ -23,7 +23,7 @@ COST_KEYS = ("flops", "bytes accessed", "transcendentals", "optimal_seconds")
 def compile_report(args, cfg) -> dict:
     """``compile``: compile one step ahead of time and read it (verify.hlo.read_compiled)."""
     mesh = make_mesh(args.mesh, args.devices, args.verbose)
-    schedule = schedule_of(args)
+    schedule = schedule_of(args, mesh.devices.flat[0].platform)  # auto: the platform's attention
     try:
         res = abstract_compile(Workload(cfg, mesh_shape(mesh), args.batch_tokens, args.step, args.remat, schedule,
                                         flags=flags_of(args)), mesh, args.verbose)
@@ -56,8 +56,9 @@ def check_gpu_fits(devices, peak) -> None:
 def print_compile(rep: dict) -> None:
     print(f"{rep['step']} step of {rep.get('model_text', rep['model'])} on {rep['devices'] or rep['platform']} mesh "
           f"{MeshShape(rep['mesh'])}, "
-          f"B={rep['batch_tokens']:,} tokens, remat {rep['remat']}, XLA flags {rep.get('xla_flags', 'default')!r}: "
-          f"compiled in {rep['compile_seconds']:.1f} s")
+          f"B={rep['batch_tokens']:,} tokens, remat {rep['remat']}, "
+          + (f"attention {rep['schedule']['attention']}, " if rep.get("model", {}).get("heads") else "")
+          + f"XLA flags {rep.get('xla_flags', 'default')!r}: compiled in {rep['compile_seconds']:.1f} s")
     for k, v in rep["memory"].items():
         print(f"  memory.{k:<21} {'-' if v is None else f'{v:,.0f} B ({v / 1e9:.3f} GB)'}  per device")
     print(f"  dot FLOPs x loop trips  {rep['dot_flops']:.6g} per device")
@@ -72,7 +73,8 @@ def print_compile(rep: dict) -> None:
 def bench_report(args, cfg) -> dict:
     """``bench``: time the train step on this process's devices (or cpu:N) and report it."""
     mesh = make_mesh(args.mesh, start_processes(args))
-    w = Workload(cfg, mesh_shape(mesh), args.batch_tokens, remat=args.remat, schedule=schedule_of(args),
+    w = Workload(cfg, mesh_shape(mesh), args.batch_tokens, remat=args.remat,
+                 schedule=schedule_of(args, mesh.devices.flat[0].platform),
                  flags=flags_of(args))
     check_real_cpu_size(args, w, mesh)
     dev = mesh.devices.flat[0]
@@ -81,6 +83,7 @@ def bench_report(args, cfg) -> dict:
     return {"command": "bench", "model": vars(cfg), "model_text": str(cfg),
             "mesh": mesh_shape(mesh).as_dict(), "devices": args.devices,
             "platform": dev.platform, "device_kind": dev.device_kind, "batch_tokens": args.batch_tokens,
+            "attention": str(w.schedule.attention) if cfg.has_attention else None,
             "remat": args.remat, "steps": args.steps, "warmup": args.warmup, **rep}
 
 
@@ -89,7 +92,8 @@ def print_bench(rep: dict) -> None:
     ms = lambda t: f"{t * 1e3:.4g} ms"  # noqa: E731
     print(f"train step of {rep['model_text']} on {rep['device_kind']} mesh {MeshShape(rep['mesh'])}, "
           f"B={rep['batch_tokens']:,} "
-          f"tokens, remat {rep['remat']}, chip {rep['chip'] or 'n/a'}")
+          f"tokens, remat {rep['remat']}, "
+          + (f"attention {rep['attention']}, " if rep.get("attention") else "") + f"chip {rep['chip'] or 'n/a'}")
     if rep["chip"]:
         print(f"  chip figures: {get_chip(rep['chip']).describe()}")
     print(f"  step time   {ms(rep['step_seconds'])}  (median of {rep['steps']} after {rep['warmup']} warmup)")

@@ -10,7 +10,7 @@ import math
 import re
 import time
 
-from jax_scaling.args import add_config_args, flags_of, model_config, needs, say
+from jax_scaling.args import add_config_args, chip_attention, flags_of, model_config, needs, say
 from jax_scaling.plots import add_plot_arg
 from scaling import plan as planner
 from scaling.kernels import peak_flops
@@ -94,7 +94,8 @@ def plan_choices(args, cfg) -> planner.Choices:
                                  f"the {cfg.noun}'s plan tries microbatches and repeats only (a transformer's plan "
                                  "tries it; predict takes it), so no plan has it")
         return planner.Choices.of(cfg, args.remat)
-    return planner.Choices.of(cfg, args.remat, args.pipeline, args.attention or "flash", args.context_strategy,
+    args.attention = chip_attention(args)  # the chip's kernel, said (and --attention's filter below matches it)
+    return planner.Choices.of(cfg, args.remat, args.pipeline, args.attention, args.context_strategy,
                               args.sequence_parallel, args.optimizer_sharding)
 
 

@@ -41,7 +41,7 @@ from scaling import kernels, memory, pipeline, program, roofline
 from scaling.family import ModelFamily
 from scaling.inputs import positive_float, positive_int
 from scaling.mesh_shape import MESH_AXES, MeshShape
-from scaling.policies import ATTENTIONS, CONTEXT_STRATEGIES, PIPELINES, check_remat
+from scaling.policies import CONTEXT_STRATEGIES, PIPELINES, check_remat
 from scaling.policies import DEFAULT_PRECISION
 from scaling.schedule import Schedule
 from scaling.sharding import shards
@@ -303,6 +303,11 @@ class Plan:
                 + (f", remat {self.remat}" if self.options else ""))
 
 
+# the attentions a plan tries where none is given (the package's own two; the commands give the chip's kernel:
+# jax_scaling.args.chip_attention)
+PLAN_ATTENTIONS = ("materialized", "flash")
+
+
 @dataclass(frozen=True)
 class Choices:
     """What the planner tries on each mesh besides its microbatches and repeats (``schedules``), each a tuple of
@@ -313,7 +318,7 @@ class Choices:
 
     remats: tuple = ("none",)
     pipelines: tuple = PIPELINES
-    attentions: tuple = ATTENTIONS
+    attentions: tuple = PLAN_ATTENTIONS
     contexts: tuple = CONTEXT_STRATEGIES
     sequence_parallel: tuple = (False, True)
     optimizer_sharding: tuple = ("fsdp",)
@@ -328,7 +333,8 @@ class Choices:
         for r in remats:
             check_remat(r, cfg)
         one = lambda v, every: every if v is None else (v,)  # noqa: E731
-        return cls(remats, one(pipeline, PIPELINES), one(attention, ATTENTIONS), one(context, CONTEXT_STRATEGIES),
+        return cls(remats, one(pipeline, PIPELINES), one(attention, PLAN_ATTENTIONS),
+                   one(context, CONTEXT_STRATEGIES),
                    one(sequence_parallel, (False, True)), one(optimizer_sharding, ("fsdp",)))
 
 

@@ -58,6 +58,9 @@ class Attention(enum.StrEnum):
     """The attention computation of the transformer (Schedule.attention)."""
     MATERIALIZED = "materialized"
     FLASH = "flash"
+    SPLASH = "splash"  # jax's Pallas splash attention kernel (TPU; MaxText's)
+    CUDNN = "cudnn"  # cuDNN's fused attention through jax.nn.dot_product_attention (GPU)
+    AUTO = "auto"  # the platform's production kernel: splash on TPU, cudnn on GPU, flash on CPU (scaling.schedule)
 
 
 class ContextStrategy(enum.StrEnum):

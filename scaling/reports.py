@@ -289,7 +289,9 @@ class PredictReport:
                if self.dcn else "")
         lines += [prose(f"{w.model}"),
                   prose(f"on {devices} {chip.name} devices ({where}{net}), mesh {_mesh_text(dict(w.mesh))}, "
-                        f"B = {B:,} tokens, M = {M}, remat {w.remat}, {w.step} step, {w.flags.describe()}")]
+                        f"B = {B:,} tokens, M = {M}, remat {w.remat}, {w.step} step"
+                        + (f", attention {w.schedule.attention}" if w.model.has_attention else "")
+                        + f", {w.flags.describe()}")]
         S = w.mesh.get("stage", 1)
         if S > 1 and len(set(counts := pipeline.stage_blocks(w.model, w.schedule, S))) > 1:  # uneven stages
             loads = pipeline.stage_loads(w.model, w.schedule, S)

@@ -6,6 +6,7 @@ keeps of a stack of blocks. Pure Python and numpy.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -14,6 +15,17 @@ import numpy as np
 from scaling.inputs import positive_int, positive_ints
 from scaling.policies import (Attention, ContextStrategy, FsdpGather, OptimizerSharding, Pipeline, check_remat,
                               choose)
+
+
+# The attention kernel each platform's production code runs (Schedule.attention "auto"): MaxText's splash on TPUs
+# (layers/attention_op.py, attention=flash on TPU is splash), cuDNN's fused attention on GPUs (MaxText's
+# cudnn_flash_te / jax.nn.dot_product_attention(implementation="cudnn")), the package's own flash elsewhere
+AUTO_ATTENTION = {"tpu": "splash", "gpu": "cudnn", "cuda": "cudnn", "rocm": "flash", "cpu": "flash"}
+
+
+def attention_for(platform: str) -> str:
+    """The attention "auto" takes on ``platform`` (AUTO_ATTENTION; a platform not listed: flash, the portable one)."""
+    return AUTO_ATTENTION.get(str(platform).lower(), "flash")
 
 
 def saved_blocks(blocks: int, remat: str) -> tuple[int, int]:
@@ -49,7 +61,9 @@ class Schedule:
                     tensor all-reduce, and the saved block inputs shrink by Y.
     attention       (transformer) "materialized": the T×S scores and probabilities as arrays;
                     "flash": key blocks of ``attention_block`` in a scan with an online softmax, memory
-                    O(T·block) (ffn_model.attention).
+                    O(T·block) (ffn_model.attention); "splash": jax's Pallas splash kernel (TPU, MaxText's; 512
+                    blocks, the causal blocks above the diagonal skipped); "cudnn": cuDNN's fused attention (GPU);
+                    "auto": the platform's (attention_for), resolved by Schedule.on where the platform is known.
     context         (transformer, with a context axis) "ulysses": all-to-all from sequence-split to
                     head-split and back around the attention; "ring": K/V chunks passed round the
                     context axis with ppermute, future chunks skipped.
@@ -112,6 +126,12 @@ class Schedule:
                 raise ValueError(f"stage_blocks={','.join(map(str, blocks))} must list a positive block count for "
                                  "every stage (e.g. 3,2)")
             object.__setattr__(self, "stage_blocks", tuple(int(b) for b in blocks))
+
+    def on(self, platform: str) -> "Schedule":
+        """This schedule with attention "auto" replaced by ``platform``'s kernel (attention_for); else itself."""
+        if self.attention != "auto":
+            return self
+        return dataclasses.replace(self, attention=attention_for(platform))
 
     def check(self, cfg, mesh: Mapping, batch_tokens: int | None = None) -> "Schedule":
         """ValueError naming the input when the schedule cannot run ``cfg`` on ``mesh``: the stages must

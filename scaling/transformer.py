@@ -13,7 +13,9 @@ One layer, per device (module docstring of ffn_model.transformer):
             skipped (Ulysses: N/(Y·C) heads over the whole sequence; ring: C chunks of T/C keys, the
             future ones inside a cond that a static count of the program takes, while at run time
             device i computes i+1 of them); backward 8 units (materialized: dv, dp, dq, dk from the
-            saved probabilities) or 10 (flash: the scores recomputed)
+            saved probabilities) or 10 (flash: the scores recomputed). Splash and cuDNN visit only the
+            causal block pairs, nb·(nb + 1)/2 of nb² (attention_shares), splash's backward 14 units (its dq
+            and dkv kernels each recompute s and dp); their FLOPs run inside custom calls (step_flops "kernels")
   local     a window W (cfg.window, every layer or all but each global_every-th): materialized masks it and
             runs every pair; flash runs c + 1 key blocks per query block, c = ceil((W − 1)/b): the units
             scaled by attention_shares (model FLOPs: T·W − W·(W − 1)/2 pairs for T²/2)
@@ -362,10 +364,19 @@ def _check_transformer(cfg: TransformerConfig, mesh: Mapping, schedule: Schedule
     if schedule.attention == "flash" and keys > schedule.attention_block and keys % schedule.attention_block:
         raise ValueError(f"attention_block={schedule.attention_block} does not divide the {keys} keys each device "
                          "attends to at a time")
+    if schedule.attention == "splash":
+        b = min(SPLASH_BLOCK, cfg.seq_len)
+        if cfg.seq_len % b or b % 128:
+            raise ValueError(f"attention splash needs seq_len={cfg.seq_len} in blocks of min(512, T) that are a "
+                             "multiple of 128 (the kernel's lanes)")
     if any(cfg.layer_windows) and spans(C) and schedule.context == "ring":
         raise ValueError("window (local attention) runs with context ulysses, not ring")
     if any(cfg.layer_windows) and mesh.get("stage", 1) > 1:
         raise ValueError(f"window (local attention) runs without pipeline stages, not stage={mesh['stage']}")
+    if schedule.attention in ("splash", "cudnn") and spans(C) and schedule.context == "ring":
+        raise ValueError(f"attention {schedule.attention} runs with context ulysses, not ring: the ring's merge needs "
+                         "each chunk's logsumexp under differentiation, which the kernel does not return (splash: "
+                         "save_residuals raises under autodiff); use --context-strategy ulysses or --attention flash")
 
 
 def _dims(cfg: TransformerConfig, mesh: Mapping, batch_tokens):
@@ -442,10 +453,32 @@ def layer_weight_bytes(cfg: TransformerConfig, mesh: Mapping, precision: Precisi
     return precision.compute * (cfg.attention_params_per_block + cfg.mlp_matrices * cfg.d_model * cfg.d_ff) / Y
 
 
+# The kernels that run attention by key blocks with an online softmax, saving o and the FP32 logsumexp and recomputing
+# the scores in the backward (FlashAttention-2's form): the package's flash, and the libraries' splash and cuDNN
+BLOCKWISE = ("flash", "splash", "cudnn")
+# Splash's blocks as MaxText sets them (ffn_model.attention.SPLASH_BLOCK: every block 512, capped at T)
+SPLASH_BLOCK = 512
+
+
 def runs_flash(schedule: Schedule, mesh: Mapping) -> bool:
-    """Whether the program's attention is flash (ffn_model.transformer.attention): --attention flash, or
-    ring over a context axis (flash per chunk); without a context axis the strategy is unused."""
-    return schedule.attention == "flash" or (spans(mesh.get("context", 1)) and schedule.context == "ring")
+    """Whether the program's attention is flash-like (ffn_model.transformer.attention): --attention flash, splash or
+    cudnn (BLOCKWISE), or ring over a context axis (flash per chunk); without a context axis the strategy is unused."""
+    return schedule.attention in BLOCKWISE or (spans(mesh.get("context", 1)) and schedule.context == "ring")
+
+
+def key_block(schedule: Schedule, keys) -> float:
+    """The key block b of a blockwise kernel over ``keys`` keys: splash's SPLASH_BLOCK and cuDNN's (128, its
+    FlashAttention-2 tile) capped at the keys, flash's attention_block; the keys (one block) otherwise."""
+    block = {"splash": SPLASH_BLOCK, "cudnn": 128}.get(schedule.attention, schedule.attention_block)
+    return np.minimum(block, keys)
+
+
+def skips_causal(schedule: Schedule, mesh: Mapping) -> bool:
+    """Whether the kernel skips the key blocks above the diagonal (runs nb·(nb + 1)/2 of nb² block pairs, nb = T/b)
+    in the program, not only in its time: splash (its mask's block map) and cuDNN; not over a ring's chunks
+    (refused)."""
+    return schedule.attention in ("splash", "cudnn") and not (spans(mesh.get("context", 1))
+                                                               and schedule.context == "ring")
 
 
 def attention_units(schedule: Schedule, pass_: str, mesh: Mapping) -> int:
@@ -454,7 +487,9 @@ def attention_units(schedule: Schedule, pass_: str, mesh: Mapping) -> int:
     (runs_flash)."""
     if pass_ == "forward":
         return 4
-    return 10 if runs_flash(schedule, mesh) else 8
+    # splash's separate dq and dkv kernels (MaxText's default, sa_use_fused_bwd_kernel false) each recompute s and
+    # dp: dq kernel s, dp, dq (6), dkv kernel s, dp, dv, dk (8)
+    return 14 if schedule.attention == "splash" else 10 if runs_flash(schedule, mesh) else 8
 
 
 def recomputed(cfg: TransformerConfig, remat: str, schedule: Schedule, mesh: Mapping) -> dict:
@@ -490,25 +525,34 @@ def attention_shares(cfg: TransformerConfig, schedule: Schedule, mesh: Mapping) 
     each query block's band needs, c = ceil((W − 1)/b): T·(c + 1)·b (ffn_model.attention._band_fwd). Model, the
     pairs a layer keeps: causal T²/2 (the Scaling Book's halving), a window W < T: T·W − W·(W − 1)/2
     (Σ_t min(t + 1, W)). Timed, what a kernel that skips the causal half's blocks runs: a global flash layer
-    (nb + 1)/(2·nb) of T·T (nb = T/b), a band all of its (c + 1) blocks. Without windows (1, 1, None): the
-    kernels' own causal share. Numpy arrays of schedules (the planner's) evaluate element-wise."""
+    (nb + 1)/(2·nb) of T·T (nb = T/b), a band all of its (c + 1) blocks. Splash and cuDNN (skips_causal) skip the
+    blocks in the program itself: executed = timed = the block pairs with a visible key over nb², (nb + 1)/(2·nb)
+    causal, (nb·(c' + 1) − c'·(c' + 1)/2)/nb² with a window (c' = min(c, nb − 1): no padding blocks; splash's
+    mask_info block map, b = key_block). Without windows or such a kernel (1, 1, None): the kernels' own causal
+    share. Numpy arrays of schedules (the planner's) evaluate element-wise."""
     T = cfg.seq_len
     windows = cfg.layer_windows
-    if not any(windows):
+    skips = np.asarray(skips_causal(schedule, mesh))
+    if not any(windows) and not skips:
         return 1.0, 1.0, None
     flash = np.asarray(runs_flash(schedule, mesh))
-    b = np.where(flash, np.minimum(schedule.attention_block, T), T)
+    b = np.where(flash, key_block(schedule, T), T)
     nb = T // b
+    causal = (nb + 1) / (2 * nb)
     executed = model = timed = 0.0
     for W in windows:
         if W is None:
-            executed, model, timed = executed + 1.0, model + 1.0, timed + np.where(flash, (nb + 1) / (2 * nb), 1.0)
+            executed = executed + np.where(skips, causal, 1.0)
+            model, timed = model + 1.0, timed + np.where(flash, causal, 1.0)
             continue
         c = -(-(W - 1) // b)
         banded = flash & (c + 1 < nb)
-        executed = executed + np.where(banded, (c + 1) * b / T, 1.0)
+        # splash / cuDNN: the (query block i, key block j) pairs with a visible key, i - c <= j <= i
+        cc = np.minimum(c, nb - 1)
+        visited = (nb * (cc + 1) - cc * (cc + 1) / 2) / nb ** 2
+        executed = executed + np.where(skips, visited, np.where(banded, (c + 1) * b / T, 1.0))
         model += (T * W - W * (W - 1) / 2) / (T * T / 2)
-        timed = timed + np.where(banded, (c + 1) * b / T, np.where(flash, (nb + 1) / (2 * nb), 1.0))
+        timed = timed + np.where(skips, visited, np.where(banded, (c + 1) * b / T, np.where(flash, causal, 1.0)))
     L = len(windows)
     return executed / L, model / L, timed / L
 
@@ -550,6 +594,8 @@ def step_flops(w: Workload) -> dict:
     units = attention_units(schedule, "forward", mesh) * (1 + forward_again(remat, p)) + (
         attention_units(schedule, "backward", mesh) + r["attention_units"] if step == "train" else 0)
     terms["attention"] = L * unit * units  # of the total: the q·kᵀ and p·v matmuls (an upper bound under 1F1B)
+    # of the total, what runs inside custom-call kernels (splash's Pallas kernels, cuDNN's), not as the program's dots
+    terms["kernels"] = terms["attention"] if schedule.attention in ("splash", "cudnn") else 0.0
     return terms
 
 
@@ -819,7 +865,7 @@ def memory_per_device(w: Workload) -> dict:
     layer_params = (cfg.params - cfg.embedding_params) * pipeline.padding(cfg, schedule, S)  # uneven: S·Lmax slots
     shard = layer_params / (S * X * Y) + cfg.embedding_params / (X * Y)  # parameters per device
     flash = runs_flash(schedule, mesh)
-    keys = np.minimum(schedule.attention_block, T // C if schedule.context == "ring" else T) if flash else T
+    keys = key_block(schedule, T // C if schedule.context == "ring" else T) if flash else T
     score_bytes = (8 if train else 4) * s * T * keys * N / (Y * C)
     V = cfg.vocab or 0
     terms = {"master": precision.master * shard}
@@ -979,7 +1025,7 @@ def step_kernels(w: Workload) -> list[Kernel]:
     executed, _, timed = attention_shares(cfg, schedule, mesh)  # local layers' windows (1, 1 without)
     unit = s * T * T * N * H / (Y * C) * executed  # one attention unit over the step's t tokens (step_flops)
     flash = runs_flash(schedule, mesh)
-    nb = np.maximum(T / (C if ring else 1) / schedule.attention_block, 1.0)
+    nb = np.maximum(T / (C if ring else 1) / key_block(schedule, T), 1.0)
     # the causal blocks a flash kernel runs: its time, not the program's FLOPs (Kernel.flops stays the count)
     skip = ((nb + 1) / (2 * nb) if flash else 1.0) if timed is None else timed / executed
     qkv_n, out_k, ff = H * (N + 2 * K) / Y, N * H / Y, F / Y
