@@ -22,6 +22,7 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
+from scaling.schedule import SPLASH_BLOCK
 
 COMPUTE_DTYPE = jnp.bfloat16
 # checkpoint_name of the kernels' own residuals, for jax.checkpoint(policy=save_only_these_names(...)): the
@@ -513,8 +514,7 @@ def ring_attention(q_BxTcxNxH, k_BxTcxKxH, v_BxTcxKxH, axis_name, block=512):
 
 # MaxText's splash block sizes (its base.yml: sa_block_q, sa_block_kv, sa_block_kv_compute, sa_block_q_dkv,
 # sa_block_kv_dkv, sa_block_kv_dkv_compute, sa_block_q_dq, sa_block_kv_dq all 512, sa_use_fused_bwd_kernel false),
-# each capped at the sequence as layers/attention_op.py's tpu_flash_attention caps them
-SPLASH_BLOCK = 512
+# each capped at the sequence as layers/attention_op.py's tpu_flash_attention caps them: scaling.schedule.SPLASH_BLOCK
 
 
 def splash_blocks(T: int, S: int, block: int = SPLASH_BLOCK):

@@ -137,7 +137,7 @@ def attention(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, schedule: Schedule, window=None):
     shard_map over the mesh's automatic axes (MaxText's form) or inside Ulysses' shard_map."""
     mesh = jax.sharding.get_abstract_mesh()
     schedule = schedule.on(mesh.abstract_device.platform if not mesh.empty and mesh.abstract_device
-                           else jax.default_backend())  # auto: the platform's kernel (Schedule.on)
+                           else jax.default_backend(), q_BxTxNxH.shape[1])  # auto: the platform's kernel (Schedule.on)
     local = _local_attention(schedule, window)
     T = q_BxTxNxH.shape[1]
     spec, kv_spec = logical_to_spec(Q_AXES), logical_to_spec(KV_AXES)

@@ -122,7 +122,7 @@ def schedule_of(args, platform: str | None = None) -> Schedule:
                              **{k: given_or(args, k, v) for k, v in SCHEDULE_FIELDS.items()}, **attention)
     platform = platform or platform_of(getattr(args, "devices", None))
     if schedule.attention == "auto" and platform is not None:
-        schedule = schedule.on(platform)
+        schedule = schedule.on(platform, getattr(model_config(args), "seq_len", None))
     return schedule
 
 
@@ -257,7 +257,7 @@ def chip_attention(args) -> str | None:
     from scaling.schedule import attention_for
     kind = parse_slice(args.slice)[0].kind if getattr(args, "slice", None) else get_chip(
         getattr(args, "chip", None) or DEFAULT_CHIP).kind
-    return attention_for(kind)
+    return attention_for(kind, getattr(model_config(args), "seq_len", None))
 
 
 def add_config_args(r, mesh_required: bool, preset: str | None = "xxl") -> None:

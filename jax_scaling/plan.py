@@ -94,6 +94,7 @@ def plan_choices(args, cfg) -> planner.Choices:
                                  f"the {cfg.noun}'s plan tries microbatches and repeats only (a transformer's plan "
                                  "tries it; predict takes it), so no plan has it")
         return planner.Choices.of(cfg, args.remat)
+    args.attention_given = args.attention not in (None, "auto")  # a choice the user made (the refusal lists those)
     args.attention = chip_attention(args)  # the chip's kernel, said (and --attention's filter below matches it)
     return planner.Choices.of(cfg, args.remat, args.pipeline, args.attention, args.context_strategy,
                               args.sequence_parallel, args.optimizer_sharding)
@@ -152,7 +153,7 @@ def fixed_by(args, cfg, chips: int, slices: int, M: int | None) -> dict:
             lambda p: p.options.get("optimizer_sharding", "fsdp") == args.optimizer_sharding)
     if args.remat is not None:
         tests[f"--remat {args.remat}"] = lambda p: p.remat == args.remat
-    if args.attention is not None:
+    if args.attention is not None and getattr(args, "attention_given", True):
         tests[f"--attention {args.attention}"] = lambda p: p.options.get("attention") == args.attention
     return tests
 

@@ -21,11 +21,20 @@ from scaling.policies import (Attention, ContextStrategy, FsdpGather, OptimizerS
 # (layers/attention_op.py, attention=flash on TPU is splash), cuDNN's fused attention on GPUs (MaxText's
 # cudnn_flash_te / jax.nn.dot_product_attention(implementation="cudnn")), the package's own flash elsewhere
 AUTO_ATTENTION = {"tpu": "splash", "gpu": "cudnn", "cuda": "cudnn", "rocm": "flash", "cpu": "flash"}
+# Splash's blocks as MaxText sets them (ffn_model.attention.SPLASH_BLOCK: every block 512, capped at T)
+SPLASH_BLOCK = 512
 
 
-def attention_for(platform: str) -> str:
-    """The attention "auto" takes on ``platform`` (AUTO_ATTENTION; a platform not listed: flash, the portable one)."""
-    return AUTO_ATTENTION.get(str(platform).lower(), "flash")
+def attention_for(platform: str, seq_len: int | None = None) -> str:
+    """The attention "auto" takes on ``platform`` (AUTO_ATTENTION; a platform not listed: flash, the portable one);
+    splash only where it tiles ``seq_len`` (blocks of min(512, T), a multiple of 128 lanes: MaxText's block sizes;
+    flash otherwise, as the portable kernel)."""
+    kernel = AUTO_ATTENTION.get(str(platform).lower(), "flash")
+    if kernel == "splash" and seq_len is not None:
+        b = min(SPLASH_BLOCK, seq_len)
+        if seq_len % b or b % 128:
+            return "flash"
+    return kernel
 
 
 def saved_blocks(blocks: int, remat: str) -> tuple[int, int]:
@@ -127,11 +136,12 @@ class Schedule:
                                  "every stage (e.g. 3,2)")
             object.__setattr__(self, "stage_blocks", tuple(int(b) for b in blocks))
 
-    def on(self, platform: str) -> "Schedule":
-        """This schedule with attention "auto" replaced by ``platform``'s kernel (attention_for); else itself."""
+    def on(self, platform: str, seq_len: int | None = None) -> "Schedule":
+        """This schedule with attention "auto" replaced by ``platform``'s kernel for ``seq_len`` (attention_for); else
+        itself."""
         if self.attention != "auto":
             return self
-        return dataclasses.replace(self, attention=attention_for(platform))
+        return dataclasses.replace(self, attention=attention_for(platform, seq_len))
 
     def check(self, cfg, mesh: Mapping, batch_tokens: int | None = None) -> "Schedule":
         """ValueError naming the input when the schedule cannot run ``cfg`` on ``mesh``: the stages must

@@ -72,7 +72,7 @@ from scaling.inputs import positive_int
 from scaling.kernels import Kernel, accumulate_kernel, adamw_kernel, matmul_kernel, shape_costs
 from scaling.mesh_shape import MESH_AXES, spans
 from scaling.policies import DEFAULT_PRECISION, REMAT_POLICIES, TRANSFORMER_ONLY_REMAT, Precision
-from scaling.schedule import Schedule
+from scaling.schedule import SPLASH_BLOCK, Schedule
 from scaling.sharding import LOGICAL_RULES, shards
 from scaling.workload import Workload
 
@@ -456,8 +456,6 @@ def layer_weight_bytes(cfg: TransformerConfig, mesh: Mapping, precision: Precisi
 # The kernels that run attention by key blocks with an online softmax, saving o and the FP32 logsumexp and recomputing
 # the scores in the backward (FlashAttention-2's form): the package's flash, and the libraries' splash and cuDNN
 BLOCKWISE = ("flash", "splash", "cudnn")
-# Splash's blocks as MaxText sets them (ffn_model.attention.SPLASH_BLOCK: every block 512, capped at T)
-SPLASH_BLOCK = 512
 
 
 def runs_flash(schedule: Schedule, mesh: Mapping) -> bool:

@@ -139,7 +139,7 @@ def test_kernels_plot_is_the_roofline(capsys, monkeypatch, tmp_path):
     # T = 2048 in flash's key blocks of 512: n = 4 blocks, the causal ones run, n(n+1)/2 of n^2 = 10/16 = 0.625 of the
     # scores' FLOPs (executed < 1, so the points must count the FLOPs run)
     out, fig = run(capsys, monkeypatch, "kernels", *PREDICT, "--seq-len", "2048", "--batch-tokens", "16384", "--mesh",
-                   "fsdp=8", "--plot", str(path))
+                   "fsdp=8", "--attention", "flash", "--plot", str(path))
     assert is_png(path)
     assert {k["executed"] for k in out["kernels"] if k["kind"] == "attention"} == {0.625}
     (ax,) = fig.axes
