@@ -278,6 +278,10 @@ def draw_plan(result: dict, plans: list[dict], labelled: int = 5):
     wide = bool(mems) and max(mems) > 20 * min(mems)  # memory over decades: log axis
     ax.set(yscale="log", xscale="log" if wide else "linear", xlabel="memory per device (GB)",
            ylabel=f"predicted step ({form} form, s)")
+    from matplotlib.ticker import ScalarFormatter
+
+    for which in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):  # 2, 3, 4 s, not 2 x 10^0
+        which(ScalarFormatter())
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="upper right")
     where = f"{result['chips']} {result['chip']} chips" + (f" ({result['slice']})" if result.get("slice") else "")
