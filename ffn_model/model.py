@@ -138,8 +138,11 @@ def _scan_blocks(x, w_in, w_out, activation, remat, gather, sp, live=None):  # 8
         return x
     pairs = L // 2
     if pairs:
-        body = loop_checkpoint(functools.partial(_pair, activation=activation, gather=gather, sp=sp), _KEEP_HIDDEN,
-                               pairs)
+        # the pairs keep jax's optimization barrier (prevent_cse): without it XLA:TPU's 'overlap' schedule exposes one
+        # more gathered matrix (v5p 2x2x1, fsdp=4, 6 blocks: 1.125 of the closed form's exposed fsdp bytes), and on
+        # XLA:GPU each pair-pass's FP32 weights are copied out of the stacks (docs/findings.md, issue 39)
+        body = jax.checkpoint(functools.partial(_pair, activation=activation, gather=gather, sp=sp),
+                              policy=_KEEP_HIDDEN)
         # [2k, D, F] -> [k, 2, D, F] is free for even L; odd L slices off the last block first.
         wi, wo = (w_in, w_out) if L % 2 == 0 else (w_in[: 2 * pairs], w_out[: 2 * pairs])
         if live is None:

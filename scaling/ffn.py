@@ -470,14 +470,31 @@ def accumulation_copy_bytes(w: Workload) -> float:
     return accumulation_copies(w, (2 - 1) * stack)
 
 
-def accumulation_copies(w: Workload, per_microbatch) -> float:
+def pair_slice_copy_bytes(w: Workload) -> float:
+    """XLA:GPU's copies of each every-second pair-pass's FP32 weights out of the stacks, per step: the pair scan
+    keeps jax.checkpoint's optimization barrier (ffn_model.model: without it XLA:TPU's 'overlap' schedule exposes
+    more), so XLA:GPU copies W_in and W_out of the pair [1, 2, F, D] out of their stacks every backward pair-pass
+    (verify.hlo.HloProgram.stack_copies, kind "slice"): all the FP32 weights once a microbatch, M·g·2·2P·D·F/(X·Y)
+    (P = L // 2 pairs, g = 4 B), where the pair scan runs at least 2 trips (one is inlined); 0 otherwise and off
+    XLA:GPU (not in loop_copy_bytes, which the TPU check reads). Read from gpu:H100:1, jax 0.10.2: docs/findings.md,
+    "The layer loop's copies on XLA:GPU (issue 39)"."""
+    cfg, mesh, pairs = w.model, w.mesh, w.model.blocks // 2
+    if w.remat != "every-second" or pairs < 2:
+        return 0.0
+    return accumulation_copies(w, w.precision.grad * 2 * 2 * pairs * cfg.d_model * cfg.d_ff
+                               / (mesh["fsdp"] * mesh["tensor"]), every_m=True)
+
+
+def accumulation_copies(w: Workload, per_microbatch, every_m: bool = False) -> float:
     """M·``per_microbatch`` bytes where this package's train step (Precision.accumulation "package"; a PyTorch
     runtime's accumulation copies nothing of the kind) accumulates gradients over M > 1 microbatches without a stage
-    axis (scaling.schedule.Schedule: the train step's scan over microbatches), else 0; M may be the planner's array."""
+    axis (scaling.schedule.Schedule: the train step's scan over microbatches; ``every_m``: at M = 1 too), else 0; M may
+    be the planner's array."""
     M, mesh = w.schedule.microbatches, w.mesh
     if w.step != "train" or w.precision.accumulation != "package" or np.all(np.asarray(mesh["stage"]) > 1):
         return 0.0
-    out = np.where((np.asarray(M) > 1) & (np.asarray(mesh["stage"]) == 1), np.asarray(M) * per_microbatch, 0.0)
+    out = np.where(((np.asarray(M) > 1) | every_m) & (np.asarray(mesh["stage"]) == 1), np.asarray(M) * per_microbatch,
+                   0.0)
     return float(out) if np.ndim(out) == 0 else out
 
 

@@ -55,6 +55,25 @@ def test_loop_bodies_copy_only_what_the_closed_form_names(devices, spec, cfg, ba
         assert len([c for c in copies if c.kind == "zeros"]) == (1 if cfg is FFN else 5)
 
 
+@pytest.mark.parametrize("devices,spec", [GPU, CPU])
+def test_every_second_pairs_copy_what_the_closed_form_names(devices, spec):
+    """Under every-second remat the pair scan keeps jax's optimization barrier (ffn_model.model), and XLA:GPU copies
+    each pair-pass's FP32 W_in and W_out [1, 2, 1024, 512] out of the stacks: L = 4 (2 pairs, M = 1), by hand
+    2 pairs · 2 matrices · 4·2·1024·512 B = 16,777,216 B, scaling.ffn.pair_slice_copy_bytes; XLA:CPU copies none."""
+    from ffn_model.compile import abstract_compile
+    from scaling import ffn
+    from verify.hlo import parse_hlo
+
+    mesh = make_mesh(spec, devices)
+    w = Workload(FFN, mesh_shape(mesh), 2048, remat="every-second")
+    copies = parse_hlo(abstract_compile(w, mesh).compiled.as_text()).stack_copies()
+    want = 2 * 2 * 4 * 2 * 1024 * 512 if devices.startswith("gpu") else 0
+    assert sum(c.bytes for c in copies if c.kind == "slice") == want, [c.to_json() for c in copies]
+    assert [c for c in copies if c.kind == "zeros"] == []
+    if want:
+        assert ffn.pair_slice_copy_bytes(w) == want
+
+
 def test_the_reader_names_the_slices_it_removed():
     """verify.hlo's reader finds an FP32 slice memcpy in a loop body (a fragment in XLA:GPU's spelling, from the
     llama2-7b step before the change: f32[1,11008,4096] out of f32[4,11008,4096], 4 trips) and a copy of a zero

@@ -469,17 +469,17 @@ class HloProgram:
         run (its shape's bytes times the trips of the loops around it). A stack is an FP32 argument of the entry
         computation of two dimensions or more (the layer stacks [L, ...], the train state's parameters, per device).
           slice  XLA:GPU's dynamic-slice fusion (custom fusion ``dynamic_slice_fusion``, root a copy of a dynamic
-                 slice: a device-to-device memcpy) of one layer's FP32 weights [1, ...] out of a stack: the scan
-                 slicing each layer-pass's master weights (jax.checkpoint's optimization barrier over the layer's
-                 inputs, prevent_cse=True, made XLA materialize them; docs/findings.md, "The layer loop's copies on
-                 XLA:GPU (issue 39)");
+                 slice: a device-to-device memcpy) of one layer's (or pair's) FP32 weights [1, ...] out of a stack:
+                 the scan slicing each layer-pass's master weights (jax.checkpoint's optimization barrier over the
+                 layer's inputs, prevent_cse=True, made XLA materialize them; docs/findings.md, "The layer loop's
+                 copies on XLA:GPU (issue 39)");
           zeros  a ``copy`` of a zero broadcast of a stack's shape: the per-microbatch zero-initialized gradient
                  stacks of the layer scan's backward (its stacked outputs), CSE'd into one buffer where stacks share a
                  shape and copied for each further one (every backend; gradient accumulation's loop)."""
         entry = self.computations.get(self.entry)
         stacks = {arrays(i.shape)[0][1] for i in (entry.instructions if entry else []) if i.opcode == "parameter"
                   and len(arrays(i.shape)) == 1 and arrays(i.shape)[0][0] == "f32" and len(arrays(i.shape)[0][1]) >= 2}
-        layers = {d[1:] for d in stacks}
+        layers = {d[-2:] for d in stacks}  # one layer's matrix; a slice [1, ...] of one layer or of a pair [1, 2, ...]
         bodies = {c for c, sites in self.callers.items() if any(s.opcode == "while" and k == "body" for s, k in sites)}
         out = []
         for c in bodies:
@@ -489,7 +489,7 @@ class HloProgram:
                     continue
                 dims, kind = a[0][1], None
                 if (i.opcode == "fusion" and '"name":"dynamic_slice_fusion"' in i.attrs and dims[:1] == (1,)
-                        and dims[1:] in layers and self._root_is(i, "copy")):
+                        and dims[-2:] in layers and self._root_is(i, "copy")):
                     kind = "slice"
                 elif i.opcode == "copy" and dims in stacks and self._is_zeros(i.operands[0]):
                     kind = "zeros"
