@@ -30,8 +30,8 @@ from jax.ad_checkpoint import checkpoint_name
 
 from ffn_model.pipeline import (circular_layout, live_slots, pad_stack, pipeline_outputs, real_blocks,
                                 split_microbatches, uneven_stages)
-from ffn_model.sharded import (COMPUTE_DTYPE, already_gathered, constrain, gather_bf16, gather_once, init_normal, param,
-                               reshard)
+from ffn_model.sharded import (COMPUTE_DTYPE, already_gathered, constrain, gather_bf16, gather_once, init_normal,
+                               loop_checkpoint, param, reshard)
 from ffn_model.task import mse, teacher_batch
 from scaling.ffn import FFNConfig
 from scaling.policies import check_remat
@@ -129,7 +129,7 @@ def _scan_blocks(x, w_in, w_out, activation, remat, gather, sp, live=None):  # 8
     slot = jnp.arange(L)
     if remat != "every-second":
         policy = _KEEP_HIDDEN if remat == "none" else _KEEP_INPUT
-        body = jax.checkpoint(functools.partial(block, activation=activation, gather=gather, sp=sp), policy=policy)
+        body = loop_checkpoint(functools.partial(block, activation=activation, gather=gather, sp=sp), policy, L)
         if live is None:
             x, _ = jax.lax.scan(lambda c, w: (body(c, *w), None), x, (w_in, w_out))
         else:
@@ -138,6 +138,9 @@ def _scan_blocks(x, w_in, w_out, activation, remat, gather, sp, live=None):  # 8
         return x
     pairs = L // 2
     if pairs:
+        # the pairs keep jax's optimization barrier (prevent_cse): without it XLA:TPU's 'overlap' schedule exposes one
+        # more gathered matrix (v5p 2x2x1, fsdp=4, 6 blocks: 1.125 of the closed form's exposed fsdp bytes), and on
+        # XLA:GPU each pair-pass's FP32 weights are copied out of the stacks (docs/findings.md, issue 39)
         body = jax.checkpoint(functools.partial(_pair, activation=activation, gather=gather, sp=sp),
                               policy=_KEEP_HIDDEN)
         # [2k, D, F] -> [k, 2, D, F] is free for even L; odd L slices off the last block first.

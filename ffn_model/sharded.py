@@ -42,6 +42,18 @@ def to_bf16(w):
     return jax.lax.bitcast_convert_type(u, jnp.float32).astype(COMPUTE_DTYPE)
 
 
+def loop_checkpoint(fn, policy, trips: int):
+    """jax.checkpoint(fn, policy) for the body of a layer scan of ``trips`` trips, with prevent_cse off where the scan
+    runs more than one trip. prevent_cse (jax's default) wraps the backward's rematerialized layer in an optimization
+    barrier over its inputs, the layer's weights sliced out of the FP32 stacks and its saved residuals among them:
+    XLA:GPU then materializes each as a device-to-device copy every layer-pass (the llama2-7b shapes, 4 layers, one
+    H100: 7 FP32 weight slices a layer-pass, 3.24 GB a step; the XXL-2 FFN's 14.0 GB, and two matmuls a step it
+    recomputed); a while loop already keeps the backward's recomputation from being merged with the forward (jax's
+    jax.checkpoint docstring: prevent_cse=False is recommended inside scan). A one-trip scan is inlined, where it
+    would be merged: there the barrier stays. Why: docs/findings.md, "The layer loop's copies on XLA:GPU (issue 39)"."""
+    return jax.checkpoint(fn, policy=policy, prevent_cse=trips < 2)
+
+
 _ZERO1 = contextvars.ContextVar("zero1_gradients", default=False)
 
 

@@ -35,8 +35,8 @@ from ffn_model.attention import (RESIDUAL_NAMES, attention_materialized, cudnn_a
                                  ring_attention, splash_attention, ulysses_attention)
 from ffn_model.pipeline import (circular_layout, live_slots, merge_microbatches, one_f_one_b, pad_stack,
                                 pipeline_outputs, real_blocks, split_microbatches, uneven_stages)
-from ffn_model.sharded import (COMPUTE_DTYPE, constrain, gather_bf16, grad_axes, init_normal, param, reshard,
-                               to_bf16)
+from ffn_model.sharded import (COMPUTE_DTYPE, constrain, gather_bf16, grad_axes, init_normal, loop_checkpoint, param,
+                               reshard, to_bf16)
 from ffn_model.task import mse, teacher_batch, token_mean
 from mesh.rules import logical_to_spec
 from scaling.schedule import Schedule
@@ -320,18 +320,19 @@ def stack_forward(x_BxTxD, weights: dict, schedule: Schedule, remat: str = "none
             names_which_can_be_saved=policy_saves(remat, schedule), names_which_can_be_offloaded=POLICY_OFFLOADS[remat],
             offload_src="device", offload_dst="pinned_host")
 
-    def body(window):
-        return jax.checkpoint(functools.partial(layer, schedule=schedule, mlp_kind=mlp_kind, block=block,
-                                                select=select, window=window), policy=policy)
+    def body(window, trips):  # prevent_cse off inside a scan of more than one trip (why: loop_checkpoint)
+        return loop_checkpoint(functools.partial(layer, schedule=schedule, mlp_kind=mlp_kind, block=block,
+                                                 select=select, window=window), policy, trips)
 
     def run(x, ws, window):
-        return jax.lax.scan(lambda c, w: (body(window)(c, w), None), x, ws)[0]
+        trips = next(iter(ws.values())).shape[0]
+        return jax.lax.scan(lambda c, w: (body(window, trips)(c, w), None), x, ws)[0]
 
     x = constrain(x_BxTxD, X_SP_AXES if schedule.sequence_parallel else X_AXES)
     windows = tuple(windows or (None,))
     if live is not None:  # uneven stages (a window with stages is refused: TransformerConfig.check_schedule)
         n = next(iter(weights.values())).shape[0]
-        x, _ = jax.lax.scan(lambda c, wj: (jnp.where(wj[1] < live, body(windows[0])(c, wj[0]), c), None), x,
+        x, _ = jax.lax.scan(lambda c, wj: (jnp.where(wj[1] < live, body(windows[0], n)(c, wj[0]), c), None), x,
                             (weights, jnp.arange(n)))
         return x  # under sequence parallelism still split over tensor: the loss reduces it where it lies
     if len(set(windows)) == 1:
@@ -342,7 +343,7 @@ def stack_forward(x_BxTxD, weights: dict, schedule: Schedule, remat: str = "none
 
     def group(x, wg):  # the global layer's window longer than any sequence: its masks tied to q too (attention._tied)
         for i in range(g):  # unrolled: an inner scan's residual stacks were copied into the outer one's (v5p: 1.3x)
-            x = body(W if i < g - 1 else GLOBAL_WINDOW)(x, {n: a[i] for n, a in wg.items()})
+            x = body(W if i < g - 1 else GLOBAL_WINDOW, q)(x, {n: a[i] for n, a in wg.items()})
         return x, None
 
     if q:

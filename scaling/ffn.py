@@ -439,6 +439,12 @@ def overlapped_volumes(w: Workload, vols: dict | None = None) -> dict[str, dict[
 
 
 def loop_copy_bytes(w: Workload) -> float:
+    """Bytes the loops copy per step: the rotated forward loop's gathered weights (rotated_copy_bytes) plus gradient
+    accumulation's copies of the zero-initialized gradient stacks (accumulation_copy_bytes)."""
+    return rotated_copy_bytes(w) + accumulation_copy_bytes(w)
+
+
+def rotated_copy_bytes(w: Workload) -> float:
     """Bytes the rotated forward loop of across-blocks gathers (scaling.flags) copies into its state per step, on
     the FFN stack without stages: the two gathered matrices of every trip but the first, M·2·(P − 1)·cw·D·F/Y
     (P = forward_trips(w); every-second: two per pair); 0 where the loop is not rotated (P < ROTATED_MIN_TRIPS)
@@ -449,6 +455,47 @@ def loop_copy_bytes(w: Workload) -> float:
         return 0.0
     return (w.schedule.microbatches * 2 * (P - 1) * w.precision.weight_comm
             * w.model.d_model * w.model.d_ff / w.mesh["tensor"])
+
+
+def accumulation_copy_bytes(w: Workload) -> float:
+    """Gradient accumulation's copies of the zero-initialized FP32 gradient stacks, per step: each microbatch's
+    backward scan writes its stacked weight gradients into fresh zero buffers, which XLA's CSE merges where stacks
+    share a shape, copying the one buffer for every further stack (verify.hlo.HloProgram.stack_copies, kind
+    "zeros"). W_in and W_out are both [L, F, D]: one copy of a stack per microbatch,
+    M·(k − 1)·g·L·D·F/(X·Y) with k = 2 stacks, g = 4 B (Precision.grad); 0 without accumulation (M = 1, a train
+    step only, no stage axis). Read from XLA:GPU (gpu:H100:1) and XLA:CPU programs, jax 0.10.2:
+    docs/findings.md, "The layer loop's copies on XLA:GPU (issue 39)"."""
+    cfg, mesh = w.model, w.mesh
+    stack = w.precision.grad * cfg.blocks * cfg.d_model * cfg.d_ff / (mesh["fsdp"] * mesh["tensor"])
+    return accumulation_copies(w, (2 - 1) * stack)
+
+
+def pair_slice_copy_bytes(w: Workload) -> float:
+    """XLA:GPU's copies of each every-second pair-pass's FP32 weights out of the stacks, per step: the pair scan
+    keeps jax.checkpoint's optimization barrier (ffn_model.model: without it XLA:TPU's 'overlap' schedule exposes
+    more), so XLA:GPU copies W_in and W_out of the pair [1, 2, F, D] out of their stacks every backward pair-pass
+    (verify.hlo.HloProgram.stack_copies, kind "slice"): all the FP32 weights once a microbatch, M·g·2·2P·D·F/(X·Y)
+    (P = L // 2 pairs, g = 4 B), where the pair scan runs at least 2 trips (one is inlined); 0 otherwise and off
+    XLA:GPU (not in loop_copy_bytes, which the TPU check reads). Read from gpu:H100:1, jax 0.10.2: docs/findings.md,
+    "The layer loop's copies on XLA:GPU (issue 39)"."""
+    cfg, mesh, pairs = w.model, w.mesh, w.model.blocks // 2
+    if w.remat != "every-second" or pairs < 2:
+        return 0.0
+    return accumulation_copies(w, w.precision.grad * 2 * 2 * pairs * cfg.d_model * cfg.d_ff
+                               / (mesh["fsdp"] * mesh["tensor"]), every_m=True)
+
+
+def accumulation_copies(w: Workload, per_microbatch, every_m: bool = False) -> float:
+    """M·``per_microbatch`` bytes where this package's train step (Precision.accumulation "package"; a PyTorch
+    runtime's accumulation copies nothing of the kind) accumulates gradients over M > 1 microbatches without a stage
+    axis (scaling.schedule.Schedule: the train step's scan over microbatches; ``every_m``: at M = 1 too), else 0; M may
+    be the planner's array."""
+    M, mesh = w.schedule.microbatches, w.mesh
+    if w.step != "train" or w.precision.accumulation != "package" or np.all(np.asarray(mesh["stage"]) > 1):
+        return 0.0
+    out = np.where(((np.asarray(M) > 1) | every_m) & (np.asarray(mesh["stage"]) == 1), np.asarray(M) * per_microbatch,
+                   0.0)
+    return float(out) if np.ndim(out) == 0 else out
 
 
 def step_flops(w: Workload) -> dict:

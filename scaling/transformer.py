@@ -67,7 +67,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from scaling import collectives, memory, pipeline, runtimes
+from scaling import collectives, ffn, memory, pipeline, runtimes
 from scaling.inputs import positive_int
 from scaling.kernels import Kernel, accumulate_kernel, adamw_kernel, matmul_kernel, shape_costs
 from scaling.mesh_shape import MESH_AXES, spans
@@ -333,8 +333,9 @@ class TransformerConfig:
         return {}
 
     def loop_copy_bytes(self, w: Workload) -> float:
-        """None modelled: 0 (scaling.program.loop_copy_bytes)."""
-        return 0.0
+        """Gradient accumulation's copies of the zero-initialized gradient stacks (accumulation_copy_bytes;
+        scaling.program.loop_copy_bytes)."""
+        return accumulation_copy_bytes(w)
 
     def step_flops(self, w: Workload) -> dict:
         """step_flops (module function)."""
@@ -445,6 +446,21 @@ def dead_in_again(cfg: TransformerConfig, remat: str, p: dict) -> dict:
     if "qkv" in keeps:
         return {**none, "mlp": 1.0, "out": 1, "attention_units": 4, "reductions": 2, "gathers": 1}
     return {**none, "mlp": 1.0, "out": 1, "attention_units": 4, "qkv": 1, "reductions": 2, "gathers": 2}  # full
+
+
+def accumulation_copy_bytes(w: Workload) -> float:
+    """Gradient accumulation's copies of the zero-initialized FP32 gradient stacks per step (scaling.ffn's
+    accumulation_copy_bytes says why: XLA's CSE merges the stacks of one shape into one zero buffer and copies it
+    for each further stack): per microbatch, for each group of k stacks of one shape, k − 1 copies of g·L·(one
+    layer's matrix)/(X·Y) bytes (g = Precision.grad). The groups: the MLP's m matrices [F, D] (k = m: swiglu 3,
+    gelu/relu 2); W_q, W_k, W_v, W_o [N·H, D] one group of 4 where K = N, else {W_q, W_o} and {W_k, W_v}. Read from
+    the llama2-7b shapes on gpu:H100:1 (M = 4: 2 copies of f32[4,11008,4096] and 3 of f32[4,32,128,4096] a
+    microbatch), jax 0.10.2: docs/findings.md, "The layer loop's copies on XLA:GPU (issue 39)"."""
+    cfg, mesh = w.model, w.mesh
+    D, F, N, K, H, m = cfg.d_model, cfg.d_ff, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.mlp_matrices
+    attention = 3 * N * H * D if K == N else N * H * D + K * H * D
+    per = w.precision.grad * cfg.blocks * ((m - 1) * F * D + attention) / (mesh["fsdp"] * mesh["tensor"])
+    return ffn.accumulation_copies(w, per)
 
 
 def layer_weight_bytes(cfg: TransformerConfig, mesh: Mapping, precision: Precision = DEFAULT_PRECISION) -> float:

@@ -457,10 +457,66 @@ class HloProgram:
     def loop_copies(self) -> float:
         """Bytes written per run by ``copy`` instructions in while-loop bodies that copy an all-gather's result,
         times their trips: the copies a rotated loop makes of the gathered weights it carries into the next trip
-        (XLA:TPU, gathers pipelined across blocks)."""
+        (XLA:TPU, gathers pipelined across blocks), plus gradient accumulation's copies of zero-initialized gradient
+        stacks (stack_copies, kind "zeros"; scaling.ffn.accumulation_copy_bytes)."""
         bodies = {c for c, sites in self.callers.items() if any(s.opcode == "while" and k == "body" for s, k in sites)}
         return sum(shape_bytes(i.shape) * self.multiplier.get(c, 0.0) for c in bodies
-                   for i in self.computations[c].instructions if i.opcode == "copy" and self._gathered(i.operands[0]))
+                   for i in self.computations[c].instructions if i.opcode == "copy" and self._gathered(i.operands[0])
+                   ) + sum(c.bytes for c in self.stack_copies() if c.kind == "zeros")
+
+    def stack_copies(self) -> list[StackCopy]:
+        """The copies of stacked FP32 parameters or gradients in while-loop bodies, each with its bytes written per
+        run (its shape's bytes times the trips of the loops around it). A stack is an FP32 argument of the entry
+        computation of two dimensions or more (the layer stacks [L, ...], the train state's parameters, per device).
+          slice  XLA:GPU's dynamic-slice fusion (custom fusion ``dynamic_slice_fusion``, root a copy of a dynamic
+                 slice: a device-to-device memcpy) of one layer's (or pair's) FP32 weights [1, ...] out of a stack:
+                 the scan slicing each layer-pass's master weights (jax.checkpoint's optimization barrier over the
+                 layer's inputs, prevent_cse=True, made XLA materialize them; docs/findings.md, "The layer loop's
+                 copies on XLA:GPU (issue 39)");
+          zeros  a ``copy`` of a zero broadcast of a stack's shape: the per-microbatch zero-initialized gradient
+                 stacks of the layer scan's backward (its stacked outputs), CSE'd into one buffer where stacks share a
+                 shape and copied for each further one (every backend; gradient accumulation's loop)."""
+        entry = self.computations.get(self.entry)
+        stacks = {arrays(i.shape)[0][1] for i in (entry.instructions if entry else []) if i.opcode == "parameter"
+                  and len(arrays(i.shape)) == 1 and arrays(i.shape)[0][0] == "f32" and len(arrays(i.shape)[0][1]) >= 2}
+        layers = {d[-2:] for d in stacks}  # one layer's matrix; a slice [1, ...] of one layer or of a pair [1, 2, ...]
+        bodies = {c for c, sites in self.callers.items() if any(s.opcode == "while" and k == "body" for s, k in sites)}
+        out = []
+        for c in bodies:
+            for i in self.computations[c].instructions:
+                a = arrays(i.shape)
+                if len(a) != 1 or a[0][0] != "f32":
+                    continue
+                dims, kind = a[0][1], None
+                if (i.opcode == "fusion" and '"name":"dynamic_slice_fusion"' in i.attrs and dims[:1] == (1,)
+                        and dims[-2:] in layers and self._root_is(i, "copy")):
+                    kind = "slice"
+                elif i.opcode == "copy" and dims in stacks and self._is_zeros(i.operands[0]):
+                    kind = "zeros"
+                if kind:
+                    written = shape_bytes(i.shape) * self.multiplier.get(c, 0.0)
+                    out.append(StackCopy(kind, i.shape.split("{")[0], written, i.name))
+        return out
+
+    def _root_is(self, ins: Instruction, opcode: str) -> bool:
+        """Whether a fusion's computation's root has ``opcode``."""
+        comp = self.computations.get(dict(_callees(ins.attrs)).get("calls"))
+        return bool(comp and comp.root and comp.root.opcode == opcode)
+
+    def _is_zeros(self, name: str) -> bool:
+        """Whether a value is a broadcast of a constant: a broadcast, or a fusion of constants only (XLA:GPU: none;
+        XLA:CPU: the scalar) that holds one (through a tuple element of a multi-output one)."""
+        ins = self.instructions.get(name)
+        if ins is None:
+            return False
+        if ins.opcode == "get-tuple-element":
+            return self._is_zeros(ins.operands[0])
+        if ins.opcode == "broadcast":
+            return True
+        return ins.opcode == "fusion" and all(
+            self.instructions.get(o) is not None and self.instructions[o].opcode == "constant" for o in ins.operands
+        ) and any(x.opcode == "broadcast" for _, c in _callees(ins.attrs) if c in self.computations
+                  for x in self.computations[c].instructions)
 
     def _gathered(self, name: str, depth: int = 0) -> bool:
         """Whether an instruction's value is an all-gather's result, through bitcasts and tuple elements: an
@@ -513,6 +569,20 @@ class HloProgram:
             sites = [s for s, _ in self.callers.get(ins.computation, []) if s.opcode == "fusion"]
             return any(self._from_partition_id(s.operands[int(ins.args)], seen) for s in sites)
         return any(self._from_partition_id(o, seen) for o in ins.operands)
+
+
+@dataclass
+class StackCopy:
+    """One copy of a stacked FP32 parameter or gradient in a loop body (HloProgram.stack_copies): ``kind`` "slice"
+    or "zeros", the HLO ``shape`` it writes, ``bytes`` written per run (times the loops' trips), its ``name``."""
+    kind: str
+    shape: str
+    bytes: float
+    name: str
+
+    def to_json(self) -> dict:
+        """{"kind", "shape", "bytes", "name"}."""
+        return {"kind": self.kind, "shape": self.shape, "bytes": self.bytes, "name": self.name}
 
 
 def _callees(attrs: str) -> list[tuple[str, str]]:
