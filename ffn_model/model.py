@@ -30,8 +30,8 @@ from jax.ad_checkpoint import checkpoint_name
 
 from ffn_model.pipeline import (circular_layout, live_slots, pad_stack, pipeline_outputs, real_blocks,
                                 split_microbatches, uneven_stages)
-from ffn_model.sharded import (COMPUTE_DTYPE, already_gathered, constrain, gather_bf16, gather_once, init_normal,
-                               loop_checkpoint, param, reshard)
+from ffn_model.sharded import (COMPUTE_DTYPE, already_gathered, constrain, gather_bf16, gather_once, init_normal, param,
+                               reshard)
 from ffn_model.task import mse, teacher_batch
 from scaling.ffn import FFNConfig
 from scaling.policies import check_remat
@@ -129,7 +129,10 @@ def _scan_blocks(x, w_in, w_out, activation, remat, gather, sp, live=None):  # 8
     slot = jnp.arange(L)
     if remat != "every-second":
         policy = _KEEP_HIDDEN if remat == "none" else _KEEP_INPUT
-        body = loop_checkpoint(functools.partial(block, activation=activation, gather=gather, sp=sp), policy, L)
+        # the FFN stack keeps jax's optimization barrier (prevent_cse): without it XLA:TPU's 'overlap' schedule of the
+        # XXL (v5p 4x4x4, fsdp=16, tensor=4) leaves 0.21 of the closed form's exposed fsdp bytes exposed, a schedule
+        # the closed form does not model yet; on XLA:GPU its FP32 weight slices are then copied (docs/findings.md)
+        body = jax.checkpoint(functools.partial(block, activation=activation, gather=gather, sp=sp), policy=policy)
         if live is None:
             x, _ = jax.lax.scan(lambda c, w: (body(c, *w), None), x, (w_in, w_out))
         else:

@@ -485,6 +485,20 @@ def pair_slice_copy_bytes(w: Workload) -> float:
                                / (mesh["fsdp"] * mesh["tensor"]), every_m=True)
 
 
+def block_slice_copy_bytes(w: Workload) -> float:
+    """XLA:GPU's copies of each backward block-pass's FP32 weights out of the stacks, per step, outside every-second
+    remat (pair_slice_copy_bytes): the FFN's block scan keeps jax.checkpoint's optimization barrier (ffn_model.model:
+    without it XLA:TPU's 'overlap' schedule of the XXL leaves 0.21 of the closed form's exposed fsdp bytes exposed),
+    so XLA:GPU copies W_in and W_out of each block [1, F, D] out of their stacks every backward block-pass
+    (verify.hlo.HloProgram.stack_copies, kind "slice"): M·g·2·L·D·F/(X·Y) (g = 4 B), where the scan runs at least 2
+    trips; 0 otherwise and off XLA:GPU (not in loop_copy_bytes, which the TPU check reads). Read from gpu:H100:1."""
+    cfg, mesh = w.model, w.mesh
+    if w.remat == "every-second" or cfg.blocks < 2 or w.step != "train":
+        return 0.0
+    return accumulation_copies(w, w.precision.grad * 2 * cfg.blocks * cfg.d_model * cfg.d_ff
+                               / (mesh["fsdp"] * mesh["tensor"]), every_m=True)
+
+
 def accumulation_copies(w: Workload, per_microbatch, every_m: bool = False) -> float:
     """M·``per_microbatch`` bytes where this package's train step (Precision.accumulation "package"; a PyTorch
     runtime's accumulation copies nothing of the kind) accumulates gradients over M > 1 microbatches without a stage

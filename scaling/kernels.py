@@ -68,6 +68,7 @@ import numpy as np
 from scaling import hardware, memory, pipeline
 from scaling.hardware import Chip
 from scaling.mesh_shape import spans
+from scaling.schedule import BLOCKWISE
 from scaling.workload import Workload
 
 DTYPES = ("bf16", "fp32", "tf32", "int8", "fp8")  # the matmul input types the hardware table gives peaks for
@@ -433,10 +434,11 @@ def pointwise_launches(w: Workload, k: Kernel):
 
 
 def _runs_flash(w: Workload):
-    """scaling.transformer.runs_flash (not imported: the transformer imports this module): flash attention, or ring
-    attention over a context axis (flash per chunk)."""
+    """scaling.transformer.runs_flash (not imported: the transformer imports this module): a blockwise attention
+    (schedule.BLOCKWISE: flash, splash, cudnn), or ring attention over a context axis (flash per chunk)."""
     s = w.schedule
-    return np.asarray(s.attention == "flash") | (spans(w.mesh.get("context", 1)) & np.asarray(s.context == "ring"))
+    return (np.isin(np.asarray(s.attention), BLOCKWISE)
+            | (spans(w.mesh.get("context", 1)) & np.asarray(s.context == "ring")))
 
 
 def uses_attention_table(w: Workload, chip: Chip) -> bool:

@@ -21,6 +21,8 @@ from scaling.policies import (Attention, ContextStrategy, FsdpGather, OptimizerS
 # (layers/attention_op.py, attention=flash on TPU is splash), cuDNN's fused attention on GPUs (MaxText's
 # cudnn_flash_te / jax.nn.dot_product_attention(implementation="cudnn")), the package's own flash elsewhere
 AUTO_ATTENTION = {"tpu": "splash", "gpu": "cudnn", "cuda": "cudnn", "rocm": "flash", "cpu": "flash"}
+# the attentions that run blockwise (a fused flash-like kernel: the scores never reach HBM)
+BLOCKWISE = ("flash", "splash", "cudnn")
 # Splash's blocks as MaxText sets them (ffn_model.attention.SPLASH_BLOCK: every block 512, capped at T)
 SPLASH_BLOCK = 512
 

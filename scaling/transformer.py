@@ -72,7 +72,7 @@ from scaling.inputs import positive_int
 from scaling.kernels import Kernel, accumulate_kernel, adamw_kernel, matmul_kernel, shape_costs
 from scaling.mesh_shape import MESH_AXES, spans
 from scaling.policies import DEFAULT_PRECISION, REMAT_POLICIES, TRANSFORMER_ONLY_REMAT, Precision
-from scaling.schedule import SPLASH_BLOCK, Schedule
+from scaling.schedule import BLOCKWISE, SPLASH_BLOCK, Schedule
 from scaling.sharding import LOGICAL_RULES, shards
 from scaling.workload import Workload
 
@@ -471,7 +471,6 @@ def layer_weight_bytes(cfg: TransformerConfig, mesh: Mapping, precision: Precisi
 
 # The kernels that run attention by key blocks with an online softmax, saving o and the FP32 logsumexp and recomputing
 # the scores in the backward (FlashAttention-2's form): the package's flash, and the libraries' splash and cuDNN
-BLOCKWISE = ("flash", "splash", "cudnn")
 
 
 def runs_flash(schedule: Schedule, mesh: Mapping) -> bool:

@@ -88,6 +88,7 @@ def test_auto_takes_the_platforms_kernel():
     assert Schedule(attention="materialized").on("tpu").attention == "materialized"  # given: kept
 
 
+@pytest.mark.tpu
 def test_auto_is_the_commands_default_and_says_so(capsys):
     from jax_scaling.args import schedule_of
     from jax_scaling.cli import main, parser

@@ -45,7 +45,8 @@ def test_policies_are_enums_that_read_as_their_names():
     assert w.remat == "every-second" and f"{w.remat}" == "every-second" and json.dumps(w.remat) == '"every-second"'
     s = Schedule(attention="flash", context="ring")
     assert type(s.attention).__name__ == "Attention" and s.context == "ring"
-    with pytest.raises(ValueError, match="attention must be one of materialized, flash, got 'paged'"):
+    with pytest.raises(ValueError,
+                       match="attention must be one of materialized, flash, splash, cudnn, auto, got 'paged'"):
         Schedule(attention="paged")
 
 
