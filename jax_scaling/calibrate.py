@@ -13,6 +13,7 @@ import datetime
 import os
 import time
 
+from scaling.kernel_tables import table_text
 from scaling.limits import number
 
 SECTIONS = ("launch", "gemm", "pointwise", "attention", "collectives")
@@ -55,40 +56,6 @@ def _jobs(grid, sections, dtypes):
         from verify.calibrate import COLLECTIVES
         jobs += [("collectives", kind, b) for kind in COLLECTIVES for b in grid.collectives]
     return jobs
-
-
-def to_toml(chip: str, source: str, rows: dict, skipped: list[str]) -> str:
-    """The kernel table's text (scaling.kernel_tables' format)."""
-    lines = [f'chip = "{chip}"', f'source = "{source}"']
-    if "launch" in rows:
-        lines.append(f"launch_seconds = {rows['launch']:.4e}")
-    if skipped:
-        lines.append(f"# not measured (budget or failure): {'; '.join(skipped)[:2000]}")
-
-    def section(name, rs, note):
-        if not rs:
-            return
-        lines.extend(["", f"[{name}]", f"# {note}", "rows = ["])
-        lines.extend("  [" + ", ".join(_value(v) for v in r) + "],"
-                     for r in rs)
-        lines.append("]")
-
-    for d, rs in rows.get("gemm", {}).items():
-        section(f"gemm.{d}", rs, "m, n, k, seconds per call")
-    if rows.get("pointwise"):
-        section("pointwise", rows["pointwise"], "bytes read + written, seconds")
-    for impl, rs in rows.get("attention", {}).items():
-        section(f"attention.{impl}", rs, "batch, seq, heads, head_dim, causal, fwd_seconds, fwd_bwd_seconds")
-    for kind, rs in rows.get("collectives", {}).items():
-        section(f"collectives.{kind}", rs, "devices, bytes per device, seconds")
-    return "\n".join(lines) + "\n"
-
-
-def _value(v) -> str:
-    """One TOML value of a row: true/false, an integer, or a float in 5 significant digits."""
-    if isinstance(v, bool):
-        return str(v).lower()
-    return f"{v:.4e}" if isinstance(v, float) else str(int(v))
 
 
 def calibrate_command(args) -> int:
@@ -142,7 +109,7 @@ def calibrate_command(args) -> int:
         last = None
         for section, key, p in jobs:
             if last is not None and section != last:
-                out.write_text(to_toml(chip_name, source, rows, skipped))
+                out.write_text(table_text(chip_name, source, rows, skipped))
             last = section
             label = f"{section} {key or ''} {p if p is not None else ''}".strip()
             bar.update(task, description=label[:60])
@@ -155,7 +122,7 @@ def calibrate_command(args) -> int:
             except Exception as e:  # noqa: BLE001 - a kernel the device cannot run is reported, not fatal
                 skipped.append(f"{label}: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}")
             bar.advance(task)
-    out.write_text(to_toml(chip_name, source, rows, skipped))
+    out.write_text(table_text(chip_name, source, rows, skipped))
     print(render_summary(rows, chip, skipped, out, time.perf_counter() - start))
     return 0
 

@@ -183,3 +183,40 @@ def kernel_table(chip_name: str) -> KernelTable | None:
                 raise _bad(t.path, f"chip = {t.chip!r}, but the file is {chip_name}'s")
             _SHIPPED[chip_name] = t
     return _SHIPPED[chip_name]
+
+
+def table_text(chip: str, source: str, rows: dict, skipped: list[str]) -> str:
+    """A kernel table's TOML text, the format parse_kernel_table reads (what ``jax-scaling calibrate`` writes):
+    ``rows`` {"launch": s, "gemm": {dtype: [[m, n, k, s]]}, "pointwise": [[bytes, s]], "attention": {impl: [[batch,
+    seq, heads, head_dim, causal, fwd s, fwd+bwd s]]}, "collectives": {kind: [[devices, bytes, s]]}}; ``skipped``
+    the jobs not measured, as a comment."""
+    lines = [f'chip = "{chip}"', f'source = "{source}"']
+    if "launch" in rows:
+        lines.append(f"launch_seconds = {rows['launch']:.4e}")
+    if skipped:
+        lines.append(f"# not measured (budget or failure): {'; '.join(skipped)[:2000]}")
+
+    def section(name, rs, note):
+        if not rs:
+            return
+        lines.extend(["", f"[{name}]", f"# {note}", "rows = ["])
+        lines.extend("  [" + ", ".join(_value(v) for v in r) + "],"
+                     for r in rs)
+        lines.append("]")
+
+    for d, rs in rows.get("gemm", {}).items():
+        section(f"gemm.{d}", rs, "m, n, k, seconds per call")
+    if rows.get("pointwise"):
+        section("pointwise", rows["pointwise"], "bytes read + written, seconds")
+    for impl, rs in rows.get("attention", {}).items():
+        section(f"attention.{impl}", rs, "batch, seq, heads, head_dim, causal, fwd_seconds, fwd_bwd_seconds")
+    for kind, rs in rows.get("collectives", {}).items():
+        section(f"collectives.{kind}", rs, "devices, bytes per device, seconds")
+    return "\n".join(lines) + "\n"
+
+
+def _value(v) -> str:
+    """One TOML value of a row: true/false, an integer, or a float in 5 significant digits."""
+    if isinstance(v, bool):
+        return str(v).lower()
+    return f"{v:.4e}" if isinstance(v, float) else str(int(v))

@@ -68,7 +68,7 @@ import numpy as np
 from scaling import hardware, memory, pipeline
 from scaling.hardware import Chip
 from scaling.mesh_shape import spans
-from scaling.schedule import BLOCKWISE
+from scaling.schedule import runs_flash
 from scaling.workload import Workload
 
 DTYPES = ("bf16", "fp32", "tf32", "int8", "fp8")  # the matmul input types the hardware table gives peaks for
@@ -351,7 +351,7 @@ def tiled_bytes(chip: Chip, m, n, k, batch, c):
 
 def launch_seconds(chip: Chip) -> float:
     """One kernel launch inside a compiled program (the gap a tiny kernel takes): the chip's kernel table's
-    launch_seconds (H100: 5.58 us, measured with jax-scaling calibrate); a GPU whose table has none takes the H100
+    launch_seconds (measured with jax-scaling calibrate); a GPU whose table has none takes the H100
     table's (the same CUDA launch path; A100: published GEMM rows only); 0 on a TPU (XLA:TPU runs one program, no
     launches) or where no table gives one (non_gemm_sources says which)."""
     if chip.kind != "gpu":
@@ -429,16 +429,8 @@ def pointwise_launches(w: Workload, k: Kernel):
         return 1.0
     cfg = w.model
     serial = getattr(cfg, "block", "serial") != "parallel"
-    forward = (2 if serial else 1) * 2 + 1 + (0 if _runs_flash(w) else 1)
+    forward = (2 if serial else 1) * 2 + 1 + (0 if runs_flash(w.schedule, w.mesh) else 1)
     return {"forward": forward, "backward": 2 * forward}.get(k.pass_, forward)
-
-
-def _runs_flash(w: Workload):
-    """scaling.transformer.runs_flash (not imported: the transformer imports this module): a blockwise attention
-    (schedule.BLOCKWISE: flash, splash, cudnn), or ring attention over a context axis (flash per chunk)."""
-    s = w.schedule
-    return (np.isin(np.asarray(s.attention), BLOCKWISE)
-            | (spans(w.mesh.get("context", 1)) & np.asarray(s.context == "ring")))
 
 
 def uses_attention_table(w: Workload, chip: Chip) -> bool:
@@ -448,7 +440,7 @@ def uses_attention_table(w: Workload, chip: Chip) -> bool:
     if chip.kind != "gpu" or chip.kernel_table is None or "cudnn" not in chip.kernel_table.attention:
         return False
     cfg = w.model
-    return (bool(np.all(_runs_flash(w))) and not spans(w.mesh.get("context", 1))
+    return (bool(np.all(runs_flash(w.schedule, w.mesh))) and not spans(w.mesh.get("context", 1))
             and not any(getattr(cfg, "layer_windows", ()) or ()))
 
 

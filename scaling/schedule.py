@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from scaling.inputs import positive_int, positive_ints
+from scaling.mesh_shape import spans
 from scaling.policies import (Attention, ContextStrategy, FsdpGather, OptimizerSharding, Pipeline, check_remat,
                               choose)
 
@@ -21,7 +22,8 @@ from scaling.policies import (Attention, ContextStrategy, FsdpGather, OptimizerS
 # (layers/attention_op.py, attention=flash on TPU is splash), cuDNN's fused attention on GPUs (MaxText's
 # cudnn_flash_te / jax.nn.dot_product_attention(implementation="cudnn")), the package's own flash elsewhere
 AUTO_ATTENTION = {"tpu": "splash", "gpu": "cudnn", "cuda": "cudnn", "rocm": "flash", "cpu": "flash"}
-# the attentions that run blockwise (a fused flash-like kernel: the scores never reach HBM)
+# The kernels that run attention by key blocks with an online softmax, saving o and the FP32 logsumexp and recomputing
+# the scores in the backward (FlashAttention-2's form): the package's flash, and the libraries' splash and cuDNN
 BLOCKWISE = ("flash", "splash", "cudnn")
 # Splash's blocks as MaxText sets them (ffn_model.attention.SPLASH_BLOCK: every block 512, capped at T)
 SPLASH_BLOCK = 512
@@ -37,6 +39,14 @@ def attention_for(platform: str, seq_len: int | None = None) -> str:
         if seq_len % b or b % 128:
             return "flash"
     return kernel
+
+
+def runs_flash(schedule: "Schedule", mesh: Mapping):
+    """Whether the program's attention is flash-like (ffn_model.transformer.attention): --attention flash, splash or
+    cudnn (BLOCKWISE), or ring over a context axis (flash per chunk); without a context axis the strategy is unused.
+    Element-wise on numpy arrays of schedules and meshes (the planner's)."""
+    ring = spans(mesh.get("context", 1)) & np.asarray(schedule.context == "ring")
+    return np.isin(np.asarray(schedule.attention), BLOCKWISE) | ring
 
 
 def saved_blocks(blocks: int, remat: str) -> tuple[int, int]:

@@ -72,7 +72,7 @@ from scaling.inputs import positive_int
 from scaling.kernels import Kernel, accumulate_kernel, adamw_kernel, matmul_kernel, shape_costs
 from scaling.mesh_shape import MESH_AXES, spans
 from scaling.policies import DEFAULT_PRECISION, REMAT_POLICIES, TRANSFORMER_ONLY_REMAT, Precision
-from scaling.schedule import BLOCKWISE, SPLASH_BLOCK, Schedule
+from scaling.schedule import SPLASH_BLOCK, Schedule, runs_flash
 from scaling.sharding import LOGICAL_RULES, shards
 from scaling.workload import Workload
 
@@ -468,15 +468,6 @@ def layer_weight_bytes(cfg: TransformerConfig, mesh: Mapping, precision: Precisi
     Y = mesh.get("tensor", 1)
     return precision.compute * (cfg.attention_params_per_block + cfg.mlp_matrices * cfg.d_model * cfg.d_ff) / Y
 
-
-# The kernels that run attention by key blocks with an online softmax, saving o and the FP32 logsumexp and recomputing
-# the scores in the backward (FlashAttention-2's form): the package's flash, and the libraries' splash and cuDNN
-
-
-def runs_flash(schedule: Schedule, mesh: Mapping) -> bool:
-    """Whether the program's attention is flash-like (ffn_model.transformer.attention): --attention flash, splash or
-    cudnn (BLOCKWISE), or ring over a context axis (flash per chunk); without a context axis the strategy is unused."""
-    return schedule.attention in BLOCKWISE or (spans(mesh.get("context", 1)) and schedule.context == "ring")
 
 
 def key_block(schedule: Schedule, keys) -> float:
