@@ -1,7 +1,8 @@
 # make answer: create .venv, install the package with the tpu extra (libtpu: compiles for TPU topologies on this
 # machine) and jax's CUDA plugin (off sys.path, in .venv/cuda-aot: mesh.devices loads it to compile for GPUs), so
 # every README example runs; print the 4D answers.   make test: also the dev extra, ruff, pytest on two workers
-# (pytest-xdist), all but the tests marked extended (tests/conftest.py).   make test-all: every test.
+# (pytest-xdist), all but the tests marked extended (tests/conftest.py), then the tests marked timing alone.
+# make test-all: every test.
 # make pictures: redraw the README's picture, docs/predict-llama2-7b-h100.png (predict --plot).
 PYTHON ?= python3
 VENV ?= .venv
@@ -31,11 +32,13 @@ pictures: $(VENV)/.base
 
 test: $(VENV)/.dev
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q -n 2 --dist loadgroup -m "not extended" --durations=25
+	$(PY) -m pytest -q -n 2 --dist loadgroup -m "not extended and not timing" --durations=25
+	$(PY) -m pytest -q -p no:xdist -m "timing and not extended"
 
 test-all: $(VENV)/.dev
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q -n 2 --dist loadgroup
+	$(PY) -m pytest -q -n 2 --dist loadgroup -m "not timing"
+	$(PY) -m pytest -q -p no:xdist -m timing
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -569,12 +569,17 @@ def compute_term(w: Workload, chip: Chip, dtype: str = "bf16", kernel_model: str
 
 def _stacked(values) -> np.ndarray:
     """Scalars or arrays as one array [len(values), ...] of their broadcast shape and common type (np.stack of their
-    broadcasts, without its cost per value)."""
-    shapes = {getattr(v, "shape", ()) for v in values}
-    if shapes == {()}:
+    broadcasts, without its cost per value: the scalars written in one assignment, the arrays one by one)."""
+    arrays = [i for i, v in enumerate(values) if type(v) is np.ndarray and v.ndim]
+    if not arrays:
         return np.array(values)
-    kinds = {(type(v), getattr(v, "dtype", None)): v for v in values}.values()  # one value of each type (result_type)
-    a = np.empty((len(values), *np.broadcast_shapes(*shapes)), np.result_type(*kinds))
-    for i, v in enumerate(values):
-        a[i] = v
+    scalars = [i for i, v in enumerate(values) if not (type(v) is np.ndarray and v.ndim)]
+    shape = np.broadcast_shapes(*{values[i].shape for i in arrays})
+    first = np.array([values[i] for i in scalars])
+    kinds = {values[i].dtype for i in arrays} | ({first.dtype} if scalars else set())
+    a = np.empty((len(values), *shape), np.result_type(*kinds))
+    if scalars:
+        a[scalars] = first.reshape(-1, *(1,) * len(shape))
+    for i in arrays:
+        a[i] = values[i]
     return a

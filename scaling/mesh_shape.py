@@ -119,8 +119,8 @@ def parse_mesh_spec(spec: str, devices: int | None = None) -> MeshShape:
 def spans(size) -> bool:
     """Whether a mesh axis of ``size`` devices splits anything (size > 1): an int, or the planner's array of one
     axis's sizes over a group of meshes, all > 1 or all 1 (scaling.plan groups them so; ValueError otherwise)."""
-    if isinstance(size, int):
-        return size > 1
+    if isinstance(size, (int, np.integer)):
+        return bool(size > 1)
     more = np.asarray(size) > 1
     if more.all() != more.any():
         raise ValueError("a group of meshes mixes sizes of 1 and > 1 on one axis")

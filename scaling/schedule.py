@@ -45,8 +45,11 @@ def runs_flash(schedule: "Schedule", mesh: Mapping):
     """Whether the program's attention is flash-like (ffn_model.transformer.attention): --attention flash, splash or
     cudnn (BLOCKWISE), or ring over a context axis (flash per chunk); without a context axis the strategy is unused.
     Element-wise on numpy arrays of schedules and meshes (the planner's)."""
-    ring = spans(mesh.get("context", 1)) & np.asarray(schedule.context == "ring")
-    return np.isin(np.asarray(schedule.attention), BLOCKWISE) | ring
+    attention = schedule.attention
+    blockwise = attention in BLOCKWISE if isinstance(attention, str) else np.isin(np.asarray(attention), BLOCKWISE)
+    if blockwise is True or (isinstance(schedule.context, str) and schedule.context != "ring"):
+        return blockwise  # one attention for every candidate (the planner's common case): no array work
+    return blockwise | (spans(mesh.get("context", 1)) & np.asarray(schedule.context == "ring"))
 
 
 def saved_blocks(blocks: int, remat: str) -> tuple[int, int]:

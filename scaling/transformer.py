@@ -812,6 +812,8 @@ def offloaded_per_layer(cfg: TransformerConfig, mesh: Mapping, batch_tokens, rem
     /Y under SP); 0 for the other policies. MaxText's qkv_proj_offloaded and its v6e Llama 3.1 70B recipe's custom
     policy (decoder_layer_input and the q/k/v projections offloaded), with jax's save_and_offload_only_these_names."""
     where = OFFLOADED.get(remat, set())
+    if not where:
+        return 0.0
     kept = saved_per_layer(cfg, mesh, batch_tokens, remat, schedule, precision)
     return float(sum(v for k, v in kept.items() if k in where))
 

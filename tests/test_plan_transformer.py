@@ -96,6 +96,7 @@ def test_seventy_billion_plans_span_every_axis():
     assert top.mfu[top.form] * top.step_seconds[top.form] == pytest.approx(model_math, rel=1e-6)
 
 
+@pytest.mark.timing
 def test_plan_of_a_full_v5p_pod_is_evaluated_in_stacks():
     """A 70B transformer over the five axes on 8,960 v5p chips (two slices of 4,480 over DCN), with what the plan
     command tries by default (every schedule, remat policy, context strategy and sequence parallelism; flash
@@ -111,9 +112,9 @@ def test_plan_of_a_full_v5p_pod_is_evaluated_in_stacks():
     114 predictions, 713 volumes, 1,353 memory, 628 kernels).
     Its time: CPU seconds in a fresh process, as the plan command runs, after a small plan (imports and caches
     warm), the fastest of three runs; issue 20's bound was 2 s (1.69-1.86 s), the issue's goal 1 s, measured on a
-    quiet machine 1.65 s (docs/findings.md, "The planner's time"): the bound here is 3 s, since the suite runs two
-    workers on two cores and a worker's CPU seconds stretch beside the other's compiles (3.06 s the faster of two
-    in one such run)."""
+    quiet machine 1.65 s (docs/findings.md, "The planner's time"): the bound here is 3 s, the machines CI runs on
+    being slower than that one (2.1-3.3 s on one, 2026-11-27). A timing test: make test runs it alone after the
+    rest, since beside a second worker's compiles a process's CPU seconds stretch (3.49 s in CI's run of stop 46)."""
     script = """if True:
         import json, time
         from unittest import mock
