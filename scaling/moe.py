@@ -7,7 +7,26 @@ MoESpec holds what an MoE model adds to a transformer's dimensions: E experts of
 (softmax or sigmoid gates, an auxiliary load-balancing loss), a capacity factor (GShard/Switch: each expert takes at
 most C = ceil(cf·k·t/E) of a group's t tokens, the rest dropped) or dropless routing (every routed token computed),
 optional shared experts that every token runs, and which layers are MoE (every ``moe_every``-th, after
-``first_dense`` dense ones).
+``first_dense`` dense ones). MoEConfig is a transformer (scaling.transformer.TransformerConfig: attention, the dense
+layers' MLP, the vocabulary) with an MoESpec; MOE_PRESETS holds published ones.
+
+Notation (scaling.transformer's, plus): E experts, k routed per token, F_e an expert's d_ff, S_sh shared experts,
+m MLP matrices (3 for swiglu), cf the capacity factor; the mesh's ``expert`` axis Ex (mesh.get("expert", 1)), which
+splits the experts and, outside the experts, the tokens as data does (MaxText's expert axis in the activations'
+batch; GShard section 3.2: each device routes its own group of tokens). Per device t = B/(d·X·C·Ex) tokens; a
+group is a device's t tokens; s = slots per token: k dropless, cf·k with a capacity factor (every expert takes
+C = ceil(cf·k·t/E) slots of the group, padding included: E·C slots); c = 2 bytes (BF16).
+
+Closed forms, per MoE layer, per device:
+  FLOPs     forward 2·D·E (router) + 2·m·D·F_e·(s + S_sh) per token (moe_flops_per_token)
+  all-to-all  dispatch and combine forward, their gradients backward (4 per training step); one moves V = c·slots·D
+            from each device, (Ex − 1)/Ex·V of it to other devices (all_to_all_bytes, all_to_all_seconds)
+  memory    the [E/Ex, C·Ex, D] buffers in and out of the experts (dispatch_buffer_bytes); the experts' weights
+            (expert_weight_bytes_per_device)
+  load      the busiest expert sets the time: min(imbalance, cf) with capacity, the imbalance dropless
+            (load_imbalance_time_factor)
+  bound     compute-bound iff m·F_e > f·c·C/W (f = (Ex − 1)/Ex through a switch, Ex/4 on a ring): t cancels
+            (expert_critical_batch)
 """
 
 from __future__ import annotations
@@ -15,7 +34,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from scaling.inputs import positive_int
+import numpy as np
+
+from scaling.inputs import positive_float, positive_int
+from scaling.transformer import TransformerConfig
 
 ROUTERS = ("softmax", "sigmoid")  # the gates: softmax over E then top-k (Mixtral renormalises over the k), or sigmoid
 
@@ -68,3 +90,332 @@ class MoESpec:
         x = mesh.get("expert", 1)
         if self.experts % x:
             raise ValueError(f"{self.experts} experts do not divide over expert={x}")
+
+    @property
+    def dropless(self) -> bool:
+        """No capacity factor: every routed token computed (Megablocks, Gale et al. 2023)."""
+        return self.capacity_factor is None
+
+    @property
+    def slots_per_token(self) -> float:
+        """s: the expert slots each token fills or pads, k dropless, cf·k with capacity (GShard section 3.2: E·C
+        slots for a group of t tokens, C = cf·k·t/E before the ceiling)."""
+        return self.top_k if self.dropless else self.capacity_factor * self.top_k
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """A transformer (``base``: attention, the dense layers' MLP of d_ff F, the vocabulary, T) whose MoE layers
+    (``moe.is_moe``) replace the MLP by a router [D, E], E experts and S_sh shared experts, each an MLP of the
+    base's kind (m matrices) with d_ff F_e (Mixtral, Jiang et al. 2024 section 2.1; DeepSeekMoE for the shared).
+
+    Parameters: params = L·D·H·(2N + 2K) + L_dense·m·D·F + L_moe·(D·E + (E + S_sh)·m·D·F_e) + the embeddings;
+    active per token: the same with k + S_sh experts in place of E + S_sh (the router counted: every token runs it).
+    """
+
+    base: TransformerConfig
+    moe: MoESpec
+
+    def __post_init__(self):
+        if getattr(self.base, "family", None) != TransformerConfig.family:  # no isinstance on a model config
+            raise ValueError(f"base must be a TransformerConfig, got {type(self.base).__name__}")
+        if not isinstance(self.moe, MoESpec):
+            raise ValueError(f"moe must be an MoESpec, got {type(self.moe).__name__}")
+        if not self.moe_layers:
+            raise ValueError(f"no MoE layer in {self.blocks} blocks (first_dense={self.moe.first_dense}, "
+                             f"moe_every={self.moe.moe_every}): a dense model is a TransformerConfig")
+
+    def __str__(self) -> str:
+        """One line: "moe D=4,096 N=32 K=8 H=128 F=14,336 L=32 T=4,096 swiglu V=32,000 E=8 k=2 F_e=14,336 dropless"."""
+        m = self.moe
+        base = str(self.base).removeprefix("transformer ")
+        return (f"moe {base} E={m.experts} k={m.top_k} F_e={m.expert_d_ff:,}"
+                + (f" shared={m.shared_experts}" if m.shared_experts else "")
+                + (" dropless" if m.dropless else f" cf={m.capacity_factor:g}" + ("" if m.drop_tokens else " no-drop"))
+                + (f" every={m.moe_every}" if m.moe_every > 1 else "")
+                + (f" first_dense={m.first_dense}" if m.first_dense else ""))
+
+    @property
+    def d_model(self) -> int:
+        """D (the base's)."""
+        return self.base.d_model
+
+    @property
+    def d_ff(self) -> int:
+        """F of the dense layers' MLP (the base's)."""
+        return self.base.d_ff
+
+    @property
+    def blocks(self) -> int:
+        """L, dense and MoE layers together (the base's)."""
+        return self.base.blocks
+
+    @property
+    def seq_len(self) -> int:
+        """T (the base's)."""
+        return self.base.seq_len
+
+    @property
+    def mlp_matrices(self) -> int:
+        """m: 3 for swiglu, else 2 (the experts are MLPs of the base's kind)."""
+        return self.base.mlp_matrices
+
+    @property
+    def moe_layers(self) -> int:
+        """L_moe: the MoE layers of the L blocks (MoESpec.is_moe)."""
+        return self.moe.moe_layers(self.blocks)
+
+    @property
+    def dense_layers(self) -> int:
+        """L_dense = L − L_moe: the layers with the base's MLP of d_ff F."""
+        return self.blocks - self.moe_layers
+
+    @property
+    def expert_params(self) -> int:
+        """m·D·F_e: one expert's MLP."""
+        return self.mlp_matrices * self.d_model * self.moe.expert_d_ff
+
+    @property
+    def router_params(self) -> int:
+        """D·E: one MoE layer's router (no bias)."""
+        return self.d_model * self.moe.experts
+
+    @property
+    def moe_params_per_layer(self) -> int:
+        """D·E + (E + S_sh)·m·D·F_e: an MoE layer's MLP part (its attention is the base's)."""
+        return self.router_params + (self.moe.experts + self.moe.shared_experts) * self.expert_params
+
+    @property
+    def params(self) -> int:
+        """L·D·H·(2N + 2K) + L_dense·m·D·F + L_moe·(D·E + (E + S_sh)·m·D·F_e) + embeddings (V·D tied, 2·V·D)."""
+        b = self.base
+        dense_mlp = b.mlp_matrices * b.d_model * b.d_ff
+        return (self.blocks * b.attention_params_per_block + self.dense_layers * dense_mlp
+                + self.moe_layers * self.moe_params_per_layer + b.embedding_params)
+
+    @property
+    def active_params(self) -> int:
+        """Per token: L·D·H·(2N + 2K) + L_dense·m·D·F + L_moe·(D·E + (k + S_sh)·m·D·F_e) + embeddings (the
+        convention of Mixtral's 12.9B and OLMoE's 1.3B active: embeddings and output matrix counted)."""
+        b = self.base
+        dense_mlp = b.mlp_matrices * b.d_model * b.d_ff
+        routed = self.router_params + (self.moe.top_k + self.moe.shared_experts) * self.expert_params
+        return (self.blocks * b.attention_params_per_block + self.dense_layers * dense_mlp
+                + self.moe_layers * routed + b.embedding_params)
+
+    def check_mesh(self, mesh: Mapping) -> None:
+        """The experts divide over the expert axis (MoESpec.check_mesh)."""
+        self.moe.check_mesh(mesh)
+
+
+def _spec(cfg) -> MoESpec:
+    """An MoEConfig's MoESpec, or the MoESpec given."""
+    spec = getattr(cfg, "moe", cfg)
+    if not isinstance(spec, MoESpec):
+        raise ValueError(f"expected an MoEConfig or MoESpec, got {type(cfg).__name__}")
+    return spec
+
+
+def tokens_per_device(cfg: MoEConfig, mesh: Mapping, batch_tokens):
+    """t = B/(d·X·C·Ex): a device's tokens, the expert axis splitting them as data does outside the experts
+    (MaxText's activation batch over data, fsdp and expert; GShard section 3.2, a group per device); replicated
+    over tensor (and over stage: each stage's layers see every token)."""
+    d, X, C, Ex = (mesh.get(a, 1) for a in ("data", "fsdp", "context", "expert"))
+    return batch_tokens / (d * X * C * Ex)
+
+
+def expert_capacity(cfg: MoEConfig, mesh: Mapping, batch_tokens):
+    """C = ceil(cf·k·t/E): the slots each expert takes from one device's group of t tokens (GShard section 3.2,
+    Switch eq. 3: expert capacity = tokens per batch / experts · capacity factor, with k routes per token); None
+    dropless."""
+    m = cfg.moe
+    if m.dropless:
+        return None
+    return np.ceil(m.capacity_factor * m.top_k * tokens_per_device(cfg, mesh, batch_tokens) / m.experts)
+
+
+def moe_flops_per_token(cfg: MoEConfig) -> float:
+    """Forward matmul FLOPs per token of one MoE layer: router 2·D·E, the s routed slots 2·m·D·F_e each, the S_sh
+    shared experts 2·m·D·F_e each:  2·D·E + 2·m·D·F_e·(s + S_sh),  s = k dropless, cf·k with a capacity factor
+    (GShard's einsum form computes every slot, the padding included; cf·k per token before C's ceiling). The
+    backward is twice this (Kaplan et al. 2020, 6N per token for training). Sources: Shazeer et al. 2017 (router
+    h·W_g), GShard section 3.2 (dispatch/combine einsums over [E, C] slots), Mixtral section 2.1 (top-2 of 8)."""
+    m = cfg.moe
+    D, Fe, mm = cfg.d_model, m.expert_d_ff, cfg.mlp_matrices
+    return 2 * D * m.experts + 2 * mm * D * Fe * (m.slots_per_token + m.shared_experts)
+
+
+def all_to_all_bytes(cfg: MoEConfig, mesh: Mapping, batch_tokens, c: int = 2) -> dict:
+    """The all-to-alls of one MoE layer per device (GShard section 3.2: dispatch to the experts' devices, combine
+    back; MaxText/Megatron-LM expert parallelism), over the expert axis n = Ex.
+
+    slots     the rows a device sends: t·k dropless (each token to its k experts), E·C with capacity
+              (C = ceil(cf·k·t/E) per expert from the device's group, padding included)
+    V         c·slots·D: the buffer one all-to-all moves from a device (dispatch, or combine: the same rows back).
+              This is the convention used here: V per device, D whole (the activations are replicated over tensor)
+    V_axis    n·V: the array the all-to-all spans over the expert axis, the Scaling Book's V (sharding page:
+              an AllToAll of V on a bidirectional ring takes V/(4·W_ici))
+    wire      (n − 1)/n·V: the bytes a device sends to other devices in one all-to-all (its 1/n stays local);
+              0 for n = 1 (no collective: every expert local)
+    forward_*  two all-to-alls (dispatch, combine); train_*: four (the backward moves the gradients of both the
+              same way). Remat that recomputes the layer would add the forward's again: not counted.
+    Per MoE layer; multiply by L_moe (cfg.moe_layers) for the step."""
+    m = cfg.moe
+    n = mesh.get("expert", 1)
+    t = tokens_per_device(cfg, mesh, batch_tokens)
+    slots = t * m.top_k if m.dropless else m.experts * expert_capacity(cfg, mesh, batch_tokens)
+    V = c * slots * cfg.d_model
+    wire = (n - 1) / n * V
+    return {"slots": slots, "V": V, "V_axis": n * V, "wire": wire, "forward_volume": 2 * V,
+            "forward_wire": 2 * wire, "train_volume": 4 * V, "train_wire": 4 * wire}
+
+
+A2A_TOPOLOGIES = ("switch", "ring")
+
+
+def all_to_all_seconds(V: float, n: int, bandwidth: float, topology: str = "switch"):
+    """Time of one all-to-all of V bytes per device over n devices (bandwidth-bound, no latency floor):
+      switch  (n − 1)/n·V/W, W the bytes/s a device sends at (one way): every device sends its (n − 1)/n·V at
+              once through a full-bisection switch (Scaling Book, GPU page: NVLink within a node, W one way per GPU)
+      ring    n·V/(4·W_ici), W_ici bidirectional per link: the Scaling Book's AllToAll of the axis' array V_axis =
+              n·V on a bidirectional ring, V_axis/(4·W_ici) (sharding page) = scaling.collectives.collective_time(
+              "all-to-all", n·V, [n], W_ici) without its latency floor
+    0 for n = 1."""
+    if topology not in A2A_TOPOLOGIES:
+        raise ValueError(f"topology {topology!r}: one of {', '.join(A2A_TOPOLOGIES)}")
+    W = positive_float("bandwidth", bandwidth)
+    if n <= 1:
+        return 0.0
+    return (n - 1) / n * V / W if topology == "switch" else n * V / (4 * W)
+
+
+def dispatch_buffer_bytes(cfg: MoEConfig, mesh: Mapping, batch_tokens, c: int = 2, imbalance: float = 1.0) -> dict:
+    """The expert layer's buffers on a device after the dispatch all-to-all: its E/Ex experts' rows [E/Ex, C·Ex, D]
+    in, and the same out before the combine (GShard section 3.2; MaxText's moe.py dispatch): each
+    c·(E/Ex)·(C·Ex)·D = c·E·C·D bytes with capacity. Dropless the rows are ragged: k·t balanced, times the
+    ``imbalance`` (max/mean load of a device's experts, given by the user, default 1.0; a static buffer must take
+    its implementation's worst case instead). Returns rows (per buffer), shape, each (bytes of one buffer), bytes
+    (in + out). Not counted: the experts' hidden [rows, F_e/Y]·(m − 1) and the device's own [E, C, D] before the
+    all-to-all."""
+    m = cfg.moe
+    m.check_mesh(mesh)
+    n = mesh.get("expert", 1)
+    if m.dropless:
+        if not imbalance >= 1:
+            raise ValueError(f"imbalance {imbalance} is max/mean expert load: >= 1")
+        rows = np.ceil(imbalance * m.top_k * tokens_per_device(cfg, mesh, batch_tokens))
+        shape = (m.experts // n, None, cfg.d_model)
+    else:
+        C = expert_capacity(cfg, mesh, batch_tokens)
+        rows = m.experts * C
+        shape = (m.experts // n, C * n, cfg.d_model)
+    each = c * rows * cfg.d_model
+    return {"rows": rows, "shape": shape, "each": each, "bytes": 2 * each}
+
+
+def expert_weight_bytes_per_device(cfg: MoEConfig, mesh: Mapping, bytes_per_param: float = 2,
+                                   split: bool = True) -> float:
+    """The experts' weights a device holds, every MoE layer: L_moe·(E/Ex + S_sh)·m·D·F_e·p / (X·Y if ``split``):
+    E/Ex routed experts (the expert axis splits them, MoESpec.check_mesh), the S_sh shared experts on every
+    expert-axis device, each split as the transformer's MLP is (F_e over tensor, D over fsdp: scaling.sharding's
+    mlp and embed rules; Megatron-LM's expert tensor parallelism). The routers' D·E are not counted (replicated,
+    L_moe·D·E·p more). No stage axis: with one, a stage holds its layers' share."""
+    m = cfg.moe
+    m.check_mesh(mesh)
+    n = mesh.get("expert", 1)
+    div = mesh.get("fsdp", 1) * mesh.get("tensor", 1) if split else 1
+    return cfg.moe_layers * (m.experts / n + m.shared_experts) * cfg.expert_params * bytes_per_param / div
+
+
+def load_imbalance_time_factor(cfg, imbalance: float = 1.0, padded: bool = False) -> float:
+    """The MoE experts' compute time relative to perfectly balanced dropless routing (k·t/E tokens per expert):
+    the busiest expert sets the layer's time (the combine waits for it). ``imbalance`` = max/mean expert load is
+    a parameter the user gives (default 1.0: balanced; Switch's auxiliary loss, eq. 4, pushes it toward 1), not a
+    fitted number. Dropless: the factor is the imbalance, uncapped. With a capacity factor an expert takes at most
+    C = cf·k·t/E, so max/mean <= cf: min(imbalance, cf) (a ragged kernel that computes only the filled slots);
+    ``padded``: cf whatever the routing (GShard's einsum computes every slot, the count moe_flops_per_token
+    takes). Multiply the balanced k-slot expert FLOPs by it, not moe_flops_per_token's cf·k count again."""
+    m = _spec(cfg)
+    imbalance = positive_float("imbalance", imbalance)
+    if imbalance < 1:
+        raise ValueError(f"imbalance {imbalance} is max/mean expert load: >= 1")
+    if m.dropless:
+        return imbalance
+    return m.capacity_factor if padded else min(imbalance, m.capacity_factor)
+
+
+@dataclass(frozen=True)
+class ExpertBound:
+    """expert_critical_batch's answer: per token of one MoE layer, forward, per device: compute seconds and
+    all-to-all seconds (both proportional to t: the ratio does not depend on the batch), the F_e above which the
+    layer is compute-bound, and whether this config's F_e is."""
+
+    compute_s_per_token: float
+    all_to_all_s_per_token: float
+    critical_expert_d_ff: float
+    compute_bound: bool
+
+
+def expert_critical_batch(cfg: MoEConfig, peak_flops: float, bandwidth: float, mesh: Mapping | None = None,
+                          topology: str = "switch", c: int = 2) -> ExpertBound:
+    """When one MoE layer's expert compute hides its all-to-alls, derived as the Scaling Book derives the others
+    (training page: T_math against T_comms per layer). Per device, forward, with s slots per token (k, or cf·k),
+    n = Ex, Y = tensor (F_e split over it, the tokens and the all-to-all's D whole on each tensor device):
+      T_math  = t·(2·D·E + 2·m·D·F_e·(s + S_sh)/Y) / C          (moe_flops_per_token; router not split)
+      T_comms = 2·f·c·s·t·D / W                                (dispatch + combine, all_to_all_seconds per slot)
+      f = (n − 1)/n through a switch (W one way per device), n/4 on a bidirectional ring (W = W_ici)
+    t cancels: like the Scaling Book's tensor-parallel condition this is a condition on the model and the chip's
+    alpha = C/W, not on the batch. Compute-bound iff T_math > T_comms:
+      F_e > F_e* = Y·(f·c·s·alpha − E) / (m·(s + S_sh))
+    Without router, shared experts or tensor: m·F_e > f·c·alpha, e.g. switch, n large: m·F_e > c·C/W.
+    ``peak_flops`` C (FLOP/s per device) and ``bandwidth`` W (bytes/s) are plain numbers; expert_bound_on_chip
+    takes them from scaling.hardware. Mixtral's F_e = 14,336 against OLMoE's 1,024 is the contrast."""
+    m = cfg.moe
+    mesh = mesh or {}
+    C = positive_float("peak_flops", peak_flops)
+    W = positive_float("bandwidth", bandwidth)
+    n, Y = mesh.get("expert", 1), mesh.get("tensor", 1)
+    s, S, D, mm, E = m.slots_per_token, m.shared_experts, cfg.d_model, cfg.mlp_matrices, m.experts
+    compute = (2 * D * E + 2 * mm * D * m.expert_d_ff * (s + S) / Y) / C
+    comm = 2 * all_to_all_seconds(c * s * D, n, W, topology)
+    f = 0.0 if n <= 1 else (n - 1) / n if topology == "switch" else n / 4
+    critical = Y * (f * c * s * (C / W) - E) / (mm * (s + S))
+    return ExpertBound(compute, comm, max(critical, 0.0), compute > comm)
+
+
+def expert_bound_on_chip(cfg: MoEConfig, chip: str, mesh: Mapping | None = None, c: int = 2) -> ExpertBound:
+    """expert_critical_batch with a chip of scaling.hardware: C = chip.device_flops (bf16 per device); a GPU's
+    all-to-all through its NVLink switch at chip.ici_oneway (the Scaling Book's GPU page, NVLink one way per GPU),
+    a TPU's on a ring of its ICI at chip.ici_bidi (W_ici, sharding page)."""
+    from scaling.hardware import get_chip
+
+    ch = get_chip(chip)
+    if ch.kind == "gpu":
+        return expert_critical_batch(cfg, ch.device_flops, ch.ici_oneway, mesh, "switch", c)
+    return expert_critical_batch(cfg, ch.device_flops, ch.ici_bidi, mesh, "ring", c)
+
+
+# Published MoE models. The base's d_ff is the dense layers' (none here: every layer MoE, so F = F_e, unused).
+MOE_PRESETS: dict[str, MoEConfig] = {
+    # Mixtral 8x7B (Jiang et al. 2024, "Mixtral of Experts", table 1; HF mistralai/Mixtral-8x7B-v0.1 config.json):
+    # dim 4096, 32 layers, head_dim 128, 32 heads, 8 kv heads, hidden_dim 14336, vocab 32000 (untied), 8 experts,
+    # top-2, SwiGLU experts, softmax router renormalised over the 2, dropless (Megablocks). Published 46.7B total,
+    # 12.9B active (Mistral AI, "Mixtral of experts", Dec 2023). T = 4,096 is a training length chosen here: the
+    # paper's context_len is 32,768 (replace(seq_len=32768) for it).
+    "mixtral-8x7b": MoEConfig(
+        TransformerConfig(d_model=4096, heads=32, kv_heads=8, head_dim=128, d_ff=14336, blocks=32, seq_len=4096,
+                          mlp="swiglu", vocab=32000),
+        MoESpec(experts=8, top_k=2, expert_d_ff=14336)),
+    # OLMoE-1B-7B (Muennighoff et al. 2024, "OLMoE", table 1; HF allenai/OLMoE-1B-7B-0924 config.json): d_model
+    # 2048, 16 layers, 16 heads (no GQA), head_dim 128, 64 experts of d_ff 1024, top-8, SwiGLU, vocab 50304 untied,
+    # sequence length 4096, dropless, softmax router (not renormalised), load-balancing loss 0.01. Published 6.9B
+    # total, 1.3B active (the paper).
+    "olmoe-1b-7b": MoEConfig(
+        TransformerConfig(d_model=2048, heads=16, kv_heads=16, head_dim=128, d_ff=1024, blocks=16, seq_len=4096,
+                          mlp="swiglu", vocab=50304),
+        MoESpec(experts=64, top_k=8, expert_d_ff=1024)),
+    # A tiny one for tests: D=64, 4 heads of 16, 4 layers, 8 experts of 128, top-2, no vocabulary, T=32.
+    "moe-tiny": MoEConfig(
+        TransformerConfig(d_model=64, heads=4, kv_heads=4, head_dim=16, d_ff=128, blocks=4, seq_len=32, mlp="swiglu"),
+        MoESpec(experts=8, top_k=2, expert_d_ff=128)),
+}
