@@ -12,9 +12,12 @@ Two forms of the expert computation:
             [G, S, E, C]; x [G, E, C, D] = einsum(dispatch, x); the experts run on it with stacked weights
             [E, F_e, D]; out = einsum(combine, y). A pair past capacity is dropped (its term of the output is 0;
             a token with every pair dropped has a zero MoE output and the residual carries it).
-  dropless  (cf None) every routed pair computed: the T·k pairs sorted by expert and run with jax.lax.ragged_dot over
-            the experts' group sizes (MegaBlocks, Gale et al. 2023; MaxText's sparse matmul). Without an expert axis
-            only (expert=1): with one, ValueError.
+  dropless  (cf None) every routed pair computed: each device's T·k pairs sorted by expert and run with
+            jax.lax.ragged_dot over the experts' group sizes (MegaBlocks, Gale et al. 2023; MaxText's sparse matmul),
+            in a jax.shard_map over the axes that split the tokens. Over an expert axis, Megatron-LM's all-gather token
+            dispatcher: the expert axis's tokens all-gathered, each device runs its E/Ex experts' pairs, the outputs
+            reduce-scattered; the all-to-all form needs jax.lax.ragged_all_to_all (variable sizes), which XLA:CPU does
+            not implement (jax 0.10.2: "HLO opcode ragged-all-to-all is not supported"), so no test here could run it.
 Shared experts (DeepSeekMoE, Dai et al. 2024): one MLP of F_e·shared_experts that every token runs, added.
 
 Expert parallelism (GShard section 3.2; MaxText's layers/moe.py): mesh axes ``data, stage, fsdp, context, expert,
@@ -121,10 +124,23 @@ def _gather_bwd(logical, _, g):
 gather_bf16.defvjp(_gather_fwd, _gather_bwd)
 
 
+def _flax_rules():
+    """MOE_RULES as flax's ``sharding_rules``, keeping the mesh axes the current mesh has (all without a mesh)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return MOE_FLAX_RULES
+    rules = []
+    for name, axes in MOE_RULES.items():
+        axes = tuple(a for a in axes if a in mesh.axis_names)
+        rules.append((name, None if not axes else axes[0] if len(axes) == 1 else axes))
+    return tuple(rules)
+
+
 def param(value, logical):
-    """nnx.Param with its logical axes as flax's ``out_sharding`` and MOE_RULES as its ``sharding_rules``."""
+    """nnx.Param with its logical axes as flax's ``out_sharding`` and MOE_RULES (the current mesh's axes of them) as
+    its ``sharding_rules``."""
     mesh_axes(logical, MOE_RULES)
-    return nnx.Param(value, out_sharding=tuple(logical), sharding_rules=MOE_FLAX_RULES)
+    return nnx.Param(value, out_sharding=tuple(logical), sharding_rules=_flax_rules())
 
 
 # ---------------------------------------------------------------------------------------------------------- routing
@@ -233,29 +249,84 @@ def capacity_moe(h_NxD, gates_NxK, ids_NxK, w: dict, spec: MoESpec, kind: str, g
     return constrain(out.astype(COMPUTE_DTYPE), X_AXES).reshape(N, D)
 
 
-def dropless_moe(h_NxD, gates_NxK, ids_NxK, w: dict, kind: str):
-    """Every routed pair computed (MegaBlocks' grouped matmul): the N·k pairs sorted by expert (stable), the tokens
-    gathered in that order, each expert's rows multiplied by its weights with jax.lax.ragged_dot over the group sizes
-    (pairs per expert), the results put back in pair order and out[n] = Σ_j gate[n, j]·y[n, j] (FP32 sums, BF16 out).
-    Without an expert axis (module docstring)."""
-    N, D = h_NxD.shape
-    k = ids_NxK.shape[1]
-    E = w["w_in"].shape[0]
-    flat = ids_NxK.reshape(-1)
-    order = jnp.argsort(flat, stable=True)
-    sizes = jnp.bincount(flat, length=E).astype(jnp.int32)
-    x = h_NxD[order // k]  # [N·k, D], grouped by expert
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _all_gather_bf16(x, axis: str):
+    """jax.lax.all_gather(x, axis, tiled=True) of BF16 x; backward: the gradient reduce-scattered in FP32, then BF16
+    (XLA:CPU crashes on a BF16 reduce-scatter inside a shard_map under a mesh: its reduction body holds a copy)."""
+    return jax.lax.all_gather(x, axis, tiled=True)
 
-    def grouped(a, w_ExFxD, transpose):  # a [N·k, ·] against each row's expert's weight (W^T for W_in, W_gate)
-        w_bf16 = gather_bf16(w_ExFxD, EXPERT_AXES[1:])
-        return jax.lax.ragged_dot(a, jnp.swapaxes(w_bf16, 1, 2) if transpose else w_bf16, sizes)
 
-    u = grouped(x, w["w_in"], True)
-    g = grouped(x, w["w_gate"], True) if kind == "swiglu" else None
-    y = grouped(_activate(u, g, kind), w["w_out"], False)  # [N·k, D], sorted
-    y_NxKxD = y[jnp.argsort(order)].reshape(N, k, D)  # pair order
-    out = jnp.einsum("nk,nkd->nd", gates_NxK.astype(COMPUTE_DTYPE), y_NxKxD, preferred_element_type=jnp.float32)
+def _all_gather_bf16_fwd(x, axis):
+    return _all_gather_bf16(x, axis), None
+
+
+def _all_gather_bf16_bwd(axis, _, g):
+    return (jax.lax.psum_scatter(g.astype(jnp.float32), axis, scatter_dimension=0, tiled=True).astype(g.dtype),)
+
+
+_all_gather_bf16.defvjp(_all_gather_bf16_fwd, _all_gather_bf16_bwd)
+
+
+def _dropless_local(h_SxD, gates_SxK, ids_SxK, ws: dict, kind: str, weights_dtype=None, expert_axis=None):
+    """dropless_moe on one device's S tokens and its experts' BF16 weights (W_in, W_gate as [E_l, D, F_e]; cast to
+    ``weights_dtype`` first if given). ``expert_axis``: the tokens, gates and ids of the devices along it all-gathered
+    first, this device's E_l experts' pairs computed (the others' rows past the group sizes, their gates 0), and the
+    partial outputs reduce-scattered back to the tokens' devices."""
+    if weights_dtype is not None:
+        ws = {n: a.astype(weights_dtype) for n, a in ws.items()}
+    E_l = ws["w_in"].shape[0]
+    first = 0
+    if expert_axis is not None:
+        h_SxD = _all_gather_bf16(h_SxD, expert_axis)
+        gates_SxK, ids_SxK = (jax.lax.all_gather(a, expert_axis, tiled=True) for a in (gates_SxK, ids_SxK))
+        first = jax.lax.axis_index(expert_axis) * E_l
+    (S, D), k = h_SxD.shape, ids_SxK.shape[1]
+    mine_SxK = (ids_SxK >= first) & (ids_SxK < first + E_l)
+    key = jnp.where(mine_SxK, ids_SxK - first, E_l).reshape(-1)  # another device's experts: a last group, not run
+    order = jnp.argsort(key, stable=True)
+    sizes = jnp.bincount(key, length=E_l + 1)[:E_l].astype(jnp.int32)
+    # the row gathers in FP32 (BF16 values): their transposes are scatter-adds, which XLA:CPU crashes on in BF16 inside
+    # a shard_map under a mesh (their reduction body holds a copy: "Invalid binary instruction opcode copy")
+    x = h_SxD.astype(jnp.float32)[order // k].astype(COMPUTE_DTYPE)  # [S·k, D], grouped by expert
+    u = jax.lax.ragged_dot(x, ws["w_in"], sizes)
+    g = jax.lax.ragged_dot(x, ws["w_gate"], sizes) if kind == "swiglu" else None
+    y = jax.lax.ragged_dot(_activate(u, g, kind), ws["w_out"], sizes)  # [S·k, D], sorted; 0 past the groups
+    y_SxKxD = y.astype(jnp.float32)[jnp.argsort(order)].reshape(S, k, D)  # pair order
+    gates_SxK = jnp.where(mine_SxK, gates_SxK, 0.0).astype(COMPUTE_DTYPE).astype(jnp.float32)
+    out = jnp.einsum("sk,skd->sd", gates_SxK, y_SxKxD)  # the gates rounded to BF16 as the capacity form's combine
+    if expert_axis is not None:  # each token's terms from the experts on every device of the expert axis
+        out = jax.lax.psum_scatter(out, expert_axis, scatter_dimension=0, tiled=True)
     return out.astype(COMPUTE_DTYPE)
+
+
+def dropless_moe(h_NxD, gates_NxK, ids_NxK, w: dict, kind: str):
+    """Every routed pair computed (MegaBlocks' grouped matmul), each device on its own tokens (a jax.shard_map manual
+    over the axes that split the tokens; a sort left to XLA gathered every token's pairs): its S·k pairs sorted by
+    expert (stable), the tokens gathered in that order, each expert's rows multiplied by its weights with
+    jax.lax.ragged_dot over the group sizes (pairs per expert), the results put back in pair order and
+    out[n] = Σ_j gate[n, j]·y[n, j] (FP32 sums, BF16 out). Over an expert axis: Megatron-LM's all-gather token
+    dispatcher (MoEAllGatherTokenDispatcher): the tokens of the expert axis's devices all-gathered, each device runs
+    its E/Ex experts' pairs, the outputs reduce-scattered (module docstring: why not an all-to-all)."""
+    ws = {n: gather_bf16(w[n], EXPERT_AXES[1:]) for n in ("w_in", "w_gate", "w_out") if n in w}
+    for n in ("w_in", "w_gate"):  # [E, D, F_e]: ragged_dot's [groups, contracting, out]
+        if n in ws:
+            ws[n] = jnp.swapaxes(ws[n], 1, 2)
+    mesh = jax.sharding.get_abstract_mesh()
+    spec = PartitionSpec() if mesh.empty else _spec(("moe_batch", None))
+    split = set() if spec == PartitionSpec() or spec[0] is None else {spec[0]} if isinstance(spec[0], str) else set(
+        spec[0])
+    if not split:
+        return _dropless_local(h_NxD, gates_NxK, ids_NxK, ws, kind)
+    # the weights enter as FP32 holding their BF16 values, so that the shard_map's transpose sums their gradients over
+    # the token axes in FP32: XLA:CPU crashes on that sum in BF16 (AllReducePromotion: "Invalid binary instruction
+    # opcode copy", jax 0.10.2: the psum's reduction body holds a sharding constraint)
+    ws = {n: a.astype(jnp.float32) for n, a in ws.items()}
+    expert_axis = "expert" if "expert" in split and mesh.shape["expert"] > 1 else None
+    local = functools.partial(_dropless_local, kind=kind, weights_dtype=COMPUTE_DTYPE, expert_axis=expert_axis)
+    w_spec = PartitionSpec(expert_axis)
+    out = jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, spec, w_spec), out_specs=spec, axis_names=split,
+                        check_vma=False)(constrain(h_NxD, ("moe_batch", None)), gates_NxK, ids_NxK, ws)
+    return constrain(out, ("moe_batch", "act_embed"))
 
 
 def shared_mlp(h_NxD, w: dict, kind: str):
@@ -274,22 +345,20 @@ def default_groups() -> int:
 def moe_layer(h_BxTxD, w: dict, spec: MoESpec, kind: str = "swiglu", groups: int | None = None):
     """(MoE(h) [B, T, D] BF16, aux loss FP32) of one layer's weights ``w`` (router, w_in, w_gate, w_out, shared_*):
     route over every token of the batch (route), then the capacity or the dropless form (module docstring), plus the
-    shared experts. ``groups``: the capacity form's G (default: one per batch shard); it must divide B·T and be a
-    multiple of the batch shards (ValueError naming both)."""
+    shared experts. ``groups``: G, the capacity form's groups (each with its own capacity; the dropless form's result
+    does not depend on them); default one per batch shard; it must divide B·T and be a multiple of the batch shards
+    (ValueError naming both)."""
     B, T, D = h_BxTxD.shape
     N = B * T
     h_NxD = h_BxTxD.reshape(N, D)
     gates, ids, aux = route(h_NxD, w["router"], spec)
+    G = groups or default_groups()
+    if N % G or G % default_groups():
+        raise ValueError(f"groups={G} must divide the {N} tokens of the batch and be a multiple of the "
+                         f"{default_groups()} batch shards (data·fsdp·expert)")
     if spec.capacity_factor is None:
-        if shards("exp") > 1:
-            raise ValueError(f"dropless routing (capacity_factor None) runs without an expert axis only, here expert="
-                             f"{shards('exp')}: set a capacity factor")
         out = dropless_moe(h_NxD, gates, ids, w, kind)
     else:
-        G = groups or default_groups()
-        if N % G or G % default_groups():
-            raise ValueError(f"groups={G} must divide the {N} tokens of the batch and be a multiple of the "
-                             f"{default_groups()} batch shards (data·fsdp·expert)")
         out = capacity_moe(h_NxD, gates, ids, w, spec, kind, G)
     if spec.shared_experts:
         out = out + shared_mlp(h_NxD, w, kind)

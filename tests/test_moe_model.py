@@ -1,6 +1,7 @@
 """ffn_model.moe: routing and GShard's dispatch by hand, dropped tokens, the capacity form against the dropless one,
 the sharded MoE stack's training against one device, and its dispatch and combine as all-to-alls over ``expert``."""
 
+import functools
 import math
 import re
 
@@ -155,8 +156,6 @@ def test_bad_inputs_are_value_errors():
     w = _layer_weights(jax.random.key(0), spec, 8)
     h = jnp.zeros((4, 2, 8), jnp.bfloat16)
     mesh = moe.moe_mesh("expert=2", jax.devices()[:2])
-    with jax.set_mesh(mesh), pytest.raises(ValueError, match="dropless"):
-        jax.eval_shape(lambda h, w: moe.moe_layer(h, w, spec), h, w)
     capped = MoESpec(experts=4, top_k=2, expert_d_ff=8, capacity_factor=1.0)
     with jax.set_mesh(mesh), pytest.raises(ValueError, match="groups=3"):
         jax.eval_shape(lambda h, w: moe.moe_layer(h, w, capped, groups=3), h, w)
@@ -165,15 +164,19 @@ def test_bad_inputs_are_value_errors():
 # ------------------------------------------------------------------------------------------- sharded training
 
 
-SPEC = MoESpec(experts=E, top_k=K, expert_d_ff=F_E, capacity_factor=1.25)  # C = ceil(1.25·2·32/8) = 10 of 32
+FORMS = {"capacity": MoESpec(experts=E, top_k=K, expert_d_ff=F_E, capacity_factor=1.25),  # C = ceil(1.25·2·32/8) = 10
+         "dropless": MoESpec(experts=E, top_k=K, expert_d_ff=F_E)}
+CASES = [(m, "capacity") for m in MESHES] + [("expert=2,tensor=2,data=2", "dropless")]
 
 
-def _train(mesh_spec, devices, steps=STEPS):
-    """(losses, final params as numpy, the compiled train step's HLO) of the tiny MoE stack on ``mesh_spec``."""
-    mesh = moe.moe_mesh(mesh_spec, devices)
+@functools.cache
+def _train(mesh_spec: str, form: str):
+    """(losses, final params as numpy, the compiled train step's HLO, the mesh) of STEPS AdamW steps of the tiny MoE
+    stack with FORMS[form] on ``mesh_spec`` over the 8 devices ("": one device)."""
+    mesh = moe.moe_mesh(mesh_spec, jax.devices() if mesh_spec else jax.devices()[:1])
 
     def model():
-        return moe.MoEStack(D, L, SPEC, groups=GROUPS, rngs=nnx.Rngs(0))
+        return moe.MoEStack(D, L, FORMS[form], groups=GROUPS, rngs=nnx.Rngs(0))
 
     tx = make_optimizer(LR)
     state = moe.init_state(model, mesh, tx)
@@ -183,40 +186,31 @@ def _train(mesh_spec, devices, steps=STEPS):
     losses = []
     with jax.set_mesh(mesh):
         hlo = step.lower(state, jax.device_put(batch(0), sharding)).compile().as_text()
-        for i in range(steps):
+        for i in range(STEPS):
             state, loss = step(state, jax.device_put(batch(i), sharding))
             losses.append(float(loss))
-    return losses, state, hlo, mesh
-
-
-@pytest.fixture(scope="module")
-def one_device():
-    losses, state, _, _ = _train("", jax.devices()[:1])
-    return losses, jax.tree.map(np.asarray, state["params"])
-
-
-@pytest.fixture(scope="module", params=MESHES)
-def sharded(request):
-    return _train(request.param, jax.devices())
+    specs = {n: a.sharding.spec for n, a in state["params"].items()}
+    return losses, jax.tree.map(np.asarray, state["params"]), hlo, mesh, specs
 
 
 @pytest.mark.slow
-def test_sharded_training_matches_one_device(one_device, sharded):
-    ref_losses, ref_params = one_device
-    losses, state, _, _ = sharded
+@pytest.mark.parametrize("mesh_spec,form", CASES)
+def test_sharded_training_matches_one_device(mesh_spec, form):
+    ref_losses, ref_params, *_ = _train("", form)
+    losses, params, _, _, specs = _train(mesh_spec, form)
     # The tolerances of tests/test_ffn_model.py::test_sharded_training_matches_one_device: sharding changes the order
     # of reductions only (partial sums over tensor, gradient sums over data and expert), each rounding in BF16
     # (2^-8 relative): the loss, a mean over B·T·D squared errors, within 2^-7 relative; a parameter within
     # 2·steps·lr (Adam's update of a gradient near zero can change sign), on average within 0.05·lr.
     np.testing.assert_allclose(losses, ref_losses, rtol=2**-7)
     for name, ref in ref_params.items():
-        got = np.asarray(state["params"][name])
+        got = params[name]
         assert got.dtype == np.float32 and got.shape == ref.shape
         diff = np.abs(got - ref)
         assert diff.max() <= 2 * STEPS * LR, (name, diff.max())
         assert diff.mean() <= 0.05 * LR, (name, diff.mean())
     # the expert weights [L, E, F_e, D] keep E over expert (and F_e over tensor)
-    assert state["params"]["w_in"].sharding.spec == jax.sharding.PartitionSpec("stage", "expert", "tensor", "fsdp")
+    assert specs["w_in"] == jax.sharding.PartitionSpec("stage", "expert", "tensor", "fsdp")
 
 
 def _replica_groups(line: str) -> set[frozenset[int]]:
@@ -254,9 +248,21 @@ def _ops(hlo: str, op: str) -> list[str]:
     return [line for line in hlo.splitlines() if re.search(rf"= .+ {op}(-start)?\(", line)]
 
 
+def _shapes(line: str, op: str) -> list[tuple[int, ...]]:
+    """The shapes of a collective's results."""
+    return [tuple(int(d) for d in dims.split(",") if d) for dims in re.findall(r"\[([0-9,]*)\]", line.split(
+        f" {op}(")[0])]
+
+
+def _holds_experts(shape) -> bool:
+    """Whether an array of ``shape`` holds the E experts' weights (E before a last dimension D)."""
+    return E in shape[:-1] and shape[-1] == D
+
+
 @pytest.mark.slow
-def test_dispatch_and_combine_are_all_to_all_over_expert(sharded):
-    _, _, hlo, mesh = sharded
+@pytest.mark.parametrize("mesh_spec", MESHES)
+def test_dispatch_and_combine_are_all_to_all_over_expert(mesh_spec):
+    *_, hlo, mesh, _ = _train(mesh_spec, "capacity")
     expert = _axis_groups(mesh, "expert")
     a2a = _ops(hlo, "all-to-all")
     # forward: the dispatch and the combine, backward: their transposes, each once in the scanned layer body
@@ -266,6 +272,28 @@ def test_dispatch_and_combine_are_all_to_all_over_expert(sharded):
     # no all-gather over expert: the expert weights stay split, never gathered (nor the tokens' router scores)
     for line in _ops(hlo, "all-gather"):
         assert _replica_groups(line) != expert, line
-        shapes = [tuple(int(d) for d in dims.split(",") if d) for dims in re.findall(r"\[([0-9,]*)\]", line.split(
-            " all-gather(")[0])]
-        assert not any(E in s and s[-1] == D for s in shapes), line
+        assert not any(_holds_experts(s) for s in _shapes(line, "all-gather")), line
+
+
+@pytest.mark.slow
+def test_dropless_gathers_tokens_not_experts():
+    # Dropless over expert (Megatron-LM's all-gather dispatcher): the tokens, gates and ids all-gathered over expert,
+    # the outputs reduce-scattered back; the expert weights never move over expert
+    *_, hlo, mesh, _ = _train("expert=2,tensor=2,data=2", "dropless")
+    expert = _axis_groups(mesh, "expert")
+    gathers = [line for line in _ops(hlo, "all-gather") if _replica_groups(line) == expert]
+    assert len(gathers) >= 3 and _ops(hlo, "reduce-scatter"), len(gathers)
+    for op in ("all-gather", "all-to-all", "collective-permute"):
+        for line in _ops(hlo, op):
+            assert not any(_holds_experts(s) for s in _shapes(line, op)), line
+
+
+def test_parameters_on_a_mesh_without_an_expert_axis():
+    # mesh.make_mesh's meshes have no expert axis: the rules keep the axes the mesh has (E unsplit, F_e over tensor)
+    from mesh import make_mesh
+
+    mesh = make_mesh("data=4,tensor=2", "cpu:8")
+    spec = MoESpec(experts=E, top_k=K, expert_d_ff=F_E, capacity_factor=1.0)
+    _, shardings = moe.state_shardings(lambda: moe.MoEStack(D, L, spec, rngs=nnx.Rngs(0)), mesh, make_optimizer())
+    assert shardings["params"]["w_in"].spec == jax.sharding.PartitionSpec("stage", None, "tensor", "fsdp")
+    assert shardings["opt"][0].mu["w_out"].spec == jax.sharding.PartitionSpec("stage", None, "tensor", "fsdp")
