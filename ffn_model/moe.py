@@ -290,7 +290,7 @@ def _dropless_local(h_SxD, gates_SxK, ids_SxK, ws: dict, kind: str, weights_dtyp
     x = h_SxD.astype(jnp.float32)[order // k].astype(COMPUTE_DTYPE)  # [S·k, D], grouped by expert
     u = jax.lax.ragged_dot(x, ws["w_in"], sizes)
     g = jax.lax.ragged_dot(x, ws["w_gate"], sizes) if kind == "swiglu" else None
-    y = jax.lax.ragged_dot(_activate(u, g, kind), ws["w_out"], sizes)  # [S·k, D], sorted; 0 past the groups
+    y = jax.lax.ragged_dot(_activate(u, g, kind), ws["w_out"], sizes)  # [S·k, D], sorted; rows past the groups: gate 0
     y_SxKxD = y.astype(jnp.float32)[jnp.argsort(order)].reshape(S, k, D)  # pair order
     gates_SxK = jnp.where(mine_SxK, gates_SxK, 0.0).astype(COMPUTE_DTYPE).astype(jnp.float32)
     out = jnp.einsum("sk,skd->sd", gates_SxK, y_SxKxD)  # the gates rounded to BF16 as the capacity form's combine
