@@ -1,0 +1,498 @@
+"""Mixture-of-experts layers in Flax NNX over an ``expert`` mesh axis (issue 40): a router picks k of E experts per
+token (scaling.moe.MoESpec), the tokens go to their experts and come back weighted by their gates.
+
+Routing (``route``): softmax gates then top-k renormalised over the k (Mixtral, Jiang et al. 2024, section 2.1), or
+sigmoid scores, top-k of them normalised (DeepSeek-V3, Liu et al. 2024, eq. 13-15 without the bias); the load-balancing
+loss E·Σ_e f_e·P_e (Switch Transformer, Fedus et al. 2022, eq. 4) times ``aux_loss_weight``.
+
+Two forms of the expert computation:
+  capacity  (MoESpec.capacity_factor cf set) GShard's dispatch and combine (Lepikhin et al. 2020, algorithms 1-2):
+            the tokens in G groups of S, each expert takes at most C = ceil(cf·k·S/E) of a group's (token, expert)
+            pairs, every token's first choice before any second choice; a dispatch mask and combine weights
+            [G, S, E, C]; x [G, E, C, D] = einsum(dispatch, x); the experts run on it with stacked weights
+            [E, F_e, D]; out = einsum(combine, y). A pair past capacity is dropped (its term of the output is 0;
+            a token with every pair dropped has a zero MoE output and the residual carries it).
+  dropless  (cf None) every routed pair computed: each device's T·k pairs sorted by expert and run with
+            jax.lax.ragged_dot over the experts' group sizes (MegaBlocks, Gale et al. 2023; MaxText's sparse matmul),
+            in a jax.shard_map over the axes that split the tokens. Over an expert axis, Megatron-LM's all-gather token
+            dispatcher: the expert axis's tokens all-gathered, each device runs its E/Ex experts' pairs, the outputs
+            reduce-scattered; the all-to-all form needs jax.lax.ragged_all_to_all (variable sizes), which XLA:CPU does
+            not implement (jax 0.10.2: "HLO opcode ragged-all-to-all is not supported"), so no test here could run it.
+Shared experts (DeepSeekMoE, Dai et al. 2024): one MLP of F_e·shared_experts that every token runs, added.
+
+Expert parallelism (GShard section 3.2; MaxText's layers/moe.py): mesh axes ``data, stage, fsdp, context, expert,
+tensor`` (MOE_MESH_AXES: expert inside fsdp, next to tensor, so that the all-to-all stays on the nearest links). The
+expert weights [E, F_e, D] split E over expert (F_e over tensor, D over fsdp as the dense MLP's); the tokens split
+over data, fsdp AND expert (the expert devices hold different tokens), a group being one device's batch shard by
+default. The dispatched x [G, E, C, D] is constrained to G over (data, fsdp) and E over expert: from the groups'
+split over expert to the experts' split, which XLA lowers to an all-to-all over expert; the combine's input goes
+back the same way. The logical axes the dense table (scaling.sharding) lacks are MOE_RULES here: ``moe_batch`` (the
+tokens: data, fsdp, expert) and ``exp`` (E: expert); a mesh axis the current mesh lacks is left out of a spec, so the
+module also runs on the dense meshes (mesh.make_mesh, no expert axis) and without a mesh.
+
+Precision as the dense stacks (ffn_model.sharded): FP32 master weights cast to BF16 before the FSDP gather, the
+gradient reduced in BF16 and then cast to FP32; the router in FP32 (Switch section 2.4, selective precision).
+
+MoEStack: L layers x = x + MoE(rms_norm(x)) (no attention, the test model as the FFN stack is), weights stacked over
+layers and run by one jax.lax.scan; loss = MSE to the teacher's target (ffn_model.task) + Σ_layers aux loss.
+make_train_step: value_and_grad and optax AdamW (ffn_model.train.make_optimizer).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
+
+from ffn_model.sharded import COMPUTE_DTYPE, PARAM_DTYPE, init_normal, to_bf16
+from ffn_model.transformer import rms_norm
+from scaling.moe import MoESpec
+from scaling.sharding import LOGICAL_RULES, mesh_axes
+
+MOE_MESH_AXES = ("data", "stage", "fsdp", "context", "expert", "tensor")
+# The dense table plus the MoE's axes (for the integrator to fold into scaling.sharding.LOGICAL_RULES).
+MOE_RULES: dict[str, tuple[str, ...]] = {
+    **LOGICAL_RULES,
+    "moe_batch": ("data", "fsdp", "expert"),  # tokens of the batch (and the groups): the expert axis splits them too
+    "exp": ("expert",),  # E, the experts of the stacked expert weights and of the dispatched tokens
+}
+MOE_FLAX_RULES = tuple((n, None if not a else a[0] if len(a) == 1 else a) for n, a in MOE_RULES.items())
+
+X_AXES = ("moe_batch", None, "act_embed")  # x [B, T, D] between layers, and the groups x [G, S, D]
+MASK_AXES = ("moe_batch", None, None, None)  # dispatch mask, combine weights [G, S, E, C]
+GROUPED_AXES = ("moe_batch", None, None, "act_embed")  # x and y [G, E, C, D] on the devices of their groups
+DISPATCHED_AXES = ("batch", "exp", None, "act_embed")  # x and y [G, E, C, D]: E over expert, G over data, fsdp
+HIDDEN_AXES = ("batch", "exp", None, "mlp")  # the experts' hidden [G, E, C, F_e]
+ROUTER_AXES = ("layers", None, None)  # W_router [L, D, E], FP32, replicated (D·E values per layer)
+EXPERT_AXES = ("layers", "exp", "mlp", "embed")  # W_in, W_gate, W_out [L, E, F_e, D]
+SHARED_AXES = ("layers", "mlp", "embed")  # the shared experts' W_in, W_gate, W_out [L, F_e·shared, D]
+MLP_KINDS = ("swiglu", "gelu", "relu")
+
+
+def _spec(logical) -> PartitionSpec:
+    """PartitionSpec of logical axes through MOE_RULES, keeping the mesh axes the current mesh has (and is not manual
+    over); a ValueError for an axis without a rule (scaling.sharding.mesh_axes)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    keep = set(mesh.axis_names) - set(mesh.manual_axes)
+    entries = []
+    for axes in mesh_axes(logical, MOE_RULES):
+        axes = tuple(a for a in axes or () if a in keep)
+        entries.append(None if not axes else axes[0] if len(axes) == 1 else axes)
+    return PartitionSpec(*entries)
+
+
+def constrain(x, logical):
+    """jax.lax.with_sharding_constraint to the logical axes (MOE_RULES) under a mesh (jax.set_mesh); a no-op
+    without one."""
+    if jax.sharding.get_abstract_mesh().empty:
+        return x
+    return jax.lax.with_sharding_constraint(x, _spec(logical))
+
+
+def shards(logical) -> int:
+    """How many pieces the current mesh splits a dimension of logical axis ``logical`` into (1 without a mesh)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return 1
+    entry = _spec((logical,))[0]
+    return math.prod(mesh.shape[a] for a in ((entry,) if isinstance(entry, str) else entry or ()))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def gather_bf16(w, logical):
+    """FP32 weight shard -> BF16 (ffn_model.sharded.to_bf16), then gathered over fsdp (embed unsharded), so that the
+    all-gather moves BF16; backward: the BF16 gradient reduced to the shard's layout, then FP32 (the precision policy
+    of ffn_model.sharded.gather_bf16, through MOE_RULES)."""
+    return constrain(to_bf16(w), tuple(None if a == "embed" else a for a in logical))
+
+
+def _gather_fwd(w, logical):
+    return gather_bf16(w, logical), None
+
+
+def _gather_bwd(logical, _, g):
+    return (constrain(g, logical).astype(PARAM_DTYPE),)
+
+
+gather_bf16.defvjp(_gather_fwd, _gather_bwd)
+
+
+def _flax_rules():
+    """MOE_RULES as flax's ``sharding_rules``, keeping the mesh axes the current mesh has (all without a mesh)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return MOE_FLAX_RULES
+    rules = []
+    for name, axes in MOE_RULES.items():
+        axes = tuple(a for a in axes if a in mesh.axis_names)
+        rules.append((name, None if not axes else axes[0] if len(axes) == 1 else axes))
+    return tuple(rules)
+
+
+def param(value, logical):
+    """nnx.Param with its logical axes as flax's ``out_sharding`` and MOE_RULES (the current mesh's axes of them) as
+    its ``sharding_rules``."""
+    mesh_axes(logical, MOE_RULES)
+    return nnx.Param(value, out_sharding=tuple(logical), sharding_rules=_flax_rules())
+
+
+# ---------------------------------------------------------------------------------------------------------- routing
+
+
+def route(h_TxD, w_router_DxE, spec: MoESpec):
+    """(gates [T, k] FP32, expert ids [T, k] int32, aux loss): logits = h·W_router in FP32;
+    softmax: p = softmax(logits), ids = top-k(p), gates = p_ids / Σ_k p_ids (Mixtral section 2.1: the same as a
+    softmax over the top-k logits); sigmoid: s = σ(logits), ids = top-k(s), gates = s_ids / Σ_k s_ids (DeepSeek-V3
+    eq. 13-15, no bias), its router probabilities P = s / Σ_E s (DeepSeek-V3 eq. 19).
+    aux = aux_loss_weight · E · Σ_e f_e·P_e (Switch eq. 4) with f_e = (pairs routed to e) / (T·k), the fraction of the
+    T·k routed pairs (Switch's fraction of tokens at k = 1; 1 at perfect balance), P_e = mean_t p_t,e."""
+    E, k = spec.experts, spec.top_k
+    T = h_TxD.shape[0]
+    h_TxD = constrain(h_TxD, ("moe_batch", "act_embed"))
+    logits = jnp.dot(h_TxD.astype(jnp.float32), w_router_DxE.astype(jnp.float32), precision="highest")
+    if spec.router == "softmax":
+        probs = scores = jax.nn.softmax(logits, axis=-1)
+    else:
+        scores = jax.nn.sigmoid(logits)
+        probs = scores / jnp.sum(scores, axis=-1, keepdims=True)
+    top, ids = top_k(constrain(scores, ("moe_batch", None)), k)
+    gates = top / jnp.sum(top, axis=-1, keepdims=True)
+    f = jnp.sum(jax.nn.one_hot(ids, E, dtype=jnp.float32), axis=(0, 1)) / (T * k)
+    aux = spec.aux_loss_weight * E * jnp.sum(f * jnp.mean(probs, axis=0))
+    return gates, ids.astype(jnp.int32), aux
+
+
+def top_k(scores_TxE, k: int):
+    """(values, indices) [T, k] of each row's k largest scores, largest first, the lower index first among equal
+    ones (as jax.lax.top_k): k rounds of argmax, each masking the one it took. Why not jax.lax.top_k: XLA partitions
+    its TopK by all-gathering every token's scores (the tokens split over the batch axes: an all-gather of [T, E]);
+    an argmax is a reduction along E, done on the token's device."""
+    taken = []
+    s = scores_TxE
+    for _ in range(k):
+        i = jnp.argmax(s, axis=-1)
+        taken.append(i)
+        s = jnp.where(jax.nn.one_hot(i, s.shape[-1], dtype=jnp.bool_), -jnp.inf, s)
+    ids = jnp.stack(taken, axis=-1)
+    return jnp.take_along_axis(scores_TxE, ids, axis=-1), ids
+
+
+def capacity(spec: MoESpec, group_tokens: int) -> int:
+    """C = ceil(cf·k·S/E): the (token, expert) pairs each expert takes from a group of S tokens (GShard section 2.2;
+    Switch eq. 3 with k = 1)."""
+    if spec.capacity_factor is None:
+        raise ValueError("capacity: the spec is dropless (capacity_factor None)")
+    return math.ceil(spec.capacity_factor * spec.top_k * group_tokens / spec.experts)
+
+
+def dispatch_combine(gates_SxK, ids_SxK, experts: int, C: int):
+    """(dispatch [S, E, C] bool, combine [S, E, C] FP32) of one group (GShard algorithm 2 for k experts): the pairs
+    taken in priority order, every token's j-th choice before any (j+1)-th, tokens in order within a rank; a pair's
+    slot is the number of pairs before it at its expert; slot >= C: dropped (no entry in either).
+    dispatch[s, e, c] = [token s is expert e's c-th pair]; combine[s, e, c] = gate of that pair."""
+    S, k = ids_SxK.shape
+    mask_SxKxE = jax.nn.one_hot(ids_SxK, experts, dtype=jnp.int32)
+    ranked = mask_SxKxE.transpose(1, 0, 2).reshape(k * S, experts)  # rank-major: all first choices first
+    slot = (jnp.cumsum(ranked, axis=0) - 1).reshape(k, S, experts).transpose(1, 0, 2)
+    slot_SxK = jnp.sum(slot * mask_SxKxE, axis=-1)
+    at_SxKxC = jax.nn.one_hot(slot_SxK, C, dtype=jnp.float32)  # all zero where slot >= C: dropped
+    dispatch = jnp.einsum("ske,skc->sec", mask_SxKxE.astype(jnp.float32), at_SxKxC) > 0
+    combine = jnp.einsum("sk,ske,skc->sec", gates_SxK, mask_SxKxE.astype(jnp.float32), at_SxKxC)
+    return dispatch, combine
+
+
+# ---------------------------------------------------------------------------------------------------------- experts
+
+
+def _activate(u, g, kind: str):
+    """SwiGLU silu(g)·u (Shazeer 2020), or gelu(u) / relu(u)."""
+    if kind == "swiglu":
+        return jax.nn.silu(g) * u
+    return jax.nn.gelu(u) if kind == "gelu" else jax.nn.relu(u)
+
+
+def experts_mlp(x_GxExCxD, w: dict, kind: str):
+    """The E experts on their dispatched tokens: y[g,e,c] = act(x[g,e,c]·W_in[e]^T (, ·W_gate[e]^T))·W_out[e], the
+    stacked weights [E, F_e, D] (BF16, gathered over fsdp); the hidden split F_e over tensor, the output a partial sum
+    over tensor."""
+    u = constrain(jnp.einsum("gecd,efd->gecf", x_GxExCxD, gather_bf16(w["w_in"], EXPERT_AXES[1:])), HIDDEN_AXES)
+    g = None
+    if kind == "swiglu":
+        g = constrain(jnp.einsum("gecd,efd->gecf", x_GxExCxD, gather_bf16(w["w_gate"], EXPERT_AXES[1:])), HIDDEN_AXES)
+    return jnp.einsum("gecf,efd->gecd", _activate(u, g, kind), gather_bf16(w["w_out"], EXPERT_AXES[1:]))
+
+
+def capacity_moe(h_NxD, gates_NxK, ids_NxK, w: dict, spec: MoESpec, kind: str, groups: int):
+    """GShard's form (module docstring) on N tokens in ``groups`` groups of S = N/groups: dispatch and combine per group
+    (dispatch_combine, C = capacity(spec, S)); x [G, E, C, D] resharded from the groups' split to E over expert (an
+    all-to-all over expert), the experts run (experts_mlp), y resharded back (the second all-to-all), then
+    out[g, s] = Σ_e,c combine[g, s, e, c]·y[g, e, c] (FP32 sums, BF16 out)."""
+    N, D = h_NxD.shape
+    S, k, E = N // groups, spec.top_k, spec.experts
+    C = capacity(spec, S)
+    x_GxSxD = constrain(h_NxD.reshape(groups, S, D), X_AXES)
+    dispatch, combine = jax.vmap(functools.partial(dispatch_combine, experts=E, C=C))(
+        gates_NxK.reshape(groups, S, k), ids_NxK.reshape(groups, S, k))
+    dispatch, combine = constrain(dispatch, MASK_AXES), constrain(combine, MASK_AXES)
+    # each device dispatches its own groups (a selection: exact in BF16), then E goes over expert: the all-to-all
+    x = constrain(jnp.einsum("gsec,gsd->gecd", dispatch.astype(COMPUTE_DTYPE), x_GxSxD), GROUPED_AXES)
+    y = experts_mlp(constrain(x, DISPATCHED_AXES), w, kind)
+    y = constrain(constrain(y, DISPATCHED_AXES), GROUPED_AXES)  # summed over tensor, then back to the groups' devices
+    out = jnp.einsum("gsec,gecd->gsd", combine.astype(COMPUTE_DTYPE), y, preferred_element_type=jnp.float32)
+    return constrain(out.astype(COMPUTE_DTYPE), X_AXES).reshape(N, D)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _all_gather_bf16(x, axis: str):
+    """jax.lax.all_gather(x, axis, tiled=True) of BF16 x; backward: the gradient reduce-scattered in FP32, then BF16
+    (XLA:CPU crashes on a BF16 reduce-scatter inside a shard_map under a mesh: its reduction body holds a copy)."""
+    return jax.lax.all_gather(x, axis, tiled=True)
+
+
+def _all_gather_bf16_fwd(x, axis):
+    return _all_gather_bf16(x, axis), None
+
+
+def _all_gather_bf16_bwd(axis, _, g):
+    return (jax.lax.psum_scatter(g.astype(jnp.float32), axis, scatter_dimension=0, tiled=True).astype(g.dtype),)
+
+
+_all_gather_bf16.defvjp(_all_gather_bf16_fwd, _all_gather_bf16_bwd)
+
+
+def _dropless_local(h_SxD, gates_SxK, ids_SxK, ws: dict, kind: str, weights_dtype=None, expert_axis=None):
+    """dropless_moe on one device's S tokens and its experts' BF16 weights (W_in, W_gate as [E_l, D, F_e]; cast to
+    ``weights_dtype`` first if given). ``expert_axis``: the tokens, gates and ids of the devices along it all-gathered
+    first, this device's E_l experts' pairs computed (the others' rows past the group sizes, their gates 0), and the
+    partial outputs reduce-scattered back to the tokens' devices."""
+    if weights_dtype is not None:
+        ws = {n: a.astype(weights_dtype) for n, a in ws.items()}
+    E_l = ws["w_in"].shape[0]
+    first = 0
+    if expert_axis is not None:
+        h_SxD = _all_gather_bf16(h_SxD, expert_axis)
+        gates_SxK, ids_SxK = (jax.lax.all_gather(a, expert_axis, tiled=True) for a in (gates_SxK, ids_SxK))
+        first = jax.lax.axis_index(expert_axis) * E_l
+    (S, D), k = h_SxD.shape, ids_SxK.shape[1]
+    mine_SxK = (ids_SxK >= first) & (ids_SxK < first + E_l)
+    key = jnp.where(mine_SxK, ids_SxK - first, E_l).reshape(-1)  # another device's experts: a last group, not run
+    order = jnp.argsort(key, stable=True)
+    sizes = jnp.bincount(key, length=E_l + 1)[:E_l].astype(jnp.int32)
+    # the row gathers in FP32 (BF16 values): their transposes are scatter-adds, which XLA:CPU crashes on in BF16 inside
+    # a shard_map under a mesh (their reduction body holds a copy: "Invalid binary instruction opcode copy")
+    x = h_SxD.astype(jnp.float32)[order // k].astype(COMPUTE_DTYPE)  # [S·k, D], grouped by expert
+    u = jax.lax.ragged_dot(x, ws["w_in"], sizes)
+    g = jax.lax.ragged_dot(x, ws["w_gate"], sizes) if kind == "swiglu" else None
+    y = jax.lax.ragged_dot(_activate(u, g, kind), ws["w_out"], sizes)  # [S·k, D], sorted; rows past the groups: gate 0
+    y_SxKxD = y.astype(jnp.float32)[jnp.argsort(order)].reshape(S, k, D)  # pair order
+    gates_SxK = jnp.where(mine_SxK, gates_SxK, 0.0).astype(COMPUTE_DTYPE).astype(jnp.float32)
+    out = jnp.einsum("sk,skd->sd", gates_SxK, y_SxKxD)  # the gates rounded to BF16 as the capacity form's combine
+    if expert_axis is not None:  # each token's terms from the experts on every device of the expert axis
+        out = jax.lax.psum_scatter(out, expert_axis, scatter_dimension=0, tiled=True)
+    return out.astype(COMPUTE_DTYPE)
+
+
+def dropless_moe(h_NxD, gates_NxK, ids_NxK, w: dict, kind: str):
+    """Every routed pair computed (MegaBlocks' grouped matmul), each device on its own tokens (a jax.shard_map manual
+    over the axes that split the tokens; a sort left to XLA gathered every token's pairs): its S·k pairs sorted by
+    expert (stable), the tokens gathered in that order, each expert's rows multiplied by its weights with
+    jax.lax.ragged_dot over the group sizes (pairs per expert), the results put back in pair order and
+    out[n] = Σ_j gate[n, j]·y[n, j] (FP32 sums, BF16 out). Over an expert axis: Megatron-LM's all-gather token
+    dispatcher (MoEAllGatherTokenDispatcher): the tokens of the expert axis's devices all-gathered, each device runs
+    its E/Ex experts' pairs, the outputs reduce-scattered (module docstring: why not an all-to-all)."""
+    ws = {n: gather_bf16(w[n], EXPERT_AXES[1:]) for n in ("w_in", "w_gate", "w_out") if n in w}
+    for n in ("w_in", "w_gate"):  # [E, D, F_e]: ragged_dot's [groups, contracting, out]
+        if n in ws:
+            ws[n] = jnp.swapaxes(ws[n], 1, 2)
+    mesh = jax.sharding.get_abstract_mesh()
+    spec = PartitionSpec() if mesh.empty else _spec(("moe_batch", None))
+    split = set() if spec == PartitionSpec() or spec[0] is None else {spec[0]} if isinstance(spec[0], str) else set(
+        spec[0])
+    if not split:
+        return _dropless_local(h_NxD, gates_NxK, ids_NxK, ws, kind)
+    # the weights enter as FP32 holding their BF16 values, so that the shard_map's transpose sums their gradients over
+    # the token axes in FP32: XLA:CPU crashes on that sum in BF16 (AllReducePromotion: "Invalid binary instruction
+    # opcode copy", jax 0.10.2: the psum's reduction body holds a sharding constraint)
+    ws = {n: a.astype(jnp.float32) for n, a in ws.items()}
+    expert_axis = "expert" if "expert" in split and mesh.shape["expert"] > 1 else None
+    local = functools.partial(_dropless_local, kind=kind, weights_dtype=COMPUTE_DTYPE, expert_axis=expert_axis)
+    w_spec = PartitionSpec(expert_axis)
+    out = jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, spec, w_spec), out_specs=spec, axis_names=split,
+                        check_vma=False)(constrain(h_NxD, ("moe_batch", None)), gates_NxK, ids_NxK, ws)
+    return constrain(out, ("moe_batch", "act_embed"))
+
+
+def shared_mlp(h_NxD, w: dict, kind: str):
+    """The shared experts as one MLP of F_e·shared_experts (DeepSeekMoE section 3.2):
+    act(h·W_in^T (, h·W_gate^T))·W_out, the hidden split over tensor."""
+    u = h_NxD @ gather_bf16(w["shared_in"], SHARED_AXES[1:]).T
+    g = h_NxD @ gather_bf16(w["shared_gate"], SHARED_AXES[1:]).T if kind == "swiglu" else None
+    return _activate(u, g, kind) @ gather_bf16(w["shared_out"], SHARED_AXES[1:])
+
+
+def default_groups() -> int:
+    """GShard's groups on the current mesh: one per batch shard (data·fsdp·expert), 1 without a mesh."""
+    return shards("moe_batch")
+
+
+def moe_layer(h_BxTxD, w: dict, spec: MoESpec, kind: str = "swiglu", groups: int | None = None):
+    """(MoE(h) [B, T, D] BF16, aux loss FP32) of one layer's weights ``w`` (router, w_in, w_gate, w_out, shared_*):
+    route over every token of the batch (route), then the capacity or the dropless form (module docstring), plus the
+    shared experts. ``groups``: G, the capacity form's groups (each with its own capacity; the dropless form's result
+    does not depend on them); default one per batch shard; it must divide B·T and be a multiple of the batch shards
+    (ValueError naming both)."""
+    B, T, D = h_BxTxD.shape
+    N = B * T
+    h_NxD = h_BxTxD.reshape(N, D)
+    gates, ids, aux = route(h_NxD, w["router"], spec)
+    G = groups or default_groups()
+    if N % G or G % default_groups():
+        raise ValueError(f"groups={G} must divide the {N} tokens of the batch and be a multiple of the "
+                         f"{default_groups()} batch shards (data·fsdp·expert)")
+    if spec.capacity_factor is None:
+        out = dropless_moe(h_NxD, gates, ids, w, kind)
+    else:
+        out = capacity_moe(h_NxD, gates, ids, w, spec, kind, G)
+    if spec.shared_experts:
+        out = out + shared_mlp(h_NxD, w, kind)
+    return constrain(out.reshape(B, T, D), X_AXES), aux
+
+
+# ------------------------------------------------------------------------------------------------------------ stack
+
+
+def layer_names(spec: MoESpec, kind: str) -> list[str]:
+    """The stacked weights of a layer: router, w_in, (w_gate), w_out, and the shared experts' if any."""
+    gated = ["w_gate"] if kind == "swiglu" else []
+    shared = (["shared_in"] + (["shared_gate"] if gated else []) + ["shared_out"]) if spec.shared_experts else []
+    return ["router", "w_in", *gated, "w_out", *shared]
+
+
+class MoEStack(nnx.Module):
+    """L layers x = x + MoE(rms_norm(x)) (moe_layer), no attention; weights [L, ...] FP32 with their logical axes
+    (ROUTER_AXES, EXPERT_AXES, SHARED_AXES): W_router ~ N(0, 1/D) [L, D, E]; W_in, W_gate ~ N(0, 1/D), W_out ~ N(0,
+    1/F_e), [L, E, F_e, D] (W_in stored transposed as the dense stacks do: D minor); the shared experts' [L, F_s, D],
+    F_s = F_e·shared_experts. Every layer is MoE (a spec with dense layers, moe_every > 1 or first_dense > 0, is a
+    ValueError here)."""
+
+    def __init__(self, d_model: int, blocks: int, spec: MoESpec, *, mlp: str = "swiglu", groups: int | None = None,
+                 rngs: nnx.Rngs):
+        if mlp not in MLP_KINDS:
+            raise ValueError(f"mlp {mlp!r}: one of {', '.join(MLP_KINDS)}")
+        if spec.moe_layers(blocks) != blocks:
+            raise ValueError(f"MoEStack runs MoE layers only: {spec.moe_layers(blocks)} of {blocks} are MoE "
+                             f"(moe_every={spec.moe_every}, first_dense={spec.first_dense})")
+        D, L, E, F = d_model, blocks, spec.experts, spec.expert_d_ff
+        Fs = F * spec.shared_experts
+        self.spec, self.mlp, self.groups = spec, mlp, groups
+        self.router = param(init_normal(rngs.params(), (L, D, E), D), ROUTER_AXES)
+        self.w_in = param(init_normal(rngs.params(), (L, E, F, D), D), EXPERT_AXES)
+        if mlp == "swiglu":
+            self.w_gate = param(init_normal(rngs.params(), (L, E, F, D), D), EXPERT_AXES)
+        self.w_out = param(init_normal(rngs.params(), (L, E, F, D), F), EXPERT_AXES)
+        if Fs:
+            self.shared_in = param(init_normal(rngs.params(), (L, Fs, D), D), SHARED_AXES)
+            if mlp == "swiglu":
+                self.shared_gate = param(init_normal(rngs.params(), (L, Fs, D), D), SHARED_AXES)
+            self.shared_out = param(init_normal(rngs.params(), (L, Fs, D), Fs), SHARED_AXES)
+
+    def __call__(self, x_BxTxD):
+        """x [B, T, D] -> (the stack's output [B, T, D] BF16, Σ_layers aux loss FP32): one jax.lax.scan over the
+        layers."""
+        weights = {n: getattr(self, n)[...] for n in layer_names(self.spec, self.mlp)}
+
+        def body(carry, w):
+            x, aux = carry
+            y, a = moe_layer(rms_norm(x), w, self.spec, self.mlp, self.groups)
+            return (constrain(x + y, X_AXES), aux + a), None
+
+        x = constrain(x_BxTxD.astype(COMPUTE_DTYPE), X_AXES)
+        (x, aux), _ = jax.lax.scan(body, (x, jnp.zeros((), jnp.float32)), weights)
+        return x, aux
+
+
+def loss(model: MoEStack, batch):
+    """MSE in FP32 of the stack's output against the target y (as ffn_model.task.mse, over every element) plus the
+    layers' aux losses (Switch eq. 4 summed over layers)."""
+    pred, aux = model(batch["x"])
+    return jnp.mean(jnp.square(pred.astype(jnp.float32) - constrain(batch["y"], X_AXES))) + aux
+
+
+# ------------------------------------------------------------------------------------------------ mesh and training
+
+
+def moe_mesh(spec: str | Mapping, devices=None):
+    """A jax.sharding.Mesh over MOE_MESH_AXES (axes not given have size 1): ``spec`` "expert=4,data=2" or a mapping
+    of sizes; ``devices`` (default jax.devices()) taken in order; their count must be the product (ValueError)."""
+    if isinstance(spec, str):
+        sizes = {}
+        for part in filter(None, spec.split(",")):
+            name, _, n = part.partition("=")
+            sizes[name.strip()] = int(n)
+    else:
+        sizes = dict(spec)
+    unknown = set(sizes) - set(MOE_MESH_AXES)
+    if unknown:
+        raise ValueError(f"unknown mesh axis {sorted(unknown)[0]!r}; valid axes: {', '.join(MOE_MESH_AXES)}")
+    devs = list(jax.devices() if devices is None else devices)
+    dims = tuple(sizes.get(a, 1) for a in MOE_MESH_AXES)
+    if math.prod(dims) != len(devs):
+        raise ValueError(f"mesh {spec!r} has {math.prod(dims)} devices but {len(devs)} are given")
+    return jax.sharding.Mesh(np.array(devs, dtype=object).reshape(dims), MOE_MESH_AXES)
+
+
+def batch_sharding(mesh) -> NamedSharding:
+    """The NamedSharding of a batch's x and y [B, T, D] on ``mesh`` (X_AXES: B over data, fsdp, expert)."""
+    with jax.set_mesh(mesh):
+        return NamedSharding(mesh, _spec(X_AXES))
+
+
+def state_shardings(model_fn, mesh, tx):
+    """(abstract state, shardings) of {"params", "opt"} for the module ``model_fn()`` builds: the parameters' from
+    their logical axes (nnx.get_abstract_model on ``mesh``), AdamW's moments following their parameter, its count
+    replicated (as ffn_model.train.state_shardings)."""
+    _, abstract = nnx.get_abstract_model(model_fn, mesh)
+    params = nnx.to_pure_dict(nnx.state(abstract, nnx.Param))
+    opt = jax.eval_shape(tx.init, params)
+    pshard = jax.tree.map(lambda a: a.sharding, params)
+    oshard = optax.tree_map_params(tx, lambda _, s: s, opt, pshard,
+                                   transform_non_params=lambda _: NamedSharding(mesh, PartitionSpec()))
+    shardings = {"params": pshard, "opt": oshard}
+    structs = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                           {"params": params, "opt": opt}, shardings)
+    return structs, shardings
+
+
+def init_state(model_fn, mesh, tx):
+    """The train state, created in its shardings (state_shardings) by one jitted init."""
+    _, shardings = state_shardings(model_fn, mesh, tx)
+
+    @functools.partial(jax.jit, out_shardings=shardings)
+    def init():
+        params = nnx.to_pure_dict(nnx.state(model_fn(), nnx.Param))
+        return {"params": params, "opt": tx.init(params)}
+
+    with jax.set_mesh(mesh):
+        return init()
+
+
+def make_train_step(model_fn, mesh, tx):
+    """(state, batch) -> (state, loss): value_and_grad of ``loss`` and the optax update ``tx`` (AdamW:
+    ffn_model.train.make_optimizer); jitted, the state donated and pinned to its shardings, the loss replicated. Call
+    it (or lower it) under jax.set_mesh(mesh)."""
+    graphdef, _ = nnx.get_abstract_model(model_fn, mesh)
+    _, shardings = state_shardings(model_fn, mesh, tx)
+
+    def step(state, batch):
+        value, grads = jax.value_and_grad(lambda p: loss(nnx.merge(graphdef, p), batch))(state["params"])
+        updates, opt = tx.update(grads, state["opt"], state["params"])
+        return {"params": optax.apply_updates(state["params"], updates), "opt": opt}, value
+
+    return jax.jit(step, donate_argnums=(0,), out_shardings=(shardings, NamedSharding(mesh, PartitionSpec())))
