@@ -297,3 +297,26 @@ def test_parameters_on_a_mesh_without_an_expert_axis():
     _, shardings = moe.state_shardings(lambda: moe.MoEStack(D, L, spec, rngs=nnx.Rngs(0)), mesh, make_optimizer())
     assert shardings["params"]["w_in"].spec == jax.sharding.PartitionSpec("stage", None, "tensor", "fsdp")
     assert shardings["opt"][0].mu["w_out"].spec == jax.sharding.PartitionSpec("stage", None, "tensor", "fsdp")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mesh_spec", MESHES)
+def test_all_to_all_bytes_are_the_closed_forms(mesh_spec):
+    """The compiled train step's all-to-all bytes over expert, as verify.hlo reads every collective (V × count per
+    axis), against scaling.moe.all_to_all_bytes' train_volume (dispatch and combine, forward and backward) times the
+    L MoE layers, with c = 4: XLA:CPU moves BF16 collectives as F32 (scaling.transformer.ring_permute_bytes says the
+    same of the ring's permutes). By hand for expert=4,data=2: t = 256/(2·4) = 32 tokens a device, one group,
+    C = ceil(1.25·2·32/8) = 10, V = 4·8·10·64 = 20,480 B an all-to-all, 4 a layer, 2 layers: 163,840 B."""
+    from scaling.moe import MoEConfig, all_to_all_bytes
+    from scaling.transformer import TransformerConfig
+    from verify.hlo import collective_bytes, parse_hlo
+
+    *_, hlo, mesh, _ = _train(mesh_spec, "capacity")
+    axes = dict(zip(mesh.axis_names, mesh.devices.shape))
+    compiled = collective_bytes(parse_hlo(hlo).collectives(axes))["by_axis"]
+    base = TransformerConfig(d_model=D, heads=4, d_ff=F_E, blocks=L, seq_len=BATCH[1], mlp="swiglu")
+    cfg = MoEConfig(base, FORMS["capacity"])
+    closed = L * all_to_all_bytes(cfg, axes, BATCH[0] * BATCH[1], c=4)["train_volume"]
+    assert compiled.get("expert") == pytest.approx(closed, rel=0.02), (compiled, closed)
+    if mesh_spec == "expert=4,data=2":
+        assert closed == 163_840
