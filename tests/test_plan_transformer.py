@@ -96,7 +96,6 @@ def test_seventy_billion_plans_span_every_axis():
     assert top.mfu[top.form] * top.step_seconds[top.form] == pytest.approx(model_math, rel=1e-6)
 
 
-@pytest.mark.timing
 def test_plan_of_a_full_v5p_pod_is_evaluated_in_stacks():
     """A 70B transformer over the five axes on 8,960 v5p chips (two slices of 4,480 over DCN), with what the plan
     command tries by default (every schedule, remat policy, context strategy and sequence parallelism; flash
@@ -112,11 +111,31 @@ def test_plan_of_a_full_v5p_pod_is_evaluated_in_stacks():
     114 predictions, 713 volumes, 1,353 memory, 628 kernels).
     Its time: CPU seconds in a fresh process, as the plan command runs, after a small plan (imports and caches
     warm), the fastest of three runs; issue 20's bound was 2 s (1.69-1.86 s), the issue's goal 1 s, measured on a
-    quiet machine 1.65 s (docs/findings.md, "The planner's time"): the bound here is 3 s, the machines CI runs on
-    being slower than that one (2.1-3.3 s on one, 2026-11-27). A timing test: make test runs it alone after the
-    rest, since beside a second worker's compiles a process's CPU seconds stretch (3.49 s in CI's run of stop 46)."""
+    quiet machine 1.65 s (docs/findings.md, "The planner's time"): its time is the next test's."""
+    out = _pod_plan(1)
+    assert out["plans"] > 0 and out["slices"] == [2] and out["same"]
+    c = out["counts"]
+    assert c["predictions"] <= 149 and c["volumes"] <= 713 and c["memory"] <= 1353 and c["kernels"] <= 628, c
+
+
+@pytest.mark.timing
+@pytest.mark.extended
+def test_plan_of_a_full_v5p_pod_in_3_seconds():
+    """The previous test's plan in under 3 s of CPU, the fastest of three runs in a fresh process after a small plan
+    (imports and caches warm). Issue 20's bound was 2 s (1.69-1.86 s on a quiet machine then); the bound here is 3 s.
+    On the machines of 2026-11-27 it took 2.1-3.7 s alone and 3.1-3.6 s beside a second worker (CI's run of stop 46:
+    3.49 s), the machine's speed varying by a third between runs (docs/findings.md, "The planner's timing tests beside
+    a second worker"): a timing test left to make test-all, where it runs alone after the rest."""
+    out = _pod_plan(3)
+    assert out["plans"] > 0 and out["same"]
+    assert min(out["seconds"]) < 3.0, out["seconds"]
+
+
+def _pod_plan(repeats: int) -> dict:
+    """The 70B plan on 8,960 v5p chips in a fresh process: the CPU seconds of ``repeats`` runs after a small plan, and
+    the counts of one more run's predictions, volumes, memory and kernel evaluations."""
     script = """if True:
-        import json, time
+        import json, sys, time
         from unittest import mock
         from scaling import kernels, memory, program
         from scaling.presets import PRESETS
@@ -124,8 +143,8 @@ def test_plan_of_a_full_v5p_pod_is_evaluated_in_stacks():
         from scaling.plan import Choices, plan
         cfg, v5p = PRESETS["llama3.1-70b"], get_chip("v5p")
         plan(PRESETS["llama2-7b"], v5p, 64, 2**20)  # imports and caches warm
-        seconds = []
-        for _ in range(3):
+        seconds, plans = [], None
+        for _ in range(int(sys.argv[1])):
             t0 = time.process_time()
             plans = plan(cfg, v5p, 8960, 2240 * 8192, form="scheduled", choices=Choices.of(cfg, attention="flash"))
             seconds.append(time.process_time() - t0)
@@ -140,16 +159,13 @@ def test_plan_of_a_full_v5p_pod_is_evaluated_in_stacks():
                 mock.patch.object(memory, "memory_per_device", counting("memory", memory.memory_per_device)), \\
                 mock.patch.object(kernels, "compute_term", counting("kernels", kernels.compute_term)):
             again = plan(cfg, v5p, 8960, 2240 * 8192, form="scheduled", choices=Choices.of(cfg, attention="flash"))
+        plans = again if plans is None else plans
         print(json.dumps({"seconds": seconds, "plans": len(plans), "slices": sorted({r.slices for r in plans}),
                           "counts": counts, "same": again == plans}))
     """
-    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, "-c", script, str(repeats)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    out = json.loads(r.stdout)
-    assert out["plans"] > 0 and out["slices"] == [2] and out["same"]
-    c = out["counts"]
-    assert c["predictions"] <= 149 and c["volumes"] <= 713 and c["memory"] <= 1353 and c["kernels"] <= 628, c
-    assert min(out["seconds"]) < 3.0, out["seconds"]
+    return json.loads(r.stdout)
 
 
 @pytest.mark.parametrize("chip", [V5P, H100])
