@@ -44,7 +44,8 @@ class FFNConfig:
     # what the shared rules, the step model and the planner ask of a family (scaling.family.ModelFamily)
     runs_1f1b: ClassVar[bool] = False  # GPipe and circular only (ffn_model.pipeline)
     has_critical_batch: ClassVar[bool] = True  # predict's critical_batch (roofline.critical_batch_array)
-    plan_axes: ClassVar[tuple[str, ...]] = tuple(a for a in MESH_AXES if a != "context")  # no sequence to split
+    plan_axes: ClassVar[tuple[str, ...]] = tuple(a for a in MESH_AXES if a not in ("context", "expert"))  # no
+    # sequence to split, no experts
     plan_remats: ClassVar[tuple[str, ...]] = ("none",)  # the plan's default remat (Choices.of)
     grouped_plan: ClassVar[bool] = False  # one mesh a group, microbatches and repeats only (scaling.plan)
     remat_keeps: ClassVar[None] = None  # no nested policies: the planner sizes every remat it is given
@@ -113,6 +114,9 @@ class FFNConfig:
         if mesh.get("context", 1) > 1:
             raise ValueError(f"context={mesh['context']}: the FFN stack has no sequence axis to split over context "
                              "(use data or fsdp for its tokens)")
+        if mesh.get("expert", 1) > 1:
+            raise ValueError(f"expert={mesh['expert']}: the FFN stack has no experts (an MoE model splits its experts "
+                             "over expert)")
         checks = self.divisions()
         if batch_tokens is not None:
             positive_int("batch_tokens", batch_tokens)

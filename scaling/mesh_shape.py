@@ -12,8 +12,9 @@ import numpy as np
 from scaling.inputs import ascii_int, positive_int
 
 # The mesh axes, outermost first (MaxText's names). Each is an entry of this one tuple; the sharding
-# table (scaling.sharding) says what each one splits.
-MESH_AXES = ("data", "stage", "fsdp", "context", "tensor")
+# table (scaling.sharding) says what each one splits. expert (an MoE model's experts, scaling.moe) sits next to
+# tensor, so that its all-to-alls run on the nearest links.
+MESH_AXES = ("data", "stage", "fsdp", "context", "expert", "tensor")
 
 
 class MeshShape(Mapping):

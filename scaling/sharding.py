@@ -48,6 +48,10 @@ LOGICAL_RULES: dict[str, tuple[str, ...]] = {
     "embed_zero1": ("fsdp", "data"),
     "data_shards": ("data",),  # the batch split as [data, B/data] (1F1B's loop, manual over data): its two parts
     "batch_fsdp": ("fsdp",),
+    # an MoE model's (scaling.moe, ffn_model.moe): its tokens split over expert too (expert parallelism splits the
+    # batch outside the experts, as data does), and the experts E over expert
+    "moe_batch": ("data", "fsdp", "expert"),
+    "exp": ("expert",),
 }
 
 # Logical axes of each parameter and activation of the FFN stack (shapes in Scaling Book letters).

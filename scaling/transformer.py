@@ -123,7 +123,7 @@ class TransformerConfig:
     plan_batch_tokens: ClassVar[int] = 4_194_304  # Llama 2's 4M tokens (Touvron et al. 2023, section 2.2)
     runs_1f1b: ClassVar[bool] = True
     has_critical_batch: ClassVar[bool] = False  # predict's critical_batch: none modelled (NaN)
-    plan_axes: ClassVar[tuple[str, ...]] = MESH_AXES  # context too
+    plan_axes: ClassVar[tuple[str, ...]] = tuple(a for a in MESH_AXES if a != "expert")  # context too; no experts
     plan_remats: ClassVar[tuple[str, ...]] = tuple(r for r in REMAT_POLICIES if r != "every-second"
                                                    and r not in OFFLOADED)  # the host's transfers: not modelled
     grouped_plan: ClassVar[bool] = True  # meshes in groups, every schedule choice (scaling.plan._groups)
@@ -294,6 +294,9 @@ class TransformerConfig:
 
     def check_divisible(self, mesh: Mapping, batch_tokens: int | None = None) -> None:
         """divisions by their shard counts (scaling.sharding); B whole sequences, B/T by the shards of ``batch``."""
+        if mesh.get("expert", 1) > 1:
+            raise ValueError(f"expert={mesh['expert']}: the transformer has no experts (an MoE model splits its "
+                             "experts over expert)")
         checks = self.divisions()
         if batch_tokens is not None:
             positive_int("batch_tokens", batch_tokens)
