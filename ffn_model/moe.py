@@ -20,15 +20,17 @@ Two forms of the expert computation:
             not implement (jax 0.10.2: "HLO opcode ragged-all-to-all is not supported"), so no test here could run it.
 Shared experts (DeepSeekMoE, Dai et al. 2024): one MLP of F_e·shared_experts that every token runs, added.
 
-Expert parallelism (GShard section 3.2; MaxText's layers/moe.py): mesh axes ``data, stage, fsdp, context, expert,
-tensor`` (MOE_MESH_AXES: expert inside fsdp, next to tensor, so that the all-to-all stays on the nearest links). The
+Expert parallelism (GShard section 3.2; MaxText's layers/moe.py): the package's mesh axes ``data, stage, fsdp,
+context, expert, tensor`` (scaling.mesh_shape.MESH_AXES, mesh.make_mesh: expert inside fsdp, next to tensor, so that
+the all-to-all stays on the nearest links). The
 expert weights [E, F_e, D] split E over expert (F_e over tensor, D over fsdp as the dense MLP's); the tokens split
 over data, fsdp AND expert (the expert devices hold different tokens), a group being one device's batch shard by
 default. The dispatched x [G, E, C, D] is constrained to G over (data, fsdp) and E over expert: from the groups'
 split over expert to the experts' split, which XLA lowers to an all-to-all over expert; the combine's input goes
-back the same way. The logical axes the dense table (scaling.sharding) lacks are MOE_RULES here: ``moe_batch`` (the
-tokens: data, fsdp, expert) and ``exp`` (E: expert); a mesh axis the current mesh lacks is left out of a spec, so the
-module also runs on the dense meshes (mesh.make_mesh, no expert axis) and without a mesh.
+back the same way. The logical axes are the package's one table (scaling.sharding.LOGICAL_RULES, through
+mesh.rules.logical_to_spec and ffn_model.sharded): ``moe_batch`` (the tokens: data, fsdp, expert) and ``exp`` (E:
+expert) beside the dense stacks' axes; on a mesh of expert=1 nothing is split over expert, and without a mesh
+(jax.set_mesh) the module runs unsharded.
 
 Precision as the dense stacks (ffn_model.sharded): FP32 master weights cast to BF16 before the FSDP gather, the
 gradient reduced in BF16 and then cast to FP32; the router in FP32 (Switch section 2.4, selective precision).
@@ -42,28 +44,16 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping
-
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ffn_model.sharded import COMPUTE_DTYPE, PARAM_DTYPE, init_normal, to_bf16
+from ffn_model.sharded import COMPUTE_DTYPE, constrain, gather_bf16, init_normal, param
 from ffn_model.transformer import rms_norm
+from mesh.rules import logical_to_spec
 from scaling.moe import MoESpec
-from scaling.sharding import LOGICAL_RULES, mesh_axes
-
-MOE_MESH_AXES = ("data", "stage", "fsdp", "context", "expert", "tensor")
-# The dense table plus the MoE's axes (for the integrator to fold into scaling.sharding.LOGICAL_RULES).
-MOE_RULES: dict[str, tuple[str, ...]] = {
-    **LOGICAL_RULES,
-    "moe_batch": ("data", "fsdp", "expert"),  # tokens of the batch (and the groups): the expert axis splits them too
-    "exp": ("expert",),  # E, the experts of the stacked expert weights and of the dispatched tokens
-}
-MOE_FLAX_RULES = tuple((n, None if not a else a[0] if len(a) == 1 else a) for n, a in MOE_RULES.items())
 
 X_AXES = ("moe_batch", None, "act_embed")  # x [B, T, D] between layers, and the groups x [G, S, D]
 MASK_AXES = ("moe_batch", None, None, None)  # dispatch mask, combine weights [G, S, E, C]
@@ -76,71 +66,13 @@ SHARED_AXES = ("layers", "mlp", "embed")  # the shared experts' W_in, W_gate, W_
 MLP_KINDS = ("swiglu", "gelu", "relu")
 
 
-def _spec(logical) -> PartitionSpec:
-    """PartitionSpec of logical axes through MOE_RULES, keeping the mesh axes the current mesh has (and is not manual
-    over); a ValueError for an axis without a rule (scaling.sharding.mesh_axes)."""
-    mesh = jax.sharding.get_abstract_mesh()
-    keep = set(mesh.axis_names) - set(mesh.manual_axes)
-    entries = []
-    for axes in mesh_axes(logical, MOE_RULES):
-        axes = tuple(a for a in axes or () if a in keep)
-        entries.append(None if not axes else axes[0] if len(axes) == 1 else axes)
-    return PartitionSpec(*entries)
-
-
-def constrain(x, logical):
-    """jax.lax.with_sharding_constraint to the logical axes (MOE_RULES) under a mesh (jax.set_mesh); a no-op
-    without one."""
-    if jax.sharding.get_abstract_mesh().empty:
-        return x
-    return jax.lax.with_sharding_constraint(x, _spec(logical))
-
-
 def shards(logical) -> int:
     """How many pieces the current mesh splits a dimension of logical axis ``logical`` into (1 without a mesh)."""
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty:
         return 1
-    entry = _spec((logical,))[0]
+    entry = logical_to_spec((logical,))[0]
     return math.prod(mesh.shape[a] for a in ((entry,) if isinstance(entry, str) else entry or ()))
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
-def gather_bf16(w, logical):
-    """FP32 weight shard -> BF16 (ffn_model.sharded.to_bf16), then gathered over fsdp (embed unsharded), so that the
-    all-gather moves BF16; backward: the BF16 gradient reduced to the shard's layout, then FP32 (the precision policy
-    of ffn_model.sharded.gather_bf16, through MOE_RULES)."""
-    return constrain(to_bf16(w), tuple(None if a == "embed" else a for a in logical))
-
-
-def _gather_fwd(w, logical):
-    return gather_bf16(w, logical), None
-
-
-def _gather_bwd(logical, _, g):
-    return (constrain(g, logical).astype(PARAM_DTYPE),)
-
-
-gather_bf16.defvjp(_gather_fwd, _gather_bwd)
-
-
-def _flax_rules():
-    """MOE_RULES as flax's ``sharding_rules``, keeping the mesh axes the current mesh has (all without a mesh)."""
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty:
-        return MOE_FLAX_RULES
-    rules = []
-    for name, axes in MOE_RULES.items():
-        axes = tuple(a for a in axes if a in mesh.axis_names)
-        rules.append((name, None if not axes else axes[0] if len(axes) == 1 else axes))
-    return tuple(rules)
-
-
-def param(value, logical):
-    """nnx.Param with its logical axes as flax's ``out_sharding`` and MOE_RULES (the current mesh's axes of them) as
-    its ``sharding_rules``."""
-    mesh_axes(logical, MOE_RULES)
-    return nnx.Param(value, out_sharding=tuple(logical), sharding_rules=_flax_rules())
 
 
 # ---------------------------------------------------------------------------------------------------------- routing
@@ -312,7 +244,7 @@ def dropless_moe(h_NxD, gates_NxK, ids_NxK, w: dict, kind: str):
         if n in ws:
             ws[n] = jnp.swapaxes(ws[n], 1, 2)
     mesh = jax.sharding.get_abstract_mesh()
-    spec = PartitionSpec() if mesh.empty else _spec(("moe_batch", None))
+    spec = PartitionSpec() if mesh.empty else logical_to_spec(("moe_batch", None))
     split = set() if spec == PartitionSpec() or spec[0] is None else {spec[0]} if isinstance(spec[0], str) else set(
         spec[0])
     if not split:
@@ -428,30 +360,9 @@ def loss(model: MoEStack, batch):
 # ------------------------------------------------------------------------------------------------ mesh and training
 
 
-def moe_mesh(spec: str | Mapping, devices=None):
-    """A jax.sharding.Mesh over MOE_MESH_AXES (axes not given have size 1): ``spec`` "expert=4,data=2" or a mapping
-    of sizes; ``devices`` (default jax.devices()) taken in order; their count must be the product (ValueError)."""
-    if isinstance(spec, str):
-        sizes = {}
-        for part in filter(None, spec.split(",")):
-            name, _, n = part.partition("=")
-            sizes[name.strip()] = int(n)
-    else:
-        sizes = dict(spec)
-    unknown = set(sizes) - set(MOE_MESH_AXES)
-    if unknown:
-        raise ValueError(f"unknown mesh axis {sorted(unknown)[0]!r}; valid axes: {', '.join(MOE_MESH_AXES)}")
-    devs = list(jax.devices() if devices is None else devices)
-    dims = tuple(sizes.get(a, 1) for a in MOE_MESH_AXES)
-    if math.prod(dims) != len(devs):
-        raise ValueError(f"mesh {spec!r} has {math.prod(dims)} devices but {len(devs)} are given")
-    return jax.sharding.Mesh(np.array(devs, dtype=object).reshape(dims), MOE_MESH_AXES)
-
-
 def batch_sharding(mesh) -> NamedSharding:
     """The NamedSharding of a batch's x and y [B, T, D] on ``mesh`` (X_AXES: B over data, fsdp, expert)."""
-    with jax.set_mesh(mesh):
-        return NamedSharding(mesh, _spec(X_AXES))
+    return NamedSharding(mesh, logical_to_spec(X_AXES))
 
 
 def state_shardings(model_fn, mesh, tx):

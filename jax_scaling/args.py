@@ -14,8 +14,12 @@ from scaling.schedule import Schedule
 from scaling.flags import DEFAULT_FLAGS, FLAG_SETS, FlagSet, get_flag_set
 from scaling.hardware import DEFAULT_CHIP
 from scaling.limits import integer, number
+from scaling.mesh_shape import MESH_AXES
 from scaling.reports import schedule_from
 from scaling.table import prose
+
+# what every --mesh help says of the axes: MESH_AXES, outermost first (an axis left out has size 1)
+MESH_HELP = f"axes {', '.join(MESH_AXES)} (outermost first; an axis left out has size 1; expert: MoE models only)"
 
 
 def say(text: str) -> None:
@@ -287,7 +291,7 @@ def add_config_args(r, mesh_required: bool, preset: str | None = "xxl") -> None:
                    "--microbatches = global batch / (microbatch·data·fsdp))")
     g = r.add_argument_group("parallelism (left out, plan tries each value)")
     g.add_argument("--mesh", required=mesh_required, help="the whole mesh, its product every device: data=8,fsdp=8 "
-                   "(plan: only that mesh)")
+                   f"(plan: only that mesh); {MESH_HELP}")
     g.add_argument("--dcn-mesh", help="which axes cross slices or nodes, e.g. data=4 (default: the outermost axes, "
                    "data first: MaxText's and Megatron's placement)")
     g.add_argument("--remat", choices=REMAT_POLICIES, help="remat policy (default none; plan: the FFN stack none, a "

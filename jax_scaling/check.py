@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import sys
 
-from jax_scaling.args import add_model_args, add_schedule_args, flags_of, model_config, schedule_of
+from jax_scaling.args import MESH_HELP, add_model_args, add_schedule_args, flags_of, model_config, schedule_of
 from mesh.devices import device_count, use_cpu_platform_for
 from scaling.mesh_shape import parse_mesh_spec
 from scaling.policies import REMAT_POLICIES
@@ -21,7 +21,7 @@ def add_parser(sub) -> None:
     c.add_argument("--devices", default="cpu:8",
                    help="cpu:N (emulated), tpu:<chip>:<shape> (tpu:v5p:4x4x4, tpu:v6e:4x4, tpu:TPU7x:2x2x1) or a "
                         "slice (tpu:v5p-128), compiled ahead of time")
-    c.add_argument("--mesh", default="data=2,fsdp=2,tensor=2", help="mesh spec (default %(default)s)")
+    c.add_argument("--mesh", default="data=2,fsdp=2,tensor=2", help=f"mesh spec (default %(default)s); {MESH_HELP}")
     add_model_args(c, "small")
     c.add_argument("--batch-tokens", type=integer, default=4096, help="global batch in tokens (default %(default)s)")
     c.add_argument("--remat", default="none", choices=REMAT_POLICIES, help="remat policy (default %(default)s)")

@@ -32,7 +32,7 @@ import json
 import statistics
 import sys
 
-from jax_scaling.args import add_model_args, add_schedule_args, flags_of, model_config, schedule_of
+from jax_scaling.args import MESH_HELP, add_model_args, add_schedule_args, flags_of, model_config, schedule_of
 from jax_scaling.processes import check_real_cpu_size, end_one_of_several, start_processes
 from mesh.devices import PROCESS_TIMEOUT, cpu_device_count, device_count, use_cpu_platform_for
 from scaling.limits import check_size, integer, number
@@ -56,7 +56,7 @@ def add_commands(sub) -> None:
         s = sub.add_parser(name, help=help_)
         add_model_args(s, preset)
         s.add_argument("--mesh", default="fsdp=-1",
-                       help="mesh axes, e.g. fsdp=16,tensor=4 (default fsdp=-1: every device on fsdp)")
+                       help=f"mesh axes, e.g. fsdp=16,tensor=4 (default fsdp=-1: every device on fsdp); {MESH_HELP}")
         s.add_argument("--devices", default=None,
                        help="cpu:N (emulated; per process with --coordinator), tpu:<chip>:<shape> or a slice such as "
                             "tpu:v5p-128 (compile only); default: real devices")

@@ -798,8 +798,9 @@ def nearest_miss(cfg, chip: Chip, chips: int, batch_tokens: int, remat: str | No
 def dcn_placement(mesh: Mapping, slices: int, given: Mapping | None = None) -> dict[str, int]:
     """{axis: n}: the mesh axes whose outermost factor n spans the ``slices`` slices (TPU, over DCN) or nodes (GPU,
     over InfiniBand): ``given`` ({axis: n}, --dcn-mesh), else MaxText's and Megatron's placement, data outermost
-    and tensor innermost: the slices fill the axes in MESH_AXES order (data, stage, fsdp, context, tensor), each
-    taking the largest factor of its size that divides the slices left. ValueError where that leaves slices over."""
+    and tensor innermost: the slices fill the axes in MESH_AXES order (data, stage, fsdp, context, expert, tensor),
+    each taking the largest factor of its size that divides the slices left. ValueError where that leaves slices
+    over."""
     if given is not None:
         dcn = {a: n for a, n in given.items() if n > 1}
         for a, n in dcn.items():
@@ -829,10 +830,14 @@ def predict_placed(w: Workload, chip: Chip, dims: tuple[int, ...], slices: int, 
     if w.mesh.devices != devices:
         raise ValueError(f"the mesh has {w.mesh.devices} devices; the hardware has {devices}")
     dcn = dcn_placement(w.mesh, slices, dcn_mesh) if slices > 1 else {}
-    ici = tuple(w.mesh[a] // dcn.get(a, 1) for a in MESH_AXES)
-    lays = layouts(dims, chip, MESH_AXES, keep=lambda kinds: np.all(kinds == np.array(ici), axis=1))
+    within = {a: w.mesh[a] // dcn.get(a, 1) for a in MESH_AXES}
+    # the axes of more than one device only: an axis of 1 spans no link, and leaving it out keeps the same layouts in
+    # the same order (its factor 1 in every split) without multiplying the splits enumerated (expert, context, ...)
+    axes = tuple(a for a, n in within.items() if n > 1) or MESH_AXES[-1:]
+    ici = tuple(within[a] for a in axes)
+    lays = layouts(dims, chip, axes, keep=lambda kinds: np.all(kinds == np.array(ici), axis=1))
     if ici not in lays:
-        raise ValueError(f"the mesh's part within a slice ({', '.join(f'{a}={n}' for a, n in zip(MESH_AXES, ici))}) "
+        raise ValueError(f"the mesh's part within a slice ({', '.join(f'{a}={n}' for a, n in zip(axes, ici))}) "
                          f"cannot be laid out on {'x'.join(map(str, dims))} {chip.name}")
     best = None
     for lay in lays[ici]:

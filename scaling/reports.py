@@ -377,7 +377,8 @@ class PredictReport:
         lines += ["", "Memory per device", *(f"{k}: {v / 1e9:.2f} GB" for k, v in out["memory_terms"].items()
                                              if k != "total"),
                   f"Total: {out['memory_per_device_bytes'] / 1e9:.2f} GB of {out['hbm_budget_bytes'] / 1e9:.1f} GB",
-                  "", "Parallelism: " + ", ".join(f"{a}: {n}" for a, n in out["mesh"].items()), "",
+                  "", "Parallelism: " + ", ".join(f"{a}: {n}" for a, n in out["mesh"].items()
+                                              if n > 1 or a in self.workload.model.plan_axes), "",
                   "exposed: " + ", ".join(f"{k[8:]} {v:.6g} s" for k, v in t.items() if k.startswith("exposed."))
                   + f"; loop copies {t['loop_copies']:.6g} s",
                   f"Time: {out['step_seconds']:.8f} ({out['form']} form; MFU {out['mfu']:.3f})"]

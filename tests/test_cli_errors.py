@@ -65,8 +65,9 @@ CASES = [
     (f"{TRAIN} --seed 4294967296", r"--seed must be an integer in 0\.\.4294967295 \(a 32-bit seed\), got 4294967296"),
     (f"{TRAIN} --seed x", r"argument --seed: invalid int value: 'x'"),
     # mesh and devices
-    (f"{TRAIN} --mesh expert=8",
-     r"unknown mesh axis 'expert' in 'expert=8'; valid axes: data, stage, fsdp, context, tensor"),
+    (f"{TRAIN} --mesh experts=8",
+     r"unknown mesh axis 'experts' in 'experts=8'; valid axes: data, stage, fsdp, context, expert, tensor"),
+    (f"{TRAIN} --mesh fsdp=4,expert=2", r"expert=2: the FFN stack has no experts"),
     (f"{TRAIN} --mesh fsdp", r"mesh spec item 'fsdp' must be axis=size"),
     (f"{TRAIN} --mesh fsdp=0", r"mesh axis 'fsdp' size must be positive, got 0"),
     (f"{TRAIN} --mesh fsdp=x", r"mesh axis 'fsdp' size must be an integer, got 'x'"),
@@ -308,7 +309,7 @@ def test_bad_flag_in_a_fresh_process_has_no_traceback(argv, match, places, tmp_p
 def test_public_entry_points_raise_value_error(places, tmp_path):
     m = make_mesh("fsdp=4,tensor=2", "cpu:8")
     before = snapshot(tmp_path)
-    for spec, devices, match in [("fsdp=16", "cpu:8", "16 devices"), ("expert=8", "cpu:8", "unknown mesh axis"),
+    for spec, devices, match in [("fsdp=16", "cpu:8", "16 devices"), ("experts=8", "cpu:8", "unknown mesh axis"),
                                  ("fsdp=0", "cpu:8", "must be positive"), ("fsdp=8", "tpu8", "unknown devices")]:
         with pytest.raises(ValueError, match=match):
             make_mesh(spec, devices)

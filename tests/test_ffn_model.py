@@ -203,7 +203,8 @@ def test_bad_inputs_raise():
 
 
 @pytest.mark.parametrize("argv, match", [
-    (["train", "--devices", "cpu:8", "--mesh", "expert=8"], "unknown mesh axis 'expert'"),
+    (["train", "--devices", "cpu:8", "--mesh", "experts=8"], "unknown mesh axis 'experts'"),
+    (["train", "--devices", "cpu:8", "--mesh", "expert=8"], "expert=8: the FFN stack has no experts"),
     (["train", "--devices", "cpu:8", "--mesh", "fsdp=3"], "3 devices"),
     (["train", "--devices", "cpu:8", "--mesh", "fsdp=8", "--preset", "tiny", "--d-model", "60"], "not divisible"),
     (["compile", "--devices", "cpu:8", "--mesh", "fsdp=8", "--preset", "huge"], "unknown preset 'huge'"),

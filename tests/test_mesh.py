@@ -21,7 +21,8 @@ def test_rules_table_and_specs():
                              "batch_sp": ("data", "fsdp", "tensor"), "seq": ("context",),
                              "seq_sp": ("context", "tensor"), "heads": ("tensor",), "kv_heads": ("tensor",),
                              "head_dim": (), "tensor_split": ("tensor",), "vocab": ("tensor",),
-                             "embed_zero1": ("fsdp", "data"), "data_shards": ("data",), "batch_fsdp": ("fsdp",)}
+                             "embed_zero1": ("fsdp", "data"), "data_shards": ("data",), "batch_fsdp": ("fsdp",),
+                             "moe_batch": ("data", "fsdp", "expert"), "exp": ("expert",)}
     # a transformer's q [B, T, N, H]: batch over data·fsdp, the sequence over context, heads over tensor
     assert mesh.logical_to_spec(("batch", "seq", "heads", "head_dim")) == P(("data", "fsdp"), "context", "tensor", None)
     # W_in, W_out [L,F,D]: the blocks split over pipeline stages (a stage axis of 1 is no split)
@@ -65,14 +66,16 @@ def test_import_without_jax():
 
 
 @pytest.mark.parametrize("spec, shape", [
-    ("fsdp=8", (1, 1, 8, 1, 1)), ("tensor=8", (1, 1, 1, 1, 8)), ("fsdp=4,tensor=2", (1, 1, 4, 1, 2)),
-    ("data=2,fsdp=2,tensor=2", (2, 1, 2, 1, 2)), ("tensor=2,fsdp=-1", (1, 1, 4, 1, 2)),
-    (MeshShape(data=2, fsdp=4), (2, 1, 4, 1, 1)), ("stage=2,fsdp=2,tensor=2", (1, 2, 2, 1, 2)),
-    ("fsdp=2,context=2,tensor=2", (1, 1, 2, 2, 2)),
+    ("fsdp=8", (1, 1, 8, 1, 1, 1)), ("tensor=8", (1, 1, 1, 1, 1, 8)), ("fsdp=4,tensor=2", (1, 1, 4, 1, 1, 2)),
+    ("data=2,fsdp=2,tensor=2", (2, 1, 2, 1, 1, 2)), ("tensor=2,fsdp=-1", (1, 1, 4, 1, 1, 2)),
+    (MeshShape(data=2, fsdp=4), (2, 1, 4, 1, 1, 1)), ("stage=2,fsdp=2,tensor=2", (1, 2, 2, 1, 1, 2)),
+    ("fsdp=2,context=2,tensor=2", (1, 1, 2, 2, 1, 2)),
+    ("expert=8", (1, 1, 1, 1, 8, 1)), ("fsdp=2,expert=4", (1, 1, 2, 1, 4, 1)),
+    ("data=2,expert=2,tensor=2", (2, 1, 1, 1, 2, 2)),
 ])
 def test_cpu_meshes(spec, shape):
     m = mesh.make_mesh(spec, "cpu:8")
-    assert m.axis_names == ("data", "stage", "fsdp", "context", "tensor")
+    assert m.axis_names == ("data", "stage", "fsdp", "context", "expert", "tensor")
     assert m.devices.shape == shape
     assert all(t == AxisType.Auto for t in m.axis_types)
     assert sorted(d.id for d in m.devices.flat) == list(range(8))
@@ -81,11 +84,11 @@ def test_cpu_meshes(spec, shape):
 def test_real_devices_and_device_lists():
     assert mesh.make_mesh("fsdp=8").devices.size == len(jax.devices()) == 8
     one = mesh.make_mesh("fsdp=1", jax.devices()[:1])
-    assert one.devices.shape == (1, 1, 1, 1, 1)
+    assert one.devices.shape == (1, 1, 1, 1, 1, 1)
 
 
 @pytest.mark.parametrize("spec, devices, match", [
-    ("expert=8", "cpu:8", "unknown mesh axis 'expert'"),
+    ("experts=8", "cpu:8", "unknown mesh axis 'experts'"),
     ("fsdp=4", "cpu:8", "4 devices .* but 8 devices"),
     ("fsdp=16", "cpu:8", "16 devices .* but 8 devices"),
     ("fsdp=0,tensor=8", "cpu:8", "must be positive"),
@@ -138,10 +141,10 @@ def test_gpu_topology_mesh():
 @pytest.mark.parametrize("devices", ["tpu:v5p:4x4x4", "tpu:v5p-128", "v5p-128", "tpu:4x4x4"])
 def test_tpu_topology_mesh(devices):
     m = mesh.make_mesh("fsdp=16,tensor=4", devices)
-    assert m.devices.shape == (1, 1, 16, 1, 4)
+    assert m.devices.shape == (1, 1, 16, 1, 1, 4)
     assert {d.platform for d in m.devices.flat} == {"tpu"}
     # tensor spans one physical axis (a ring of 4), fsdp the other two (4x4 chips).
-    coords = np.array([[d.coords for d in row] for row in m.devices[0, 0, :, 0]])  # [16, 4, 3]
+    coords = np.array([[d.coords for d in row] for row in m.devices[0, 0, :, 0, 0]])  # [16, 4, 3]
     tensor_line, fsdp_line = coords[0, :, :], coords[:, 0, :]
     assert sum(len(set(tensor_line[:, k])) > 1 for k in range(3)) == 1
     assert sum(len(set(fsdp_line[:, k])) > 1 for k in range(3)) == 2

@@ -14,6 +14,7 @@ from flax import nnx
 from ffn_model import moe
 from ffn_model.task import teacher_batch
 from ffn_model.train import make_optimizer
+from mesh import make_mesh
 from scaling.moe import MoESpec
 
 D, F_E, E, K, L = 64, 128, 8, 2, 2  # the tiny stack of the numerics test; batch 8 sequences of 32 tokens
@@ -151,11 +152,11 @@ def test_bad_inputs_are_value_errors():
         moe.MoEStack(8, 2, MoESpec(experts=4, top_k=2, expert_d_ff=8, moe_every=2), rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="mlp"):
         moe.MoEStack(8, 2, spec, mlp="tanh", rngs=nnx.Rngs(0))
-    with pytest.raises(ValueError, match="unknown mesh axis"):
-        moe.moe_mesh("experts=8")
+    with pytest.raises(ValueError, match="unknown mesh axis 'experts'"):
+        make_mesh("experts=8", "cpu:8")
     w = _layer_weights(jax.random.key(0), spec, 8)
     h = jnp.zeros((4, 2, 8), jnp.bfloat16)
-    mesh = moe.moe_mesh("expert=2", jax.devices()[:2])
+    mesh = make_mesh("expert=2", jax.devices()[:2])
     capped = MoESpec(experts=4, top_k=2, expert_d_ff=8, capacity_factor=1.0)
     with jax.set_mesh(mesh), pytest.raises(ValueError, match="groups=3"):
         jax.eval_shape(lambda h, w: moe.moe_layer(h, w, capped, groups=3), h, w)
@@ -173,7 +174,7 @@ CASES = [(m, "capacity") for m in MESHES] + [("expert=2,tensor=2,data=2", "dropl
 def _train(mesh_spec: str, form: str):
     """(losses, final params as numpy, the compiled train step's HLO, the mesh) of STEPS AdamW steps of the tiny MoE
     stack with FORMS[form] on ``mesh_spec`` over the 8 devices ("": one device)."""
-    mesh = moe.moe_mesh(mesh_spec, jax.devices() if mesh_spec else jax.devices()[:1])
+    mesh = make_mesh(mesh_spec or "fsdp=1", jax.devices() if mesh_spec else jax.devices()[:1])
 
     def model():
         return moe.MoEStack(D, L, FORMS[form], groups=GROUPS, rngs=nnx.Rngs(0))
@@ -288,15 +289,20 @@ def test_dropless_gathers_tokens_not_experts():
             assert not any(_holds_experts(s) for s in _shapes(line, op)), line
 
 
-def test_parameters_on_a_mesh_without_an_expert_axis():
-    # mesh.make_mesh's meshes have no expert axis: the rules keep the axes the mesh has (E unsplit, F_e over tensor)
-    from mesh import make_mesh
-
+def test_parameters_on_a_mesh_of_expert_1():
+    # a dense mesh of mesh.make_mesh (expert=1): E over the expert axis of 1 is not split (each device holds all E = 8
+    # experts), F_e = 128 over tensor = 2 (64 a device), D = 64 over fsdp = 1; the stacks' logical axes are the same
     mesh = make_mesh("data=4,tensor=2", "cpu:8")
     spec = MoESpec(experts=E, top_k=K, expert_d_ff=F_E, capacity_factor=1.0)
     _, shardings = moe.state_shardings(lambda: moe.MoEStack(D, L, spec, rngs=nnx.Rngs(0)), mesh, make_optimizer())
-    assert shardings["params"]["w_in"].spec == jax.sharding.PartitionSpec("stage", None, "tensor", "fsdp")
-    assert shardings["opt"][0].mu["w_out"].spec == jax.sharding.PartitionSpec("stage", None, "tensor", "fsdp")
+    w_in = shardings["params"]["w_in"]
+    assert w_in.spec == jax.sharding.PartitionSpec("stage", "expert", "tensor", "fsdp")
+    assert w_in.shard_shape((L, E, F_E, D)) == (2, 8, 64, 64)
+    assert shardings["opt"][0].mu["w_out"].spec == jax.sharding.PartitionSpec("stage", "expert", "tensor", "fsdp")
+    # on expert=4: E split 4 ways (2 experts a device)
+    split = moe.state_shardings(lambda: moe.MoEStack(D, L, spec, rngs=nnx.Rngs(0)), make_mesh("expert=4,data=2",
+                                                                                             "cpu:8"), make_optimizer())
+    assert split[1]["params"]["w_in"].shard_shape((L, E, F_E, D)) == (2, 2, 128, 64)
 
 
 @pytest.mark.slow
