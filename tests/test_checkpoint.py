@@ -55,7 +55,8 @@ def test_restore_on_other_meshes_is_bit_identical(tmp_path):
     assert step == 2
     assert_bit_identical(s2, want)
     w_in = s2["params"]["w_in"]
-    assert mesh_shape(w_in.sharding.mesh).as_dict() == {"data": 1, "stage": 1, "fsdp": 2, "context": 1, "tensor": 4}
+    assert mesh_shape(w_in.sharding.mesh).as_dict() == {
+        "data": 1, "stage": 1, "fsdp": 2, "context": 1, "expert": 1, "tensor": 4}
     assert w_in.sharding.spec == jax.sharding.PartitionSpec("stage", "tensor", "fsdp")  # W_in [L, F, D]
     assert len(w_in.addressable_shards) == 8 and w_in.addressable_shards[0].data.shape == (3, 64, 32)
 
@@ -96,7 +97,8 @@ def test_stop_and_resume_gives_the_uninterrupted_losses(tmp_path, capsys):
 
     # Resuming on another mesh continues the same run (sharding changes only the reduction order).
     other = _cli([*base[:-1], "fsdp=2,tensor=4", "--steps", "6", "--resume"], capsys)
-    assert other["start_step"] == 4 and other["mesh"] == {"data": 1, "stage": 1, "fsdp": 2, "context": 1, "tensor": 4}
+    assert other["start_step"] == 4 and other["mesh"] == {
+        "data": 1, "stage": 1, "fsdp": 2, "context": 1, "expert": 1, "tensor": 4}
     np.testing.assert_allclose(other["losses"], full[4:], rtol=2**-7)
 
 

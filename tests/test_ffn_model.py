@@ -160,7 +160,8 @@ def test_xxl_abstract_compile_cpu64_subprocess():
     out = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     rep = json.loads(out.stdout)
-    assert rep["platform"] == "cpu" and rep["mesh"] == {"data": 1, "stage": 1, "fsdp": 16, "context": 1, "tensor": 4}
+    assert rep["platform"] == "cpu" and rep["mesh"] == {
+        "data": 1, "stage": 1, "fsdp": 16, "context": 1, "expert": 1, "tensor": 4}
     assert set(rep["memory"]) >= {"argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "peak_bytes"}
     assert rep["cost"]["flops"] > 0
     _check_xxl_arguments(rep["memory"], rep["compile_seconds"])

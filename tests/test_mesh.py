@@ -157,3 +157,41 @@ def test_tpu_slice_names(name, chips):
     assert m.devices.size == chips
     with pytest.raises(ValueError, match=f"but {chips} devices"):
         mesh.make_mesh(f"fsdp={2 * chips}", name)
+
+
+def test_the_expert_axis():
+    """expert (an MoE model's experts) is the fifth of the six axes, between context and tensor; a spec with it
+    parses, builds a jax Mesh with that axis (8 devices = 2·4), and renders only the axes > 1."""
+    from scaling.mesh_shape import MESH_AXES, parse_mesh_spec
+
+    assert MESH_AXES == ("data", "stage", "fsdp", "context", "expert", "tensor")
+    shape = parse_mesh_spec("fsdp=2,expert=4", 8)
+    assert shape["expert"] == 4 and shape.devices == 8 and str(shape) == "fsdp=2,expert=4"
+    assert str(MeshShape(fsdp=8)) == "fsdp=8"  # an expert axis of 1 is not shown
+    m = mesh.make_mesh(shape, "cpu:8")
+    assert m.shape["expert"] == 4 and m.devices.shape[MESH_AXES.index("expert")] == 4
+    assert mesh.mesh_shape(m) == shape
+    # the logical axes of an MoE: the tokens over data·fsdp·expert, the experts E over expert
+    assert mesh.logical_to_spec(("moe_batch", None, "act_embed")) == P(("data", "fsdp", "expert"), None, None)
+    assert mesh.logical_to_spec(("layers", "exp", "mlp", "embed")) == P("stage", "expert", "tensor", "fsdp")
+
+
+@pytest.mark.parametrize("preset, family", [("tiny", "the FFN stack"), ("tiny-tf", "the transformer")])
+def test_families_without_experts_refuse_an_expert_axis(preset, family):
+    from scaling.presets import get_preset
+    from scaling.workload import Workload
+
+    with pytest.raises(ValueError, match=f"^expert=2: {family} has no experts"):
+        Workload(get_preset(preset), MeshShape(fsdp=4, expert=2), 4096)
+
+
+def test_predict_refuses_an_expert_axis_in_one_line(capsys):
+    """jax-scaling predict of a transformer on a mesh with expert=2: exit 2, one line on stderr, nothing on stdout."""
+    from jax_scaling.cli import main
+
+    argv = "predict --preset llama2-7b --chip v5p --chips 8 --mesh fsdp=4,expert=2 --batch-tokens 65536".split()
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert out == "" and len(lines) == 1, (out, err)
+    assert lines[0].startswith("error: expert=2: the transformer has no experts"), err

@@ -52,7 +52,8 @@ def test_two_processes_match_one_process(tmp_path):
     objects = [[line for line in out.splitlines() if line.startswith("{")] for out, _ in outs]
     assert len(objects[0]) == 1 and objects[1] == [], outs
     rep = json.loads(objects[0][0])
-    assert rep["processes"] == 2 and rep["mesh"] == {"data": 1, "stage": 1, "fsdp": 4, "context": 1, "tensor": 2}
+    assert rep["processes"] == 2 and rep["mesh"] == {
+        "data": 1, "stage": 1, "fsdp": 4, "context": 1, "expert": 1, "tensor": 2}
 
     m = make_mesh("fsdp=4,tensor=2", "cpu:8")
     want, state = train(Workload(TINY, mesh_shape(m), 64), m, 3, return_state=True)  # one process, 8 devices
