@@ -348,7 +348,7 @@ def print_plans(args, cfg, plans, asked: str = "") -> None:
     other = "max" if args.form == "sum" else "sum"
     best = {}
     for k, r in enumerate(plans, 1):
-        best.setdefault(r.mesh["stage"] > 1, (k, r))
+        best.setdefault(r.mesh.get("stage", 1) > 1, (k, r))
     shown = list(enumerate(plans[: args.top], 1)) + [best[s] for s in (False, True) if s in best]
     short = {"scheduled": "sched"}.get(args.form, args.form)
     header = ["#", *planner.plan_axes(cfg), *(["dcn"] if slices > 1 else []), "M", "R",

@@ -31,14 +31,25 @@ Closed forms, per MoE layer, per device:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
+from scaling import transformer as tf
 from scaling.inputs import positive_float, positive_int
+from scaling.kernels import Kernel, accumulate_kernel, adamw_kernel, matmul_kernel
+from scaling.memory import weight_shards
+from scaling.mesh_shape import MESH_AXES, spans
+from scaling.schedule import Schedule
+from scaling.sharding import LOGICAL_RULES, shards
 from scaling.transformer import TransformerConfig
+from scaling.workload import Workload
 
+MOE_REMATS = ("none", "full")  # the remat policies the MoE family's closed forms count
+CAPACITY_FACTORS = ("dropless", "1", "1.25", "1.5", "2")  # what --capacity-factor takes
 ROUTERS = ("softmax", "sigmoid")  # the gates: softmax over E then top-k (Mixtral renormalises over the k), or sigmoid
 
 
@@ -113,8 +124,52 @@ class MoEConfig:
     active per token: the same with k + S_sh experts in place of E + S_sh (the router counted: every token runs it).
     """
 
+    family: ClassVar[str] = "moe"
+    noun: ClassVar[str] = "MoE transformer"
+    has_attention: ClassVar[bool] = True
+    plan_batch_tokens: ClassVar[int] = 4_194_304  # 4M tokens, as the transformer's (OLMoE trains at 4M: table 1)
+    runs_1f1b: ClassVar[bool] = False
+    has_critical_batch: ClassVar[bool] = False
+    plan_axes: ClassVar[tuple[str, ...]] = tuple(a for a in MESH_AXES if a in ("data", "fsdp", "expert", "tensor"))
+    plan_remats: ClassVar[tuple[str, ...]] = MOE_REMATS
+    grouped_plan: ClassVar[bool] = False  # one mesh a group, microbatches only (scaling.plan), as the FFN stack
+    remat_keeps: ClassVar[None] = None
+    schedule_options: ClassVar[tuple[str, ...]] = ("attention",)  # the Schedule's default (auto), not chosen
+    dimensions: ClassVar[dict[str, str]] = {
+        **{k: v for k, v in TransformerConfig.dimensions.items() if k not in ("window", "global_every")},
+        "d_ff": "F, the dense layers' MLP (an MoE model's layers that are not MoE)",
+        "experts": "E, routed experts per MoE layer", "top_k": "k, experts per token",
+        "expert_d_ff": "F_e, an expert's d_ff", "shared_experts": "S_sh, experts every token runs (DeepSeekMoE)",
+        "moe_every": "every n-th layer MoE (default 1: all)", "first_dense": "dense layers before the first MoE one"}
+    kinds: ClassVar[dict[str, tuple[tuple[str, ...], str]]] = {
+        "mlp": TransformerConfig.kinds["mlp"],
+        "capacity_factor": (CAPACITY_FACTORS, "the experts' capacity factor cf (each takes ceil(cf·k·t/E) of a "
+                                              "device's t tokens), or dropless (MoE transformer)")}
+    switches: ClassVar[dict[str, str]] = {"tied_embeddings": TransformerConfig.switches["tied_embeddings"]}
+    schedule_flags: ClassVar[dict[str, str]] = {"attention": "attention", "attention_block": "attention_block"}
+    # the dimensions a model from flags alone needs (scaling.presets._required; the dataclass fields are base, moe)
+    required: ClassVar[tuple[str, ...]] = ("d_model", "heads", "d_ff", "blocks", "seq_len", "experts", "top_k",
+                                           "expert_d_ff")
+
     base: TransformerConfig
     moe: MoESpec
+
+    @classmethod
+    def from_fields(cls, **kw) -> "MoEConfig":
+        """The MoE model of flat fields (scaling.presets.model_from_fields): the base's and the MoESpec's."""
+        spec = {f.name for f in dataclasses.fields(MoESpec)}
+        moe = {k: _capacity(v) if k == "capacity_factor" else v for k, v in kw.items() if k in spec}
+        return cls(TransformerConfig(**{k: v for k, v in kw.items() if k not in spec}), MoESpec(**moe))
+
+    def replace(self, **kw) -> "MoEConfig":
+        """A copy with the given fields (None: unchanged) set on the base or the MoESpec (capacity_factor: a
+        number, its string, or "dropless")."""
+        kw = {k: v for k, v in kw.items() if v is not None}
+        spec = {f.name for f in dataclasses.fields(MoESpec)}
+        moe = {k: _capacity(v) if k == "capacity_factor" else v for k, v in kw.items() if k in spec}
+        base = {k: v for k, v in kw.items() if k not in spec}
+        return MoEConfig(self.base.replace(**base) if base else self.base,
+                         dataclasses.replace(self.moe, **moe) if moe else self.moe)
 
     def __post_init__(self):
         if getattr(self.base, "family", None) != TransformerConfig.family:  # no isinstance on a model config
@@ -206,6 +261,124 @@ class MoEConfig:
     def check_mesh(self, mesh: Mapping) -> None:
         """The experts divide over the expert axis (MoESpec.check_mesh)."""
         self.moe.check_mesh(mesh)
+
+    # the base's attention and vocabulary, read by the shared code (schedules, kernels, reports)
+    heads = property(lambda self: self.base.heads, doc="N (the base's)")
+    kv_heads = property(lambda self: self.base.kv_heads, doc="K (the base's)")
+    head_dim = property(lambda self: self.base.head_dim, doc="H (the base's)")
+    vocab = property(lambda self: self.base.vocab, doc="V (the base's), or None")
+    tied_embeddings = property(lambda self: self.base.tied_embeddings, doc="E = U (the base's)")
+    embedding_matrices = property(lambda self: self.base.embedding_matrices, doc="0, 1 tied or 2 untied")
+    embedding_params = property(lambda self: self.base.embedding_params, doc="the base's V·D per matrix")
+    layer_windows = property(lambda self: self.base.layer_windows, doc="the base's windows (all global)")
+
+    @property
+    def expert_layer_params(self) -> int:
+        """L_moe·E·m·D·F_e: the routed experts' parameters (split over expert), all layers."""
+        return self.moe_layers * self.moe.experts * self.expert_params
+
+    @property
+    def params_per_block(self) -> float:
+        """(P − embeddings)/L: a block's parameters on average (scaling.program.gpu_messages' fsdp message)."""
+        return (self.params - self.embedding_params) / self.blocks
+
+    def check_remat(self, remat: str) -> None:
+        """none or full (MOE_REMATS): the named policies and every-second are not built for the MoE family."""
+        if remat not in MOE_REMATS:
+            raise ValueError(f"remat {remat} is not built for the MoE transformer; its remat is none or full")
+
+    def check_schedule(self, schedule: Schedule, mesh: Mapping, batch_tokens: int | None = None) -> None:
+        """Before the shared rules (Schedule.check): no stage or context axis (_check_axes), no sequence
+        parallelism or ZeRO-1 (not built); the base's attention rules on the folded mesh (tensor: the heads);
+        B whole sequences, their number divisible by microbatches·data·fsdp·expert."""
+        _check_axes(mesh)
+        if schedule.sequence_parallel:
+            raise ValueError("sequence_parallel is not built for the MoE transformer (leave it off)")
+        if schedule.optimizer_sharding == "zero1":
+            raise ValueError("optimizer_sharding zero1 is not built for the MoE transformer (use fsdp)")
+        tf._check_transformer(self.base, {"tensor": mesh.get("tensor", 1)}, schedule)
+        if batch_tokens is not None:
+            seqs = positive_int("batch_tokens", batch_tokens) // self.seq_len
+            n = schedule.microbatches * shards(mesh, "moe_batch")
+            if batch_tokens % self.seq_len or seqs % n:
+                raise ValueError(f"batch_tokens={batch_tokens} must be whole sequences of seq_len={self.seq_len}, "
+                                 f"their number divisible by microbatches·data·fsdp·expert = {n}")
+
+    def check_batch_split(self, schedule: Schedule, mesh: Mapping, batch_tokens: int | None = None) -> None:
+        """Nothing after the shared rules: the batch's split is check_schedule's."""
+
+    def divisions(self) -> list[tuple[str, int, str]]:
+        """(name, dimension, logical axis): D (embed), F and F_e (mlp), E (exp: over expert), V (vocab) if any."""
+        out = [("d_model", self.d_model, "embed"), ("d_ff", self.d_ff, "mlp"),
+               ("expert_d_ff", self.moe.expert_d_ff, "mlp"), ("experts", self.moe.experts, "exp")]
+        if self.vocab is not None:
+            out.append(("vocab", self.vocab, "vocab"))
+        return out
+
+    def check_divisible(self, mesh: Mapping, batch_tokens: int | None = None) -> None:
+        """No stage or context axis (_check_axes); divisions by their shard counts (scaling.sharding: the experts
+        by expert); B whole sequences, B/T by the shards of ``moe_batch`` (data·fsdp·expert)."""
+        _check_axes(mesh)
+        checks = self.divisions()
+        if batch_tokens is not None:
+            positive_int("batch_tokens", batch_tokens)
+            if batch_tokens % self.seq_len:
+                raise ValueError(f"batch_tokens={batch_tokens} is not whole sequences of seq_len={self.seq_len}")
+            checks.append(("sequences (batch_tokens/seq_len)", batch_tokens // self.seq_len, "moe_batch"))
+        for name, dim, logical in checks:
+            if dim % shards(mesh, logical):
+                raise ValueError(f"{name}={dim} is not divisible by the {'·'.join(LOGICAL_RULES[logical])} shard "
+                                 f"count {shards(mesh, logical)}")
+
+    def mesh_fits(self, mesh: Mapping):
+        """The planner's screen of meshes: heads and kv heads by tensor."""
+        return (self.heads % mesh["tensor"] == 0) & (self.kv_heads % mesh["tensor"] == 0)
+
+    def plan_batch_runs(self, mesh: Mapping, B, M):
+        """check_schedule's batch rule on arrays: whole sequences, their count divisible by M·data·fsdp·expert."""
+        return (B % self.seq_len == 0) & ((B // self.seq_len) % (M * mesh["data"] * mesh["fsdp"] * mesh["expert"]) == 0)
+
+    def memory_terms(self, w: Workload) -> dict:
+        """memory_per_device (module function)."""
+        return memory_per_device(w)
+
+    def hbm_traffic(self, w: Workload):
+        """hbm_traffic_bytes (module function)."""
+        return hbm_traffic_bytes(w)
+
+    def collective_volumes(self, w: Workload) -> dict:
+        """collective_volumes (module function)."""
+        return collective_volumes(w)
+
+    def overlapped_volumes(self, w: Workload, vols: dict | None = None) -> dict:
+        """None modelled as hidden: {} (as the transformer's)."""
+        return {}
+
+    def loop_copy_bytes(self, w: Workload) -> float:
+        """Not modelled for the MoE family: 0."""
+        return 0.0
+
+    def step_flops(self, w: Workload) -> dict:
+        """step_flops (module function)."""
+        return step_flops(w)
+
+    def step_kernels(self, w: Workload) -> list:
+        """step_kernels (module function)."""
+        return step_kernels(w)
+
+
+def _check_axes(mesh: Mapping) -> None:
+    """The MoE family's first version: no pipeline stages, no context axis (ValueError naming what is not built)."""
+    if mesh.get("stage", 1) > 1:
+        raise ValueError(f"stage={mesh['stage']}: pipeline stages are not built for the MoE transformer (stage=1)")
+    if mesh.get("context", 1) > 1:
+        raise ValueError(f"context={mesh['context']}: context parallelism is not built for the MoE transformer "
+                         "(context=1)")
+
+
+def _capacity(v):
+    """A capacity factor from a command's string: "dropless" (or None) -> None, else the number."""
+    return None if v is None or v == "dropless" else float(v)
 
 
 def _spec(cfg) -> MoESpec:
@@ -393,6 +566,246 @@ def expert_bound_on_chip(cfg: MoEConfig, chip: str, mesh: Mapping | None = None,
     if ch.kind == "gpu":
         return expert_critical_batch(cfg, ch.device_flops, ch.ici_oneway, mesh, "switch", c)
     return expert_critical_batch(cfg, ch.device_flops, ch.ici_bidi, mesh, "ring", c)
+
+
+# ---- the MoE family's closed forms of one step, per device (MoEConfig's ModelFamily methods) ----
+# Mesh data d, fsdp X, expert Ex, tensor Y (no stage, no context). The tokens split over d·X·Ex: t = B/(d·X·Ex) per
+# device. Outside the experts the expert axis is a data axis: attention, the router, the dense layers' MLP and the
+# shared experts see the device's t tokens with weights replicated over expert (split over fsdp and tensor as the
+# transformer's); the routed experts are split E/Ex per device, each as the transformer's MLP (F_e over tensor, D
+# over fsdp). Those parts are the transformer's on the folded mesh (data·expert, fsdp, tensor): _folded.
+
+def _folded(w: Workload, batch_tokens=None) -> Workload:
+    """The base transformer's Workload on the folded mesh {data: d·Ex, fsdp: X, tensor: Y} (the expert axis as
+    data), one microbatch: exactly the attention's, the vocabulary's and the tensor axis' terms of the MoE step
+    (their tokens t = B/(d·X·Ex), their weights replicated over expert)."""
+    mesh = w.mesh
+    folded = {"data": mesh["data"] * mesh["expert"], "fsdp": mesh["fsdp"], "tensor": mesh["tensor"]}
+    return Workload(w.model.base, folded, w.batch_tokens if batch_tokens is None else batch_tokens, step=w.step,
+                    remat=w.remat, schedule=dataclasses.replace(w.schedule, microbatches=1), precision=w.precision,
+                    compiler=w.compiler, flags=w.flags)
+
+
+def _shapes(w: Workload) -> dict:
+    """The step's sizes per device: t tokens, M microbatches, slots (the expert rows a device computes in the step:
+    M·all_to_all_bytes' slots of a microbatch, t·k dropless, M·E·C with capacity), and parameters: "ne" the
+    non-expert layer parameters (L·D·H·(2N+2K) + L_dense·m·D·F + L_moe·(D·E + S_sh·m·D·F_e), replicated over
+    expert), "ex" the device's routed experts L_moe·(E/Ex)·m·D·F_e, "emb" the embeddings; "shard" the parameters a
+    device holds, (ne + ex + emb)/(X·Y); "layer" the larger of one MoE and one dense layer's gathered parameters
+    over tensor (D·H·(2N+2K) + D·E + (E/Ex + S_sh)·m·D·F_e, D·H·(2N+2K) + m·D·F)/Y."""
+    cfg, mesh = w.model, w.mesh
+    m, M = cfg.moe, w.schedule.microbatches
+    d, X, Ex, Y = (mesh[a] for a in ("data", "fsdp", "expert", "tensor"))
+    t = w.batch_tokens / (d * X * Ex)
+    slots = M * all_to_all_bytes(cfg, mesh, w.batch_tokens / M)["slots"]
+    A, D = cfg.base.attention_params_per_block, cfg.d_model
+    dense = cfg.mlp_matrices * D * cfg.d_ff
+    ne = cfg.blocks * A + cfg.dense_layers * dense + cfg.moe_layers * (cfg.router_params
+                                                                         + m.shared_experts * cfg.expert_params)
+    ex = cfg.moe_layers * m.experts // Ex * cfg.expert_params
+    emb = cfg.embedding_params
+    moe_layer = A + cfg.router_params + (m.experts // Ex + m.shared_experts) * cfg.expert_params
+    layer = max(moe_layer, A + dense if cfg.dense_layers else 0) / Y
+    return {"t": t, "M": M, "slots": slots, "ne": ne, "ex": ex, "emb": emb, "shard": (ne + ex + emb) / (X * Y),
+            "layer": layer, "X": X, "Y": Y, "Ex": Ex, "d": d}
+
+
+def step_flops(w: Workload) -> dict:
+    """Matmul FLOPs per device of one step, term by term: the base transformer's on the folded mesh
+    (scaling.transformer.step_flops: attention, the vocabulary's logits, and an MLP of d_ff F in every layer), less
+    that MLP in the L_moe MoE layers (mlp = 2·m·t·D·F/Y forward, 2x backward, (m−1)/m recomputed under remat full),
+    plus per MoE layer forward
+        router 2·t·D·E (replicated over tensor), experts 2·m·D·F_e·slots/Y, shared 2·m·D·F_e·S_sh·t/Y
+    (slots: t·k dropless, E·C with capacity: GShard section 3.2's einsum computes every slot); backward 2x; remat
+    full recomputes the router and the experts' m − 1 input matrices (as the transformer's W_out, the output
+    matrices' recomputation is dead). model: the step's matmuls with k slots a token (no padding) and the causal
+    half of attention, x3 for train (Kaplan et al. 2020's 6N per token)."""
+    cfg, m = w.model, w.model.moe
+    base = tf.step_flops(_folded(w))
+    sh = _shapes(w)
+    t, Y, D, mm, Fe, Lm = sh["t"], sh["Y"], cfg.d_model, cfg.mlp_matrices, m.expert_d_ff, cfg.moe_layers
+    train, full = w.step == "train", w.step == "train" and w.remat == "full"
+    mlp = 2 * mm * t * D * cfg.d_ff / Y
+    router, shared = 2 * t * D * m.experts, 2 * mm * D * Fe * m.shared_experts * t / Y
+    experts = 2 * mm * D * Fe * sh["slots"] / Y
+    layer = router + experts + shared
+    out = {"forward": base["forward"] + Lm * (layer - mlp)}
+    if train:
+        out["backward"] = base["backward"] + 2 * Lm * (layer - mlp)
+        out["recompute"] = base["recompute"] + full * Lm * (router + (experts + shared - mlp) * (mm - 1) / mm)
+    out["total"] = sum(out.values())
+    active = router + 2 * mm * D * Fe * (m.top_k + m.shared_experts) * t / Y
+    out["model"] = base["model"] + Lm * (active - mlp) * (3 if train else 1)
+    out["attention"], out["kernels"] = base["attention"], base["kernels"]
+    return out
+
+
+def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
+    """{axis: {kind: V bytes}} per device for one step (V as scaling.transformer.collective_volumes': an
+    all-gather's or reduce-scatter's the whole gathered array, an all-reduce's the array reduced, an all-to-all's the
+    buffer a device sends, all_to_all_bytes' V), c = max(BF16, w.compiler.min_comm_bytes):
+      fsdp    all-gather of the layers' weights, W = c·(ne + ex)/Y (_shapes: the device's E/Ex experts), forward
+              and again backward, and of the embeddings once, k·c·V·D/Y; the gradients reduce-scattered, W and
+              the embeddings' 2·c·V·D/Y; every microbatch (M·)
+      tensor  the base transformer's on the folded mesh: 2 all-reduces of c·t·D a layer forward (attention out,
+              MLP/experts out: the combine is linear, the experts' partial sums reduced after it), 2 backward,
+              +1 under remat full; the vocabulary's
+      expert  the all-to-alls: 4·V per MoE layer a train step, 2 forward (dispatch, combine; all_to_all_bytes on a
+              microbatch, M of them), +1 dispatch under remat full (the recomputed experts' input); and the
+              non-expert gradients all-reduced over expert (it is a data axis for them): (c·ne/Y + 2·c·V·D/Y)/X
+      data    every gradient all-reduced: (c·(ne + ex)/Y + 2·c·V·D/Y)/X
+      loss    one FP32 all-reduce over the axes that split the tokens (data, fsdp, expert), 4 bytes
+    Not modelled: windowed reduce-scatters, XLA's merged reductions."""
+    cfg = w.model
+    sh = _shapes(w)
+    X, Y, Ex, d, M = sh["X"], sh["Y"], sh["Ex"], sh["d"], sh["M"]
+    c = max(w.precision.compute, w.compiler.min_comm_bytes)
+    train, full = w.step == "train", w.step == "train" and w.remat == "full"
+    V, D = cfg.vocab or 0, cfg.d_model
+    W_ne, W_ex = c * sh["ne"] / Y, c * sh["ex"] / Y
+    E, dE = cfg.embedding_matrices * c * V * D / Y, 2 * c * V * D / Y * (V > 0)
+    out: dict[str, dict[str, float]] = {}
+    if spans(X):
+        out["fsdp"] = {"all-gather": M * ((W_ne + W_ex) * (2 if train else 1) + E)}
+        if train:
+            out["fsdp"]["reduce-scatter"] = M * (W_ne + W_ex + dE)
+    if spans(Y):
+        out["tensor"] = tf.collective_volumes(_folded(w))["tensor"]
+    if spans(Ex):
+        V1 = all_to_all_bytes(cfg, w.mesh, w.batch_tokens / M, c)["V"]
+        out["expert"] = {"all-to-all": M * cfg.moe_layers * V1 * ((4 if train else 2) + full)}
+        if train:
+            out["expert"]["all-reduce"] = (W_ne + dE) / X
+    if spans(d) and train:
+        out["data"] = {"all-reduce": (W_ne + W_ex + dE) / X}
+    loss = [a for a in ("data", "fsdp", "expert") if spans(w.mesh[a])]
+    if loss:
+        key = "+".join(loss)
+        out.setdefault(key, {})
+        out[key]["all-reduce"] = out[key].get("all-reduce", 0.0) + 4.0
+    return out
+
+
+def _saved(w: Workload, remat: str, batch_tokens) -> tuple:
+    """(dense, moe): bytes one dense and one MoE layer keep for the backward on ``batch_tokens`` (a microbatch):
+    the base's saved_per_layer on the folded mesh (scaling.transformer: remat full x alone); an MoE layer under
+    remat none has, for the MLP hidden c·t·F·(m−1)/Y, the dispatch buffers in and out (dispatch_buffer_bytes), the
+    experts' hidden c·rows·F_e·(m−1)/Y, the shared experts' c·t·S_sh·F_e·(m−1)/Y and the router's FP32
+    probabilities 4·t·E."""
+    cfg, m, mesh = w.model, w.model.moe, w.mesh
+    fold = _folded(w, batch_tokens)
+    kept = tf.saved_per_layer(cfg.base, fold.mesh, batch_tokens, remat, w.schedule, w.precision)
+    dense = sum(kept.values())
+    if remat == "full":
+        return dense, dense
+    c, Y, mm, Fe = w.precision.compute, mesh["tensor"], cfg.mlp_matrices, m.expert_d_ff
+    t = tokens_per_device(cfg, mesh, batch_tokens)
+    buf = dispatch_buffer_bytes(cfg, mesh, batch_tokens, c)
+    moe = (dense - kept["mlp"] + buf["bytes"] + c * buf["rows"] * Fe * (mm - 1) / Y
+           + c * t * m.shared_experts * Fe * (mm - 1) / Y + 4 * t * m.experts)
+    return dense, moe
+
+
+def memory_per_device(w: Workload) -> dict:
+    """Bytes per device, term by term (as scaling.transformer.memory_per_device without stages): the FP32 master,
+    Adam's moments and the layers' FP32 gradients for the device's parameters (_shapes: the non-expert over X·Y, the
+    routed experts over Ex·X·Y); the batch of a microbatch (int32 ids and labels 8·t/M, or x and y (c + 4)·t·D/M);
+    the transient gathered weights, two layers' (the larger of an MoE and a dense layer, c·layer) in a train step,
+    one under remat full or forward (none forward without fsdp); the attention's working set (the base's on the
+    folded mesh); one layer's FP32 weight gradients (train, not full); the saved activations of a microbatch,
+    L_dense·dense + L_moe·moe (_saved); under full the recomputed MoE layer's residuals less its x; with a
+    vocabulary the loss's phase where above a layer's (c·(t·D + t·V/Y + V·D/Y), t of a microbatch)."""
+    cfg, p = w.model, w.precision
+    sh = _shapes(w)
+    X, Y, M = sh["X"], sh["Y"], sh["M"]
+    train, full = w.step == "train", w.step == "train" and w.remat == "full"
+    Bm = w.batch_tokens / M
+    tm = tokens_per_device(cfg, w.mesh, Bm)
+    c, D, V = p.compute, cfg.d_model, cfg.vocab or 0
+    terms = {"master": p.master * sh["shard"]}
+    if train:
+        terms["optimizer"] = p.adam_moments * p.adam_moment * sh["shard"]
+        terms["grads"] = p.grad * (sh["ne"] + sh["ex"]) / (X * Y)
+    Wl = c * sh["layer"]
+    terms["inputs"] = 8 * tm if V else (c + 4) * tm * D
+    terms["transient_weights"] = ((1 if full else 2) if train else 1 if spans(X) else 0) * Wl
+    fold = _folded(w, Bm)
+    terms["attention_working_set"] = tf.memory_per_device(fold)["attention_working_set"]
+    if train and not full:
+        terms["layer_grads"] = p.grad * Wl / c
+    if train:
+        dense, moe = _saved(w, w.remat, Bm)
+        terms["activations"] = cfg.dense_layers * dense + cfg.moe_layers * moe
+    if full:
+        _, moe_none = _saved(w, "none", Bm)
+        terms["recomputed_layer"] = moe_none - c * tm * D
+    if train and V:
+        layer = sum(terms.get(k, 0.0) for k in ("transient_weights", "attention_working_set", "layer_grads",
+                                                 "recomputed_layer"))
+        terms["loss_phase"] = np.maximum(0.0, c * (tm * D + tm * V / Y + V * D / Y) - layer)
+    terms["total"] = sum(terms.values())
+    return terms
+
+
+def hbm_traffic_bytes(w: Workload):
+    """HBM bytes per device per step, as scaling.transformer.hbm_traffic_bytes counts them: AdamW's 28 B per
+    parameter shard (Precision.adam_update_bytes_per_param), the gathered weights read by the forward, dX and dW
+    matmuls, 3·M·c·(ne + ex)/Y, and every microbatch's saved activations (remat none's) written and read once;
+    forward: the master weights once, the gathered weights once, the activations written and read."""
+    cfg, p = w.model, w.precision
+    sh = _shapes(w)
+    M, Y = sh["M"], sh["Y"]
+    W = p.compute * (sh["ne"] + sh["ex"]) / Y
+    dense, moe = _saved(w, "none", w.batch_tokens / M)
+    saved = M * (cfg.dense_layers * dense + cfg.moe_layers * moe)
+    if w.step == "forward":
+        return p.master * sh["shard"] + W + 2 * saved
+    return p.adam_update_bytes_per_param * sh["shard"] + 3 * M * W + 2 * saved
+
+
+def step_kernels(w: Workload) -> list[Kernel]:
+    """The step's kernels: the base transformer's on the folded mesh (scaling.transformer.step_kernels: attention,
+    q/k/v and out matmuls, pointwise passes) with its MLP matmuls kept for the L_dense dense layers only (calls
+    scaled by L_dense/L), the optimizer's and accumulation's on the device's parameter shard, and per MoE layer:
+    the router [t, D]·[D, E]; the experts as E/Ex matmuls each of r = slots·Ex/E rows (the grouped GEMM of the
+    device's experts), [r, D]·[D, F_e/Y] (m − 1 of them) and [r, F_e/Y]·[F_e/Y, D]; the shared experts
+    [t, D]·[D, S_sh·F_e/Y] (m − 1) and back; backward each one's dX and dW; remat full the router's and the input
+    matrices' again. Approximate: the pointwise passes are the base's (an MLP of F a layer)."""
+    cfg, m = w.model, w.model.moe
+    sh = _shapes(w)
+    c, D, mm, Fe, Y, Lm, L = w.precision.compute, cfg.d_model, cfg.mlp_matrices, m.expert_d_ff, sh["Y"], \
+        cfg.moe_layers, cfg.blocks
+    t, local = sh["t"], m.experts // sh["Ex"]
+    train, full = w.step == "train", w.step == "train" and w.remat == "full"
+    ks = []
+    for k in tf.step_kernels(_folded(w)):
+        if k.kind == "optimizer" or k.name == "accumulate":
+            continue
+        if k.name.split(".")[0] in ("mlp_in", "mlp_out"):
+            if cfg.dense_layers:
+                ks.append(dataclasses.replace(k, calls=k.calls * cfg.dense_layers / L,
+                                              flops=None if k.flops is None else k.flops * cfg.dense_layers / L,
+                                              bytes=None if k.bytes is None else k.bytes * cfg.dense_layers / L))
+            continue
+        ks.append(k)
+    r = sh["slots"] * sh["Ex"] / m.experts  # rows of one local expert
+    fwd = [matmul_kernel("router", "forward", t, m.experts, D, Lm, c),
+           matmul_kernel("expert_in", "forward", r, Fe / Y, D, Lm * local * (mm - 1), c),
+           matmul_kernel("expert_out", "forward", r, D, Fe / Y, Lm * local, c)]
+    if m.shared_experts:
+        fwd += [matmul_kernel("shared_in", "forward", t, m.shared_experts * Fe / Y, D, Lm * (mm - 1), c),
+                matmul_kernel("shared_out", "forward", t, D, m.shared_experts * Fe / Y, Lm, c)]
+    ks += fwd
+    if train:
+        for k in fwd:
+            a, b, kk, _ = k.shape
+            ks += [matmul_kernel(k.name + ".dx", "backward", a, kk, b, k.calls, c),
+                   matmul_kernel(k.name + ".dw", "backward", kk, b, a, k.calls, c)]
+        if full:
+            ks += [dataclasses.replace(k, pass_="recompute") for k in fwd if not k.name.endswith("_out")]
+        params = sh["shard"] * weight_shards(w.mesh)  # adamw_kernel and accumulate_kernel divide by X·Y
+        ks += [adamw_kernel(w, params), accumulate_kernel(w, params)]
+    return ks
 
 
 # Published MoE models. The base's d_ff is the dense layers' (none here: every layer MoE, so F = F_e, unused).

@@ -273,9 +273,9 @@ class Plan:
         crit = "never" if c is None else "any" if c == 0 else f"{c:,.0f}"
         form, other = self.form, "max" if self.form == "sum" else "sum"
         transformer, mesh, o = bool(self.options), self.mesh, self.options
-        chosen = [self.pipeline if mesh["stage"] > 1 else "-", self.remat, "on" if self.sequence_parallel else "-",
-                  o["context"] if mesh["context"] > 1 else "-",
-                  "zero1" if o["optimizer_sharding"] == "zero1" else "-"] if transformer else []
+        chosen = [self.pipeline if mesh.get("stage", 1) > 1 else "-", self.remat,
+                  "on" if self.sequence_parallel else "-", o["context"] if mesh.get("context", 1) > 1 else "-",
+                  "zero1" if o.get("optimizer_sharding") == "zero1" else "-"] if transformer else []
         cells = [rank, *mesh.values(), *([self.dcn_axis] if slices > 1 else []), self.microbatches, self.repeats,
                  *chosen, f"{self.bubble:.3f}", f"{self.bubble_seconds:.3f}", self.M_X, self.M_Y,
                  f"{self.step_seconds[form]:.3f}", f"{self.step_seconds[other]:.3f}", f"{self.mfu[form]:.3f}",
@@ -398,7 +398,7 @@ def _mesh_keep(cfg, axes, n_slices, dcn_axes) -> "callable":
         ok = np.zeros(len(kinds), bool)
         for dcn_axis in dcn_axes:
             mesh = {a: kinds[:, i] * (n_slices if a == dcn_axis else 1) for i, a in enumerate(axes)}
-            fits = cfg.blocks % mesh["stage"] == 0
+            fits = cfg.blocks % mesh.get("stage", 1) == 0
             for _, dim, logical in cfg.divisions():
                 fits &= dim % shards(mesh, logical) == 0
             fits &= cfg.mesh_fits(mesh)  # a transformer's heads by tensor and its sequence by context

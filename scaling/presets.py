@@ -8,6 +8,7 @@ import dataclasses
 
 from scaling.ffn import FFNConfig
 from scaling.inputs import positive_int
+from scaling.moe import MOE_PRESETS, MoEConfig
 from scaling.transformer import TransformerConfig
 
 
@@ -29,7 +30,7 @@ def maxtext_scale(scale: int) -> TransformerConfig:
     return _maxtext(2560 * emb, 8 * wide, 8192 * wide, 16 * 2**b)
 
 
-PRESETS: dict[str, FFNConfig | TransformerConfig] = {
+PRESETS: dict[str, FFNConfig | TransformerConfig | MoEConfig] = {
     # The question's model (questions-4d.md): D=16384, F=53248, L=126 -> P = 219,848,638,464.
     "xxl": FFNConfig(d_model=16384, d_ff=53248, blocks=126),
     # XXL width, two blocks: the GPU benchmark configuration.
@@ -86,11 +87,14 @@ PRESETS: dict[str, FFNConfig | TransformerConfig] = {
     "gemma-2-9b": TransformerConfig(d_model=3584, heads=16, kv_heads=8, head_dim=256, d_ff=14336, blocks=42,
                                     seq_len=8192, mlp="swiglu", vocab=256000, tied_embeddings=True, window=4096,
                                     global_every=2),
+    # Mixture-of-experts transformers (scaling.moe.MOE_PRESETS, their sources there): Mixtral 8x7B, OLMoE-1B-7B, and
+    # a tiny one for tests
+    **{k: MOE_PRESETS[k] for k in ("mixtral-8x7b", "olmoe-1b-7b", "moe-tiny")},
 }
 
 
-Model = FFNConfig | TransformerConfig  # the models the package builds, closes forms for and checks
-FAMILIES = (FFNConfig, TransformerConfig)  # every model family, in the order commands list them
+Model = FFNConfig | TransformerConfig | MoEConfig  # the models the package builds, closes forms for and checks
+FAMILIES = (FFNConfig, TransformerConfig, MoEConfig)  # every model family, in the order commands list them
 
 
 def get_preset(name: str) -> Model:
@@ -143,7 +147,10 @@ def model_of(preset: str | None, **given):
 
 
 def _required(family) -> list[str]:
-    """A family's dimensions with no default: those a model from flags must be given (its dataclass fields)."""
+    """A family's dimensions with no default: those a model from flags must be given (its ``required``, where its
+    dataclass fields are not flat: the MoE family's; else its dataclass fields)."""
+    if getattr(family, "required", None):
+        return list(family.required)
     return [f.name for f in dataclasses.fields(family)
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
 
@@ -172,4 +179,5 @@ def model_from_fields(**given):
             f"{' '.join(flag(k) for k in _required(f) if k not in named)} (a{'n' if f.noun[0] in 'AEFIOU' else ''} "
             f"{f.noun}: {' '.join(map(flag, _required(f)))})" for f in fams) + "; give them or --preset NAME")
     fam = whole[0]  # the fewest fields: the FFN stack's D, F, L before the transformer's
-    return fam(**{k: given[k] for k in (*fam.dimensions, *fam.kinds, *fam.switches) if given.get(k) is not None})
+    make = getattr(fam, "from_fields", fam)  # a family of nested configs builds itself from flat fields
+    return make(**{k: given[k] for k in (*fam.dimensions, *fam.kinds, *fam.switches) if given.get(k) is not None})

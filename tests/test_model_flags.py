@@ -101,7 +101,10 @@ SHARED = {"--preset", "--d-model", "--d-ff", "--blocks", "--layers", "--seq-len"
           "--chip", "--chips", "--slice", "--slices", "--inter-node-bandwidth", "--global-batch", "--batch-tokens",
           "--microbatch", "--microbatches", "--mesh", "--dcn-mesh", "--remat", "--dtype", "--grad-accumulation",
           "--repeats", "--schedule", "--warmup-phases", "--fsdp-gather", "--optimizer-sharding", "--sequence-parallel",
-          "--stage-blocks", "--window", "--global-every", "--xla-flags", "--form", "--kernel-table", "--runtime"}
+          "--stage-blocks", "--window", "--global-every", "--xla-flags", "--form", "--kernel-table", "--runtime",
+          # the MoE transformer's (scaling.moe.MoEConfig.dimensions and kinds)
+          "--experts", "--top-k", "--expert-d-ff", "--shared-experts", "--moe-every", "--first-dense",
+          "--capacity-factor"}
 PREDICT_ONLY = {"--step", "--kernel-model", "--kernels", "--json", "--plot", "-h", "--help"}
 PLAN_ONLY = {"--hbm", "--top", "--max-microbatches", "--max-repeats", "--verify-top", "--verbose", "--json", "--plot",
              "-h", "--help"}

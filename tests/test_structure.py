@@ -156,13 +156,13 @@ def test_a_new_family_brings_its_own_fields(monkeypatch):
     class ToyConfig(FFNConfig):
         family: ClassVar[str] = "toy"
         noun: ClassVar[str] = "toy stack"
-        dimensions: ClassVar[dict[str, str]] = {**FFNConfig.dimensions, "experts": "E"}
-        experts: int = 1
+        dimensions: ClassVar[dict[str, str]] = {**FFNConfig.dimensions, "toys": "E"}
+        toys: int = 1
 
     monkeypatch.setattr(presets, "FAMILIES", (*presets.FAMILIES, ToyConfig))
     monkeypatch.setitem(presets.PRESETS, "toy-1", ToyConfig(8, 32, 2))
-    with pytest.raises(ValueError, match=r"^--experts is a toy stack dimension; 'tiny' is an FFN stack "
+    with pytest.raises(ValueError, match=r"^--toys is a toy stack dimension; 'tiny' is an FFN stack "
                                          r"\(toy presets: toy-1\)$"):
-        presets.model_of("tiny", experts=4)
-    assert presets.model_of("toy-1", experts=4, d_ff=64) == ToyConfig(8, 64, 2, experts=4)
-    assert presets.model_fields()["experts"] == ("dimensions", ToyConfig)
+        presets.model_of("tiny", toys=4)
+    assert presets.model_of("toy-1", toys=4, d_ff=64) == ToyConfig(8, 64, 2, toys=4)
+    assert presets.model_fields()["toys"] == ("dimensions", ToyConfig)
