@@ -5,6 +5,7 @@ Meshes are (data, fsdp, tensor) = (2, 2, 2) on 8 emulated CPU devices, and (1, 2
 chips of a TPU v5p:2x2x1 topology compiled ahead of time (tests marked tpu).
 """
 
+import math
 import re
 import subprocess
 import sys
@@ -235,6 +236,20 @@ def test_replica_group_spellings(groups, axes, size):
     c = _one_collective(f"%ar = f32[8,16]{{1,0}} all-reduce(f32[8,16]{{1,0}} %p), channel_id=1, "
                         f"replica_groups={groups}, use_global_device_ids=true, to_apply=%add")
     assert (c.kind, c.axes, c.group_size, c.operand_bytes) == ("all-reduce", axes, size, 8 * 16 * 4)
+
+
+@pytest.mark.parametrize("groups, axes", [
+    # the package's six axes with expert=2 and tensor=2 (the rest 1): ids = expert*2 + tensor by hand
+    ("{{0,2},{1,3}}", ("expert",)),                      # the all-to-all of an MoE's dispatch: along expert
+    ("{{0,1},{2,3}}", ("tensor",)),
+    ("[2,2]<=[2,2]T(1,0)", ("expert",)),                 # iota: [[0,1],[2,3]] transposed -> {0,2},{1,3}
+    ("{{0,1,2,3}}", ("expert", "tensor")),
+])
+def test_groups_over_the_expert_axis_are_named_expert(groups, axes):
+    six = {"data": 1, "stage": 1, "fsdp": 1, "context": 1, "expert": 2, "tensor": 2}
+    c = _one_collective(f"%a2a = f32[8,16]{{1,0}} all-to-all(f32[8,16]{{1,0}} %p), channel_id=1, "
+                        f"replica_groups={groups}, dimensions={{0}}", six)
+    assert (c.kind, c.axes, c.group_size) == ("all-to-all", axes, math.prod(six[a] for a in axes))
 
 
 def test_mesh_device_ids_groups():
