@@ -144,7 +144,7 @@ class MoEConfig:
     kinds: ClassVar[dict[str, tuple[tuple[str, ...], str]]] = {
         "mlp": TransformerConfig.kinds["mlp"],
         "capacity_factor": (CAPACITY_FACTORS, "the experts' capacity factor cf (each takes ceil(cf·k·t/E) of a "
-                                              "device's t tokens), or dropless (MoE transformer)")}
+                                              "device's t tokens), or dropless")}
     switches: ClassVar[dict[str, str]] = {"tied_embeddings": TransformerConfig.switches["tied_embeddings"]}
     schedule_flags: ClassVar[dict[str, str]] = {"attention": "attention", "attention_block": "attention_block"}
     # the dimensions a model from flags alone needs (scaling.presets._required; the dataclass fields are base, moe)
