@@ -51,6 +51,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from ffn_model.sharded import COMPUTE_DTYPE, constrain, gather_bf16, init_normal, param
+from ffn_model.train import module_state_shardings
 from ffn_model.transformer import rms_norm
 from mesh.rules import logical_to_spec
 from scaling.moe import MoESpec
@@ -365,25 +366,9 @@ def batch_sharding(mesh) -> NamedSharding:
     return NamedSharding(mesh, logical_to_spec(X_AXES))
 
 
-def state_shardings(model_fn, mesh, tx):
-    """(abstract state, shardings) of {"params", "opt"} for the module ``model_fn()`` builds: the parameters' from
-    their logical axes (nnx.get_abstract_model on ``mesh``), AdamW's moments following their parameter, its count
-    replicated (as ffn_model.train.state_shardings)."""
-    _, abstract = nnx.get_abstract_model(model_fn, mesh)
-    params = nnx.to_pure_dict(nnx.state(abstract, nnx.Param))
-    opt = jax.eval_shape(tx.init, params)
-    pshard = jax.tree.map(lambda a: a.sharding, params)
-    oshard = optax.tree_map_params(tx, lambda _, s: s, opt, pshard,
-                                   transform_non_params=lambda _: NamedSharding(mesh, PartitionSpec()))
-    shardings = {"params": pshard, "opt": oshard}
-    structs = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                           {"params": params, "opt": opt}, shardings)
-    return structs, shardings
-
-
 def init_state(model_fn, mesh, tx):
-    """The train state, created in its shardings (state_shardings) by one jitted init."""
-    _, shardings = state_shardings(model_fn, mesh, tx)
+    """The train state, created in its shardings (ffn_model.train.module_state_shardings) by one jitted init."""
+    _, shardings = module_state_shardings(model_fn, mesh, tx)
 
     @functools.partial(jax.jit, out_shardings=shardings)
     def init():
@@ -399,7 +384,7 @@ def make_train_step(model_fn, mesh, tx):
     ffn_model.train.make_optimizer); jitted, the state donated and pinned to its shardings, the loss replicated. Call
     it (or lower it) under jax.set_mesh(mesh)."""
     graphdef, _ = nnx.get_abstract_model(model_fn, mesh)
-    _, shardings = state_shardings(model_fn, mesh, tx)
+    _, shardings = module_state_shardings(model_fn, mesh, tx)
 
     def step(state, batch):
         value, grads = jax.value_and_grad(lambda p: loss(nnx.merge(graphdef, p), batch))(state["params"])

@@ -74,17 +74,21 @@ def _zero1(w: Workload) -> bool:
 
 
 def state_shardings(w: Workload, mesh, tx=None):
-    """(abstract state with shardings, state shardings): ShapeDtypeStructs carrying NamedShardings
-    for every leaf. The parameters' come from their logical axes through flax
-    (nnx.get_abstract_model on ``mesh``); Adam's mu and nu follow their parameter (split over data too under
-    ZeRO-1: a flat buffer split over data, ffn_model.zero1.opt_layout), the step count is replicated. ``w`` is validated
-    where it is built (scaling.workload)."""
-    tx = tx or make_optimizer()
-    _, abs_state = nnx.get_abstract_model(_model(w), mesh)
+    """(abstract state with shardings, state shardings) of ``w``'s module (module_state_shardings), ZeRO-1's
+    layout where ``w`` runs it. ``w`` is validated where it is built (scaling.workload)."""
+    return module_state_shardings(_model(w), mesh, tx or make_optimizer(), zero1_layout=_zero1(w))
+
+
+def module_state_shardings(model_fn, mesh, tx, zero1_layout: bool = False):
+    """(abstract state with shardings, state shardings) of {"params", "opt"} for the module ``model_fn()`` builds:
+    ShapeDtypeStructs carrying NamedShardings for every leaf. The parameters' come from their logical axes through
+    flax (nnx.get_abstract_model on ``mesh``); Adam's mu and nu follow their parameter (split over data too under
+    ZeRO-1: a flat buffer split over data, ffn_model.zero1.opt_layout), the step count is replicated."""
+    _, abs_state = nnx.get_abstract_model(model_fn, mesh)
     params = nnx.to_pure_dict(nnx.state(abs_state, nnx.Param))
     opt = jax.eval_shape(tx.init, params)
     pshard = jax.tree.map(lambda a: a.sharding, params)
-    if _zero1(w):  # ZeRO-1: one flat buffer per device, its slice (ffn_model.zero1.opt_layout)
+    if zero1_layout:  # ZeRO-1: one flat buffer per device, its slice (ffn_model.zero1.opt_layout)
         opt, oshard = zero1.opt_layout(tx, mesh, params, pshard)
     else:
         oshard = optax.tree_map_params(tx, lambda _, s: s, opt, pshard,

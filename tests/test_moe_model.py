@@ -13,7 +13,7 @@ from flax import nnx
 
 from ffn_model import moe
 from ffn_model.task import teacher_batch
-from ffn_model.train import make_optimizer
+from ffn_model.train import make_optimizer, module_state_shardings
 from mesh import make_mesh
 from scaling.moe import MoESpec
 
@@ -294,13 +294,13 @@ def test_parameters_on_a_mesh_of_expert_1():
     # experts), F_e = 128 over tensor = 2 (64 a device), D = 64 over fsdp = 1; the stacks' logical axes are the same
     mesh = make_mesh("data=4,tensor=2", "cpu:8")
     spec = MoESpec(experts=E, top_k=K, expert_d_ff=F_E, capacity_factor=1.0)
-    _, shardings = moe.state_shardings(lambda: moe.MoEStack(D, L, spec, rngs=nnx.Rngs(0)), mesh, make_optimizer())
+    _, shardings = module_state_shardings(lambda: moe.MoEStack(D, L, spec, rngs=nnx.Rngs(0)), mesh, make_optimizer())
     w_in = shardings["params"]["w_in"]
     assert w_in.spec == jax.sharding.PartitionSpec("stage", "expert", "tensor", "fsdp")
     assert w_in.shard_shape((L, E, F_E, D)) == (2, 8, 64, 64)
     assert shardings["opt"][0].mu["w_out"].spec == jax.sharding.PartitionSpec("stage", "expert", "tensor", "fsdp")
     # on expert=4: E split 4 ways (2 experts a device)
-    split = moe.state_shardings(lambda: moe.MoEStack(D, L, spec, rngs=nnx.Rngs(0)), make_mesh("expert=4,data=2",
+    split = module_state_shardings(lambda: moe.MoEStack(D, L, spec, rngs=nnx.Rngs(0)), make_mesh("expert=4,data=2",
                                                                                              "cpu:8"), make_optimizer())
     assert split[1]["params"]["w_in"].shard_shape((L, E, F_E, D)) == (2, 2, 128, 64)
 
