@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from ffn_model import model, transformer
+from ffn_model import model, moe, transformer
 
-PROGRAMS = {"ffn": model, "transformer": transformer}
+PROGRAMS = {"ffn": model, "transformer": transformer, "moe": moe}
 
 
 def program(cfg) -> ModuleType:

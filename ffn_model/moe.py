@@ -24,12 +24,13 @@ Expert parallelism (GShard section 3.2; MaxText's layers/moe.py): the package's 
 context, expert, tensor`` (scaling.mesh_shape.MESH_AXES, mesh.make_mesh: expert inside fsdp, next to tensor, so that
 the all-to-all stays on the nearest links). The
 expert weights [E, F_e, D] split E over expert (F_e over tensor, D over fsdp as the dense MLP's); the tokens split
-over data, fsdp AND expert (the expert devices hold different tokens), a group being one device's batch shard by
-default. The dispatched x [G, E, C, D] is constrained to G over (data, fsdp) and E over expert: from the groups'
-split over expert to the experts' split, which XLA lowers to an all-to-all over expert; the combine's input goes
-back the same way. The logical axes are the package's one table (scaling.sharding.LOGICAL_RULES, through
-mesh.rules.logical_to_spec and ffn_model.sharded): ``moe_batch`` (the tokens: data, fsdp, expert) and ``exp`` (E:
-expert) beside the dense stacks' axes; on a mesh of expert=1 nothing is split over expert, and without a mesh
+over data, fsdp AND expert (the expert devices hold different tokens), a group being one sequence by default
+(MaxText's capacity per sequence). The dispatched x [G, E, C, D] is constrained to G over (data, fsdp) and E over
+expert: from the groups' split over expert to the experts' split, which XLA lowers to an all-to-all over expert;
+the combine's input goes back the same way. The logical axes are the package's one table
+(scaling.sharding.LOGICAL_RULES, through mesh.rules.logical_to_spec and ffn_model.sharded): ``moe_batch`` (the
+tokens: data, fsdp, expert) and ``exp`` (E: expert) beside the dense stacks' axes; on a mesh of expert=1 nothing is
+split over expert, and without a mesh
 (jax.set_mesh) the module runs unsharded.
 
 Precision as the dense stacks (ffn_model.sharded): FP32 master weights cast to BF16 before the FSDP gather, the
@@ -37,7 +38,7 @@ gradient reduced in BF16 and then cast to FP32; the router in FP32 (Switch secti
 
 MoEStack: L layers x = x + MoE(rms_norm(x)) (no attention, the test model as the FFN stack is), weights stacked over
 layers and run by one jax.lax.scan; loss = MSE to the teacher's target (ffn_model.task) + Σ_layers aux loss.
-make_train_step: value_and_grad and optax AdamW (ffn_model.train.make_optimizer).
+make_train_step: value_and_grad of stack_loss and optax AdamW (ffn_model.train.make_optimizer).
 """
 
 from __future__ import annotations
@@ -48,19 +49,23 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ffn_model.sharded import COMPUTE_DTYPE, constrain, gather_bf16, init_normal, param
-from ffn_model.train import module_state_shardings
+from ffn_model import transformer as tf
+from ffn_model.sharded import COMPUTE_DTYPE, constrain, gather_bf16, init_normal, loop_checkpoint, param
+from ffn_model.state import module_state_shardings
+from ffn_model.task import mse
 from ffn_model.transformer import rms_norm
-from mesh.rules import logical_to_spec
+from mesh.rules import logical_to_spec, tokens_over
 from scaling.moe import MoESpec
+from scaling.workload import Workload
 
 X_AXES = ("moe_batch", None, "act_embed")  # x [B, T, D] between layers, and the groups x [G, S, D]
 MASK_AXES = ("moe_batch", None, None, None)  # dispatch mask, combine weights [G, S, E, C]
 GROUPED_AXES = ("moe_batch", None, None, "act_embed")  # x and y [G, E, C, D] on the devices of their groups
-DISPATCHED_AXES = ("batch", "exp", None, "act_embed")  # x and y [G, E, C, D]: E over expert, G over data, fsdp
-HIDDEN_AXES = ("batch", "exp", None, "mlp")  # the experts' hidden [G, E, C, F_e]
+DISPATCHED_AXES = ("expert_groups", "exp", None, "act_embed")  # x and y [G, E, C, D]: E over expert, G over data, fsdp
+HIDDEN_AXES = ("expert_groups", "exp", None, "mlp")  # the experts' hidden [G, E, C, F_e]
 ROUTER_AXES = ("layers", None, None)  # W_router [L, D, E], FP32, replicated (D·E values per layer)
 EXPERT_AXES = ("layers", "exp", "mlp", "embed")  # W_in, W_gate, W_out [L, E, F_e, D]
 SHARED_AXES = ("layers", "mlp", "embed")  # the shared experts' W_in, W_gate, W_out [L, F_e·shared, D]
@@ -95,9 +100,10 @@ def route(h_TxD, w_router_DxE, spec: MoESpec):
     else:
         scores = jax.nn.sigmoid(logits)
         probs = scores / jnp.sum(scores, axis=-1, keepdims=True)
+    scores = checkpoint_name(scores, "router_probs")  # remat none keeps them (MOE_SAVED)
     top, ids = top_k(constrain(scores, ("moe_batch", None)), k)
     gates = top / jnp.sum(top, axis=-1, keepdims=True)
-    f = jnp.sum(jax.nn.one_hot(ids, E, dtype=jnp.float32), axis=(0, 1)) / (T * k)
+    f = checkpoint_name(jnp.sum(jax.nn.one_hot(ids, E, dtype=jnp.float32), axis=(0, 1)) / (T * k), "router_load")
     aux = spec.aux_loss_weight * E * jnp.sum(f * jnp.mean(probs, axis=0))
     return gates, ids.astype(jnp.int32), aux
 
@@ -136,8 +142,11 @@ def dispatch_combine(gates_SxK, ids_SxK, experts: int, C: int):
     slot = (jnp.cumsum(ranked, axis=0) - 1).reshape(k, S, experts).transpose(1, 0, 2)
     slot_SxK = jnp.sum(slot * mask_SxKxE, axis=-1)
     at_SxKxC = jax.nn.one_hot(slot_SxK, C, dtype=jnp.float32)  # all zero where slot >= C: dropped
-    dispatch = jnp.einsum("ske,skc->sec", mask_SxKxE.astype(jnp.float32), at_SxKxC) > 0
-    combine = jnp.einsum("sk,ske,skc->sec", gates_SxK, mask_SxKxE.astype(jnp.float32), at_SxKxC)
+    # the k choices' [S, E, C] terms added one by one (elementwise, fused: no [S, k, E, C] array, and no dot past the
+    # two that carry D, whose FLOPs are the closed form's dispatch term, scaling.moe.step_flops)
+    pairs = [mask_SxKxE[:, j, :, None].astype(jnp.float32) * at_SxKxC[:, j, None, :] for j in range(k)]
+    dispatch = sum(pairs) > 0
+    combine = sum(gates_SxK[:, j, None, None] * p for j, p in enumerate(pairs))
     return dispatch, combine
 
 
@@ -153,12 +162,14 @@ def _activate(u, g, kind: str):
 
 def experts_mlp(x_GxExCxD, w: dict, kind: str):
     """The E experts on their dispatched tokens: y[g,e,c] = act(x[g,e,c]·W_in[e]^T (, ·W_gate[e]^T))·W_out[e], the
-    stacked weights [E, F_e, D] (BF16, gathered over fsdp); the hidden split F_e over tensor, the output a partial sum
-    over tensor."""
-    u = constrain(jnp.einsum("gecd,efd->gecf", x_GxExCxD, gather_bf16(w["w_in"], EXPERT_AXES[1:])), HIDDEN_AXES)
-    g = None
-    if kind == "swiglu":
-        g = constrain(jnp.einsum("gecd,efd->gecf", x_GxExCxD, gather_bf16(w["w_gate"], EXPERT_AXES[1:])), HIDDEN_AXES)
+    stacked weights [E, F_e, D] (BF16, gathered over fsdp); W_in and W_gate as one [2, E, F_e, D] matmul (one partial
+    sum over tensor for the input gradient, as ffn_model.transformer.mlp); the hidden split F_e over tensor (named
+    mlp_in, mlp_gate: remat none keeps them), the output a partial sum over tensor."""
+    names = ["w_in", "w_gate"] if kind == "swiglu" else ["w_in"]
+    w_in = jnp.stack([gather_bf16(w[n], EXPERT_AXES[1:]) for n in names])
+    ug = jnp.einsum("gecd,xefd->xgecf", x_GxExCxD, w_in)
+    u = checkpoint_name(constrain(ug[0], HIDDEN_AXES), "mlp_in")
+    g = checkpoint_name(constrain(ug[1], HIDDEN_AXES), "mlp_gate") if kind == "swiglu" else None
     return jnp.einsum("gecf,efd->gecd", _activate(u, g, kind), gather_bf16(w["w_out"], EXPERT_AXES[1:]))
 
 
@@ -176,8 +187,9 @@ def capacity_moe(h_NxD, gates_NxK, ids_NxK, w: dict, spec: MoESpec, kind: str, g
     dispatch, combine = constrain(dispatch, MASK_AXES), constrain(combine, MASK_AXES)
     # each device dispatches its own groups (a selection: exact in BF16), then E goes over expert: the all-to-all
     x = constrain(jnp.einsum("gsec,gsd->gecd", dispatch.astype(COMPUTE_DTYPE), x_GxSxD), GROUPED_AXES)
-    y = experts_mlp(constrain(x, DISPATCHED_AXES), w, kind)
-    y = constrain(constrain(y, DISPATCHED_AXES), GROUPED_AXES)  # summed over tensor, then back to the groups' devices
+    y = experts_mlp(checkpoint_name(constrain(x, DISPATCHED_AXES), "moe_in"), w, kind)
+    # summed over tensor, then back to the groups' devices
+    y = checkpoint_name(constrain(constrain(y, DISPATCHED_AXES), GROUPED_AXES), "moe_out")
     out = jnp.einsum("gsec,gecd->gsd", combine.astype(COMPUTE_DTYPE), y, preferred_element_type=jnp.float32)
     return constrain(out.astype(COMPUTE_DTYPE), X_AXES).reshape(N, D)
 
@@ -220,10 +232,11 @@ def _dropless_local(h_SxD, gates_SxK, ids_SxK, ws: dict, kind: str, weights_dtyp
     sizes = jnp.bincount(key, length=E_l + 1)[:E_l].astype(jnp.int32)
     # the row gathers in FP32 (BF16 values): their transposes are scatter-adds, which XLA:CPU crashes on in BF16 inside
     # a shard_map under a mesh (their reduction body holds a copy: "Invalid binary instruction opcode copy")
-    x = h_SxD.astype(jnp.float32)[order // k].astype(COMPUTE_DTYPE)  # [S·k, D], grouped by expert
-    u = jax.lax.ragged_dot(x, ws["w_in"], sizes)
-    g = jax.lax.ragged_dot(x, ws["w_gate"], sizes) if kind == "swiglu" else None
-    y = jax.lax.ragged_dot(_activate(u, g, kind), ws["w_out"], sizes)  # [S·k, D], sorted; rows past the groups: gate 0
+    x = checkpoint_name(h_SxD.astype(jnp.float32)[order // k].astype(COMPUTE_DTYPE), "moe_in")  # [S·k, D], by expert
+    u = checkpoint_name(jax.lax.ragged_dot(x, ws["w_in"], sizes), "mlp_in")
+    g = checkpoint_name(jax.lax.ragged_dot(x, ws["w_gate"], sizes), "mlp_gate") if kind == "swiglu" else None
+    # [S·k, D], sorted; rows past the groups: gate 0
+    y = checkpoint_name(jax.lax.ragged_dot(_activate(u, g, kind), ws["w_out"], sizes), "moe_out")
     y_SxKxD = y.astype(jnp.float32)[jnp.argsort(order)].reshape(S, k, D)  # pair order
     gates_SxK = jnp.where(mine_SxK, gates_SxK, 0.0).astype(COMPUTE_DTYPE).astype(jnp.float32)
     out = jnp.einsum("sk,skd->sd", gates_SxK, y_SxKxD)  # the gates rounded to BF16 as the capacity form's combine
@@ -245,6 +258,10 @@ def dropless_moe(h_NxD, gates_NxK, ids_NxK, w: dict, kind: str):
         if n in ws:
             ws[n] = jnp.swapaxes(ws[n], 1, 2)
     mesh = jax.sharding.get_abstract_mesh()
+    if (mesh.abstract_device.platform if not mesh.empty and mesh.abstract_device else jax.default_backend()) == "tpu":
+        raise ValueError("the dropless MoE layer (jax.lax.ragged_dot in a shard_map) does not compile for TPUs here "
+                         "(libtpu 0.0.42.1 stops on an internal check, and without an expert axis lowers the ragged "
+                         "matmul densely): give a capacity factor (--capacity-factor 1.25, GShard's dispatch)")
     spec = PartitionSpec() if mesh.empty else logical_to_spec(("moe_batch", None))
     split = set() if spec == PartitionSpec() or spec[0] is None else {spec[0]} if isinstance(spec[0], str) else set(
         spec[0])
@@ -262,16 +279,8 @@ def dropless_moe(h_NxD, gates_NxK, ids_NxK, w: dict, kind: str):
     return constrain(out, ("moe_batch", "act_embed"))
 
 
-def shared_mlp(h_NxD, w: dict, kind: str):
-    """The shared experts as one MLP of F_e·shared_experts (DeepSeekMoE section 3.2):
-    act(h·W_in^T (, h·W_gate^T))·W_out, the hidden split over tensor."""
-    u = h_NxD @ gather_bf16(w["shared_in"], SHARED_AXES[1:]).T
-    g = h_NxD @ gather_bf16(w["shared_gate"], SHARED_AXES[1:]).T if kind == "swiglu" else None
-    return _activate(u, g, kind) @ gather_bf16(w["shared_out"], SHARED_AXES[1:])
-
-
 def default_groups() -> int:
-    """GShard's groups on the current mesh: one per batch shard (data·fsdp·expert), 1 without a mesh."""
+    """The batch shards of the current mesh (data·fsdp·expert; 1 without a mesh): the groups must be a multiple."""
     return shards("moe_batch")
 
 
@@ -279,13 +288,13 @@ def moe_layer(h_BxTxD, w: dict, spec: MoESpec, kind: str = "swiglu", groups: int
     """(MoE(h) [B, T, D] BF16, aux loss FP32) of one layer's weights ``w`` (router, w_in, w_gate, w_out, shared_*):
     route over every token of the batch (route), then the capacity or the dropless form (module docstring), plus the
     shared experts. ``groups``: G, the capacity form's groups (each with its own capacity; the dropless form's result
-    does not depend on them); default one per batch shard; it must divide B·T and be a multiple of the batch shards
-    (ValueError naming both)."""
+    does not depend on them); default one per sequence, B (MaxText's capacity per sequence; scaling.moe's
+    expert_capacity); it must divide B·T and be a multiple of the batch shards (ValueError naming both)."""
     B, T, D = h_BxTxD.shape
     N = B * T
     h_NxD = h_BxTxD.reshape(N, D)
     gates, ids, aux = route(h_NxD, w["router"], spec)
-    G = groups or default_groups()
+    G = groups or B
     if N % G or G % default_groups():
         raise ValueError(f"groups={G} must divide the {N} tokens of the batch and be a multiple of the "
                          f"{default_groups()} batch shards (data·fsdp·expert)")
@@ -293,8 +302,9 @@ def moe_layer(h_BxTxD, w: dict, spec: MoESpec, kind: str = "swiglu", groups: int
         out = dropless_moe(h_NxD, gates, ids, w, kind)
     else:
         out = capacity_moe(h_NxD, gates, ids, w, spec, kind, G)
-    if spec.shared_experts:
-        out = out + shared_mlp(h_NxD, w, kind)
+    if spec.shared_experts:  # one MLP of F_e·S_sh (DeepSeekMoE section 3.2), ffn_model.transformer's
+        out = out + tf.mlp(h_BxTxD, {"w_in": w["shared_in"], "w_gate": w.get("shared_gate"),
+                                     "w_out": w["shared_out"]}, kind).reshape(N, D)
     return constrain(out.reshape(B, T, D), X_AXES), aux
 
 
@@ -351,7 +361,7 @@ class MoEStack(nnx.Module):
         return x, aux
 
 
-def loss(model: MoEStack, batch):
+def stack_loss(model: MoEStack, batch):
     """MSE in FP32 of the stack's output against the target y (as ffn_model.task.mse, over every element) plus the
     layers' aux losses (Switch eq. 4 summed over layers)."""
     pred, aux = model(batch["x"])
@@ -367,7 +377,7 @@ def batch_sharding(mesh) -> NamedSharding:
 
 
 def init_state(model_fn, mesh, tx):
-    """The train state, created in its shardings (ffn_model.train.module_state_shardings) by one jitted init."""
+    """The train state, created in its shardings (ffn_model.state.module_state_shardings) by one jitted init."""
     _, shardings = module_state_shardings(model_fn, mesh, tx)
 
     @functools.partial(jax.jit, out_shardings=shardings)
@@ -387,8 +397,155 @@ def make_train_step(model_fn, mesh, tx):
     _, shardings = module_state_shardings(model_fn, mesh, tx)
 
     def step(state, batch):
-        value, grads = jax.value_and_grad(lambda p: loss(nnx.merge(graphdef, p), batch))(state["params"])
+        with tokens_over("moe_batch"):  # the tokens over data, fsdp and expert (mesh.rules.BATCH_AXIS)
+            value, grads = jax.value_and_grad(lambda p: stack_loss(nnx.merge(graphdef, p), batch))(state["params"])
         updates, opt = tx.update(grads, state["opt"], state["params"])
         return {"params": optax.apply_updates(state["params"], updates), "opt": opt}, value
 
     return jax.jit(step, donate_argnums=(0,), out_shardings=(shardings, NamedSharding(mesh, PartitionSpec())))
+
+
+# ------------------------------------------------------------------------------------- the MoE transformer (family)
+# The program of scaling.moe.MoEConfig (ffn_model.families: "moe"): the base transformer's layers
+# (ffn_model.transformer) with the MLP of its MoE layers (MoESpec.is_moe) replaced by moe_layer. Its step is traced
+# with "batch" read as "moe_batch" (mesh.rules.tokens_over, MoEConfig.batch_axis): attention, the dense MLPs, the
+# vocabulary and the loss see each device's B/(d·X·Ex) tokens, as scaling.moe's closed forms fold the expert axis
+# into data.
+
+# What remat "none" keeps of an MoE layer (jax.checkpoint save_only_these_names; scaling.moe._saved counts them): the
+# transformer's (ffn_model.transformer.SAVED: the norms, q, k, v, the attention's residuals, mid, and as mlp_in,
+# mlp_gate the experts' hidden), the router's probabilities, the experts' input and output buffers (moe_in, moe_out),
+# (as mlp_in, mlp_gate) the shared experts' hidden, and the experts' load f_e [E] (its sum over the tokens not made
+# again). The gathered weights are gathered again for the backward; the dispatch and combine masks recomputed from the
+# probabilities (elementwise).
+MOE_SAVED = (*tf.SAVED, "router_probs", "router_load", "moe_in", "moe_out")
+MOE_NAMES = {"router": "router", "expert_in": "w_in", "expert_gate": "w_gate", "expert_out": "w_out",
+             "shared_in": "shared_in", "shared_gate": "shared_gate", "shared_out": "shared_out"}  # stored: moe_layer's
+
+
+def layer_plan(spec: MoESpec, blocks: int) -> tuple[int, int, int, int]:
+    """(first, groups, every, rest): the layers as MoESpec.is_moe orders them: ``first`` dense layers, then ``groups``
+    groups of ``every`` layers (every − 1 dense, then one MoE), then ``rest`` dense layers."""
+    q, r = divmod(blocks - spec.first_dense, spec.moe_every)
+    return spec.first_dense, q, spec.moe_every, r
+
+
+def moe_block(x_BxTxD, w: dict, schedule, spec: MoESpec, kind: str, groups: int | None = None):
+    """One pre-norm MoE layer: x = x + attention(RMSNorm(x))·W_o (ffn_model.transformer.attention_sublayer), then
+    x + MoE(RMSNorm(x)) (moe_layer). Returns (x, aux loss)."""
+    x = checkpoint_name(constrain(x_BxTxD, tf.X_AXES), "layer_input")
+    x = tf.attention_sublayer(x, checkpoint_name(constrain(rms_norm(x), tf.X_AXES), "norm1"), w, schedule)
+    y, aux = moe_layer(checkpoint_name(rms_norm(x), "norm2"), {MOE_NAMES.get(n, n): a for n, a in w.items()}, spec,
+                       kind, groups)
+    return constrain(x + y, tf.X_AXES), aux
+
+
+class MoETransformer(nnx.Module):
+    """The MoE transformer of a Workload of scaling.moe.MoEConfig: parameters FP32 with their logical axes, stacked
+    over the layers of their kind: attention's W_q, W_k, W_v, W_o [L, ...] (ffn_model.transformer's axes), the dense
+    layers' MLP [L_dense, F, D] (stored dense_in, dense_gate, dense_out), the MoE layers' router, experts and shared
+    experts [L_moe, ...] (MoEStack's axes and initialisation), the embeddings with a vocabulary. Serial blocks and
+    global attention only (a ValueError otherwise)."""
+
+    def __init__(self, w: Workload, *, rngs: nnx.Rngs):
+        cfg = w.model
+        base, spec = cfg.base, cfg.moe
+        if base.block != "serial" or any(x is not None for x in base.layer_windows):
+            raise ValueError("the MoE transformer is built with serial blocks and global attention")
+        D, N, K, H, F, L = base.d_model, base.heads, base.kv_heads, base.head_dim, base.d_ff, base.blocks
+        E, Fe, Lm, Ld = spec.experts, spec.expert_d_ff, cfg.moe_layers, cfg.dense_layers
+        Fs, gated = Fe * spec.shared_experts, base.mlp == "swiglu"
+        self.schedule, self.remat, self.spec, self.kind, self.vocab = w.schedule, w.remat, spec, base.mlp, base.vocab
+        self.tied = base.tied_embeddings
+        shapes = {"wq": ((L, N, H, D), D, tf.WQ_AXES), "wk": ((L, K, H, D), D, tf.WKV_AXES),
+                  "wv": ((L, K, H, D), D, tf.WKV_AXES), "wo": ((L, N, H, D), N * H, tf.WQ_AXES),
+                  "router": ((Lm, D, E), D, ROUTER_AXES), "expert_in": ((Lm, E, Fe, D), D, EXPERT_AXES),
+                  "expert_gate": ((Lm, E, Fe, D), D, EXPERT_AXES), "expert_out": ((Lm, E, Fe, D), Fe, EXPERT_AXES)}
+        if Fs:
+            shapes |= {"shared_in": ((Lm, Fs, D), D, SHARED_AXES), "shared_gate": ((Lm, Fs, D), D, SHARED_AXES),
+                       "shared_out": ((Lm, Fs, D), Fs, SHARED_AXES)}
+        if Ld:
+            shapes |= {"dense_in": ((Ld, F, D), D, tf.W_MLP_AXES), "dense_gate": ((Ld, F, D), D, tf.W_MLP_AXES),
+                       "dense_out": ((Ld, F, D), F, tf.W_MLP_AXES)}
+        if base.vocab is not None:  # E, U ~ N(0, 1/D) as the transformer's
+            shapes["embedding"] = ((base.vocab, D), D, tf.VOCAB_AXES)
+            if not base.tied_embeddings:
+                shapes["unembedding"] = ((base.vocab, D), D, tf.VOCAB_AXES)
+        self.names = tuple(n for n in shapes if gated or not n.endswith("_gate"))
+        for n in self.names:
+            shape, fan_in, axes = shapes[n]
+            setattr(self, n, param(init_normal(rngs.params(), shape, fan_in), axes))
+
+    def _stacks(self):
+        """(attention [L], dense MLP [L_dense] under the transformer's names, MoE [L_moe]) weight dicts."""
+        get = lambda prefix: {n: getattr(self, n)[...] for n in self.names if n.startswith(prefix)}  # noqa: E731
+        attn = {n: getattr(self, n)[...] for n in ("wq", "wk", "wv", "wo")}
+        dense = {n.replace("dense", "w"): a for n, a in get("dense_").items()}
+        moe = {n: getattr(self, n)[...] for n in self.names if n in MOE_NAMES}
+        return attn, dense, moe
+
+    def __call__(self, x):
+        """x: token vectors [B, T, D] (or ids [B, T] with a vocabulary) -> (output [B, T, D] or logits [B, T, V],
+        Σ aux loss): layer_plan's dense runs (ffn_model.transformer.stack_forward: one scan each) and MoE groups (one
+        scan over the groups, each its every − 1 dense layers and then its MoE layer under jax.checkpoint: remat
+        "none" keeps MOE_SAVED, "full" the layer's input only)."""
+        attn, dense, moe = self._stacks()
+        first, q, every, rest = layer_plan(self.spec, len(attn["wq"]))
+        if self.vocab is None:
+            x = x.astype(COMPUTE_DTYPE)
+        else:
+            x, e = tf.embed(x, self.embedding[...], self.schedule, self.tied)
+        dense_run = lambda x, a, b, lo, hi: tf.stack_forward(  # noqa: E731 (attention layers a..b, dense MLPs lo..hi)
+            x, {**{n: v[a:b] for n, v in attn.items()}, **{n: v[lo:hi] for n, v in dense.items()}}, self.schedule,
+            self.remat, self.kind)
+        if first:
+            x = dense_run(x, 0, first, 0, first)
+        block = functools.partial(moe_block, schedule=self.schedule, spec=self.spec, kind=self.kind)
+        saves = MOE_SAVED if self.remat == "none" else ()
+        block = loop_checkpoint(block, jax.checkpoint_policies.save_only_these_names(*saves), q)
+
+        def group(carry, ws):
+            x, aux = carry
+            a, d, m = ws
+            for i in range(every - 1):  # the group's dense layers, unrolled
+                x = tf.stack_forward(x, {**{n: v[i:i + 1] for n, v in a.items()},
+                                         **{n: v[i:i + 1] for n, v in d.items()}}, self.schedule, self.remat, self.kind)
+            x, a_ = block(x, {**{n: v[every - 1] for n, v in a.items()}, **m})
+            return (x, aux + a_), None
+
+        g_attn = {n: v[first:first + q * every].reshape(q, every, *v.shape[1:]) for n, v in attn.items()}
+        g_dense = {n: v[first:first + q * (every - 1)].reshape(q, every - 1, *v.shape[1:]) for n, v in dense.items()}
+        (x, aux), _ = jax.lax.scan(group, (x, jnp.zeros((), jnp.float32)), (g_attn, g_dense, moe))
+        if rest:
+            L, Ld = len(attn["wq"]), first + q * (every - 1) + rest
+            x = dense_run(x, L - rest, L, Ld - rest, Ld)
+        if self.vocab is None:
+            return x, aux
+        return tf.output_logits(x, e if self.tied else self.unembedding[...], self.schedule), aux
+
+
+# The family's program (ffn_model.families): the functions the train step asks of a model family.
+
+
+def build(w: Workload, seed: int = 0) -> MoETransformer:
+    """The MoE transformer of ``w`` (MoETransformer), its parameters drawn from ``seed`` (init_normal)."""
+    return MoETransformer(w, rngs=nnx.Rngs(seed))
+
+
+input_layout = tf.input_layout  # the transformer's batch: sequences [B/T, T, D] or ids [B/T, T] ("batch": moe_batch)
+batch_dtypes = tf.batch_dtypes
+synthetic_batch = tf.synthetic_batch
+
+
+def loss(model: MoETransformer, batch):
+    """The transformer's loss on one batch (the MSE of its output, or with a vocabulary the cross-entropy of its
+    logits: ffn_model.transformer) plus the MoE layers' aux losses (Switch eq. 4 summed over layers)."""
+    out, aux = model(batch["x"])
+    if model.vocab is not None:
+        return tf.cross_entropy(out, batch["y"]) + aux
+    return mse(out, batch["y"], tf.X_AXES) + aux
+
+
+def pipeline_loss_fn(w: Workload, mesh, for_grad: bool = True):
+    """Stages are not built for the MoE transformer (scaling.moe refuses stage > 1 where the Workload is built)."""
+    raise ValueError("pipeline stages are not built for the MoE transformer (stage=1)")

@@ -37,8 +37,9 @@ from ffn_model import checkpoint as ckpt
 from ffn_model.families import program
 from ffn_model.pipeline import accumulate
 from ffn_model import zero1
+from ffn_model.state import module_state_shardings
 from mesh.devices import mesh_shape
-from mesh.rules import logical_to_spec
+from mesh.rules import logical_to_spec, tokens_over
 from scaling.inputs import check_seed, positive_float, positive_int
 from scaling.sharding import shards
 from scaling.workload import Workload
@@ -79,26 +80,6 @@ def state_shardings(w: Workload, mesh, tx=None):
     return module_state_shardings(_model(w), mesh, tx or make_optimizer(), zero1_layout=_zero1(w))
 
 
-def module_state_shardings(model_fn, mesh, tx, zero1_layout: bool = False):
-    """(abstract state with shardings, state shardings) of {"params", "opt"} for the module ``model_fn()`` builds:
-    ShapeDtypeStructs carrying NamedShardings for every leaf. The parameters' come from their logical axes through
-    flax (nnx.get_abstract_model on ``mesh``); Adam's mu and nu follow their parameter (split over data too under
-    ZeRO-1: a flat buffer split over data, ffn_model.zero1.opt_layout), the step count is replicated."""
-    _, abs_state = nnx.get_abstract_model(model_fn, mesh)
-    params = nnx.to_pure_dict(nnx.state(abs_state, nnx.Param))
-    opt = jax.eval_shape(tx.init, params)
-    pshard = jax.tree.map(lambda a: a.sharding, params)
-    if zero1_layout:  # ZeRO-1: one flat buffer per device, its slice (ffn_model.zero1.opt_layout)
-        opt, oshard = zero1.opt_layout(tx, mesh, params, pshard)
-    else:
-        oshard = optax.tree_map_params(tx, lambda _, s: s, opt, pshard,
-                                       transform_non_params=lambda _: NamedSharding(mesh, PartitionSpec()))
-    shardings = {"params": pshard, "opt": oshard}
-    abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                            {"params": params, "opt": opt}, shardings)
-    return abstract, shardings
-
-
 def init_state(w: Workload, mesh, seed: int = 0, tx=None):
     """The train state of ``w``, created directly in its shardings (state_shardings: no device holds a full
     weight), the parameters drawn from ``seed``."""
@@ -119,7 +100,8 @@ def init_state(w: Workload, mesh, seed: int = 0, tx=None):
 
 def batch_shardings(w: Workload, mesh) -> dict:
     """{"x", "y"}: NamedShardings of a batch on ``mesh``, from its logical axes (input_layout)."""
-    s = NamedSharding(mesh, logical_to_spec(input_layout(w)[1]))
+    with tokens_over(w.model.batch_axis):
+        s = NamedSharding(mesh, logical_to_spec(input_layout(w)[1]))
     return {"x": s, "y": s}
 
 
@@ -176,7 +158,7 @@ def make_train_step(w: Workload, mesh, tx=None):
     local = zero1.data_shard_workload(w) if flat else w  # inside zero1's shard_map: one data shard's program
     _, shardings = state_shardings(w, mesh, tx)
     accumulating = schedule.microbatches > 1 and w.mesh["stage"] == 1
-    batch_shards = shards(local.mesh, "batch")
+    batch_shards = shards(local.mesh, w.model.batch_axis)
 
     # built outside the step (flax builds the stack's graph under jax.set_mesh); a pipeline's loss under ZeRO-1 inside
     # its shard_map, on the mesh there (abstract, manual over data), which the pipeline's own shard_maps take
@@ -199,7 +181,8 @@ def make_train_step(w: Workload, mesh, tx=None):
         update = zero1.flat_update(tx, mesh, shardings["params"], shardings["opt"])
 
     def step(state, batch):
-        loss, grads = grads_of(state["params"], batch)
+        with tokens_over(w.model.batch_axis):  # the family's "batch" (mesh.rules.BATCH_AXIS) in its trace
+            loss, grads = grads_of(state["params"], batch)
         if flat:
             params, opt = update(state["params"], grads, state["opt"])
             return {"params": params, "opt": opt}, loss
@@ -213,7 +196,13 @@ def make_train_step(w: Workload, mesh, tx=None):
 def make_forward_step(w: Workload, mesh):
     """(params, batch) -> loss: the forward pass only (no gradients; loss_fn with ``for_grad=False``), with the
     workload's XLA flags (compiler_options); call it with ``mesh`` set."""
-    return jax.jit(loss_fn(w, mesh, for_grad=False), out_shardings=NamedSharding(mesh, PartitionSpec()),
+    loss = loss_fn(w, mesh, for_grad=False)
+
+    def forward(params, batch):
+        with tokens_over(w.model.batch_axis):  # the family's "batch" (mesh.rules.BATCH_AXIS) in its trace
+            return loss(params, batch)
+
+    return jax.jit(forward, out_shardings=NamedSharding(mesh, PartitionSpec()),
                    compiler_options=compiler_options(w, mesh))
 
 

@@ -288,11 +288,18 @@ def layer(x_BxTxD, w: dict, schedule: Schedule, mlp_kind: str = "gelu", block: s
     h = to_matmul(rms_norm(x), "norm1")
     if block == "parallel":
         return x + from_matmul(parallel_branches(h, w, schedule, mlp_kind, window))
-    q, k, v = qkv_projection(h, w["wq"], w["wk"], w["wv"])
+    x = attention_sublayer(x, h, w, schedule, window, from_matmul)
+    return x + checkpoint_name(from_matmul(mlp(to_matmul(rms_norm(x), "norm2"), w, mlp_kind)), "mlp_out")
+
+
+def attention_sublayer(x_BxTxD, h_BxTxD, w: dict, schedule: Schedule, window=None, from_matmul=None):
+    """x + attention(h)·W_o, named "mid": q, k, v of the norm's output h (qkv_projection), the causal attention, the
+    output projection's partial sums over tensor reduced by ``from_matmul`` (default: all-reduced to X_AXES)."""
+    from_matmul = from_matmul or (lambda y: constrain(y, X_AXES))
+    q, k, v = qkv_projection(h_BxTxD, w["wq"], w["wk"], w["wv"])
     o = checkpoint_name(constrain(attention(q, k, v, schedule, window), Q_AXES), "attn_out")
     attn = jnp.einsum("btnh,nhd->btd", o, _gather(w["wo"], WQ_AXES))
-    x = checkpoint_name(x + checkpoint_name(from_matmul(attn), "attn_proj"), "mid")
-    return x + checkpoint_name(from_matmul(mlp(to_matmul(rms_norm(x), "norm2"), w, mlp_kind)), "mlp_out")
+    return checkpoint_name(x_BxTxD + checkpoint_name(from_matmul(attn), "attn_proj"), "mid")
 
 
 GLOBAL_WINDOW = 2 ** 30  # a global layer among local ones: a window no sequence reaches

@@ -93,9 +93,12 @@ def plan_choices(args, cfg) -> planner.Choices:
                 raise ValueError(f"--{k.replace('_', '-')} {'on' if getattr(args, k) is True else getattr(args, k)}: "
                                  f"the {cfg.noun}'s plan tries microbatches and repeats only (a transformer's plan "
                                  "tries it; predict takes it), so no plan has it")
-        return planner.Choices.of(cfg, args.remat)
+        if not cfg.has_attention:
+            return planner.Choices.of(cfg, args.remat)
     args.attention_given = args.attention not in (None, "auto")  # a choice the user made (the refusal lists those)
     args.attention = chip_attention(args)  # the chip's kernel, said (and --attention's filter below matches it)
+    if not cfg.grouped_plan:  # a family with attention planned one mesh a group (the MoE transformer's): the chip's
+        return planner.Choices.of(cfg, args.remat, attention=args.attention)
     return planner.Choices.of(cfg, args.remat, args.pipeline, args.attention, args.context_strategy,
                               args.sequence_parallel, args.optimizer_sharding)
 
@@ -307,9 +310,13 @@ def print_header(args, cfg, plans, target, flags, choices, seconds: float) -> No
     transformer = cfg.has_attention
     other = "max" if args.form == "sum" else "sum"
     slices = plans[0].slices
-    tried = (f"remat {', '.join(choices.remats)}" if not transformer else
-             f"schedule, remat ({', '.join(choices.remats)}), attention ({', '.join(choices.attentions)}), context "
-             f"strategy, sequence parallelism and optimizer sharding ({', '.join(choices.optimizer_sharding)})")
+    options, axes = cfg.schedule_options, planner.plan_axes(cfg)  # what the family's plan chooses
+    tried = (f"remat {', '.join(choices.remats)}" if not transformer else ", ".join(
+        (["schedule"] if "stage" in axes else []) + [f"remat ({', '.join(choices.remats)})",
+                                                    f"attention ({', '.join(choices.attentions)})"]
+        + (["context strategy"] if "context" in options and "context" in axes else [])
+        + (["sequence parallelism", f"optimizer sharding ({', '.join(choices.optimizer_sharding)})"]
+           if "optimizer_sharding" in options else [])))
     say(f"{len(plans)} meshes of {where} fit {budget / 1e9:.4g} GB per device, each with its best microbatch count "
           f"(of 1 to {args.max_microbatches}), repeats and {tried}; B = {args.batch_tokens:,} tokens "
           f"({seconds * 1e3:.1f} ms)"
@@ -335,7 +342,7 @@ def print_header(args, cfg, plans, target, flags, choices, seconds: float) -> No
           "bubble s: T_math of the bubble iterations."
           + (" sched: the pipeline schedule (gpipe, circular, 1f1b; 1F1B's bubble 2(S-1)/M, interleaved "
              "(R*S+S-2)/(R*M)); SP: sequence parallelism; ctx: the context strategy (with a context axis); "
-             "no critical batch is modelled for the transformer." if transformer else
+             f"no critical batch is modelled for the {cfg.noun}." if transformer else
              f" crit B: the global batch above which the {planner.crit_form(args.form)} form is compute bound "
              "(never: no batch makes it so on that mesh; the scheduled form's exposed collectives follow the flags' "
              "schedule, so it has no threshold of its own)."))
@@ -366,6 +373,8 @@ def print_plans(args, cfg, plans, asked: str = "") -> None:
             print(f"Best {label}" + (f": bubble {r.bubble:.1%} of the ideal step, "
                                      f"{r.bubble_seconds:.3f} s" if staged else "") + " (# is the rank)")
             print(next(rest))
+        elif staged and "stage" not in planner.plan_axes(cfg):
+            print(f"No plan {label}: pipeline stages are not built for the {cfg.noun}")
         else:
             print(f"No plan {label} fits" + (f" with {asked}" if asked else ""))
 

@@ -9,6 +9,7 @@ table strict (an axis without a rule is an error), and the model calls it for ev
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 
 from scaling.sharding import H_AXES, LOGICAL_RULES, W_IN_AXES, W_OUT_AXES, X_AXES, mesh_axes  # noqa: F401
@@ -33,12 +34,32 @@ def check_logical(logical: tuple[str | None, ...]) -> tuple[str | None, ...]:
 VMAPPED_AXES = contextvars.ContextVar("vmapped_axes", default=frozenset())
 
 
+# The logical axis a model family's tokens take where its program says "batch" (ModelFamily.batch_axis): "batch"
+# (data, fsdp), or an MoE model's "moe_batch" (data, fsdp, expert: outside the experts the expert axis splits the
+# tokens as data does), set while its step is traced (tokens_over).
+BATCH_AXIS = contextvars.ContextVar("batch_axis", default="batch")
+
+
+@contextlib.contextmanager
+def tokens_over(logical: str):
+    """While tracing a family's program: its "batch" is the table's ``logical`` (BATCH_AXIS)."""
+    token = BATCH_AXIS.set(logical)
+    try:
+        yield
+    finally:
+        BATCH_AXIS.reset(token)
+
+
 def logical_to_spec(logical: tuple[str | None, ...]):
-    """jax.sharding.PartitionSpec for a tuple of logical axis names, through the table; inside jax.shard_map the
-    mesh axes it is manual over are left out (each device sees its own block of them)."""
+    """jax.sharding.PartitionSpec for a tuple of logical axis names, through the table ("batch" read as the traced
+    family's BATCH_AXIS); inside jax.shard_map the mesh axes it is manual over are left out (each device sees its
+    own block of them)."""
     import jax
     from jax.sharding import PartitionSpec
 
+    batch = BATCH_AXIS.get()
+    if batch != "batch":
+        logical = tuple(batch if a == "batch" else a for a in logical)
     manual = set(jax.sharding.get_abstract_mesh().manual_axes) | VMAPPED_AXES.get()
     return PartitionSpec(*(_spec_entry(tuple(m for m in a if m not in manual) if a else a)
                            for a in mesh_axes(logical)))

@@ -19,6 +19,7 @@ class ModelFamily(Protocol):
     noun: ClassVar[str]  # the family in a message: "FFN stack", "transformer"
     has_attention: ClassVar[bool]
     plan_batch_tokens: ClassVar[int]  # plan's default B
+    batch_axis: ClassVar[str]  # the table's logical axis its tokens take (scaling.sharding: "batch", "moe_batch")
     runs_1f1b: ClassVar[bool]  # whether its pipeline runs the 1f1b schedule (Schedule.check)
     has_critical_batch: ClassVar[bool]  # whether predict's critical_batch is modelled (else NaN)
     plan_axes: ClassVar[tuple[str, ...]]  # the mesh axes the planner factorises the chips into

@@ -41,6 +41,7 @@ class FFNConfig:
     seq_len: ClassVar[None] = None  # no sequences: a batch is B token vectors, not B/T sequences
     has_attention: ClassVar[bool] = False
     plan_batch_tokens: ClassVar[int] = 25600  # plan's default B
+    batch_axis: ClassVar[str] = "batch"
     # what the shared rules, the step model and the planner ask of a family (scaling.family.ModelFamily)
     runs_1f1b: ClassVar[bool] = False  # GPipe and circular only (ffn_model.pipeline)
     has_critical_batch: ClassVar[bool] = True  # predict's critical_batch (roofline.critical_batch_array)

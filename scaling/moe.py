@@ -5,7 +5,7 @@ by all-to-all (GShard section 3.2; MaxText's and Megatron-LM's expert parallelis
 
 MoESpec holds what an MoE model adds to a transformer's dimensions: E experts of d_ff F_e each, top-k routing
 (softmax or sigmoid gates, an auxiliary load-balancing loss), a capacity factor (GShard/Switch: each expert takes at
-most C = ceil(cf·k·t/E) of a group's t tokens, the rest dropped) or dropless routing (every routed token computed),
+most C = ceil(cf·k·T/E) of a group's T tokens, the rest dropped) or dropless routing (every routed token computed),
 optional shared experts that every token runs, and which layers are MoE (every ``moe_every``-th, after
 ``first_dense`` dense ones). MoEConfig is a transformer (scaling.transformer.TransformerConfig: attention, the dense
 layers' MLP, the vocabulary) with an MoESpec; MOE_PRESETS holds published ones.
@@ -13,9 +13,10 @@ layers' MLP, the vocabulary) with an MoESpec; MOE_PRESETS holds published ones.
 Notation (scaling.transformer's, plus): E experts, k routed per token, F_e an expert's d_ff, S_sh shared experts,
 m MLP matrices (3 for swiglu), cf the capacity factor; the mesh's ``expert`` axis Ex (mesh.get("expert", 1)), which
 splits the experts and, outside the experts, the tokens as data does (MaxText's expert axis in the activations'
-batch; GShard section 3.2: each device routes its own group of tokens). Per device t = B/(d·X·C·Ex) tokens; a
-group is a device's t tokens; s = slots per token: k dropless, cf·k with a capacity factor (every expert takes
-C = ceil(cf·k·t/E) slots of the group, padding included: E·C slots); c = 2 bytes (BF16).
+batch; GShard section 3.2: each device routes its own groups of tokens). Per device t = B/(d·X·C·Ex) tokens; a
+group is one sequence of T tokens (MaxText's capacity per sequence: t/T groups a device); s = slots per token: k
+dropless, cf·k with a capacity factor (every expert takes C = ceil(cf·k·T/E) slots of each group, padding
+included: E·C slots a group); c = 2 bytes (BF16).
 
 Closed forms, per MoE layer, per device:
   FLOPs     forward 2·D·E (router) + 2·m·D·F_e·(s + S_sh) per token (moe_flops_per_token)
@@ -49,7 +50,7 @@ from scaling.transformer import TransformerConfig
 from scaling.workload import Workload
 
 MOE_REMATS = ("none", "full")  # the remat policies the MoE family's closed forms count
-CAPACITY_FACTORS = ("dropless", "1", "1.25", "1.5", "2")  # what --capacity-factor takes
+CAPACITY_FACTORS = ("dropless", "1", "1.25", "1.5", "2")  # --capacity-factor's examples (it takes any number > 0)
 ROUTERS = ("softmax", "sigmoid")  # the gates: softmax over E then top-k (Mixtral renormalises over the k), or sigmoid
 
 
@@ -85,8 +86,8 @@ class MoESpec:
         if cf is not None and not cf > 0:
             raise ValueError(f"capacity factor {cf} must be > 0 (or none: dropless)")
         if cf is not None and cf < 1 and not self.drop_tokens:
-            raise ValueError(f"capacity factor {cf} below 1 drops tokens: allow dropping, or take a factor >= 1 "
-                             "or none (dropless)")
+            raise ValueError(f"capacity factor {cf:g} below 1 must drop tokens, and dropping is off (--keep-tokens, "
+                             "drop_tokens=False): let them drop, or take a factor >= 1 or dropless")
 
     def is_moe(self, layer: int) -> bool:
         """Whether layer ``layer`` (0-based) is an MoE layer."""
@@ -110,7 +111,7 @@ class MoESpec:
     @property
     def slots_per_token(self) -> float:
         """s: the expert slots each token fills or pads, k dropless, cf·k with capacity (GShard section 3.2: E·C
-        slots for a group of t tokens, C = cf·k·t/E before the ceiling)."""
+        slots for a group of T tokens, C = cf·k·T/E before the ceiling)."""
         return self.top_k if self.dropless else self.capacity_factor * self.top_k
 
 
@@ -128,6 +129,7 @@ class MoEConfig:
     noun: ClassVar[str] = "MoE transformer"
     has_attention: ClassVar[bool] = True
     plan_batch_tokens: ClassVar[int] = 4_194_304  # 4M tokens, as the transformer's (OLMoE trains at 4M: table 1)
+    batch_axis: ClassVar[str] = "moe_batch"  # its tokens split over expert too, outside the experts
     runs_1f1b: ClassVar[bool] = False
     has_critical_batch: ClassVar[bool] = False
     plan_axes: ClassVar[tuple[str, ...]] = tuple(a for a in MESH_AXES if a in ("data", "fsdp", "expert", "tensor"))
@@ -143,9 +145,13 @@ class MoEConfig:
         "moe_every": "every n-th layer MoE (default 1: all)", "first_dense": "dense layers before the first MoE one"}
     kinds: ClassVar[dict[str, tuple[tuple[str, ...], str]]] = {
         "mlp": TransformerConfig.kinds["mlp"],
-        "capacity_factor": (CAPACITY_FACTORS, "the experts' capacity factor cf (each takes ceil(cf·k·t/E) of a "
+        "capacity_factor": (None, f"the experts' capacity factor cf, a number > 0 ({', '.join(CAPACITY_FACTORS[1:])}: "
+                                  "each expert takes ceil(cf·k·t/E) of a "
                                               "device's t tokens), or dropless")}
-    switches: ClassVar[dict[str, str]] = {"tied_embeddings": TransformerConfig.switches["tied_embeddings"]}
+    switches: ClassVar[dict[str, str]] = {
+        "tied_embeddings": TransformerConfig.switches["tied_embeddings"],
+        "keep_tokens": "tokens past an expert's capacity are not dropped (MoESpec.drop_tokens off): a capacity factor "
+                       "below 1, which must drop some, is refused"}
     schedule_flags: ClassVar[dict[str, str]] = {"attention": "attention", "attention_block": "attention_block"}
     # the dimensions a model from flags alone needs (scaling.presets._required; the dataclass fields are base, moe)
     required: ClassVar[tuple[str, ...]] = ("d_model", "heads", "d_ff", "blocks", "seq_len", "experts", "top_k",
@@ -158,13 +164,14 @@ class MoEConfig:
     def from_fields(cls, **kw) -> "MoEConfig":
         """The MoE model of flat fields (scaling.presets.model_from_fields): the base's and the MoESpec's."""
         spec = {f.name for f in dataclasses.fields(MoESpec)}
+        kw = _keep_tokens(kw)
         moe = {k: _capacity(v) if k == "capacity_factor" else v for k, v in kw.items() if k in spec}
         return cls(TransformerConfig(**{k: v for k, v in kw.items() if k not in spec}), MoESpec(**moe))
 
     def replace(self, **kw) -> "MoEConfig":
         """A copy with the given fields (None: unchanged) set on the base or the MoESpec (capacity_factor: a
         number, its string, or "dropless")."""
-        kw = {k: v for k, v in kw.items() if v is not None}
+        kw = _keep_tokens({k: v for k, v in kw.items() if v is not None})
         spec = {f.name for f in dataclasses.fields(MoESpec)}
         moe = {k: _capacity(v) if k == "capacity_factor" else v for k, v in kw.items() if k in spec}
         base = {k: v for k, v in kw.items() if k not in spec}
@@ -377,8 +384,22 @@ def _check_axes(mesh: Mapping) -> None:
 
 
 def _capacity(v):
-    """A capacity factor from a command's string: "dropless" (or None) -> None, else the number."""
-    return None if v is None or v == "dropless" else float(v)
+    """A capacity factor from a command's string: "dropless" (or None) -> None, else the number (ValueError naming
+    the value otherwise)."""
+    if v is None or v == "dropless":
+        return None
+    try:
+        return float(v)
+    except ValueError:
+        raise ValueError(f"capacity factor {v!r}: a number > 0, or dropless") from None
+
+
+def _keep_tokens(kw: dict) -> dict:
+    """The switch keep_tokens (a command's --keep-tokens) as MoESpec's drop_tokens = not keep_tokens."""
+    kw = dict(kw)
+    if kw.pop("keep_tokens", None):
+        kw["drop_tokens"] = False
+    return kw
 
 
 def _spec(cfg) -> MoESpec:
@@ -391,20 +412,22 @@ def _spec(cfg) -> MoESpec:
 
 def tokens_per_device(cfg: MoEConfig, mesh: Mapping, batch_tokens):
     """t = B/(d·X·C·Ex): a device's tokens, the expert axis splitting them as data does outside the experts
-    (MaxText's activation batch over data, fsdp and expert; GShard section 3.2, a group per device); replicated
+    (MaxText's activation batch over data, fsdp and expert; GShard section 3.2); replicated
     over tensor (and over stage: each stage's layers see every token)."""
     d, X, C, Ex = (mesh.get(a, 1) for a in ("data", "fsdp", "context", "expert"))
     return batch_tokens / (d * X * C * Ex)
 
 
 def expert_capacity(cfg: MoEConfig, mesh: Mapping, batch_tokens):
-    """C = ceil(cf·k·t/E): the slots each expert takes from one device's group of t tokens (GShard section 3.2,
-    Switch eq. 3: expert capacity = tokens per batch / experts · capacity factor, with k routes per token); None
-    dropless."""
+    """C = ceil(cf·k·T/E): the slots each expert takes from one group, a sequence of T tokens (GShard section 3.2,
+    Switch eq. 3: expert capacity = tokens per group / experts · capacity factor, with k routes per token; MaxText's
+    groups are the sequences: a device's t tokens are t/T groups, and its dispatch einsums cost 2·T·D·E·C a group,
+    linear in t, where one group of all t would cost t²); None dropless. ``mesh`` and ``batch_tokens`` do not change
+    it (kept for the other forms' signature)."""
     m = cfg.moe
     if m.dropless:
         return None
-    return np.ceil(m.capacity_factor * m.top_k * tokens_per_device(cfg, mesh, batch_tokens) / m.experts)
+    return np.ceil(m.capacity_factor * m.top_k * cfg.seq_len / m.experts)
 
 
 def moe_flops_per_token(cfg: MoEConfig) -> float:
@@ -422,7 +445,7 @@ def all_to_all_bytes(cfg: MoEConfig, mesh: Mapping, batch_tokens, c: int = 2) ->
     """The all-to-alls of one MoE layer per device (GShard section 3.2: dispatch to the experts' devices, combine
     back; MaxText/Megatron-LM expert parallelism), over the expert axis n = Ex.
 
-    slots     the rows a device sends: t·k dropless (each token to its k experts), E·C with capacity
+    slots     the rows a device sends: t·k dropless (each token to its k experts), (t/T)·E·C with capacity
               (C = ceil(cf·k·t/E) per expert from the device's group, padding included)
     V         c·slots·D: the buffer one all-to-all moves from a device (dispatch, or combine: the same rows back).
               This is the convention used here: V per device, D whole (the activations are replicated over tensor)
@@ -436,7 +459,7 @@ def all_to_all_bytes(cfg: MoEConfig, mesh: Mapping, batch_tokens, c: int = 2) ->
     m = cfg.moe
     n = mesh.get("expert", 1)
     t = tokens_per_device(cfg, mesh, batch_tokens)
-    slots = t * m.top_k if m.dropless else m.experts * expert_capacity(cfg, mesh, batch_tokens)
+    slots = t * m.top_k if m.dropless else t / cfg.seq_len * m.experts * expert_capacity(cfg, mesh, batch_tokens)
     V = c * slots * cfg.d_model
     wire = (n - 1) / n * V
     return {"slots": slots, "V": V, "V_axis": n * V, "wire": wire, "forward_volume": 2 * V,
@@ -465,7 +488,8 @@ def all_to_all_seconds(V: float, n: int, bandwidth: float, topology: str = "swit
 def dispatch_buffer_bytes(cfg: MoEConfig, mesh: Mapping, batch_tokens, c: int = 2, imbalance: float = 1.0) -> dict:
     """The expert layer's buffers on a device after the dispatch all-to-all: its E/Ex experts' rows [E/Ex, C·Ex, D]
     in, and the same out before the combine (GShard section 3.2; MaxText's moe.py dispatch): each
-    c·(E/Ex)·(C·Ex)·D = c·E·C·D bytes with capacity. Dropless the rows are ragged: k·t balanced, times the
+    c·(E/Ex)·(g·C·Ex)·D = c·g·E·C·D bytes with capacity (g = t/T groups). Dropless the rows are ragged: k·t
+    balanced, times the
     ``imbalance`` (max/mean load of a device's experts, given by the user, default 1.0; a static buffer must take
     its implementation's worst case instead). Returns rows (per buffer), shape, each (bytes of one buffer), bytes
     (in + out). Not counted: the experts' hidden [rows, F_e/Y]·(m − 1) and the device's own [E, C, D] before the
@@ -479,9 +503,9 @@ def dispatch_buffer_bytes(cfg: MoEConfig, mesh: Mapping, batch_tokens, c: int = 
         rows = np.ceil(imbalance * m.top_k * tokens_per_device(cfg, mesh, batch_tokens))
         shape = (m.experts // n, None, cfg.d_model)
     else:
-        C = expert_capacity(cfg, mesh, batch_tokens)
-        rows = m.experts * C
-        shape = (m.experts // n, C * n, cfg.d_model)
+        C, groups = expert_capacity(cfg, mesh, batch_tokens), tokens_per_device(cfg, mesh, batch_tokens) / cfg.seq_len
+        rows = groups * m.experts * C
+        shape = (m.experts // n, groups * C * n, cfg.d_model)
     each = c * rows * cfg.d_model
     return {"rows": rows, "shape": shape, "each": each, "bytes": 2 * each}
 
@@ -588,11 +612,12 @@ def _folded(w: Workload, batch_tokens=None) -> Workload:
 
 def _shapes(w: Workload) -> dict:
     """The step's sizes per device: t tokens, M microbatches, slots (the expert rows a device computes in the step:
-    M·all_to_all_bytes' slots of a microbatch, t·k dropless, M·E·C with capacity), and parameters: "ne" the
-    non-expert layer parameters (L·D·H·(2N+2K) + L_dense·m·D·F + L_moe·(D·E + S_sh·m·D·F_e), replicated over
-    expert), "ex" the device's routed experts L_moe·(E/Ex)·m·D·F_e, "emb" the embeddings; "shard" the parameters a
-    device holds, (ne + ex + emb)/(X·Y); "layer" the larger of one MoE and one dense layer's gathered parameters
-    over tensor (D·H·(2N+2K) + D·E + (E/Ex + S_sh)·m·D·F_e, D·H·(2N+2K) + m·D·F)/Y."""
+    M·all_to_all_bytes' slots of a microbatch, t·k dropless, (t/T)·E·C with capacity), and parameters: "ne" the
+    non-expert layer parameters (L·D·H·(2N+2K) + L_dense·m·D·F + L_moe·S_sh·m·D·F_e, replicated over expert), "ex"
+    the device's routed experts L_moe·(E/Ex)·m·D·F_e, "emb" the embeddings, "router" the routers L_moe·D·E (FP32,
+    replicated on every device: ffn_model.moe.ROUTER_AXES); "shard" the parameters a device holds,
+    (ne + ex + emb)/(X·Y) + router; "layer" the larger of one MoE and one dense layer's gathered parameters over
+    tensor (D·H·(2N+2K) + (E/Ex + S_sh)·m·D·F_e, D·H·(2N+2K) + m·D·F)/Y."""
     cfg, mesh = w.model, w.mesh
     m, M = cfg.moe, w.schedule.microbatches
     d, X, Ex, Y = (mesh[a] for a in ("data", "fsdp", "expert", "tensor"))
@@ -600,13 +625,14 @@ def _shapes(w: Workload) -> dict:
     slots = M * all_to_all_bytes(cfg, mesh, w.batch_tokens / M)["slots"]
     A, D = cfg.base.attention_params_per_block, cfg.d_model
     dense = cfg.mlp_matrices * D * cfg.d_ff
-    ne = cfg.blocks * A + cfg.dense_layers * dense + cfg.moe_layers * (cfg.router_params
-                                                                         + m.shared_experts * cfg.expert_params)
+    ne = cfg.blocks * A + cfg.dense_layers * dense + cfg.moe_layers * m.shared_experts * cfg.expert_params
+    router = cfg.moe_layers * cfg.router_params
     ex = cfg.moe_layers * m.experts // Ex * cfg.expert_params
     emb = cfg.embedding_params
-    moe_layer = A + cfg.router_params + (m.experts // Ex + m.shared_experts) * cfg.expert_params
+    moe_layer = A + (m.experts // Ex + m.shared_experts) * cfg.expert_params
     layer = max(moe_layer, A + dense if cfg.dense_layers else 0) / Y
-    return {"t": t, "M": M, "slots": slots, "ne": ne, "ex": ex, "emb": emb, "shard": (ne + ex + emb) / (X * Y),
+    return {"t": t, "M": M, "slots": slots, "ne": ne, "ex": ex, "emb": emb, "router": router,
+            "shard": (ne + ex + emb) / (X * Y) + router,
             "layer": layer, "X": X, "Y": Y, "Ex": Ex, "d": d}
 
 
@@ -616,10 +642,14 @@ def step_flops(w: Workload) -> dict:
     that MLP in the L_moe MoE layers (mlp = 2·m·t·D·F/Y forward, 2x backward, (m−1)/m recomputed under remat full),
     plus per MoE layer forward
         router 2·t·D·E (replicated over tensor), experts 2·m·D·F_e·slots/Y, shared 2·m·D·F_e·S_sh·t/Y
-    (slots: t·k dropless, E·C with capacity: GShard section 3.2's einsum computes every slot); backward 2x; remat
-    full recomputes the router and the experts' m − 1 input matrices (as the transformer's W_out, the output
-    matrices' recomputation is dead). model: the step's matmuls with k slots a token (no padding) and the causal
-    half of attention, x3 for train (Kaplan et al. 2020's 6N per token)."""
+    (slots: t·k dropless, (t/T)·E·C with capacity: GShard section 3.2's einsum computes every slot); backward 2x;
+    remat full recomputes the router, the shared experts' m − 1 input matrices (as the transformer's W_out, the output
+    matrix's recomputation is dead) and all m of the routed experts' (their output is the combine's input, which its
+    gradient takes). With a capacity factor, GShard's dispatch and combine einsums (algorithm 2:
+    [S, E, C] against [S, D] and [E, C, D]) are matmuls too, 2·T·D·E·C each a group of S = T tokens (2·T·D·slots in
+    all), whole on every tensor device: 2 forward, 3 backward (the dispatched x's gradient; the combine's y and
+    gates), the dispatch again under remat full. model: the step's matmuls with k slots a token (no padding, no
+    dispatch) and the causal half of attention, x3 for train (Kaplan et al. 2020's 6N per token)."""
     cfg, m = w.model, w.model.moe
     base = tf.step_flops(_folded(w))
     sh = _shapes(w)
@@ -629,10 +659,12 @@ def step_flops(w: Workload) -> dict:
     router, shared = 2 * t * D * m.experts, 2 * mm * D * Fe * m.shared_experts * t / Y
     experts = 2 * mm * D * Fe * sh["slots"] / Y
     layer = router + experts + shared
-    out = {"forward": base["forward"] + Lm * (layer - mlp)}
+    dispatch = 0.0 if m.dropless else 2 * cfg.seq_len * D * sh["slots"]  # one dispatch or combine einsum
+    out = {"forward": base["forward"] + Lm * (layer - mlp + 2 * dispatch)}
     if train:
-        out["backward"] = base["backward"] + 2 * Lm * (layer - mlp)
-        out["recompute"] = base["recompute"] + full * Lm * (router + (experts + shared - mlp) * (mm - 1) / mm)
+        out["backward"] = base["backward"] + Lm * (2 * (layer - mlp) + 3 * dispatch)
+        out["recompute"] = base["recompute"] + full * Lm * (router + experts + (shared - mlp) * (mm - 1) / mm
+                                                            + dispatch)
     out["total"] = sum(out.values())
     active = router + 2 * mm * D * Fe * (m.top_k + m.shared_experts) * t / Y
     out["model"] = base["model"] + Lm * (active - mlp) * (3 if train else 1)
@@ -648,13 +680,28 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
               and again backward, and of the embeddings once, k·c·V·D/Y; the gradients reduce-scattered, W and
               the embeddings' 2·c·V·D/Y; every microbatch (M·)
       tensor  the base transformer's on the folded mesh: 2 all-reduces of c·t·D a layer forward (attention out,
-              MLP/experts out: the combine is linear, the experts' partial sums reduced after it), 2 backward,
-              +1 under remat full; the vocabulary's
-      expert  the all-to-alls: 4·V per MoE layer a train step, 2 forward (dispatch, combine; all_to_all_bytes on a
-              microbatch, M of them), +1 dispatch under remat full (the recomputed experts' input); and the
-              non-expert gradients all-reduced over expert (it is a data axis for them): (c·ne/Y + 2·c·V·D/Y)/X
-      data    every gradient all-reduced: (c·(ne + ex)/Y + 2·c·V·D/Y)/X
-      loss    one FP32 all-reduce over the axes that split the tokens (data, fsdp, expert), 4 bytes
+              MLP out), 2 backward (their input gradients), +1 under remat full; the vocabulary's. In an MoE layer
+              the experts' partial sums are reduced on their slots' rows before the combine, c·slots·D (not t·D:
+              ffn_model.moe.capacity_moe), forward, backward (the dispatched input's gradient) and again under
+              remat full (the combine's gradient takes the experts' output; the base's MLP output is not made
+              again); dropless on every pair of the expert axis' tokens, c·Ex·t·k·D, the backward's m − 1 times
+              (W_in's and W_gate's ragged matmuls apart); the shared experts' on c·t·D as the MLP's
+      expert  with a capacity factor the all-to-alls: 4·V per MoE layer a train step, 2 forward (dispatch,
+              combine; all_to_all_bytes on a microbatch, M of them), +2 under remat full (the recomputed experts'
+              input and output: the combine's gradient takes its input). Dropless, the program's all-gather
+              dispatcher (ffn_model.moe.dropless_moe; an all-to-all of ragged sizes is not built): per MoE layer
+              and microbatch, with G = Ex·t·D and g = Ex·t·k (the expert axis' tokens and routed pairs),
+                all-gather      c·G (the tokens) + 4·G (the output's gradient, FP32) + 4·4·g (gates FP32 and ids
+                                int32, forward and again backward) + c·G again under remat full
+                reduce-scatter  4·G (the outputs, FP32) + 4·G (the tokens' gradient, FP32) + 4·g (the gates')
+              forward only: all-gather c·G + 2·4·g, reduce-scatter 4·G
+      data+expert  the non-expert gradients all-reduced over data and expert together (expert is a data axis for
+              them; one all-reduce, as XLA builds it): (c·ne/Y + 2·c·V·D/Y)/X (over whichever of the two spans)
+      data    the routed experts' gradients all-reduced: c·ex/(Y·X)
+      loss    one FP32 all-reduce over the axes that split the tokens (data, fsdp, expert), 4 bytes; per MoE
+              layer and microbatch the router's statistics for the load-balancing loss, f_e and P_e (Switch eq. 4:
+              means over every token), 2·E FP32 values forward, f_e again under remat full; and the routers' FP32
+              gradients (replicated weights), 4·L_moe·D·E a train step
     Not modelled: windowed reduce-scatters, XLA's merged reductions."""
     cfg = w.model
     sh = _shapes(w)
@@ -671,18 +718,31 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
             out["fsdp"]["reduce-scatter"] = M * (W_ne + W_ex + dE)
     if spans(Y):
         out["tensor"] = tf.collective_volumes(_folded(w))["tensor"]
-    if spans(Ex):
+        mlp = 0 if cfg.moe.shared_experts else sh["t"]  # the base's MLP rows, in place of which the experts' are
+        # reduced: the slots (capacity), or dropless every pair of the expert axis' tokens, its input gradient from
+        # W_in and W_gate apart (m - 1 reductions: two ragged matmuls)
+        rows, back = (Ex * sh["t"] * cfg.moe.top_k, cfg.mlp_matrices - 1) if cfg.moe.dropless else (sh["slots"], 1)
+        out["tensor"]["all-reduce"] = out["tensor"]["all-reduce"] + cfg.moe_layers * c * D * (
+            rows * (1 + train * back + full) - mlp * (1 + train))
+    if spans(Ex) and cfg.moe.dropless:
+        G, g = Ex * sh["t"] / M * D, Ex * sh["t"] / M * cfg.moe.top_k
+        per = M * cfg.moe_layers
+        out["expert"] = {"all-gather": per * (c * G + 8 * g + (4 * G + 8 * g + full * c * G if train else 0)),
+                         "reduce-scatter": per * (4 * G + (4 * G + 4 * g if train else 0))}
+    elif spans(Ex):
         V1 = all_to_all_bytes(cfg, w.mesh, w.batch_tokens / M, c)["V"]
-        out["expert"] = {"all-to-all": M * cfg.moe_layers * V1 * ((4 if train else 2) + full)}
-        if train:
-            out["expert"]["all-reduce"] = (W_ne + dE) / X
+        out["expert"] = {"all-to-all": M * cfg.moe_layers * V1 * ((4 if train else 2) + 2 * full)}
+    replicas = "+".join(a for a in ("data", "expert") if spans(w.mesh[a]))
+    if replicas and train:
+        out.setdefault(replicas, {})["all-reduce"] = (W_ne + dE) / X
     if spans(d) and train:
-        out["data"] = {"all-reduce": (W_ne + W_ex + dE) / X}
+        out.setdefault("data", {})["all-reduce"] = W_ex / X
     loss = [a for a in ("data", "fsdp", "expert") if spans(w.mesh[a])]
     if loss:
         key = "+".join(loss)
         out.setdefault(key, {})
-        out[key]["all-reduce"] = out[key].get("all-reduce", 0.0) + 4.0
+        out[key]["all-reduce"] = (out[key].get("all-reduce", 0.0) + 4.0 + train * 4 * sh["router"]
+                                  + M * cfg.moe_layers * 4 * cfg.moe.experts * (2 + full))
     return out
 
 
@@ -725,7 +785,7 @@ def memory_per_device(w: Workload) -> dict:
     terms = {"master": p.master * sh["shard"]}
     if train:
         terms["optimizer"] = p.adam_moments * p.adam_moment * sh["shard"]
-        terms["grads"] = p.grad * (sh["ne"] + sh["ex"]) / (X * Y)
+        terms["grads"] = p.grad * ((sh["ne"] + sh["ex"]) / (X * Y) + sh["router"])
     Wl = c * sh["layer"]
     terms["inputs"] = 8 * tm if V else (c + 4) * tm * D
     terms["transient_weights"] = ((1 if full else 2) if train else 1 if spans(X) else 0) * Wl
@@ -769,8 +829,11 @@ def step_kernels(w: Workload) -> list[Kernel]:
     scaled by L_dense/L), the optimizer's and accumulation's on the device's parameter shard, and per MoE layer:
     the router [t, D]·[D, E]; the experts as E/Ex matmuls each of r = slots·Ex/E rows (the grouped GEMM of the
     device's experts), [r, D]·[D, F_e/Y] (m − 1 of them) and [r, F_e/Y]·[F_e/Y, D]; the shared experts
-    [t, D]·[D, S_sh·F_e/Y] (m − 1) and back; backward each one's dX and dW; remat full the router's and the input
-    matrices' again. Approximate: the pointwise passes are the base's (an MLP of F a layer)."""
+    [t, D]·[D, S_sh·F_e/Y] (m − 1) and back; with a capacity factor GShard's dispatch [E·C, T]·[T, D] and combine
+    [T, E·C]·[E·C, D] for each of the t/T groups; backward each one's dX and dW (the dispatch: its input's gradient
+    only; the combine: y's and the gates'); remat full the router's, the routed experts' (all m: step_flops), the
+    shared experts' input matrices' and the dispatch again. Approximate: the pointwise passes are the base's (an MLP
+    of F a layer)."""
     cfg, m = w.model, w.model.moe
     sh = _shapes(w)
     c, D, mm, Fe, Y, Lm, L = w.precision.compute, cfg.d_model, cfg.mlp_matrices, m.expert_d_ff, sh["Y"], \
@@ -796,14 +859,24 @@ def step_kernels(w: Workload) -> list[Kernel]:
         fwd += [matmul_kernel("shared_in", "forward", t, m.shared_experts * Fe / Y, D, Lm * (mm - 1), c),
                 matmul_kernel("shared_out", "forward", t, D, m.shared_experts * Fe / Y, Lm, c)]
     ks += fwd
+    T = cfg.seq_len
+    groups, EC = t / T, sh["slots"] * T / t  # the device's groups (sequences) and E·C, the slots of one
+    dispatch = [] if m.dropless else [matmul_kernel("dispatch", "forward", EC, D, T, Lm * groups, c),
+                                      matmul_kernel("combine", "forward", T, D, EC, Lm * groups, c)]
+    ks += dispatch
     if train:
         for k in fwd:
             a, b, kk, _ = k.shape
             ks += [matmul_kernel(k.name + ".dx", "backward", a, kk, b, k.calls, c),
                    matmul_kernel(k.name + ".dw", "backward", kk, b, a, k.calls, c)]
+        if dispatch:  # the dispatched x's gradient; the combine's y and gates
+            ks += [matmul_kernel("dispatch.dx", "backward", T, D, EC, Lm * groups, c),
+                   matmul_kernel("combine.dy", "backward", EC, D, T, Lm * groups, c),
+                   matmul_kernel("combine.dgates", "backward", T, EC, D, Lm * groups, c)]
         if full:
-            ks += [dataclasses.replace(k, pass_="recompute") for k in fwd if not k.name.endswith("_out")]
-        params = sh["shard"] * weight_shards(w.mesh)  # adamw_kernel and accumulate_kernel divide by X·Y
+            ks += [dataclasses.replace(k, pass_="recompute") for k in fwd + dispatch[:1] if k.name != "shared_out"]
+        params = sh["shard"] * weight_shards(w.mesh)  # adamw_kernel and accumulate_kernel divide by X·Y (the router
+        # counted X·Y times: it is whole on every device)
         ks += [adamw_kernel(w, params), accumulate_kernel(w, params)]
     return ks
 

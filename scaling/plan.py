@@ -358,9 +358,10 @@ def schedules(cfg, mesh: MeshShape, choices: Choices, max_microbatches: int, max
     (microbatches_for). ``made``: a transformer's schedules already made (the planner's, for other meshes), by their
     fields; the same Schedule is returned for the same fields."""
     S = mesh["stage"]
-    if not cfg.grouped_plan:
-        out = [(Schedule(np.array(microbatches_for(S, R, max_microbatches)), R), r)
-               for R in repeats_for(cfg, S, max_repeats) for r in choices.remats]
+    if not cfg.grouped_plan:  # with attention (the MoE transformer) each of the choices' attentions
+        kw = [{"attention": a} for a in choices.attentions] if cfg.has_attention else [{}]
+        out = [(Schedule(np.array(microbatches_for(S, R, max_microbatches)), R, **k), r)
+               for R in repeats_for(cfg, S, max_repeats) for k in kw for r in choices.remats]
         return [(s, r) for s, r in out if runs(cfg, mesh, s)]
     pipes = [("gpipe", 1)] if S == 1 else [
         (pipe, R) for pipe in choices.pipelines

@@ -52,6 +52,7 @@ LOGICAL_RULES: dict[str, tuple[str, ...]] = {
     # batch outside the experts, as data does), and the experts E over expert
     "moe_batch": ("data", "fsdp", "expert"),
     "exp": ("expert",),
+    "expert_groups": ("data", "fsdp"),  # the token groups once E goes over expert (their split over expert traded)
 }
 
 # Logical axes of each parameter and activation of the FFN stack (shapes in Scaling Book letters).

@@ -121,6 +121,7 @@ class TransformerConfig:
     noun: ClassVar[str] = "transformer"
     has_attention: ClassVar[bool] = True
     plan_batch_tokens: ClassVar[int] = 4_194_304  # Llama 2's 4M tokens (Touvron et al. 2023, section 2.2)
+    batch_axis: ClassVar[str] = "batch"
     runs_1f1b: ClassVar[bool] = True
     has_critical_batch: ClassVar[bool] = False  # predict's critical_batch: none modelled (NaN)
     plan_axes: ClassVar[tuple[str, ...]] = tuple(a for a in MESH_AXES if a != "expert")  # context too; no experts

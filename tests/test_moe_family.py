@@ -51,46 +51,67 @@ def test_step_flops_by_hand():
     # model: 3·L·(qkv + out + the causal half of attention 2·65,536 + router + k slots' experts 3,145,728)
     #      = 12·(786,432 + 262,144 + 131,072 + 65,536 + 3,145,728) = 12·4,390,912 = 52,690,944
     assert f["model"] == 52_690_944
-    # remat full recomputes q, k, v, out, the attention (4 units), the router and the experts' two input matrices
-    # (2/3 of 3,145,728 = 2,097,152): 4·(786,432 + 262,144 + 262,144 + 65,536 + 2,097,152) = 4·3,473,408
+    # remat full recomputes q, k, v, out, the attention (4 units), the router and all three of the experts' matrices
+    # (the combine's gradient takes the experts' output, so it is made again, unlike a dense MLP's W_out; dropless,
+    # no dispatch einsum): 4·(786,432 + 262,144 + 262,144 + 65,536 + 3,145,728) = 4·4,521,984
     full = tiny("full")
-    assert full.model.step_flops(full)["recompute"] == 13_893_632
+    assert full.model.step_flops(full)["recompute"] == 18_087_936
 
 
 def test_step_flops_with_capacity_counts_the_padded_slots():
-    # cf 1.25: C = ceil(1.25·2·64/8) = 20 slots an expert, E·C = 160 rows a device (not t·k = 128):
-    # experts 2·3·64·128·160/2 = 3,932,160 a layer forward, 786,432 more than dropless: 4 layers 3,145,728 more
+    # cf 1.25, a group a sequence of T = 32: C = ceil(1.25·2·32/8) = 10 slots an expert, the device's t/T = 2 groups
+    # 2·E·C = 160 rows (not t·k = 128): experts 2·3·64·128·160/2 = 3,932,160 a layer forward, 786,432 more than
+    # dropless: 4 layers 3,145,728 more; and GShard's dispatch and combine einsums, [T, E·C] against [T, D] a group
+    # (whole on each tensor device): 2 einsums · 2 groups · 2·T·D·E·C = 4·2·32·64·80 = 1,310,720 a layer forward, 4
+    # layers 5,242,880
     cf = dataclasses.replace(TINY, moe=dataclasses.replace(TINY.moe, capacity_factor=1.25))
     w = tiny(cfg=cf)
-    assert w.model.step_flops(w)["forward"] == 18_087_936 + 3_145_728
+    assert w.model.step_flops(w)["forward"] == 18_087_936 + 3_145_728 + 5_242_880
 
 
 def test_expert_axis_all_to_all_volume():
-    # V = c·t·k·D = 2·64·2·64 = 16,384 bytes a device sends in one all-to-all (dispatch or combine); a train step
-    # 4 a layer (dispatch, combine, their gradients), 4 layers: 16·16,384 = 262,144
-    w = tiny()
+    # cf 1.25: the device's t/T = 2 groups of E·C = 8·10 slots, V = c·slots·D = 2·160·64 = 20,480 bytes a device sends
+    # in one all-to-all (dispatch or combine); a train step 4 a layer (dispatch, combine, their gradients), 4 layers:
+    # 16·20,480 = 327,680
+    cf = dataclasses.replace(TINY, moe=dataclasses.replace(TINY.moe, capacity_factor=1.25))
+    w = tiny(cfg=cf)
     v = w.model.collective_volumes(w)
-    assert v["expert"]["all-to-all"] == 262_144
-    # the non-expert gradients over expert (a data axis for them): attention 4·64·16·(8+8) = 65,536 and routers
-    # 4·64·8 = 2,048 parameters, BF16 over tensor: 2·67,584/2 = 67,584 bytes, on the fsdp shard /2 = 33,792
-    assert v["expert"]["all-reduce"] == 33_792
-    # fsdp: the gathered layers W = 2·(67,584 + 4·(8/2)·3·64·128)/2 = 67,584 + 393,216 = 460,800, gathered forward and
-    # backward (921,600), the gradients reduce-scattered once (460,800); the loss over fsdp and expert, 4 bytes
-    assert v["fsdp"] == {"all-gather": 921_600, "reduce-scatter": 460_800}
-    assert v["fsdp+expert"] == {"all-reduce": 4.0}
+    assert v["expert"]["all-to-all"] == 327_680
+    # the non-expert gradients over expert (a data axis for them): attention 4·64·16·(8+8) = 65,536 parameters, BF16
+    # over tensor: 2·65,536/2 = 65,536 bytes, on the fsdp shard /2 = 32,768
+    assert v["expert"]["all-reduce"] == 32_768
+    # fsdp: the gathered layers W = 2·(65,536 + 4·(8/2)·3·64·128)/2 = 65,536 + 393,216 = 458,752, gathered forward and
+    # backward (917,504), the gradients reduce-scattered once (458,752)
+    assert v["fsdp"] == {"all-gather": 917_504, "reduce-scatter": 458_752}
+    # over the token axes fsdp and expert together: the loss (4 bytes), the routers' FP32 gradients (replicated
+    # weights, 4·4·64·8 = 8,192) and the load-balancing loss's statistics f_e and P_e, 2·8 FP32 a layer (4·64 = 256)
+    assert v["fsdp+expert"] == {"all-reduce": 4 + 8_192 + 256}
     assert "data" not in v
-    # forward only: 2 all-to-alls a layer, 4·2·16,384 = 131,072
+    # forward only: 2 all-to-alls a layer, 4·2·20,480 = 163,840
+    fwd = tiny(step="forward", cfg=cf)
+    assert fwd.model.collective_volumes(fwd)["expert"] == {"all-to-all": 163_840}
+
+
+def test_dropless_all_gather_dispatcher_volume():
+    # Dropless, the expert axis' tokens all-gathered and the outputs reduce-scattered (ffn_model.moe.dropless_moe):
+    # G = Ex·t·D = 2·64·64 = 8,192 values, g = Ex·t·k = 256 pairs. A train step's layer: all-gather c·G = 16,384 (the
+    # tokens, BF16) + 4·G = 32,768 (the output's FP32 gradient) + 4·4·g = 4,096 (gates FP32 and ids int32, forward and
+    # again backward) = 53,248; reduce-scatter 4·G (outputs) + 4·G (the tokens' gradient) + 4·g (the gates') = 66,560.
+    # 4 layers: 212,992 and 266,240. Forward only: all-gather 16,384 + 2,048, reduce-scatter 32,768 a layer.
+    w = tiny()
+    v = w.model.collective_volumes(w)["expert"]
+    assert (v["all-gather"], v["reduce-scatter"]) == (212_992, 266_240)
     fwd = tiny(step="forward")
-    assert fwd.model.collective_volumes(fwd)["expert"] == {"all-to-all": 131_072}
+    assert fwd.model.collective_volumes(fwd)["expert"] == {"all-gather": 73_728, "reduce-scatter": 131_072}
 
 
 def test_memory_parameter_terms():
     # Parameters a device holds: the 4·8·24,576 = 786,432 expert parameters over expert·fsdp·tensor = 8: 98,304; the
-    # attention's 65,536 and the routers' 2,048 over fsdp·tensor = 4: 16,896; 115,200 in all.
-    # master FP32 4·115,200 = 460,800; Adam's two FP32 moments 8·115,200 = 921,600; FP32 gradients 460,800
+    # attention's 65,536 over fsdp·tensor = 4: 16,384; the routers' 2,048 whole (replicated); 116,736 in all.
+    # master FP32 4·116,736 = 466,944; Adam's two FP32 moments 8·116,736 = 933,888; FP32 gradients 466,944
     w = tiny()
     mem = w.model.memory_terms(w)
-    assert (mem["master"], mem["optimizer"], mem["grads"]) == (460_800, 921_600, 460_800)
+    assert (mem["master"], mem["optimizer"], mem["grads"]) == (466_944, 933_888, 466_944)
     assert mem["total"] == pytest.approx(sum(v for k, v in mem.items() if k != "total"))
     # the inputs: x BF16 and y FP32, (2 + 4)·t·D = 6·64·64 = 24,576
     assert mem["inputs"] == 24_576
@@ -130,10 +151,11 @@ def test_flags_set_its_fields():
 
 @pytest.mark.parametrize("chip, mesh", [("v5p", {"fsdp": 16, "expert": 4}), ("H100", {"data": 8, "expert": 8})])
 def test_mixtral_predicts(chip, mesh):
-    # 256 sequences of 4,096 on 64 devices: t = 16,384 tokens a device; the all-to-all V = 2·16,384·2·4096 bytes
-    w = Workload(MIXTRAL, mesh, 256 * 4096)
+    # 256 sequences of 4,096 on 64 devices, cf 1.25: t = 16,384 tokens a device, 4 groups of C = ceil(1.25·2·4096/8)
+    # = 1,280 slots an expert; the all-to-all V = 2·(4·8·1,280)·4096 bytes, 4 a layer, 32 layers
+    w = Workload(MIXTRAL.replace(capacity_factor=1.25), mesh, 256 * 4096)
     p = predict(w, get_chip(chip))
-    assert p.collectives["expert"]["all-to-all"] == 32 * 4 * 2 * 16_384 * 2 * 4096
+    assert p.collectives["expert"]["all-to-all"] == 32 * 4 * 2 * 40_960 * 4096
     assert p.times.step["sum"] > 0 and p.flops["total"] > p.flops["model"] > 0
 
 

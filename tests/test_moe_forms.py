@@ -132,7 +132,7 @@ def test_moespec_refusals():
         TINY.check_mesh({"expert": 3})
     with pytest.raises(ValueError, match="8 experts do not divide over expert=3"):
         expert_weight_bytes_per_device(TINY, {"expert": 3})
-    with pytest.raises(ValueError, match="capacity factor 0.8 below 1 drops tokens"):
+    with pytest.raises(ValueError, match="capacity factor 0.8 below 1 must drop tokens"):
         MoESpec(experts=8, top_k=2, expert_d_ff=128, capacity_factor=0.8, drop_tokens=False)
     MoESpec(experts=8, top_k=2, expert_d_ff=128, capacity_factor=0.8)  # dropping allowed: accepted
 

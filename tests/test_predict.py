@@ -99,6 +99,16 @@ def test_predict_prints_the_terms(capsys):
       "--microbatch", "4"], "not a whole number of microbatches"),
     (["--preset", "llama2-7b", "--chip", "H100", "--chips", "16", "--mesh", "fsdp=16", "--global-batch", "16",
       "--dcn-mesh", "fsdp=4"], "spans 4 slices or nodes, not 2"),
+    # the MoE family's (issue 40): experts the expert axis does not divide, top-k above E, a capacity factor below 1
+    # with dropping off, a capacity factor that is not a number
+    (["--preset", "mixtral-8x7b", "--chip", "v5p", "--chips", "12", "--mesh", "fsdp=4,expert=3", "--global-batch",
+      "24"], "experts=8 is not divisible by the expert shard count 3"),
+    (["--preset", "mixtral-8x7b", "--chip", "v5p", "--chips", "64", "--mesh", "fsdp=8,expert=8", "--global-batch",
+      "64", "--top-k", "9"], "top-k 9 is more than the 8 experts"),
+    (["--preset", "mixtral-8x7b", "--chip", "v5p", "--chips", "64", "--mesh", "fsdp=8,expert=8", "--global-batch",
+      "64", "--capacity-factor", "0.5", "--keep-tokens"], "capacity factor 0.5 below 1 must drop tokens"),
+    (["--preset", "mixtral-8x7b", "--chip", "v5p", "--chips", "64", "--mesh", "fsdp=8,expert=8", "--global-batch",
+      "64", "--capacity-factor", "lots"], "capacity factor 'lots': a number > 0, or dropless"),
 ])
 def test_bad_predict_inputs_are_one_line(capsys, args, match):
     import re
