@@ -104,7 +104,7 @@ SHARED = {"--preset", "--d-model", "--d-ff", "--blocks", "--layers", "--seq-len"
           "--stage-blocks", "--window", "--global-every", "--xla-flags", "--form", "--kernel-table", "--runtime",
           # the MoE transformer's (scaling.moe.MoEConfig.dimensions and kinds)
           "--experts", "--top-k", "--expert-d-ff", "--shared-experts", "--moe-every", "--first-dense",
-          "--capacity-factor"}
+          "--capacity-factor", "--keep-tokens"}
 PREDICT_ONLY = {"--step", "--kernel-model", "--kernels", "--json", "--plot", "-h", "--help"}
 PLAN_ONLY = {"--hbm", "--top", "--max-microbatches", "--max-repeats", "--verify-top", "--verbose", "--json", "--plot",
              "-h", "--help"}
