@@ -325,6 +325,8 @@ def print_header(args, cfg, plans, target, flags, choices, seconds: float) -> No
              f"({chip.dcn_bw:.3g} B/s per chip; column dcn: the mesh axis whose outermost factor spans them)"
              if slices > 1 else ""))
     say(f"chip figures: {chip.describe()}")
+    for line in cfg.program_notes(chip):
+        say(f"note: {line}")
     say(f"Ranked by the {args.form} form" + (" (max(T_math, T_HBM) + the collective times; the compiled XXL forward "
           "step runs its collectives synchronously under libtpu's default flags: docs/findings.md, question (c))"
           if args.form == "sum" else " (every collective overlapped with the math)" if args.form == "max" else

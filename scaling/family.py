@@ -45,6 +45,9 @@ class ModelFamily(Protocol):
 
     def replace(self, **kw) -> ModelFamily: ...
 
+    # what a command says of running its program on a chip (a line each: what the program cannot run there)
+    def program_notes(self, chip) -> list[str]: ...
+
     # its rules (a ValueError naming the input)
     def check_remat(self, remat: str) -> None: ...
 

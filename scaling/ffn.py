@@ -84,6 +84,10 @@ class FFNConfig:
         return (f"FFN stack D={self.d_model:,} F={self.d_ff:,} L={self.blocks:,}"
                 + (f" {self.activation}" if self.activation else ""))
 
+    def program_notes(self, chip) -> list[str]:
+        """None: the FFN stack's program runs on every chip the hardware table has."""
+        return []
+
     def check_remat(self, remat: str) -> None:
         """The transformer's named policies (TRANSFORMER_ONLY_REMAT) are refused: none, every-second or full."""
         if remat in TRANSFORMER_ONLY_REMAT:

@@ -289,6 +289,15 @@ class MoEConfig:
         """(P − embeddings)/L: a block's parameters on average (scaling.program.gpu_messages' fsdp message)."""
         return (self.params - self.embedding_params) / self.blocks
 
+    def program_notes(self, chip) -> list[str]:
+        """Dropless on a TPU: ffn_model.moe refuses it (libtpu 0.0.42.1 does not compile its ragged matmul in a
+        shard_map; docs/findings.md), so the figures are the closed form's only."""
+        if self.moe.dropless and chip.kind == "tpu":
+            return ["the program's dropless MoE layers do not compile for TPUs here (libtpu 0.0.42.1; "
+                    "docs/findings.md): these figures are the closed forms' only; give --capacity-factor for a program "
+                    "that trains"]
+        return []
+
     def check_remat(self, remat: str) -> None:
         """none or full (MOE_REMATS): the named policies and every-second are not built for the MoE family."""
         if remat not in MOE_REMATS:

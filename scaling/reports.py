@@ -282,6 +282,7 @@ class PredictReport:
         t, w, s, form, chip = self.prediction.times, self.workload, self.setup, self.form, self.chip
         memory, step, devices, budget = self.prediction.memory, self.step_seconds, self.devices, chip.hbm_budget
         lines = [] if self.fits else [prose(f"DOES NOT FIT: {self.fit_note}")]
+        lines += [prose(f"note: {line}") for line in w.model.program_notes(chip)]
         B, M, slices, dims = w.batch_tokens, w.schedule.microbatches, s.slices, s.dims
         where = (f"{slices} slices of {'x'.join(map(str, dims))}" if chip.kind == "tpu" and slices > 1 else
                  f"{slices} nodes of {dims[0]}" if chip.kind == "gpu" and slices > 1 else "x".join(map(str, dims)))

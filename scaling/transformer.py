@@ -256,6 +256,10 @@ class TransformerConfig:
             kw["kv_heads"] = None
         return dataclasses.replace(self, **kw)
 
+    def program_notes(self, chip) -> list[str]:
+        """None: the transformer's program runs on every chip the hardware table has."""
+        return []
+
     def check_remat(self, remat: str) -> None:
         """every-second is the FFN stack's: none, full or a named policy (TRANSFORMER_ONLY_REMAT)."""
         if remat == "every-second":
