@@ -22,6 +22,8 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
+
+from ffn_model.sharded import traced_platform
 from scaling.schedule import SPLASH_BLOCK
 
 COMPUTE_DTYPE = jnp.bfloat16
@@ -529,9 +531,7 @@ def splash_blocks(T: int, S: int, block: int = SPLASH_BLOCK):
 def interpret_kernels() -> bool:
     """Whether a Pallas TPU kernel runs through Pallas's interpret mode: where the devices being compiled for (the
     mesh set with jax.set_mesh, its abstract device's platform; without one jax's default backend) are not TPUs."""
-    mesh = jax.sharding.get_abstract_mesh()
-    platform = mesh.abstract_device.platform if not mesh.empty and mesh.abstract_device else jax.default_backend()
-    return platform != "tpu"
+    return traced_platform() != "tpu"
 
 
 def splash_attention(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, q_pos_T=None, k_pos_S=None, window=None,

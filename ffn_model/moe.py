@@ -53,7 +53,8 @@ from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import NamedSharding, PartitionSpec
 
 from ffn_model import transformer as tf
-from ffn_model.sharded import COMPUTE_DTYPE, constrain, gather_bf16, init_normal, loop_checkpoint, param
+from ffn_model.sharded import (COMPUTE_DTYPE, constrain, gather_bf16, init_normal, loop_checkpoint, param,
+                               traced_platform)
 from ffn_model.state import module_state_shardings
 from ffn_model.task import mse
 from ffn_model.transformer import rms_norm
@@ -258,7 +259,7 @@ def dropless_moe(h_NxD, gates_NxK, ids_NxK, w: dict, kind: str):
         if n in ws:
             ws[n] = jnp.swapaxes(ws[n], 1, 2)
     mesh = jax.sharding.get_abstract_mesh()
-    if (mesh.abstract_device.platform if not mesh.empty and mesh.abstract_device else jax.default_backend()) == "tpu":
+    if traced_platform() == "tpu":
         raise ValueError("the dropless MoE layer (jax.lax.ragged_dot in a shard_map) does not compile for TPUs here "
                          "(libtpu 0.0.42.1 stops on an internal check, and without an expert axis lowers the ragged "
                          "matmul densely): give a capacity factor (--capacity-factor 1.25, GShard's dispatch)")
@@ -478,9 +479,8 @@ class MoETransformer(nnx.Module):
 
     def _stacks(self):
         """(attention [L], dense MLP [L_dense] under the transformer's names, MoE [L_moe]) weight dicts."""
-        get = lambda prefix: {n: getattr(self, n)[...] for n in self.names if n.startswith(prefix)}  # noqa: E731
         attn = {n: getattr(self, n)[...] for n in ("wq", "wk", "wv", "wo")}
-        dense = {n.replace("dense", "w"): a for n, a in get("dense_").items()}
+        dense = {n.replace("dense", "w"): getattr(self, n)[...] for n in self.names if n.startswith("dense_")}
         moe = {n: getattr(self, n)[...] for n in self.names if n in MOE_NAMES}
         return attn, dense, moe
 

@@ -20,6 +20,13 @@ COMPUTE_DTYPE = jnp.bfloat16
 PARAM_DTYPE = jnp.float32
 
 
+def traced_platform() -> str:
+    """The platform the program being traced compiles for: the abstract device of the mesh set with jax.set_mesh
+    ("cpu", "gpu", "tpu"), or without one jax's default backend."""
+    mesh = jax.sharding.get_abstract_mesh()
+    return mesh.abstract_device.platform if not mesh.empty and mesh.abstract_device else jax.default_backend()
+
+
 def constrain(x, logical_axes):
     """with_sharding_constraint through the logical-axis table, when a mesh is set (jax.set_mesh);
     a no-op without one, so the module also runs unsharded."""

@@ -36,7 +36,7 @@ from ffn_model.attention import (RESIDUAL_NAMES, attention_materialized, cudnn_a
 from ffn_model.pipeline import (circular_layout, live_slots, merge_microbatches, one_f_one_b, pad_stack,
                                 pipeline_outputs, real_blocks, split_microbatches, uneven_stages)
 from ffn_model.sharded import (COMPUTE_DTYPE, constrain, gather_bf16, grad_axes, init_normal, loop_checkpoint, param,
-                               reshard, to_bf16)
+                               reshard, to_bf16, traced_platform)
 from ffn_model.task import mse, teacher_batch, token_mean
 from mesh.rules import logical_to_spec
 from scaling.schedule import Schedule
@@ -136,8 +136,7 @@ def attention(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, schedule: Schedule, window=None):
     the traced mesh's platform's kernel (Schedule.on); splash, a Pallas kernel XLA does not partition, runs under a
     shard_map over the mesh's automatic axes (MaxText's form) or inside Ulysses' shard_map."""
     mesh = jax.sharding.get_abstract_mesh()
-    schedule = schedule.on(mesh.abstract_device.platform if not mesh.empty and mesh.abstract_device
-                           else jax.default_backend(), q_BxTxNxH.shape[1])  # auto: the platform's kernel (Schedule.on)
+    schedule = schedule.on(traced_platform(), q_BxTxNxH.shape[1])  # auto: the platform's kernel (Schedule.on)
     local = _local_attention(schedule, window)
     T = q_BxTxNxH.shape[1]
     spec, kv_spec = logical_to_spec(Q_AXES), logical_to_spec(KV_AXES)

@@ -427,12 +427,11 @@ def tokens_per_device(cfg: MoEConfig, mesh: Mapping, batch_tokens):
     return batch_tokens / (d * X * C * Ex)
 
 
-def expert_capacity(cfg: MoEConfig, mesh: Mapping, batch_tokens):
+def expert_capacity(cfg: MoEConfig):
     """C = ceil(cf·k·T/E): the slots each expert takes from one group, a sequence of T tokens (GShard section 3.2,
     Switch eq. 3: expert capacity = tokens per group / experts · capacity factor, with k routes per token; MaxText's
     groups are the sequences: a device's t tokens are t/T groups, and its dispatch einsums cost 2·T·D·E·C a group,
-    linear in t, where one group of all t would cost t²); None dropless. ``mesh`` and ``batch_tokens`` do not change
-    it (kept for the other forms' signature)."""
+    linear in t, where one group of all t would cost t²); None dropless."""
     m = cfg.moe
     if m.dropless:
         return None
@@ -468,7 +467,7 @@ def all_to_all_bytes(cfg: MoEConfig, mesh: Mapping, batch_tokens, c: int = 2) ->
     m = cfg.moe
     n = mesh.get("expert", 1)
     t = tokens_per_device(cfg, mesh, batch_tokens)
-    slots = t * m.top_k if m.dropless else t / cfg.seq_len * m.experts * expert_capacity(cfg, mesh, batch_tokens)
+    slots = t * m.top_k if m.dropless else t / cfg.seq_len * m.experts * expert_capacity(cfg)
     V = c * slots * cfg.d_model
     wire = (n - 1) / n * V
     return {"slots": slots, "V": V, "V_axis": n * V, "wire": wire, "forward_volume": 2 * V,
@@ -512,7 +511,7 @@ def dispatch_buffer_bytes(cfg: MoEConfig, mesh: Mapping, batch_tokens, c: int = 
         rows = np.ceil(imbalance * m.top_k * tokens_per_device(cfg, mesh, batch_tokens))
         shape = (m.experts // n, None, cfg.d_model)
     else:
-        C, groups = expert_capacity(cfg, mesh, batch_tokens), tokens_per_device(cfg, mesh, batch_tokens) / cfg.seq_len
+        C, groups = expert_capacity(cfg), tokens_per_device(cfg, mesh, batch_tokens) / cfg.seq_len
         rows = groups * m.experts * C
         shape = (m.experts // n, groups * C * n, cfg.d_model)
     each = c * rows * cfg.d_model
@@ -869,7 +868,8 @@ def step_kernels(w: Workload) -> list[Kernel]:
                 matmul_kernel("shared_out", "forward", t, D, m.shared_experts * Fe / Y, Lm, c)]
     ks += fwd
     T = cfg.seq_len
-    groups, EC = t / T, sh["slots"] * T / t  # the device's groups (sequences) and E·C, the slots of one
+    groups = t / T  # the device's groups (sequences), each of E·C slots
+    EC = None if m.dropless else m.experts * expert_capacity(cfg)
     dispatch = [] if m.dropless else [matmul_kernel("dispatch", "forward", EC, D, T, Lm * groups, c),
                                       matmul_kernel("combine", "forward", T, D, EC, Lm * groups, c)]
     ks += dispatch
