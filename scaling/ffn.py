@@ -224,7 +224,7 @@ def train_memory_per_device(w: Workload) -> dict:
     }
     if prefetched := prefetched_weights(w):
         terms["prefetched"] = prefetched
-    if S == 1 and np.any(np.asarray(M) > 1):
+    if S == 1 and (np.asarray(M) > 1).any():
         terms["accumulated"] = precision.grad * P / shards_w * (np.asarray(M) > 1)
     if S > 1:
         R, Lc = schedule.repeats, pipeline.chunk_blocks(cfg, schedule, S)
@@ -564,7 +564,7 @@ def step_kernels(w: Workload) -> list[Kernel]:
         pair("backward", f["backward_weights"], (("w_in.dw", (D, F / Y, b)), ("w_out.dw", (F / Y, D, b))))
         dx = f["backward_inputs"] + f.get("first_block_input_grad", 0.0)
         pair("backward", dx, (("w_in.dx", (b, D, F / Y)), ("w_out.dx", (b, F / Y, D))))
-        if np.any(np.asarray(f.get("recompute", 0.0)) > 0):
+        if (np.asarray(f.get("recompute", 0.0)) > 0).any():
             pair("recompute", f["recompute"], (("w_in", (b, F / Y, D)),))
     act = 2 * c * b * F / Y  # relu: read h, write relu(h)
     ks.append(Kernel("relu", "forward", "pointwise", None, n, 0.0, n * act))

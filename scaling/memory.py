@@ -153,7 +153,7 @@ def zero1_update(w: Workload, terms: dict, n) -> float:
     import numpy as np
 
     d = w.zero1_shards
-    if not np.any(np.asarray(d) > 1):
+    if not (np.asarray(d) > 1).any():
         return 0.0
     flat = 2 * w.precision.master * zero1_padded(n, d)
     others = sum(v for k, v in terms.items() if k not in ("master", "optimizer", "grads", "inputs"))

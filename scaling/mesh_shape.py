@@ -23,7 +23,7 @@ class MeshShape(Mapping):
     N = ``shape.devices`` (the product). The closed forms take any mapping of axis sizes, numpy arrays
     included (the planner evaluates many meshes at once); this class is the validated scalar one."""
 
-    __slots__ = ("_sizes",)
+    __slots__ = ("_sizes", "_by_axis")
 
     def __init__(self, sizes: Mapping | None = None, /, **kw):
         given = {**(sizes or {}), **kw}
@@ -31,12 +31,13 @@ class MeshShape(Mapping):
         if unknown:
             raise ValueError(f"unknown mesh axis {unknown[0]!r}; valid axes: {', '.join(MESH_AXES)}")
         object.__setattr__(self, "_sizes", tuple(positive_int(f"mesh axis {a!r}", given.get(a, 1)) for a in MESH_AXES))
+        object.__setattr__(self, "_by_axis", dict(zip(MESH_AXES, self._sizes)))  # the closed forms' many look-ups
 
     def __getitem__(self, axis: str) -> int:
-        try:
-            return self._sizes[MESH_AXES.index(axis)]
-        except ValueError:
-            raise KeyError(axis) from None
+        return self._by_axis[axis]
+
+    def get(self, axis: str, default=None):
+        return self._by_axis.get(axis, default)
 
     def __getattr__(self, axis: str) -> int:
         if axis in MESH_AXES:

@@ -146,7 +146,7 @@ def exposed_volumes(w: Workload, vols: dict | None = None, hidden: dict | None =
     vols = collective_volumes(w) if vols is None else vols
     hidden = overlapped_volumes(w, vols) if hidden is None else hidden
     out = {a: {k: v - hidden.get(a, {}).get(k, 0.0) for k, v in kinds.items()} for a, kinds in vols.items()}
-    return {a: k for a, k in out.items() if any(np.any(np.asarray(v) > 0) for v in k.values())}
+    return {a: k for a, k in out.items() if any((np.asarray(v) > 0).any() for v in k.values())}
 
 
 def axis_bytes(volumes: dict[str, dict[str, float]]) -> dict[str, float]:
@@ -186,7 +186,7 @@ def comm_times(volumes: dict, chip: Chip, axis_links: Mapping | None = None, dcn
         axis = key.split("+")[0]
         lkw = sum(axis_links.get(a, 1.0) for a in key.split("+")) * w
         n = dcn.get(axis, 1) if key == axis else 1
-        m = mesh[axis] // n if np.any(np.asarray(n) > 1) else None
+        m = mesh[axis] // n if (np.asarray(n) > 1).any() else None
         ici = (n == 1) | (m > 1) if m is not None else None  # where the axis has an ICI part
         times[key] = sum(KIND_FACTOR[k] * (
             (v / lkw if m is None else np.where(ici, v / lkw, 0.0))
@@ -243,7 +243,7 @@ def axis_networks(chip: Chip, axis_links: Mapping | None = None, dcn: Mapping | 
         return out
     for a in axes:
         n = dcn.get(a, 1)
-        m = mesh[a] // n if np.any(np.asarray(n) > 1) else None
+        m = mesh[a] // n if (np.asarray(n) > 1).any() else None
         ici = 1 / np.asarray(axis_links.get(a, 1.0)) if m is None else np.where((m == 1) & (n > 1), 0.0, 1 / np.asarray(
             axis_links.get(a, 1.0)))
         net = chip.ici_bidi * (n - 1) / (n * m * chip.dcn_bw / chip.devices_per_chip) if m is not None else 0.0

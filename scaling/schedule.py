@@ -186,7 +186,7 @@ class Schedule:
             raise ValueError(f"repeats={R} needs a stage axis (circular pipeline); without one use repeats=1")
         if R > 1 and (L // S) % R:
             raise ValueError(f"repeats={R} must divide the {L // S} blocks of each of the {S} stages")
-        if R > 1 and np.any(np.asarray(M) < S):
+        if R > 1 and (np.asarray(M) < S).any():
             raise ValueError(f"a circular pipeline (repeats={R}) needs microbatches >= stages: {M} < {S}")
         if self.fsdp_gather == "step" and S == 1:
             raise ValueError("fsdp_gather='step' (weights gathered once per step) is for pipelined stages: "

@@ -27,7 +27,6 @@ A logical axis that is not in the table is an error (ValueError), never a silent
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 
 LOGICAL_RULES: dict[str, tuple[str, ...]] = {
@@ -88,4 +87,11 @@ def shards(mesh: Mapping, *logical: str):
     """How many pieces the logical axes are split into on ``mesh`` (a mapping of mesh-axis sizes, ints
     or numpy arrays): the product of the sizes of the mesh axes their rules name (an axis missing from
     ``mesh`` has size 1). shards(mesh, "batch") = data·fsdp; shards(mesh, "embed", "mlp") = fsdp·tensor."""
-    return math.prod((mesh.get(a, 1) for name in logical for a in (mesh_axes((name,))[0] or ())), start=1)
+    n = 1
+    for name in logical:
+        axes = LOGICAL_RULES.get(name)
+        if axes is None:
+            mesh_axes((name,))  # its ValueError
+        for a in axes:
+            n = n * mesh.get(a, 1)
+    return n

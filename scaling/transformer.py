@@ -272,9 +272,9 @@ class TransformerConfig:
         number divisible by microbatches·data·fsdp."""
         S, M, R = mesh.get("stage", 1), schedule.microbatches, schedule.repeats
         _check_transformer(self, mesh, schedule)
-        if schedule.pipeline == "1f1b" and R > 1 and np.any(np.asarray(M) < S):
+        if schedule.pipeline == "1f1b" and R > 1 and (np.asarray(M) < S).any():
             raise ValueError(f"interleaved 1f1b needs microbatches >= stages: {M} < {S}")
-        if S > 1 and (schedule.pipeline != "1f1b" or R > 1) and np.any(np.asarray(M) % S):
+        if S > 1 and (schedule.pipeline != "1f1b" or R > 1) and (np.asarray(M) % S).any():
             raise ValueError(f"microbatches={M} must be a multiple of stage={S} for the transformer's "
                              + ("interleaved 1f1b (groups of S microbatches)" if schedule.pipeline == "1f1b" else
                                 f"{schedule.pipeline} (each stage runs the output layer on M/S of them)"))

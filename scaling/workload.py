@@ -19,6 +19,7 @@ step model's other arguments (scaling.program.predict).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -121,5 +122,8 @@ class Workload:
         return dataclasses.replace(self, **kw)
 
     def with_facts(self, **kw) -> Workload:
-        """A copy whose compiler facts have the fields in ``kw`` changed."""
-        return dataclasses.replace(self, compiler=dataclasses.replace(self.compiler, **kw))
+        """A copy whose compiler facts have the fields in ``kw`` changed (validated; the rest, validated when this
+        workload was built, is not checked again: the planner and StepModel make many such copies)."""
+        out = copy.copy(self)
+        object.__setattr__(out, "compiler", dataclasses.replace(self.compiler, **kw))
+        return out
