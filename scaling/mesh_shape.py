@@ -47,6 +47,9 @@ class MeshShape(Mapping):
     def __setattr__(self, name, value):
         raise AttributeError("MeshShape is immutable")
 
+    def __reduce__(self):  # copy, deepcopy and pickle rebuild it from its sizes (its __setattr__ refuses theirs)
+        return MeshShape, (dict(self),)
+
     def __iter__(self):
         return iter(MESH_AXES)
 

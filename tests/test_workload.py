@@ -1,9 +1,11 @@
 """The workload object (scaling.workload): validated once where it is built, taken by the step model, memory,
 the model builder and the check; a new input is one field."""
 
+import copy
 import dataclasses
 import json
 import math
+import pickle
 
 import numpy as np
 import pytest
@@ -38,6 +40,17 @@ def test_built_once_validated_once():
         CompilerFacts(circular_relays=0)
     with pytest.raises(ValueError, match="batch_tokens=66 is not divisible"):  # replace validates again
         w.replace(batch_tokens=66)
+
+
+def test_copies_and_pickles_keep_the_workload():
+    """A workload (its MeshShape included) survives copy, deepcopy and pickle equal to itself; with_facts changes the
+    compiler's facts and nothing else (it skips the validation the rest passed)."""
+    w = Workload(XXL, MeshShape(fsdp=16, tensor=4), 25600, remat="full")
+    for again in (copy.copy(w), copy.deepcopy(w), pickle.loads(pickle.dumps(w))):
+        assert again == w and again.mesh["fsdp"] == 16 and isinstance(again.mesh, MeshShape)
+    v = w.with_facts(windowed_grad_rs=True)
+    assert v.compiler.windowed_grad_rs is True and w.compiler.windowed_grad_rs is None
+    assert dataclasses.replace(v, compiler=w.compiler) == w
 
 
 def test_policies_are_enums_that_read_as_their_names():
