@@ -23,21 +23,21 @@ class MeshShape(Mapping):
     N = ``shape.devices`` (the product). The closed forms take any mapping of axis sizes, numpy arrays
     included (the planner evaluates many meshes at once); this class is the validated scalar one."""
 
-    __slots__ = ("_sizes", "_by_axis")
+    __slots__ = ("_sizes",)
 
     def __init__(self, sizes: Mapping | None = None, /, **kw):
         given = {**(sizes or {}), **kw}
         unknown = [a for a in given if a not in MESH_AXES]
         if unknown:
             raise ValueError(f"unknown mesh axis {unknown[0]!r}; valid axes: {', '.join(MESH_AXES)}")
-        object.__setattr__(self, "_sizes", tuple(positive_int(f"mesh axis {a!r}", given.get(a, 1)) for a in MESH_AXES))
-        object.__setattr__(self, "_by_axis", dict(zip(MESH_AXES, self._sizes)))  # the closed forms' many look-ups
+        # {axis: size} in MESH_AXES's order: the closed forms read it tens of thousands of times a plan
+        object.__setattr__(self, "_sizes", {a: positive_int(f"mesh axis {a!r}", given.get(a, 1)) for a in MESH_AXES})
 
     def __getitem__(self, axis: str) -> int:
-        return self._by_axis[axis]
+        return self._sizes[axis]
 
     def get(self, axis: str, default=None):
-        return self._by_axis.get(axis, default)
+        return self._sizes.get(axis, default)
 
     def __getattr__(self, axis: str) -> int:
         if axis in MESH_AXES:
@@ -61,7 +61,7 @@ class MeshShape(Mapping):
             a in MESH_AXES for a in other)
 
     def __hash__(self) -> int:
-        return hash(self._sizes)
+        return hash(tuple(self._sizes.values()))
 
     def __repr__(self) -> str:
         return f"MeshShape({', '.join(f'{a}={n}' for a, n in self.items())})"
@@ -69,7 +69,7 @@ class MeshShape(Mapping):
     @property
     def devices(self) -> int:
         """N, the product of the axis sizes."""
-        return math.prod(self._sizes)
+        return math.prod(self._sizes.values())
 
     def as_dict(self) -> dict[str, int]:
         return dict(self)

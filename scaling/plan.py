@@ -432,7 +432,7 @@ def _groups(cfg, chip: Chip, dims, n_slices: int, choices: Choices, max_microbat
     def keyed(runs):
         for s, _ in runs:  # schedules pairs each with every remat
             if keys.get(id(s), (None,))[0] is not s:
-                keys[id(s)] = (s, dataclasses.replace(s, microbatches=1))
+                keys[id(s)] = (s, s.with_microbatches(1))
         return [(keys[id(s)][1], s, r) for s, r in runs]
 
     for (sizes, lays), dcn_axis in itertools.product(
@@ -501,7 +501,7 @@ def _screen(cfg, chip: Chip, groups: list, batches: np.ndarray, hbm: float, form
         for sched, by_remat, owners in runs_of.values():
             ms = sched.microbatches
             shape = (len(batches), len(ms), G)
-            arrays = dataclasses.replace(sched, microbatches=ms[None, :, None, None])
+            arrays = sched.with_microbatches(ms[None, :, None, None])
             batch_ok = (np.broadcast_to(cfg.plan_batch_runs(mesh, batches[:, None, None, None],
                                                             ms[None, :, None, None]), shape + (1,))[..., 0]
                         if grouped else True)
@@ -681,7 +681,7 @@ def _plan(cfg, chip, chips, batch_tokens, hbm, remat, form, dims, max_microbatch
             fastest = np.take_along_axis(step, best[..., None], 3)[..., 0]
             if not grouped:  # a batch train refuses
                 for i, k, g in zip(*np.nonzero(ok)):
-                    ok[i, k, g] = runs(cfg, meshes[g], dataclasses.replace(sched, microbatches=int(ms[k])),
+                    ok[i, k, g] = runs(cfg, meshes[g], sched.with_microbatches(int(ms[k])),
                                        int(batches[i]))
             steps = np.where(ok, fastest, np.inf)
             best_step = np.minimum(best_step, steps.min(axis=1))
@@ -761,7 +761,7 @@ def _make_plan(setting: _Setting, B, p, found: tuple) -> Plan:
     pick = lambda x: float(_at(x, at))  # noqa: E731
     crit = lambda f: None if math.isnan(c := pick(t.critical_batch.get(f, np.nan))) else c  # noqa: E731
     M = int(np.broadcast_to(sched.microbatches, shape[1])[k])
-    one = dataclasses.replace(sched, microbatches=M)
+    one = sched.with_microbatches(M)
     S = mesh["stage"]
     bub = pipeline.bubble(one, S) if S > 1 else {"overhead": 0.0, "idle_share": 0.0}
     return Plan(

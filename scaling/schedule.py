@@ -151,6 +151,15 @@ class Schedule:
                                  "every stage (e.g. 3,2)")
             object.__setattr__(self, "stage_blocks", tuple(int(b) for b in blocks))
 
+    def with_microbatches(self, microbatches) -> "Schedule":
+        """This schedule with ``microbatches`` (an int, or the planner's array of candidates) in place of its own:
+        the count validated, the rest (validated when this schedule was built) not again; the planner makes
+        thousands of such copies a plan."""
+        out = object.__new__(Schedule)
+        out.__dict__.update(self.__dict__)  # a shallow copy (copy.copy's, without its protocol's cost)
+        object.__setattr__(out, "microbatches", positive_ints("microbatches", microbatches))
+        return out
+
     def on(self, platform: str, seq_len: int | None = None) -> "Schedule":
         """This schedule with attention "auto" replaced by ``platform``'s kernel for ``seq_len`` (attention_for); else
         itself."""

@@ -19,7 +19,6 @@ step model's other arguments (scaling.program.predict).
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -124,6 +123,7 @@ class Workload:
     def with_facts(self, **kw) -> Workload:
         """A copy whose compiler facts have the fields in ``kw`` changed (validated; the rest, validated when this
         workload was built, is not checked again: the planner and StepModel make many such copies)."""
-        out = copy.copy(self)
+        out = object.__new__(Workload)
+        out.__dict__.update(self.__dict__)  # a shallow copy (copy.copy's, without its protocol's cost)
         object.__setattr__(out, "compiler", dataclasses.replace(self.compiler, **kw))
         return out

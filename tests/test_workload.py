@@ -51,6 +51,11 @@ def test_copies_and_pickles_keep_the_workload():
     v = w.with_facts(windowed_grad_rs=True)
     assert v.compiler.windowed_grad_rs is True and w.compiler.windowed_grad_rs is None
     assert dataclasses.replace(v, compiler=w.compiler) == w
+    # Schedule.with_microbatches, the planner's copy: the count validated, the rest kept
+    s = Schedule(microbatches=2, repeats=2)
+    assert s.with_microbatches(4) == Schedule(microbatches=4, repeats=2) and s.microbatches == 2
+    with pytest.raises(ValueError, match="microbatches"):
+        s.with_microbatches(0)
 
 
 def test_policies_are_enums_that_read_as_their_names():
