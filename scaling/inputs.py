@@ -82,3 +82,14 @@ def positive_float(name: str, value) -> float:
     if not (v > 0 and v != float("inf")):
         raise ValueError(f"{name} must be a positive finite number, got {value!r}")
     return v
+
+
+def validated_copy(obj, **fields):
+    """A shallow copy of the frozen dataclass ``obj`` (its own type) with ``fields`` set, validated by the caller:
+    the rest, validated when ``obj`` was built, is not checked again (dataclasses.replace runs __post_init__ once
+    more; the planner makes thousands of such copies a plan)."""
+    out = object.__new__(type(obj))
+    out.__dict__.update(obj.__dict__)
+    for name, value in fields.items():
+        object.__setattr__(out, name, value)
+    return out

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from scaling.inputs import positive_int, positive_ints
+from scaling.inputs import positive_int, positive_ints, validated_copy
 from scaling.mesh_shape import spans
 from scaling.policies import (Attention, ContextStrategy, FsdpGather, OptimizerSharding, Pipeline, check_remat,
                               choose)
@@ -155,10 +155,7 @@ class Schedule:
         """This schedule with ``microbatches`` (an int, or the planner's array of candidates) in place of its own:
         the count validated, the rest (validated when this schedule was built) not again; the planner makes
         thousands of such copies a plan."""
-        out = object.__new__(Schedule)
-        out.__dict__.update(self.__dict__)  # a shallow copy (copy.copy's, without its protocol's cost)
-        object.__setattr__(out, "microbatches", positive_ints("microbatches", microbatches))
-        return out
+        return validated_copy(self, microbatches=positive_ints("microbatches", microbatches))
 
     def on(self, platform: str, seq_len: int | None = None) -> "Schedule":
         """This schedule with attention "auto" replaced by ``platform``'s kernel for ``seq_len`` (attention_for); else

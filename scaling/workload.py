@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from scaling.family import ModelFamily, is_family
-from scaling.inputs import non_negative_int, positive_int
+from scaling.inputs import non_negative_int, positive_int, validated_copy
 from scaling.mesh_shape import MESH_AXES, MeshShape
 from scaling.policies import DEFAULT_PRECISION, Precision, Remat, Step, check_remat, choose
 from scaling.schedule import Schedule
@@ -123,7 +123,4 @@ class Workload:
     def with_facts(self, **kw) -> Workload:
         """A copy whose compiler facts have the fields in ``kw`` changed (validated; the rest, validated when this
         workload was built, is not checked again: the planner and StepModel make many such copies)."""
-        out = object.__new__(Workload)
-        out.__dict__.update(self.__dict__)  # a shallow copy (copy.copy's, without its protocol's cost)
-        object.__setattr__(out, "compiler", dataclasses.replace(self.compiler, **kw))
-        return out
+        return validated_copy(self, compiler=dataclasses.replace(self.compiler, **kw))

@@ -51,6 +51,13 @@ def test_copies_and_pickles_keep_the_workload():
     v = w.with_facts(windowed_grad_rs=True)
     assert v.compiler.windowed_grad_rs is True and w.compiler.windowed_grad_rs is None
     assert dataclasses.replace(v, compiler=w.compiler) == w
+
+    @dataclasses.dataclass(frozen=True)
+    class Tagged(Workload):  # a subclass keeps its type and fields through the copy
+        tag: str = "a"
+
+    t = Tagged(XXL, MeshShape(fsdp=16, tensor=4), 25600, tag="b").with_facts(min_comm_bytes=0)
+    assert type(t) is Tagged and t.tag == "b"
     # Schedule.with_microbatches, the planner's copy: the count validated, the rest kept
     s = Schedule(microbatches=2, repeats=2)
     assert s.with_microbatches(4) == Schedule(microbatches=4, repeats=2) and s.microbatches == 2
