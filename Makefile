@@ -1,8 +1,10 @@
 # make answer: create .venv, install the package with the tpu extra (libtpu: compiles for TPU topologies on this
 # machine) and jax's CUDA plugin (off sys.path, in .venv/cuda-aot: mesh.devices loads it to compile for GPUs), so
-# every README example runs; print the 4D answers.   make test: also the dev extra, ruff, pytest on two workers
-# (pytest-xdist), all but the tests marked extended (tests/conftest.py), then the tests marked timing alone.
-# make test-all: every test.
+# every README example runs; print the 4D answers.
+# make test: also the dev extra, ruff, then the quick tier on two workers (pytest-xdist): every test that compiles
+# nothing, and of those that compile (markers tpu, compiles, numerics, grid, processes) the ones marked quick, the
+# smallest compiled comparison of each closed-form term (tests/test_tiers.py); then the timing tests alone.
+# make test-all: every test; the notebooks last, reading the check grids' reports the first pass left in one cache.
 # make pictures: redraw the README's picture, docs/predict-llama2-7b-h100.png (predict --plot).
 PYTHON ?= python3
 VENV ?= .venv
@@ -30,14 +32,18 @@ pictures: $(VENV)/.base
 	$(VENV)/bin/jax-scaling predict --preset llama2-7b --chip H100 --chips 64 --mesh data=8,fsdp=8 --global-batch 256 \
 		--attention flash --plot docs/predict-llama2-7b-h100.png > /dev/null
 
+QUICK := quick or not (tpu or compiles or numerics or grid or processes)
+
 test: $(VENV)/.dev
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q -n 2 --dist loadgroup -m "not extended and not timing" --durations=25
-	$(PY) -m pytest -q -p no:xdist -m "timing and not extended"
+	$(PY) -m pytest -q -n 2 --dist loadgroup -m "($(QUICK)) and not timing" --durations=15
+	$(PY) -m pytest -q -p no:xdist -m "timing and ($(QUICK))"
 
 test-all: $(VENV)/.dev
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q -n 2 --dist loadgroup -m "not timing"
+	cache=$$(mktemp -d) && export VERIFY_CHECK_CACHE=$$cache && \
+	$(PY) -m pytest -q -n 2 --dist loadgroup -m "not timing" --ignore=tests/test_notebooks.py --durations=25 && \
+	$(PY) -m pytest -q -n 2 tests/test_notebooks.py && \
 	$(PY) -m pytest -q -p no:xdist -m timing
 
 clean:

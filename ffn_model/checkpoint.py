@@ -20,9 +20,10 @@ byte reads "metadata is corrupt", never a misleading "written with seed 1". A ch
 sum (written before it was added) is refused: nothing tells that its seed and model are the ones it
 was saved with.
 Reading checks the step's metadata and the stored shapes before any array is read, and turns
-whatever orbax raises for damaged files into one ValueError. Restoring takes an abstract state
-(ShapeDtypeStructs with the target mesh's shardings), so a state saved on fsdp=4,tensor=2 restores
-bit-identically on fsdp=2,tensor=4 or on one device.
+whatever orbax raises for damaged files into one ValueError, which names the newest older step that
+reads intact and how to resume from it (--resume-step k: the steps after it are removed). Restoring
+takes an abstract state (ShapeDtypeStructs with the target mesh's shardings), so a state saved on
+fsdp=4,tensor=2 restores bit-identically on fsdp=2,tensor=4 or on one device.
 In a multi-process program every process calls these functions; orbax coordinates the writes.
 """
 
@@ -274,6 +275,16 @@ def remove_incomplete(mngr, held: dict, step: int) -> list[str]:
     return gone
 
 
+def remove_newer(mngr, held: dict, step: int) -> list[int]:
+    """Remove the complete steps of ``held`` (directory_contents) newer than ``step`` (a run resumed from an older
+    step, --resume-step, saves those steps anew: orbax refuses a step that exists); the steps removed."""
+    known = set(mngr.all_steps())
+    gone = [k for k in held["steps"] if k > step and k in known]
+    for k in gone:
+        mngr.delete(k)
+    return gone
+
+
 def digest(state) -> tuple[dict, list[str]]:
     """({leaf path: checksum}, [paths of leaves holding a NaN or an infinity]) of a pytree of jax arrays.
     A leaf's checksum is the sum mod 2^32 of its elements read as unsigned integers of their width: a
@@ -307,45 +318,94 @@ def _digest_fn(out_sharding):
     return jax.jit(lambda xs: [leaf(x) for x in xs], out_shardings=out_sharding)
 
 
-def restore_latest(directory, abstract_state, expect: dict | None = None):
+class _Damaged(ValueError):
+    """A complete step whose files changed after its save (its metadata or arrays do not match the sums saved with
+    them, or orbax cannot read them), as opposed to one written for another run: an older step may be intact."""
+
+
+def restore_latest(directory, abstract_state, expect: dict | None = None, step: int | None = None):
     """(step, state, metadata) of the newest complete checkpoint in ``directory`` (directory_contents:
-    newer incomplete saves are passed over), restored onto the shardings of ``abstract_state``.
+    newer incomplete saves are passed over), or of the complete ``step`` where given (--resume-step),
+    restored onto the shardings of ``abstract_state``.
     ``expect``: metadata the checkpoint must match for the keys in MUST_MATCH (model and seed).
-    ValueError if there is no complete checkpoint (naming the incomplete ones), its metadata is not what
-    was saved (stored_metadata), it was written for another model or seed, its arrays have other shapes
-    or dtypes, it cannot be read, or what was read differs from the checksums saved with it or is not
-    finite (damaged files: digest). Writes nothing."""
-    ocp = _ocp()
-    where = f"in --checkpoint-dir {str(directory)!r}"
+    ValueError if there is no complete checkpoint (naming the incomplete ones), ``step`` is not a complete
+    one, its metadata is not what was saved (stored_metadata), it was written for another model or seed, its
+    arrays have other shapes or dtypes, it cannot be read, or what was read differs from the checksums saved
+    with it or is not finite (damaged files: digest). A damaged step's error names the newest older step that
+    reads intact and how to resume from it (newest_intact). Writes nothing."""
     with _reading(), contextlib.closing(open_manager(directory, create=False)) as mngr:
         held = directory_contents(directory)
         if not held["steps"]:
-            raise ValueError(f"no complete checkpoint {where}"
+            raise ValueError(f"no complete checkpoint in --checkpoint-dir {str(directory)!r}"
                              + "".join(f"; step {k}: {why}" for k, _, why in held["incomplete"]))
-        step = held["steps"][-1]
+        if step is None:
+            step = held["steps"][-1]
+        check_resume_step(directory, step, held)
+        try:
+            state, meta = _read_step(mngr, directory, step, abstract_state, expect)
+        except _Damaged as e:
+            raise ValueError(f"{e}{newest_intact(mngr, directory, held, step, abstract_state, expect)}") from None
+    return step, state, meta
+
+
+def check_resume_step(directory, step: int, held: dict | None = None) -> None:
+    """ValueError (one line naming --resume-step and the complete steps there are) unless ``step`` is a complete
+    step of ``directory`` (directory_contents, or ``held``: what it returned). Reads the file system only."""
+    held = directory_contents(directory) if held is None else held
+    if step not in held["steps"]:
+        have = ", ".join(map(str, held["steps"])) or "none"
+        raise ValueError(f"--resume-step {step}: --checkpoint-dir {str(directory)!r} holds no complete checkpoint "
+                         f"step {step} (complete steps: {have})")
+
+
+def newest_intact(mngr, directory, held: dict, step: int, abstract_state, expect) -> str:
+    """What to say after step ``step``'s damage: "; step k is intact: resume from it with --resume-step k (...)"
+    for the newest complete step k < ``step`` that reads and matches its checksums (each older one read in turn,
+    newest first, as restore_latest reads a step: _read_step), "; the older steps ... are damaged too ..." where
+    none does, "" where there is no older complete step."""
+    older = [k for k in held["steps"] if k < step]
+    for k in reversed(older):
+        try:
+            _read_step(mngr, directory, k, abstract_state, expect)
+        except ValueError:
+            continue
+        return (f"; step {k} is intact: resume from it with --resume-step {k} (the checkpoints after it are "
+                "removed)")
+    return (f"; the older steps ({', '.join(map(str, older))}) are damaged too: start anew in an empty "
+            "--checkpoint-dir") if older else ""
+
+
+def _read_step(mngr, directory, step: int, abstract_state, expect):
+    """(state, metadata) of the complete ``step``, checked as restore_latest says; _Damaged where its files
+    changed after the save, ValueError where it belongs to another run or another state."""
+    ocp = _ocp()
+    where = f"in --checkpoint-dir {str(directory)!r}"
+    try:
         meta = stored_metadata(directory, step)
-        md, err = _attempt(lambda: mngr.metadata(step), directory)
-        if err:
-            raise ValueError(f"checkpoint step {step} {where} cannot be read: {err}")
-        for key in MUST_MATCH if expect is not None else ():
-            if key not in meta:
-                raise ValueError(f"checkpoint step {step} {where} has no {key!r} in its metadata: "
-                                 "not written by ffn_model train, or damaged")
-            if meta[key] != expect[key]:
-                raise ValueError(f"checkpoint step {step} {where} was written with {key} {meta[key]!r}, "
-                                 f"not {expect[key]!r}; resume with the same {key}")
-        _check_arrays(md.item_metadata, abstract_state, f"checkpoint step {step} {where}")
-        state, err = _attempt(lambda: mngr.restore(step, args=ocp.args.StandardRestore(abstract_state)), directory)
-        if err:  # damaged array files
-            raise ValueError(f"checkpoint step {step} {where} cannot be restored: {err}")
+    except ValueError as e:
+        raise _Damaged(str(e)) from None
+    md, err = _attempt(lambda: mngr.metadata(step), directory)
+    if err:
+        raise _Damaged(f"checkpoint step {step} {where} cannot be read: {err}")
+    for key in MUST_MATCH if expect is not None else ():
+        if key not in meta:
+            raise ValueError(f"checkpoint step {step} {where} has no {key!r} in its metadata: "
+                             "not written by ffn_model train, or damaged")
+        if meta[key] != expect[key]:
+            raise ValueError(f"checkpoint step {step} {where} was written with {key} {meta[key]!r}, "
+                             f"not {expect[key]!r}; resume with the same {key}")
+    _check_arrays(md.item_metadata, abstract_state, f"checkpoint step {step} {where}")
+    state, err = _attempt(lambda: mngr.restore(step, args=ocp.args.StandardRestore(abstract_state)), directory)
+    if err:  # damaged array files
+        raise _Damaged(f"checkpoint step {step} {where} cannot be restored: {err}")
     sums, bad = digest(state)
     saved = meta.get("checksums") or {}
     damaged = [n for n, c in sums.items() if n in saved and saved[n] != c]
     if damaged or bad:  # files changed after the save (a checkpoint written before checksums: finiteness only)
-        raise ValueError(f"checkpoint step {step} {where} is damaged: "
-                         + (f"{damaged[0]} does not match the checksum saved with it" if damaged
-                            else f"{bad[0]} holds values that are not finite"))
-    return step, state, meta
+        raise _Damaged(f"checkpoint step {step} {where} is damaged: "
+                       + (f"{damaged[0]} does not match the checksum saved with it" if damaged
+                          else f"{bad[0]} holds values that are not finite"))
+    return state, meta
 
 
 def stored_metadata(directory, step: int) -> dict:

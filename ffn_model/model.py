@@ -208,10 +208,10 @@ def ffn_pipeline_outputs(x_MxbxD, w_in, w_out, mesh, w: Workload, for_grad: bool
 
     counts = uneven_stages(w)
 
-    def chunk(x, ws, select):  # uneven stages: the stage's padding slots masked (stack_forward's ``live``)
+    def chunk(x, ws, select):  # uneven stages or chunks: the chunk's padding slots masked (stack_forward's ``live``)
         return stack_forward(x, ws["w_in"], ws["w_out"], activation, remat,
                              gather=lambda v, axes: gather(select(v), axes),
-                             live=None if counts is None else live_slots(counts))
+                             live=None if counts is None else live_slots(counts, R, select))
 
     return pipeline_outputs(x_MxbxD, ws, mesh, chunk, X_AXES, repeats=R)
 

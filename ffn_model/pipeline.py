@@ -36,23 +36,26 @@ from jax._src.interpreters import partial_eval as pe  # dce_jaxpr: which residua
 from jax.sharding import PartitionSpec
 
 from ffn_model.sharded import COMPUTE_DTYPE, constrain
-from scaling.pipeline import relay_rounds, stage_blocks
+from scaling.pipeline import chunk_counts, relay_rounds
 
 
 def uneven_stages(w) -> tuple[int, ...] | None:
-    """The blocks of each stage (scaling.pipeline.stage_blocks) where the Workload ``w``'s stages are uneven, else
-    None (an even split, or no stage axis: the stacks are [L, ...] as they are)."""
+    """The blocks of each chunk (scaling.pipeline.chunk_counts: S·R of them in the order the blocks run, chunk
+    c = r·S + s stage s's r-th; R = 1: each stage's) where the Workload ``w``'s chunks are uneven, else None (an
+    even split, or no stage axis: the stacks are [L, ...] as they are)."""
     S = w.mesh.get("stage", 1)
-    counts = stage_blocks(w.model, w.schedule, S) if S > 1 else (w.model.blocks,)
+    counts = chunk_counts(w.model, w.schedule, S) if S > 1 else (w.model.blocks,)
     return counts if len(set(counts)) > 1 else None
 
 
 def padded_slots(counts: tuple[int, ...]) -> np.ndarray:
-    """Uneven stages as a padded stack of S·Lmax slots (Lmax = max L_s): stage s holds slots s·Lmax .. (s+1)·Lmax − 1
-    (the stack's even split over ``stage``), its L_s real blocks first, its last Lmax − L_s slots padding. Returns the
-    slot of each real block i = 0..L−1: s·Lmax + (i − (L_0 + ... + L_{s−1}))."""
-    Lmax = max(counts)
-    return np.array([s * Lmax + j for s, n in enumerate(counts) for j in range(n)])
+    """Uneven chunks (R = 1: stages) as a padded stack of C·Cmax slots (C chunks, Cmax = max n_c): chunk c holds
+    slots c·Cmax .. (c+1)·Cmax − 1, its n_c real blocks first, its last Cmax − n_c slots padding. Over ``stage`` the
+    stack splits evenly, stage s holding chunks s·R .. s·R + R − 1 as an even stack does (R = 1: chunk s; R > 1 the
+    circular re-lay, relay, moves chunk r·S + s to stage s). Returns the slot of each real block i = 0..L−1:
+    c·Cmax + (i − (n_0 + ... + n_{c−1}))."""
+    Cmax = max(counts)
+    return np.array([c * Cmax + j for c, n in enumerate(counts) for j in range(n)])
 
 
 def pad_stack(w_Lx___, counts: tuple[int, ...]):
@@ -68,9 +71,12 @@ def real_blocks(w_Px___, counts: tuple[int, ...]):
     return w_Px___[padded_slots(counts)]
 
 
-def live_slots(counts: tuple[int, ...]):
-    """Inside a shard_map manual over ``stage``: this stage's real blocks L_s (its first L_s slots, then padding)."""
-    return jnp.asarray(counts, jnp.int32)[jax.lax.axis_index("stage")]
+def live_slots(counts: tuple[int, ...], repeats: int = 1, select=None):
+    """Inside a shard_map manual over ``stage``: the real blocks n_c of the chunk this stage runs (its first n_c
+    slots, then padding), ``counts`` the S·R chunks' (uneven_stages): R = 1, stage s's; R > 1, ``select`` (the
+    iteration's chunk r of a stage's R: w -> w[r]) of stage s's n_s, n_{S+s}, ..., n_{(R−1)·S+s}."""
+    mine = jnp.asarray(counts, jnp.int32).reshape(repeats, -1)[:, jax.lax.axis_index("stage")]
+    return mine[0] if repeats == 1 else select(mine)
 
 
 def split_microbatches(a_Bx___, microbatches: int, batch_shards: int):

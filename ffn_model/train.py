@@ -229,8 +229,9 @@ def train_loop(state, step_fn, batch_fn, steps: int, batch_tokens: int, start_st
 
 
 def train(w: Workload, mesh, steps: int, lr: float = 1e-3, seed: int = 0, log=None, return_state: bool = False,
-          checkpoint_dir=None, save_every: int | None = None, resume: bool = False, say=None):  # 11 parameters: the
-    # train command's run (steps, lr, seed), checkpointing (checkpoint_dir, save_every, resume) and reports
+          checkpoint_dir=None, save_every: int | None = None, resume: bool = False, say=None,
+          resume_step: int | None = None):  # 12 parameters: the train command's run (steps, lr, seed),
+    # checkpointing (checkpoint_dir, save_every, resume, resume_step) and reports
     """Train the workload's model on the synthetic task on ``mesh`` (a jax Mesh of w.mesh's shape) up to ``steps``
     steps in all and return the losses of the steps this call ran (and the final state with
     ``return_state=True``).
@@ -239,8 +240,9 @@ def train(w: Workload, mesh, steps: int, lr: float = 1e-3, seed: int = 0, log=No
     (ffn_model.checkpoint) the state is saved after every ``save_every`` steps (asynchronously) and
     after the last step; the directory must be new or empty. With ``resume`` the newest complete checkpoint
     k is restored onto ``mesh`` (any mesh) and steps k..steps-1 run: since batch i is a function of
-    (seed, i), the losses are those of an uninterrupted run. Every input is validated before anything
-    is created or written (ValueError naming the input).
+    (seed, i), the losses are those of an uninterrupted run. ``resume_step`` k (implies ``resume``) restores the
+    complete step k instead of the newest (after a damaged newest one) and removes the checkpoints after k.
+    Every input is validated before anything is created or written (ValueError naming the input).
 
     ``say(line)`` receives what a person running this wants to know besides the losses: "saved step
     k to DIR" once step k is committed (at the first step that ends after it, when the next save starts,
@@ -249,7 +251,8 @@ def train(w: Workload, mesh, steps: int, lr: float = 1e-3, seed: int = 0, log=No
     "warning:" line for each setting (batch_tokens, lr) that differs from the checkpoint's. A loss or
     a state that is not finite stops the run with a ValueError before it is saved (train_loop,
     checkpoint.save); the checkpoints already committed stay."""
-    _check_run(w, mesh, steps, lr, seed, checkpoint_dir, save_every, resume)
+    resume = resume or resume_step is not None
+    _check_run(w, mesh, steps, lr, seed, checkpoint_dir, save_every, resume, resume_step)
     cfg, batch_tokens, schedule = w.model, w.batch_tokens, w.schedule
     say = say or (lambda line: None)
     tx = make_optimizer(lr)
@@ -263,13 +266,15 @@ def train(w: Workload, mesh, steps: int, lr: float = 1e-3, seed: int = 0, log=No
         say(f"no complete checkpoint in {checkpoint_dir}, only an unfinished save: starting from step 0")
         resume = False
     if resume:
-        start, state = _restore(w, mesh, tx, steps, checkpoint_dir, held, meta, say)
+        start, state = _restore(w, mesh, tx, steps, checkpoint_dir, held, meta, say, resume_step)
     else:
         state = init_state(w, mesh, seed, tx)
     mngr = ckpt.open_manager(checkpoint_dir, create=True) if checkpoint_dir is not None else None
     removed = held["unfinished"] + ckpt.remove_incomplete(mngr, held, start) if held else []
     for name in removed:  # the manager removes the unfinished ones itself (cleanup_tmp_directories)
         say(f"removed {name} from {checkpoint_dir}: a save that never finished")
+    for k in ckpt.remove_newer(mngr, held, start) if resume_step is not None else ():
+        say(f"removed step {k} from {checkpoint_dir}: newer than --resume-step {resume_step}")
     started = []  # saves started and not yet reported: "saved step k" is said once step k is committed
 
     def save(k, s):
@@ -310,10 +315,12 @@ def train(w: Workload, mesh, steps: int, lr: float = 1e-3, seed: int = 0, log=No
     return (losses, state) if return_state else losses
 
 
-def _check_run(w: Workload, mesh, steps: int, lr: float, seed: int, checkpoint_dir, save_every, resume: bool) -> None:
+def _check_run(w: Workload, mesh, steps: int, lr: float, seed: int, checkpoint_dir, save_every, resume: bool,
+               resume_step: int | None = None) -> None:
     """train's inputs checked before anything is created or written (ValueError naming the input): positive
     steps, lr and save_every, a seed, the mesh of the workload's shape (check_mesh), a checkpoint_dir for
-    save_every and resume (ffn_model.checkpoint.check_directory)."""
+    save_every and resume (ffn_model.checkpoint.check_directory), resume_step a complete step there
+    (ffn_model.checkpoint.check_resume_step)."""
     positive_int("steps", steps)
     positive_float("lr", lr)
     check_seed("seed", seed)
@@ -324,13 +331,17 @@ def _check_run(w: Workload, mesh, steps: int, lr: float, seed: int, checkpoint_d
         raise ValueError("save_every and resume need a checkpoint_dir (--checkpoint-dir)")
     if checkpoint_dir is not None:
         ckpt.check_directory(checkpoint_dir, resume)
+    if resume_step is not None:
+        positive_int("resume_step", resume_step)
+        ckpt.check_resume_step(checkpoint_dir, resume_step)
 
 
-def _restore(w: Workload, mesh, tx, steps: int, checkpoint_dir, held: dict, meta: dict, say):
-    """(k, state): the newest complete checkpoint k in ``checkpoint_dir`` restored onto ``mesh``
-    (ffn_model.checkpoint.restore_latest against ``meta``), what was skipped, the mesh it was saved on and each
-    changed setting said; ValueError where k > ``steps``."""
-    start, state, saved = ckpt.restore_latest(checkpoint_dir, state_shardings(w, mesh, tx)[0], meta)
+def _restore(w: Workload, mesh, tx, steps: int, checkpoint_dir, held: dict, meta: dict, say,
+             step: int | None = None):
+    """(k, state): the newest complete checkpoint k in ``checkpoint_dir`` (or the complete ``step``) restored onto
+    ``mesh`` (ffn_model.checkpoint.restore_latest against ``meta``), what was skipped, the mesh it was saved on and
+    each changed setting said; ValueError where k > ``steps``."""
+    start, state, saved = ckpt.restore_latest(checkpoint_dir, state_shardings(w, mesh, tx)[0], meta, step)
     if start > steps:
         raise ValueError(f"steps={steps} is fewer than the {start} steps already in the checkpoint "
                          f"{str(checkpoint_dir)!r}; steps counts all steps, resumed ones included")

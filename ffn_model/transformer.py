@@ -616,8 +616,8 @@ def transformer_pipeline_loss(params, batch, *, w: Workload, mesh):
 
     counts = uneven_stages(w)
 
-    def chunk(x, ws, select):  # uneven stages: the stage's padding slots masked (stack_forward's ``live``)
-        live = None if counts is None else live_slots(counts)
+    def chunk(x, ws, select):  # uneven stages or chunks: the chunk's padding slots masked (stack_forward's ``live``)
+        live = None if counts is None else live_slots(counts, R, select)
         return stack_forward(x, ws, schedule, remat, cfg.mlp, cfg.block, select, live)
 
     def head(y, labels, hp):

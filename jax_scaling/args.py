@@ -81,7 +81,9 @@ def add_schedule_args(p) -> None:
     g.add_argument("--stage-blocks", type=block_list, metavar="L0,L1,...",
                    help="the blocks of each pipeline stage, first to last, summing to the blocks (Megatron-LM's "
                         "--decoder-first/last-pipeline-num-layers as a list; default: an even split, or uneven "
-                        "DeepSpeed's uniform with the embedding and output counted as a block each)")
+                        "DeepSpeed's uniform with the embedding and output counted as a block each); with --repeats "
+                        "R, S counts (each split over its R chunks) or S*R, one a chunk in the order the blocks run "
+                        "(chunk r*S+s on stage s: Megatron-LM's --pipeline-model-parallel-layout)")
     g.add_argument("--sequence-parallel", type=on_off, nargs="?", const=True, metavar="on|off",
                    help="Megatron sequence parallelism on the tensor axis: activations split over tensor along the "
                         "tokens between blocks (all-gather + reduce-scatter instead of the all-reduce); "
@@ -106,7 +108,7 @@ SCHEDULE_FIELDS = {"repeats": 1, "fsdp_gather": "microbatch", "sequence_parallel
 
 
 def block_list(text: str) -> tuple[int, ...]:
-    """--stage-blocks 3,2 -> (3, 2) (Schedule checks the counts: positive, one per stage, summing to L)."""
+    """--stage-blocks 3,2 -> (3, 2) (Schedule checks the counts: positive, one per stage or chunk, summing to L)."""
     import argparse
     try:
         return tuple(int(v) for v in text.split(","))
@@ -188,6 +190,24 @@ def model_config(args):
     return model_of(preset_of(args), **{k: getattr(args, k, None) for k in (*MODEL_FLAGS, *SCHEDULE_FLAGS)})
 
 
+# what a default taken means, where its value alone does not say (defaults_note)
+DEFAULT_MEANS = {"kv_heads": "= --heads: full multi-head attention", "head_dim": "= D/N",
+                 "vocab": "token vectors in and out", "window": "every layer global", "capacity_factor": "dropless"}
+
+
+def defaults_note(args) -> str | None:
+    """For a model of flags alone (preset_of None): one ``note:`` line naming the defaults it took for the dimensions
+    and kinds not given (scaling.presets.defaults_taken: the activation, the kv heads, ...), for stderr; None for a
+    preset (whose fields are the preset's)."""
+    if preset_of(args) is not None:
+        return None
+    from scaling.presets import defaults_taken
+    taken = defaults_taken(model_config(args), {k: getattr(args, k, None) for k in MODEL_FLAGS})
+    words = [(f"no --{k.replace('_', '-')}" if v is None else f"--{k.replace('_', '-')} {v}")
+             + (f" ({DEFAULT_MEANS[k]})" if k in DEFAULT_MEANS else "") for k, v in taken.items()]
+    return f"note: a model of flags alone; defaults taken for what was not given: {', '.join(words)}" if words else None
+
+
 def preset_of(args) -> str | None:
     """--preset; left out, the command's default preset (add_model_args) where no dimension is given or every model
     flag given is one its family has (they override it, as always: --d-model --d-ff --blocks beside predict's
@@ -257,11 +277,15 @@ def chip_attention(args) -> str | None:
         return getattr(args, "attention", None)
     if getattr(args, "attention", None) not in (None, "auto"):
         return args.attention
-    from scaling.hardware import get_chip, parse_slice
     from scaling.schedule import attention_for
-    kind = parse_slice(args.slice)[0].kind if getattr(args, "slice", None) else get_chip(
-        getattr(args, "chip", None) or DEFAULT_CHIP).kind
-    return attention_for(kind, getattr(model_config(args), "seq_len", None))
+    return attention_for(chip_of(args).kind, getattr(model_config(args), "seq_len", None))
+
+
+def chip_of(args):
+    """The chip --slice or --chip names (default DEFAULT_CHIP): scaling.hardware's; ValueError naming an unknown one."""
+    from scaling.hardware import get_chip, parse_slice
+    return parse_slice(args.slice)[0] if getattr(args, "slice", None) else get_chip(
+        getattr(args, "chip", None) or DEFAULT_CHIP)
 
 
 def add_config_args(r, mesh_required: bool, preset: str | None = "xxl") -> None:

@@ -7,10 +7,10 @@ import json
 import sys
 
 from jax_scaling.args import MESH_HELP, add_model_args, add_schedule_args, flags_of, model_config, schedule_of
-from mesh.devices import device_count, use_cpu_platform_for
+from mesh.devices import chip_of_devices, device_count, use_cpu_platform_for
 from scaling.mesh_shape import parse_mesh_spec
 from scaling.policies import REMAT_POLICIES
-from scaling.hardware import DEFAULT_CHIP, get_chip
+from scaling.hardware import DEFAULT_CHIP, Chip, get_chip
 from scaling.limits import check_size, integer
 from scaling.workload import Workload
 
@@ -19,15 +19,16 @@ def add_parser(sub) -> None:
     """check's subcommand and flags."""
     c = sub.add_parser("check", help="closed forms against the compiled program, term by term")
     c.add_argument("--devices", default="cpu:8",
-                   help="cpu:N (emulated), tpu:<chip>:<shape> (tpu:v5p:4x4x4, tpu:v6e:4x4, tpu:TPU7x:2x2x1) or a "
-                        "slice (tpu:v5p-128), compiled ahead of time")
+                   help="cpu:N (emulated), tpu:<chip>:<shape> (tpu:v5p:4x4x4, tpu:v6e:4x4, tpu:TPU7x:2x2x1), a "
+                        "slice (tpu:v5p-128) or gpu:<chip>:<N> (gpu:H100:8), compiled ahead of time")
     c.add_argument("--mesh", default="data=2,fsdp=2,tensor=2", help=f"mesh spec (default %(default)s); {MESH_HELP}")
     add_model_args(c, "small")
     c.add_argument("--batch-tokens", type=integer, default=4096, help="global batch in tokens (default %(default)s)")
     c.add_argument("--remat", default="none", choices=REMAT_POLICIES, help="remat policy (default %(default)s)")
     c.add_argument("--step", default="train", choices=["train", "forward"], help="(default %(default)s)")
     add_schedule_args(c)
-    c.add_argument("--chip", help=f"chip for the time estimates (default: the TPU topology's, else {DEFAULT_CHIP})")
+    c.add_argument("--chip", help="chip for the time estimates, of the devices' kind (default: the TPU topology's or "
+                   f"the GPUs', else {DEFAULT_CHIP})")
     c.add_argument("--json", action="store_true")
     c.add_argument("--verbose", action="store_true", help="let libtpu's start-up lines through to stderr")
     c.set_defaults(func=check_command)
@@ -40,9 +41,22 @@ def check_workload(args) -> Workload:
     shape = parse_mesh_spec(args.mesh, device_count(args.devices))
     w = Workload(cfg, shape, args.batch_tokens, args.step, args.remat, schedule_of(args), flags=flags_of(args))
     check_size(w)
-    if args.chip is not None:
-        get_chip(args.chip)
+    timing_chip(args)
     return w
+
+
+def timing_chip(args) -> Chip:
+    """The chip whose figures time the check: --chip, or the devices' own (mesh.devices.chip_of_devices: a TPU
+    topology's, gpu:<chip>:<N>'s; DEFAULT_CHIP for cpu:N). ValueError naming --chip where it is unknown, or a TPU
+    timing a program compiled for GPUs (or a GPU one for TPUs): the program is the devices' kind's."""
+    own = chip_of_devices(args.devices)
+    if args.chip is None:
+        return own
+    chip = get_chip(args.chip)
+    if not args.devices.strip().lower().startswith("cpu:") and chip.kind != own.kind:
+        raise ValueError(f"--chip {args.chip} is a {chip.kind.upper()}; --devices {args.devices} compiles for "
+                         f"{own.kind.upper()}s: give a {own.kind.upper()} chip ({own.name}) or leave --chip out")
+    return chip
 
 
 def check_command(args) -> int:
@@ -50,10 +64,14 @@ def check_command(args) -> int:
     starts), compiled and read by verify.check.check, printed as its table (CheckReport.render) or --json
     (CheckReport.to_json)."""
     w = check_workload(args)
-    from verify.check import check
+    from verify.check import check, traceable
     from verify.hlo import refusal_error
 
     use_cpu_platform_for(args.devices)
+    if args.attention in (None, "auto"):  # auto: the platform's kernel where it can be traced here, else flash
+        w, note = traceable(w)
+        if note:
+            print(note, file=sys.stderr, flush=True)
     print(f"compiling the {args.step} step for {args.devices} ...", file=sys.stderr, flush=True)
     try:
         rep = check(w, args.devices, args.chip, verbose=args.verbose)

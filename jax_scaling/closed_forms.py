@@ -27,7 +27,15 @@ from scaling.workload import Workload
 def add_answer_parser(sub) -> None:
     """answer's subcommand and flags: the question's figures (scaling.answers.QUESTION) as defaults."""
     Q = QUESTION
-    a = sub.add_parser("answer", help="answers to the 4D-parallelism questions (a)-(d), derived")
+    a = sub.add_parser(
+        "answer", help="answers to the 4D-parallelism questions (a)-(d), derived",
+        description=f"Answers the 4D-parallelism questions (a)-(d) on the XXL FFN stack (D {Q['d_model']}, F "
+                    f"{Q['d_ff']}, {Q['blocks']} blocks of two linear layers, AdamW): (a) the memory of its FP32 "
+                    "state and BF16 activations on one device, in H100s; (b) the FSDP count that fits one v5p; (c) the "
+                    f"batch per device and overall that is compute bound on v5p with FSDP {Q['fsdp']} x TP "
+                    f"{Q['tensor']}; (d) the smallest batch that is never "
+                    "communication bound. Each step derived from the closed forms; every figure is a flag. The "
+                    "questions, their conventions and the reference seeds: docs/questions.md.")
     a.add_argument("--d-model", type=integer, default=Q["d_model"], help="D (default %(default)s)")
     a.add_argument("--d-ff", type=integer, default=Q["d_ff"], help="F (default %(default)s)")
     a.add_argument("--blocks", type=integer, default=Q["blocks"], help="L (default %(default)s)")
@@ -349,6 +357,8 @@ def gemm_command(args) -> int:
     """kernels --gemm MxNxK --chip C [--dtype D] [--kernel-table FILE] [--json]: one GEMM's predicted time and what
     it is made of (scaling.gemm.gemm_report). Every other kernels flag is refused (one line, exit 2)."""
     from scaling.gemm import gemm_report, parse_gemm
+    from scaling.kernels import DTYPE_BYTES
+    from scaling.limits import check_gemm
     from scaling.reports import with_kernel_table
 
     allowed = {"gemm", "chip", "dtype", "kernel_table", "json", "command", "func", "default_preset", "kernel_model",
@@ -363,6 +373,7 @@ def gemm_command(args) -> int:
     chip = get_chip(args.chip)
     if args.kernel_table is not None:
         chip = with_kernel_table(chip, args.kernel_table)
+    check_gemm(m, n, k, DTYPE_BYTES[args.dtype or "bf16"], chip.hbm_budget, f"{chip.name} device")  # usable HBM
     r = gemm_report(chip, m, n, k, args.dtype or "bf16")
     print(json.dumps(r.to_json(), indent=2) if args.json else r.render())
     return 0

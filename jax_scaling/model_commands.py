@@ -3,7 +3,7 @@
   train    train the FFN stack on the synthetic regression task, printing step, loss and tokens/s
            (--json: one object at the end with the per-step losses). --checkpoint-dir saves the
            sharded state (orbax) every --save-every steps and at the end; --resume restores the newest
-           checkpoint onto this run's mesh and continues to --steps steps in all.
+           checkpoint onto this run's mesh and continues to --steps steps in all (--resume-step N: step N).
   compile  compile the train (or forward) step ahead of time from ShapeDtypeStructs and print the
            per-device memory and cost analysis (--json: one object).
   bench    time the train step (median of --steps steps after --warmup) and print achieved TFLOP/s,
@@ -67,9 +67,9 @@ def add_commands(sub) -> None:
         s.add_argument("--json", action="store_true", help="print one JSON object on stdout (process 0; "
                        "gloo adds its own [Gloo] lines with cpu:N over several processes)")
         s.set_defaults(func=lambda args, command=name: run_command(args, command))
+        s.add_argument("--verbose", action="store_true", help="let libtpu's start-up lines through to stderr")
         if name == "compile":
             s.add_argument("--step", default="train", choices=("train", "forward"), help="which step to compile")
-            s.add_argument("--verbose", action="store_true", help="let libtpu's start-up lines through to stderr")
             continue
         s.add_argument("--steps", type=integer, default=20 if name == "train" else 10,
                        help="steps in all, resumed ones included (default 20)" if name == "train"
@@ -91,6 +91,9 @@ def add_commands(sub) -> None:
             c.add_argument("--save-every", type=integer, help="save after every N steps (default: only at the end)")
             c.add_argument("--resume", action="store_true",
                            help="restore the newest checkpoint in --checkpoint-dir and continue to --steps")
+            c.add_argument("--resume-step", type=integer, metavar="N",
+                           help="resume from the complete step N instead of the newest (after a damaged newest "
+                                "one; the checkpoints after N are removed)")
         else:
             s.add_argument("--warmup", type=integer, default=2, help="untimed steps first (default 2)")
             s.add_argument("--chip", help="chip for MFU and the prediction (default: from the devices; "
@@ -140,6 +143,10 @@ def check_flags(args, cfg) -> None:
             positive_int("--save-every", args.save_every)
         if args.checkpoint_dir is None and (args.save_every is not None or args.resume):
             raise ValueError("--save-every and --resume need --checkpoint-dir")
+        if args.resume_step is not None:
+            positive_int("--resume-step", args.resume_step)
+            if args.checkpoint_dir is None:
+                raise ValueError("--resume-step needs --checkpoint-dir")
     schedule = schedule_of(args)
     n_dev = device_count(args.devices) if args.command == "compile" else (
         None if n_cpu is None else n_cpu * (processes or 1))
@@ -154,7 +161,11 @@ def check_flags(args, cfg) -> None:
     if args.command == "train" and args.checkpoint_dir is not None:
         from ffn_model.checkpoint import check_directory
 
-        check_directory(args.checkpoint_dir, args.resume)
+        check_directory(args.checkpoint_dir, args.resume or args.resume_step is not None)
+        if args.resume_step is not None:  # a complete step there, before jax starts
+            from ffn_model.checkpoint import check_resume_step
+
+            check_resume_step(args.checkpoint_dir, args.resume_step)
 
 
 def train_command(args, cfg) -> dict:
@@ -163,7 +174,7 @@ def train_command(args, cfg) -> dict:
     from ffn_model.train import train
     from mesh import make_mesh, mesh_shape
 
-    mesh = make_mesh(args.mesh, start_processes(args))
+    mesh = make_mesh(args.mesh, start_processes(args), args.verbose)  # libtpu's start-up lines off stderr
     w = Workload(cfg, mesh_shape(mesh), args.batch_tokens, remat=args.remat,
                  schedule=schedule_of(args, mesh.devices.flat[0].platform), flags=flags_of(args))
     check_real_cpu_size(args, w, mesh)
@@ -183,7 +194,7 @@ def train_command(args, cfg) -> dict:
     if cfg.has_attention:
         say(f"attention {w.schedule.attention}")  # auto: the platform's kernel (scaling.schedule.attention_for)
     losses = train(w, mesh, args.steps, lr=args.lr, seed=args.seed, log=log, checkpoint_dir=args.checkpoint_dir,
-                   save_every=args.save_every, resume=args.resume, say=say)
+                   save_every=args.save_every, resume=args.resume, say=say, resume_step=args.resume_step)
     return {"command": "train", "model": vars(cfg), "mesh": mesh_shape(mesh).as_dict(), "devices": args.devices,
             "processes": jax.process_count(), "batch_tokens": args.batch_tokens, "steps": args.steps,
             "start_step": args.steps - len(losses), "lr": args.lr, "seed": args.seed, "remat": args.remat,

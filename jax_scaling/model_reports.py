@@ -5,6 +5,8 @@ Imported (with verify, and so jax) only when such a command runs (jax_scaling.mo
 
 from __future__ import annotations
 
+import sys
+
 from ffn_model.compile import abstract_compile
 from jax_scaling.args import flags_of, schedule_of
 from jax_scaling.processes import check_real_cpu_size, start_processes
@@ -12,6 +14,7 @@ from mesh import make_mesh, mesh_shape
 from mesh.devices import infer_chip, parse_gpu_spec
 from scaling.mesh_shape import MeshShape
 from scaling.hardware import get_chip
+from scaling.table import prose, time_text
 from scaling.workload import Workload
 from verify.bench import bench
 from verify.report import optimal_seconds_text
@@ -24,9 +27,16 @@ def compile_report(args, cfg) -> dict:
     """``compile``: compile one step ahead of time and read it (verify.hlo.read_compiled)."""
     mesh = make_mesh(args.mesh, args.devices, args.verbose)
     schedule = schedule_of(args, mesh.devices.flat[0].platform)  # auto: the platform's attention
+    w = Workload(cfg, mesh_shape(mesh), args.batch_tokens, args.step, args.remat, schedule, flags=flags_of(args))
+    if getattr(args, "attention", None) in (None, "auto"):  # auto: flash where cuDNN's cannot be traced here
+        from verify.check import traceable
+
+        w, note = traceable(w)
+        schedule = w.schedule
+        if note:
+            print(note, file=sys.stderr, flush=True)
     try:
-        res = abstract_compile(Workload(cfg, mesh_shape(mesh), args.batch_tokens, args.step, args.remat, schedule,
-                                        flags=flags_of(args)), mesh, args.verbose)
+        res = abstract_compile(w, mesh, args.verbose)
     except Exception as e:  # a program larger than the TPU's HBM: one line (verify.hlo.refusal_error)
         raise refusal_error(e) or e
     got = read_compiled(res.compiled, dict(mesh_shape(mesh)))
@@ -54,11 +64,10 @@ def check_gpu_fits(devices, peak) -> None:
 
 
 def print_compile(rep: dict) -> None:
-    print(f"{rep['step']} step of {rep.get('model_text', rep['model'])} on {rep['devices'] or rep['platform']} mesh "
-          f"{MeshShape(rep['mesh'])}, "
-          f"B={rep['batch_tokens']:,} tokens, remat {rep['remat']}, "
-          + (f"attention {rep['schedule']['attention']}, " if rep.get("model", {}).get("heads") else "")
-          + f"XLA flags {rep.get('xla_flags', 'default')!r}: compiled in {rep['compile_seconds']:.1f} s")
+    print(prose(f"{rep['step']} step of {rep.get('model_text', rep['model'])} on {rep['devices'] or rep['platform']} "
+                f"mesh {MeshShape(rep['mesh'])}, B={rep['batch_tokens']:,} tokens, remat {rep['remat']}, "
+                + (f"attention {rep['schedule']['attention']}, " if rep.get("model", {}).get("heads") else "")
+                + f"XLA flags {rep.get('xla_flags', 'default')!r}: compiled in {rep['compile_seconds']:.1f} s"))
     for k, v in rep["memory"].items():
         print(f"  memory.{k:<21} {'-' if v is None else f'{v:,.0f} B ({v / 1e9:.3f} GB)'}  per device")
     print(f"  dot FLOPs x loop trips  {rep['dot_flops']:.6g} per device")
@@ -72,7 +81,7 @@ def print_compile(rep: dict) -> None:
 
 def bench_report(args, cfg) -> dict:
     """``bench``: time the train step on this process's devices (or cpu:N) and report it."""
-    mesh = make_mesh(args.mesh, start_processes(args))
+    mesh = make_mesh(args.mesh, start_processes(args), args.verbose)  # libtpu's start-up lines off stderr
     w = Workload(cfg, mesh_shape(mesh), args.batch_tokens, remat=args.remat,
                  schedule=schedule_of(args, mesh.devices.flat[0].platform),
                  flags=flags_of(args))
@@ -87,24 +96,31 @@ def bench_report(args, cfg) -> dict:
             "remat": args.remat, "steps": args.steps, "warmup": args.warmup, **rep}
 
 
-def print_bench(rep: dict) -> None:
+def render_bench(rep: dict) -> str:
+    """bench's text: the configuration, the chip figures, the step time (median), FLOPs, TFLOP/s, MFU and HFU, and
+    the closed form's predicted step (max .. sum form, its terms); times in units a person reads
+    (scaling.table.time_text), prose wrapped at 120 columns (scaling.table.prose)."""
     pct = lambda x: "n/a" if x is None else f"{100 * x:.3g}%"  # noqa: E731
-    ms = lambda t: f"{t * 1e3:.4g} ms"  # noqa: E731
-    print(f"train step of {rep['model_text']} on {rep['device_kind']} mesh {MeshShape(rep['mesh'])}, "
-          f"B={rep['batch_tokens']:,} "
-          f"tokens, remat {rep['remat']}, "
-          + (f"attention {rep['attention']}, " if rep.get("attention") else "") + f"chip {rep['chip'] or 'n/a'}")
+    lines = [f"train step of {rep['model_text']} on {rep['device_kind']} mesh {MeshShape(rep['mesh'])}, "
+             f"B={rep['batch_tokens']:,} tokens, remat {rep['remat']}, "
+             + (f"attention {rep['attention']}, " if rep.get("attention") else "") + f"chip {rep['chip'] or 'n/a'}"]
     if rep["chip"]:
-        print(f"  chip figures: {get_chip(rep['chip']).describe()}")
-    print(f"  step time   {ms(rep['step_seconds'])}  (median of {rep['steps']} after {rep['warmup']} warmup)")
-    print(f"  FLOPs/step  {rep['flops']['executed']:.4g} executed (the compiled program's), "
-          f"{rep['flops']['model']:.4g} model")
-    print(f"  TFLOP/s     {rep['tflops_per_s']:.4g} ({rep['tflops_per_s_per_device']:.4g} per device)")
-    print(f"  MFU         {pct(rep['mfu'])}  (HFU {pct(rep['hfu'])})")
+        lines.append(f"  chip figures: {get_chip(rep['chip']).describe()}")
+    lines += [f"  step time   {time_text(rep['step_seconds'])}  (median of {rep['steps']} after {rep['warmup']} "
+              "warmup)",
+              f"  FLOPs/step  {rep['flops']['executed']:.4g} executed (the compiled program's), "
+              f"{rep['flops']['model']:.4g} model",
+              f"  TFLOP/s     {rep['tflops_per_s']:.4g} ({rep['tflops_per_s_per_device']:.4g} per device)",
+              f"  MFU         {pct(rep['mfu'])}  (HFU {pct(rep['hfu'])})"]
     p = rep["predicted"]
     if p is None:
-        print("  predicted   n/a (no chip: pass --chip)")
+        lines.append("  predicted   n/a (no chip: pass --chip)")
     else:
-        comms = ", ".join(f"{a} {ms(t)}" for a, t in p["comms"].items()) or "none"
-        print(f"  predicted   {ms(p['step_max'])} (max form) .. {ms(p['step_sum'])} (sum form): "
-              f"math {ms(p['math'])}, comms {comms}, HBM {ms(p['hbm'])}; {p['bound']} bound")
+        comms = ", ".join(f"{a} {time_text(t)}" for a, t in p["comms"].items()) or "none"
+        lines.append(f"  predicted   {time_text(p['step_max'])} (max form) .. {time_text(p['step_sum'])} (sum form): "
+                     f"math {time_text(p['math'])}, comms {comms}, HBM {time_text(p['hbm'])}; {p['bound']} bound")
+    return "\n".join(map(prose, lines))
+
+
+def print_bench(rep: dict) -> None:
+    print(render_bench(rep))

@@ -8,9 +8,11 @@ import dataclasses
 import json
 import math
 import re
+import sys
 import time
 
-from jax_scaling.args import add_config_args, chip_attention, flags_of, model_config, needs, say
+from jax_scaling.args import (add_config_args, chip_attention, chip_of, defaults_note, flags_of, model_config, needs,
+                              say)
 from jax_scaling.plots import add_plot_arg
 from scaling import plan as planner
 from scaling.kernels import peak_flops
@@ -19,8 +21,9 @@ from scaling.schedule import Schedule
 from scaling.flags import check_modelled
 from scaling.hardware import GPU_NODE, chips_in, slice_name, split_slices
 from scaling.limits import check_devices, check_size, integer, number
-from scaling.reports import batch_of, precision_of, target_of
-from scaling.table import table
+from scaling.reports import batch_of, param_counts, params_text, precision_of, target_of
+from scaling.sharding import LOGICAL_RULES
+from scaling.table import PROSE, folds, table
 from scaling.workload import Workload
 
 
@@ -71,8 +74,8 @@ FIXED_FIELDS = {"fsdp_gather": "microbatch", "warmup_phases": False}
 def plan_choices(args, cfg) -> planner.Choices:
     """What plan tries on each mesh (scaling.plan.Choices) from --remat, --schedule, --attention,
     --context-strategy, --sequence-parallel and --optimizer-sharding: a given name fixes it; left out, every one
-    (--attention: flash; the FFN stack: remat none). A choice no plan can take (FIXED_FIELDS, a transformer's
-    attention block) is refused: ValueError saying why."""
+    (--attention: flash; the FFN stack: remat none; --optimizer-sharding: fsdp, and on GPUs zero1 with stages). A
+    choice no plan can take (FIXED_FIELDS, a transformer's attention block) is refused: ValueError saying why."""
     for k, v in FIXED_FIELDS.items():
         if getattr(args, k) not in (None, v):
             raise ValueError(f"--{k.replace('_', '-')} {getattr(args, k)}: plan's schedules all take "
@@ -100,7 +103,7 @@ def plan_choices(args, cfg) -> planner.Choices:
     if not cfg.grouped_plan:  # a family with attention planned one mesh a group (the MoE transformer's): the chip's
         return planner.Choices.of(cfg, args.remat, attention=args.attention)
     return planner.Choices.of(cfg, args.remat, args.pipeline, args.attention, args.context_strategy,
-                              args.sequence_parallel, args.optimizer_sharding)
+                              args.sequence_parallel, args.optimizer_sharding, chip=chip_of(args))
 
 
 def plan_batch(args, cfg) -> tuple[int, int | None]:
@@ -134,11 +137,15 @@ def fixed_by(args, cfg, chips: int, slices: int, M: int | None) -> dict:
         tests[f"--mesh {args.mesh}"] = lambda p: p.mesh == want
     if args.dcn_mesh is not None:
         dcn = {a: n for a, n in parse_mesh_spec(args.dcn_mesh).items() if n > 1}
-        if len(dcn) != 1 or next(iter(dcn)) not in planner.DCN_AXES or next(iter(dcn.values())) != slices:
+        places = planner.dcn_placements(chip_of(args), slices, planner.plan_axes(cfg))
+        if dcn not in [planner.dcn_of(*place, slices) for place in places]:
+            staged = len(places) > len(planner.DCN_AXES)  # a GPU's stage axis across nodes too
             raise ValueError(f"--dcn-mesh {args.dcn_mesh}: plan spans its {slices} slices with the outermost factor "
-                             f"of one axis, {' or '.join(planner.DCN_AXES)}: give "
-                             + " or ".join(f"{a}={slices}" for a in planner.DCN_AXES))
-        tests[f"--dcn-mesh {args.dcn_mesh}"] = lambda p: p.dcn_axis in dcn
+                             f"of one axis, {' or '.join(planner.DCN_AXES)}"
+                             + (", or stage, or stage=b with one of them the other slices/b" if staged else "")
+                             + ": give " + " or ".join(f"{a}={slices}" for a in planner.DCN_AXES)
+                             + (f" or stage={slices} or e.g. data={slices // 2},stage=2" if staged else ""))
+        tests[f"--dcn-mesh {args.dcn_mesh}"] = lambda p: p.dcn_mesh == dcn
     if M is not None:
         tests[f"--microbatches {M}"] = lambda p: p.microbatches == M
     if args.repeats is not None:
@@ -166,7 +173,7 @@ def keep_fixed(plans: list, tests: dict) -> list:
     once per batch, mesh and DCN axis."""
     seen, out = set(), []
     for p in plans:
-        key = (p.batch_tokens, tuple(p.mesh.values()), p.dcn_axis)
+        key = (p.batch_tokens, tuple(p.mesh.values()), p.dcn_axis, p.dcn_stage)
         if key not in seen and all(t(p) for t in tests.values()):
             seen.add(key)
             out.append(p)
@@ -214,9 +221,11 @@ def plan_command(args) -> int:
     name = slice_name(chip, chips)
     where = f"{chips} {chip.name} chips" + (f" ({name})" if name else "")
     if not fitting:
-        raise no_plan(args, cfg, chip, chips, budget, where, flags, choices, precision)
+        raise no_plan(args, cfg, chip, chips, budget, where, flags, choices, precision, dims)
     if not plans:
         raise not_fixed(args, cfg, M, tests, fitting, where, budget)
+    if note := defaults_note(args):  # a model of flags alone: the defaults it took, on stderr
+        print(note, file=sys.stderr, flush=True)
     if args.verify_top:
         from verify.check import verify_plans
 
@@ -225,7 +234,7 @@ def plan_command(args) -> int:
     rows = [p.to_json() for p in plans] if args.plot is not None else [p.to_json() for p in plans[: args.top]]
     result = {"plans": rows[: args.top], "count": len(plans), "enumerate_seconds": seconds, "chip": chip.name,
               "chips": chips, "slice": name, "hbm_budget": budget, "dtype": precision.dtype,
-              "grad_accumulation": precision.accumulation}
+              "grad_accumulation": precision.accumulation, "model_text": str(cfg), **param_counts(cfg)}
     if args.plot is not None:  # every plan listed, from the same to_json rows --json prints the first --top of
         from jax_scaling.plots import draw_plan, save
 
@@ -281,18 +290,21 @@ def not_fixed(args, cfg, M: int | None, tests: dict, fitting: list, where: str, 
     return ValueError(f"{head}; on {best.mesh_text()} (the best that fits{' there' if mesh_test else ''}): {why}")
 
 
-def no_plan(args, cfg, chip, chips, budget, where, flags, choices, precision) -> ValueError:
+def no_plan(args, cfg, chip, chips, budget, where, flags, choices, precision, dims=None) -> ValueError:
     """Why no plan fits: the nearest miss and what it needs (scaling.plan.nearest_miss), or where no mesh runs the
-    model at all the rules that refuse them (unsplittable), or a batch that splits no way."""
+    model at all with the batch but some would with another, the batch (wrong_batch), or else the rules that refuse
+    them (unsplittable), or a batch that splits no way."""
     miss = planner.nearest_miss(cfg, chip, chips, args.batch_tokens, form=args.form,
                                 max_microbatches=args.max_microbatches, max_repeats=args.max_repeats,
-                                flags=flags, choices=choices, precision=precision)
+                                flags=flags, choices=choices, precision=precision, dims=dims)
     why = "" if miss is None else (
         f"; nearest miss: {miss.mesh_text()}{miss.schedule_text()} "
         f"needs {miss.memory_bytes / 1e9:.1f} GB per device ("
         + ", ".join(f"{k} {v / 1e9:.1f}" for k, v in miss.memory_terms.items() if k != "total" and v >= 5e7)
         + " GB): " + f"{(miss.memory_bytes - budget) / 1e9:.1f} GB over")
     B, most = args.batch_tokens, chips * args.max_microbatches
+    if miss is None and (batch := wrong_batch(args, cfg, (chip, chips, dims, budget), flags, choices, precision)):
+        return ValueError(f"no mesh of {where} can run {cfg} with B = {B:,} tokens, whatever the memory: {batch}")
     if miss is None:  # no mesh runs it at all, whatever the memory: say which rules fail
         return ValueError(f"no mesh of {where} can run {cfg} with B = {B:,} tokens, whatever the memory: "
                           + unsplittable(cfg, chips * chip.devices_per_chip, B, planner.plan_axes(cfg), flags))
@@ -301,6 +313,45 @@ def no_plan(args, cfg, chip, chips, budget, where, flags, choices, precision) ->
                "need B divisible by it), so only data = fsdp = 1 with M = 1 can run it" + why)
     return ValueError(f"no mesh of {where} fits {cfg} in {budget / 1e9:.4g} GB per device "
                      f"(--hbm {budget:.4g} bytes){why}")
+
+
+def wrong_batch(args, cfg, target: tuple, flags, choices, precision) -> str | None:
+    """Where no mesh runs ``cfg`` with the batch but some would with another: the batch as the cause, and the nearest
+    batches below and above that some mesh runs (scaling.plan.nearest_batches: B a multiple of
+    microbatches·data·fsdp·unit, the 16 nearest) where plans fit the budget (scaling.plan.plan, the nearest on each
+    side first, then a few at once), each as the flag that gives it with how many plans fit there and the best one's
+    step; where none of those fits, the nearest that run. None where no batch would do (the model's rules refuse
+    every mesh). ``target``: (chip, chips, slice dims or None, HBM budget per device)."""
+    chip, chips, dims, budget = target
+    B, unit = args.batch_tokens, cfg.seq_len or 1
+    near = planner.nearest_batches(cfg, chip, chips, B, dims, args.max_microbatches, args.max_repeats, choices)
+    if not near:
+        return None
+    fit = {}  # batch -> its plans that fit, best first
+    for side in ([b for b in near if b < B], [b for b in near if b > B]):  # each nearest first
+        for chunk in (side[:1], side[1:4], side[4:]):  # planned a few at once, until one fits
+            if chunk and not any(b in fit for b in side):
+                for p in planner.plan(cfg, chip, chips, chunk, hbm=budget, form=args.form, dims=dims,
+                                      max_microbatches=args.max_microbatches, max_repeats=args.max_repeats,
+                                      flags=flags, choices=choices, precision=precision):
+                    fit.setdefault(p.batch_tokens, []).append(p)
+    pool = [b for b in near if b in fit] or near
+    picked = [b for b in (max((b for b in pool if b < B), default=None), min((b for b in pool if b > B), default=None))
+              if b is not None]
+
+    def at(b: int) -> str:
+        flag = f"--global-batch {b // unit:,} ({b:,} tokens" if cfg.seq_len else f"--batch-tokens {b:,} ("
+        n = len(fit.get(b, []))
+        return (f"{flag}{': ' if cfg.seq_len else ''}{n} mesh{'es' if n != 1 else ''} fit {budget / 1e9:.4g} GB per "
+                f"device, the best {fit[b][0].step_seconds[args.form]:.3g} s a step)" if n else
+                f"{flag}{': ' if cfg.seq_len else ''}none fits {budget / 1e9:.4g} GB per device)")
+
+    what = f"{B // unit:,} sequences" if cfg.seq_len else f"{B:,} tokens"
+    parts = "·".join(("microbatches", *LOGICAL_RULES[cfg.batch_axis]))
+    return (f"the batch is the cause: {what} is not divisible by the {parts} of any mesh that runs the model"
+            + (" (each part whole sequences)" if cfg.seq_len else "") + f"; the nearest batch"
+            f"{'es' if len(picked) > 1 else ''} that some mesh runs" + (" and fits" if pool is not near else "")
+            + ": " + " and ".join(map(at, picked)))
 
 
 def print_header(args, cfg, plans, target, flags, choices, seconds: float) -> None:
@@ -315,16 +366,19 @@ def print_header(args, cfg, plans, target, flags, choices, seconds: float) -> No
         (["schedule"] if "stage" in axes else []) + [f"remat ({', '.join(choices.remats)})",
                                                     f"attention ({', '.join(choices.attentions)})"]
         + (["context strategy"] if "context" in options and "context" in axes else [])
-        + (["sequence parallelism", f"optimizer sharding ({', '.join(choices.optimizer_sharding)})"]
+        + (["sequence parallelism", "optimizer sharding (" + (choices.optimizer_sharding[0]
+                                                              if len(choices.optimizer_sharding) == 1 else
+                                                              "fsdp, zero1 with stages and a data axis") + ")"]
            if "optimizer_sharding" in options else [])))
     say(f"{len(plans)} meshes of {where} fit {budget / 1e9:.4g} GB per device, each with its best microbatch count "
           f"(of 1 to {args.max_microbatches}), repeats and {tried}; B = {args.batch_tokens:,} tokens "
           f"({seconds * 1e3:.1f} ms)"
           + (f"; {slices} {f'nodes of {chips // slices} GPUs on NVLink' if chip.kind == 'gpu' else 'slices'} "
              f"joined by {chip.network_name} "
-             f"({chip.dcn_bw:.3g} B/s per chip; column dcn: the mesh axis whose outermost factor spans them)"
+             f"({chip.dcn_bw:.3g} B/s per chip; column dcn: the mesh axes whose outermost factors span them)"
              if slices > 1 else ""))
     say(f"chip figures: {chip.describe()}")
+    say(f"model: {cfg}; {params_text(cfg)}")
     for line in cfg.program_notes(chip):
         say(f"note: {line}")
     say(f"Ranked by the {args.form} form" + (" (max(T_math, T_HBM) + the collective times; the compiled XXL forward "
@@ -365,20 +419,32 @@ def print_plans(args, cfg, plans, asked: str = "") -> None:
               "M_Y", f"{short} s", f"{other} s", f"MFU {short}", f"MFU {other}", "HFU", "bound", "GB/dev",
               *([] if transformer else [f"crit B {planner.crit_form(args.form)}"]),
               *(["compiled GB", "fits"] if args.verify_top else [])]
-    lines = table(header, [r.cells(k, slices, bool(args.verify_top)) for k, r in shown],
-                  right=range(len(header)))
-    print("\n".join(lines[: min(args.top, len(plans)) + 1]))
-    rest = iter(lines[min(args.top, len(plans)) + 1:])
-    for staged, label in ((False, "without stages"), (True, "with stages")):
-        if staged in best:
-            r = best[staged][1]
-            print(f"Best {label}" + (f": bubble {r.bubble:.1%} of the ideal step, "
-                                     f"{r.bubble_seconds:.3f} s" if staged else "") + " (# is the rank)")
-            print(next(rest))
-        elif staged and "stage" not in planner.plan_axes(cfg):
-            print(f"No plan {label}: pipeline stages are not built for the {cfg.noun}")
-        else:
-            print(f"No plan {label} fits" + (f" with {asked}" if asked else ""))
+    top = min(args.top, len(plans))
+    cells = [r.cells(k, slices, bool(args.verify_top)) for k, r in shown]
+    blocks = [table(header, cells, right=range(len(header)))]
+    if max(map(len, blocks[0])) > PROSE:  # within a terminal: the plan (mesh, choices) with the figures it is
+        # ranked by (step, memory, critical batch), then its other figures, each row keyed by its rank #
+        cut = header.index("bubble")
+        ranked = [i for i, h in enumerate(header) if i < cut or h in (f"{short} s", "GB/dev") or h.startswith("crit")]
+        first = ranked if max(map(len, table([header[i] for i in ranked], [[c[i] for i in ranked] for c in cells]))
+                              ) <= PROSE else list(range(cut))  # the figures with the rest where they do not fit
+        rest = [0, *(i for i in range(cut, len(header)) if i not in first)]
+        blocks = [b for idx in (first, rest) for b in folds([header[i] for i in idx], [[c[i] for i in idx]
+                                                                                       for c in cells],
+                                                            range(len(idx)), width=PROSE)]
+    for n, lines in enumerate(blocks):
+        print(("\n" if n else "") + "\n".join(lines[: top + 1]))
+        rest = iter(lines[top + 1:])
+        for staged, label in ((False, "without stages"), (True, "with stages")):
+            if staged in best:
+                r = best[staged][1]
+                print(f"Best {label}" + (f": bubble {r.bubble:.1%} of the ideal step, "
+                                         f"{r.bubble_seconds:.3f} s" if staged else "") + " (# is the rank)")
+                print(next(rest))
+            elif staged and "stage" not in planner.plan_axes(cfg):
+                print(f"No plan {label}: pipeline stages are not built for the {cfg.noun}")
+            else:
+                print(f"No plan {label} fits" + (f" with {asked}" if asked else ""))
 
 
 def unsplittable(cfg, devices: int, batch_tokens: int, axes: tuple[str, ...], flags) -> str:

@@ -13,7 +13,8 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
-import textwrap
+
+from scaling.table import time_text
 
 FORMATS = {".png": "png", ".svg": "svg"}  # extension -> matplotlib's format
 TINY = 1e-9  # a step term below this share of the step is not drawn (step_segments)
@@ -71,16 +72,119 @@ def _figure(width: float, height: float, cols: int = 1, **margins):
     """A figure of ``cols`` axes drawn by the Agg backend (no display, no pyplot state: it is never shown), its
     margins fixed (Figure.subplots_adjust's ``margins``: a layout engine measures every label first, and took half
     of the drawing time)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(width, height), dpi=110)
+    FigureCanvasAgg(fig)  # a renderer to measure labels with (place_labels), before the figure is saved
     axes = fig.subplots(1, cols)
     fig.subplots_adjust(**margins)
     return fig, axes
 
 
-def _title(text: str, width: int = 110) -> str:
-    return "\n".join(textwrap.wrap(text, width))
+TITLE_LINES = 2  # a title's lines at most
+
+
+def fit_title(fig, text: str, fontsize: float, lines: int = TITLE_LINES, ax=None) -> str:
+    """``text`` in at most ``lines`` lines, each within the figure when centred on it (or on ``ax``, for an axes
+    title), measured in the figure's renderer: words go on while the line fits; the last line cut short with "..."
+    where more would follow (the command's text output carries the whole)."""
+    renderer = fig.canvas.get_renderer()
+    pos = ax.get_position() if ax is not None else None
+    center = 0.5 if pos is None else (pos.x0 + pos.x1) / 2
+    limit = (2 * min(center, 1 - center) - 0.03) * fig.bbox.width
+    probe = fig.text(0, 0, "", fontsize=fontsize)
+
+    def fits(line: str) -> bool:
+        probe.set_text(line)
+        return probe.get_window_extent(renderer).width <= limit
+
+    out, words = [], text.split()
+    while words and len(out) < lines:
+        n = 1
+        while n < len(words) and fits(" ".join(words[: n + 1])):
+            n += 1
+        out.append(" ".join(words[:n]))
+        words = words[n:]
+    if words:  # cut the last line short
+        last = out[-1].split()
+        while len(last) > 1 and not fits(" ".join(last) + " ..."):
+            last.pop()
+        out[-1] = " ".join(last) + " ..."
+    probe.remove()
+    return "\n".join(out)
+
+
+def _overlap(a, b, pad: float = 0.0) -> float:
+    """The area (display pixels²) two bounding boxes share, each grown by ``pad`` pixels on every side."""
+    w = min(a.x1, b.x1) - max(a.x0, b.x0) + 2 * pad
+    h = min(a.y1, b.y1) - max(a.y0, b.y0) + 2 * pad
+    return w * h if w > 0 and h > 0 else 0.0
+
+
+def place_labels(ax, items: list[tuple[float, float, str]], avoid=(), fontsize: float = 7) -> list:
+    """Annotate each (x, y, text) of ``items`` (data coordinates) in order, each where its text's bounding box
+    (Text.get_window_extent, the figure's renderer) overlaps no label placed before, none of the boxes in
+    ``avoid`` (a legend's) and stays inside the axes: offsets tried nearest first (right of the point, then left;
+    level, then up and down in steps of one line), a thin gray leader line where a label is moved off its point;
+    where none fits, the offset of least overlap. The annotations, in order. The axes' limits are frozen first
+    (the offsets are measured on screen): draw every other artist before."""
+    ax.set_xlim(ax.get_xlim())
+    ax.set_ylim(ax.get_ylim())
+    renderer = ax.figure.canvas.get_renderer()
+    frame = ax.get_window_extent(renderer)
+    step = fontsize * 1.35  # one line, points
+    offsets = [(dx, k * step) for ks in ((0, 1, -1), (2, -2, 3, -3), (4, -4, 5, -5, 6, -6, 8, -8, 10, -10))
+               for dx in (5, -5) for k in ks]
+    placed, out = [], []
+    for x, y, text in items:
+        best = None
+        for dx, dy in offsets:
+            t = ax.annotate(text, (x, y), xytext=(dx, dy), textcoords="offset points", fontsize=fontsize,
+                            ha="left" if dx > 0 else "right", va="center", zorder=5)
+            box = t.get_window_extent(renderer)
+            outside = (max(frame.x0 - box.x0, 0) + max(box.x1 - frame.x1, 0)) * box.height + (
+                max(frame.y0 - box.y0, 0) + max(box.y1 - frame.y1, 0)) * box.width
+            cost = sum(_overlap(box, b, 3) for b in [*placed, *avoid]) + outside  # 6 px apart at least
+            if best is None or cost < best[0]:
+                if best is not None:
+                    best[1].remove()
+                best = (cost, t, box)
+            else:
+                t.remove()
+            if cost == 0:
+                break
+        cost, t, box = best
+        placed.append(box)
+        out.append(t)
+        if abs(t.xyann[1]) >= step:  # moved off its point: a leader line from the point to the label's near end
+            end = ax.transData.inverted().transform((box.x0 - 1 if t.xyann[0] > 0 else box.x1 + 1,
+                                                     (box.y0 + box.y1) / 2))
+            ax.plot([x, end[0]], [y, end[1]], color="gray", lw=0.5, zorder=4, scalex=False, scaley=False)
+    return out
+
+
+def log_ticks(lo: float, hi: float, most: int = 8) -> list[float]:
+    """Ticks for a log axis from ``lo`` to ``hi`` (lo > 0): the round numbers m·10^k within it for the densest of
+    the mantissa sets (1), (1, 2, 5), (1, 2, 3, 5), (1, 1.5, 2, 3, 4, 5, 7), (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8)
+    giving at most ``most``; where even the densest gives fewer than 3 (a range under a factor ~1.5), evenly
+    spaced round numbers (matplotlib's MaxNLocator, linear)."""
+    import math
+
+    from matplotlib.ticker import MaxNLocator
+
+    sets = ((1,), (1, 2, 5), (1, 2, 3, 5), (1, 1.5, 2, 3, 4, 5, 7), (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8))
+    best: list[float] = []
+    for mant in sets:
+        ticks = [float(f"{m * 10.0 ** k:.6g}") for k in range(math.floor(math.log10(lo)) - 1,
+                                                            math.ceil(math.log10(hi)) + 1)
+                 for m in mant if lo <= m * 10.0 ** k <= hi]
+        if len(ticks) > most:
+            break
+        best = ticks
+    if len(best) >= 3:
+        return best
+    return [float(f"{t:.6g}") for t in MaxNLocator(6, steps=[1, 2, 2.5, 5, 10]).tick_values(lo, hi) if lo <= t <= hi]
 
 
 def _mesh_text(mesh: dict) -> str:
@@ -135,12 +239,12 @@ def draw_predict(report):
     fig, (ax_t, ax_m) = _figure(12.0, 6.0, 2, left=0.07, right=0.80, wspace=1.05, top=0.83, bottom=0.06)
     bottom = 0.0
     for label, s, color in step_segments(report):
-        ax_t.bar(["step"], [s], bottom=bottom, color=color, label=f"{label} {s:.4g} s", width=0.5)
+        ax_t.bar(["step"], [s], bottom=bottom, color=color, label=f"{label} {time_text(s)}", width=0.5)
         bottom += s
     handles, labels = ax_t.get_legend_handles_labels()
     ax_t.legend(handles[::-1], labels[::-1], fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # as stacked
     ax_t.set_ylabel("seconds per step")
-    ax_t.set_title(f"step {out['step_seconds']:.4g} s ({out['form']} form)\nMFU {out['mfu']:.3f}, bound: "
+    ax_t.set_title(f"step {time_text(out['step_seconds'])} ({out['form']} form)\nMFU {out['mfu']:.3f}, bound: "
                    f"{out['bound']}", fontsize=9)
     cmap = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:gray",
             "tab:olive", "tab:cyan")
@@ -157,9 +261,9 @@ def draw_predict(report):
                    + ("" if out["fits"] else "\n(does not fit)"), fontsize=9)
     handles, labels = ax_m.get_legend_handles_labels()
     ax_m.legend(handles[::-1], labels[::-1], fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    fig.suptitle(_title(f"{out['model_text']} on {out['devices']} {out['chip']} devices, mesh {_mesh_text(out['mesh'])}"
-                        f", B = {out['batch_tokens']:,} tokens, M = {out['microbatches']}, remat {out['remat']}, "
-                        f"{out['dtype']}, {out['xla_flags_text']}"), fontsize=9)
+    fig.suptitle(fit_title(fig, f"{out['model_text']} on {out['devices']} {out['chip']} devices, mesh "
+                           f"{_mesh_text(out['mesh'])}, B = {out['batch_tokens']:,} tokens, M = {out['microbatches']}, "
+                           f"remat {out['remat']}, {out['dtype']}, {out['xla_flags_text']}", 9), fontsize=9)
     return fig
 
 
@@ -198,7 +302,8 @@ def draw_kernels(report):
     """kernels --mesh ... --plot: every kernel of the step on the chip's roofline (roofline_points; log axes), the
     roofline min(C, I·W_hbm) with C the peak of the report's dtype (scaling.kernels.peak_flops) and W_hbm the
     device's HBM bandwidth, the ridge point C/W_hbm (FLOPs per byte), and the chip's kernel-table GEMMs
-    (table_gemm_points: measured or published)."""
+    (table_gemm_points: measured or published); the forward pass's kernels labelled apart (place_labels); a
+    two-line title: the model and mesh, then the kernels of no FLOPs (off the log axes) and their HBM time."""
     import numpy as np
 
     from scaling.kernels import peak_flops
@@ -209,7 +314,7 @@ def draw_kernels(report):
     ridge = C / bw
     pts = roofline_points(report)
     gemms, source = table_gemm_points(chip, dtype)
-    fig, ax = _figure(8.0, 6.0, left=0.11, right=0.97, top=0.87, bottom=0.09)
+    fig, ax = _figure(9.0, 6.0, left=0.09, right=0.97, top=0.9, bottom=0.09)
     xs = [p["x"] for p in pts] + [g[0] for g in gemms] + [ridge]
     lo, hi = min(xs) / 3, max(xs) * 3
     x = np.geomspace(lo, hi, 200)
@@ -218,27 +323,30 @@ def draw_kernels(report):
     ax.axvline(ridge, color="gray", ls="--", lw=1, label=f"ridge point {ridge:.0f} FLOPs/B")
     if gemms:
         ax.scatter([g[0] for g in gemms], [g[1] for g in gemms], s=10, color="lightgray", edgecolor="gray", lw=0.5,
-                   label=f"kernel table GEMMs ({dtype}, {len(gemms)})", zorder=2)
+                   label=f"kernel table GEMMs ({os.path.basename(source)}, {dtype}, {len(gemms)})", zorder=2)
     for kind in dict.fromkeys(p["kind"] for p in pts):
         sel = [p for p in pts if p["kind"] == kind]
         ax.scatter([p["x"] for p in sel], [p["y"] for p in sel], s=28, color=KIND_COLORS.get(kind, "tab:gray"),
                    label=f"step's {kind} kernels", zorder=3)
-        for i, p in enumerate(sorted((p for p in sel if p["pass"] == "forward"), key=lambda p: p["x"])):
-            ax.annotate(p["name"], (p["x"], p["y"]), fontsize=6, xytext=(2, -10 - 7 * (i % 3)),
-                        textcoords="offset points")
     left = [k for k in out["kernels"] if not (k["flops"] > 0 and k["bytes"] > 0 and k["seconds"] > 0)
             and k["seconds"] > 0]
-    note = ("not on the log axes (no FLOPs): " + ", ".join(f"{k['name']} ({k['pass']})" for k in left)
+    passes = {}
+    for k in left:  # each kernel's passes together: "pointwise (forward, backward), adamw (update)"
+        passes.setdefault(k["name"], []).append(k["pass"])
+    note = ("not on the log axes (no FLOPs): " + ", ".join(f"{n} ({', '.join(ps)})" for n, ps in passes.items())
             + f", {sum(k['seconds'] for k in left) * 1e3:.3g} ms of HBM time") if left else ""
     ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(min([p["y"] for p in pts] + [g[1] for g in gemms]
                                                                 + [C]) / 3, C * 2),
            xlabel="FLOPs per HBM byte", ylabel="achieved FLOP/s per device")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
-    ax.set_title(_title(f"{out['model_text']} on {out['chip']} ({dtype}), mesh {_mesh_text(out['mesh'])}, "
-                        f"B = {out['batch_tokens']:,} tokens: the step's kernels on the roofline"
-                        + (f"; GEMMs of {source}" if source else "; no kernel table for this chip"), 110)
-                 + ("\n" + _title(note, 110) if note else ""), fontsize=8)
+    legend = ax.legend(fontsize=7, loc="lower right")
+    forward = sorted((p for p in pts if p["pass"] == "forward"), key=lambda p: -p["y"])  # labelled: the forward pass
+    place_labels(ax, [(p["x"], p["y"], p["name"]) for p in forward], [legend.get_window_extent(
+        fig.canvas.get_renderer())], fontsize=6)
+    ax.set_title(fit_title(fig, f"{out['model_text']} on {out['chip']} ({dtype}), mesh {_mesh_text(out['mesh'])}, "
+                           f"B = {out['batch_tokens']:,} tokens", 8, 1, ax) + "\n"
+                 + fit_title(fig, note or "the step's kernels on the roofline"
+                             + ("" if source else "; no kernel table for this chip"), 8, 1, ax), fontsize=8)
     return fig
 
 
@@ -258,7 +366,9 @@ def draw_plan(result: dict, plans: list[dict], labelled: int = 5):
     """plan --plot: every plan listed (``plans``: each Plan.to_json, ranked) as its predicted step time (the ranking
     form's, step_seconds) against its memory per device (memory_bytes, GB), the HBM budget (result's hbm_budget) as a
     dashed line, the Pareto frontier (pareto) as a step line, the first ``labelled`` plans labelled by their mesh
-    (and M, R where > 1). ``result``: plan's --json object (its chip, chips, slice, budget)."""
+    (and M, R where > 1), apart from each other and the legend (place_labels); the step axis logarithmic with
+    labelled round-number ticks over the plotted range (log_ticks). ``result``: plan's --json object (its chip,
+    chips, slice, budget)."""
     fig, ax = _figure(8.0, 5.6, left=0.11, right=0.97, top=0.9, bottom=0.09)
     pts = [(p["memory_bytes"] / 1e9, p["step_seconds"]) for p in plans]
     ax.scatter([m for m, _ in pts], [s for _, s in pts], s=16, color="tab:blue", alpha=0.6,
@@ -268,25 +378,31 @@ def draw_plan(result: dict, plans: list[dict], labelled: int = 5):
             marker="o", ms=4, label=f"Pareto frontier ({len(front)} plans)")
     budget = result["hbm_budget"] / 1e9
     ax.axvline(budget, color="black", ls="--", lw=1, label=f"HBM budget {budget:.4g} GB")
-    for rank, p in enumerate(plans[:labelled], 1):
-        text = f"#{rank} {_mesh_text(p['mesh'])}" + (f" M={p['microbatches']}" if p["microbatches"] > 1 else "") + (
-            f" R={p['repeats']}" if p["repeats"] > 1 else "")
-        ax.annotate(text, (p["memory_bytes"] / 1e9, p["step_seconds"]), fontsize=7, xytext=(4, 4 + 7 * (rank % 2)),
-                    textcoords="offset points")
     form = plans[0]["form"] if plans else "scheduled"
     mems = [m for m, _ in pts if m > 0]
     wide = bool(mems) and max(mems) > 20 * min(mems)  # memory over decades: log axis
     ax.set(yscale="log", xscale="log" if wide else "linear", xlabel="memory per device (GB)",
            ylabel=f"predicted step ({form} form, s)")
-    from matplotlib.ticker import ScalarFormatter
+    steps = [s for _, s in pts if s > 0]
+    if steps:  # labelled round numbers over the whole range (matplotlib's log axis labels only the decades)
+        from matplotlib.ticker import NullLocator
 
-    for which in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):  # 2, 3, 4 s, not 2 x 10^0
-        which(ScalarFormatter())
+        lo, hi = min(steps) / 1.08, max(steps) * 1.08
+        ax.set_ylim(lo, hi)
+        ticks = log_ticks(lo, hi)
+        ax.set_yticks(ticks, [f"{t:g}" for t in ticks])
+        ax.yaxis.set_minor_locator(NullLocator())
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="upper right")
+    legend = ax.legend(fontsize=7, loc="upper right")
+    items = []
+    for rank, p in enumerate(plans[:labelled], 1):
+        text = f"#{rank} {_mesh_text(p['mesh'])}" + (f" M={p['microbatches']}" if p["microbatches"] > 1 else "") + (
+            f" R={p['repeats']}" if p["repeats"] > 1 else "")
+        items.append((p["memory_bytes"] / 1e9, p["step_seconds"], text))
+    place_labels(ax, items, [legend.get_window_extent(fig.canvas.get_renderer())])
     where = f"{result['chips']} {result['chip']} chips" + (f" ({result['slice']})" if result.get("slice") else "")
-    ax.set_title(_title(f"plan: {result['count']} meshes of {where}, {result['dtype']}, each with its best schedule; "
-                        f"step time against memory per device", 90), fontsize=9)
+    ax.set_title(fit_title(fig, f"plan: {result['count']} meshes of {where}, {result['dtype']}, each with its best "
+                           "schedule; step time against memory per device", 9, ax=ax), fontsize=9)
     return fig
 
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 
-from jax_scaling.args import add_predict_args, setup_fields
+from jax_scaling.args import add_predict_args, defaults_note, setup_fields
 from jax_scaling.plots import add_plot_arg
 from scaling.reports import PredictReport, predict_report, predict_setup
 
@@ -34,8 +35,11 @@ def report_of(args, with_kernels: bool) -> PredictReport:
 def predict_command(args) -> int:
     """One configuration's predicted step (PredictReport), term by term, or with --json one object; with --plot FILE
     the report (with its kernels: the bar's compute classes, which --json then carries) drawn into FILE
-    (jax_scaling.plots.draw_predict; the text lists the kernels only with --kernels)."""
+    (jax_scaling.plots.draw_predict; the text lists the kernels only with --kernels). A model of flags alone: the
+    defaults it took, one note line on stderr (args.defaults_note)."""
     report = report_of(args, args.kernels or args.plot is not None)
+    if note := defaults_note(args):
+        print(note, file=sys.stderr)
     text = report if args.kernels else dataclasses.replace(report, kernels=None)
     print(json.dumps(report.to_json(), indent=2) if args.json else text.render())
     if args.plot is not None:

@@ -40,13 +40,13 @@ def start_processes(args):
 
 def check_same_flags(args) -> None:
     """ValueError naming the first flag another process was started with a different value of (only
-    --process-id may differ): processes that disagree on the model, the seed or the mesh would train
+    --process-id, and --verbose, may differ): processes that disagree on the model, the seed or the mesh would train
     a run that is neither. Compared through jax.distributed's key-value store; nothing in one process."""
     import jax
 
     from mesh.devices import disagreements
 
-    flags = json.loads(json.dumps({k: v for k, v in vars(args).items() if k not in ("process_id", "func")},
+    flags = json.loads(json.dumps({k: v for k, v in vars(args).items() if k not in ("process_id", "func", "verbose")},
                                   default=str))
     for j, theirs in disagreements("ffn_model/flags", flags, args.process_timeout).items():
         name = next(k for k in sorted(flags.keys() | theirs.keys()) if flags.get(k) != theirs.get(k))

@@ -19,16 +19,33 @@ import tempfile
 
 
 def main(out: str, argv: list[str]) -> int:
+    """Run ``jax-scaling bench`` (argv: ``bench`` and its flags) inside jax.profiler.trace and write OUT.json; a
+    refused bench is its own one ``error:`` line and exit 2 (its flags are parsed before jax starts)."""
+    from jax_scaling.args import model_config
+    from jax_scaling.cli import main as cli
+    from jax_scaling.cli import parser
+    from jax_scaling.model_commands import check_flags
+
+    argv = argv if "--json" in argv else [*argv, "--json"]  # the report is read back as bench's JSON
+    try:  # bench's own checks that need no devices, before jax starts (as jax_scaling.cli.run prints them)
+        args = parser().parse_args(argv)  # argparse's refusal: its one line, SystemExit(2)
+        check_flags(args, model_config(args))
+    except SystemExit as e:
+        return e.code
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
     import jax
     from jax.profiler import ProfileData
 
-    from jax_scaling.cli import main as cli
-
-    argv = argv if "--json" in argv else [*argv, "--json"]  # the report is read back as bench's JSON
     buf, d = io.StringIO(), tempfile.mkdtemp()
     with jax.profiler.trace(d), contextlib.redirect_stdout(buf):
         rc = cli(argv, prog="jax-scaling")
-    rep = json.loads(buf.getvalue().strip().splitlines()[-1])
+    lines = buf.getvalue().strip().splitlines()
+    if rc or not lines:  # bench refused (its one error line is printed): no report to read
+        return rc or 2
+    rep = json.loads(lines[-1])
     runs = rep["warmup"] + rep["steps"]
     events = []  # (module, op, kernel, seconds) of every device kernel
     planes = set()

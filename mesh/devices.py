@@ -158,6 +158,17 @@ def parse_tpu_spec(spec: str) -> tuple[Chip, tuple[int, ...]]:
     return parse_slice(body)
 
 
+def chip_of_devices(devices) -> Chip:
+    """The chip a device spec compiles for, read without jax: gpu:<chip>:<N>'s GPU (parse_gpu_spec), a TPU
+    topology's or slice's chip (parse_tpu_spec); DEFAULT_CHIP for cpu:N, the real devices (None) or a device list
+    (the time estimates' default). ValueError naming the spec otherwise."""
+    if not isinstance(devices, str) or devices.strip().lower().startswith("cpu:"):
+        return CHIPS[DEFAULT_CHIP]
+    if devices.strip().lower().startswith("gpu:"):
+        return parse_gpu_spec(devices)[0]
+    return _tpu(devices)[0]
+
+
 def _tpu_topology_devices(chip: Chip, dims: tuple[int, ...], verbose: bool = False) -> list:
     if not has_libtpu():
         raise ValueError(f"devices for a {chip.name} topology need libtpu to compile ahead of time; "
@@ -276,11 +287,13 @@ def use_cpu_platform_for(devices) -> None:
 
 def get_devices(devices=None, verbose: bool = False) -> list:
     """The device list for a device spec (see the module docstring). ``verbose``: let libtpu's start-up
-    lines through (a TPU topology; they are discarded otherwise)."""
+    lines through (native_stderr: discarded otherwise), of a TPU topology or of the real devices (jax starting
+    its backends loads libtpu where it is installed, also on a host without TPUs, which then says so)."""
     import jax
 
     if devices is None:
-        return list(jax.devices())
+        with native_stderr(verbose):
+            return list(jax.devices())
     if not isinstance(devices, str):
         return list(devices)
     if devices.strip().lower().startswith("cpu:"):

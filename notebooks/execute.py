@@ -12,9 +12,15 @@ import sys
 import time
 from pathlib import Path
 
-import jupytext
-import nbformat
-from nbclient import NotebookClient
+try:
+    import ipykernel  # noqa: F401  (the notebooks' kernel, "python3")
+    import jupytext
+    import nbformat
+    from nbclient import NotebookClient
+except ImportError as e:  # `make answer` installs the package alone; the notebooks' packages are the dev extra's
+    print(f"error: notebooks/execute.py needs {e.name}, which `make answer` does not install: `make test` installs "
+          "the notebooks' packages (the dev extra), or .venv/bin/pip install -e '.[notebooks]'", file=sys.stderr)
+    sys.exit(2)
 
 KERNELSPEC = {"display_name": "Python 3", "language": "python", "name": "python3"}
 

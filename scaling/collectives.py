@@ -66,7 +66,8 @@ def allgather_time(V: float, axis_lens: Sequence[int], w_ici: float, wraparound=
 def collective_time(kind: str, V: float, axis_lens: Sequence[int], w_ici: float, wraparound=True,
                     t_hop: float = T_HOP) -> float:
     """Time of one collective over ICI: all-gather = reduce-scatter = AG(V); all-reduce = 2·AG(V);
-    all-to-all = AG(V)/4 (sharding page)."""
+    all-to-all = AG(V)/4 (sharding page), V the array it spans over the axes: for an all-to-all n times the buffer
+    each of the n devices sends (scaling.program.comm_times takes the buffer and multiplies)."""
     if kind not in KIND_FACTOR:
         raise ValueError(f"unknown collective {kind!r}; valid: {', '.join(KINDS)}")
     return KIND_FACTOR[kind] * allgather_time(V, axis_lens, w_ici, wraparound, t_hop)

@@ -43,10 +43,20 @@ class ModelFamily(Protocol):
     @property
     def params(self) -> int: ...
 
+    @property
+    def active_params(self) -> int: ...  # per token (an MoE model's routed experts: k of E)
+
+    @property
+    def norm_params(self) -> int: ...  # the norm scales a published count holds and the program omits
+
     def replace(self, **kw) -> ModelFamily: ...
 
     # what a command says of running its program on a chip (a line each: what the program cannot run there)
     def program_notes(self, chip) -> list[str]: ...
+
+    # why the program's matmul FLOPs on a platform ("cpu", "gpu", "tpu") are not the closed form's to compare (a kernel
+    # the compiler lowers to other matmuls: check shows them, ratio none), or None where they are
+    def uncompared_flops(self, platform: str) -> str | None: ...
 
     # its rules (a ValueError naming the input)
     def check_remat(self, remat: str) -> None: ...

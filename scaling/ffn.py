@@ -76,6 +76,16 @@ class FFNConfig:
         """2·D·F."""
         return 2 * self.d_model * self.d_ff
 
+    @property
+    def active_params(self) -> int:
+        """P: every parameter runs for every token."""
+        return self.params
+
+    @property
+    def norm_params(self) -> int:
+        """0: the FFN stack has no norms."""
+        return 0
+
     def replace(self, **kw) -> "FFNConfig":
         return dataclasses.replace(self, **{k: v for k, v in kw.items() if v is not None})
 
@@ -87,6 +97,10 @@ class FFNConfig:
     def program_notes(self, chip) -> list[str]:
         """None: the FFN stack's program runs on every chip the hardware table has."""
         return []
+
+    def uncompared_flops(self, platform: str) -> str | None:
+        """None: the FFN stack's matmuls compile as the dots the closed form counts, on every platform."""
+        return None
 
     def check_remat(self, remat: str) -> None:
         """The transformer's named policies (TRANSFORMER_ONLY_REMAT) are refused: none, every-second or full."""

@@ -17,7 +17,7 @@ import numpy as np
 from scaling import kernels
 from scaling.hardware import CHIPS, Chip
 from scaling.inputs import ascii_int
-from scaling.table import table
+from scaling.table import prose, table, time_text
 
 
 def parse_gemm(text: str) -> tuple[int, int, int]:
@@ -90,7 +90,7 @@ class GemmReport:
     def render(self) -> str:
         m, n, k = self.shape
         c = self.coefficients
-        lines = [f"GEMM [{m}, {k}]·[{k}, {n}] {self.dtype} on {self.chip}: {self.seconds * 1e6:.4g} us, "
+        lines = [f"GEMM [{m}, {k}]·[{k}, {n}] {self.dtype} on {self.chip}: {time_text(self.seconds)}, "
                  f"{self.tflops:.4g} TFLOP/s, {self.efficiency:.1%} of the {self.peak_flops / 1e12:.4g} TFLOP/s peak "
                  f"({self.bound} bound)"]
         if self.tile is not None:
@@ -115,7 +115,7 @@ class GemmReport:
                 ["m", "n", "k", "measured us", "TFLOP/s", "predicted us", "error"],
                 [(r[0], r[1], r[2], f"{r[3] * 1e6:.4g}", f"{2 * r[0] * r[1] * r[2] / r[3] / 1e12:.4g}",
                   f"{r[4] * 1e6:.4g}", f"{r[4] / r[3] - 1:+.1%}") for r in self.nearest], right=range(7))]
-        return "\n".join(lines)
+        return "\n".join(map(prose, lines))
 
 
 def gemm_report(chip: Chip, m: int, n: int, k: int, dtype: str = "bf16", nearest: int = 3) -> GemmReport:

@@ -154,16 +154,19 @@ def _table(path: str, name: str, value) -> dict:
 
 
 def load_kernel_table(path) -> KernelTable:
-    """The kernel table of the TOML file ``path`` (parse_kernel_table); ValueError naming the file where it cannot
-    be read or parsed."""
+    """The kernel table of the TOML file ``path`` (parse_kernel_table); ValueError naming --kernel-table and the file
+    where it cannot be read, is not UTF-8 text (a binary file) or not TOML."""
     p = Path(path)
     try:
         with p.open("rb") as f:
             data = tomllib.load(f)
     except OSError as e:
-        raise ValueError(f"kernel table {path}: cannot read it ({e.strerror or e})") from None
+        raise ValueError(f"--kernel-table {path}: cannot read it ({e.strerror or e})") from None
     except tomllib.TOMLDecodeError as e:
-        raise ValueError(f"kernel table {path}: not TOML ({e})") from None
+        raise ValueError(f"--kernel-table {path}: not TOML ({e})") from None
+    except UnicodeDecodeError as e:  # TOML is UTF-8 text: a binary file (an image, a pickle, a .xlsx)
+        raise ValueError(f"--kernel-table {path} is not a TOML text table: byte {e.start} (0x{e.object[e.start]:02x}) "
+                         "is not UTF-8 text; give the TOML file calibrate writes") from None
     return parse_kernel_table(data, str(path))
 
 

@@ -8,7 +8,8 @@ syntax), so the config, hardware and mesh parsers and every command line use the
     figures       every float flag finite, positive and a float32; a figure inside its unit's range (FIGURES:
                   ``--flops 460`` is TFLOP/s given where FLOP/s is asked)
     text          no empty value and no control character (a newline in a directory name)
-    sizes         check_size: the step's block count and arrays below what jax and XLA count
+    sizes         check_size: the step's block count and arrays below what jax and XLA count; check_gemm: one GEMM's
+                  operands within one device's memory
 """
 
 from __future__ import annotations
@@ -114,6 +115,19 @@ def check_devices(name: str, n: int) -> int:
         raise ValueError(f"{name} {n:,} is more devices than this package plans for: at most 2^20 = {MAX_DEVICES:,} "
                          "(20 times the largest training run published, 50,944 TPU v5e chips)")
     return n
+
+
+def check_gemm(m: int, n: int, k: int, element_bytes: int, memory: float, device: str) -> None:
+    """ValueError (naming --gemm) where one GEMM [m, k]·[k, n] cannot run as one kernel on one device: a dimension of
+    2^31 or more (INT32_LIMIT, every count's rule), or its operands and result, element_bytes·(m·k + k·n + m·n) (the
+    bytes scaling.kernels.shape_costs moves), above the device's ``memory`` (bytes; ``device`` names it)."""
+    text = f"{m}x{n}x{k}"
+    if max(m, n, k) >= INT32_LIMIT:
+        raise ValueError(f"--gemm {text}: each of M, N, K must be below 2^31 = {INT32_LIMIT:,} (every count's rule)")
+    need = element_bytes * (m * k + k * n + m * n)
+    if need > memory:
+        raise ValueError(f"--gemm {text}: its operands and result take {need / 1e9:.3g} GB, more than the "
+                         f"{memory / 1e9:.3g} GB of one {device}: no GEMM kernel of that size runs")
 
 
 def check_size(w, cpu_devices: int | None = None) -> None:

@@ -265,6 +265,12 @@ class MoEConfig:
         return (self.blocks * b.attention_params_per_block + self.dense_layers * dense_mlp
                 + self.moe_layers * routed + b.embedding_params)
 
+    @property
+    def norm_params(self) -> int:
+        """The base's RMSNorm scales, which a published count includes and this package's model leaves out:
+        2·L·D + D (Mixtral 8x7B: 266,240; TransformerConfig.norm_params)."""
+        return self.base.norm_params
+
     def check_mesh(self, mesh: Mapping) -> None:
         """The experts divide over the expert axis (MoESpec.check_mesh)."""
         self.moe.check_mesh(mesh)
@@ -297,6 +303,17 @@ class MoEConfig:
                     "docs/findings.md): these figures are the closed forms' only; give --capacity-factor for a program "
                     "that trains"]
         return []
+
+    def uncompared_flops(self, platform: str) -> str | None:
+        """Dropless: why the program's matmul FLOPs are not the closed form's. The closed form counts a ragged kernel
+        that computes the routed rows only (2·D·F_e a row and matrix: step_flops); XLA (jax 0.10.2) lowers
+        jax.lax.ragged_dot to a dense matmul of every row against every local expert, on CPU and GPU alike (5.87 and
+        5.86 times the closed form on moe-tiny, data=2,expert=4, remat full; docs/findings.md; TPUs refuse the
+        dropless layer: program_notes). None with a capacity factor (einsums over the slots: compared)."""
+        if not self.moe.dropless:
+            return None
+        return (f"not comparable: XLA:{platform.upper()} lowers the dropless experts' ragged_dot densely (every row "
+                "against every local expert); give --capacity-factor to compare")
 
     def check_remat(self, remat: str) -> None:
         """none or full (MOE_REMATS): the named policies and every-second are not built for the MoE family."""
@@ -683,7 +700,8 @@ def step_flops(w: Workload) -> dict:
 def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
     """{axis: {kind: V bytes}} per device for one step (V as scaling.transformer.collective_volumes': an
     all-gather's or reduce-scatter's the whole gathered array, an all-reduce's the array reduced, an all-to-all's the
-    buffer a device sends, all_to_all_bytes' V), c = max(BF16, w.compiler.min_comm_bytes):
+    buffer a device sends, all_to_all_bytes' V, the compiled all-to-all's operand; timed as the Scaling Book's
+    AllToAll of Ex·V: scaling.program.comm_times), c = max(BF16, w.compiler.min_comm_bytes):
       fsdp    all-gather of the layers' weights, W = c·(ne + ex)/Y (_shapes: the device's E/Ex experts), forward
               and again backward, and of the embeddings once, k·c·V·D/Y; the gradients reduce-scattered, W and
               the embeddings' 2·c·V·D/Y; every microbatch (M·)

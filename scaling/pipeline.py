@@ -17,6 +17,10 @@ Uneven stages (L_s blocks on stage s, Σ L_s = L: Schedule.stage_blocks or the d
 are S·Lmax slots, Lmax = max L_s, every stage running its Lmax slots each iteration (the padding ones masked), so
 every per-device term is that of an even stack of S·Lmax blocks (largest_stage, padding): the slowest stage's
 pace is every stage's, in FLOPs executed, weights held and gathered; the useful FLOPs are L's.
+Uneven chunks (circular and interleaved 1F1B, R > 1: n_c blocks in chunk c = r·S + s, chunk_counts): every chunk
+padded to Cmax = max n_c slots, stage s holding R·Cmax (its chunks s, S + s, ...), each iteration running Cmax
+(the padding ones masked, their FLOPs executed): the even terms of S·R·Cmax blocks, Lc = Cmax; the bubble with
+the padding counted, padded_bubble.
 """
 
 from __future__ import annotations
@@ -67,15 +71,48 @@ def bubble(schedule: Schedule, stages: int) -> dict[str, float]:
 
 def stage_blocks(cfg: ModelFamily, schedule: Schedule, stages: int) -> tuple[int, ...]:
     """L_s, the blocks of each stage (Schedule.blocks_per_stage: the explicit list, or the default rule
-    scaling.schedule.default_stage_blocks); (L,) without stages."""
+    scaling.schedule.default_stage_blocks; R > 1: the sums of its chunks'); (L,) without stages."""
     return schedule.blocks_per_stage(cfg.blocks, stages, cfg)
 
 
+def chunk_counts(cfg: ModelFamily, schedule: Schedule, stages: int) -> tuple[int, ...]:
+    """n_c, the blocks of each chunk c = r·S + s (stage s's r-th) in the order the blocks run
+    (Schedule.blocks_per_chunk); R = 1: stage_blocks; (L,) without stages."""
+    return schedule.blocks_per_chunk(cfg.blocks, stages, cfg)
+
+
+def layout_text(counts: tuple[int, ...]) -> str:
+    """Block counts with runs of one count written n*k (Megatron-LM's --pipeline-model-parallel-layout repeats a
+    run with *): (3, 4, 4, 4, 3) -> "3,4*3,3"."""
+    runs: list[list[int]] = []
+    for n in counts:
+        if runs and runs[-1][0] == n:
+            runs[-1][1] += 1
+        else:
+            runs.append([n, 1])
+    return ",".join(f"{n}*{k}" if k > 1 else f"{n}" for n, k in runs)
+
+
 def largest_stage(cfg: ModelFamily, schedule: Schedule, stages: int) -> int:
-    """Lmax = max_s L_s: the blocks every stage holds and runs per iteration in the program, whose stacks are
-    S·Lmax slots, a stage's unused slots padding (ffn_model.pipeline.padded_slots); L/S for an even split, L
-    without stages. The lock-step loop runs at the pace of the slowest stage: Lmax blocks a chunk-iteration."""
-    return max(stage_blocks(cfg, schedule, stages))
+    """The slots every stage holds in the program, whose stacks are S of them, a stage's unused slots padding
+    (ffn_model.pipeline.padded_slots): R·Cmax, Cmax = max_c n_c the largest chunk (chunk_counts); R = 1: Lmax = max_s
+    L_s; L/S for an even split, L without stages. The lock-step loop runs at the pace of the slowest chunk: Cmax
+    blocks a chunk-iteration."""
+    return schedule.repeats * max(chunk_counts(cfg, schedule, stages)) if stages > 1 else cfg.blocks
+
+
+def padded_bubble(cfg: ModelFamily, schedule: Schedule, stages: int) -> dict[str, float]:
+    """The bubble with uneven stages' or chunks' padding counted: each stage runs slots·Lc block-passes a step (its
+    chunk-slots, bubble ones included, each Lc = Cmax blocks), where a step of balanced stages without a bubble runs
+    M·L/S: {"overhead": slots·Lc·S/(M·L) − 1 (Megatron-LM's convention; for even chunks bubble's (S−1)/(R·M)),
+    "idle_share": 1 − M·L/(S·slots·Lc) (the share of the step's block-passes that are bubble or padding),
+    "padding": S·R·Cmax/L − 1 (padding's share alone)}; zeros without stages."""
+    if stages == 1:
+        return {"overhead": 0.0, "idle_share": 0.0, "padding": 0.0}
+    M = schedule.microbatches
+    run = slots(schedule, stages) * chunk_blocks(cfg, schedule, stages) * stages  # block-passes, all stages
+    return {"overhead": run / (M * cfg.blocks) - 1, "idle_share": 1 - M * cfg.blocks / run,
+            "padding": padding(cfg, schedule, stages) - 1}
 
 
 def stage_loads(cfg: ModelFamily, schedule: Schedule, stages: int) -> tuple[int, ...]:
@@ -97,8 +134,8 @@ def padding(cfg: ModelFamily, schedule: Schedule, stages: int) -> float:
 
 
 def chunk_blocks(cfg: ModelFamily, schedule: Schedule, stages: int) -> int:
-    """Lc: blocks a stage runs per iteration: Lmax/R (L/(S·R) for an even split; largest_stage); L without stages
-    (one microbatch through all)."""
+    """Lc: blocks a stage runs per iteration: Cmax, the largest chunk's (largest_stage/R; L/(S·R) for an even
+    split); L without stages (one microbatch through all)."""
     return largest_stage(cfg, schedule, stages) // schedule.repeats if stages > 1 else cfg.blocks
 
 

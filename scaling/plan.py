@@ -43,7 +43,7 @@ from scaling.inputs import positive_float, positive_int
 from scaling.mesh_shape import MESH_AXES, MeshShape
 from scaling.policies import CONTEXT_STRATEGIES, PIPELINES, check_remat
 from scaling.policies import DEFAULT_PRECISION
-from scaling.schedule import Schedule
+from scaling.schedule import Schedule, default_stage_blocks
 from scaling.sharding import shards
 from scaling.hardware import GPU_NODE, Chip, split_slices
 from scaling.workload import Workload
@@ -135,11 +135,25 @@ def layouts(dims: tuple[int, ...], chip: Chip, axes: tuple[str, ...], keep=None)
 
 
 def repeats_for(cfg: ModelFamily, stages: int, max_repeats: int) -> list[int]:
-    """The circular repeats R a mesh with ``stages`` can run: 1 (GPipe), and with stages the powers of
-    two up to ``max_repeats`` that divide the blocks of a stage."""
+    """The circular repeats R a mesh with ``stages`` can run: 1 (GPipe), and with stages the powers of two up to
+    ``max_repeats`` whose chunks (the default rule's, Schedule.blocks_per_chunk) pad the stacks to no more slots
+    than GPipe's stages: S·R·Cmax <= S·Lmax (pipeline.largest_stage), every chunk a block at least. Even stages: the
+    R that divide L/S; Llama 3 405B's 126 layers on 16 stages (7, 8, ..., 8, 7): R = 2 (chunks 3, 4, ..., 4, 3) and
+    4 (1, 2, ..., 2, 1), each 8 slots a stage as GPipe's."""
     if stages == 1:
         return [1]
-    return [r for r in (1, 2, 4, 8, 16) if r <= max_repeats and (cfg.blocks // stages) % r == 0]
+    ends = 1 if getattr(cfg, "vocab", None) else 0
+    return [r for r in (1, 2, 4, 8, 16) if r <= max_repeats and _pads_as_gpipe(cfg.blocks, ends, stages, r)]
+
+
+@functools.cache
+def _pads_as_gpipe(blocks: int, ends: int, stages: int, repeats: int) -> bool:
+    """Whether ``repeats`` chunks a stage of the default split (Schedule.blocks_per_chunk: default_stage_blocks over
+    the S·R chunks) hold the stages in no more slots than one chunk does, R·Cmax <= Lmax (repeats_for)."""
+    if blocks < stages * repeats:
+        return False
+    return repeats * max(default_stage_blocks(blocks, stages * repeats, ends)) <= max(
+        default_stage_blocks(blocks, stages, ends))
 
 
 def microbatches_for(stages: int, repeats: int, max_microbatches: int) -> list[int]:
@@ -205,7 +219,8 @@ class Plan:
     (S−1)/(R·M), 1F1B's 2(S−1)/M) and its seconds; slices, the DCN axis, the layout ({axis: {"lens", "wrap"}}),
     M_X/M_Y (physical axes fsdp and tensor span); the ranking ``form`` and, by form (sum, max, scheduled),
     predict's step seconds, MFU, HFU and critical batch (None: no batch is compute bound); the bound, times by term,
-    memory per device, the budget, B/devices. ``memory_terms``: nearest_miss's; ``compiled``: verify_plans'."""
+    memory per device, the budget, B/devices; ``dcn_stage``: the slices the stage axis spans beside the DCN axis
+    (dcn_placements' b; 1: none). ``memory_terms``: nearest_miss's; ``compiled``: verify_plans'."""
 
     batch_tokens: int
     mesh: dict
@@ -232,6 +247,7 @@ class Plan:
     hbm_budget: float
     per_device_batch: float
     critical_batch: dict
+    dcn_stage: int = 1
     memory_terms: dict | None = None
     compiled: Compiled | None = None
 
@@ -261,7 +277,7 @@ class Plan:
         per = {k: {**{f: d[f"{k}_{f}"] for f in PER_FORM[k]}, form: d[k]} for k in PER_FORM}
         known = fields | {f"{k}_{f}" for k in PER_FORM for f in PER_FORM[k]}
         names = {v: k for k, v in PLAN_KEYS.items()}  # the rest are options, but the compiled keys (compile...)
-        return cls(**{k: d[k] for k in fields - set(PER_FORM) - {"options"}}, **per,
+        return cls(**{k: d[k] for k in fields - set(PER_FORM) - {"options"} if k in d}, **per,
                    options={names.get(k, k): v for k, v in d.items() if k not in known and not k.startswith("compile")})
 
     def cells(self, rank: int, slices: int, compiled: bool) -> list:
@@ -276,8 +292,8 @@ class Plan:
         chosen = [self.pipeline if mesh.get("stage", 1) > 1 else "-", self.remat,
                   "on" if self.sequence_parallel else "-", o["context"] if mesh.get("context", 1) > 1 else "-",
                   "zero1" if o.get("optimizer_sharding") == "zero1" else "-"] if transformer else []
-        cells = [rank, *mesh.values(), *([self.dcn_axis] if slices > 1 else []), self.microbatches, self.repeats,
-                 *chosen, f"{self.bubble:.3f}", f"{self.bubble_seconds:.3f}", self.M_X, self.M_Y,
+        cells = [rank, *mesh.values(), *(["+".join(self.dcn_mesh)] if slices > 1 else []), self.microbatches,
+                 self.repeats, *chosen, f"{self.bubble:.3f}", f"{self.bubble_seconds:.3f}", self.M_X, self.M_Y,
                  f"{self.step_seconds[form]:.3f}", f"{self.step_seconds[other]:.3f}", f"{self.mfu[form]:.3f}",
                  f"{self.mfu[other]:.3f}", f"{self.hfu[form]:.2f}", self.bound, f"{self.memory_bytes / 1e9:.1f}",
                  *([] if transformer else [crit])]
@@ -290,6 +306,11 @@ class Plan:
     def with_compiled(self, compiled: Compiled) -> Plan:
         """The same plan with its compiled figures (verify.check.verify_plans)."""
         return dataclasses.replace(self, compiled=compiled)
+
+    @property
+    def dcn_mesh(self) -> dict[str, int]:
+        """{axis: the slices its outermost factor spans} (dcn_of; predict's --dcn-mesh); {} on one slice."""
+        return dcn_of(self.dcn_axis, self.dcn_stage, self.slices)
 
     def mesh_text(self) -> str:
         """The mesh as data=2,fsdp=4 (its axes > 1), or 1 device."""
@@ -314,7 +335,7 @@ class Choices:
     names: the remat policies (the FFN stack's plan takes one; a transformer's default is every policy it has),
     and for a transformer the pipeline schedules (with stages), attentions, context strategies (with a context
     axis), sequence parallelism (with a tensor axis and no stages) and the optimizer's sharding (ZeRO-1 with a
-    data axis and no stages). A choice a mesh cannot run (Schedule.check) is skipped on that mesh."""
+    data axis: _optimizer_sharding). A choice a mesh cannot run (Schedule.check) is skipped on that mesh."""
 
     remats: tuple = ("none",)
     pipelines: tuple = PIPELINES
@@ -325,9 +346,10 @@ class Choices:
 
     @classmethod
     def of(cls, cfg, remat=None, pipeline=None, attention=None, context=None, sequence_parallel=None,
-           optimizer_sharding=None) -> "Choices":
+           optimizer_sharding=None, chip: Chip | None = None) -> "Choices":
         """The choices for ``cfg``: each argument one name (or bool) to fix it, None to try every one (remat None:
-        the family's plan_remats: "none" for the FFN stack, every policy but every-second for a transformer).
+        the family's plan_remats: "none" for the FFN stack, every policy but every-second for a transformer;
+        optimizer_sharding None: fsdp, and on a GPU ``chip`` zero1 with stages too, _optimizer_sharding).
         ValueError naming a bad name."""
         remats = (remat,) if remat is not None else cfg.plan_remats
         for r in remats:
@@ -335,7 +357,22 @@ class Choices:
         one = lambda v, every: every if v is None else (v,)  # noqa: E731
         return cls(remats, one(pipeline, PIPELINES), one(attention, PLAN_ATTENTIONS),
                    one(context, CONTEXT_STRATEGIES),
-                   one(sequence_parallel, (False, True)), one(optimizer_sharding, ("fsdp",)))
+                   one(sequence_parallel, (False, True)),
+                   one(optimizer_sharding, ("fsdp", "zero1") if chip is not None and chip.kind == "gpu" else ("fsdp",)))
+
+
+def _optimizer_sharding(asked: tuple, mesh) -> list:
+    """The optimizer shardings tried on ``mesh``: fsdp where asked, and zero1 where asked on a mesh with a data axis
+    (without one the state is sharded over fsdp already) and stages, or on any such mesh where zero1 alone is asked.
+    Without stages the transformer's plan runs one microbatch, FSDP gathering the weights once a step, and ZeRO-1
+    over data (the weights replicated over it) holds more. With stages FSDP gathers a stage's weights every
+    microbatch, ZeRO-1 once a step: Megatron-LM's distributed optimizer beside its pipeline (Llama 3 405B: TP 8,
+    PP 16, DP 128, the optimizer state sharded over data, Dubey et al. 2024, section 3.3.2), which Choices.of asks for
+    on GPUs. (On TPUs, as MaxText runs them, the state is sharded with the weights: fsdp; trying zero1 on every staged
+    mesh with a data axis too cost the 70B plan of 8,960 v5p chips 75% more time, docs/findings.md.) A mesh without
+    the data axis zero1 alone needs runs fsdp (which the plan command's --optimizer-sharding then filters out)."""
+    ok = [v for v in asked if v == "fsdp" or mesh["data"] > 1 and (asked == ("zero1",) or mesh["stage"] > 1)]
+    return ok or ["fsdp"]
 
 
 def _sequence_parallel(asked: tuple, mesh) -> list:
@@ -375,7 +412,7 @@ def schedules(cfg, mesh: MeshShape, choices: Choices, max_microbatches: int, max
     for (pipe, R), att, ctx, sp, opt in itertools.product(
             pipes, choices.attentions, choices.contexts if mesh["context"] > 1 else choices.contexts[:1],
             _sequence_parallel(choices.sequence_parallel, mesh),
-            [v for v in choices.optimizer_sharding if mesh["data"] > 1] or ["fsdp"]):
+            _optimizer_sharding(choices.optimizer_sharding, mesh)):
         ms = tuple(microbatches_for(S, R, max_microbatches) if S > 1 else [1])
         sched = made.get((ms, R, sp, att, ctx, opt, pipe))
         if sched is None:
@@ -390,16 +427,58 @@ def schedules(cfg, mesh: MeshShape, choices: Choices, max_microbatches: int, max
     return out
 
 
-def _mesh_keep(cfg, axes, n_slices, dcn_axes) -> "callable":
-    """keep(sizes) for layouts, on an array [meshes, axes] of sizes within one slice (a DCN axis times the slices):
-    whether the model's dimensions divide on the mesh for some DCN axis, whatever the schedule (cfg.divisions:
-    D, F, V by their shards; the blocks by the stages; a transformer's heads by tensor and its sequence by
-    context). Necessary, not sufficient: schedules checks each mesh that passes in full."""
+def stage_counts_fit(cfg, stages):
+    """Whether the planner tries ``stages`` pipeline stages S (an int or an array of them): S divides L (even
+    stages), or, for a model with an embedding and an output layer (a vocabulary), S <= L divides L + 2, the stages
+    even with each counted as a block of the first and the last stage (scaling.schedule.default_stage_blocks;
+    Megatron-LM's --account-for-embedding-in-pipeline-split and -loss-; Llama 3 405B's 126 layers on 16 stages of
+    7, 8, ..., 8, 7: Dubey et al. 2024, section 3.3.2). Other splits leave a stage idle for a block or more of
+    every iteration (predict takes them with --stage-blocks)."""
+    S, L = np.asarray(stages), cfg.blocks
+    even = L % S == 0
+    if getattr(cfg, "vocab", None):
+        even = even | (((L + 2) % S == 0) & (S <= L))
+    return even
+
+
+def dcn_placements(chip: Chip, n_slices: int, axes: tuple[str, ...]) -> list[tuple[str | None, int]]:
+    """The ways the planner lays a mesh's outermost factors over ``n_slices`` slices (TPU) or nodes (GPU), each
+    (DCN axis, b): the DCN axis (data or fsdp: DCN_AXES) spans them (b = 1), or on GPUs, with a stage axis to plan,
+    the stage axis spans b of them and the DCN axis the other n/b (1 < b < n), or the stage axis all of them
+    ("stage", 1), every stage then on nodes of its own (Megatron-LM's layout: tensor within a node, pipeline and
+    data across nodes, Narayanan et al. 2021, section 3; Llama 3 405B on 16,384 H100s as TP 8, PP 16, DP 128:
+    Dubey et al. 2024, table 4). A GPU node (GPU_NODE devices) holds no pipeline of a large model; a TPU slice's
+    stages stay within it. dcn_of gives each its {axis: slices}; one slice: [(None, 1)]."""
+    if n_slices == 1:
+        return [(None, 1)]
+    out = [(a, 1) for a in DCN_AXES]
+    if chip.kind == "gpu" and "stage" in axes:
+        out += [("stage", 1)] + [(a, b) for b in range(2, n_slices) if n_slices % b == 0 for a in DCN_AXES]
+    return out
+
+
+def dcn_of(dcn_axis: str | None, dcn_stage: int, n_slices: int) -> dict[str, int]:
+    """{axis: the slices its outermost factor spans} of a placement (dcn_placements): the DCN axis n/b of the
+    ``n_slices``, the stage axis b = ``dcn_stage`` where > 1; {} with one slice or no DCN axis."""
+    if dcn_axis is None or n_slices == 1:
+        return {}
+    return {dcn_axis: n_slices // dcn_stage, **({"stage": dcn_stage} if dcn_stage > 1 else {})}
+
+
+def _mesh_keep(cfg, axes, n_slices, placements) -> "callable":
+    """keep(sizes) for layouts, on an array [meshes, axes] of sizes within one slice (times the slices each axis spans
+    in a placement of dcn_placements): whether the model's dimensions divide on the mesh for some placement, whatever
+    the schedule (cfg.divisions: D, F, V by their shards; the blocks by the stages, stage_counts_fit; a transformer's
+    heads by tensor and its sequence by context). Necessary, not sufficient: schedules checks each mesh that passes in
+    full."""
     def keep(kinds):
         ok = np.zeros(len(kinds), bool)
-        for dcn_axis in dcn_axes:
-            mesh = {a: kinds[:, i] * (n_slices if a == dcn_axis else 1) for i, a in enumerate(axes)}
-            fits = cfg.blocks % mesh.get("stage", 1) == 0
+        for place in placements:
+            over = dcn_of(*place, n_slices)
+            mesh = {a: kinds[:, i] * over.get(a, 1) for i, a in enumerate(axes)}
+            fits = stage_counts_fit(cfg, mesh.get("stage", 1))
+            if "stage" in over:  # the stages all across slices: none within one
+                fits &= kinds[:, axes.index("stage")] == 1
             for _, dim, logical in cfg.divisions():
                 fits &= dim % shards(mesh, logical) == 0
             fits &= cfg.mesh_fits(mesh)  # a transformer's heads by tensor and its sequence by context
@@ -416,13 +495,13 @@ def workload_of(p: Plan, cfg, flags=None) -> Workload:
 
 
 def _groups(cfg, chip: Chip, dims, n_slices: int, choices: Choices, max_microbatches: int, max_repeats: int):
-    """The meshes to evaluate, in groups that predict takes at once: [([MeshShape], [DCN axis], [[layout]],
-    {schedule key: (Schedule, {remat: [mesh index]})})]. A transformer's meshes are grouped by stage count and
-    which axes are > 1 (mesh_shape.spans: every branch of its closed forms then agrees within the group), each with its
-    own DCN axis (predict's ``dcn`` takes an array of slices per mesh: the closed forms do not read it, the network
-    terms take it mesh by mesh); the FFN stack's one mesh a group."""
+    """The meshes to evaluate, in groups that predict takes at once: [([MeshShape], [placement], [[layout]],
+    {schedule key: (Schedule, {remat: [mesh index]})})], a placement (DCN axis, b) of dcn_placements. A transformer's
+    meshes are grouped by stage count and which axes are > 1 (mesh_shape.spans: every branch of its closed forms then
+    agrees within the group), each with its own placement (predict's ``dcn`` takes an array of slices per mesh: the
+    closed forms do not read it, the network terms take it mesh by mesh); the FFN stack's one mesh a group."""
     axes, grouped = plan_axes(cfg), cfg.grouped_plan
-    dcn_axes = DCN_AXES if n_slices > 1 else (None,)
+    placements = dcn_placements(chip, n_slices, axes)
     groups: dict[tuple, tuple] = {}
     # A transformer's schedules on a mesh depend on the mesh through what Schedule.check reads of it (the stage,
     # context and tensor sizes; ZeRO-1's data axis and D over data·fsdp) once the mesh divides the model: found once
@@ -435,11 +514,13 @@ def _groups(cfg, chip: Chip, dims, n_slices: int, choices: Choices, max_microbat
                 keys[id(s)] = (s, s.with_microbatches(1))
         return [(keys[id(s)][1], s, r) for s, r in runs]
 
-    for (sizes, lays), dcn_axis in itertools.product(
-            layouts(dims, chip, axes, _mesh_keep(cfg, axes, n_slices, dcn_axes)).items(), dcn_axes):
-        given = dict(zip(axes, sizes))
-        if dcn_axis:
-            given[dcn_axis] *= n_slices
+    for (sizes, lays), place in itertools.product(
+            layouts(dims, chip, axes, _mesh_keep(cfg, axes, n_slices, placements)).items(), placements):
+        given, over = dict(zip(axes, sizes)), dcn_of(*place, n_slices)
+        if "stage" in over and given["stage"] > 1:  # the stages all across slices (dcn_placements)
+            continue
+        for a, n in over.items():
+            given[a] *= n
         mesh = MeshShape(given)
         if grouped:
             try:
@@ -455,7 +536,7 @@ def _groups(cfg, chip: Chip, dims, n_slices: int, choices: Choices, max_microbat
             kind, runs_here = None, keyed(schedules(cfg, mesh, choices, max_microbatches, max_repeats))
         if not runs_here:
             continue
-        key = (mesh["stage"], tuple(mesh[a] > 1 for a in axes)) if grouped else (dcn_axis, sizes)
+        key = (mesh["stage"], tuple(mesh[a] > 1 for a in axes)) if grouped else (place, sizes)
         meshes, dcns, lay_lists, by_choice, members = groups.setdefault(key, ([], [], [], {}, {}))
         if kind not in members:  # the member lists a mesh of this kind joins: (schedule key, remat) of each run
             members[kind] = [by_choice.setdefault(k, (sched, {}))[1].setdefault(remat, [])
@@ -463,7 +544,7 @@ def _groups(cfg, chip: Chip, dims, n_slices: int, choices: Choices, max_microbat
         for joined in members[kind]:
             joined.append(len(meshes))
         meshes.append(mesh)
-        dcns.append(dcn_axis)
+        dcns.append(place)
         lay_lists.append(lays)
     return [g[:4] for g in groups.values()]
 
@@ -516,20 +597,37 @@ def _screen(cfg, chip: Chip, groups: list, batches: np.ndarray, hbm: float, form
             first_fit = per_mesh and keeps is not None and not (sched.pipeline == "1f1b" and
                                                                 pipeline.chunk_blocks(cfg, sched, S) == 1)
             order = sorted(by_remat, key=lambda r: -len(keeps[r])) if first_fit else list(by_remat)
-            taken = np.zeros(shape, bool)
+            member = np.zeros((len(order), G), bool)  # the meshes each policy is tried on
             for ci, rem in enumerate(order):
-                member = np.zeros(G, bool)
-                member[by_remat[rem]] = True
-                open_ = member[None, None, :] & batch_ok & ~taken
-                if not open_.any():
+                member[ci, by_remat[rem]] = True
+            fits = (np.broadcast_to(member[None, :, None, :], (len(batches), len(order), len(ms), G))
+                    & (batch_ok[:, None] if grouped else True))  # [B, policies, M, G]: runs and fits the budget
+            if grouped and len(order) > 1:  # every policy's memory at once, the policies along the microbatch axis
+                # (a cell each: scaling.transformer.by_policy), each cell's figure its policy's
+                w = Workload(cfg, mesh, batches[:, None, None, None],
+                             remat=np.repeat(order, len(ms))[None, :, None, None],
+                             schedule=sched.with_microbatches(np.tile(ms, len(order))[None, :, None, None]),
+                             flags=flags, precision=precision)
+                total = memory.memory_per_device(w)["total"]
+                fits &= np.broadcast_to(total, (len(batches), len(order) * len(ms), G, 1)).reshape(fits.shape) <= hbm
+            else:
+                for ci, rem in enumerate(order):
+                    if fits[:, ci].any():
+                        w = Workload(cfg, mesh, batches[:, None, None, None], remat=rem, schedule=arrays, flags=flags,
+                                     precision=precision)
+                        total = memory.memory_per_device(w)["total"]
+                        fits[:, ci] &= np.broadcast_to(total, shape + (1,))[..., 0] <= hbm
+            if first_fit:  # each cell (batch, M, mesh) its first policy that fits, the group's candidate
+                # evaluated on each cell under its own (by_policy): one workload for them all
+                first = fits.argmax(axis=1)
+                tried = [(0, np.asarray(order)[first][..., None] if len(order) > 1 else order[0], fits.any(axis=1))]
+            else:  # every policy that fits a candidate of its own
+                tried = [(ci, rem, fits[:, ci]) for ci, rem in enumerate(order)]
+            for ci, rem, ok in tried:
+                if not ok.any():
                     continue
                 w = Workload(cfg, mesh, batches[:, None, None, None], remat=rem, schedule=arrays, flags=flags,
                              precision=precision)
-                ok = (np.broadcast_to(memory.memory_per_device(w)["total"], shape + (1,))[..., 0] <= hbm) & open_
-                if first_fit:
-                    taken |= ok
-                if not ok.any():
-                    continue
                 compute = (np.broadcast_to(kernels.compute_term(w, chip, w.precision.dtype), shape + (1,))
                            if grouped and form == "scheduled" else None)
                 # the scheduled step is at least its compute term (max(compute, hidden) + exposed + copies)
@@ -538,12 +636,13 @@ def _screen(cfg, chip: Chip, groups: list, batches: np.ndarray, hbm: float, form
                 for gi, ki in owners:
                     part = ok[:, :, at[gi]].copy()
                     if part.any():
-                        # the group's own workload, made if it is predicted
-                        gw = functools.partial(Workload, cfg, own[gi], batches[:, None, None, None], remat=rem,
+                        # the group's own workload (and its cells' policies), made if it is predicted
+                        own_rem = rem if np.ndim(rem) == 0 else rem[:, :, at[gi]]
+                        gw = functools.partial(Workload, cfg, own[gi], batches[:, None, None, None], remat=own_rem,
                                                schedule=arrays, flags=flags,
                                                precision=precision) if len(members) > 1 else lambda w=w: w
                         out[gi].append(((ki, ci), None if bound is None else bound[:, :, at[gi]], gw, part,
-                                        groups[gi][3][list(groups[gi][3])[ki]][0], rem,
+                                        groups[gi][3][list(groups[gi][3])[ki]][0], own_rem,
                                         None if compute is None else compute[:, :, at[gi]]))
     # each group's in its order of schedules, then of policies
     return [[c[1:] for c in sorted(cands, key=lambda c: c[0])] for cands in out]
@@ -593,7 +692,7 @@ def plan(cfg, chip: Chip, chips: int, batch_tokens, hbm: float | None = None, re
     --grad-accumulation). A transformer's meshes are evaluated a group at a time (_groups, _screen); predict on one of
     them gives what the plan says (tests/test_plan.py)."""
     positive_int("chips", chips)
-    choices = choices or Choices.of(cfg, remat)
+    choices = choices or Choices.of(cfg, remat, chip=chip)
     # the enumeration makes many short-lived objects and no reference cycles: the cyclic garbage collector's
     # passes over them are wasted (about 6% of the 8,960-chip plan's time)
     enabled = gc.isenabled()
@@ -604,6 +703,43 @@ def plan(cfg, chip: Chip, chips: int, batch_tokens, hbm: float | None = None, re
     finally:
         if enabled:
             gc.enable()
+
+
+def _slices(chip: Chip, chips: int, dims: tuple[int, ...] | None) -> tuple[int, tuple[int, ...]]:
+    """(slices, a slice's shape) of ``chips``: GPUs in equal nodes of at most GPU_NODE, TPUs in slices of ``dims`` or
+    by hardware.split_slices. ValueError where they do not split so."""
+    if chip.kind == "gpu":
+        n_slices = math.ceil(chips / GPU_NODE)
+        if chips % n_slices:
+            raise ValueError(f"{chips} GPUs do not split into equal nodes of at most {GPU_NODE}")
+        return n_slices, (chips // n_slices,)
+    if dims is None:
+        return split_slices(chip, chips)
+    n_slices = chips // math.prod(dims)
+    if n_slices * math.prod(dims) != chips:
+        raise ValueError(f"topology {dims} has {math.prod(dims)} chips, which do not divide {chips}")
+    return n_slices, tuple(dims)
+
+
+def nearest_batches(cfg, chip: Chip, chips: int, batch_tokens: int, dims: tuple[int, ...] | None = None,
+                    max_microbatches: int = 64, max_repeats: int = 4, choices: Choices | None = None,
+                    count: int = 16) -> list[int]:
+    """The ``count`` batches in tokens nearest ``batch_tokens`` (nearest first) that some mesh the planner tries runs,
+    whatever the memory; [] where none does. A mesh and schedule that run the model but for the batch (_groups:
+    every rule but the batch's) take every multiple of their batch quantum q = u·M·(the shards of cfg.batch_axis:
+    data·fsdp, ·expert for an MoE model), u = T tokens (whole sequences) or 1 for a model without sequences, M each
+    microbatch count tried (Schedule.check, cfg.check_batch_split): the candidates are floor(B/q)·q and
+    ceil(B/q)·q of each q."""
+    choices = choices or Choices.of(cfg, chip=chip)
+    n_slices, dims = _slices(chip, chips, dims)
+    unit, quanta = cfg.seq_len or 1, set()
+    for meshes, _, _, by_choice in _groups(cfg, chip, dims, n_slices, choices, max_microbatches, max_repeats):
+        for sched, by_remat in by_choice.values():
+            for g in {g for idx in by_remat.values() for g in idx}:
+                quanta.update(unit * int(m) * shards(meshes[g], cfg.batch_axis)
+                              for m in np.atleast_1d(sched.microbatches).tolist())
+    near = {b for q in quanta for b in (batch_tokens // q * q, -(-batch_tokens // q) * q) if b > 0}
+    return sorted(near, key=lambda b: (abs(b - batch_tokens), b))[:count]
 
 
 # plan's body: its arguments passed through (plan holds the garbage collector off around it); one pass of enumerate,
@@ -617,17 +753,7 @@ def _plan(cfg, chip, chips, batch_tokens, hbm, remat, form, dims, max_microbatch
     for b in batches.tolist():
         positive_int("batch_tokens", b)
     devices = chips * chip.devices_per_chip
-    if chip.kind == "gpu":
-        n_slices = math.ceil(chips / GPU_NODE)
-        if chips % n_slices:
-            raise ValueError(f"{chips} GPUs do not split into equal nodes of at most {GPU_NODE}")
-        dims = (chips // n_slices,)
-    elif dims is None:
-        n_slices, dims = split_slices(chip, chips)
-    else:
-        n_slices = chips // math.prod(dims)
-        if n_slices * math.prod(dims) != chips:
-            raise ValueError(f"topology {dims} has {math.prod(dims)} chips, which do not divide {chips}")
+    n_slices, dims = _slices(chip, chips, dims)
     axes, grouped = plan_axes(cfg), cfg.grouped_plan
     # (B, mesh, DCN axis), or a serial number without per_mesh -> [step, plan, sort key (None until _rank)]
     found: dict = {}
@@ -644,9 +770,10 @@ def _plan(cfg, chip, chips, batch_tokens, hbm, remat, form, dims, max_microbatch
         G, nl = len(meshes), max(len(x) for x in lay_lists)
         mesh_keys = [tuple(m[a] for a in axes) for m in meshes]
         best_step = np.full((len(batches), G), np.inf)  # the fastest step found so far per batch and mesh
-        # the slices each mesh's DCN axis spans: one axis for the group, or per mesh an array (1: not that axis)
-        dcn = ({dcns[0]: n_slices} if dcns[0] else None) if len(set(dcns)) == 1 else {
-            a: np.array([n_slices if d == a else 1 for d in dcns])[None, None, :, None] for a in dict.fromkeys(dcns)}
+        # the slices each axis spans (dcn_of): one placement for the group, or per mesh an array (1: not that axis)
+        overs = [dcn_of(*d, n_slices) for d in dcns]
+        dcn = (overs[0] or None) if len(set(dcns)) == 1 else {
+            a: np.array([o.get(a, 1) for o in overs])[None, None, :, None] for o in overs for a in o}
         lk = [[links_of(lay) for lay in lays] for lays in lay_lists]
         # [1, 1, G, layouts]; a mesh with fewer layouts than the group's most is padded with ones of no links
         # (infinite collective times: never its best)
@@ -664,6 +791,7 @@ def _plan(cfg, chip, chips, batch_tokens, hbm, remat, form, dims, max_microbatch
             if (c, i, k, g) not in entries:
                 model, shape, sched, rem, best, fastest = evaluated[c]
                 j = best[i, k, g]
+                rem = rem if np.ndim(rem) == 0 else str(_at(rem, (i, k, g, 0)))  # the cell's policy (_screen)
                 entries[c, i, k, g] = [float(fastest[i, k, g]), (int(batches[i]), model, shape, (i, k, g, j), sched,
                                                                  rem, meshes[g], lay_lists[g][j], dcns[g]), None]
             return entries[c, i, k, g]
@@ -753,10 +881,10 @@ class _Setting:
 
 def _make_plan(setting: _Setting, B, p, found: tuple) -> Plan:
     """One Plan (plan's docstring) from the prediction ``p`` of its group at index ``at`` (of ``found``, its entry:
-    shape, at, schedule, remat, mesh, layout, DCN axis)."""
+    shape, at, schedule, remat, mesh, layout, placement: (DCN axis, b) of dcn_placements)."""
     cfg, axes, n_slices, devices, hbm, form = (setting.cfg, setting.axes, setting.n_slices, setting.devices,
                                                setting.hbm, setting.form)
-    shape, at, sched, rem, mesh, lay, dcn_axis = found
+    shape, at, sched, rem, mesh, lay, (dcn_axis, dcn_stage) = found
     t, k = p.times, at[1]
     pick = lambda x: float(_at(x, at))  # noqa: E731
     crit = lambda f: None if math.isnan(c := pick(t.critical_batch.get(f, np.nan))) else c  # noqa: E731
@@ -776,7 +904,7 @@ def _make_plan(setting: _Setting, B, p, found: tuple) -> Plan:
         times={"compute": pick(t.compute), "math": pick(t.math), **{a: pick(v) for a, v in t.comms.items()},
                "hbm": pick(t.hbm)},
         memory_bytes=pick(p.memory["total"]), hbm_budget=hbm, per_device_batch=B / devices,
-        critical_batch={f: crit(f) for f in PLAN_FORMS})
+        critical_batch={f: crit(f) for f in PLAN_FORMS}, dcn_stage=dcn_stage)
 
 
 # plan's arguments, which it passes on
@@ -792,7 +920,7 @@ def nearest_miss(cfg, chip: Chip, chips: int, batch_tokens: int, remat: str | No
     best = min(plans, key=lambda r: r.memory_bytes)
     terms = program.predict(
         workload_of(best, cfg, flags), chip, {a: (v["lens"], v["wrap"]) for a, v in best.layout.items()},
-        dcn={best.dcn_axis: best.slices} if best.dcn_axis else None).memory
+        dcn=best.dcn_mesh or None).memory
     return dataclasses.replace(best, memory_terms={k: float(v) for k, v in terms.items()})
 
 
@@ -821,15 +949,25 @@ def dcn_placement(mesh: Mapping, slices: int, given: Mapping | None = None) -> d
     return dcn
 
 
+def check_mesh_devices(mesh: MeshShape, chip: Chip, dims: tuple[int, ...], slices: int,
+                       spec: str | None = None) -> None:
+    """ValueError (naming --mesh ``spec``) where the mesh's devices, the product of its axes, are not the hardware's:
+    prod(dims)·slices chips of chip.devices_per_chip devices each (TPU7x: 2)."""
+    chips = math.prod(dims) * slices
+    devices = chips * chip.devices_per_chip
+    if mesh.devices != devices:
+        per = f", {chip.devices_per_chip} devices each" if chip.devices_per_chip > 1 else ""
+        raise ValueError(f"--mesh {spec or mesh}: the mesh has {mesh.devices} devices; the hardware has {devices} "
+                         f"({chips} {chip.name} chips{per})")
+
+
 def predict_placed(w: Workload, chip: Chip, dims: tuple[int, ...], slices: int, dcn_mesh: Mapping | None = None,
                    form: str = "scheduled", kernel_model: str = "efficiency") -> tuple:
     """(prediction, dcn, layout) of one workload on ``slices`` slices of shape ``dims`` (a GPU node: (GPUs,)): the
     mesh laid over the slices (dcn_placement) and each slice's part of it over the ICI in the layout whose step is
     the fastest in ``form`` (layouts; the planner's choice), predicted by program.predict, the planner's
     function. ValueError where the mesh is not the hardware's devices or does not lay out."""
-    devices = math.prod(dims) * slices * chip.devices_per_chip
-    if w.mesh.devices != devices:
-        raise ValueError(f"the mesh has {w.mesh.devices} devices; the hardware has {devices}")
+    check_mesh_devices(w.mesh, chip, dims, slices)
     dcn = dcn_placement(w.mesh, slices, dcn_mesh) if slices > 1 else {}
     within = {a: w.mesh[a] // dcn.get(a, 1) for a in MESH_AXES}
     # the axes of more than one device only: an axis of 1 spans no link, and leaving it out keeps the same layouts in

@@ -181,3 +181,22 @@ def model_from_fields(**given):
     fam = whole[0]  # the fewest fields: the FFN stack's D, F, L before the transformer's
     make = getattr(fam, "from_fields", fam)  # a family of nested configs builds itself from flat fields
     return make(**{k: given[k] for k in (*fam.dimensions, *fam.kinds, *fam.switches) if given.get(k) is not None})
+
+
+def defaults_taken(cfg, given: dict) -> dict:
+    """{field: value} of the dimensions and kinds (ModelFamily.dimensions, kinds) a model from flags alone
+    (model_from_fields) took at their defaults, ``given`` not naming them (None: not given): its dataclass fields,
+    those of a nested config (an MoE model's base and MoESpec) flattened, in the family's order; a field that only
+    qualifies another left at its default (global_every without a window) left out."""
+    flat, todo = {}, [cfg]
+    while todo:
+        obj = todo.pop(0)
+        for f in dataclasses.fields(obj):
+            v = getattr(obj, f.name)
+            todo += [v] if dataclasses.is_dataclass(v) else []
+            flat.setdefault(f.name, v)
+    out = {k: flat[k] for k in (*cfg.dimensions, *cfg.kinds) if k in flat and given.get(k) is None}
+    if out.get("window", 0) is None:
+        out.pop("global_every", None)
+    return out
+

@@ -26,10 +26,12 @@ When XLA implements the gradient reduce-scatter as a windowed einsum (TPU, large
 matmul is split into X chunks that travel a bidirectional ring as collective-permutes, X/2 steps
 × 2 directions, then one more hop for the two partial sums to meet), it moves X+1 chunks of V/X:
                                                   V = 2·(2·D·F/Y)·(X+1)/X  [FSDP grads, windowed]
-V is the Scaling Book's volume (the full array a collective spans on each device; sharding page).
+V is the Scaling Book's volume (the full array a collective spans on each device; sharding page); an
+all-to-all's is the buffer one device sends (its compiled operand), 1/n of the Book's array over n devices.
 
 Times (sharding page): an all-gather or reduce-scatter of V bytes over a mesh axis takes V/(links·W_ici),
-an all-reduce twice that, an all-to-all a quarter; ``links`` counts the physical ICI axes the mesh axis
+an all-reduce twice that, an all-to-all a quarter of the axis' array: n·V/(4·links·W_ici) for a device's buffer V
+over n devices (comm_times); ``links`` counts the physical ICI axes the mesh axis
 spans, 1 for a ring that closes (wraparound) and 1/2 for a line (about twice as long). The step time:
 sum form max(T_math, T_hbm) + Σ T_axis (the compiled XXL forward step runs its collectives synchronously:
 docs/findings.md, question (c)); max form max(T_math, T_axis..., T_hbm) (everything overlapped). Both are
@@ -173,9 +175,15 @@ def comm_times(volumes: dict, chip: Chip, axis_links: Mapping | None = None, dcn
     """Seconds per mesh axis: Σ_kind KIND_FACTOR·V / (links·W_ici) over the links of the axis
     (``axis_links``: links(); 1 where absent). A key that joins axes ("data+fsdp") runs over all of
     their links (sharding page: V/(n·W_ici) over n axes).
+    An all-to-all's V is the buffer one device sends (the compiled all-to-all's operand); the Scaling Book prices
+    an AllToAll of the array it spans over the axis, V_axis = m·V over the axis' m devices on ICI, at
+    V_axis/(4·W_ici) on a bidirectional ring (sharding page; KIND_FACTOR 1/4): m·V/(4·links·W_ici), ``mesh``
+    required (over several physical axes the links divide it as they do an all-gather's: exact for a 2x2 axis).
     An axis whose outermost factor n spans slices joined by DCN (``dcn`` {axis: n}, size n·m on
     ``mesh``) is hierarchical: the ICI part over the m devices of a slice (none if m = 1) plus, over
-    DCN, KIND_FACTOR·(V/m)·(n−1)/n / (DCN bytes/s per device) (tpus page, multi-slice). ``dcn``'s n may be an
+    DCN, KIND_FACTOR·(V/m)·(n−1)/n / (DCN bytes/s per device) (tpus page, multi-slice); an all-to-all's DCN part
+    (n−1)/n·V / (DCN bytes/s per device), the share of its buffer bound for other slices through its own link (a
+    switched network, as scaling.moe.all_to_all_seconds' switch). ``dcn``'s n may be an
     array over the planner's meshes (1 where a mesh's outermost factor of the axis spans no slices)."""
     axis_links, dcn = axis_links or {}, dcn or {}
     w, dcn_bw = chip.ici_bidi, chip.dcn_bw / chip.devices_per_chip
@@ -188,12 +196,31 @@ def comm_times(volumes: dict, chip: Chip, axis_links: Mapping | None = None, dcn
         n = dcn.get(axis, 1) if key == axis else 1
         m = mesh[axis] // n if (np.asarray(n) > 1).any() else None
         ici = (n == 1) | (m > 1) if m is not None else None  # where the axis has an ICI part
-        times[key] = sum(KIND_FACTOR[k] * (
-            (v / lkw if m is None else np.where(ici, v / lkw, 0.0))
-            + (0.0 if m is None else collectives.dcn_time("all-gather", v / m, n, dcn_bw) if np.ndim(n) == 0
-               else v / m * (n - 1) / n / dcn_bw))  # dcn_time's, for an array of slices (0 where n = 1)
-            for k, v in kinds.items())
+        total = 0.0
+        for k, v in kinds.items():
+            if m is None:
+                net = 0.0
+            elif k == "all-to-all":  # the share of a device's buffer bound for other slices (0 where n = 1)
+                net = v * (n - 1) / n / dcn_bw
+            else:  # dcn_time's, for an array of slices (0 where n = 1)
+                net = KIND_FACTOR[k] * (collectives.dcn_time("all-gather", v / m, n, dcn_bw) if np.ndim(n) == 0
+                                        else v / m * (n - 1) / n / dcn_bw)
+            if k == "all-to-all":  # the Book's V: the array over the axis' devices on ICI, m·V
+                v = v * (_devices(mesh, key) if m is None else m)
+            total = total + KIND_FACTOR[k] * (v / lkw if m is None else np.where(ici, v / lkw, 0.0)) + net
+        times[key] = total
     return times
+
+
+def _devices(mesh: Mapping | None, key: str):
+    """The devices an axis key spans ("data+expert": the product of both sizes), from ``mesh``; ValueError without
+    one (an all-to-all's time needs it: comm_times)."""
+    if mesh is None:
+        raise ValueError(f"the all-to-all over {key} is priced on the array it spans over the axis: give the mesh")
+    n = 1
+    for a in key.split("+"):
+        n = n * mesh.get(a, 1)
+    return n
 
 
 def _gpu_comm_times(volumes: dict, chip: Chip, dcn: Mapping, mesh: Mapping, messages: Mapping) -> dict:

@@ -25,7 +25,7 @@ from scaling.hardware import DEFAULT_CHIP, GPU_NODE, Chip, get_chip, parse_slice
 from scaling.kernel_tables import KernelTable, load_kernel_table
 from scaling.kernels import DTYPE_BYTES, gemm_coefficients, peak_flops
 from scaling.limits import check_devices, check_size
-from scaling.table import prose, table
+from scaling.table import in_unit, prose, table, time_text, time_unit
 from scaling.workload import Workload
 
 
@@ -109,7 +109,10 @@ def batch_of(cfg, mesh: MeshShape, global_batch: int | None, batch_tokens: int |
     """(B tokens, M microbatches) from ``global_batch`` (sequences; a model with sequences) or ``batch_tokens``, and
     ``microbatch`` (sequences per microbatch on each data·fsdp shard: M = global batch / (microbatch·data·fsdp))
     or ``microbatches``."""
-    if (global_batch is None) == (batch_tokens is None):
+    if global_batch is not None and batch_tokens is not None:
+        raise ValueError(f"--global-batch {global_batch} and --batch-tokens {batch_tokens} both give the batch: give "
+                         "--global-batch (sequences) or --batch-tokens, not both")
+    if global_batch is None and batch_tokens is None:
         raise ValueError("give the batch: --global-batch (sequences) or --batch-tokens")
     if global_batch is not None:
         if cfg.seq_len is None:
@@ -165,6 +168,7 @@ def predict_setup(preset: str = "xxl", *, mesh: str, chip: str | None = None, ch
     cfg = model_of(preset, **{k: v for k, v in model_and_schedule.items() if k in fields})
     hw, dims, slices = target_of(chip, chips, slice, slices, inter_node_bandwidth, kernel_table)
     shape = parse_mesh_spec(mesh)
+    planner.check_mesh_devices(shape, hw, dims, slices, mesh)
     B, M = batch_of(cfg, shape, global_batch, batch_tokens, microbatch, microbatches)
     schedule = schedule_from(M, **{k: v for k, v in model_and_schedule.items() if k not in fields
                                    or fields[k][0] == "schedule_flags"})
@@ -174,6 +178,27 @@ def predict_setup(preset: str = "xxl", *, mesh: str, chip: str | None = None, ch
     peak_flops(hw, dtype)  # ValueError where the table has no rate for it
     given = dict(parse_mesh_spec(dcn_mesh).items()) if dcn_mesh else None
     return PredictSetup(w, hw, dims, slices, given, form, kernel_model)
+
+
+def param_counts(cfg) -> dict[str, int]:
+    """A model's parameter counts as its publishers count them: ``params`` = P + the norms' scales (cfg.params, the
+    family's closed form, and cfg.norm_params, which this package's model leaves out), ``active_params`` those a token
+    runs (an MoE model's k routed experts of E, its shared ones, the router, attention and embeddings: Mistral's
+    12.9B of Mixtral 8x7B's 46.7B), and ``params_without_norms`` = P, what the memory terms count."""
+    norms = cfg.norm_params
+    return {"params": cfg.params + norms, "active_params": cfg.active_params + norms,
+            "params_without_norms": cfg.params}
+
+
+def params_text(cfg) -> str:
+    """param_counts in a line: "parameters: 405,853,388,800 (405.9e9); with the norms' scales, which the program
+    omits: 4,145,152", with ", 12,879,925,248 (12.88e9) active per token" after the total for an MoE model."""
+    c = param_counts(cfg)
+    short = lambda n: f"{n:,} ({n / 1e9:.4g}e9)"  # noqa: E731
+    norms = c["params"] - c["params_without_norms"]
+    return (f"parameters: {short(c['params'])}"
+            + (f", {short(c['active_params'])} active per token" if c["active_params"] != c["params"] else "")
+            + (f"; with the norms' scales, which the program omits: {norms:,}" if norms else ""))
 
 
 def _kernel_json(k) -> dict:
@@ -265,7 +290,7 @@ class PredictReport:
                "slices": s.slices, "slice_shape": list(s.dims), "mesh": dict(w.mesh), "dcn": self.dcn,
                "layout": {a: {"lens": v[0], "wrap": v[1]} for a, v in self.layout.items()},
                "batch_tokens": w.batch_tokens, "microbatches": w.schedule.microbatches,
-               "model": dataclasses.asdict(w.model), "remat": str(w.remat),
+               "model": dataclasses.asdict(w.model), **param_counts(w.model), "remat": str(w.remat),
                "schedule": {k: str(v) if not isinstance(v, (int, bool)) else v
                             for k, v in dataclasses.asdict(w.schedule).items()}, "xla_flags": w.flags.name,
                "step": str(w.step), "model_text": str(w.model), "xla_flags_text": w.flags.describe(),
@@ -288,25 +313,30 @@ class PredictReport:
                  f"{slices} nodes of {dims[0]}" if chip.kind == "gpu" and slices > 1 else "x".join(map(str, dims)))
         net = (f"; over {chip.network_name}: " + ", ".join(f"{a} x{n}" for a, n in self.dcn.items())
                if self.dcn else "")
-        lines += [prose(f"{w.model}"),
+        lines += [prose(f"{w.model}"), prose(params_text(w.model)),
                   prose(f"on {devices} {chip.name} devices ({where}{net}), mesh {_mesh_text(dict(w.mesh))}, "
                         f"B = {B:,} tokens, M = {M}, remat {w.remat}, {w.step} step"
                         + (f", attention {w.schedule.attention}" if w.model.has_attention else "")
                         + f", {w.flags.describe()}")]
         S = w.mesh.get("stage", 1)
-        if S > 1 and len(set(counts := pipeline.stage_blocks(w.model, w.schedule, S))) > 1:  # uneven stages
-            loads = pipeline.stage_loads(w.model, w.schedule, S)
-            lines.append(prose(f"stages of {','.join(map(str, counts))} blocks (with the embedding and output "
-                               f"counted: {','.join(map(str, loads))}); the program pads every stage to the largest, "
-                               f"{max(counts)} slots, which sets the step"))
+        if S > 1 and len(set(chunks := pipeline.chunk_counts(w.model, w.schedule, S))) > 1:  # uneven stages, chunks
+            counts, loads = pipeline.stage_blocks(w.model, w.schedule, S), pipeline.stage_loads(w.model, w.schedule, S)
+            R, bub = w.schedule.repeats, pipeline.padded_bubble(w.model, w.schedule, S)
+            of = f" in chunks of {pipeline.layout_text(chunks)} (chunk r*S+s on stage s)" if R > 1 else ""
+            lines.append(prose(f"stages of {','.join(map(str, counts))} blocks{of}"
+                               + f" (with the embedding and output counted: {','.join(map(str, loads))}); the "
+                               f"program pads every {'chunk' if R > 1 else 'stage'} to the largest, {max(chunks)} "
+                               f"slots, which sets the step: bubble {bub['overhead']:.3f} of the ideal step with the "
+                               f"padding ({bub['padding']:.3f} of it)"))
         rows = [("compute", "the kernels at their shapes' efficiency (--kernels)", t.compute),
                 ("math", "executed FLOPs / C (roofline)", t.math), ("hbm", "HBM bytes / bandwidth (roofline)", t.hbm)]
         rows += [(f"{a}", f"collectives over {a} (all)", v) for a, v in t.comms.items()]
         rows += [(f"{a} exposed", "what the schedule leaves exposed", v) for a, v in t.exposed.items()]
         rows += [("loop copies", "2 x loop-state copy bytes / HBM bandwidth", t.copies)]
-        lines += table(["term", "what", "seconds"], [(n, w_, f"{float(v):.4g}") for n, w_, v in rows])
-        lines.append(prose(f"step: {step:.4g} s ({form}; "
-                           + ", ".join(f"{k} {float(v):.4g}" for k, v in t.step.items() if k != form)
+        lines += table(["term", "what", "time"], [(n, w_, time_text(float(v))) for n, w_, v in rows], right=(2,))
+        unit = time_unit(step)  # the step's forms in one unit
+        lines.append(prose(f"step: {in_unit(step, unit)} {unit[0]} ({form}; "
+                           + ", ".join(f"{k} {in_unit(float(v), unit)}" for k, v in t.step.items() if k != form)
                            + f"), bound: {t.bound}"))
         lines.append(prose(f"tokens/s per device: {B / step / devices:,.1f}; MFU {float(t.mfu[form]):.3f} (model "
                            "FLOPs: the matmuls the step needs, attention's causal half), "
@@ -332,7 +362,7 @@ class PredictReport:
             inten = k["flops"] / k["bytes"] if k["bytes"] else float("inf")
             rows.append((k["name"], k["pass"], shape, f"{k['calls']:.4g}", f"{k['flops'] / 1e12:.4g}",
                          f"{k['bytes'] / 1e9:.4g}", f"{inten:.4g}", f"{k['efficiency']:.3f}" if k["shape"] else "",
-                         f"{k['seconds'] * 1e3:.4g}", k["bound"]))
+                         time_text(k["seconds"]), k["bound"]))
         how = ("efficiency = eta·q(shape)" if self.setup.kernel_model == "efficiency" else
                f"hierarchical: matmul bytes from tiles through {chip.onchip / 2**20:.0f} MiB on chip, efficiency = eta")
         dtype = self.workload.precision.dtype
@@ -346,13 +376,14 @@ class PredictReport:
             eta = f"eta = {chip.matmul_efficiency} on {chip.name}"
         lines = [prose(f"kernels per device (ridge point C/W_hbm = {ridge:.0f} FLOPs/byte; {how}, {eta}; flash "
                        "attention's time counts its causal blocks)")]
-        lines += table(["kernel", "pass", "m x n x k", "calls", "TFLOPs", "GB", "FLOPs/B", "eff", "ms", "bound"],
+        lines += table(["kernel", "pass", "m x n x k", "calls", "TFLOPs", "GB", "FLOPs/B", "eff", "time", "bound"],
                        rows, right=range(3, 9))
         by = {}
         for k in ks:
             by[k["pass"]] = by.get(k["pass"], 0.0) + k["seconds"]
-        lines.append(prose("per pass: " + ", ".join(f"{k} {v:.4g} s" for k, v in by.items())
-                           + f"; compute term {sum(by.values()):.4g} s"))
+        unit = time_unit(sum(by.values()))  # one unit: the passes add up to the compute term
+        lines.append(prose("per pass: " + ", ".join(f"{k} {in_unit(v, unit)} {unit[0]}" for k, v in by.items())
+                           + f"; compute term {in_unit(sum(by.values()), unit)} {unit[0]}"))
         return "\n".join(lines)
 
     def kernel_report(self) -> str:
@@ -363,8 +394,8 @@ class PredictReport:
         chip = self.chip
         ridge = peak_flops(chip, out["dtype"]) / chip.device_hbm_bw
         lines = [prose(f"DOES NOT FIT: {out['fit_note']}")] if not out["fits"] else []
-        lines += [f"{out['model_text']} on {out['devices']} {chip.name} devices, B = {out['batch_tokens']:,} tokens, "
-                  f"M = {out['microbatches']}, kernel model {out['kernel_model']}", ""]
+        lines += [prose(f"{out['model_text']} on {out['devices']} {chip.name} devices, B = {out['batch_tokens']:,} "
+                        f"tokens, M = {out['microbatches']}, kernel model {out['kernel_model']}"), ""]
         passes = {}
         for k in out["kernels"]:
             inten = k["flops"] / k["bytes"] if k["bytes"] else float("inf")

@@ -75,7 +75,8 @@ class Schedule:
                     accumulation (M forward/backward passes, one optimizer update, one microbatch's
                     activations live at a time). With stage > 1: the pipeline's microbatches.
     repeats R       circular (interleaved) pipeline: each stage holds R non-adjacent chunks of
-                    L/(S·R) blocks (stage s holds chunks s, S+s, 2S+s, ...); R = 1 is GPipe.
+                    L/(S·R) blocks (stage s holds chunks s, S+s, 2S+s, ...; uneven: blocks_per_chunk); R = 1 is
+                    GPipe.
     fsdp_gather     "microbatch": every block gathers its weights over fsdp each time it runs (per
                     microbatch, per pipeline iteration); "step": a stage gathers all its weights once
                     per step and keeps them for every microbatch (pipeline only).
@@ -107,9 +108,12 @@ class Schedule:
                     data (the weights, this package's FP32 masters, stay replicated over data: the forward
                     reads them). Any data size, any schedule (ffn_model.zero1).
     stage_blocks    (with a stage axis) the blocks of each stage, first to last, summing to L (Megatron-LM's
-                    --decoder-first/last-pipeline-num-layers, DeepSpeed's partition_method as a list); None: the
-                    default rule, scaling.pipeline.default_stage_blocks. Uneven stages run as a padded stack of
-                    S·Lmax slots (Lmax the largest stage's blocks; ffn_model.pipeline.padded_slots).
+                    --decoder-first/last-pipeline-num-layers, DeepSpeed's partition_method as a list); with repeats
+                    R > 1 either that (each stage's L_s split over its R chunks: blocks_per_chunk) or S·R counts, one
+                    a chunk in the order the blocks run (chunk c = r·S + s on stage s: Megatron-LM's
+                    --pipeline-model-parallel-layout); None: the default rule (default_stage_blocks over the S
+                    stages, or over the S·R chunks). Uneven stages or chunks run as a padded stack of S·R·Cmax slots
+                    (Cmax the largest chunk's blocks; R = 1: the largest stage's; ffn_model.pipeline.padded_slots).
     """
 
     microbatches: int = 1
@@ -165,33 +169,36 @@ class Schedule:
         return dataclasses.replace(self, attention=attention_for(platform, seq_len))
 
     def check(self, cfg, mesh: Mapping, batch_tokens: int | None = None) -> "Schedule":
-        """ValueError naming the input when the schedule cannot run ``cfg`` on ``mesh``: the stages must
-        split the blocks evenly, the repeats the blocks of a stage, a circular pipeline needs at least
-        as many microbatches as stages, B must split into M microbatches over data·fsdp; ``cfg``'s family adds its
-        own (cfg.check_schedule before these, cfg.check_batch_split after them; scaling.family)."""
+        """ValueError naming the input when the schedule cannot run ``cfg`` on ``mesh``: stage_blocks one count a
+        stage (or with repeats R > 1 a chunk) summing to L, every stage (and chunk) at least one block, a circular
+        pipeline needs at least as many microbatches as stages, B must split into M microbatches over data·fsdp;
+        ``cfg``'s family adds its own (cfg.check_schedule before these, cfg.check_batch_split after them;
+        scaling.family)."""
         S, M, R, L = mesh.get("stage", 1), self.microbatches, self.repeats, cfg.blocks
         cfg.check_schedule(self, mesh, batch_tokens)  # the family's own rules, before the shared ones
         if self.stage_blocks is not None:
             given = ",".join(map(str, self.stage_blocks))
-            if len(self.stage_blocks) != S:
-                raise ValueError(f"stage_blocks={given} lists {len(self.stage_blocks)} stages; the mesh has stage={S}")
+            chunked = R > 1 and S > 1  # a count a stage, or one a chunk
+            if len(self.stage_blocks) not in ((S, S * R) if chunked else (S,)):
+                raise ValueError(f"stage_blocks={given} lists {len(self.stage_blocks)} stages; the mesh has stage={S}"
+                                 + (f" (with repeats={R}: {S} stages or {S * R} chunks)" if chunked else ""))
             if sum(self.stage_blocks) != L:
                 raise ValueError(f"stage_blocks={given} sums to {sum(self.stage_blocks)}, not blocks={L}")
+            if R > 1 and len(self.stage_blocks) == S and min(self.stage_blocks) < R:
+                raise ValueError(f"stage_blocks={given}: with repeats={R} every stage needs at least {R} blocks (one "
+                                 "a chunk)")
+        elif R > 1 and S > 1 and L < S * R:
+            raise ValueError(f"blocks={L} cannot fill the {S * R} chunks of stage={S}, repeats={R} (every chunk needs "
+                             f"at least one block); use repeats <= {max(L // S, 1)}")
         elif L < S:
             raise ValueError(f"blocks={L} cannot fill stage={S} (every stage needs at least one block); use "
                              f"stage <= {L}")
-        uneven = S > 1 and len(set(self.blocks_per_stage(L, S, cfg))) > 1
-        if R > 1 and uneven:
-            raise ValueError(f"repeats={R} (circular, interleaved 1f1b) needs the same blocks on every stage; the "
-                             f"stages hold {','.join(map(str, self.blocks_per_stage(L, S, cfg)))}")
         if self.pipeline == "1f1b" and S == 1:
             raise ValueError("the 1f1b schedule needs a stage axis (stage > 1 in the mesh)")
         if self.pipeline == "1f1b" and not cfg.runs_1f1b:
             raise ValueError(f"the 1f1b schedule is built for the transformer; the {cfg.noun} runs gpipe or circular")
         if R > 1 and S == 1:
             raise ValueError(f"repeats={R} needs a stage axis (circular pipeline); without one use repeats=1")
-        if R > 1 and (L // S) % R:
-            raise ValueError(f"repeats={R} must divide the {L // S} blocks of each of the {S} stages")
         if R > 1 and (np.asarray(M) < S).any():
             raise ValueError(f"a circular pipeline (repeats={R}) needs microbatches >= stages: {M} < {S}")
         if self.fsdp_gather == "step" and S == 1:
@@ -204,13 +211,35 @@ class Schedule:
         return self
 
     def blocks_per_stage(self, blocks: int, stages: int, cfg=None) -> tuple[int, ...]:
-        """The blocks of each stage: stage_blocks if given, else default_stage_blocks(L, S, ends), ends = 1 where
-        ``cfg`` has an embedding and an output layer (a vocabulary), else 0; (L,) without stages."""
+        """The blocks of each stage: stage_blocks if given per stage, else default_stage_blocks(L, S, ends), ends = 1
+        where ``cfg`` has an embedding and an output layer (a vocabulary), else 0; with repeats R > 1 the sums of
+        its chunks' (blocks_per_chunk: stage s holds chunks s, S + s, ...); (L,) without stages."""
         if stages == 1:
             return (blocks,)
+        if self.repeats > 1:
+            chunks = self.blocks_per_chunk(blocks, stages, cfg)
+            return tuple(sum(chunks[s::stages]) for s in range(stages))
         if self.stage_blocks is not None:
             return self.stage_blocks
         return default_stage_blocks(blocks, stages, 1 if getattr(cfg, "vocab", None) else 0)
+
+    def blocks_per_chunk(self, blocks: int, stages: int, cfg=None) -> tuple[int, ...]:
+        """The blocks of each of the S·R chunks in the order the blocks run, chunk c = r·S + s on stage s (its r-th):
+        stage_blocks if it lists S·R; if it lists S, stage s's L_s split over its R chunks as DeepSpeed's uniform
+        (floor(L_s/R) each, the first L_s mod R one more; Megatron-LM asks R to divide L_s); else
+        default_stage_blocks(L, S·R, ends) (Megatron-LM's --account-for-embedding/loss-in-pipeline-split with virtual
+        stages, Megatron-Bridge's option for large vocabularies: L + 2 items over the S·R chunks, the first chunk and
+        the last one fewer; Llama 3.1 405B's 126 layers on PP 8, VP 8, NVIDIA's dgxc-benchmarking recipe: 1, 2 (x62),
+        1). R = 1: blocks_per_stage; (L,) without stages."""
+        S, R = stages, self.repeats
+        if S == 1 or R == 1:
+            return self.blocks_per_stage(blocks, stages, cfg)
+        given = self.stage_blocks
+        if given is not None and len(given) == S * R:
+            return given
+        if given is not None:
+            return tuple(given[s] // R + (r < given[s] % R) for r in range(R) for s in range(S))
+        return default_stage_blocks(blocks, S * R, 1 if getattr(cfg, "vocab", None) else 0)
 
 
 def default_stage_blocks(blocks: int, stages: int, ends: int = 0) -> tuple[int, ...]:

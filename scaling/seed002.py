@@ -36,7 +36,7 @@ import math
 import re
 
 from scaling.seed000 import seed_text
-from scaling.table import footnoted, table
+from scaling.table import footnoted, prose, table
 
 SEED_FILE = "002_deepflow_output.txt"
 GIB, TIB, MIB = 2**30, 2**40, 2**20
@@ -289,12 +289,13 @@ def rows(r: dict | None = None) -> list[dict]:
 def render(rs: list[dict] | None = None) -> str:
     """The table of ``rows`` (line, seed, package, match, note) and a summary line."""
     rs = rows() if rs is None else rs
-    cells, notes = footnoted([(r["line"], r["seed"][:70], " ".join(r["package_numbers"])[:60],
+    cut = lambda text, n: text if len(text) <= n else text[: n - 3] + "..."  # noqa: E731  (--text: whole lines)
+    cells, notes = footnoted([(r["line"], cut(r["seed"], 52), cut(" ".join(r["package_numbers"]), 44),
                                "✓" if r["match"] else "✗", r["note"]) for r in rs], 4)
     body = table(("line", "seed", "package (closed form)", "match", "note"), cells)
     ok = sum(r["match"] for r in rs)
     bad = sum(r["note"].startswith("INCONSISTENT") for r in rs)
-    body.append(f"{ok} of {len(rs)} numeric lines reproduced to the printed digits; {bad} state an inconsistency "
-                f"of the seed (the printed figure is DeepFlow's, the correct one in the note)")
+    body.append(prose(f"{ok} of {len(rs)} numeric lines reproduced to the printed digits; {bad} state an "
+                      "inconsistency of the seed (the printed figure is DeepFlow's, the correct one in the note)"))
     return "\n".join([*body[:-1], "notes:", *notes, body[-1]])
 

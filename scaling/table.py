@@ -38,10 +38,21 @@ PROSE = 120
 def fold(header: Sequence[str], rows: Sequence[Sequence[object]], right: Sequence[int] = (), keep: int = 1,
          width: int = WIDTH) -> list[str]:
     """``table``, or where it would be wider than ``width``, several tables one under another (a blank line
-    between), each with the first ``keep`` columns and as many of the next ones as fit."""
+    between), each with the first ``keep`` columns and as many of the next ones as fit (folds)."""
+    out = []
+    for block in folds(header, rows, right, keep, width):
+        out += ([""] if out else []) + block
+    return out
+
+
+def folds(header: Sequence[str], rows: Sequence[Sequence[object]], right: Sequence[int] = (), keep: int = 1,
+          width: int = WIDTH) -> list[list[str]]:
+    """The lines of ``table``, as one block where they fit in ``width`` columns, else as several tables (blocks),
+    each with the first ``keep`` columns and as many of the next ones as fit; each block's lines are its header
+    and one line per row, in the order of ``rows``."""
     lines = table(header, rows, right)
     if max(map(len, lines), default=0) <= width:
-        return lines
+        return [lines]
     cols = [[str(h), *(str(r[i]) for r in rows)] for i, h in enumerate(header)]
     widths = [max(map(len, c)) + 2 for c in cols]
     out, i = [], keep
@@ -51,23 +62,75 @@ def fold(header: Sequence[str], rows: Sequence[Sequence[object]], right: Sequenc
             used += widths[j]
             j += 1
         idx = [*range(keep), *range(i, j)]
-        out += ([""] if out else []) + table([header[k] for k in idx], [[r[k] for k in idx] for r in rows],
-                                             [n for n, k in enumerate(idx) if k in right])
+        out.append(table([header[k] for k in idx], [[r[k] for k in idx] for r in rows],
+                         [n for n, k in enumerate(idx) if k in right]))
         i = j
     return out
 
 
 def prose(text: str, width: int = PROSE) -> str:
     """``text`` with each line longer than ``width`` wrapped at spaces, its continuation lines indented two
-    spaces past the line's own indent."""
+    spaces past the line's own indent; a time stays with its unit (never "3.697" at a line's end, "us" on the
+    next)."""
+    import re
     import textwrap
 
     out = []
     for line in text.split("\n"):
         indent = len(line) - len(line.lstrip(" "))
-        out += (textwrap.wrap(line, width, subsequent_indent=" " * (indent + 2), break_on_hyphens=False,
-                              break_long_words=False) or [""]) if len(line) > width else [line]
+        glued = re.sub(r"(\d) (s|ms|us|ns)\b", "\\1\0\\2", line)  # NUL: not a space textwrap breaks at
+        out += ([w.replace("\0", " ") for w in textwrap.wrap(
+            glued, width, subsequent_indent=" " * (indent + 2), break_on_hyphens=False, break_long_words=False)]
+                or [""]) if len(line) > width else [line]
     return "\n".join(out)
+
+
+def abbreviated(rows: Sequence[Sequence[object]], col: int, width: int) -> tuple[list[list[object]], list[str]]:
+    """``rows`` with each text of column ``col`` longer than ``width`` cut at a space to its first words, "..." and
+    a reference "[k]" (within ``width``; rows with the same text share k), and the notes "[k] whole text", wrapped
+    (prose): a table of long notes stays within a terminal and each note is read whole below it."""
+    refs: dict[str, int] = {}
+    out = []
+    for r in rows:
+        r = list(r)
+        text = str(r[col])
+        if len(text) > width:
+            ref = f"[{refs.setdefault(text, len(refs) + 1)}]"
+            head = text[: max(width - len(ref) - 5, 1)]
+            r[col] = f"{head.rsplit(' ', 1)[0] if ' ' in head else head} ... {ref}"
+        out.append(r)
+    return out, [prose(f"[{k}] {text}") for text, k in refs.items()]
+
+
+UNITS = (("s", 1.0), ("ms", 1e-3), ("us", 1e-6), ("ns", 1e-9))  # a time's units, largest first
+
+
+def time_unit(seconds: float) -> tuple[str, float]:
+    """(name, seconds per unit) of the largest of UNITS (s, ms, us, ns) in which |seconds| is at least 1; ns below
+    1 ns, s for 0 (and for what is not finite)."""
+    x = abs(seconds)
+    if x == 0 or x != x or x == float("inf"):
+        return UNITS[0]
+    return next(((u, f) for u, f in UNITS if x >= f), UNITS[-1])
+
+
+def in_unit(seconds: float, unit: tuple[str, float]) -> str:
+    """``seconds`` as a number of ``unit`` (time_unit's pair), without the unit's name: 4 significant digits, no
+    exponent (a figure under 1e-4 of the unit as "<0.0001", 0 as "0")."""
+    x = seconds / unit[1]
+    if x == 0 or abs(x) >= 1e-4:
+        text = f"{x:.4g}"
+        return text if "e" not in text else f"{x:.0f}"
+    return "<0.0001" if x > 0 else ">-0.0001"
+
+
+def time_text(seconds: float) -> str:
+    """A time a person reads: 4 significant digits in its own unit (time_unit: 2.216 s, 212.5 us, 4.766 ns), under
+    1 ns two significant digits of ns (0.27 ns), under 0.01 ns "<0.01 ns", 0 as "0 s"."""
+    unit = time_unit(seconds)
+    if unit[0] == "ns" and 0 < abs(seconds) < 1e-9:
+        return f"{seconds * 1e9:.2g} ns" if abs(seconds) >= 1e-11 else "<0.01 ns"
+    return f"{in_unit(seconds, unit)} {unit[0]}"
 
 
 def footnoted(rows: Sequence[Sequence[object]], col: int) -> tuple[list[list[object]], list[str]]:

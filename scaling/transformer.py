@@ -33,7 +33,8 @@ Collectives per layer (V, the Scaling Book's volume: the full array a collective
             Parallel blocks: half of each (one reduction of the summed partials forward, one of the
             norm's input gradient backward), nothing again under remat full
   context   Ulysses: all-to-all of q, k, v and o forward and of their gradients backward,
-            V = c·t·H·(2N+2K)/Y per direction (Jacobs et al. 2023); ring: ffn_model.attention's
+            V = c·t·H·(2N+2K)/Y per direction (Jacobs et al. 2023; the buffers a device sends, timed as the
+            Scaling Book's AllToAll of C·V: scaling.program.comm_times); ring: ffn_model.attention's
             collective-permutes of K/V chunks (and their gradients); a policy that recomputes the attention
             runs its forward's permutes once more, and Ulysses' all-to-alls of what it does not keep (full:
             q, k, v and o; minimal and the save_dot policies: o)
@@ -246,6 +247,19 @@ class TransformerConfig:
         """P = L·(D·H·(2N + 2K) + m·D·F) + the embeddings' V·D (tied) or 2·V·D."""
         return self.blocks * self.params_per_block + self.embedding_params
 
+    @property
+    def active_params(self) -> int:
+        """P: a dense model runs every parameter for every token."""
+        return self.params
+
+    @property
+    def norm_params(self) -> int:
+        """The RMSNorm scales a published count includes and this package's model leaves out (its norms carry none):
+        D a norm, two a layer (serial) or one (parallel), and the final norm's with a vocabulary: 2·L·D + D (Llama
+        3.1 405B: P = 405,849,243,648 + 4,145,152 = 405,853,388,800, Meta's 405.9B; Llama-2-7B's checkpoint
+        6,738,415,616, tests/test_closed_forms.py)."""
+        return (2 if self.block == "serial" else 1) * self.blocks * self.d_model + (self.d_model if self.vocab else 0)
+
     def replace(self, **kw) -> "TransformerConfig":
         kw = {k: v for k, v in kw.items() if v is not None}
         if "d_model" in kw and "head_dim" not in kw and self.head_dim == self.d_model // self.heads:
@@ -259,6 +273,11 @@ class TransformerConfig:
     def program_notes(self, chip) -> list[str]:
         """None: the transformer's program runs on every chip the hardware table has."""
         return []
+
+    def uncompared_flops(self, platform: str) -> str | None:
+        """None: the transformer's matmuls compile as the dots the closed form counts (a kernel's FLOPs inside a
+        custom call are the FLOPs row's own business: step_flops' "kernels")."""
+        return None
 
     def check_remat(self, remat: str) -> None:
         """every-second is the FFN stack's: none, full or a named policy (TRANSFORMER_ONLY_REMAT)."""
@@ -510,7 +529,10 @@ def recomputed(cfg: TransformerConfig, remat: str, schedule: Schedule, mesh: Map
     attention's output is kept: selective; the whole forward, 4, where it is not), "out": 0|1 (W_o's matmul:
     serial blocks that keep neither o·W_o nor mid need it for the second norm's input), "mlp_in": 0|1
     (h·W_in, and W_gate)}. Selective under flash attention keeps what none keeps (no O(T²) residual). A
-    parallel block recomputes q, k, v with its MLP input (one fused matmul)."""
+    parallel block recomputes q, k, v with its MLP input (one fused matmul). An array of policies (the planner's
+    cells): each cell's counts, by_policy."""
+    if np.ndim(remat):
+        return by_policy(remat, lambda r: recomputed(cfg, r, schedule, mesh))
     keeps = POLICY_KEEPS[remat]
     flash = runs_flash(schedule, mesh)
     attention = 0 if "attention" in keeps or (remat == "selective" and flash) else 2 if "out" in keeps and \
@@ -526,8 +548,29 @@ def whole_layer_again(remat: str, precision: Precision) -> int:
     """1 where the backward reruns the whole layer's forward, W_out's matmul too: remat full under a PyTorch runtime
     (runtimes.RUNTIMES), whose torch.utils.checkpoint calls the layer's forward function again and keeps what it
     returns (PyTorch docs, torch.utils.checkpoint; Megatron-LM's full recomputation counts 4 forward passes:
-    Narayanan et al. 2021, eq. 3); 0 elsewhere (XLA drops W_out's dead recomputed matmul: recomputed())."""
-    return int(remat == "full" and precision.accumulation in runtimes.RUNTIMES)
+    Narayanan et al. 2021, eq. 3); 0 elsewhere (XLA drops W_out's dead recomputed matmul: recomputed()). An array
+    of policies (the planner's cells): 0 or 1 each."""
+    if precision.accumulation not in runtimes.RUNTIMES:
+        return 0
+    return int(remat == "full") if np.ndim(remat) == 0 else (np.asarray(remat) == "full").astype(int)
+
+
+def by_policy(remat, f):
+    """f(remat) for one remat policy; for the planner's array of policies (one a cell: a mesh and schedule of a group,
+    each with the policy it is evaluated under) each cell's f of its own policy: f evaluated once per distinct policy
+    and taken cell by cell (np.select), so that every cell's figure is its policy's exactly. f returns a figure (a
+    number or an array) or a dict of them with the same keys for every policy."""
+    if np.ndim(remat) == 0:
+        return f(remat)
+    cells = np.asarray(remat)
+    names = np.unique(cells).tolist()
+    values = [f(n) for n in names]
+    if len(names) == 1:
+        return values[0]
+    where = [cells == n for n in names]
+    if isinstance(values[0], dict):
+        return {k: np.select(where, [v[k] for v in values]) for k in values[0]}
+    return np.select(where, values)
 
 
 def attention_shares(cfg: TransformerConfig, schedule: Schedule, mesh: Mapping) -> tuple[float, float, float]:
@@ -670,7 +713,8 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
         if vocab:  # the loss over the vocabulary shards: the max (BF16 logits), Σ exp and the label's logit (FP32)
             out["tensor"]["all-reduce"] = out["tensor"].get("all-reduce", 0.0) + (c + 8) * t * p["head"]
     if spans(C):  # a recomputed attention forward runs its all-to-alls (of what it does not keep) or K/V permutes again
-        again, twice = int(rc["attention_units"] == 4), forward_again(remat, p)
+        again, twice = rc["attention_units"] == 4, forward_again(remat, p)
+        again = int(again) if np.ndim(again) == 0 else again.astype(int)  # an array of policies: one a cell
         if schedule.context == "ulysses":  # q, k, v again where not kept; o where the attention is recomputed
             again_heads = (rc["qkv"] + twice) * (N + 2 * K) + (again + twice) * N
             out["context"] = {"all-to-all": L * c * t * H * ((2 * N + 2 * K) * (2 if train else 1) + again_heads) / Y}
@@ -749,7 +793,8 @@ def stage_volumes(w: Workload, c: float) -> dict[str, float]:
     if not p["again"]:  # GPipe, circular: the outputs to the stages
         permute += directions * (S - 1) * c * t / S * D
     if schedule.repeats > 1:
-        chunk = w.precision.master * cfg.params_per_block * cfg.blocks / (S * schedule.repeats) / (X * Y)
+        # one chunk's slots: L/(S·R) layers, uneven chunks the largest's Cmax (pipeline.chunk_blocks)
+        chunk = w.precision.master * cfg.params_per_block * pipeline.chunk_blocks(cfg, schedule, S) / (X * Y)
         permute += directions * pipeline.relay_moves(S, schedule.repeats) * chunk
     out = {"collective-permute": permute, "all-reduce": 4.0}
     if train and cfg.vocab and p["again"]:  # 1F1B: the matrices' FP32 accumulators (the lookup's on stage 0, the
@@ -818,7 +863,10 @@ def offloaded_per_layer(cfg: TransformerConfig, mesh: Mapping, batch_tokens, rem
     """Bytes per device of one layer's saved residuals an offloading policy (OFFLOADED) places in pinned host memory:
     of saved_per_layer's terms, q, k, v (c·t·H·(N+2K)/Y) and, for input_qkv_offloaded, the layer's input x (c·t·D,
     /Y under SP); 0 for the other policies. MaxText's qkv_proj_offloaded and its v6e Llama 3.1 70B recipe's custom
-    policy (decoder_layer_input and the q/k/v projections offloaded), with jax's save_and_offload_only_these_names."""
+    policy (decoder_layer_input and the q/k/v projections offloaded), with jax's save_and_offload_only_these_names.
+    An array of policies (the planner's cells): by_policy."""
+    if np.ndim(remat):
+        return by_policy(remat, lambda r: offloaded_per_layer(cfg, mesh, batch_tokens, r, schedule, precision))
     where = OFFLOADED.get(remat, set())
     if not where:
         return 0.0
@@ -864,7 +912,8 @@ def memory_per_device(w: Workload) -> dict:
     activations (host_memory_per_device; compiled on v5p, the peak drops by all the offloaded bytes: the reloaded
     layer is not at the peak). A PyTorch runtime (Precision.accumulation: scaling.runtimes) its own terms. (Each term
     is an allocation of XLA's memory-usage report:
-    docs/findings.md, memory.)"""
+    docs/findings.md, memory.) An array of remat policies (the planner's cells, each its own): each cell's terms as
+    under its policy alone, a term its policy has not 0 (by_policy)."""
     cfg, mesh, batch_tokens, remat, schedule, precision, step = (w.model, w.mesh, w.batch_tokens, w.remat,
                                                                 w.schedule, w.precision, w.step)
     S = mesh.get("stage", 1)
@@ -875,7 +924,8 @@ def memory_per_device(w: Workload) -> dict:
     D, N, T = cfg.d_model, cfg.heads, cfg.seq_len
     L = cfg.blocks
     train = step == "train"
-    full = train and remat == "full"
+    full = train and remat == "full"  # an array of policies: an array
+    cells = np.ndim(full) > 0
     layer_params = (cfg.params - cfg.embedding_params) * pipeline.padding(cfg, schedule, S)  # uneven: S·Lmax slots
     shard = layer_params / (S * X * Y) + cfg.embedding_params / (X * Y)  # parameters per device
     flash = runs_flash(schedule, mesh)
@@ -894,15 +944,16 @@ def memory_per_device(w: Workload) -> dict:
     terms.update({"inputs": M * (8 * t if V else (precision.compute + 4) * t * D),  # int32 ids and labels, or x, y
              # forward without fsdp: nothing gathered, XLA fuses each FP32 -> BF16 cast into its matmul (the
              # seed-000 layer's memory-usage report on v5p: no bf16 weight buffer)
-             "transient_weights": ((1 if full else 2) if train else 1 if spans(X) else 0)
-                                  * layer_weight_bytes(cfg, mesh, precision),
+             "transient_weights": ((np.where(full, 1, 2) if cells else 1 if full else 2) if train
+                                   else 1 if spans(X) else 0) * layer_weight_bytes(cfg, mesh, precision),
              "attention_working_set": score_bytes})
-    if train and not full:  # one layer's FP32 weight gradients as the matmuls make them, before the BF16 reduce-scatter
-        # (1F1B: the chunk's, all its layers': jax.vjp returns them at once, before they join the accumulators)
-        terms["layer_grads"] = ((L / S * pipeline.padding(cfg, schedule, S) if p["again"] else 1) * precision.grad
-                                * layer_weight_bytes(cfg, mesh, precision) / precision.compute)
-    kept = saved_per_layer(cfg, mesh, batch_tokens, remat, schedule, precision)
-    saved = sum(kept.values())
+    if train and (cells or not full):  # one layer's FP32 weight gradients as the matmuls make them, before the BF16
+        # reduce-scatter (1F1B: the chunk's, all its layers': jax.vjp returns them at once, before they join the
+        # accumulators)
+        grads = ((L / S * pipeline.padding(cfg, schedule, S) if p["again"] else 1) * precision.grad
+                 * layer_weight_bytes(cfg, mesh, precision) / precision.compute)
+        terms["layer_grads"] = np.where(full, 0.0, grads) if cells else grads
+    saved = by_policy(remat, lambda r: sum(saved_per_layer(cfg, mesh, batch_tokens, r, schedule, precision).values()))
     # an offloading policy's residuals in pinned host memory (host_memory_per_device), out of the saved activations
     off = offloaded_per_layer(cfg, mesh, batch_tokens, remat, schedule, precision) if w.compiler.host_offload else 0
     c = precision.compute
@@ -925,9 +976,11 @@ def memory_per_device(w: Workload) -> dict:
     elif S > 1:  # the embedded batch given to every stage, and the microbatch buffer (GPipe) or the input's
         # gradient (1F1B)
         terms["pipeline_buffers"] = 2 * M * x_between
-    if train and remat != "none":  # the layer whose backward runs holds its recomputed forward's residuals
+    if train and np.any(remat != "none"):  # the layer whose backward runs holds its recomputed forward's residuals
         none = saved_per_layer(cfg, mesh, batch_tokens, "none", schedule, precision)
         terms["recomputed_layer"] = sum(none.values()) - saved
+        if cells:
+            terms["recomputed_layer"] = np.where(remat != "none", terms["recomputed_layer"], 0.0)
     if train and V:  # the loss's phase: the norm's output, the BF16 logits and the gathered U, beside the saved
         # activations; the peak is the larger of it and a layer's phase (the transients above)
         layer = sum(terms.get(k, 0.0) for k in ("transient_weights", "attention_working_set", "layer_grads",
@@ -937,10 +990,13 @@ def memory_per_device(w: Workload) -> dict:
         # 1F1B: the head's forward and backward run in the iteration of a chunk's backward, beside it
         # GPipe and circular: the head runs between the pipeline's forward and backward, beside every residual
         terms["loss_phase"] = loss if S > 1 else np.maximum(0.0, loss - layer)
-    if full and S == 1 and spans(C) and schedule.context == "ring":  # the forward's phase, where it is the higher
+    if np.any(full) and S == 1 and spans(C) and schedule.context == "ring":  # the forward's phase, where it is the
+        # higher
         forward = (terms["master"] + terms["optimizer"] + terms["inputs"] + terms["activations"]
                    + ring_forward_phase(cfg, mesh, batch_tokens, schedule, precision))
         terms["ring_forward_phase"] = np.maximum(0.0, forward - sum(terms.values()))
+        if cells:
+            terms["ring_forward_phase"] = np.where(full, terms["ring_forward_phase"], 0.0)
     if train and precision.accumulation in runtimes.RUNTIMES:  # a PyTorch runtime keeps what its code keeps
         tokens = w.batch_tokens / schedule.microbatches  # a microbatch's: the runtimes accumulate over them
         none = saved_per_layer(cfg, mesh, tokens, "none", schedule, precision)
@@ -1046,24 +1102,28 @@ def step_kernels(w: Workload) -> list[Kernel]:
     bs = C if ring else 1  # ring: C chunk pairs of (T/C)² per call
     train = step == "train"
 
-    def layer(pass_, share, what=("qkv", "out", "mlp_in", "mlp_out"), units=4):
-        """One kind of pass over the layers: ``share`` of the layer-passes; forward shapes."""
+    def layer(pass_, share, what=("qkv", "out", "mlp_in", "mlp_out"), units=4, where=None):
+        """One kind of pass over the layers: ``share`` of the layer-passes; forward shapes. ``where`` (an array of
+        policies, the planner's cells): {matmul: 1 in the cells that run it, else 0}, its calls (FLOPs, bytes) 0
+        elsewhere; ``units`` an array then, the attention's calls 0 where it is 0."""
         n_calls = calls * share
+        runs = (lambda name: n_calls) if where is None else (lambda name: n_calls * where[name])  # noqa: E731
         ks = []
         if "qkv" in what:
-            ks.append(matmul_kernel("qkv", pass_, tm, qkv_n, D, n_calls, c))
-        if units:
+            ks.append(matmul_kernel("qkv", pass_, tm, qkv_n, D, runs("qkv"), c))
+        if np.ndim(units) or units:
+            n_att = n_calls * (units > 0) if np.ndim(units) else n_calls
             # flash: the scores stay on chip, only q, k, v and o move (k, v of the kv heads)
-            moved = c * n_calls * seqs * bs * Tq * H * (2 * heads + 2 * heads * K / N) if flash else None
-            ks.append(matmul_kernel("attention", pass_, Tq, Tq, H, n_calls, c, batch=seqs * heads * bs,
+            moved = c * n_att * seqs * bs * Tq * H * (2 * heads + 2 * heads * K / N) if flash else None
+            ks.append(matmul_kernel("attention", pass_, Tq, Tq, H, n_att, c, batch=seqs * heads * bs,
                                     kind="attention", flops_=units * unit * p["layers"] * share, bytes_=moved,
                                     executed=skip))
         if "out" in what:
-            ks.append(matmul_kernel("out", pass_, tm, D, out_k, n_calls, c))
+            ks.append(matmul_kernel("out", pass_, tm, D, out_k, runs("out"), c))
         if "mlp_in" in what:
-            ks.append(matmul_kernel("mlp_in", pass_, tm, ff, D, n_calls * (m - 1), c))
+            ks.append(matmul_kernel("mlp_in", pass_, tm, ff, D, runs("mlp_in") * (m - 1), c))
         if "mlp_out" in what:
-            ks.append(matmul_kernel("mlp_out", pass_, tm, D, ff, n_calls, c))
+            ks.append(matmul_kernel("mlp_out", pass_, tm, D, ff, runs("mlp_out"), c))
         return ks
 
     def transposed(k: Kernel) -> list[Kernel]:
@@ -1088,11 +1148,18 @@ def step_kernels(w: Workload) -> list[Kernel]:
         for k in forward + ([logits] if logits is not None else []):
             ks += transposed(k)
         r = recomputed(cfg, remat, schedule, mesh)
-        ks += layer("recompute", 1.0, tuple(n for n in ("qkv", "out") if r[n]), units=r["attention_units"])
-        if r["mlp_in"]:
-            ks += layer("recompute", 1.0, ("mlp_in",), units=0)
-        if whole_layer_again(remat, precision):
-            ks += layer("recompute", 1.0, ("mlp_out",), units=0)
+        if np.ndim(remat):  # the planner's cells, each its own policy: every matmul some policy recomputes, with its
+            # calls in the cells whose policy does (each cell's kernels those of its policy, in the same order)
+            again = {"mlp_out": whole_layer_again(remat, precision)}
+            ks += layer("recompute", 1.0, ("qkv", "out"), units=r["attention_units"], where=r)
+            ks += layer("recompute", 1.0, ("mlp_in",), units=0, where=r)
+            ks += layer("recompute", 1.0, ("mlp_out",), units=0, where=again) if np.any(again["mlp_out"]) else []
+        else:
+            ks += layer("recompute", 1.0, tuple(n for n in ("qkv", "out") if r[n]), units=r["attention_units"])
+            if r["mlp_in"]:
+                ks += layer("recompute", 1.0, ("mlp_in",), units=0)
+            if whole_layer_again(remat, precision):
+                ks += layer("recompute", 1.0, ("mlp_out",), units=0)
         if forward_again(remat, p):  # 1F1B's second forward (remat full), less what XLA drops from a one-layer
             # chunk's (dead_in_again)
             dead = dead_in_again(cfg, remat, p)

@@ -5,7 +5,8 @@ check need to know about it, validated once where it is built. A new input is on
     mesh       MeshShape: the sizes of data, stage, fsdp, context, tensor
     batch_tokens  B, the global batch in tokens (the planner passes a numpy array of candidates)
     step       Step: train or forward
-    remat      Remat: none, every-second, full
+    remat      Remat: none, every-second, full, a transformer's named policies (the planner passes a numpy
+               array of them to a transformer's closed forms: one a cell, scaling.transformer.by_policy)
     schedule   Schedule: microbatches, pipeline repeats, sequence parallelism, attention (scaling.schedule)
     precision  Precision: bytes per element of each kind of state (questions-4d.md)
     compiler   CompilerFacts: what the compiler does that changes the program's bytes
@@ -91,7 +92,13 @@ class Workload:
             set_("mesh", MeshShape(self.mesh) if isinstance(self.mesh, Mapping) else self.mesh)
         set_("step", choose(Step, self.step, "step"))
         set_("flags", get_flag_set(self.flags))
-        set_("remat", check_remat(self.remat, self.model))
+        if np.ndim(self.remat):  # the planner's cells of a group, each with its own policy (scaling.plan._screen)
+            cells = np.asarray(self.remat, dtype=str)
+            for r in np.unique(cells).tolist():
+                check_remat(r, self.model)
+            set_("remat", cells)
+        else:
+            set_("remat", check_remat(self.remat, self.model))
         batch = self.batch_tokens if np.ndim(self.batch_tokens) == 0 and self.scalar_schedule else None
         if batch is not None:
             set_("batch_tokens", positive_int("batch_tokens", batch))

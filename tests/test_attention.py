@@ -21,11 +21,13 @@ from jax.ad_checkpoint import checkpoint_name
 from jax.extend import core as jex
 from jax.sharding import AxisType, PartitionSpec as P
 
+from tests.helpers import FWD_ATOL, GRAD_RTOL, LSE_ATOL, attention_loss, reference_attention
 from ffn_model.attention import (RESIDUAL_NAMES, attention_materialized, flash_attention, flash_attention_o, merge,
                                  ring_attention, ulysses_attention)
 
+pytestmark = pytest.mark.compiles
+
 B, T, H, BLOCK = 2, 64, 16, 16
-FWD_ATOL, LSE_ATOL, GRAD_RTOL = 2e-2, 1e-4, 2e-2
 
 
 def _inputs(N=4, K=2, seed=0):
@@ -40,18 +42,8 @@ def _inputs(N=4, K=2, seed=0):
 POS = jnp.arange(T, dtype=jnp.int32)
 
 
-def reference(q, k, v, q_pos=POS, k_pos=POS):
-    """FP32 causal softmax attention, kv heads repeated G times (query head n uses kv head n // G)."""
-    G = q.shape[2] // k.shape[2]
-    q, k, v = (x.astype(jnp.float32) for x in (q, k, v))
-    k, v = jnp.repeat(k, G, axis=2), jnp.repeat(v, G, axis=2)
-    s = jnp.einsum("btnh,bsnh->bnts", q, k) * q.shape[-1] ** -0.5
-    s = jnp.where(k_pos[None, :] <= q_pos[:, None], s, -jnp.inf)
-    return jnp.einsum("bnts,bsnh->btnh", jax.nn.softmax(s, axis=-1), v), jax.nn.logsumexp(s, axis=-1)
-
-
-def _loss(attend, w):
-    return lambda q, k, v: jnp.sum(attend(q, k, v).astype(jnp.float32) * w)
+reference = reference_attention
+_loss = attention_loss
 
 
 @jax.jit

@@ -17,7 +17,7 @@ from ffn_model.attention import attention_materialized, splash_attention
 from scaling.schedule import Schedule, attention_for
 from scaling.transformer import attention_shares, attention_units, step_flops
 from verify.check import TPU_SPLASH_GRID, grid_workload
-from tests.test_attention import FWD_ATOL, GRAD_RTOL, _loss, reference
+from tests.helpers import FWD_ATOL, GRAD_RTOL, attention_loss as _loss, reference_attention as reference, rows
 
 # the kernel's blocks are multiples of its 128 lanes: T = 256 in blocks of 128, two query blocks, the causal mask
 # skipping one of the four block pairs
@@ -46,6 +46,7 @@ def _splash(q, k, v):
     return splash_attention(q, k, v, block=SPLASH_BLOCK, interpret=True)
 
 
+@pytest.mark.compiles
 @pytest.mark.parametrize("N,K", [(4, 4), (4, 2), (4, 1)], ids=["mha", "gqa", "mqa"])
 def test_splash_forward_matches_the_reference(N, K):
     q, k, v, _ = _inputs(N, K)
@@ -58,11 +59,13 @@ def test_splash_forward_matches_the_reference(N, K):
                                np.asarray(attention_materialized(q, k, v, POS, POS), np.float32), atol=FWD_ATOL)
 
 
+@pytest.mark.compiles
 @pytest.mark.parametrize("N,K", [(4, 2)], ids=["gqa"])
 def test_splash_gradients_match_the_reference(N, K):
     _check_grads(_splash, *_inputs(N, K, seed=1))
 
 
+@pytest.mark.compiles
 def test_splash_sliding_window_matches_the_materialized_window():
     """LocalMask (W - 1, 0): query t sees t - W < s <= t, as attention_materialized's window."""
     q, k, v, w = _inputs(4, 2, seed=2)
@@ -111,6 +114,7 @@ def test_cudnn_refused_without_a_gpu():
         cudnn_attention(q, k, v)
 
 
+@pytest.mark.compiles
 def test_ring_with_a_library_kernel_refused():
     from scaling.mesh_shape import parse_mesh_spec
     from scaling.presets import get_preset
@@ -172,20 +176,22 @@ def test_splash_compiles_ahead_of_time_for_v5p():
     assert read_compiled(compiled, {"fsdp": 2, "tensor": 4}).dot_flops == 0
 
 
+@pytest.mark.grid
 @pytest.mark.tpu
-@pytest.mark.extended  # about 170 s on 2 cores
 @pytest.mark.skipif(not _has_libtpu(), reason="needs libtpu to compile for a TPU topology")
-def test_splash_train_step_on_v5p_in_band():
+@pytest.mark.parametrize("devices,cfg,mesh,batch,remat,step,schedule",
+                         rows([TPU_SPLASH_GRID[0], TPU_SPLASH_GRID[2]], quick=(1,)), ids=["acceptance", "smallest"])
+def test_splash_train_step_on_v5p_in_band(devices, cfg, mesh, batch, remat, step, schedule):
     """The acceptance row: a transformer with a 32k vocabulary, splash attention, on v5p:2x2x2 (TPU_SPLASH_GRID's
-    first row): the program's dot FLOPs (the closed form less what runs in splash's kernels) within 2%, collectives
-    per axis within 2%, the peak within 10%."""
-    from verify.check import check
-    devices, cfg, mesh, batch, remat, step, schedule = TPU_SPLASH_GRID[0]
+    first row), and the smallest the kernel takes: the program's dot FLOPs (the closed form less what runs in
+    splash's kernels) within 2%, collectives per axis within 2%, the peak within 10% where HBM dominates it."""
+    from verify.check import PEAK_BANDED_ABOVE, check
     rep = check(grid_workload(cfg, mesh, batch, remat, step, schedule), devices)
     assert 0.98 <= rep.flops.matmul.ratio <= 1.02, rep.flops.matmul
     for axis, row in rep.collectives.by_axis.items():
         assert 0.98 <= row.ratio <= 1.02, (axis, row)
-    assert 0.90 <= rep.memory.peak.ratio <= 1.10, rep.memory.peak
+    if rep.memory.peak.closed_form >= PEAK_BANDED_ABOVE:
+        assert 0.90 <= rep.memory.peak.ratio <= 1.10, rep.memory.peak
 
 
 # the transformer with splash in its layers, on 8 emulated CPU devices (interpret mode), against one device running
@@ -194,7 +200,8 @@ SPLASH_TF = [("fsdp=2,tensor=2", Schedule(attention="splash")),
              ("fsdp=2,context=2", Schedule(attention="splash", context="ulysses"))]
 
 
-@pytest.mark.slow
+@pytest.mark.numerics
+@pytest.mark.compiles
 @pytest.mark.parametrize("spec, schedule", SPLASH_TF, ids=[s for s, _ in SPLASH_TF])
 def test_splash_transformer_trains_like_one_device(spec, schedule):
     """tests/test_transformer.py's tolerance (losses within 2^-7 relative, parameters within 2·steps·lr): the
@@ -203,11 +210,11 @@ def test_splash_transformer_trains_like_one_device(spec, schedule):
     from mesh import make_mesh, mesh_shape
     from scaling.mesh_shape import parse_mesh_spec
     from scaling.workload import Workload
-    from tests.test_transformer import LR, STEPS, TINY_TF, _one_device
-    from tests.test_pipeline import assert_matches
-    cfg = TINY_TF.replace(seq_len=128)
+    from scaling.presets import get_preset
+    from tests.helpers import LR, STEPS, assert_matches, one_device
+    cfg = get_preset("tiny-tf").replace(kv_heads=4, seq_len=128)
     batch = 4 * cfg.seq_len
-    want = _one_device(cfg, batch)
+    want = one_device(cfg, batch)
     mesh = make_mesh(spec, jax.devices()[: parse_mesh_spec(spec).devices])
     losses, state = train(Workload(cfg, mesh_shape(mesh), batch, schedule=schedule), mesh, STEPS, lr=LR,
                           return_state=True)

@@ -31,6 +31,7 @@ def test_missing_out_folder(tmp_path, capsys):
     assert "folder" in capsys.readouterr().err
 
 
+@pytest.mark.compiles
 def test_cpu_table_round_trips(tmp_path, capsys, monkeypatch):
     """A tiny grid on the 8 emulated CPU devices: every section is written, and the parser reads the same rows (the
     GEMM shapes asked for, pointwise bytes = 4 B an element, attention's causal flag, collectives over 8 devices)."""

@@ -42,6 +42,7 @@ def assert_bit_identical(got, want):
         assert g.tobytes() == w.tobytes()
 
 
+@pytest.mark.compiles
 def test_restore_on_other_meshes_is_bit_identical(tmp_path):
     """fsdp=4,tensor=2 -> fsdp=2,tensor=4 -> one device: every leaf keeps its exact bytes and takes the
     target mesh's sharding."""
@@ -74,6 +75,7 @@ def _cli(argv, capsys) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
+@pytest.mark.compiles
 def test_stop_and_resume_gives_the_uninterrupted_losses(tmp_path, capsys):
     m = make_mesh("fsdp=4,tensor=2", "cpu:8")
     full = train(Workload(TINY, mesh_shape(m), B), m, 6)  # uninterrupted, no checkpoints
@@ -121,6 +123,7 @@ os._exit(1)  # die half-way through the save of step 3
 """
 
 
+@pytest.mark.compiles
 def test_interrupted_save_keeps_the_previous_checkpoint(tmp_path):
     d = tmp_path / "ck"
     out = subprocess.run([sys.executable, "-c", INTERRUPT, str(d)], capture_output=True, text=True, env=ENV,
@@ -145,6 +148,7 @@ def test_interrupted_save_keeps_the_previous_checkpoint(tmp_path):
     assert_bit_identical(state, jax.tree.map(np.asarray, want))
 
 
+@pytest.mark.compiles
 def test_an_empty_directory_works_like_a_missing_one(tmp_path):
     """A directory made with mkdir (or a mounted volume) before the run: the directory check reads the
     file system only, so jax's 8 emulated devices are still set up after it (in a fresh process)."""
@@ -158,6 +162,7 @@ def test_an_empty_directory_works_like_a_missing_one(tmp_path):
     assert f"saved step 2 to {d}" in out.stdout
 
 
+@pytest.mark.compiles
 def test_checkpoint_messages_and_changed_settings(tmp_path, capsys):
     """What a person running train is told: each save, the step and meshes of a resume, a checkpoint
     already at --steps, and a warning for each setting that differs from the checkpoint's."""
@@ -221,6 +226,7 @@ def test_directories_that_cannot_be_written_are_refused_up_front(tmp_path, monke
     assert sorted(os.listdir(tmp_path)) == ["FILE", "dangling", "loop", "ro"] and os.listdir(ro) == []
 
 
+@pytest.mark.compiles
 def test_seeds_are_32_bit():
     """jax.random.key keeps a seed's low 32 bits (64-bit types off), so 2^32 + 1 trained as seed 1 while the
     checkpoint's metadata called it another seed; 2^63 overflowed."""
@@ -239,6 +245,7 @@ def saved(tmp_path_factory):
     return d
 
 
+@pytest.mark.compiles
 def test_a_flipped_bit_in_a_checkpoint_is_found(saved, tmp_path):
     """The same checkpoint with one bit of one array flipped (the lowest mantissa bit: 1 ulp, finite, so only
     a checksum sees it), written by orbax with the metadata the good state was saved with, as damage on
@@ -257,6 +264,7 @@ def test_a_flipped_bit_in_a_checkpoint_is_found(saved, tmp_path):
         ckpt.restore_latest(tmp_path / "flipped", abstract)
 
 
+@pytest.mark.compiles
 def test_a_loss_that_is_not_finite_stops_before_saving(tmp_path):
     """lr = 1e30: step 0's AdamW update moves every weight by ~1e30 (finite, saved as step 1); step 1's
     forward pass through six such matmuls overflows FP32 (3.4e38), loss NaN: the run stops there, saves
@@ -269,6 +277,7 @@ def test_a_loss_that_is_not_finite_stops_before_saving(tmp_path):
     assert os.listdir(d) == ["1"]
 
 
+@pytest.mark.compiles
 def test_saved_is_said_once_committed_and_an_interrupted_first_save_is_removed(tmp_path):
     """A crash during a run's first save leaves only ``<k>.orbax-checkpoint-tmp-<time>``: a new run removes it
     and says so, and so does --resume, starting from step 0. "saved step k" is said once step k's directory
@@ -295,6 +304,7 @@ def test_saved_is_said_once_committed_and_an_interrupted_first_save_is_removed(t
     assert os.listdir(d2) == ["1"]
 
 
+@pytest.mark.compiles
 @pytest.mark.parametrize("folder", ["ck", "a-folder-whose-name-is-long-" * 6 + "/ck"], ids=["short", "long"])
 def test_a_failed_read_changes_no_logging_of_the_process(saved, tmp_path, folder):
     """A truncated manifest.ocdbt is one ValueError naming the file it could not decode (also under a long
@@ -343,6 +353,7 @@ def test_the_unraisable_hook_is_replaced_only_inside_a_read(monkeypatch):
 # --- issue items 6, 8, 9, 10: control characters, incomplete newer steps, saved lines said at once, metadata ---
 
 
+@pytest.mark.compiles
 def test_resume_passes_over_incomplete_newer_steps(saved, tmp_path):
     """Saves cut off after the complete step 2, as orbax leaves them on object storage and on a local disk:
     step 3 with every file but the commit marker, step 4 empty, step 5 holding only an item's temporary
@@ -377,6 +388,7 @@ def test_resume_passes_over_incomplete_newer_steps(saved, tmp_path):
     assert ckpt.restore_latest(d, _abstract(m))[0] == 4
 
 
+@pytest.mark.compiles
 def test_no_complete_step_is_one_error_line(tmp_path, capsys):
     """--resume in a directory whose only steps never completed: one line naming each and why, exit 2, nothing
     written (before: "checkpoint step 7 ... cannot be read", naming neither the cause nor step 3)."""
@@ -394,6 +406,7 @@ def test_no_complete_step_is_one_error_line(tmp_path, capsys):
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before
 
 
+@pytest.mark.compiles
 def test_saved_step_lines_come_while_the_run_goes_on(tmp_path):
     """stdout a pipe, a save after every step: "saved step 2" comes between the loss lines of steps 2 and 3 (when
     the save of step 3 starts, orbax has committed step 2), while the run goes on, so a run killed later (kill -9
@@ -427,6 +440,7 @@ def _edit_metadata(d, edit):
     f.write_text(edit(f.read_text()))
 
 
+@pytest.mark.compiles
 def test_a_changed_byte_of_the_metadata_is_found(saved, tmp_path, capsys):
     """One byte of the metadata changed on disk: the seed 0 -> 1, a digit of an array's checksum, a comma (not
     JSON any more). Each is "metadata is corrupt", one line (before: "written with seed 1, not 0", "['params']...

@@ -20,6 +20,7 @@ from ffn_model.train import state_shardings, train
 from mesh import make_mesh, mesh_shape
 from scaling.presets import PRESETS, get_preset
 from scaling.workload import Workload
+from tests.helpers import assert_one_error_line
 
 TINY = PRESETS["tiny"]  # D=64, F=256, L=3
 ENV = {**os.environ, "JAX_PLATFORMS": "cpu"}
@@ -265,15 +266,6 @@ def snapshot(root) -> dict:
     return out
 
 
-def assert_one_error_line(code, out, err, match):
-    assert code == 2, (code, out, err)
-    assert out == ""
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
-    assert "Traceback" not in err
-    import re
-
-    assert re.search(match, lines[0]), (match, lines[0])
 
 
 @pytest.mark.parametrize("argv, match", CASES, ids=[c[0].replace(TRAIN, "train") or "<none>" for c in CASES])

@@ -128,6 +128,7 @@ def test_json_is_byte_identical_through_every_spelling():
         assert json.loads(outs[0])
 
 
+@pytest.mark.compiles
 def test_check_runs_in_this_process():
     """check through the command layer on 8 CPU devices, with subprocess.Popen and os.system patched to fail
     when they start one of PACKAGES. The matmul FLOPs per device are the hand figure 6·B·(2·D·F·L)/8

@@ -12,6 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests.helpers import one_device
+
 from jax_scaling.cli import main
 from ffn_model.compile import abstract_compile
 from ffn_model.sharded import to_bf16
@@ -40,11 +42,10 @@ def compile_on(cfg, mesh, batch_tokens, remat="none", step="train"):
 @pytest.fixture(scope="module")
 def reference_run():
     """3 steps of the tiny stack on one device."""
-    one = make_mesh("fsdp=1", jax.devices()[:1])
-    losses, state = train(Workload(TINY, mesh_shape(one), 64), one, 3, lr=1e-3, return_state=True)
-    return losses, jax.tree.map(np.asarray, state["params"])
+    return one_device(TINY, 64)
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("spec", ["fsdp=8", "tensor=8", "fsdp=4,tensor=2", "data=2,fsdp=2,tensor=2"])
 def test_sharded_training_matches_one_device(reference_run, spec):
     ref_losses, ref_params = reference_run
@@ -72,6 +73,7 @@ def test_sharded_training_matches_one_device(reference_run, spec):
     assert state["opt"][0].mu["w_out"].sharding.spec == jax.sharding.PartitionSpec("stage", "tensor", "fsdp")
 
 
+@pytest.mark.numerics
 def test_loss_falls_and_remat_policies_agree():
     m = make_mesh("fsdp=4,tensor=2", "cpu:8")
     losses = train(Workload(TINY, mesh_shape(m), 128), m, 50, lr=3e-3)
@@ -114,6 +116,7 @@ def _weight_collectives(hlo: str, D: int, F: int):
     return [(op, dt) for op, arrays in _collectives(hlo) for dt, dims in arrays if weighty(dims)]
 
 
+@pytest.mark.compiles
 def test_weight_collectives_are_bf16_before_partitioning():
     """XLA:CPU runs every collective in f32 (it has no bf16 collectives), so on CPU check the program
     handed to the partitioner: each weight is resharded (gathered / reduce-scattered) as BF16."""
@@ -153,6 +156,8 @@ def _check_xxl_arguments(memory: dict, compile_seconds: float):
     assert compile_seconds < 60
 
 
+@pytest.mark.compiles
+@pytest.mark.processes
 def test_xxl_abstract_compile_cpu64_subprocess():
     """The full XXL on 64 emulated CPU devices (a fresh process: this one has 8), through the CLI."""
     cmd = [sys.executable, "-m", "ffn_model", "compile", "--preset", "xxl", "--devices", "cpu:64",
@@ -180,6 +185,7 @@ def test_xxl_abstract_compile_tpu_v5p_4x4x4():
     assert [dt for op, dt in found if op == "all-gather"] and {dt for _, dt in found} == {"bf16"}, found
 
 
+@pytest.mark.compiles
 def test_forward_step_compiles():
     m = make_mesh("fsdp=4,tensor=2", "cpu:8")
     got = read_compiled(compile_on(TINY, m, 256, step="forward").compiled, dict(mesh_shape(m)))
@@ -222,6 +228,8 @@ def test_cli_errors_exit_2_with_one_line(argv, match, capsys):
     assert len(lines) == 1 and lines[0].startswith("error:") and re.search(match, lines[0]), err.err
 
 
+@pytest.mark.compiles
+@pytest.mark.processes
 def test_cli_train_json_subprocess():
     cmd = [sys.executable, "-m", "ffn_model", "train", "--preset", "tiny", "--mesh", "fsdp=4,tensor=2",
            "--devices", "cpu:8", "--steps", "3", "--batch-tokens", "64", "--json"]
@@ -232,6 +240,8 @@ def test_cli_train_json_subprocess():
     assert len([line for line in out.stderr.splitlines() if line.startswith("step")]) == 3  # progress on stderr
 
 
+@pytest.mark.compiles
+@pytest.mark.processes
 def test_bench_reports_step_time_flops_and_mfu(capsys):
     argv = ["bench", "--preset", "tiny", "--devices", "cpu:8", "--mesh", "fsdp=4,tensor=2", "--batch-tokens", "256",
             "--steps", "3", "--warmup", "1"]

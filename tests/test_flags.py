@@ -162,6 +162,7 @@ def test_a_flag_libtpu_does_not_know_exits_2_naming_it():
                                          "(XLA flags '--xla_tpu_no_such_flag=true')")
 
 
+@pytest.mark.compiles
 def test_xla_cpu_gets_no_flags_and_runs_every_collective_synchronously():
     """On emulated CPU devices the flag sets hold nothing XLA:CPU knows: none is passed, every collective is
     synchronous, and the closed form takes every byte as exposed (ratio 1 on every axis)."""

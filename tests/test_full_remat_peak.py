@@ -82,8 +82,8 @@ def test_no_forward_phase_without_a_ring_under_full_remat():
         assert "ring_forward_phase" not in transformer.memory_per_device(w)
 
 
+@pytest.mark.grid
 @pytest.mark.tpu
-@pytest.mark.slow
 @pytest.mark.parametrize("devices,cfg,mesh,batch,flags", CONFIGS, ids=[_id(r) for r in CONFIGS])
 def test_full_remat_ring_peak_in_band(devices, cfg, mesh, batch, flags):
     """The compiled peak within [0.90, 1.10] of the closed form's (the issue's configuration read 1.19 when the

@@ -52,6 +52,7 @@ def test_import_does_not_import_jax():
 
 # --- loops: dot FLOPs times trip counts (CPU, unsharded) ---------------------------------------
 
+@pytest.mark.compiles
 def test_scan_dot_flops_times_trip_count():
     K, B, D = 5, 8, 32
 
@@ -74,6 +75,7 @@ def test_scan_dot_flops_times_trip_count():
     assert flops == pytest.approx(2 * B * D * D, rel=0.01)
 
 
+@pytest.mark.compiles
 def test_nested_scan_multiplies():
     n_outer, n_inner, B, D = 3, 4, 8, 16
 
@@ -90,6 +92,7 @@ def test_nested_scan_multiplies():
 
 # --- sharded programs on 8 CPU devices ----------------------------------------------------------
 
+@pytest.mark.compiles
 def test_cpu_fsdp_all_gather(cpu_mesh):
     B, D, F = 64, 256, 512
 
@@ -110,6 +113,7 @@ def test_cpu_fsdp_all_gather(cpu_mesh):
     assert got.dot_flops == 2 * (B / 4) * D * (F / 2)
 
 
+@pytest.mark.compiles
 def test_cpu_tensor_parallel_contracting_dim(cpu_mesh):
     B, D, F = 64, 256, 512
     c = jax.jit(lambda x, W: x @ W, out_shardings=NamedSharding(cpu_mesh, P(DF, None))).lower(
@@ -120,6 +124,7 @@ def test_cpu_tensor_parallel_contracting_dim(cpu_mesh):
     assert col.volume == (B / 4) * F * 4
 
 
+@pytest.mark.compiles
 def test_cpu_fsdp_gradient_reduce_scatter(cpu_mesh):
     B, D, F = 64, 256, 512
 
@@ -142,6 +147,7 @@ def test_cpu_fsdp_gradient_reduce_scatter(cpu_mesh):
     assert summary["by_axis"] == {"data+fsdp": 2 * D * F / 2 * 4}
 
 
+@pytest.mark.compiles
 def test_memory_report_cpu(cpu_mesh):
     c = jax.jit(lambda x: x * 2).lower(_sds(cpu_mesh, (64, 128), (DF, None))).compile()
     m = hlo.read_compiled(c, AXES).memory

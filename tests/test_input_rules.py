@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from jax_scaling.cli import main, parser
-from scaling.limits import INT32_LIMIT, check_size
+from scaling.limits import FIGURES, INT32_LIMIT, ZERO_OK as LIMITS_ZERO_OK, check_size
 from scaling.mesh_shape import MeshShape
 from scaling.presets import get_preset
 from scaling.workload import Workload
@@ -78,21 +78,51 @@ def number_flags():
                 yield cmd, a.option_strings[-1], a.type.__name__
 
 
-CASES = [(c, f, v) for c, f, t in number_flags()
-         for v in ((["-1", "\uff14", str(10**30)] + ([] if f in ZERO_OK else ["0"])) if t == "int"
-                   else ["0", "-1", "nan", "inf", "1e300", "\uff14"])]
+# Every number flag is of one kind, and cli.run refuses a value by its kind alone (scaling.limits.check_flag, applied
+# to every parsed flag of every command): so the kind's bad values are tried on one flag of each kind in each command,
+# and a test holds that every flag has a kind. The bad values by kind (what the flag means, not what the code does):
+KINDS = {
+    # a count: positive, within jax's int32; a full-width digit ('４': int() reads it) is not what a user typed
+    "count": ["0", "-1", "\uff14", str(10**30)],
+    # a count that may be 0 (--seed, --verify-top, --warmup, --process-id): negatives and 10^30 refused all the same
+    "count or 0": ["-1", "\uff14", str(10**30)],
+    # a hardware figure in its unit (scaling.limits.FIGURES): 0, negatives, nan, inf, 1e300 and full-width digits
+    "figure": ["0", "-1", "nan", "inf", "1e300", "\uff14"],
+    # any other float: the same values, none of them a finite positive float32
+    "float": ["0", "-1", "nan", "inf", "1e300", "\uff14"],
+}
 
 
-def test_every_number_flag_of_every_command_is_listed():
-    """The fuzzing below covers every command with a number flag (11 of the 12)."""
-    assert {c for c, *_ in number_flags()} == set(BASE) - {"validate"}  # validate takes no number
-    assert len(CASES) > 300
+def kind_of(flag: str, type_name: str) -> str | None:
+    """A number flag's kind (KINDS), from its type and its name as scaling.limits' rules read it."""
+    dest = flag.lstrip("-").replace("-", "_")
+    if type_name == "int":
+        return "count or 0" if flag in ZERO_OK else "count"
+    if type_name == "float":
+        return "figure" if dest in FIGURES else "float"
+    return None
+
+
+def test_every_number_flag_has_a_kind():
+    """Every integer and float flag of every command (the parser's own list, 11 of the 12 commands) has a kind, each
+    kind is some flag's, and the figures' ranges are the flags' (a renamed flag would leave its range behind)."""
+    kinds = {(c, f): kind_of(f, t) for c, f, t in number_flags()}
+    assert None not in kinds.values()
+    assert {c for c, _ in kinds} == set(BASE) - {"validate"}  # validate takes no number
+    assert set(kinds.values()) == set(KINDS)
+    assert {f.lstrip("-").replace("-", "_") for (_, f), k in kinds.items() if k == "figure"} == set(FIGURES)
+    assert len(kinds) > 200
+    assert {f.lstrip("-").replace("-", "_") for f in ZERO_OK} == LIMITS_ZERO_OK  # the counts that may be 0
+
+
+# one flag of each kind in each command (the first the parser lists), each with its kind's bad values
+CASES = [(c, f, v) for (c, k), f in {(c, kind_of(f, t)): f for c, f, t in reversed(list(number_flags()))}.items()
+         for v in KINDS[k]]
 
 
 @pytest.mark.parametrize("cmd, flag, value", CASES, ids=[f"{c}{f}={v!r}" for c, f, v in CASES])
 def test_a_bad_number_is_one_error_line(cmd, flag, value):
-    """0 for a count, negatives, a full-width digit ('４': int() reads it), 10^30 (above jax's int32), nan and
-    inf: refused. (--seed, --verify-top, --warmup, --process-id may be 0; 10^30 is refused for them too.)"""
+    """Each kind's bad values, on one flag of that kind in each command: one error line, exit 2, under 2 s."""
     refused([*BASE[cmd].split(), f"{flag}={value}"])
 
 
@@ -276,7 +306,8 @@ def test_gpu_verify_top_without_the_plugin_is_one_line(monkeypatch):
     assert plans[0].compiled is None
 
 
-@pytest.mark.slow
+@pytest.mark.compiles
+@pytest.mark.processes
 def test_a_gpu_program_larger_than_the_gpu_is_refused():
     """The XXL on 8 H100s with fsdp=8: 16 B × 2.2e11 parameters / 8 = 440 GB of state per device alone, far above
     80 GB. XLA:GPU compiles it (and logs that it cannot rematerialize below its limit); compile must refuse it with

@@ -11,14 +11,13 @@ import pytest
 from ffn_model.attention import attention_materialized, flash_attention_o
 from ffn_model.train import train
 from jax_scaling.cli import main
-from mesh import make_mesh, mesh_shape
+from mesh import make_mesh
 from scaling.mesh_shape import parse_mesh_spec
 from scaling.presets import get_preset
 from scaling.schedule import Schedule
 from scaling.transformer import TransformerConfig, attention_shares
 from scaling.workload import Workload
-from tests.test_cli_errors import assert_one_error_line
-from tests.test_pipeline import assert_matches
+from tests.helpers import assert_matches, assert_one_error_line, one_device
 from verify.check import CPU_LOCAL_ATTENTION_GRID, TPU_LOCAL_ATTENTION_GRID, check, grid_workload
 
 # the tolerances of tests/test_attention.py (its module docstring derives them from BF16's roundings)
@@ -37,6 +36,7 @@ def _band_reference(q, k, v, window):
     return jnp.einsum("bnts,bsnh->btnh", jax.nn.softmax(jnp.where(band, s, -jnp.inf), axis=-1), v)
 
 
+@pytest.mark.compiles
 @pytest.mark.parametrize("kernel, block, window", [
     ("materialized", None, 20),
     ("flash", 8, 20),    # c = ceil(19/8) = 3: 4 of 8 key blocks per query block (the banded form)
@@ -140,9 +140,7 @@ STEPS, LR = 3, 1e-3
 
 @pytest.fixture(scope="module")
 def local_one_device():
-    one = make_mesh("fsdp=1", jax.devices()[:1])
-    losses, state = train(Workload(LOCAL_TF, mesh_shape(one), B), one, STEPS, lr=LR, return_state=True)
-    return losses, jax.tree.map(np.asarray, state["params"])
+    return one_device(LOCAL_TF, B)
 
 
 # flash blocks of 8: a local layer's band is c + 1 = ceil(15/8) + 1 = 3 of 8 blocks
@@ -154,7 +152,7 @@ NUMERICS = [
 ]
 
 
-@pytest.mark.slow
+@pytest.mark.numerics
 @pytest.mark.parametrize("spec, schedule", NUMERICS, ids=[f"{s}-{k.attention}" for s, k in NUMERICS])
 def test_local_stack_matches_one_device(local_one_device, spec, schedule):
     """3 AdamW steps within tests/test_pipeline.py's assert_matches of one device (materialized, the same window)."""
@@ -173,7 +171,7 @@ def _bands(rep):
         assert 0.98 <= row.ratio <= 1.02, (axis, row)
 
 
-@pytest.mark.slow
+@pytest.mark.grid
 @pytest.mark.parametrize("row", CPU_LOCAL_ATTENTION_GRID,
                          ids=[f"{r[1]}-{r[5].attention}" for r in CPU_LOCAL_ATTENTION_GRID])
 def test_cpu_local_attention_grid(row):
@@ -184,8 +182,8 @@ def test_cpu_local_attention_grid(row):
     assert set(rep.collectives.by_axis) >= {a for a, n in parse_mesh_spec(row[1]).items() if n > 1 and a != "data"}
 
 
+@pytest.mark.grid
 @pytest.mark.tpu
-@pytest.mark.extended  # v5p compiles of minutes each beside the suite: make test-all runs them
 @pytest.mark.parametrize("row", TPU_LOCAL_ATTENTION_GRID, ids=[r[2] for r in TPU_LOCAL_ATTENTION_GRID])
 def test_tpu_local_attention_grid(row):
     """v5p:2x2x2 ahead of time: FLOPs (1.9963e13: the two local layers' attention 2 x 14 units x 4·4096²·8·128

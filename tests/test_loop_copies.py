@@ -63,6 +63,7 @@ def test_loop_bodies_copy_only_what_the_closed_form_names(devices, spec, cfg, ba
         assert len([c for c in copies if c.kind == "zeros"]) == (1 if cfg is FFN else 5)
 
 
+@pytest.mark.compiles
 @pytest.mark.parametrize("devices,spec", [GPU, CPU])
 def test_every_second_pairs_copy_what_the_closed_form_names(devices, spec):
     """Under every-second remat the pair scan keeps jax's optimization barrier (ffn_model.model), and XLA:GPU copies

@@ -4,7 +4,6 @@ memory as its code keeps it (scaling.runtimes), and the offloading remat policie
 and its custom decoder-input + q/k/v policy) in the program and the closed forms: saved residuals in pinned host
 memory, not HBM, on a TPU compiled ahead of time; XLA:CPU keeps them in device memory."""
 import jax
-import numpy as np
 import pytest
 
 from scaling.mesh_shape import parse_mesh_spec
@@ -103,29 +102,19 @@ def test_offloaded_bytes_by_hand():
         assert host_memory_per_device(on_cpu) == 0
 
 
-@pytest.mark.slow
+@pytest.mark.numerics
 @pytest.mark.parametrize("remat", ["qkv_proj_offloaded", "input_qkv_offloaded"])
 def test_offloading_policies_train_like_one_device(remat):
     """3 AdamW steps of the tiny transformer on fsdp=2, tensor=2 (8 emulated CPU devices) with an offloading policy:
     within tests/test_pipeline.assert_matches of one device without remat (the offload moves residuals, it
     computes nothing else)."""
-    from ffn_model.train import train
-    from mesh import make_mesh, mesh_shape
-    from tests.test_pipeline import assert_matches
+    from tests.helpers import TF_BATCH, TINY_TF, assert_matches, one_device, run_steps
 
-    tf = get_preset("tiny-tf").replace(kv_heads=4)
-    B = 4 * tf.seq_len
-    one = make_mesh("fsdp=1", jax.devices()[:1])
-    ref_losses, ref = train(Workload(tf, mesh_shape(one), B), one, 3, lr=1e-3, return_state=True)
-    spec = "fsdp=2,tensor=2"
-    losses, state = train(Workload(tf, parse_mesh_spec(spec), B, remat=remat), make_mesh(spec, jax.devices()[:4]),
-                          3, lr=1e-3, return_state=True)
-    assert_matches(losses, state["params"], (ref_losses, jax.tree.map(np.asarray, ref["params"])))
+    assert_matches(*run_steps(TINY_TF, "fsdp=2,tensor=2", TF_BATCH, remat=remat), one_device(TINY_TF, TF_BATCH))
 
 
+@pytest.mark.grid
 @pytest.mark.tpu
-@pytest.mark.extended  # v5p compiles of minutes each beside the suite: make test-all runs them
-@pytest.mark.slow
 def test_offloading_policy_on_v5p_ahead_of_time():
     """jax 0.10.2's save_and_offload_only_these_names compiled for tpu:v5p:2x2x2 (verify.check.TPU_OFFLOAD_GRID: the
     4096-wide transformer, 4 layers, fsdp=2, tensor=4, 8 sequences of 4096, flash): XLA:TPU places the offloaded
@@ -150,7 +139,7 @@ def test_offloading_policy_on_v5p_ahead_of_time():
     assert base.compiled - peak.compiled == pytest.approx(host["qkv_proj_offloaded"], rel=0.02)
 
 
-@pytest.mark.slow
+@pytest.mark.compiles
 def test_xla_cpu_keeps_offloaded_residuals_in_device_memory():
     """On XLA:CPU (jax 0.10.2) the offloading policies compile (the CPU device lists a pinned_host memory) but
     change nothing: the program's temporaries are save_qkv_proj's to the byte and it reports no host memory (host

@@ -44,6 +44,7 @@ def _layer_weights(key, spec: MoESpec, d: int, kind: str = "swiglu"):
 # ------------------------------------------------------------------------------------------------------- routing
 
 
+@pytest.mark.compiles
 def test_softmax_routing_by_hand():
     # h = I (D = 4), so the logits are W_router's rows: log of small integers, whose softmax is the integers over
     # their sum. Top-2, renormalised over the two (Mixtral):
@@ -63,6 +64,7 @@ def test_softmax_routing_by_hand():
     np.testing.assert_allclose(float(aux), 0.01 * 1.046875, rtol=1e-6)
 
 
+@pytest.mark.compiles
 def test_sigmoid_routing_by_hand():
     # Sigmoid scores s chosen, logits log(s/(1-s)); top-2 of s, gates s/(sum of the two) (DeepSeek-V3 eq. 13-15):
     #   t0 s = [.8, .5, .2, .6]  ids (0, 3)  gates (.8, .6)/1.4 = (4/7, 3/7)
@@ -80,6 +82,7 @@ def test_sigmoid_routing_by_hand():
     np.testing.assert_allclose(float(aux), 0.5 * 1.0, rtol=1e-5)
 
 
+@pytest.mark.compiles
 def test_top_k_is_lax_top_k():
     scores = jax.random.normal(jax.random.key(3), (64, 8))
     scores = scores.at[0, 3].set(scores[0, 5])  # a tie
@@ -93,6 +96,7 @@ def test_top_k_is_lax_top_k():
 # ------------------------------------------------------------------------------------------------------ capacity
 
 
+@pytest.mark.compiles
 def test_dispatch_priority_by_hand():
     # 3 tokens, k = 2, E = 2, C = 2 (GShard algorithm 2: every first choice before any second choice).
     # ids t0 (0, 1), t1 (0, 1), t2 (1, 0). First choices: t0 -> e0 slot 0, t1 -> e0 slot 1, t2 -> e1 slot 0.
@@ -108,6 +112,7 @@ def test_dispatch_priority_by_hand():
     np.testing.assert_array_equal(np.asarray(combine), w)
 
 
+@pytest.mark.compiles
 def test_tokens_past_capacity_are_dropped():
     # k = 1, E = 4, one group of S = 8 tokens, cf = 0.5: C = ceil(0.5·1·8/4) = 1. The router sends every token to
     # expert 0 (its column 8 larger, the inputs positive), which takes only the first: tokens 1..7 are dropped, their
@@ -127,6 +132,7 @@ def test_tokens_past_capacity_are_dropped():
     assert np.all(np.abs(np.asarray(out_all.astype(jnp.float32))).sum(-1) > 0)
 
 
+@pytest.mark.compiles
 @pytest.mark.parametrize("kind,router,shared", [("swiglu", "softmax", 0), ("gelu", "sigmoid", 1),
                                                 ("relu", "softmax", 2)])
 def test_capacity_without_drops_equals_dropless(kind, router, shared):
@@ -194,7 +200,7 @@ def _train(mesh_spec: str, form: str):
     return losses, jax.tree.map(np.asarray, state["params"]), hlo, mesh, specs
 
 
-@pytest.mark.slow
+@pytest.mark.numerics
 @pytest.mark.parametrize("mesh_spec,form", CASES)
 def test_sharded_training_matches_one_device(mesh_spec, form):
     ref_losses, ref_params, *_ = _train("", form)
@@ -260,7 +266,7 @@ def _holds_experts(shape) -> bool:
     return E in shape[:-1] and shape[-1] == D
 
 
-@pytest.mark.slow
+@pytest.mark.compiles
 @pytest.mark.parametrize("mesh_spec", MESHES)
 def test_dispatch_and_combine_are_all_to_all_over_expert(mesh_spec):
     *_, hlo, mesh, _ = _train(mesh_spec, "capacity")
@@ -276,7 +282,7 @@ def test_dispatch_and_combine_are_all_to_all_over_expert(mesh_spec):
         assert not any(_holds_experts(s) for s in _shapes(line, "all-gather")), line
 
 
-@pytest.mark.slow
+@pytest.mark.compiles
 def test_dropless_gathers_tokens_not_experts():
     # Dropless over expert (Megatron-LM's all-gather dispatcher): the tokens, gates and ids all-gathered over expert,
     # the outputs reduce-scattered back; the expert weights never move over expert
@@ -305,7 +311,7 @@ def test_parameters_on_a_mesh_of_expert_1():
     assert split[1]["params"]["w_in"].shard_shape((L, E, F_E, D)) == (2, 2, 128, 64)
 
 
-@pytest.mark.slow
+@pytest.mark.compiles
 @pytest.mark.parametrize("mesh_spec", MESHES)
 def test_all_to_all_bytes_are_the_closed_forms(mesh_spec):
     """The compiled train step's all-to-all bytes over expert, as verify.hlo reads every collective (V × count per

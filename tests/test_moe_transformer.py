@@ -15,7 +15,7 @@ from scaling.mesh_shape import parse_mesh_spec
 from scaling.moe import MOE_PRESETS
 from scaling.schedule import Schedule
 from scaling.workload import Workload
-from tests.test_pipeline import assert_matches
+from tests.helpers import assert_matches, one_device as _one_device, rows
 
 TINY = MOE_PRESETS["moe-tiny"]  # D=64, N=K=4, H=16, L=4 (all MoE), T=32, swiglu, E=8, k=2, F_e=128
 B = 8 * TINY.seq_len  # 8 sequences of 32 tokens: one a device on 8
@@ -65,16 +65,14 @@ def one_device():
     return {}
 
 
-@pytest.mark.slow
+@pytest.mark.numerics
 @pytest.mark.parametrize("model, spec, remat, vocab", CASES, ids=[f"{m}-{s}-{r}" + (f"-V{v}" if v else "")
                                                                  for m, s, r, v in CASES])
 def test_moe_transformer_matches_one_device(one_device, model, spec, remat, vocab):
     cfg = MODELS[model]
-    key = (model, vocab)
-    if key not in one_device:
-        one_device[key] = _run(cfg, "fsdp=1", vocab=vocab)
+    want = _one_device(cfg.replace(vocab=vocab) if vocab else cfg, B, MATERIALIZED)
     losses, params = _run(cfg, spec, remat, vocab)
-    assert_matches(losses, params, one_device[key])
+    assert_matches(losses, params, want)
 
 
 def test_layer_plan_orders_dense_and_moe_layers():
@@ -98,14 +96,15 @@ def _check(cfg, spec, devices, batch_tokens, remat="none"):
 
 # cf 1.25, the acceptance's meshes and remat full: C = ceil(1.25·2·256/8) = 80 slots an expert from each device's 256
 # tokens (2,048 on 8 devices)
-CHECKS = [("data=2,expert=4", "none"), ("fsdp=2,expert=4", "full"), ("data=2,expert=2,tensor=2", "none"),
-          ("fsdp=2,expert=2,tensor=2", "full")]
+CHECKS = [(_moe(capacity_factor=1.25), mesh, 2048, remat) for mesh, remat in
+          [("data=2,expert=4", "none"), ("fsdp=2,expert=4", "full"), ("data=2,expert=2,tensor=2", "none"),
+           ("fsdp=2,expert=2,tensor=2", "full")]]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("spec, remat", CHECKS)
-def test_check_on_cpu_holds_flops_and_all_to_all(spec, remat):
-    rep = _check(_moe(capacity_factor=1.25), spec, "cpu:8", 2048, remat)
+@pytest.mark.grid
+@pytest.mark.parametrize("cfg, mesh, batch, remat", rows(CHECKS, quick=(0,)), ids=[f"{m}-{r}" for _, m, _, r in CHECKS])
+def test_check_on_cpu_holds_flops_and_all_to_all(cfg, mesh, batch, remat):
+    rep = _check(cfg, mesh, "cpu:8", batch, remat)
     assert rep.flops.matmul.ratio == pytest.approx(1, abs=0.02)
     # the dispatch and combine all-to-alls (the program's only all-to-alls, over expert) within 2%
     closed = rep.collectives.closed_form_by_kind["expert"]["all-to-all"]
@@ -115,7 +114,7 @@ def test_check_on_cpu_holds_flops_and_all_to_all(spec, remat):
     assert rep.memory.arguments.ratio == pytest.approx(1, abs=0.01)
 
 
-@pytest.mark.slow
+@pytest.mark.grid
 def test_dropless_check_on_cpu_holds_the_all_gather_dispatcher():
     # Dropless over expert the program all-gathers the expert axis' tokens and reduce-scatters the outputs (the
     # closed form's expert all-gather and reduce-scatter terms), and reduces the experts' partial sums over tensor on
@@ -127,13 +126,15 @@ def test_dropless_check_on_cpu_holds_the_all_gather_dispatcher():
     assert rep.collectives.by_kind["all-gather"] > 0 and "all-to-all" not in rep.collectives.by_kind
 
 
-@pytest.mark.slow
+@pytest.mark.grid
 @pytest.mark.tpu
-def test_check_on_v5p_holds_flops_all_to_all_and_peak():
+@pytest.mark.parametrize("devices, cfg, mesh, batch", rows([(
     # Mixtral 8x7B's layer (D 4,096, 32 heads of 128, 8 kv heads, 8 experts of 14,336, top-2, V 32,000), 4 layers, on
     # a v5p of 8 chips (2x2x2) as fsdp 2, expert 4: 8 sequences of 4,096, cf 1.25
-    cfg = MOE_PRESETS["mixtral-8x7b"].replace(blocks=4, capacity_factor=1.25)
-    rep = _check(cfg, "fsdp=2,expert=4", "tpu:v5p:2x2x2", 8 * 4096)
+    "tpu:v5p:2x2x2", MOE_PRESETS["mixtral-8x7b"].replace(blocks=4, capacity_factor=1.25), "fsdp=2,expert=4", 8 * 4096)],
+    quick=(0,)), ids=["mixtral-4-layers"])
+def test_check_on_v5p_holds_flops_all_to_all_and_peak(devices, cfg, mesh, batch):
+    rep = _check(cfg, mesh, devices, batch)
     assert rep.flops.matmul.ratio == pytest.approx(1, abs=0.02)
     assert rep.collectives.by_axis["expert"].ratio == pytest.approx(1, abs=0.02)
     assert rep.memory.peak.ratio == pytest.approx(1, abs=0.10)

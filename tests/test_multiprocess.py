@@ -10,12 +10,15 @@ import sys
 
 import jax
 import numpy as np
+import pytest
 
 from ffn_model import checkpoint as ckpt
 from ffn_model.train import state_shardings, train
 from mesh import make_mesh, mesh_shape
 from scaling.presets import PRESETS
 from scaling.workload import Workload
+
+pytestmark = pytest.mark.processes
 
 TINY = PRESETS["tiny"]
 ENV = {**os.environ, "JAX_PLATFORMS": "cpu"}

@@ -46,7 +46,7 @@ def test_notebook_matches_paired_py(path):
         assert a == b, f"{path.name} cell {i} ({kind}) differs from {py.name}; run notebooks/execute.py {py.name}"
 
 
-@pytest.mark.slow
+@pytest.mark.processes
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs(path, monkeypatch):
     """Each notebook runs without an error output and draws a plot. Their ahead-of-time compiles stop after

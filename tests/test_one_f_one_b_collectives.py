@@ -19,7 +19,7 @@ from scaling.presets import get_preset
 from scaling.schedule import Schedule
 from verify.check import check, grid_workload
 
-from test_check import _assert_bands  # the bands every check test holds (tests/ is on sys.path under pytest)
+from tests.helpers import assert_bands as _assert_bands  # the bands every check test holds
 
 
 # The issue's configuration: the 2048-wide transformer of docs/findings.md's 1F1B rows (8 layers, V = 32768, flash)
@@ -47,8 +47,8 @@ def _id(row):
             f"M{schedule.microbatches}R{schedule.repeats}-{remat}")
 
 
+@pytest.mark.grid
 @pytest.mark.tpu
-@pytest.mark.slow
 def test_the_issues_configuration():
     """The issue's row: fsdp was 1.0739 (the lookup's gradient reduced over fsdp in FP32 every iteration)."""
     schedule = Schedule(4, pipeline="1f1b", attention="flash")
@@ -57,7 +57,7 @@ def test_the_issues_configuration():
     _assert_bands(rep)
 
 
-@pytest.mark.slow
+@pytest.mark.grid
 @pytest.mark.parametrize("devices,cfg,mesh,batch,remat,schedule",
                          [pytest.param(*row, marks=[pytest.mark.tpu] if row[0].startswith("tpu") else [])
                           for row in ONE_F_ONE_B_FSDP], ids=[_id(r) for r in ONE_F_ONE_B_FSDP])

@@ -10,10 +10,10 @@ from ffn_model.train import train
 from scaling.mesh_shape import parse_mesh_spec
 from scaling.schedule import Schedule
 from scaling.workload import Workload
-from tests.test_check import _assert_bands, _assert_tpu_bands
-from tests.test_pipeline import assert_matches
 from verify.check import CPU_ONEFB_REMAT_GRID, TPU_ONEFB_REMAT_GRID, check, grid_workload
-from tests.test_transformer import PIPE_TF, B, LR, STEPS, _mesh, _one_device
+from tests.helpers import (LR, PIPE_TF, STEPS, TF_BATCH as B, assert_bands as _assert_bands,
+                           assert_matches, assert_tpu_bands as _assert_tpu_bands, mesh_of as _mesh,
+                           one_device as _one_device, rows)
 
 NUMERICS = [
     ("stage=2,fsdp=2,tensor=2", Schedule(2, pipeline="1f1b"), "none"),
@@ -31,7 +31,7 @@ def pipe_one_device():
     return _one_device(PIPE_TF, B)
 
 
-@pytest.mark.slow
+@pytest.mark.numerics
 @pytest.mark.parametrize("spec, schedule, remat", NUMERICS,
                          ids=[f"{s}-R{k.repeats}{'-phases' if k.warmup_phases else ''}-{r}" for s, k, r in NUMERICS])
 def test_one_f_one_b_keeping_residuals_matches_one_device(pipe_one_device, spec, schedule, remat):
@@ -78,8 +78,8 @@ def test_kept_residuals_and_recompute_by_hand():
     assert ag["full"] == ag["none"]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("cfg,mesh,batch,remat,step,schedule", CPU_ONEFB_REMAT_GRID,
+@pytest.mark.grid
+@pytest.mark.parametrize("cfg,mesh,batch,remat,step,schedule", rows(CPU_ONEFB_REMAT_GRID, quick=(1,)),
                          ids=[f"{g[1]}-M{g[-1].microbatches}-{g[3]}" for g in CPU_ONEFB_REMAT_GRID])
 def test_cpu_one_f_one_b_remat_grid(cfg, mesh, batch, remat, step, schedule):
     """1F1B with remat none (no second forward) and selective (the materialized attention's scores again) on 8 CPU
@@ -87,9 +87,8 @@ def test_cpu_one_f_one_b_remat_grid(cfg, mesh, batch, remat, step, schedule):
     _assert_bands(check(grid_workload(cfg, mesh, batch, remat, step, schedule), "cpu:8"))
 
 
+@pytest.mark.grid
 @pytest.mark.tpu
-@pytest.mark.extended  # v5p compiles of minutes each beside the suite: make test-all runs them
-@pytest.mark.slow
 @pytest.mark.parametrize("devices,cfg,mesh,batch,remat,step,schedule", TPU_ONEFB_REMAT_GRID,
                          ids=[f"{g[2]}-M{g[-1].microbatches}-{g[4]}" for g in TPU_ONEFB_REMAT_GRID])
 def test_tpu_one_f_one_b_remat_grid(devices, cfg, mesh, batch, remat, step, schedule):
@@ -115,9 +114,8 @@ def _peak(devices, stages, microbatches):
     return peak.compiled
 
 
+@pytest.mark.grid
 @pytest.mark.tpu
-@pytest.mark.extended  # v5p compiles of minutes each beside the suite: make test-all runs them
-@pytest.mark.slow
 def test_one_f_one_b_peak_grows_with_stages_not_microbatches():
     """1F1B with remat none on v5p, from the compiler: from S = 2 to S = 4 stages the ring grows from K = 3 to 7
     chunks of 2 layers, 8 layers' residuals more, 8·100,663,296 = 805,306,368 B (nothing else a device holds

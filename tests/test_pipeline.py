@@ -17,32 +17,19 @@ from scaling import pipeline as closed
 from scaling.ffn import FFNConfig
 from scaling.schedule import Schedule
 from scaling.workload import Workload
+from tests import helpers
+from tests.helpers import LR, STEPS, assert_matches
 
 # 8 blocks: 2 or 4 stages, and circular R = 2 on 4 stages (2 chunks of 1 block) or on 2 (2 chunks of 2).
 TINY8 = FFNConfig(d_model=64, d_ff=256, blocks=8)
-B, STEPS, LR = 64, 3, 1e-3
+B = 64
 ENV = {**os.environ, "JAX_PLATFORMS": "cpu"}
 
 
 @pytest.fixture(scope="module")
 def one_device():
-    """3 steps of TINY8 on one device, one pass over the batch."""
-    one = make_mesh("fsdp=1", jax.devices()[:1])
-    losses, state = train(Workload(TINY8, mesh_shape(one), B), one, STEPS, lr=LR, return_state=True)
-    return losses, jax.tree.map(np.asarray, state["params"])
-
-
-def assert_matches(got_losses, got_params, ref):
-    """The tolerance of test_ffn_model.test_sharded_training_matches_one_device (its comment derives it):
-    losses within 2^-7 relative; every parameter within 2·steps·lr, on average within 0.05·lr."""
-    ref_losses, ref_params = ref
-    np.testing.assert_allclose(got_losses, ref_losses, rtol=2**-7)
-    for name, want in ref_params.items():
-        got = np.asarray(got_params[name])
-        assert got.dtype == np.float32 and got.shape == want.shape
-        diff = np.abs(got - want)
-        assert diff.max() <= 2 * STEPS * LR, (name, diff.max())
-        assert diff.mean() <= 0.05 * LR, (name, diff.mean())
+    """3 steps of TINY8 on one device, one pass over the batch (tests.helpers.one_device: once per run)."""
+    return helpers.one_device(TINY8, B)
 
 
 # (mesh, devices, schedule, remat): stage=2, stage=4, stage=2×fsdp=2×tensor=2; GPipe and circular; remat
@@ -59,7 +46,7 @@ PIPELINES = [
 ]
 
 
-@pytest.mark.slow
+@pytest.mark.numerics
 @pytest.mark.parametrize("spec, n, schedule, remat", PIPELINES,
                          ids=[f"{s}-M{k.microbatches}R{k.repeats}-{k.fsdp_gather}-{r}" for s, _, k, r in PIPELINES])
 def test_pipeline_matches_one_device(one_device, spec, n, schedule, remat):
@@ -73,6 +60,7 @@ def test_pipeline_matches_one_device(one_device, spec, n, schedule, remat):
     assert {s.data.shape[0] for s in w.addressable_shards} == {TINY8.blocks // m.shape["stage"]}
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("spec", ["fsdp=8", "fsdp=4,tensor=2"])
 def test_gradient_accumulation_is_one_pass(spec):
     """M = 4 microbatches without a stage axis: the same update as one pass over the whole batch. The
@@ -85,6 +73,7 @@ def test_gradient_accumulation_is_one_pass(spec):
     assert_matches(ga_loss, ga["params"], (one_loss, jax.tree.map(np.asarray, one["params"])))
 
 
+@pytest.mark.numerics
 def test_one_step_of_accumulation_equals_the_exact_gradient():
     """One step from the same state: the accumulated gradient's update equals one pass's to
     bf16 rounding of the per-microbatch partial sums (2^-8 relative of the update, lr per element)."""
@@ -138,8 +127,8 @@ def _train_cli(*args, timeout=300):
      "stage_blocks=2,2 sums to 4, not blocks=3"),
     (["--blocks", "4", "--mesh", "stage=2,fsdp=4", "--microbatches", "3"],
      "batch_tokens=64 is not divisible by microbatches·data·fsdp = 12"),
-    (["--blocks", "6", "--mesh", "stage=2,fsdp=4", "--microbatches", "2", "--repeats", "2"],
-     "repeats=2 must divide the 3 blocks of each of the 2 stages"),
+    (["--blocks", "3", "--mesh", "stage=2,fsdp=4", "--microbatches", "2", "--repeats", "2"],
+     "blocks=3 cannot fill the 4 chunks of stage=2, repeats=2"),
     (["--blocks", "4", "--mesh", "fsdp=8", "--repeats", "2"], "repeats=2 needs a stage axis"),
     (["--blocks", "4", "--mesh", "stage=2,fsdp=4", "--microbatches", "1", "--repeats", "2"],
      "needs microbatches >= stages: 1 < 2"),
@@ -152,7 +141,8 @@ def test_bad_schedules_exit_2_with_one_line(args, message):
     assert "Traceback" not in r.stderr
 
 
-@pytest.mark.slow
+@pytest.mark.compiles
+@pytest.mark.processes
 def test_cli_trains_checkpoints_and_resumes_across_meshes(tmp_path, capsys):
     """The issue's command, on a 4-block stack: stage=2, fsdp=2, tensor=2, 4 microbatches, 2 steps saved;
     resumed on fsdp=8 (no stages, one pass) and on stage=4 (GPipe, 4 microbatches) for steps 2..3: the

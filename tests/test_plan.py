@@ -237,7 +237,7 @@ def test_planner_ranks_what_predict_says(chip, chips, batch, remat):
     for p in plans:
         layout = {a: (v["lens"], v["wrap"]) for a, v in p.layout.items()}
         w = Workload(XXL, MeshShape(p.mesh), batch, remat=remat, schedule=Schedule(p.microbatches, p.repeats))
-        one = program.predict(w, chip_, layout, dcn={p.dcn_axis: p.slices} if p.dcn_axis else None)
+        one = program.predict(w, chip_, layout, dcn=p.dcn_mesh or None)
         t = one.times
         assert p.step_seconds["sum"] == pytest.approx(t.step["sum"], rel=1e-12)
         assert p.step_seconds["max"] == pytest.approx(t.step["max"], rel=1e-12)

@@ -32,8 +32,8 @@ def test_predict_says_what_the_planner_ranks_by(capsys):
                     "--optimizer-sharding", r.options["optimizer_sharding"]]
             if r.sequence_parallel:
                 args.append("--sequence-parallel")
-            if r.dcn_axis:
-                args += ["--dcn-mesh", f"{r.dcn_axis}={r.slices}"]
+            if r.dcn_mesh:  # the DCN axis's slices, and on GPUs the stage axis's (Plan.dcn_mesh)
+                args += ["--dcn-mesh", ",".join(f"{a}={n}" for a, n in r.dcn_mesh.items())]
             out = _predict(capsys, *args)
             assert out["step_seconds"] == pytest.approx(r.step_seconds["scheduled"], rel=1e-9), (target, mesh)
             assert out["memory_per_device_bytes"] == pytest.approx(r.memory_bytes, rel=1e-9)

@@ -12,9 +12,9 @@ from scaling.mesh_shape import parse_mesh_spec
 from scaling.schedule import Schedule
 from scaling.workload import Workload
 from verify.check import CPU_SP_STAGE_GRID, TPU_SP_STAGE_GRID, check, grid_workload
-from tests.test_check import _assert_bands, _assert_tpu_bands
-from tests.test_pipeline import assert_matches
-from tests.test_transformer import B, LR, PIPE_TF, STEPS, _mesh, _one_device
+from tests.helpers import (LR, PIPE_TF, STEPS, TF_BATCH as B, assert_bands as _assert_bands,
+                           assert_matches, assert_tpu_bands as _assert_tpu_bands, mesh_of as _mesh,
+                           one_device as _one_device, rows)
 
 # (mesh, schedule, remat): 1F1B and interleaved 1F1B (R = 2: stage=2 holds chunks of 2 layers) with fsdp and
 # tensor, GPipe on stage=2, tensor=4 (the sequence of 64 split 4 ways between layers), circular with full remat
@@ -31,7 +31,7 @@ def pipe_one_device():
     return _one_device(PIPE_TF, B)
 
 
-@pytest.mark.slow
+@pytest.mark.numerics
 @pytest.mark.parametrize("spec, schedule, remat", SP_PIPES,
                          ids=[f"{s}-{k.pipeline}{k.repeats}-{r}" for s, k, r in SP_PIPES])
 def test_sequence_parallel_stages_match_one_device(pipe_one_device, spec, schedule, remat):
@@ -78,12 +78,11 @@ def test_sp_stage_closed_forms_by_hand():
     assert transformer.memory_per_device(full)["activations"] == pytest.approx(1_048_576)
 
 
-# circular and the forward step left to `make test-all` (extended): the same stage and tensor terms as GPipe's
-_GRID = [pytest.param(*g, marks=pytest.mark.extended) if g[-1].pipeline == "circular" or g[4] == "forward" else g
-         for g in CPU_SP_STAGE_GRID]
+# make test keeps the one-layer 1F1B chunk under save_dot_except_mlp (the policy's only compiled row)
+_GRID = rows(CPU_SP_STAGE_GRID, quick=(4,))
 
 
-@pytest.mark.slow
+@pytest.mark.grid
 @pytest.mark.parametrize("cfg,mesh,batch,remat,step,schedule", _GRID,
                          ids=[f"{m}-{k.pipeline}{k.repeats}-{r}-{s}{'-V' if c.vocab else ''}"
                               for c, m, _, r, s, k in CPU_SP_STAGE_GRID])
@@ -96,9 +95,8 @@ def test_cpu_sp_stage_grid(cfg, mesh, batch, remat, step, schedule):
     assert {"stage", "tensor"} <= set(rep.collectives.by_axis)
 
 
+@pytest.mark.grid
 @pytest.mark.tpu
-@pytest.mark.extended  # v5p compiles of minutes each beside the suite: make test-all runs them
-@pytest.mark.slow
 @pytest.mark.parametrize("devices,cfg,mesh,batch,remat,step,schedule", TPU_SP_STAGE_GRID,
                          ids=[f"{g[0][4:]}-{g[2]}-{g[-1].pipeline}" for g in TPU_SP_STAGE_GRID])
 def test_tpu_sp_stage_grid(devices, cfg, mesh, batch, remat, step, schedule):

@@ -4,36 +4,19 @@ scores, Megatron sequence parallelism (transformer and FFN stack), the vocab-par
 loss (tied and untied), pipeline stages (GPipe, circular, 1F1B), on 8 emulated CPU devices; bad transformer
 settings are one-line errors."""
 
-import jax
 import numpy as np
 import pytest
 
 from ffn_model.train import train
-from mesh import make_mesh, mesh_shape
 from scaling.mesh_shape import parse_mesh_spec
 from scaling.presets import get_preset
 from scaling.schedule import Schedule
 from scaling.workload import Workload
-from tests.test_pipeline import assert_matches
+from tests.helpers import (LR, PIPE_TF, STEPS, TINY_TF, TF_BATCH as B, assert_matches, mesh_of as _mesh,
+                           one_device as _one_device)
 
-# D=64, 8 query heads of 8, 4 key/value heads (grouped-query), F=256, 2 layers, T=64: Ulysses on
-# context·tensor = 4 splits both head counts, ring on context=4 gives chunks of 16 tokens.
-TINY_TF = get_preset("tiny-tf").replace(kv_heads=4)
+# TINY_TF (tests.helpers): D=64, 8 query heads of 8, 4 key/value heads, F=256, 2 layers, T=64; B: 4 sequences
 TINY_FFN = get_preset("tiny")
-B = 4 * TINY_TF.seq_len  # 4 sequences of 64 tokens
-STEPS, LR = 3, 1e-3
-
-
-def _mesh(spec):
-    """The mesh on the first devices of the 8 (as many as the spec's axes multiply to)."""
-    return make_mesh(spec, jax.devices()[: parse_mesh_spec(spec).devices])
-
-
-def _one_device(cfg, batch_tokens, schedule=Schedule()):
-    one = make_mesh("fsdp=1", jax.devices()[:1])
-    losses, state = train(Workload(cfg, mesh_shape(one), batch_tokens, schedule=schedule), one, STEPS, lr=LR,
-                          return_state=True)
-    return losses, jax.tree.map(np.asarray, state["params"])
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +42,7 @@ CONTEXT = [
 ]
 
 
-@pytest.mark.slow
+@pytest.mark.numerics
 @pytest.mark.parametrize("spec, schedule, remat", CONTEXT,
                          ids=[f"{s}-{k.context}-{k.attention}{'-sp' if k.sequence_parallel else ''}-{r}"
                               for s, k, r in CONTEXT])
@@ -74,7 +57,7 @@ def test_transformer_matches_one_device(tf_one_device, spec, schedule, remat):
     assert losses[-1] < losses[0]
 
 
-@pytest.mark.slow
+@pytest.mark.numerics
 @pytest.mark.parametrize("remat", ["selective", "minimal", "save_dot_except_mlpwi", "save_qkv_proj"])
 def test_named_remat_policies_match_one_device(tf_one_device, remat):
     """Each named policy keeps a different set of residuals (ffn_model.transformer.POLICY_SAVES) and
@@ -87,7 +70,7 @@ def test_named_remat_policies_match_one_device(tf_one_device, remat):
     assert_matches(losses, state["params"], tf_one_device)
 
 
-@pytest.mark.slow
+@pytest.mark.numerics
 def test_zero1_matches_one_device(tf_one_device):
     """ZeRO-1 on data=4, tensor=2: the gradients reduce-scattered over data, AdamW on each data shard's slice
     of the weights with its slice of the moments, the new weights all-gathered: within the tolerance above of
@@ -112,7 +95,7 @@ def vocab_one_device():
     return {tied: _one_device(TINY_TF.replace(vocab=VOCAB, tied_embeddings=tied), B) for tied in (False, True)}
 
 
-@pytest.mark.slow
+@pytest.mark.numerics
 @pytest.mark.parametrize("spec, schedule, remat, tied", VOCAB_MESHES,
                          ids=[f"{s}-{r}{'-sp' if k.sequence_parallel else ''}{'-tied' if t else ''}"
                               for s, k, r, t in VOCAB_MESHES])
@@ -134,7 +117,7 @@ BLOCKS = [
 ]
 
 
-@pytest.mark.slow
+@pytest.mark.numerics
 @pytest.mark.parametrize("spec, mlp, schedule, remat", BLOCKS, ids=[f"{s}-{m}-{r}" for s, m, _, r in BLOCKS])
 def test_parallel_block_matches_one_device(spec, mlp, schedule, remat):
     """A parallel block (attention and MLP on one norm, their input and output projections fused so each
@@ -145,7 +128,7 @@ def test_parallel_block_matches_one_device(spec, mlp, schedule, remat):
     assert_matches(losses, state["params"], _one_device(cfg, B))
 
 
-@pytest.mark.slow
+@pytest.mark.numerics
 @pytest.mark.parametrize("spec", ["tensor=8", "fsdp=4,tensor=2", "data=2,fsdp=2,tensor=2"])
 def test_sequence_parallel_ffn_matches_one_device(spec):
     """The FFN stack with Megatron sequence parallelism (all-gather before W_in, reduce-scatter after
@@ -158,7 +141,7 @@ def test_sequence_parallel_ffn_matches_one_device(spec):
 
 # Pipeline stages (8 layers: stage=4 with 2 repeats runs chunks of one layer): GPipe, circular and 1F1B on
 # stage=2 and stage=4, with context (Ulysses, ring) and tensor, remat none and full; the 512-token vocabulary
-PIPE_TF = TINY_TF.replace(blocks=8, vocab=VOCAB)
+assert PIPE_TF == TINY_TF.replace(blocks=8, vocab=VOCAB)
 PIPE_MESHES = [
     ("stage=2,context=2,tensor=2", Schedule(2), "none"),
     ("stage=2,context=2,tensor=2", Schedule(2, pipeline="1f1b", context="ring"), "full"),
@@ -187,7 +170,7 @@ def pipe_one_device():
     return _one_device(PIPE_TF, B)
 
 
-@pytest.mark.slow
+@pytest.mark.numerics
 @pytest.mark.parametrize("spec, schedule, remat", PIPE_MESHES,
                          ids=[f"{s}-{k.pipeline}{k.repeats}{'-phases' if k.warmup_phases else ''}-{k.context}-{r}"
                               for s, k, r in PIPE_MESHES])
@@ -202,7 +185,7 @@ def test_pipeline_stages_match_one_device(pipe_one_device, spec, schedule, remat
     assert losses[-1] < losses[0]
 
 
-@pytest.mark.slow
+@pytest.mark.numerics
 def test_tied_1f1b_lookup_in_the_loop_matches_one_device():
     """Tied embeddings under 1F1B with fsdp and tensor: stage 0 looks each microbatch up inside the loop and its
     gradient joins the output layer's in E's one accumulator (ffn_model.pipeline.one_f_one_b's lookup): losses

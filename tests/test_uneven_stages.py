@@ -4,7 +4,6 @@ stages and 7 on 4 train like one device (transformer GPipe and 1F1B, FFN stack G
 the closed forms hold Lmax blocks a stage; bad lists are one-line errors; predict describes BLOOM's 70 layers on 12
 stages and a 126-layer model on 8 and 16."""
 
-import functools
 
 import jax
 import numpy as np
@@ -12,15 +11,15 @@ import pytest
 
 from ffn_model.pipeline import padded_slots, real_blocks
 from ffn_model.train import train
-from mesh import make_mesh, mesh_shape
+from mesh import make_mesh
 from scaling import pipeline as closed
 from scaling.ffn import FFNConfig
 from scaling.mesh_shape import parse_mesh_spec
 from scaling.presets import get_preset
 from scaling.schedule import Schedule, default_stage_blocks
 from scaling.workload import Workload
-from tests.test_check import _assert_bands, _assert_tpu_bands
-from tests.test_pipeline import LR, STEPS, assert_matches
+from tests.helpers import (LR, STEPS, assert_bands as _assert_bands, assert_matches,
+                           assert_tpu_bands as _assert_tpu_bands, one_device)
 from verify.check import TPU_UNEVEN_STAGE_GRID, UNEVEN_STAGE_GRID, check, grid_workload
 
 # the tiny transformer with a 512-token vocabulary (tests/test_transformer.py's PIPE_TF, 5 or 7 layers)
@@ -34,11 +33,8 @@ def _mesh(spec):
     return make_mesh(spec, jax.devices()[: parse_mesh_spec(spec).devices])
 
 
-@functools.cache
 def _one_device(cfg, batch_tokens):
-    one = make_mesh("fsdp=1", jax.devices()[:1])
-    losses, state = train(Workload(cfg, mesh_shape(one), batch_tokens), one, STEPS, lr=LR, return_state=True)
-    return losses, jax.tree.map(np.asarray, state["params"])
+    return one_device(cfg, batch_tokens)
 
 
 def test_default_rule_by_hand():
@@ -65,7 +61,7 @@ def test_default_rule_by_hand():
     (Schedule(2, stage_blocks=(3, 3)), 2, "stage_blocks=3,3 sums to 6, not blocks=5"),
     (Schedule(2, stage_blocks=(2, 2, 1)), 2, "stage_blocks=2,2,1 lists 3 stages; the mesh has stage=2"),
     (Schedule(4), 8, "blocks=5 cannot fill stage=8 (every stage needs at least one block)"),
-    (Schedule(4, repeats=2), 2, "repeats=2 (circular, interleaved 1f1b) needs the same blocks on every stage"),
+    (Schedule(4, repeats=3), 2, "blocks=5 cannot fill the 6 chunks of stage=2, repeats=3"),
 ])
 def test_bad_splits_are_value_errors(schedule, stage, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -122,7 +118,7 @@ CASES = [
 ]
 
 
-@pytest.mark.slow
+@pytest.mark.numerics
 @pytest.mark.parametrize("kind, L, spec, schedule, remat, counts", CASES,
                          ids=[f"{k}{L}-{s}-{sc.pipeline}-{r}" for k, L, s, sc, r, _ in CASES])
 def test_uneven_stages_match_one_device(kind, L, spec, schedule, remat, counts):
@@ -181,7 +177,7 @@ def test_bad_lists_are_one_error_line(capsys, flag, message):
     assert message in err and err.count("\n") == 1, err
 
 
-@pytest.mark.slow
+@pytest.mark.grid
 @pytest.mark.parametrize("row", range(len(UNEVEN_STAGE_GRID)))
 def test_uneven_check_grid(row):
     """verify.check on 8 CPU devices: FLOPs (every stage's Lmax slots, padding included), arguments (the padded
@@ -191,8 +187,8 @@ def test_uneven_check_grid(row):
     assert any("stage" in key.split("+") for key in rep.collectives.by_axis)
 
 
+@pytest.mark.grid
 @pytest.mark.tpu
-@pytest.mark.extended  # v5p compiles of minutes each beside the suite: make test-all runs them
 @pytest.mark.parametrize("row", TPU_UNEVEN_STAGE_GRID, ids=lambda g: f"{g[1].blocks}-{g[2]}")
 def test_uneven_tpu_grid(row):
     """The 5-block FFN stack (3, 2) on v5p:2x2x2, ahead of time: every band, the compiler's peak within 10%."""

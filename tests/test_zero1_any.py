@@ -2,7 +2,6 @@
 padding rule and the closed forms by hand, the refusals gone, 3 AdamW steps against one device where no model
 dimension divides by data, and the compiled program against the closed forms (verify.check.ZERO1_GRID)."""
 
-import functools
 
 import jax
 import numpy as np
@@ -18,7 +17,7 @@ from scaling.mesh_shape import parse_mesh_spec
 from scaling.presets import get_preset
 from scaling.schedule import Schedule
 from scaling.workload import Workload
-from tests.test_pipeline import assert_matches
+from tests.helpers import assert_bands, assert_matches, one_device
 from verify.check import ZERO1_GRID, check, grid_workload
 
 ZERO1 = Schedule(optimizer_sharding="zero1")
@@ -61,10 +60,9 @@ def test_no_refusals():
              schedule=Schedule(2, repeats=2, optimizer_sharding="zero1"))
 
 
-@functools.lru_cache(maxsize=None)
 def _one_device(preset, batch):
-    """3 steps of ``preset`` on one device (shared by the cases with the same model and batch)."""
-    return _run(_model(preset), "fsdp=1", batch, Schedule())
+    """3 steps of ``preset`` on one device (tests.helpers.one_device: once per run)."""
+    return one_device(_model(preset), batch)
 
 
 def _model(name):
@@ -90,7 +88,7 @@ NUMERICS = [
 ]
 
 
-@pytest.mark.slow
+@pytest.mark.numerics
 @pytest.mark.parametrize("preset, spec, batch, schedule", NUMERICS,
                          ids=[f"{p}-{s}-{k.pipeline if 'stage' in s else 'nostage'}" for p, s, _, k in NUMERICS])
 def test_zero1_matches_one_device(preset, spec, batch, schedule):
@@ -102,9 +100,7 @@ def _assert_bands(rep, w, devices, peak: bool):
     """FLOPs, arguments and the collectives per axis within ±2% (tests/test_check.py's bands), the peak within ±10%
     on a TPU; the program's reduce-scatters at least the flat buffer's over data (a reduce-scatter, not an all-reduce
     and a slice; XLA:CPU's f32 wire: 4 B an element)."""
-    from tests.test_check import _assert_bands as bands
-
-    bands(rep)
+    assert_bands(rep)
     wide = w.with_facts(min_comm_bytes=4 if devices.startswith("cpu") else 0)
     flat = program.collective_volumes(wide)["data"]["reduce-scatter"]
     assert rep.collectives.by_kind.get("reduce-scatter", 0) >= 0.98 * flat, (rep.collectives.by_kind, flat)
@@ -112,7 +108,7 @@ def _assert_bands(rep, w, devices, peak: bool):
         assert 0.90 <= rep.memory.peak.ratio <= 1.10, rep.memory.peak
 
 
-@pytest.mark.slow
+@pytest.mark.grid
 @pytest.mark.parametrize("devices,cfg,mesh,batch,remat,step,schedule", CPU_ROWS,
                          ids=[f"{g[2]}-{g[-1].pipeline}" for g in CPU_ROWS])
 def test_zero1_cpu_check(devices, cfg, mesh, batch, remat, step, schedule):
@@ -120,9 +116,8 @@ def test_zero1_cpu_check(devices, cfg, mesh, batch, remat, step, schedule):
     _assert_bands(check(w, devices), w, devices, peak=False)
 
 
+@pytest.mark.grid
 @pytest.mark.tpu
-@pytest.mark.extended  # v5p compiles of minutes each beside the suite: make test-all runs them
-@pytest.mark.slow
 @pytest.mark.parametrize("devices,cfg,mesh,batch,remat,step,schedule", TPU_ROWS,
                          ids=[f"{g[0]}-{g[2]}" for g in TPU_ROWS])
 def test_zero1_tpu_check(devices, cfg, mesh, batch, remat, step, schedule):

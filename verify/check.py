@@ -21,7 +21,7 @@ from pathlib import Path
 from ffn_model.attention import has_cudnn
 from ffn_model.compile import abstract_compile
 from mesh import ici_layout, make_mesh, mesh_shape
-from mesh.devices import has_cuda_plugin, parse_tpu_spec, use_cpu_platform_for
+from mesh.devices import chip_of_devices, has_cuda_plugin, use_cpu_platform_for
 from scaling import program
 from scaling import plan as planner
 from scaling.answers import Answers, model_name
@@ -222,6 +222,11 @@ CPU_SEQUENCE_GRID = [
     (_SMALL, "data=4,fsdp=2", 4096, "none", "train", Schedule(optimizer_sharding="zero1")),
     (_SMALL_TF.replace(vocab=1024, tied_embeddings=True), "data=2,fsdp=2,context=2", 4096, "none", "train",
      Schedule(optimizer_sharding="zero1")),
+    # the policies no other CPU row compiles: save_dot_except_mlpwi, and the offloading ones (XLA:CPU keeps the
+    # offloaded residuals in device memory: the FLOPs, arguments and collectives are the policy's all the same)
+    (_SMALL_TF, "fsdp=2,tensor=4", 4096, "save_dot_except_mlpwi", "train", Schedule()),
+    (_SMALL_TF, "fsdp=2,tensor=4", 4096, "qkv_proj_offloaded", "train", Schedule()),
+    (_SMALL_TF, "fsdp=2,tensor=4", 4096, "input_qkv_offloaded", "train", Schedule()),
 ]
 # On TPU v5p ahead of time: a 4096-wide transformer (32 heads, 8 kv heads, F=16384, 4 layers, T=4096; 8
 # sequences) large enough that HBM dominates its peak (3 to 17 GB), a Llama-8B shape, and the XXL with sequence
@@ -270,6 +275,14 @@ UNEVEN_STAGE_GRID = [
 ]
 TPU_UNEVEN_STAGE_GRID = [
     ("tpu:v5p:2x2x2", _MEDIUM.replace(blocks=5), "stage=2,fsdp=2,tensor=2", 8192, "none", "train", Schedule(4)),
+]
+# Uneven chunks (issue 49, item 16): the transformer's 7 layers on 2 stages with 2 chunks each (the default rule over
+# the 4 chunks, its embedding and output counted: 2, 2, 2, 1; stages 4, 3), every chunk padded to 2 slots, the padding
+# masked: interleaved 1F1B and circular
+_TF_V7 = _TF_V.replace(blocks=7)
+UNEVEN_CHUNK_GRID = [
+    (_TF_V7, "stage=2,fsdp=2,tensor=2", 4096, "none", "train", Schedule(4, repeats=2, pipeline="1f1b")),
+    (_TF_V7, "stage=2,fsdp=2,tensor=2", 4096, "none", "train", Schedule(4, repeats=2)),
 ]
 # Sequence parallelism with pipeline stages (Megatron's layout: the token split between layers inside every stage,
 # the split activation sent from stage to stage, D/Y per token). On 8 emulated CPU devices: GPipe, 1F1B, interleaved
@@ -348,14 +361,17 @@ TPU_SPLASH_GRID = [
      Schedule(attention="splash")),
     ("tpu:v5p:2x2x2", _LARGE_TF.replace(vocab=32768), "fsdp=2,context=2,tensor=2", 32768, "none", "train",
      Schedule(attention="splash", context="ulysses")),
+    # the smallest shape the kernel takes (heads of 128, one 1024-token sequence a device): FLOPs and collectives
+    # (its peak, 0.31 GB, is below PEAK_BANDED_ABOVE)
+    ("tpu:v5p:2x2x1", _SMALL_TF.replace(d_model=1024, heads=8, kv_heads=8, d_ff=4096, blocks=2, seq_len=1024),
+     "fsdp=2,tensor=2", 8 * 1024, "none", "train", Schedule(attention="splash")),
 ]
 
 
 def default_chip(devices) -> Chip:
-    """The chip whose figures time a check: the TPU topology's own chip, else (CPU devices) DEFAULT_CHIP."""
-    if isinstance(devices, str) and not devices.strip().lower().startswith("cpu:"):
-        return parse_tpu_spec(devices)[0]
-    return CHIPS[DEFAULT_CHIP]
+    """The chip whose figures time a check: the devices' own chip (a TPU topology's, gpu:<chip>:<N>'s GPU), else
+    (CPU devices) DEFAULT_CHIP: mesh.devices.chip_of_devices."""
+    return chip_of_devices(devices)
 
 
 # A directory where check() keeps its reports for the process and its children (tests/conftest.py makes a
@@ -414,13 +430,16 @@ def compare(w: Workload, devices: str, chip: str | None = None, verbose: bool = 
                          joint_head_reduce=joint, xla_flags=w.flags.name, xla_flags_gathers=str(w.flags.gathers),
                          platform=platform)
     f = pred.flops
+    matmul = Row.of(f["total"] - float(f.get("kernels", 0.0)), got.dot_flops,
+                    ("dot/convolution FLOPs × loop trip counts; closed form includes the first block's unused "
+                     "input gradient (the scan body is the same for every block)" if step == "train" else
+                     "dot/convolution FLOPs × loop trip counts")
+                    + (f"; closed form less the {float(f['kernels']):.4e} FLOPs inside the attention's custom-call "
+                       "kernels (no dots to count)" if f.get("kernels") else ""))
+    if (why := cfg.uncompared_flops(platform)) is not None:  # shown, not compared (a kernel lowered otherwise)
+        matmul = Row(matmul.closed_form, matmul.compiled, None, why)
     flops = Flops(
-        matmul=Row.of(f["total"] - float(f.get("kernels", 0.0)), got.dot_flops,
-                      ("dot/convolution FLOPs × loop trip counts; closed form includes the first block's unused "
-                       "input gradient (the scan body is the same for every block)" if step == "train" else
-                       "dot/convolution FLOPs × loop trip counts")
-                      + (f"; closed form less the {float(f['kernels']):.4e} FLOPs inside the attention's custom-call "
-                         "kernels (no dots to count)" if f.get("kernels") else "")),
+        matmul=matmul,
         cost_analysis=Row.of(f["total"], got.cost.get("flops"),
                              "XLA's cost_analysis counts a while-loop body once, not per trip"),
     )
@@ -566,11 +585,9 @@ def verify_plans(plans: list[planner.Plan], cfg, chip: Chip, chips: int, hbm: fl
     for p in plans:
         print(f"compiling plan {_mesh_spec(p.mesh)} on {devices} ahead of time ...", file=sys.stderr, flush=True)
         mesh = make_mesh(MeshShape(p.mesh), devices, verbose)
-        w = planner.workload_of(p, cfg, flags)
-        if w.schedule.attention == "cudnn" and not has_cudnn():  # cuDNN is traced only with the CUDA libraries
-            print("cuDNN's attention cannot be traced without a GPU: compiled with flash (the same residuals, o and "
-                  "lse; the peak's figure)", file=sys.stderr, flush=True)
-            w = w.replace(schedule=dataclasses.replace(w.schedule, attention="flash"))
+        w, note = traceable(planner.workload_of(p, cfg, flags))
+        if note:
+            print(note, file=sys.stderr, flush=True)
         res = abstract_compile(w, mesh)
         memory = read_compiled(res.compiled, p.mesh).memory
         peak = memory["peak_bytes"]
@@ -578,6 +595,18 @@ def verify_plans(plans: list[planner.Plan], cfg, chip: Chip, chips: int, hbm: fl
                                                     devices, ici_layout(mesh, chip) if chip.kind == "tpu" else None,
                                                     res.compile_seconds)))
     return out
+
+
+def traceable(w: Workload) -> tuple[Workload, str | None]:
+    """(``w``, None), or where its attention is cuDNN's and cuDNN cannot be traced here (ffn_model.attention.has_cudnn:
+    no CUDA GPU among jax's devices; cuDNN's fused attention is traced with the CUDA libraries, also for a GPU
+    compiled ahead of time) ``w`` with flash attention and the line saying so. Flash keeps what cuDNN's kernel keeps
+    (o and the logsumexp, FlashAttention-2's form: scaling.schedule.BLOCKWISE), so the peak's closed form is the
+    same. Call it with jax's platform chosen (mesh.devices.use_cpu_platform_for)."""
+    if w.schedule.attention != "cudnn" or has_cudnn():
+        return w, None
+    return (w.replace(schedule=dataclasses.replace(w.schedule, attention="flash")),
+            "note: attention flash, not cudnn: cuDNN's fused attention is traced only with a CUDA GPU present")
 
 
 def _mesh_spec(mesh: dict) -> str:

@@ -16,7 +16,7 @@ from scaling import pipeline
 from scaling.hardware import get_chip
 from scaling.mesh_shape import MeshShape
 from scaling.schedule import Schedule
-from scaling.table import table
+from scaling.table import PROSE, abbreviated, prose, table, time_text
 
 
 def ratio(closed, compiled) -> float | None:
@@ -207,12 +207,14 @@ class CheckReport:
                    Collectives.from_json(d["collectives"]), Overlap.from_json(d["overlap"]), Times(**d["times"]))
 
     def render(self) -> str:
-        """The side-by-side table: quantity, closed form, compiled, ratio, note."""
+        """The side-by-side table (quantity, closed form, compiled, ratio, note: a long note's first words and a
+        reference [k] to it, printed whole below the table: scaling.table.abbreviated) and the collectives, overlap
+        and times; prose wrapped at 120 columns (scaling.table.prose), times in units a person reads (time_text)."""
         cfg, t = self.config, self.times
-        lines = [f"{cfg.step} step, {cfg.model_text}, mesh {MeshShape(cfg.mesh)}, B={cfg.batch_tokens:,} tokens, "
-                 f"remat {cfg.remat}, devices {cfg.devices} (compiled in {cfg.compile_seconds:.1f} s)"
-                 + _schedule_text(cfg),
-                 f"chip figures for the times: {get_chip(cfg.chip).describe()}",
+        lines = [prose(f"{cfg.step} step, {cfg.model_text}, mesh {MeshShape(cfg.mesh)}, B={cfg.batch_tokens:,} "
+                       f"tokens, remat {cfg.remat}, devices {cfg.devices} (compiled in {cfg.compile_seconds:.1f} s)"),
+                 *(prose(f"  {part}") for part in _schedule_text(cfg).split("; ") if part),  # one line each
+                 prose(f"chip figures for the times: {get_chip(cfg.chip).describe()}"),
                  f"XLA flags {cfg.xla_flags!r} (FSDP gathers {cfg.xla_flags_gathers} on {cfg.platform})"]
         rows = [(f"{a}.{b}", getattr(getattr(self, a), b)) for a, b in ROW_ORDER]
         rows += [(f"collectives.by_axis.{k}", v) for k, v in self.collectives.by_axis.items()]
@@ -220,31 +222,36 @@ class CheckReport:
         rows.append(("loop_copies", self.overlap.loop_copies))
         rows += [(f"memory.{k}", getattr(self.memory, k)) for k in ("temp", "outputs", "aliases")]
         rows += [("memory.host", self.memory.host)] if self.memory.host.compiled else []
-        lines += table(("quantity", "closed form", "compiled", "ratio", "note"),
-                       [(name, fmt(r.closed_form), fmt(r.compiled), "-" if r.ratio is None else f"{r.ratio:.4f}",
-                         r.note) for name, r in rows], right=(1, 2, 3))
+        cells = [(name, fmt(r.closed_form), fmt(r.compiled), "-" if r.ratio is None else f"{r.ratio:.4f}", r.note)
+                 for name, r in rows]
+        figures = max(map(len, table(("quantity", "closed form", "compiled", "ratio"), [c[:4] for c in cells])))
+        cells, notes = abbreviated(cells, 4, max(PROSE - figures - 2, 30))  # long notes: their start, whole below
+        lines += table(("quantity", "closed form", "compiled", "ratio", "note"), cells, right=(1, 2, 3))
+        lines += ["notes:", *notes] if notes else []
         c = self.collectives
-        lines.append(f"collectives: {c.count} in the program, {c.asynchronous} asynchronous (start/done); by kind: "
-                     + ", ".join(f"{k} {v:.4g}" for k, v in c.by_kind.items()))
+        lines.append(prose(f"collectives: {c.count} in the program, {c.asynchronous} asynchronous (start/done); by "
+                           "kind: " + ", ".join(f"{k} {v:.4g}" for k, v in c.by_kind.items())))
         share = self.overlap.overlapped_share
-        lines.append("overlapped by the schedule (compiled): " + (", ".join(f"{a} {100 * v:.1f}% of its bytes"
-                                                                          for a, v in share.items()) or "nothing")
-                     + (f" ({self.overlap.note})" if self.overlap.note is not None else ""))
-        lines.append(f"times (chip {cfg.chip}, closed form): T_math {t.math:.4g} s; T_comms " +
-                     ", ".join(f"{k} {v:.4g} s" for k, v in t.comms.items()) +
-                     f"; step sum {t.step_sum:.4g} s, max {t.step_max:.4g} s, scheduled {t.step_scheduled:.4g} s "
-                     f"(exposed comms " + (", ".join(f"{k} {v:.4g} s" for k, v in t.exposed.items()) or "none")
-                     + f", loop copies {t.copies:.4g} s); bound: {t.bound}")
+        lines.append(prose("overlapped by the schedule (compiled): " + (
+            ", ".join(f"{a} {100 * v:.1f}% of its bytes" for a, v in share.items()) or "nothing")
+                           + (f" ({self.overlap.note})" if self.overlap.note is not None else "")))
+        lines.append(prose(f"times (chip {cfg.chip}, closed form): T_math {time_text(t.math)}; T_comms "
+                           + ", ".join(f"{k} {time_text(v)}" for k, v in t.comms.items())
+                           + f"; step sum {time_text(t.step_sum)}, max {time_text(t.step_max)}, scheduled "
+                           f"{time_text(t.step_scheduled)} (exposed comms "
+                           + (", ".join(f"{k} {time_text(v)}" for k, v in t.exposed.items()) or "none")
+                           + f", loop copies {time_text(t.copies)}); bound: {t.bound}"))
         if cfg.devices.startswith("cpu"):
-            lines.append("  (peak memory is not compared on CPU devices: XLA:CPU's peak_memory_in_bytes is about the "
-                         "arguments alone; compile for a TPU topology, --devices tpu:v5p:2x2x2, for the peak)")
-            lines.append(f"  (the ICI times are of the bytes a {cfg.chip} moves, bf16 as the precision policy says, "
-                         "not of XLA:CPU's f32-widened bytes above)")
+            lines.append(prose("  (peak memory is not compared on CPU devices: XLA:CPU's peak_memory_in_bytes is about "
+                               "the arguments alone; compile for a TPU topology, --devices tpu:v5p:2x2x2, for the "
+                               "peak)"))
+            lines += [f"  (the ICI times are of the bytes a {cfg.chip} moves, bf16 as the precision policy says,",
+                      "  not of XLA:CPU's f32-widened bytes above)"]
         if t.xla_optimal_seconds is not None:
-            lines.append("XLA:TPU's cost-model estimate (cost_analysis optimal_seconds): "
-                         f"{optimal_seconds_text(t.xla_optimal_seconds)}. "
-                         "Not a step time: like cost_analysis FLOPs it counts each while-loop body once (a scan over "
-                         "L blocks as one block)")
+            lines += ["XLA:TPU's cost-model estimate (cost_analysis optimal_seconds): "
+                      f"{optimal_seconds_text(t.xla_optimal_seconds)}.",
+                      "  Not a step time: like cost_analysis FLOPs it counts each while-loop body once (a scan over L "
+                      "blocks as one block)"]
         return "\n".join(lines)
 
 
@@ -287,6 +294,7 @@ def _schedule_text(cfg: CheckConfig) -> str:
 
 
 def optimal_seconds_text(seconds: float) -> str:
-    """XLA:TPU's cost_analysis ``optimal_seconds`` for a person: "12.3 s", or for a negative figure (v6e and
-    TPU7x report some) "n/a (XLA reports -13.99, not meaningful)"; the JSON reports keep the raw figure."""
-    return f"{seconds:.4g} s" if seconds >= 0 else f"n/a (XLA reports {seconds:.4g}, not meaningful)"
+    """XLA:TPU's cost_analysis ``optimal_seconds`` for a person: "12.3 s", "41.2 us" (scaling.table.time_text), or
+    for a negative figure (v6e and TPU7x report some) "n/a (XLA reports -13.99, not meaningful)"; the JSON reports
+    keep the raw figure."""
+    return time_text(seconds) if seconds >= 0 else f"n/a (XLA reports {seconds:.4g}, not meaningful)"
