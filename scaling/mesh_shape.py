@@ -126,7 +126,9 @@ def spans(size) -> bool:
     axis's sizes over a group of meshes, all > 1 or all 1 (scaling.plan groups them so; ValueError otherwise)."""
     if isinstance(size, (int, np.integer)):
         return bool(size > 1)
-    more = np.asarray(size) > 1
-    if more.all() != more.any():
-        raise ValueError("a group of meshes mixes sizes of 1 and > 1 on one axis")
-    return bool(more.all())
+    size = np.asarray(size)
+    if size.min() > 1:
+        return True
+    if size.max() <= 1:
+        return False
+    raise ValueError("a group of meshes mixes sizes of 1 and > 1 on one axis")

@@ -32,7 +32,7 @@ import functools
 import gc
 import itertools
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,7 +46,7 @@ from scaling.policies import DEFAULT_PRECISION
 from scaling.schedule import Schedule, default_stage_blocks
 from scaling.sharding import shards
 from scaling.hardware import GPU_NODE, Chip, split_slices
-from scaling.workload import Workload
+from scaling.workload import RematCells, Workload
 
 PLAN_KEYS = {"context": "context_strategy"}  # a plan's JSON key for a Schedule field (cfg.schedule_options)
 DCN_AXES = ("data", "fsdp")  # the axes whose outermost factor may span slices joined by DCN
@@ -93,13 +93,22 @@ def layouts(dims: tuple[int, ...], chip: Chip, axes: tuple[str, ...], keep=None)
     its cores as one more physical axis, a ring of one link (the cores' die-to-die link, taken as no
     faster than an ICI link). ``keep``: of an array [meshes, axes] of mesh sizes, which to lay out (a bool
     array; the planner's: the sizes the model divides by)."""
-    out: dict[tuple, list[dict]] = {}
+    return {sizes: list(lays) for sizes, lays in _layouts(dims, chip, axes, keep).items()}
+
+
+def _layouts(dims: tuple[int, ...], chip: Chip, axes: tuple[str, ...], keep=None) -> dict[tuple, "_LaidOut"]:
+    """layouts' {mesh sizes: layouts}, each mesh's a sequence that makes a layout when asked for (_LaidOut: the
+    planner takes the few its plans have) with every layout's links: program.links of each axis, 1 where the axis
+    spans no physical axis (the planner's links of an axis absent from a layout), made with the layouts (sums of 1
+    and 1/2 over the physical axes, exact in any order)."""
+    out: dict[tuple, _LaidOut] = {}
     keep = keep or (lambda kinds: np.ones(len(kinds), bool))
     if chip.torus == 0:
         every = list(_splits(math.prod(dims), len(axes)))
         for sizes, ok in zip(every, keep(np.array(every))):
             if ok:
-                out[sizes] = [{a: ([n], [True]) for a, n in zip(axes, sizes) if n > 1}]
+                out[sizes] = _LaidOut(np.ones((1, len(axes))),
+                                      made=[{a: ([n], [True]) for a, n in zip(axes, sizes) if n > 1}])
         return out
     phys = (*dims, chip.devices_per_chip) if chip.devices_per_chip > 1 else tuple(dims)
     wraps = lambda n, i: chip.has_wraparound(n, phys[i], dims) if i < len(dims) else True  # noqa: E731
@@ -123,15 +132,39 @@ def layouts(dims: tuple[int, ...], chip: Chip, axes: tuple[str, ...], keep=None)
                          return_index=True)
     # per physical axis and split, each mesh axis's (length, wraps) where its factor is > 1
     cells = [[[(n, wraps(n, i)) if n > 1 else None for n in row] for row in sp.tolist()] for i, sp in enumerate(splits)]
-    size_rows, index_rows = sizes.tolist(), index.tolist()
-    for k in sorted(first.tolist()):
-        lay, picked = {}, [cells[i][j] for i, j in enumerate(index_rows[k])]
-        for a, axis in enumerate(axes):
+    kept = sorted(first.tolist())
+    rows: dict[tuple, list] = {}
+    effective = np.where(span > 0, link, 1.0)[kept]
+    for size_row, index_row, row in zip(sizes[kept].tolist(), index[kept].tolist(), effective):
+        picked, lk = rows.setdefault(tuple(size_row), ([], []))
+        picked.append(index_row)
+        lk.append(row)
+    return {sizes: _LaidOut(np.array(lk), axes, cells, picked) for sizes, (picked, lk) in rows.items()}
+
+
+class _LaidOut(Sequence):
+    """A mesh's layouts (_layouts), each {axis: (lengths, wraps)} made when asked for, and ``links`` [layouts, axes]
+    (program.links of each axis, 1 where it spans no physical axis). ``picked``: each layout's splits of the physical
+    axes (an index a physical axis into ``cells``: each split's (length, wraps) of every mesh axis, None where the
+    factor is 1); or ``made``, the layouts themselves."""
+
+    def __init__(self, links: np.ndarray, axes: tuple = (), cells: list = (), picked: list = (), made=None):
+        self.links, self.axes, self.cells, self.picked, self.made = links, axes, cells, picked, made
+
+    def __len__(self) -> int:
+        return len(self.picked if self.made is None else self.made)
+
+    def __getitem__(self, j) -> dict:
+        if isinstance(j, slice):
+            return [self[i] for i in range(len(self))[j]]
+        if self.made is not None:
+            return self.made[j]
+        lay, picked = {}, [self.cells[i][k] for i, k in enumerate(self.picked[j])]
+        for a, axis in enumerate(self.axes):
             spans = [c[a] for c in picked if c[a] is not None]
             if spans:
                 lay[axis] = ([n for n, _ in spans], [w for _, w in spans])
-        out.setdefault(tuple(size_rows[k]), []).append(lay)
-    return out
+        return lay
 
 
 def repeats_for(cfg: ModelFamily, stages: int, max_repeats: int) -> list[int]:
@@ -495,7 +528,7 @@ def workload_of(p: Plan, cfg, flags=None) -> Workload:
 
 
 def _groups(cfg, chip: Chip, dims, n_slices: int, choices: Choices, max_microbatches: int, max_repeats: int):
-    """The meshes to evaluate, in groups that predict takes at once: [([MeshShape], [placement], [[layout]],
+    """The meshes to evaluate, in groups that predict takes at once: [([MeshShape], [placement], [layouts: _LaidOut],
     {schedule key: (Schedule, {remat: [mesh index]})})], a placement (DCN axis, b) of dcn_placements. A transformer's
     meshes are grouped by stage count and which axes are > 1 (mesh_shape.spans: every branch of its closed forms then
     agrees within the group), each with its own placement (predict's ``dcn`` takes an array of slices per mesh: the
@@ -509,13 +542,16 @@ def _groups(cfg, chip: Chip, dims, n_slices: int, choices: Choices, max_microbat
     kinds, made, keys = {}, {}, {}
 
     def keyed(runs):
-        for s, _ in runs:  # schedules pairs each with every remat
+        """(key, schedule, its remats) of schedules' (schedule, remat) pairs, in their order."""
+        out = {}
+        for s, r in runs:  # schedules pairs each with every remat
             if keys.get(id(s), (None,))[0] is not s:
                 keys[id(s)] = (s, s.with_microbatches(1))
-        return [(keys[id(s)][1], s, r) for s, r in runs]
+            out.setdefault(id(s), (keys[id(s)][1], s, []))[2].append(r)
+        return list(out.values())
 
     for (sizes, lays), place in itertools.product(
-            layouts(dims, chip, axes, _mesh_keep(cfg, axes, n_slices, placements)).items(), placements):
+            _layouts(dims, chip, axes, _mesh_keep(cfg, axes, n_slices, placements)).items(), placements):
         given, over = dict(zip(axes, sizes)), dcn_of(*place, n_slices)
         if "stage" in over and given["stage"] > 1:  # the stages all across slices (dcn_placements)
             continue
@@ -538,9 +574,15 @@ def _groups(cfg, chip: Chip, dims, n_slices: int, choices: Choices, max_microbat
             continue
         key = (mesh["stage"], tuple(mesh[a] > 1 for a in axes)) if grouped else (place, sizes)
         meshes, dcns, lay_lists, by_choice, members = groups.setdefault(key, ([], [], [], {}, {}))
-        if kind not in members:  # the member lists a mesh of this kind joins: (schedule key, remat) of each run
-            members[kind] = [by_choice.setdefault(k, (sched, {}))[1].setdefault(remat, [])
-                             for k, sched, remat in runs_here]
+        if kind not in members:  # the member lists a mesh of this kind joins: (schedule key, remat) of each run,
+            # one list a key for all its policies (schedules pairs each schedule with every policy of the choices)
+            members[kind] = []
+            for k, sched, remats in runs_here:
+                by_remat = by_choice.setdefault(k, (sched, {}))[1]
+                joined = next(iter(by_remat.values())) if by_remat else []
+                for remat in remats:
+                    by_remat.setdefault(remat, joined)
+                members[kind].append(joined)
         for joined in members[kind]:
             joined.append(len(meshes))
         meshes.append(mesh)
@@ -553,8 +595,12 @@ def _screen(cfg, chip: Chip, groups: list, batches: np.ndarray, hbm: float, form
             precision=DEFAULT_PRECISION) -> list:
     """Per group (_groups'), its candidates: [(a lower bound of the step [B, M, G] (its compute term for a
     transformer's scheduled form, else _math_bound), workload (a function that makes it), fits
-    mask [B, M, G], schedule, remat, compute term or None)], each schedule with the remat policies that fit its
-    meshes under ``hbm``, in the group's order of schedules and policies. A transformer's groups of one stage count
+    mask [B, M, G], schedule, remat (a transformer's: its cells' policies, RematCells), compute term or None, memory
+    [B, M, G, 1] or None)], each schedule with the remat policies that fit its meshes under ``hbm``, in the group's
+    order of schedules and policies. A transformer's cells (batch, M, mesh) each take the first policy that fits
+    (below), sized all at once (RematCells: every policy of a schedule in one workload), one candidate a schedule;
+    where every policy that fits is a plan (1F1B with chunks of one layer), its cells are (policy, M) (the
+    schedule's microbatch counts repeated a policy each). A transformer's groups of one stage count
     and context axis are sized together, each policy's memory, FLOPs (_math_bound) and, for the scheduled form,
     kernels (kernels.compute_term) evaluated on all their meshes at once: those closed forms branch on no other axis
     being > 1 (mesh_shape.spans), so each mesh's figures are the same as on its own group's (the planner's tests hold
@@ -572,12 +618,16 @@ def _screen(cfg, chip: Chip, groups: list, batches: np.ndarray, hbm: float, form
             at[gi], start = slice(start, start + len(groups[gi][0])), start + len(groups[gi][0])
         G, mesh = len(meshes), _mesh_arrays(meshes)
         own = {gi: _mesh_arrays(groups[gi][0]) for gi in members} if len(members) > 1 else {}
-        runs_of: dict = {}  # schedule key -> (Schedule, {remat: [mesh index]}, [(group, its schedule's index)])
+        runs_of: dict = {}  # schedule key -> (Schedule, {remat: [each group's mesh indices]}, [(group, its schedule's
+        # index)]); a group's indices shifted to the joined meshes once (a list serves all of a key's policies)
+        shifted = {}
         for gi in members:
             for ki, (key, (sched, by_remat)) in enumerate(groups[gi][3].items()):
                 joined = runs_of.setdefault(key, (sched, {}, []))
                 for rem, idx in by_remat.items():
-                    joined[1].setdefault(rem, []).extend(at[gi].start + i for i in idx)
+                    if id(idx) not in shifted:
+                        shifted[id(idx)] = np.add(idx, at[gi].start) if at[gi].start else idx
+                    joined[1].setdefault(rem, []).append(idx)
                 joined[2].append((gi, ki))
         for sched, by_remat, owners in runs_of.values():
             ms = sched.microbatches
@@ -599,51 +649,67 @@ def _screen(cfg, chip: Chip, groups: list, batches: np.ndarray, hbm: float, form
             order = sorted(by_remat, key=lambda r: -len(keeps[r])) if first_fit else list(by_remat)
             member = np.zeros((len(order), G), bool)  # the meshes each policy is tried on
             for ci, rem in enumerate(order):
-                member[ci, by_remat[rem]] = True
-            fits = (np.broadcast_to(member[None, :, None, :], (len(batches), len(order), len(ms), G))
-                    & (batch_ok[:, None] if grouped else True))  # [B, policies, M, G]: runs and fits the budget
-            if grouped and len(order) > 1:  # every policy's memory at once, the policies along the microbatch axis
-                # (a cell each: scaling.transformer.by_policy), each cell's figure its policy's
-                w = Workload(cfg, mesh, batches[:, None, None, None],
-                             remat=np.repeat(order, len(ms))[None, :, None, None],
-                             schedule=sched.with_microbatches(np.tile(ms, len(order))[None, :, None, None]),
-                             flags=flags, precision=precision)
+                idxs = [shifted[id(idx)] for idx in by_remat[rem]]
+                member[ci, idxs[0] if len(idxs) == 1 else np.concatenate(idxs)] = True
+            # candidates: (policy index, policies, fits [B, M, G], how often the microbatch counts repeat)
+            if grouped and len(order) > 1:  # every policy at once along the microbatch axis (policy-major), each cell
+                # its policy's figures (RematCells, scaling.transformer.by_policy)
+                each = RematCells(tuple(order), np.repeat(np.arange(len(order)), len(ms))[None, :, None, None])
+                every = sched.with_microbatches(np.tile(ms, len(order))[None, :, None, None])
+                w = Workload(cfg, mesh, batches[:, None, None, None], remat=each, schedule=every, flags=flags,
+                             precision=precision)
                 total = memory.memory_per_device(w)["total"]
-                fits &= np.broadcast_to(total, (len(batches), len(order) * len(ms), G, 1)).reshape(fits.shape) <= hbm
+                total = np.broadcast_to(total, (len(batches), len(order) * len(ms), G, 1)).reshape(
+                    len(batches), len(order), len(ms), G)
+                fits = member[None, :, None, :] & batch_ok[:, None] & (total <= hbm)  # [B, policies, M, G]
+                # with each its cells' memory (the transformer's reads none of the compiler's facts: the model's)
+                if first_fit:  # each cell (batch, M, mesh) its first policy that fits: the candidate
+                    first = fits.argmax(axis=1)
+                    tried = [(0, RematCells(tuple(order), first[..., None]), fits.any(axis=1), 1, None,
+                              np.take_along_axis(total, first[:, None], axis=1)[:, 0])]
+                elif per_mesh:  # every policy that fits a plan of the one candidate, its cells (policy, M)
+                    flat = (len(batches), len(order) * len(ms), G)
+                    tried = [(0, each, fits.reshape(flat), len(order), None, total.reshape(flat))]
+                else:  # every policy that fits a candidate of its own
+                    tried = [(ci, rem, fits[:, ci], 1, None, total[:, ci]) for ci, rem in enumerate(order)]
             else:
+                taken, tried = np.zeros(shape, bool), []
                 for ci, rem in enumerate(order):
-                    if fits[:, ci].any():
-                        w = Workload(cfg, mesh, batches[:, None, None, None], remat=rem, schedule=arrays, flags=flags,
-                                     precision=precision)
-                        total = memory.memory_per_device(w)["total"]
-                        fits[:, ci] &= np.broadcast_to(total, shape + (1,))[..., 0] <= hbm
-            if first_fit:  # each cell (batch, M, mesh) its first policy that fits, the group's candidate
-                # evaluated on each cell under its own (by_policy): one workload for them all
-                first = fits.argmax(axis=1)
-                tried = [(0, np.asarray(order)[first][..., None] if len(order) > 1 else order[0], fits.any(axis=1))]
-            else:  # every policy that fits a candidate of its own
-                tried = [(ci, rem, fits[:, ci]) for ci, rem in enumerate(order)]
-            for ci, rem, ok in tried:
+                    open_ = member[ci][None, None, :] & batch_ok & ~taken
+                    if not open_.any():
+                        continue
+                    w = Workload(cfg, mesh, batches[:, None, None, None], remat=rem, schedule=arrays, flags=flags,
+                                 precision=precision)
+                    ok = (np.broadcast_to(memory.memory_per_device(w)["total"], shape + (1,))[..., 0] <= hbm) & open_
+                    if first_fit:
+                        taken |= ok
+                    tried.append((ci, rem, ok, 1, w, None))
+            for ci, rem, ok, tiles, w, mem in tried:
                 if not ok.any():
                     continue
-                w = Workload(cfg, mesh, batches[:, None, None, None], remat=rem, schedule=arrays, flags=flags,
-                             precision=precision)
-                compute = (np.broadcast_to(kernels.compute_term(w, chip, w.precision.dtype), shape + (1,))
+                on = every if tiles > 1 else arrays
+                w = w or Workload(cfg, mesh, batches[:, None, None, None], remat=rem, schedule=on, flags=flags,
+                                  precision=precision)
+                cut = ok.shape + (1,)
+                compute = (np.broadcast_to(kernels.compute_term(w, chip, w.precision.dtype), cut)
                            if grouped and form == "scheduled" else None)
                 # the scheduled step is at least its compute term (max(compute, hidden) + exposed + copies)
                 bound = (None if not per_mesh else compute[..., 0] if compute is not None else
-                         np.broadcast_to(_math_bound(w, chip, form), shape + (1,))[..., 0])
+                         np.broadcast_to(_math_bound(w, chip, form), cut)[..., 0])
                 for gi, ki in owners:
                     part = ok[:, :, at[gi]].copy()
                     if part.any():
                         # the group's own workload (and its cells' policies), made if it is predicted
-                        own_rem = rem if np.ndim(rem) == 0 else rem[:, :, at[gi]]
+                        own_rem = rem if np.ndim(rem) == 0 or rem.index.shape[2] == 1 else rem[:, :, at[gi]]
                         gw = functools.partial(Workload, cfg, own[gi], batches[:, None, None, None], remat=own_rem,
-                                               schedule=arrays, flags=flags,
+                                               schedule=on, flags=flags,
                                                precision=precision) if len(members) > 1 else lambda w=w: w
+                        own_sched = groups[gi][3][list(groups[gi][3])[ki]][0]
+                        if tiles > 1:
+                            own_sched = own_sched.with_microbatches(np.tile(own_sched.microbatches, tiles))
                         out[gi].append(((ki, ci), None if bound is None else bound[:, :, at[gi]], gw, part,
-                                        groups[gi][3][list(groups[gi][3])[ki]][0], own_rem,
-                                        None if compute is None else compute[:, :, at[gi]]))
+                                        own_sched, own_rem, None if compute is None else compute[:, :, at[gi]],
+                                        None if mem is None else mem[:, :, at[gi], None]))
     # each group's in its order of schedules, then of policies
     return [[c[1:] for c in sorted(cands, key=lambda c: c[0])] for cands in out]
 
@@ -758,15 +824,8 @@ def _plan(cfg, chip, chips, batch_tokens, hbm, remat, form, dims, max_microbatch
     # (B, mesh, DCN axis), or a serial number without per_mesh -> [step, plan, sort key (None until _rank)]
     found: dict = {}
     groups = _groups(cfg, chip, dims, n_slices, choices, max_microbatches, max_repeats)
-    known: dict = {}  # program.links of each layout (a mesh's layouts serve it over either DCN axis)
-
-    def links_of(lay):
-        if id(lay) not in known:
-            known[id(lay)] = program.links(lay)
-        return known[id(lay)]
-
-    for (meshes, dcns, lay_lists, by_choice), candidates in zip(groups, _screen(cfg, chip, groups, batches, hbm, form,
-                                                                                per_mesh, flags, precision)):
+    for (meshes, dcns, lay_lists, by_choice), candidates in zip(groups, _screen(
+            cfg, chip, groups, batches, hbm, form, per_mesh, flags, precision)):
         G, nl = len(meshes), max(len(x) for x in lay_lists)
         mesh_keys = [tuple(m[a] for a in axes) for m in meshes]
         best_step = np.full((len(batches), G), np.inf)  # the fastest step found so far per batch and mesh
@@ -774,11 +833,12 @@ def _plan(cfg, chip, chips, batch_tokens, hbm, remat, form, dims, max_microbatch
         overs = [dcn_of(*d, n_slices) for d in dcns]
         dcn = (overs[0] or None) if len(set(dcns)) == 1 else {
             a: np.array([o.get(a, 1) for o in overs])[None, None, :, None] for o in overs for a in o}
-        lk = [[links_of(lay) for lay in lays] for lays in lay_lists]
-        # [1, 1, G, layouts]; a mesh with fewer layouts than the group's most is padded with ones of no links
-        # (infinite collective times: never its best)
-        axis_links = {a: np.array([[x.get(a, 1.0) for x in row] + [1e-200] * (nl - len(row)) for row in lk])[None, None]
-                      for a in axes}
+        # [1, 1, G, layouts] (program.links of each layout: _layouts); a mesh with fewer layouts than the group's
+        # most is padded with ones of no links (infinite collective times: never its best)
+        padded = np.full((G, nl, len(axes)), 1e-200)
+        for g, lays in enumerate(lay_lists):
+            padded[g, :len(lays)] = lays.links
+        axis_links = {a: padded[None, None, :, :, i] for i, a in enumerate(axes)}
         # per mesh: the candidates in the order of their math time (a lower bound of every form), none predicted
         # where that bound is slower than the best step already found for every batch and mesh it covers
         if per_mesh:
@@ -791,19 +851,19 @@ def _plan(cfg, chip, chips, batch_tokens, hbm, remat, form, dims, max_microbatch
             if (c, i, k, g) not in entries:
                 model, shape, sched, rem, best, fastest = evaluated[c]
                 j = best[i, k, g]
-                rem = rem if np.ndim(rem) == 0 else str(_at(rem, (i, k, g, 0)))  # the cell's policy (_screen)
+                rem = rem if np.ndim(rem) == 0 else rem.names[_at(rem.index, (i, k, g, 0))]  # the cell's (_screen)
                 entries[c, i, k, g] = [float(fastest[i, k, g]), (int(batches[i]), model, shape, (i, k, g, j), sched,
                                                                  rem, meshes[g], lay_lists[g][j], dcns[g]), None]
             return entries[c, i, k, g]
 
         # per mesh: the best plan so far of each (batch, mesh): its step, candidate and M index (-1: none)
         kept = (np.full((len(batches), G), np.inf), np.full((len(batches), G), -1), np.zeros((len(batches), G), int))
-        for bound, w, ok, sched, rem, compute in candidates:
+        for bound, w, ok, sched, rem, compute, mem in candidates:
             if per_mesh and not (ok & (bound <= best_step[:, None, :])).any():
                 continue
             ms = sched.microbatches
             shape = (len(batches), len(ms), G, nl)
-            model = program.StepModel(w(), chip, axis_links=axis_links, dcn=dcn, compute=compute)
+            model = program.StepModel(w(), chip, axis_links=axis_links, dcn=dcn, compute=compute, memory_total=mem)
             step = np.broadcast_to(model.step(form), shape)
             best = step.argmin(axis=3)  # each (batch, M, mesh)'s fastest layout
             fastest = np.take_along_axis(step, best[..., None], 3)[..., 0]
@@ -823,8 +883,15 @@ def _plan(cfg, chip, chips, batch_tokens, hbm, remat, form, dims, max_microbatch
         for i, g in zip(*np.nonzero(kc >= 0)):
             found[(int(batches[i]), mesh_keys[g], dcns[g])] = entry(kc[i, g], i, kk[i, g], g)
     setting = _Setting(cfg, chip, axes, n_slices, devices, hbm, form)
-    return [_make_plan(setting, B, model.prediction(), rest)
-            for (B, model, *rest) in (f[1] for f in sorted(found.values(), key=_rank))]
+    rows = [f[1] for f in sorted(found.values(), key=_rank)]
+    of_model: dict = {}  # each prediction's plans: their figures gathered at once (_figures)
+    for n, row in enumerate(rows):
+        of_model.setdefault(id(row[1]), (row[1], []))[1].append(n)
+    figures = [None] * len(rows)
+    for model, ns in of_model.values():
+        for n, fig in zip(ns, _figures(model.prediction(), [rows[n][3] for n in ns])):
+            figures[n] = fig
+    return [_make_plan(setting, B, fig, rest) for (B, model, *rest), fig in zip(rows, figures)]
 
 
 def _rank(f: list) -> tuple:
@@ -866,6 +933,28 @@ def _at(x, at: tuple):
     return a[tuple(0 if n == 1 else i for n, i in zip(a.shape, at[len(at) - a.ndim:]))]
 
 
+def _figures(p, ats: list) -> list[dict]:
+    """What _make_plan takes of the prediction ``p`` (its times' terms, step, MFU, HFU and critical batch by form,
+    bound, memory) at each index of ``ats`` ((batch, M, mesh, layout) of p's arrays), each figure gathered for all
+    of them at once (as _at picks one)."""
+    t = p.times
+    named = {"math": t.math, "compute": t.compute, "hbm": t.hbm, "memory": p.memory["total"], "bound": t.bound,
+             **{("comms", a): v for a, v in t.comms.items()},
+             **{(name, f): per[f] for name, per in (("step", t.step), ("mfu", t.mfu), ("hfu", t.hfu))
+                for f in PLAN_FORMS},
+             **{("crit", f): t.critical_batch.get(f, np.nan) for f in PLAN_FORMS}}
+    if len(ats) == 1:  # one plan of this prediction: _at's picks
+        return [{key: _at(x, ats[0]).item() for key, x in named.items()}]
+    cols = [np.array(c) for c in zip(*ats)]
+    values = {}
+    for key, x in named.items():
+        a = np.asarray(x)
+        values[key] = a[tuple(np.zeros(len(ats), int) if n == 1 else c
+                              for n, c in zip(a.shape, cols[len(cols) - a.ndim:]))].tolist() if a.ndim else \
+            [a.item()] * len(ats)
+    return [{key: v[n] for key, v in values.items()} for n in range(len(ats))]
+
+
 @dataclass(frozen=True)
 class _Setting:
     """What every plan of one plan() call shares: the model, chip, mesh axes, slices, devices, HBM budget, form."""
@@ -879,15 +968,15 @@ class _Setting:
     form: str
 
 
-def _make_plan(setting: _Setting, B, p, found: tuple) -> Plan:
-    """One Plan (plan's docstring) from the prediction ``p`` of its group at index ``at`` (of ``found``, its entry:
-    shape, at, schedule, remat, mesh, layout, placement: (DCN axis, b) of dcn_placements)."""
+def _make_plan(setting: _Setting, B, fig: dict, found: tuple) -> Plan:
+    """One Plan (plan's docstring) from the figures ``fig`` of its group's prediction at index ``at`` (_figures; of
+    ``found``, its entry: shape, at, schedule, remat, mesh, layout, placement: (DCN axis, b) of dcn_placements)."""
     cfg, axes, n_slices, devices, hbm, form = (setting.cfg, setting.axes, setting.n_slices, setting.devices,
                                                setting.hbm, setting.form)
     shape, at, sched, rem, mesh, lay, (dcn_axis, dcn_stage) = found
-    t, k = p.times, at[1]
-    pick = lambda x: float(_at(x, at))  # noqa: E731
-    crit = lambda f: None if math.isnan(c := pick(t.critical_batch.get(f, np.nan))) else c  # noqa: E731
+    k = at[1]
+    pick = lambda key: float(fig[key])  # noqa: E731
+    crit = lambda f: None if math.isnan(c := pick(("crit", f))) else c  # noqa: E731
     M = int(np.broadcast_to(sched.microbatches, shape[1])[k])
     one = sched.with_microbatches(M)
     S = mesh["stage"]
@@ -896,14 +985,14 @@ def _make_plan(setting: _Setting, B, p, found: tuple) -> Plan:
         batch_tokens=B, mesh={a: mesh[a] for a in axes}, microbatches=M, repeats=sched.repeats,
         pipeline=str(sched.pipeline), remat=str(rem), sequence_parallel=sched.sequence_parallel,
         options={f: str(getattr(sched, f)) for f in cfg.schedule_options},
-        bubble=bub["overhead"], bubble_seconds=pick(t.math) * bub["idle_share"], slices=n_slices, dcn_axis=dcn_axis,
+        bubble=bub["overhead"], bubble_seconds=pick("math") * bub["idle_share"], slices=n_slices, dcn_axis=dcn_axis,
         layout={a: {"lens": v[0], "wrap": v[1]} for a, v in lay.items()},
         M_X=len(lay.get("fsdp", ([], []))[0]), M_Y=len(lay.get("tensor", ([], []))[0]), form=form,
-        step_seconds={f: pick(t.step[f]) for f in PLAN_FORMS}, mfu={f: pick(t.mfu[f]) for f in PLAN_FORMS},
-        hfu={f: pick(t.hfu[f]) for f in PLAN_FORMS}, bound=str(_at(t.bound, at)),
-        times={"compute": pick(t.compute), "math": pick(t.math), **{a: pick(v) for a, v in t.comms.items()},
-               "hbm": pick(t.hbm)},
-        memory_bytes=pick(p.memory["total"]), hbm_budget=hbm, per_device_batch=B / devices,
+        step_seconds={f: pick(("step", f)) for f in PLAN_FORMS}, mfu={f: pick(("mfu", f)) for f in PLAN_FORMS},
+        hfu={f: pick(("hfu", f)) for f in PLAN_FORMS}, bound=str(fig["bound"]),
+        times={"compute": pick("compute"), "math": pick("math"),
+               **{a: pick(key) for key in fig if key[0] == "comms" for a in key[1:]}, "hbm": pick("hbm")},
+        memory_bytes=pick("memory"), hbm_budget=hbm, per_device_batch=B / devices,
         critical_batch={f: crit(f) for f in PLAN_FORMS}, dcn_stage=dcn_stage)
 
 

@@ -397,11 +397,12 @@ class StepModel:
     says what each is): ``step(form)``, the step seconds of one form, and ``prediction()``, all of predict's answer.
     The planner ranks its candidates by the first and asks the second only of those its plans come from; predict
     asks the second. ``compute``: the kernels' seconds (kernels.compute_term of ``w`` on ``chip``, at the
-    precision's dtype and ``kernel_model``) where the caller has them."""
+    precision's dtype and ``kernel_model``), ``memory_total``: memory.memory_per_device(w)["total"], where the caller
+    has them."""
 
     def __init__(self, w: Workload, chip: Chip | None = None, layout: Mapping | None = None,
                  axis_links: Mapping | None = None, dcn: Mapping | None = None, kernel_model: str = "efficiency",
-                 compute=None):
+                 compute=None, memory_total=None):
         self.lk = {**(links(layout) if layout else {}), **(axis_links or {})}
         if chip is not None and chip.kind != "tpu":  # the sets hold libtpu's flags: a GPU runs none of them
             w = w.replace(flags=w.flags.on(chip.kind))
@@ -414,8 +415,9 @@ class StepModel:
                 w = w.with_facts(windowed_grad_rs=bool(rule.all()))
             else:
                 self.split = (rule, *(StepModel(w.with_facts(windowed_grad_rs=v), chip, layout, axis_links, dcn,
-                                                kernel_model, compute) for v in (True, False)))
+                                                kernel_model, compute, memory_total) for v in (True, False)))
         self.w, self.chip, self.dcn, self.kernel_model, self._prediction = w, chip, dcn, kernel_model, None
+        self._memory_total = memory_total
         if compute is not None:  # the kernels read neither the flags nor the compiler's facts
             self.t_compute = compute
 
@@ -510,6 +512,8 @@ class StepModel:
 
     def memory_total(self):
         """prediction().memory["total"], without the rest of the prediction."""
+        if self._memory_total is not None:
+            return self._memory_total
         if self.split:
             rule, yes, no = self.split
             return np.where(rule, yes.memory_total(), no.memory_total())
@@ -543,9 +547,10 @@ class StepModel:
                           "compute", *(f"{chip.network_name} ({a})" for a in t_axes), "HBM"])
         bound = names[largest + len(stacked) * (np.take_along_axis(over, largest[None], 0)[0] != 0)]
         d = mesh["data"]
-        m_x, m_y, m_d = (np.where(mesh[a] > 1, 1 / np.maximum(ici + net, 1e-300), 1.0)
-                         for a, (ici, net) in axis_networks(chip, lk, dcn, mesh, ("fsdp", "tensor", "data"),
-                                                            self.messages).items())
+        if cfg.has_critical_batch:  # the effective links the critical batch takes (the transformer: none modelled)
+            m_x, m_y, m_d = (np.where(mesh[a] > 1, 1 / np.maximum(ici + net, 1e-300), 1.0)
+                             for a, (ici, net) in axis_networks(chip, lk, dcn, mesh, ("fsdp", "tensor", "data"),
+                                                                self.messages).items())
         per_micro = d * np.asarray(schedule.microbatches)
         X = mesh["fsdp"]  # a train step moves 2 gathers and a reduce-scatter ((X+1)/X of V windowed) per 3 passes' math
         fsdp_bytes = 2 * (2 + (X + 1) / X) / 3 if windowed_grad_rs and step == "train" else 2

@@ -20,7 +20,11 @@ One layer, per device (module docstring of ffn_model.transformer):
             runs every pair; flash runs c + 1 key blocks per query block, c = ceil((W − 1)/b): the units
             scaled by attention_shares (model FLOPs: T·W − W·(W − 1)/2 pairs for T²/2)
   remat full recomputes the forward but W_out's matmul (its output is not needed for the backward);
-            parallel blocks not W_o's either (the layer's sum feeds nothing the backward needs)
+            parallel blocks not W_o's either (the layer's sum feeds nothing the backward needs); a flash
+            attention whose keys fit one block shares the recomputed q·kᵀ with the backward's (one_key_block)
+  layer 0   without a vocabulary its input gradient is dead; XLA drops it (the q, k, v input gradient's
+            matmul, its tensor reduction, the backward's gathers of W_qkv) where L = 1 or an offloading
+            policy makes XLA:TPU peel the layer loops (first_layer_dx_dead)
 Collectives per layer (V, the Scaling Book's volume: the full array a collective spans per device):
   fsdp      all-gather of the layer's BF16 weights W = c·(D·H·(2N+2K) + m·D·F)/Y, forward and again
             in the backward; the gradients reduce-scattered, V = W
@@ -61,6 +65,7 @@ With a vocabulary V (k = 1 tied or 2 untied [V, D] matrices, V over tensor, D ov
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -68,7 +73,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from scaling import collectives, ffn, memory, pipeline, runtimes
+from scaling import collectives, ffn, flops, memory, pipeline, runtimes
 from scaling.inputs import positive_int
 from scaling.kernels import Kernel, accumulate_kernel, adamw_kernel, matmul_kernel, shape_costs
 from scaling.mesh_shape import MESH_AXES, spans
@@ -204,11 +209,12 @@ class TransformerConfig:
             if self.window is None:
                 raise ValueError("global_every needs a window (--window W) for the other layers")
 
-    @property
+    @functools.cached_property
     def layer_windows(self) -> tuple:
         """Each layer's window W_l (None: global): layer l (from 0) global iff (l + 1) % global_every == 0, so that
         the stack starts with a local layer (Gemma 2's 1:1, Beyer et al. 2024 sec. 2; Gemma 3's 5:1); every layer
-        local without global_every (Mistral 7B, Jiang et al. 2023 sec. 2); a window >= T is global."""
+        local without global_every (Mistral 7B, Jiang et al. 2023 sec. 2); a window >= T is global. Made once (the
+        planner reads it thousands of times a plan)."""
         W = self.window if self.window is not None and self.window < self.seq_len else None
         g = self.global_every
         return tuple(None if W is None or (g and (i + 1) % g == 0) else W for i in range(self.blocks))
@@ -475,6 +481,23 @@ def dead_in_again(cfg: TransformerConfig, remat: str, p: dict) -> dict:
     return {**none, "mlp": 1.0, "out": 1, "attention_units": 4, "qkv": 1, "reductions": 2, "gathers": 2}  # full
 
 
+def first_layer_dx_dead(w: Workload):
+    """1 where the program drops layer 0's input gradient, else 0: without a vocabulary the layers' input is the
+    batch, which takes no gradient, and XLA removes the dead dx where layer 0's backward does not share the loop body
+    of the other layers: L = 1 (a one-trip scan, inlined: scaling.flops.first_block_dx_computed) or an offloading
+    remat policy's residuals in host memory (CompilerFacts.host_offload: XLA:TPU peels one trip of the forward and
+    the backward loops over layers, libtpu 0.0.42.1). Dropped with it: the q, k, v input gradient's matmul (a
+    parallel block's fused q, k, v and MLP-input one), its reduction over tensor, and the backward's gathers of those
+    matrices where the backward does not recompute with them (recomputed: qkv 0). Read from the compiled programs:
+    docs/findings.md, "Residuals of issue 49, item 14". Train steps without stages (a pipeline's stage 0 computes
+    every pass's dx); an array of policies (the planner's cells): 0 or 1 each."""
+    cfg = w.model
+    if w.step != "train" or cfg.vocab or spans(w.mesh.get("stage", 1)):
+        return 0
+    return by_policy(w.remat, lambda r: int(not flops.first_block_dx_computed(cfg.blocks, r)
+                                             or (w.compiler.host_offload and r in OFFLOADED)))
+
+
 def accumulation_copy_bytes(w: Workload) -> float:
     """Gradient accumulation's copies of the zero-initialized FP32 gradient stacks per step (scaling.ffn's
     accumulation_copy_bytes says why: XLA's CSE merges the stacks of one shape into one zero buffer and copies it
@@ -528,20 +551,48 @@ def recomputed(cfg: TransformerConfig, remat: str, schedule: Schedule, mesh: Map
     docstring): {"qkv": 0|1 (the projections), "attention_units": 0, 2 or 4 (q·kᵀ only where the
     attention's output is kept: selective; the whole forward, 4, where it is not), "out": 0|1 (W_o's matmul:
     serial blocks that keep neither o·W_o nor mid need it for the second norm's input), "mlp_in": 0|1
-    (h·W_in, and W_gate)}. Selective under flash attention keeps what none keeps (no O(T²) residual). A
-    parallel block recomputes q, k, v with its MLP input (one fused matmul). An array of policies (the planner's
-    cells): each cell's counts, by_policy."""
-    if np.ndim(remat):
-        return by_policy(remat, lambda r: recomputed(cfg, r, schedule, mesh))
+    (h·W_in, and W_gate), "shared_scores": 0|2 (of the attention_units, the backward's own q·kᵀ: one_key_block)}.
+    Selective under flash attention keeps what none keeps (no O(T²) residual). A parallel block recomputes q, k, v
+    with its MLP input (one fused matmul). An array of policies (the planner's cells): each cell's counts,
+    by_policy."""
+    flash, one = runs_flash(schedule, mesh), one_key_block(cfg, schedule, mesh)
+
+    def shared(counts: dict) -> dict:
+        return {**counts, "shared_scores": 2 * one if counts["attention_units"] == 4 else 0}
+    if np.ndim(flash) == 0:  # one attention kernel for every mesh: each policy's counts made once
+        return by_policy(remat, lambda r: shared(dict(_recomputed_once(cfg.block, str(r), bool(flash)))))
+    return by_policy(remat, lambda r: shared(dict(_recomputed(cfg.block, r, flash))))
+
+
+def one_key_block(cfg: TransformerConfig, schedule: Schedule, mesh: Mapping):
+    """1 where the program's attention is the package's flash (ffn_model.attention.flash_attention: not ring over a
+    context axis, not the libraries' custom-call kernels) and its keys, T (the whole sequence, Ulysses' too), fit one
+    key block (attention_block >= T), else 0. There the forward's and the backward's scans over key blocks are
+    one-trip loops, which XLA removes; a backward that recomputes the attention's forward (recomputed:
+    attention_units 4) then computes q·kᵀ for the forward's p·v and again for FlashAttention-2's p = exp(q·kᵀ −
+    lse) from the same q and k in one computation, and XLA's CSE keeps one: 2 units fewer than 4 + 10 (read from
+    the compiled programs, XLA:CPU, jax 0.10.2: docs/findings.md, "Residuals of issue 49, item 14"). Element-wise
+    on the planner's arrays of schedules and meshes."""
+    attention = schedule.attention
+    flash = attention == "flash" if isinstance(attention, str) else np.asarray(attention) == "flash"
+    ring = spans(mesh.get("context", 1)) & np.asarray(schedule.context == "ring")
+    one = flash & ~ring & (np.asarray(schedule.attention_block) >= cfg.seq_len)
+    return int(one) if np.ndim(one) == 0 else one.astype(int)
+
+
+def _recomputed(block: str, remat: str, flash) -> tuple:
+    """recomputed's counts as (name, count) pairs, for one block kind, remat policy and attention (runs_flash)."""
     keeps = POLICY_KEEPS[remat]
-    flash = runs_flash(schedule, mesh)
     attention = 0 if "attention" in keeps or (remat == "selective" and flash) else 2 if "out" in keeps and \
         remat == "selective" else 4
     # a parallel block's q, k, v and MLP input come out of one matmul (ffn_model.transformer.fused_in): recomputing
     # either recomputes both
-    fused = cfg.block == "parallel" and not {"qkv", "mlp_in"} <= keeps
-    return {"qkv": int("qkv" not in keeps or fused), "attention_units": attention,
-            "out": int(cfg.block == "serial" and "out" not in keeps), "mlp_in": int("mlp_in" not in keeps)}
+    fused = block == "parallel" and not {"qkv", "mlp_in"} <= keeps
+    return (("qkv", int("qkv" not in keeps or fused)), ("attention_units", attention),
+            ("out", int(block == "serial" and "out" not in keeps)), ("mlp_in", int("mlp_in" not in keeps)))
+
+
+_recomputed_once = functools.lru_cache(maxsize=256)(_recomputed)
 
 
 def whole_layer_again(remat: str, precision: Precision) -> int:
@@ -552,25 +603,27 @@ def whole_layer_again(remat: str, precision: Precision) -> int:
     of policies (the planner's cells): 0 or 1 each."""
     if precision.accumulation not in runtimes.RUNTIMES:
         return 0
-    return int(remat == "full") if np.ndim(remat) == 0 else (np.asarray(remat) == "full").astype(int)
+    return int(remat == "full") if np.ndim(remat) == 0 else (remat == "full").astype(int)
 
 
 def by_policy(remat, f):
-    """f(remat) for one remat policy; for the planner's array of policies (one a cell: a mesh and schedule of a group,
-    each with the policy it is evaluated under) each cell's f of its own policy: f evaluated once per distinct policy
-    and taken cell by cell (np.select), so that every cell's figure is its policy's exactly. f returns a figure (a
-    number or an array) or a dict of them with the same keys for every policy."""
+    """f(remat) for one remat policy; for the planner's policies over cells (RematCells: a group's (batch, microbatch,
+    mesh) cells, each with the policy it is evaluated under) each cell's f of its own policy: f evaluated once per
+    policy the cells have and taken cell by cell (np.select), so that every cell's figure is its policy's exactly. f
+    returns a figure (a number or an array) or a dict of them with the same keys for every policy."""
     if np.ndim(remat) == 0:
         return f(remat)
-    cells = np.asarray(remat)
-    names = np.unique(cells).tolist()
-    values = [f(n) for n in names]
-    if len(names) == 1:
+    used = remat.used  # RematCells (scaling.workload)
+    values = [f(n) for n, _ in used]
+    if len(used) == 1:
         return values[0]
-    where = [cells == n for n in names]
-    if isinstance(values[0], dict):
-        return {k: np.select(where, [v[k] for v in values]) for k in values[0]}
-    return np.select(where, values)
+    at = remat.place  # each cell's policy's place in values
+
+    def pick(vs):
+        if all(np.ndim(v) == 0 for v in vs):  # a number a policy: looked up by the cells' policies
+            return np.asarray(vs)[at]
+        return np.choose(at, vs)
+    return {k: pick([v[k] for v in values]) for k in values[0]} if isinstance(values[0], dict) else pick(values)
 
 
 def attention_shares(cfg: TransformerConfig, schedule: Schedule, mesh: Mapping) -> tuple[float, float, float]:
@@ -634,20 +687,24 @@ def step_flops(w: Workload) -> dict:
     model_attn = attention_units(schedule, "forward", mesh) * unit / executed * kept / 2  # the causal half
     model = (cfg.blocks * (qkv + out + mlp + model_attn) + logits) / S
     if step == "train":
+        # less layer 0's dead input gradient where XLA drops it (first_layer_dx_dead)
+        dx0 = first_layer_dx_dead(w) * (qkv + (mlp * (m - 1) / m if cfg.block == "parallel" else 0.0))
         terms["backward"] = (L * (2 * (qkv + out + mlp) + attention_units(schedule, "backward", mesh) * unit)
-                             + 2 * p["head"] * logits)
+                             + 2 * p["head"] * logits - dx0)
         r = recomputed(cfg, remat, schedule, mesh)
         dead = dead_in_again(cfg, remat, p)
         again = (layer_forward - dead["mlp"] * mlp - dead["out"] * out - dead["attention_units"] * unit
                  - dead["qkv"] * qkv)
         terms["recompute"] = L * (r["qkv"] * qkv + r["out"] * out + r["mlp_in"] * mlp * (m - 1) / m
                                   + whole_layer_again(remat, w.precision) * mlp / m
-                                  + r["attention_units"] * unit + forward_again(remat, p) * again)
+                                  + (r["attention_units"] - r["shared_scores"]) * unit
+                                  + forward_again(remat, p) * again)
         model *= 3
     terms["total"] = sum(terms.values())
     terms["model"] = model
     units = attention_units(schedule, "forward", mesh) * (1 + forward_again(remat, p)) + (
-        attention_units(schedule, "backward", mesh) + r["attention_units"] if step == "train" else 0)
+        attention_units(schedule, "backward", mesh) + r["attention_units"] - r["shared_scores"] if step == "train"
+        else 0)
     terms["attention"] = L * unit * units  # of the total: the q·kᵀ and p·v matmuls (an upper bound under 1F1B)
     # of the total, what runs inside custom-call kernels (splash's Pallas kernels, cuDNN's), not as the program's dots
     terms["kernels"] = terms["attention"] if schedule.attention in ("splash", "cudnn") else 0.0
@@ -685,7 +742,11 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
         dead_w = c * (dead["mlp"] * cfg.mlp_matrices * D * cfg.d_ff + dead["out"] * N * H * D
                       + dead["qkv"] * D * H * (N + 2 * K)) / Y
         again = forward_again(remat, p)
-        out["fsdp"] = {"all-gather": Lw * (W * ((2 + again) if train else 1) - again * dead_w) + E}
+        # layer 0's dead input gradient (first_layer_dx_dead): the backward's gathers of its matrices, where the
+        # backward does not recompute with them
+        in_w = c * D * (H * (N + 2 * K) + (cfg.mlp_matrices - 1) * cfg.d_ff * (cfg.block == "parallel")) / Y
+        dead_dx = first_layer_dx_dead(w) * (1 - rc["qkv"]) * in_w
+        out["fsdp"] = {"all-gather": Lw * (W * ((2 + again) if train else 1) - again * dead_w) + E - dead_dx}
         if train and windowed_grad_rs:
             out["fsdp"]["collective-permute"] = Lw * W * (X + 1) / X
         elif train:
@@ -700,6 +761,7 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
         redo = rc["out"] + (r - dead_in_again(cfg, remat, p)["reductions"]) * forward_again(remat, p) if train else 0
         vocab = 0 if cfg.vocab is None else 1  # the lookup, and the output layer's input (and its gradient)
         ends = vocab * act * (p["lookup"] + (p["head"] if train else 0))
+        dx0 = first_layer_dx_dead(w) * act  # layer 0's dead input gradient's reduction
         if schedule.sequence_parallel:  # 1F1B's forward again gathers the norms' outputs again (less what XLA drops)
             gather_again = (r - dead_in_again(cfg, remat, p)["gathers"]) * forward_again(remat, p) if train else 0
             # the ends: the lookup's reduce-scatter (its gradient's all-gather), the final norm's all-gather (its
@@ -707,9 +769,9 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
             ends_ag = vocab * act * ((p["lookup"] if train else 0) + p["head"])
             ends_rs = vocab * act * (p["lookup"] + (p["head"] if train else 0))
             out["tensor"] = {"all-gather": L * act * (r * (3 if train else 1) + gather_again) + ends_ag,
-                             "reduce-scatter": L * act * (r * (2 if train else 1) + redo) + ends_rs}
+                             "reduce-scatter": L * act * (r * (2 if train else 1) + redo) + ends_rs - dx0}
         else:
-            out["tensor"] = {"all-reduce": L * act * (r * (2 if train else 1) + redo) + ends}
+            out["tensor"] = {"all-reduce": L * act * (r * (2 if train else 1) + redo) + ends - dx0}
         if vocab:  # the loss over the vocabulary shards: the max (BF16 logits), Σ exp and the label's logit (FP32)
             out["tensor"]["all-reduce"] = out["tensor"].get("all-reduce", 0.0) + (c + 8) * t * p["head"]
     if spans(C):  # a recomputed attention forward runs its all-to-alls (of what it does not keep) or K/V permutes again
@@ -828,33 +890,46 @@ def saved_per_layer(cfg: TransformerConfig, mesh: Mapping, batch_tokens, remat: 
     (c·t·N·H/Y; the same array as a local flash's or ring's o), the MLP hidden c·t·F·(m−1)/Y;
     remat full: x only (Korthikanti et al. 2022, eq. 1-2, without dropout, with RMSNorm); selective: none's
     but the probabilities; MaxText's named policies (POLICY_KEEPS): x, and of q, k, v, o·W_o after its
-    reduction (c·t·D, /Y under SP) and the MLP hidden those they keep."""
+    reduction (c·t·D, /Y under SP) and the MLP hidden those they keep. An array of policies (RematCells): each
+    cell's terms under its policy, 0 for a term its policy has not (SAVED_TERMS, in an order that keeps each policy's
+    own: the terms' sum is each cell's policy's exactly)."""
+    one = _saved_terms(cfg, mesh, batch_tokens, schedule, precision)
+    if np.ndim(remat) == 0:
+        return one(remat)
+    return by_policy(remat, lambda r: (lambda kept: {k: kept.get(k, 0.0) for k in SAVED_TERMS})(one(r)))
+
+
+SAVED_TERMS = ("x", "norms", "mid", "qkv", "attention", "attn_out", "attn_proj", "mlp")  # saved_per_layer's, in order
+
+
+def _saved_terms(cfg: TransformerConfig, mesh: Mapping, batch_tokens, schedule: Schedule, precision: Precision):
+    """saved_per_layer's terms as a function of the remat policy, what every policy shares made once (the planner
+    sizes every policy of a schedule together)."""
     s, t, X, Y, C, d = _dims(cfg, mesh, batch_tokens)
     D, F, N, K, H, T, m = cfg.d_model, cfg.d_ff, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.seq_len, cfg.mlp_matrices
     c = precision.compute
     xs = c * t * D / (Y if schedule.sequence_parallel else 1)
-    keeps = POLICY_KEEPS[remat]
-    if remat != "none" and remat != "selective":  # the named policies: x and what they keep
-        serial = cfg.block == "serial"
-        return {"x": xs, "qkv": c * t * H * (N + 2 * K) / Y if "qkv" in keeps else 0.0,
-                "attn_proj": xs if "out" in keeps and serial else 0.0,
-                "mlp": c * t * F * (m - 1) / Y if "mlp_in" in keeps else 0.0}
+    serial = cfg.block == "serial"  # parallel: one norm, no mid
+    qkv, mlp = c * t * H * (N + 2 * K) / Y, c * t * F * (m - 1) / Y
     flash = runs_flash(schedule, mesh)
     # the norms' outputs: not kept under sequence parallelism (recomputed and all-gathered again)
-    serial = cfg.block == "serial"  # parallel: one norm, no mid
-    terms = {"x": xs, "norms": 0.0 if schedule.sequence_parallel else (2 if serial else 1) * xs,
-             "mid": xs if serial else 0.0,
-             "qkv": c * t * H * (N + 2 * K) / Y}
+    kept = {"x": xs, "norms": 0.0 if schedule.sequence_parallel else (2 if serial else 1) * xs,
+            "mid": xs if serial else 0.0, "qkv": qkv}
     if flash:
-        terms["attention"] = c * t * N * H / Y + 4 * t * N / Y
         # o as the attention's residual and again as W_o's input (named attn_out after its sharding constraint):
         # two arrays, but for ring attention, whose o is W_o's input as it is
         separate_o = not (spans(C) and schedule.context == "ring")
-        terms["attn_out"] = c * t * N * H / Y if separate_o else 0.0
+        attention, attn_out = c * t * N * H / Y + 4 * t * N / Y, c * t * N * H / Y if separate_o else 0.0
     else:  # selective: the probabilities recomputed
-        terms["attention"] = 2 * s * T * T * N / (Y * C) if remat == "none" else 0.0
-        terms["attn_out"] = c * t * N * H / Y
-    terms["mlp"] = c * t * F * (m - 1) / Y
+        attention, attn_out = 2 * s * T * T * N / (Y * C), c * t * N * H / Y
+
+    def terms(remat: str) -> dict:
+        keeps = POLICY_KEEPS[remat]
+        if remat != "none" and remat != "selective":  # the named policies: x and what they keep
+            return {"x": xs, "qkv": qkv if "qkv" in keeps else 0.0,
+                    "attn_proj": xs if "out" in keeps and serial else 0.0, "mlp": mlp if "mlp_in" in keeps else 0.0}
+        return {**kept, "attention": attention if flash or remat == "none" else 0.0, "attn_out": attn_out,
+                "mlp": mlp}
     return terms
 
 
@@ -866,6 +941,8 @@ def offloaded_per_layer(cfg: TransformerConfig, mesh: Mapping, batch_tokens, rem
     policy (decoder_layer_input and the q/k/v projections offloaded), with jax's save_and_offload_only_these_names.
     An array of policies (the planner's cells): by_policy."""
     if np.ndim(remat):
+        if not set(remat.names) & set(OFFLOADED):
+            return 0.0
         return by_policy(remat, lambda r: offloaded_per_layer(cfg, mesh, batch_tokens, r, schedule, precision))
     where = OFFLOADED.get(remat, set())
     if not where:
@@ -953,7 +1030,8 @@ def memory_per_device(w: Workload) -> dict:
         grads = ((L / S * pipeline.padding(cfg, schedule, S) if p["again"] else 1) * precision.grad
                  * layer_weight_bytes(cfg, mesh, precision) / precision.compute)
         terms["layer_grads"] = np.where(full, 0.0, grads) if cells else grads
-    saved = by_policy(remat, lambda r: sum(saved_per_layer(cfg, mesh, batch_tokens, r, schedule, precision).values()))
+    saved_terms = _saved_terms(cfg, mesh, batch_tokens, schedule, precision)  # saved_per_layer's
+    saved = by_policy(remat, lambda r: sum(saved_terms(r).values()))
     # an offloading policy's residuals in pinned host memory (host_memory_per_device), out of the saved activations
     off = offloaded_per_layer(cfg, mesh, batch_tokens, remat, schedule, precision) if w.compiler.host_offload else 0
     c = precision.compute
@@ -977,8 +1055,7 @@ def memory_per_device(w: Workload) -> dict:
         # gradient (1F1B)
         terms["pipeline_buffers"] = 2 * M * x_between
     if train and np.any(remat != "none"):  # the layer whose backward runs holds its recomputed forward's residuals
-        none = saved_per_layer(cfg, mesh, batch_tokens, "none", schedule, precision)
-        terms["recomputed_layer"] = sum(none.values()) - saved
+        terms["recomputed_layer"] = sum(saved_terms("none").values()) - saved
         if cells:
             terms["recomputed_layer"] = np.where(remat != "none", terms["recomputed_layer"], 0.0)
     if train and V:  # the loss's phase: the norm's output, the BF16 logits and the gathered U, beside the saved
@@ -1151,11 +1228,12 @@ def step_kernels(w: Workload) -> list[Kernel]:
         if np.ndim(remat):  # the planner's cells, each its own policy: every matmul some policy recomputes, with its
             # calls in the cells whose policy does (each cell's kernels those of its policy, in the same order)
             again = {"mlp_out": whole_layer_again(remat, precision)}
-            ks += layer("recompute", 1.0, ("qkv", "out"), units=r["attention_units"], where=r)
+            ks += layer("recompute", 1.0, ("qkv", "out"), units=r["attention_units"] - r["shared_scores"], where=r)
             ks += layer("recompute", 1.0, ("mlp_in",), units=0, where=r)
             ks += layer("recompute", 1.0, ("mlp_out",), units=0, where=again) if np.any(again["mlp_out"]) else []
         else:
-            ks += layer("recompute", 1.0, tuple(n for n in ("qkv", "out") if r[n]), units=r["attention_units"])
+            ks += layer("recompute", 1.0, tuple(n for n in ("qkv", "out") if r[n]),
+                        units=r["attention_units"] - r["shared_scores"])
             if r["mlp_in"]:
                 ks += layer("recompute", 1.0, ("mlp_in",), units=0)
             if whole_layer_again(remat, precision):

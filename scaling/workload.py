@@ -5,8 +5,8 @@ check need to know about it, validated once where it is built. A new input is on
     mesh       MeshShape: the sizes of data, stage, fsdp, context, tensor
     batch_tokens  B, the global batch in tokens (the planner passes a numpy array of candidates)
     step       Step: train or forward
-    remat      Remat: none, every-second, full, a transformer's named policies (the planner passes a numpy
-               array of them to a transformer's closed forms: one a cell, scaling.transformer.by_policy)
+    remat      Remat: none, every-second, full, a transformer's named policies (the planner passes RematCells, a
+               policy a cell, to a transformer's closed forms: scaling.transformer.by_policy)
     schedule   Schedule: microbatches, pipeline repeats, sequence parallelism, attention (scaling.schedule)
     precision  Precision: bytes per element of each kind of state (questions-4d.md)
     compiler   CompilerFacts: what the compiler does that changes the program's bytes
@@ -21,6 +21,7 @@ step model's other arguments (scaling.program.predict).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -64,6 +65,45 @@ class CompilerFacts:
         non_negative_int("min_comm_bytes", self.min_comm_bytes)
 
 
+@dataclass(frozen=True, eq=False)
+class RematCells:
+    """Remat policies over the planner's cells (a group's (batch, microbatch, mesh) candidates, each evaluated under
+    its own policy: scaling.plan._screen): ``names`` the policies, ``index`` an integer array, each cell's position in
+    ``names``. Compared with a policy's name it gives each cell's truth (remat == "full": a bool array); the
+    transformer's closed forms take each cell's figure under its policy (scaling.transformer.by_policy)."""
+
+    names: tuple
+    index: np.ndarray
+
+    @property
+    def ndim(self) -> int:
+        return np.ndim(self.index)
+
+    def __eq__(self, name) -> np.ndarray:
+        return self.index == self.names.index(name) if name in self.names else np.zeros(np.shape(self.index), bool)
+
+    def __ne__(self, name) -> np.ndarray:
+        return ~(self == name)
+
+    __hash__ = None
+
+    def __getitem__(self, key) -> RematCells:
+        return RematCells(self.names, self.index[key])
+
+    @functools.cached_property
+    def used(self) -> tuple[tuple[str, int], ...]:
+        """(policy, its position in names) of each policy some cell has."""
+        present = np.bincount(np.ravel(self.index), minlength=len(self.names))
+        return tuple((n, i) for i, n in enumerate(self.names) if present[i])
+
+    @functools.cached_property
+    def place(self) -> np.ndarray:
+        """Each cell's policy's position in ``used``."""
+        at = np.zeros(len(self.names), int)
+        at[[i for _, i in self.used]] = range(len(self.used))
+        return at[self.index]
+
+
 @dataclass(frozen=True)
 class Workload:
     """One step of ``model`` on ``mesh`` with a batch of ``batch_tokens`` (module docstring). Built, it has
@@ -92,11 +132,12 @@ class Workload:
             set_("mesh", MeshShape(self.mesh) if isinstance(self.mesh, Mapping) else self.mesh)
         set_("step", choose(Step, self.step, "step"))
         set_("flags", get_flag_set(self.flags))
-        if np.ndim(self.remat):  # the planner's cells of a group, each with its own policy (scaling.plan._screen)
-            cells = np.asarray(self.remat, dtype=str)
-            for r in np.unique(cells).tolist():
+        if np.ndim(self.remat):  # the planner's cells of a group, each with its own policy (RematCells)
+            if not isinstance(self.remat, RematCells):  # an array of names
+                names, index = np.unique(np.asarray(self.remat, dtype=str), return_inverse=True)
+                set_("remat", RematCells(tuple(names.tolist()), index.reshape(np.shape(self.remat))))
+            for r in self.remat.names:
                 check_remat(r, self.model)
-            set_("remat", cells)
         else:
             set_("remat", check_remat(self.remat, self.model))
         batch = self.batch_tokens if np.ndim(self.batch_tokens) == 0 and self.scalar_schedule else None

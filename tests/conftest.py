@@ -37,6 +37,56 @@ jax.config.update("jax_num_cpu_devices", 8)
 
 ALL_ITEMS = pytest.StashKey[list]()
 
+# The guard of make test's time: a test marked none of the markers that say it compiles, whose XLA compiles took more
+# than UNMARKED_COMPILE_SECONDS (jax's own compile-time events), is named at the end of the run: mark it (compiles,
+# numerics, grid, processes; quick where it is the smallest comparison of a term) or make it compile less.
+COMPILING = ("tpu", "compiles", "numerics", "grid", "processes")
+UNMARKED_COMPILE_SECONDS = 3.0
+_compile_seconds = [0.0]
+_unmarked: list[tuple[str, float]] = []
+
+
+def _on_duration(event: str, duration: float, **kwargs) -> None:
+    if event == "/jax/core/compile/backend_compile_duration":
+        _compile_seconds[0] += duration
+
+
+jax.monitoring.register_event_duration_secs_listener(_on_duration)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    before = _compile_seconds[0]
+    yield
+    spent = _compile_seconds[0] - before
+    if spent > UNMARKED_COMPILE_SECONDS and not any(item.get_closest_marker(m) for m in COMPILING):
+        _unmarked.append((item.nodeid, spent))
+
+
+def pytest_runtest_logreport(report):
+    """Under pytest-xdist the guard's findings travel from the workers in the reports' sections."""
+    for name, text in report.sections:
+        if name == "unmarked compiles" and report.when == "call":
+            _unmarked.append((report.nodeid, float(text)))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    if call.when == "call":
+        for node, spent in _unmarked:
+            if node == item.nodeid:
+                outcome.get_result().sections.append(("unmarked compiles", f"{spent:.1f}"))
+
+
+def pytest_terminal_summary(terminalreporter):
+    found = dict(_unmarked)
+    if found:
+        terminalreporter.write_sep("-", f"tests marked none of {', '.join(COMPILING)} that compiled over "
+                                        f"{UNMARKED_COMPILE_SECONDS:g} s (XLA's compile time)")
+        for node, spent in sorted(found.items(), key=lambda kv: -kv[1]):
+            terminalreporter.write_line(f"{spent:6.1f} s  {node}")
+
 
 def _has_libtpu() -> bool:
     try:

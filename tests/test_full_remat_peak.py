@@ -27,18 +27,10 @@ _LARGE_TF = get_preset("small-tf").replace(d_model=4096, heads=32, kv_heads=8, d
 # (devices, cfg, mesh, batch tokens, XLA flag set): the configuration, then others that move C, s, the key
 # blocks per chunk, the chip, the model and which phase is the higher
 NAMED = ("tpu:v6e:4x4", _LARGE_TF, "fsdp=4,context=4", 65536, "default")
-CONFIGS = [
-    NAMED,
-    # another chip and model: medium-tf (D = 2048, 16 heads, T = 2048) on v5p, 32 sequences, one key block per chunk
-    # (b = Tc = 512: no slice copies); the forward's phase 2.3 GB above the backward's
-    ("tpu:v5p:2x2x4", get_preset("medium-tf"), "fsdp=4,context=4", 262144, "default"),
-    # context=2: a ring scan of one step (no slice copies), chunks of 2048 tokens in 4 key blocks; 1.0 GB above
-    ("tpu:v6e:4x4", _LARGE_TF, "fsdp=8,context=2", 131072, "default"),
-    # fsdp=2 on v5p (the grid's ring mesh under full remat): twice the state, the two phases 0.17 GB apart
-    ("tpu:v5p:2x2x2", _LARGE_TF, "fsdp=2,context=4", 32768, "default"),
-    # the configuration under MaxText's flags (asynchronous FSDP gathers)
-    ("tpu:v6e:4x4", _LARGE_TF, "fsdp=4,context=4", 65536, "maxtext"),
-]
+# One compile in the suite: v5p 2x2x2, fsdp=2 (the grid's ring mesh under full remat: twice the state, the two phases
+# 0.17 GB apart). The other configurations measured with it (the on v6e, medium-tf on v5p 2x2x4, context=2 on
+# v6e, MaxText's flags: 2-6 minutes each on 2 cores) are in docs/findings.md; make test holds the term by hand.
+CONFIGS = [("tpu:v5p:2x2x2", _LARGE_TF, "fsdp=2,context=4", 32768, "default")]
 
 
 def _workload(cfg, mesh, batch, flags):

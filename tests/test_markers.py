@@ -28,6 +28,8 @@ NO_COMPILE = {
     "test_mesh.py::test_bad_specs": "the devices string is refused (bad slice) before any topology is built",
     "test_mesh.py::test_tpu_topology_without_libtpu": "libtpu hidden by monkeypatch: the error it gives is the test",
     "test_check.py::test_negative_xla_optimal_seconds_is_not_shown_as_a_time": "renders a report dict, compiles none",
+    "test_tiers.py::test_terms_are_read_off_the_workload": "reads the terms a row on a topology compares, compiles "
+                                                          "none",
     "test_input_rules.py::test_refused_with_one_line": "the topology 2x2x２ is refused as it is parsed, before libtpu "
                                                        "is asked for (mesh.devices.device_count)",
 }

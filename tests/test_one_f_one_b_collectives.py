@@ -34,10 +34,6 @@ ONE_F_ONE_B_FSDP = [
     ("tpu:v5p:2x2x2", _SMALL_V.replace(tied_embeddings=True), "stage=2,fsdp=2,tensor=2", 4096, "full",
      Schedule(8, pipeline="1f1b")),
     ("cpu:8", _SMALL_V, "stage=2,fsdp=2,tensor=2", 4096, "none", Schedule(4, pipeline="1f1b")),
-    # extended (tests/conftest.py EXTENDED): another M, interleaved on the mesh, tensor=4 without fsdp
-    ("tpu:v5p:2x2x2", _SMALL_V, "stage=2,fsdp=2,tensor=2", 4096, "none", Schedule(2, pipeline="1f1b")),
-    ("tpu:v5p:2x2x2", _SMALL_V, "stage=2,fsdp=2,tensor=2", 4096, "none", Schedule(4, repeats=2, pipeline="1f1b")),
-    ("tpu:v5p:2x2x2", _SMALL_V, "stage=2,tensor=4", 4096, "none", Schedule(4, pipeline="1f1b")),
 ]
 
 

@@ -367,6 +367,41 @@ TPU_SPLASH_GRID = [
      "fsdp=2,tensor=2", 8 * 1024, "none", "train", Schedule(attention="splash")),
 ]
 
+# The residuals of issue 49, item 14, (devices, cfg, mesh, batch, remat, step, schedule). On 8 CPU devices, the
+# package's flash at its default key block (512, what --attention auto runs on CPU) where the keys fit one block
+# under a policy that recomputes the attention: XLA drops the one-trip key-block loops and shares the recomputed
+# forward's q·kᵀ with the backward's (scaling.transformer.one_key_block). The two configurations the issue found
+# (Ulysses on fsdp=4,context=2 under full; a parallel block under minimal), three it did not (GQA and SwiGLU under
+# save_dot_except_mlpwi, GPipe stages under full, the MoE layer under full) and two blocks of 128 keys (nothing
+# shared); one row per attention kernel the package's own program runs on CPU (materialized, flash at the default
+# block) under remat full, so that a change of default moves no band unseen (splash: TPU_SPLASH_GRID).
+# Then layer 0's dead input gradient dropped (scaling.transformer.first_layer_dx_dead): one layer (found on a serial
+# block, remat none and full, fsdp=2,tensor=4; held on a parallel SwiGLU GQA block and on Ulysses with SP), and on
+# v5p the offloading policies, whose layer loops XLA:TPU peels (found on TPU_OFFLOAD_GRID's row; held with 3 layers
+# on data=2,fsdp=2,tensor=2 under input_qkv_offloaded)
+_MOE_TINY = get_preset("moe-tiny")
+RESIDUAL_GRID = [
+    ("cpu:8", _SMALL_TF, "fsdp=4,context=2", 4096, "full", "train", Schedule(attention="flash", context="ulysses")),
+    ("cpu:8", _SMALL_TF.replace(block="parallel"), "fsdp=2,tensor=4", 4096, "minimal", "train",
+     Schedule(attention="flash")),
+    ("cpu:8", _GQA_TF.replace(mlp="swiglu"), "data=2,fsdp=2,tensor=2", 4096, "save_dot_except_mlpwi", "train",
+     Schedule(attention="flash")),
+    ("cpu:8", _TF_V, "stage=2,fsdp=2,tensor=2", 4096, "full", "train", Schedule(4, attention="flash")),
+    ("cpu:8", _MOE_TINY.replace(capacity_factor=1.25), "fsdp=2,expert=4", 2048, "full", "train",
+     Schedule(attention="flash")),
+    ("cpu:8", _SMALL_TF, "fsdp=4,context=2", 4096, "full", "train",
+     Schedule(attention="flash", context="ulysses", attention_block=128)),
+    ("cpu:8", _SMALL_TF, "fsdp=2,tensor=4", 4096, "full", "train", Schedule(attention="materialized")),
+    ("cpu:8", _SMALL_TF, "fsdp=2,tensor=4", 4096, "full", "train", Schedule(attention="flash")),
+    ("cpu:8", _GQA_TF.replace(blocks=1, block="parallel", mlp="swiglu"), "fsdp=2,tensor=4", 4096, "minimal", "train",
+     Schedule(attention="flash")),
+    ("cpu:8", _SMALL_TF.replace(blocks=1), "data=2,context=2,tensor=2", 4096, "none", "train",
+     Schedule(context="ulysses", sequence_parallel=True)),
+    ("tpu:v5p:2x2x2", _LARGE_TF, "fsdp=2,tensor=4", 32768, "qkv_proj_offloaded", "train", Schedule(attention="flash")),
+    ("tpu:v5p:2x2x2", _LARGE_TF.replace(blocks=3), "data=2,fsdp=2,tensor=2", 32768, "input_qkv_offloaded", "train",
+     Schedule(attention="flash")),
+]
+
 
 def default_chip(devices) -> Chip:
     """The chip whose figures time a check: the devices' own chip (a TPU topology's, gpu:<chip>:<N>'s GPU), else

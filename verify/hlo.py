@@ -400,7 +400,11 @@ class HloProgram:
                 channel = re.search(r"\bchannel_id=(\d+)", ins.attrs)
                 sites = self.callers.get(comp.name, [])
                 if channel and sites and all(site.opcode == "fusion" for site, _ in sites):
-                    by_channel.setdefault(channel.group(1), []).append((comp, c))
+                    # one collective's clones are fused into one computation's schedule; a copy of the same
+                    # channel called from another computation is another run (a loop's peeled trip: XLA:TPU peels
+                    # the layer loops of an offloading remat policy, the copy in the entry, the loop's in its body)
+                    callers = tuple(sorted({site.computation for site, _ in sites}))
+                    by_channel.setdefault((channel.group(1), callers), []).append((comp, c))
                 out.append(c)
         for clones in by_channel.values():
             if len(clones) > 1:  # one asynchronous collective, cloned into its fusions: keep the start's
