@@ -15,8 +15,9 @@ nodes joined like slices over the scale-out network (InfiniBand, IB: the table's
 
 For each schedule of a mesh, the step model (program.StepModel, what ``predict`` is made of) runs once on numpy
 arrays of the batch sizes, microbatch counts and the mesh's layouts' links (a transformer's: of a group of meshes
-too, those of one stage count with the same axes > 1, each with its own DCN axis, _groups; and for the remat policy
-that keeps the most and fits: _screen, which sizes the groups of one stage count and context axis together); each
+too, those of one stage count with the same axes > 1, each with its own DCN axis, _groups; and each (batch, microbatch
+count, mesh) cell under the remat policy that keeps the most and fits, a policy a cell: _screen, which sizes every
+policy of a schedule at once on the groups of one stage count and context axis together); each
 (mesh, batch) keeps its fastest layout. The candidates are ranked by their step in the plan's form alone; the rest
 of ``predict``'s answer is made for the plans kept only. The plans the planner ranks are therefore exactly what
 ``predict`` says of them (tests/test_plan.py, tests/test_plan_transformer.py hold the two equal), and what
@@ -866,7 +867,7 @@ def _plan(cfg, chip, chips, batch_tokens, hbm, remat, form, dims, max_microbatch
             model = program.StepModel(w(), chip, axis_links=axis_links, dcn=dcn, compute=compute, memory_total=mem)
             step = np.broadcast_to(model.step(form), shape)
             best = step.argmin(axis=3)  # each (batch, M, mesh)'s fastest layout
-            fastest = np.take_along_axis(step, best[..., None], 3)[..., 0]
+            fastest = step.min(axis=3)  # its step (the value at best)
             if not grouped:  # a batch train refuses
                 for i, k, g in zip(*np.nonzero(ok)):
                     ok[i, k, g] = runs(cfg, meshes[g], sched.with_microbatches(int(ms[k])),

@@ -609,8 +609,9 @@ def whole_layer_again(remat: str, precision: Precision) -> int:
 def by_policy(remat, f):
     """f(remat) for one remat policy; for the planner's policies over cells (RematCells: a group's (batch, microbatch,
     mesh) cells, each with the policy it is evaluated under) each cell's f of its own policy: f evaluated once per
-    policy the cells have and taken cell by cell (np.select), so that every cell's figure is its policy's exactly. f
-    returns a figure (a number or an array) or a dict of them with the same keys for every policy."""
+    policy the cells have and taken cell by cell (a table of numbers looked up, arrays by np.choose), so that every
+    cell's figure is its policy's exactly. f returns a figure (a number or an array) or a dict of them with the same
+    keys for every policy."""
     if np.ndim(remat) == 0:
         return f(remat)
     used = remat.used  # RematCells (scaling.workload)
@@ -618,12 +619,13 @@ def by_policy(remat, f):
     if len(used) == 1:
         return values[0]
     at = remat.place  # each cell's policy's place in values
-
-    def pick(vs):
-        if all(np.ndim(v) == 0 for v in vs):  # a number a policy: looked up by the cells' policies
-            return np.asarray(vs)[at]
-        return np.choose(at, vs)
-    return {k: pick([v[k] for v in values]) for k in values[0]} if isinstance(values[0], dict) else pick(values)
+    if not isinstance(values[0], dict):
+        return np.asarray(values)[at] if all(np.ndim(v) == 0 for v in values) else np.choose(at, values)
+    keys = list(values[0])
+    if all(np.ndim(v[k]) == 0 for v in values for k in keys):  # numbers a policy: one table, looked up by the cells
+        table = np.array([[v[k] for k in keys] for v in values])[at]
+        return {k: table[..., i] for i, k in enumerate(keys)}
+    return {k: np.choose(at, [v[k] for v in values]) for k in keys}
 
 
 def attention_shares(cfg: TransformerConfig, schedule: Schedule, mesh: Mapping) -> tuple[float, float, float]:

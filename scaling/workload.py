@@ -104,6 +104,14 @@ class RematCells:
         return at[self.index]
 
 
+@functools.lru_cache(maxsize=64)
+def _check_remats(names: tuple, model) -> None:
+    """check_remat of each of ``names`` for ``model`` (RematCells' policies, checked once per set: the planner builds
+    thousands of workloads of a few sets)."""
+    for r in names:
+        check_remat(r, model)
+
+
 @dataclass(frozen=True)
 class Workload:
     """One step of ``model`` on ``mesh`` with a batch of ``batch_tokens`` (module docstring). Built, it has
@@ -136,8 +144,7 @@ class Workload:
             if not isinstance(self.remat, RematCells):  # an array of names
                 names, index = np.unique(np.asarray(self.remat, dtype=str), return_inverse=True)
                 set_("remat", RematCells(tuple(names.tolist()), index.reshape(np.shape(self.remat))))
-            for r in self.remat.names:
-                check_remat(r, self.model)
+            _check_remats(self.remat.names, self.model)
         else:
             set_("remat", check_remat(self.remat, self.model))
         batch = self.batch_tokens if np.ndim(self.batch_tokens) == 0 and self.scalar_schedule else None
