@@ -428,7 +428,7 @@ def test_cpu_sequence_grid(cfg, mesh, batch, remat, step, schedule):
 
 @pytest.mark.tpu
 @pytest.mark.grid
-@pytest.mark.parametrize("devices,cfg,mesh,batch,remat,step,schedule", rows(TPU_SEQUENCE_GRID, quick=(4,)),
+@pytest.mark.parametrize("devices,cfg,mesh,batch,remat,step,schedule", rows(TPU_SEQUENCE_GRID, quick=(2,)),
                          ids=_sequence_ids([g[1:] for g in TPU_SEQUENCE_GRID]))
 def test_tpu_sequence_grid(devices, cfg, mesh, batch, remat, step, schedule):
     """The 4096-wide transformer on v5p:2x2x2, a Llama-8B shape on 4x4x4 (over fsdp·tensor, and over fsdp·context

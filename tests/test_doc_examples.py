@@ -183,7 +183,8 @@ def _peak(r: dict) -> list[float]:
 
 
 # docs/cli.md's table of the 16-layer transformer's peaks on stages: per schedule (the cells before its compiled
-# column, the flags) and microbatch count, the compiled peak and its ratio to the closed form
+# column, the flags), the compiled peak and its ratio to the closed form at M = 8 (each cell a 2-4 minute compile on 2
+# cores: the M = 4 and 16 cells, compiled with the same command on 2026-11-29, are not compiled again by the suite)
 STAGES = ("check --devices tpu:v5p:2x2x2 --mesh stage=4,tensor=2 --preset medium-tf --kv-heads 16 --blocks 16 "
           "--vocab 32768 --attention flash --microbatches {m} --batch-tokens {b} {schedule} --json")
 SCHEDULES = {"gpipe": (0, "--schedule gpipe"), "1f1b": (3, "--schedule 1f1b"),
@@ -200,7 +201,7 @@ FIGURES = [
     *(pytest.param("docs/cli.md", rf"^\| {m} = \d*S +\|(?:[^|]*\|){{{skip}}} (\d+\.\d+) \|[^|]*\| (\d\.\d+) \|",
                    STAGES.format(m=m, b=m * 16384, schedule=flags), _peak,
                    marks=[pytest.mark.compiles, pytest.mark.tpu], id=f"stages-table-{name}-M{m}")
-      for name, (skip, flags) in SCHEDULES.items() for m in (4, 8, 16)),
+      for name, (skip, flags) in SCHEDULES.items() for m in (8,)),
 ]
 
 

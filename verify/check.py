@@ -158,7 +158,6 @@ TPU_STAGE_GRID = [
     ("tpu:v5p:2x2x2", _MEDIUM, "stage=2,fsdp=2,tensor=2", 8192, "none", "train", Schedule(4)),
     # circular, on 8 blocks of 4096 x 16384 (3.9 and 4.2 GB peaks; 8192-wide blocks compiled 2.5x slower)
     ("tpu:v5p:2x2x2", _MEDIUM.replace(blocks=8), "stage=4,fsdp=2", 8192, "none", "train", Schedule(4, repeats=2)),
-    ("tpu:v5p:2x2x2", _MEDIUM.replace(blocks=8), "stage=2,fsdp=4", 8192, "none", "train", Schedule(4, repeats=2)),
     ("tpu:v5p:2x2x1", _MEDIUM, "stage=2,fsdp=2", 8192, "full", "train", Schedule(2, fsdp_gather="step")),
     ("tpu:v5p:4x4x4", _LARGE, "data=2,stage=4,fsdp=4,tensor=2", 16384, "every-second", "train", Schedule(8)),
     ("tpu:v5p:2x2x2", _LARGE.replace(blocks=4), "stage=4,tensor=2", 8192, "full", "train", Schedule(8)),
@@ -229,23 +228,15 @@ CPU_SEQUENCE_GRID = [
     (_SMALL_TF, "fsdp=2,tensor=4", 4096, "input_qkv_offloaded", "train", Schedule()),
 ]
 # On TPU v5p ahead of time: a 4096-wide transformer (32 heads, 8 kv heads, F=16384, 4 layers, T=4096; 8
-# sequences) large enough that HBM dominates its peak (3 to 17 GB), a Llama-8B shape, and the XXL with sequence
-# parallelism at fsdp=16, tensor=4 beside XXL_TRAIN (tensor parallelism) on v5p:4x4x4.
+# sequences) large enough that HBM dominates its peak (3 to 17 GB), and the XXL with sequence parallelism at
+# fsdp=16, tensor=4 beside XXL_TRAIN (tensor parallelism) on v5p:4x4x4. (Rows whose terms other rows hold, 50-100 s
+# compiles each, left the suite with issue 49: SP under full remat, Ulysses on fsdp=2,context=4, the Llama-8B shape
+# on 4x4x4 with tensor and with context, minimal with flash, ZeRO-1; their figures are in docs/findings.md.)
 _LARGE_TF = _SMALL_TF.replace(d_model=4096, heads=32, kv_heads=8, d_ff=16384, blocks=4, seq_len=4096)
 TPU_SEQUENCE_GRID = [
-    ("tpu:v5p:2x2x2", _LARGE_TF, "fsdp=2,tensor=4", 32768, "full", "train", Schedule(sequence_parallel=True)),
-    ("tpu:v5p:2x2x2", _LARGE_TF, "fsdp=2,context=4", 32768, "none", "train", Schedule(context="ulysses")),
     ("tpu:v5p:2x2x2", _LARGE_TF, "context=4,tensor=2", 32768, "none", "train", Schedule(attention="flash")),
     ("tpu:v5p:2x2x2", _LARGE_TF, "fsdp=2,context=4", 32768, "none", "train", Schedule(context="ring")),
     ("tpu:v5p:2x2x2", _LARGE_TF, "fsdp=2,context=2,tensor=2", 32768, "none", "forward", Schedule()),
-    # a Llama-3-8B shape (SwiGLU, 8 kv heads, T = 8192) at 16 sequences: XLA:TPU runs its gradients'
-    # reduce-scatter as a windowed einsum (scaling.transformer.collective_volumes' windowed_grad_rs)
-    ("tpu:v5p:4x4x4", get_preset("llama-8b"), "fsdp=16,tensor=4", 131072, "full", "train", Schedule(attention="flash")),
-    # the same shape over fsdp·context (Ulysses), no tensor axis: each layer's gathered weights are 4x those
-    # above, so the peak shows what a fully rematerialized layer's backward holds of them
-    # (scaling.transformer.memory_per_device)
-    ("tpu:v5p:4x4x4", get_preset("llama-8b"), "fsdp=16,context=4", 131072, "full", "train",
-     Schedule(context="ulysses", attention="flash")),
     # the FFN stack with sequence parallelism at D = 4096: its activations are carried transposed so that the
     # reduce-scatter over tensor splits their minor dimension (ffn_model.model.block; docs/findings.md, residuals)
     ("tpu:v5p:2x2x2", _MEDIUM.replace(blocks=3), "fsdp=2,tensor=4", 8192, "none", "train",
@@ -255,11 +246,6 @@ TPU_SEQUENCE_GRID = [
     # a parallel SwiGLU block with sequence parallelism under full remat
     ("tpu:v5p:2x2x2", _LARGE_TF.replace(block="parallel", mlp="swiglu"), "fsdp=2,tensor=4", 32768, "full", "train",
      Schedule(sequence_parallel=True)),
-    # MaxText's minimal remat with flash attention
-    ("tpu:v5p:2x2x2", _LARGE_TF, "fsdp=2,tensor=4", 32768, "minimal", "train", Schedule(attention="flash")),
-    # ZeRO-1 on data=4, tensor=2 (the moments and gradients over data: the peak 0.65 of optimizer_sharding fsdp's)
-    ("tpu:v5p:2x2x2", _LARGE_TF, "data=4,tensor=2", 32768, "none", "train",
-     Schedule(attention="flash", optimizer_sharding="zero1")),
 ]
 XXL_SEQUENCE_PARALLEL = ("tpu:v5p:4x4x4", _XXL, "fsdp=16,tensor=4", 25600, "none", "train",
                          Schedule(sequence_parallel=True))
