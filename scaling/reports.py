@@ -191,14 +191,14 @@ def param_counts(cfg) -> dict[str, int]:
 
 
 def params_text(cfg) -> str:
-    """param_counts in a line: "parameters: 405,853,388,800 (405.9e9); with the norms' scales, which the program
-    omits: 4,145,152", with ", 12,879,925,248 (12.88e9) active per token" after the total for an MoE model."""
+    """param_counts in a line: "parameters: 405,853,388,800 (405.9e9), 4,145,152 of them the norms' scales, which
+    the program omits", with ", 12,879,925,248 (12.88e9) active per token" after the total for an MoE model."""
     c = param_counts(cfg)
     short = lambda n: f"{n:,} ({n / 1e9:.4g}e9)"  # noqa: E731
     norms = c["params"] - c["params_without_norms"]
     return (f"parameters: {short(c['params'])}"
             + (f", {short(c['active_params'])} active per token" if c["active_params"] != c["params"] else "")
-            + (f"; with the norms' scales, which the program omits: {norms:,}" if norms else ""))
+            + (f"; {norms:,} of them the norms' scales, which the program omits" if norms else ""))
 
 
 def _kernel_json(k) -> dict:

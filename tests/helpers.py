@@ -165,3 +165,34 @@ def rows(grid, quick=(), marks=()):
     assert all(0 <= i < len(grid) for i in quick), (quick, len(grid))
     return [pytest.param(*row, marks=[*marks, *([pytest.mark.quick] if i in quick else [])])
             for i, row in enumerate(grid)]
+
+
+def run_cli(argv: list[str]) -> tuple[int, str, str, float]:
+    """(exit code, stdout, stderr, CPU seconds) of the console script's main in this process."""
+    import contextlib
+    import io
+    import time
+
+    from jax_scaling.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    t = time.process_time()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as e:
+            code = e.code
+    return code, out.getvalue(), err.getvalue(), time.process_time() - t
+
+
+def refused(argv: list[str], *words: str) -> str:
+    """Assert ``argv`` is refused as the package refuses bad input: exit 2, nothing on stdout, one `error:` line on
+    stderr holding each of ``words``, within 2 CPU seconds of this process (the machine may be busy); return that
+    line."""
+    code, out, err, seconds = run_cli(argv)
+    lines = err.strip().splitlines()
+    assert code == 2 and out == "" and len(lines) == 1 and lines[0].startswith("error: "), (argv, code, out, err)
+    assert seconds < 2, (argv, seconds)
+    for w in words:
+        assert w in lines[0], (w, lines[0])
+    return lines[0]

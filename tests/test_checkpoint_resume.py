@@ -5,48 +5,24 @@ manifest.ocdbt (orbax cannot read the arrays), a changed byte of the metadata (i
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import shutil
-import time
 
 import pytest
 
 from ffn_model import checkpoint as ckpt
 from ffn_model.train import train
-from jax_scaling.cli import main
 from mesh import make_mesh, mesh_shape
 from scaling.presets import PRESETS
 from scaling.workload import Workload
+from tests.helpers import run_cli as run, refused
 
 TINY = PRESETS["tiny"]  # D=64, F=256, L=3
 B = 64
 MESH = "fsdp=8"
 
 
-def run(argv: list[str]) -> tuple[int, str, str, float]:
-    """(exit code, stdout, stderr, CPU seconds) of the console script's main in this process."""
-    out, err = io.StringIO(), io.StringIO()
-    t = time.process_time()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(argv)
-        except SystemExit as e:
-            code = e.code
-    return code, out.getvalue(), err.getvalue(), time.process_time() - t
-
-
-def refused(argv: list[str], match: str) -> str:
-    """exit 2, nothing on stdout, one `error:` line holding ``match``, within 2 s of CPU (tests/test_input_rules.py's
-    rule, copied)."""
-    code, out, err, seconds = run(argv)
-    lines = err.strip().splitlines()
-    assert code == 2 and out == "" and len(lines) == 1 and lines[0].startswith("error: "), (argv, code, out, err)
-    assert seconds < 2, (argv, seconds)
-    assert match in lines[0], (match, lines[0])
-    return lines[0]
 
 
 def train_argv(d, *more) -> list[str]:

@@ -32,9 +32,9 @@ from pathlib import Path
 
 import pytest
 
-from jax_scaling.cli import main
 from mesh.devices import has_cuda_plugin
 from scaling.hardware import get_chip
+from tests.helpers import run_cli as run
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ("README.md", "docs/cli.md")
@@ -129,16 +129,6 @@ def _cases():
 CASES = _cases()
 
 
-def run(argv: list[str]) -> tuple[int, str, str, float]:
-    """(exit code, stdout, stderr, CPU seconds) of the console script's main in this process."""
-    out, err = io.StringIO(), io.StringIO()
-    t = time.process_time()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(argv)
-        except SystemExit as e:
-            code = e.code
-    return code, out.getvalue(), err.getvalue(), time.process_time() - t
 
 
 def test_the_examples_are_found():

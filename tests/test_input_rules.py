@@ -8,13 +8,10 @@ integer jax's int32 holds; a hardware figure is in its unit), not from the code 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -24,6 +21,7 @@ from scaling.limits import FIGURES, INT32_LIMIT, ZERO_OK as LIMITS_ZERO_OK, chec
 from scaling.mesh_shape import MeshShape
 from scaling.presets import get_preset
 from scaling.workload import Workload
+from tests.helpers import run_cli as run, refused
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,28 +43,6 @@ BASE = {
 ZERO_OK = {"--seed", "--verify-top", "--process-id", "--warmup"}  # counts that may be 0
 
 
-def run(argv: list[str]) -> tuple[int, str, str, float]:
-    """(exit code, stdout, stderr, CPU seconds) of the console script's main in this process."""
-    out, err = io.StringIO(), io.StringIO()
-    t = time.process_time()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(argv)
-        except SystemExit as e:
-            code = e.code
-    return code, out.getvalue(), err.getvalue(), time.process_time() - t
-
-
-def refused(argv: list[str], match: str | None = None) -> str:
-    """Assert ``argv`` is refused as the package refuses bad input: exit 2, nothing on stdout, one `error:` line on
-    stderr (containing ``match``), within 2 s; return that line."""
-    code, out, err, seconds = run(argv)
-    lines = err.strip().splitlines()
-    assert code == 2 and out == "" and len(lines) == 1 and lines[0].startswith("error: "), (argv, code, out, err)
-    assert seconds < 2, (argv, seconds)  # CPU seconds of this process (the machine may be busy)
-    if match is not None:
-        assert match in lines[0], (match, lines[0])
-    return lines[0]
 
 
 def number_flags():

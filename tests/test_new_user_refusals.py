@@ -15,49 +15,24 @@ fresh process, which must not have imported jax when they are done."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from jax_scaling.cli import main
 from mesh.devices import has_cuda_plugin, has_libtpu
 from scaling.hardware import get_chip
 from scaling.presets import get_preset
+from tests.helpers import run_cli as run, refused
 
 ROOT = Path(__file__).resolve().parents[1]
 CUDA = pytest.mark.skipif(not has_cuda_plugin(), reason="needs jax's CUDA plugin (the cuda-aot extra; `make answer` "
                           "installs it in .venv/cuda-aot)")
 
 
-def run(argv: list[str]) -> tuple[int, str, str, float]:
-    """(exit code, stdout, stderr, CPU seconds) of the console script's main in this process."""
-    out, err = io.StringIO(), io.StringIO()
-    t = time.process_time()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(argv)
-        except SystemExit as e:
-            code = e.code
-    return code, out.getvalue(), err.getvalue(), time.process_time() - t
-
-
-def refused(argv: list[str], *words: str) -> str:
-    """Assert ``argv`` is refused as the package refuses bad input: exit 2, nothing on stdout, one `error:` line on
-    stderr holding each of ``words``, within 2 CPU seconds; return that line."""
-    code, out, err, seconds = run(argv)
-    lines = err.strip().splitlines()
-    assert code == 2 and out == "" and len(lines) == 1 and lines[0].startswith("error: "), (argv, code, out, err)
-    assert seconds < 2, (argv, seconds)
-    for w in words:
-        assert w in lines[0], (w, lines[0])
-    return lines[0]
 
 
 # (argv, words the line holds), each a configuration the issue names or its nearest valid neighbour made bad in one way

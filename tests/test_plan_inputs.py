@@ -6,33 +6,20 @@ flags alone says on stderr which defaults it took (item 8). Closed forms only: n
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
-import time
 
 import pytest
 
-from jax_scaling.cli import main
 from scaling.hardware import get_chip
 from scaling.plan import Choices, dcn_placements, plan, stage_counts_fit
 from scaling.presets import PRESETS
+from tests.helpers import run_cli as run
 
 H100, V5P = get_chip("H100"), get_chip("v5p")
 LLAMA_405B = PRESETS["llama3.1-405b"]
 PLAN_405B = ["plan", "--preset", "llama3.1-405b"]
 
 
-def run(argv: list[str]) -> tuple[int, str, str, float]:
-    """(exit code, stdout, stderr, CPU seconds) of the console script's main in this process."""
-    out, err = io.StringIO(), io.StringIO()
-    t = time.process_time()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(argv)
-        except SystemExit as e:
-            code = e.code
-    return code, out.getvalue(), err.getvalue(), time.process_time() - t
 
 
 def one_error(argv: list[str], seconds: float | None = 2.0) -> str:

@@ -8,14 +8,9 @@ device."""
 
 from __future__ import annotations
 
-import contextlib
-import io
-import re
-import time
 
 import pytest
 
-from jax_scaling.cli import main
 from scaling import pipeline as closed
 from scaling import plan as planner
 from scaling.ffn import FFNConfig
@@ -23,8 +18,9 @@ from scaling.mesh_shape import parse_mesh_spec
 from scaling.presets import get_preset
 from scaling.schedule import Schedule
 from scaling.workload import Workload
-from tests.helpers import assert_bands, assert_matches, assert_one_error_line, one_device, run_steps
+from tests.helpers import assert_bands, assert_matches, one_device, run_steps
 from verify.check import UNEVEN_CHUNK_GRID
+from tests.helpers import run_cli as _run, refused
 
 L405 = get_preset("llama3.1-405b")  # 126 layers, a vocabulary
 # the numerics' tiny transformer (tests/helpers.py PIPE_TF: a 512-token vocabulary) with 7 layers
@@ -33,23 +29,6 @@ B_TF = 4 * TF.seq_len
 FFN = FFNConfig(d_model=64, d_ff=256, blocks=7)
 
 
-def _run(argv: list[str]) -> tuple[int, str, str, float]:
-    """(exit code, stdout, stderr, CPU seconds) of the console script's main in this process."""
-    out, err = io.StringIO(), io.StringIO()
-    t = time.process_time()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(argv)
-        except SystemExit as e:
-            code = e.code
-    return code, out.getvalue(), err.getvalue(), time.process_time() - t
-
-
-def refused(argv: list[str], match: str) -> None:
-    """exit 2, nothing on stdout, one `error:` line containing ``match``, within 2 CPU seconds."""
-    code, out, err, seconds = _run(argv)
-    assert_one_error_line(code, out, err, re.escape(match))
-    assert seconds < 2, (argv, seconds)
 
 
 def test_chunks_of_405b_by_hand():
