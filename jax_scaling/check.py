@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 import sys
 
-from jax_scaling.args import MESH_HELP, add_model_args, add_schedule_args, flags_of, model_config, schedule_of
+from jax_scaling.args import (MESH_HELP, add_model_args, add_schedule_args, defaults_note, flags_of, model_config,
+                              schedule_of)
 from mesh.devices import chip_of_devices, device_count, use_cpu_platform_for
 from scaling.mesh_shape import parse_mesh_spec
 from scaling.policies import REMAT_POLICIES
@@ -64,6 +65,8 @@ def check_command(args) -> int:
     starts), compiled and read by verify.check.check, printed as its table (CheckReport.render) or --json
     (CheckReport.to_json)."""
     w = check_workload(args)
+    if note := defaults_note(args):  # a model of flags alone: the defaults it took, on stderr
+        print(note, file=sys.stderr, flush=True)
     from verify.check import check, traceable
     from verify.hlo import refusal_error
 

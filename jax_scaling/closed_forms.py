@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 
 from jax_scaling.args import (MODEL_FLAGS, add_kernel_table_arg, add_model_args, add_predict_args, add_xla_flags_arg,
-                              flags_of, model_config, needs, say)
+                              defaults_note, flags_of, model_config, needs, say)
 from jax_scaling.plots import add_plot_arg
 from jax_scaling.predict import report_of
 from scaling import kernels, layer_estimator, seed000, seed002
@@ -337,6 +338,8 @@ def kernels_command(args) -> int:
         if args.seed is not None or args.text:
             raise ValueError("--seed and --text are the seed's report; a model's report takes --mesh and no --seed")
         report = report_of(args, with_kernels=True)
+        if note := defaults_note(args):  # a model of flags alone: the defaults it took, on stderr
+            print(note, file=sys.stderr)
         print(json.dumps(report.to_json(), indent=2) if args.json else report.kernel_report(),
               end="\n" if args.json else "")
         if args.plot is not None:

@@ -32,7 +32,8 @@ import json
 import statistics
 import sys
 
-from jax_scaling.args import MESH_HELP, add_model_args, add_schedule_args, flags_of, model_config, schedule_of
+from jax_scaling.args import (MESH_HELP, add_model_args, add_schedule_args, defaults_note, flags_of, model_config,
+                              schedule_of)
 from jax_scaling.processes import check_real_cpu_size, end_one_of_several, start_processes
 from mesh.devices import PROCESS_TIMEOUT, cpu_device_count, device_count, use_cpu_platform_for
 from scaling.limits import check_size, integer, number
@@ -210,6 +211,8 @@ def run_command(args, command: str) -> int:
     use_cpu_platform_for(args.devices)
     cfg = model_config(args)
     check_flags(args, cfg)
+    if note := defaults_note(args):  # a model of flags alone: the defaults it took, on stderr
+        print(note, file=sys.stderr, flush=True)
     if command == "train":
         run_, print_ = train_command, None
     else:

@@ -144,7 +144,8 @@ def test_predict_and_plan_show_the_published_parameter_counts(preset, total, act
 FLAGS_ONLY = ["--d-model", "4096", "--d-ff", "16384", "--blocks", "32", "--heads", "32", "--seq-len", "2048"]
 
 
-@pytest.mark.parametrize("command", [["predict", "--mesh", "fsdp=8"], ["plan", "--top", "1"]])
+@pytest.mark.parametrize("command", [["predict", "--mesh", "fsdp=8"], ["plan", "--top", "1"],
+                                     ["kernels", "--mesh", "fsdp=8"]])
 def test_a_model_of_flags_alone_notes_its_defaults_on_stderr(command):
     """D, F, L, N and T given, no preset: the transformer takes gelu, full multi-head attention (K = N = 32), H = D/N
     = 128, no vocabulary, every layer global, a serial block (TransformerConfig's defaults); one stderr line says
@@ -162,3 +163,15 @@ def test_a_model_of_flags_alone_notes_its_defaults_on_stderr(command):
     assert "--mlp" not in note and "--kv-heads" not in note and "--vocab" not in note and "--head-dim 128" in note
     _, err = ok_json([*command, "--preset", "llama3.1-8b", *target])
     assert "note: a model of flags alone" not in err
+
+
+@pytest.mark.compiles
+def test_check_of_a_model_of_flags_alone_notes_its_defaults():
+    """check (and train, compile, bench: jax_scaling.model_commands) say the same before compiling: a 2-layer
+    transformer of D = 64, 4 heads, F = 256, T = 64 by flags takes gelu and K = N = 4."""
+    code, out, err, _ = run(["check", "--devices", "cpu:8", "--mesh", "fsdp=8", "--d-model", "64", "--d-ff", "256",
+                             "--blocks", "2", "--heads", "4", "--seq-len", "64", "--batch-tokens", "512", "--json"])
+    assert code == 0, err[-2000:]
+    notes = [line for line in err.splitlines() if line.startswith("note: a model of flags alone")]
+    assert len(notes) == 1 and "--mlp gelu" in notes[0] and "--kv-heads 4 (= --heads" in notes[0], err
+    assert json.loads(out)["config"]["model"]
