@@ -113,30 +113,50 @@ def test_offloading_policies_train_like_one_device(remat):
     assert_matches(*run_steps(TINY_TF, "fsdp=2,tensor=2", TF_BATCH, remat=remat), one_device(TINY_TF, TF_BATCH))
 
 
+def _offload_reports():
+    """check of TPU_OFFLOAD_GRID's two rows (the reports come from $VERIFY_CHECK_CACHE after the first test) and the
+    host bytes the closed form moves off the device for each."""
+    from verify.check import TPU_OFFLOAD_GRID, check, grid_workload
+
+    reps, host = {}, {}
+    for devices, cfg, mesh, batch, remat, step, schedule in TPU_OFFLOAD_GRID:
+        w = grid_workload(cfg, mesh, batch, remat, step, schedule)
+        reps[remat], host[remat] = check(w, devices), host_memory_per_device(w)
+    return reps, host
+
+
 @pytest.mark.grid
 @pytest.mark.tpu
 def test_offloading_policy_on_v5p_ahead_of_time():
     """jax 0.10.2's save_and_offload_only_these_names compiled for tpu:v5p:2x2x2 (verify.check.TPU_OFFLOAD_GRID: the
     4096-wide transformer, 4 layers, fsdp=2, tensor=4, 8 sequences of 4096, flash): XLA:TPU places the offloaded
     q, k, v in pinned host memory and the device's peak falls from save_qkv_proj's (which keeps them in HBM) by
-    the offloaded bytes, 4 layers of 2·16384·128·48/4 = 50,331,648 B = 201,326,592 B (compiled 3.7393 - 3.5380 GB),
-    within 2%; both peaks in their ±10% band (0.925, 0.921 of the closed form), FLOPs and arguments in theirs.
-    The offloaded program's collectives are not held to their band: XLA moves fewer than save_qkv_proj's (0.937 of
-    the closed form: fsdp 0.905, tensor 0.95; not modelled), FLOPs 0.992."""
-    from verify.check import TPU_OFFLOAD_GRID, check, grid_workload
-
-    reps, host = {}, {}
-    for devices, cfg, mesh, batch, remat, step, schedule in TPU_OFFLOAD_GRID:
-        w = grid_workload(cfg, mesh, batch, remat, step, schedule)
-        reps[remat] = rep = check(w, devices)
-        host[remat] = host_memory_per_device(w)
+    the offloaded bytes, 4 layers of 2·16384·128·48/4 = 50,331,648 B = 201,326,592 B (compiled 3.5925 - 3.3912 GB
+    = 201,295,360 B), within 2%; FLOPs, arguments and collectives in their bands (the offloaded program's dead first-
+    layer input gradient: scaling.transformer.first_layer_dx_dead)."""
+    reps, host = _offload_reports()
+    for remat, rep in reps.items():
         assert 0.99 <= rep.flops.matmul.ratio <= 1.01 and 0.99 <= rep.memory.arguments.ratio <= 1.01, remat
-        assert 0.90 <= rep.memory.peak.ratio <= 1.10, (remat, rep.memory.peak)
-    assert 0.98 <= reps["save_qkv_proj"].collectives.total_bytes.ratio <= 1.02
+        assert 0.98 <= rep.collectives.total_bytes.ratio <= 1.02, (remat, rep.collectives.total_bytes)
     assert host["qkv_proj_offloaded"] == 4 * 2 * 16384 * 128 * 48 // 4 and host["save_qkv_proj"] == 0
     base, peak = reps["save_qkv_proj"].memory.peak, reps["qkv_proj_offloaded"].memory.peak
     assert base.closed_form - peak.closed_form == pytest.approx(host["qkv_proj_offloaded"], rel=1e-9)
     assert base.compiled - peak.compiled == pytest.approx(host["qkv_proj_offloaded"], rel=0.02)
+
+
+@pytest.mark.grid
+@pytest.mark.tpu
+@pytest.mark.xfail(strict=True, reason="a residual not explained: both programs peak 451.3 MB under the closed form "
+                                       "(0.888 and 0.883; 0.925 and 0.921 when this test was written, 303 MB under), "
+                                       "docs/findings.md, 'Two test tiers'")
+def test_offloading_policies_peak_in_band_on_v5p():
+    """Both programs' peaks within ±10% of the closed form. Failing where this test was found failing (the main of
+    2026-11-28, 4e1c667, before issue 49's changes: the band had left make test and nothing ran it): compiled
+    3,592,522,336 B against 4,043,833,344 (save_qkv_proj) and 3,391,226,976 against 3,842,506,752. Strict: the day
+    the residual is modelled, this test fails until the mark goes."""
+    reps, _ = _offload_reports()
+    for remat, rep in reps.items():
+        assert 0.90 <= rep.memory.peak.ratio <= 1.10, (remat, rep.memory.peak)
 
 
 @pytest.mark.compiles
