@@ -38,6 +38,8 @@ def _copies(cfg, devices: str, spec: str, batch: int, M: int):
 #   FFN, M = 2: W_in and W_out both [4, 1024, 512]: one copy of one stack a microbatch, 2·4·4·1024·512
 #   transformer, M = 2: the MLP's three [4, 1024, 512] stacks two copies, W_q/W_k/W_v/W_o [4, 8, 64, 512] three:
 #   2·(2·4·4·1024·512 + 3·4·4·8·64·512) = 2·(16,777,216 + 12,582,912)
+@pytest.mark.compiles
+@pytest.mark.quick  # the loop-state copies' closed form against XLA:GPU's and XLA:CPU's programs, 1-3 s each
 @pytest.mark.parametrize("devices,spec", [GPU, CPU])
 @pytest.mark.parametrize("cfg,batch,M,zeros", [(FFN, 2048, 1, 0), (FFN, 2048, 2, 2 * 4 * 4 * 1024 * 512),
                                                (TF, 4096, 1, 0), (TF, 4096, 2, 58_720_256)],
