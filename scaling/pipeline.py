@@ -29,7 +29,7 @@ import functools
 from collections.abc import Mapping
 
 from scaling.family import ModelFamily
-from scaling.schedule import Schedule, saved_blocks
+from scaling.schedule import Schedule, pipeline_ends, saved_blocks
 
 
 def iterations(schedule: Schedule, stages: int) -> int:
@@ -121,7 +121,7 @@ def stage_loads(cfg: ModelFamily, schedule: Schedule, stages: int) -> tuple[int,
     convention); the step of a stage-balanced pipeline is set by the largest (Narayanan et al. 2021: the slowest
     stage sets the pipeline's pace)."""
     loads = list(stage_blocks(cfg, schedule, stages))
-    if getattr(cfg, "vocab", None):
+    if pipeline_ends(cfg):
         loads[0] += 1
         loads[-1] += 1
     return tuple(loads)

@@ -44,7 +44,7 @@ from scaling.inputs import positive_float, positive_int
 from scaling.mesh_shape import MESH_AXES, MeshShape
 from scaling.policies import CONTEXT_STRATEGIES, PIPELINES, check_remat
 from scaling.policies import DEFAULT_PRECISION
-from scaling.schedule import Schedule, default_stage_blocks
+from scaling.schedule import Schedule, default_stage_blocks, pipeline_ends
 from scaling.sharding import shards
 from scaling.hardware import GPU_NODE, Chip, split_slices
 from scaling.workload import RematCells, Workload
@@ -176,8 +176,8 @@ def repeats_for(cfg: ModelFamily, stages: int, max_repeats: int) -> list[int]:
     4 (1, 2, ..., 2, 1), each 8 slots a stage as GPipe's."""
     if stages == 1:
         return [1]
-    ends = 1 if getattr(cfg, "vocab", None) else 0
-    return [r for r in (1, 2, 4, 8, 16) if r <= max_repeats and _pads_as_gpipe(cfg.blocks, ends, stages, r)]
+    return [r for r in (1, 2, 4, 8, 16)
+            if r <= max_repeats and _pads_as_gpipe(cfg.blocks, pipeline_ends(cfg), stages, r)]
 
 
 @functools.cache
@@ -470,7 +470,7 @@ def stage_counts_fit(cfg, stages):
     every iteration (predict takes them with --stage-blocks)."""
     S, L = np.asarray(stages), cfg.blocks
     even = L % S == 0
-    if getattr(cfg, "vocab", None):
+    if pipeline_ends(cfg):
         even = even | (((L + 2) % S == 0) & (S <= L))
     return even
 

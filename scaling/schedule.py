@@ -221,7 +221,7 @@ class Schedule:
             return tuple(sum(chunks[s::stages]) for s in range(stages))
         if self.stage_blocks is not None:
             return self.stage_blocks
-        return default_stage_blocks(blocks, stages, 1 if getattr(cfg, "vocab", None) else 0)
+        return default_stage_blocks(blocks, stages, pipeline_ends(cfg))
 
     def blocks_per_chunk(self, blocks: int, stages: int, cfg=None) -> tuple[int, ...]:
         """The blocks of each of the S·R chunks in the order the blocks run, chunk c = r·S + s on stage s (its r-th):
@@ -239,7 +239,14 @@ class Schedule:
             return given
         if given is not None:
             return tuple(given[s] // R + (r < given[s] % R) for r in range(R) for s in range(S))
-        return default_stage_blocks(blocks, S * R, 1 if getattr(cfg, "vocab", None) else 0)
+        return default_stage_blocks(blocks, S * R, pipeline_ends(cfg))
+
+
+def pipeline_ends(cfg) -> int:
+    """1 where ``cfg`` has an embedding and an output layer (a vocabulary), each counted as a block on the first and
+    the last stage (Megatron-LM's --account-for-embedding/loss-in-pipeline-split), else 0 (an FFN stack, no
+    vocabulary, or no model given)."""
+    return 1 if getattr(cfg, "vocab", None) else 0
 
 
 def default_stage_blocks(blocks: int, stages: int, ends: int = 0) -> tuple[int, ...]:
