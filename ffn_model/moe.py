@@ -96,12 +96,15 @@ def route(h_TxD, w_router_DxE, spec: MoESpec):
     T = h_TxD.shape[0]
     h_TxD = constrain(h_TxD, ("moe_batch", "act_embed"))
     logits = jnp.dot(h_TxD.astype(jnp.float32), w_router_DxE.astype(jnp.float32), precision="highest")
+    # remat none keeps the logits (MOE_SAVED), the same 4·T·E bytes as the probabilities: the softmax's (sigmoid's)
+    # linearization reads its own output, which a name on the probabilities does not reach, so the backward made
+    # it again from h·W_router, a second router matmul (docs/findings.md, "Residuals of issue 49, item 14")
+    logits = checkpoint_name(logits, "router_logits")
     if spec.router == "softmax":
         probs = scores = jax.nn.softmax(logits, axis=-1)
     else:
         scores = jax.nn.sigmoid(logits)
         probs = scores / jnp.sum(scores, axis=-1, keepdims=True)
-    scores = checkpoint_name(scores, "router_probs")  # remat none keeps them (MOE_SAVED)
     top, ids = top_k(constrain(scores, ("moe_batch", None)), k)
     gates = top / jnp.sum(top, axis=-1, keepdims=True)
     f = checkpoint_name(jnp.sum(jax.nn.one_hot(ids, E, dtype=jnp.float32), axis=(0, 1)) / (T * k), "router_load")
@@ -415,11 +418,11 @@ def make_train_step(model_fn, mesh, tx):
 
 # What remat "none" keeps of an MoE layer (jax.checkpoint save_only_these_names; scaling.moe._saved counts them): the
 # transformer's (ffn_model.transformer.SAVED: the norms, q, k, v, the attention's residuals, mid, and as mlp_in,
-# mlp_gate the experts' hidden), the router's probabilities, the experts' input and output buffers (moe_in, moe_out),
+# mlp_gate the experts' hidden), the router's logits, the experts' input and output buffers (moe_in, moe_out),
 # (as mlp_in, mlp_gate) the shared experts' hidden, and the experts' load f_e [E] (its sum over the tokens not made
 # again). The gathered weights are gathered again for the backward; the dispatch and combine masks recomputed from the
 # probabilities (elementwise).
-MOE_SAVED = (*tf.SAVED, "router_probs", "router_load", "moe_in", "moe_out")
+MOE_SAVED = (*tf.SAVED, "router_logits", "router_load", "moe_in", "moe_out")
 MOE_NAMES = {"router": "router", "expert_in": "w_in", "expert_gate": "w_gate", "expert_out": "w_out",
              "shared_in": "shared_in", "shared_gate": "shared_gate", "shared_out": "shared_out"}  # stored: moe_layer's
 

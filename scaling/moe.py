@@ -703,7 +703,9 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
     buffer a device sends, all_to_all_bytes' V, the compiled all-to-all's operand; timed as the Scaling Book's
     AllToAll of Ex·V: scaling.program.comm_times), c = max(BF16, w.compiler.min_comm_bytes):
       fsdp    all-gather of the layers' weights, W = c·(ne + ex)/Y (_shapes: the device's E/Ex experts), forward
-              and again backward, and of the embeddings once, k·c·V·D/Y; the gradients reduce-scattered, W and
+              and again backward (less layer 0's W_qkv where its input gradient is dead:
+              scaling.transformer.first_layer_dead_gather), and of the embeddings once, k·c·V·D/Y; the gradients
+              reduce-scattered, W and
               the embeddings' 2·c·V·D/Y; every microbatch (M·)
       tensor  the base transformer's on the folded mesh: 2 all-reduces of c·t·D a layer forward (attention out,
               MLP out), 2 backward (their input gradients), +1 under remat full; the vocabulary's. In an MoE layer
@@ -739,7 +741,8 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
     E, dE = cfg.embedding_matrices * c * V * D / Y, 2 * c * V * D / Y * (V > 0)
     out: dict[str, dict[str, float]] = {}
     if spans(X):
-        out["fsdp"] = {"all-gather": M * ((W_ne + W_ex) * (2 if train else 1) + E)}
+        out["fsdp"] = {"all-gather": M * ((W_ne + W_ex) * (2 if train else 1) + E)
+                       - tf.first_layer_dead_gather(_folded(w))}  # layer 0's dead input gradient's W_qkv
         if train:
             out["fsdp"]["reduce-scatter"] = M * (W_ne + W_ex + dE)
     if spans(Y):
@@ -777,7 +780,7 @@ def _saved(w: Workload, remat: str, batch_tokens) -> tuple:
     the base's saved_per_layer on the folded mesh (scaling.transformer: remat full x alone); an MoE layer under
     remat none has, for the MLP hidden c·t·F·(m−1)/Y, the dispatch buffers in and out (dispatch_buffer_bytes), the
     experts' hidden c·rows·F_e·(m−1)/Y, the shared experts' c·t·S_sh·F_e·(m−1)/Y and the router's FP32
-    probabilities 4·t·E."""
+    logits 4·t·E (ffn_model.moe.route keeps them, not the probabilities)."""
     cfg, m, mesh = w.model, w.model.moe, w.mesh
     fold = _folded(w, batch_tokens)
     kept = tf.saved_per_layer(cfg.base, fold.mesh, batch_tokens, remat, w.schedule, w.precision)

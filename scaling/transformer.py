@@ -498,6 +498,16 @@ def first_layer_dx_dead(w: Workload):
                                              or (w.compiler.host_offload and r in OFFLOADED)))
 
 
+def first_layer_dead_gather(w: Workload):
+    """Bytes of the fsdp all-gathers the program drops with layer 0's dead input gradient (first_layer_dx_dead):
+    the backward's gathers of W_qkv (a parallel block's fused MLP-input matrices too), c·D·(H·(N + 2K) + (m − 1)·F
+    for a parallel block)/Y, where the backward does not recompute with them (recomputed: qkv 0)."""
+    cfg, c = w.model, max(w.precision.compute, w.compiler.min_comm_bytes)
+    D, H, N, K, Y = cfg.d_model, cfg.head_dim, cfg.heads, cfg.kv_heads, w.mesh.get("tensor", 1)
+    in_w = c * D * (H * (N + 2 * K) + (cfg.mlp_matrices - 1) * cfg.d_ff * (cfg.block == "parallel")) / Y
+    return first_layer_dx_dead(w) * (1 - recomputed(cfg, w.remat, w.schedule, w.mesh)["qkv"]) * in_w
+
+
 def accumulation_copy_bytes(w: Workload) -> float:
     """Gradient accumulation's copies of the zero-initialized FP32 gradient stacks per step (scaling.ffn's
     accumulation_copy_bytes says why: XLA's CSE merges the stacks of one shape into one zero buffer and copies it
@@ -744,11 +754,8 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
         dead_w = c * (dead["mlp"] * cfg.mlp_matrices * D * cfg.d_ff + dead["out"] * N * H * D
                       + dead["qkv"] * D * H * (N + 2 * K)) / Y
         again = forward_again(remat, p)
-        # layer 0's dead input gradient (first_layer_dx_dead): the backward's gathers of its matrices, where the
-        # backward does not recompute with them
-        in_w = c * D * (H * (N + 2 * K) + (cfg.mlp_matrices - 1) * cfg.d_ff * (cfg.block == "parallel")) / Y
-        dead_dx = first_layer_dx_dead(w) * (1 - rc["qkv"]) * in_w
-        out["fsdp"] = {"all-gather": Lw * (W * ((2 + again) if train else 1) - again * dead_w) + E - dead_dx}
+        out["fsdp"] = {"all-gather": Lw * (W * ((2 + again) if train else 1) - again * dead_w) + E
+                       - first_layer_dead_gather(w)}
         if train and windowed_grad_rs:
             out["fsdp"]["collective-permute"] = Lw * W * (X + 1) / X
         elif train:
@@ -1224,8 +1231,11 @@ def step_kernels(w: Workload) -> list[Kernel]:
     if logits is not None:
         ks.append(logits)
     if train:
+        dead = first_layer_dx_dead(w)  # layer 0's input gradient, one call a microbatch, where XLA drops it
         for k in forward + ([logits] if logits is not None else []):
-            ks += transposed(k)
+            ks += [dataclasses.replace(b, calls=b.calls - dead * M * (1 if k.name == "qkv" else m - 1))
+                   if b.name in ("qkv.dx", "mlp_in.dx" if cfg.block == "parallel" else "qkv.dx") else b
+                   for b in transposed(k)]
         r = recomputed(cfg, remat, schedule, mesh)
         if np.ndim(remat):  # the planner's cells, each its own policy: every matmul some policy recomputes, with its
             # calls in the cells whose policy does (each cell's kernels those of its policy, in the same order)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from scaling import kernels
 from scaling.presets import get_preset
 from scaling.schedule import AUTO_ATTENTION, Schedule, attention_for
 from scaling.transformer import collective_volumes, step_flops
@@ -13,6 +14,7 @@ from scaling.workload import Workload
 from tests.helpers import assert_bands, rows
 from verify.check import RESIDUAL_GRID, TPU_SPLASH_GRID, check, grid_workload
 
+_MOE = get_preset("moe-tiny").replace(capacity_factor=1.25)
 SMALL_TF = get_preset("small-tf")  # D=256, N=K=8 heads of H=32, F=1024 (gelu, m=2), L=4, T=256
 
 
@@ -103,6 +105,33 @@ def test_offloading_policies_drop_layer_0_s_input_gradient_on_tpus():
     kept, offloaded = terms("save_qkv_proj"), terms("qkv_proj_offloaded")
     assert [a - b for a, b in zip(kept, offloaded)] == [OFFLOAD_FLOPS, OFFLOAD_TENSOR, OFFLOAD_FSDP]
     assert terms("qkv_proj_offloaded", host_offload=False) == kept  # XLA:CPU: no host memory, no peeled loop
+
+
+def test_the_step_s_kernels_drop_layer_0_s_input_gradient():
+    """The kernel list prices what the program runs: one layer's qkv.dx calls (and a parallel block's fused MLP-input
+    dx) fewer where XLA drops layer 0's input gradient, so the kernels' matmul FLOPs are the hand count above."""
+    w = Workload(SMALL_TF.replace(blocks=1), {"fsdp": 2, "tensor": 4}, 4096)
+    ks = kernels.step_kernels(w)
+    assert sum(k.flops for k in ks if k.kind in ("matmul", "attention")) == ONE_LAYER_TOTAL
+    assert not [k for k in ks if k.name == "qkv.dx"][0].calls  # the one layer's one call is gone
+
+
+# MoE (moe-tiny, capacity factor 1.25: C = ceil(1.25·2·t/8) slots an expert). Under remat none the router's logits
+# are kept (the softmax's linearization reads its own output, which a name on the probabilities did not reach: the
+# backward made h·W_router again, 2·t·D·E = 2·256·64·8 = 262,144 FLOPs a layer on fsdp=8, 0.19% of the step); one
+# layer drops layer 0's dead input gradient with W_qkv's backward gather, 4·D·H·(N + 2K)/Y = 4·64·16·12/4 = 12,288 B
+# on fsdp=2,tensor=4 (XLA:CPU's 4-byte elements), 1.9% of the fsdp bytes. Held to 1e-4, below the bands' 1-2%.
+MOE_EXACT = [(_MOE, "fsdp=8", "none"), (_MOE.replace(blocks=1), "fsdp=2,tensor=4", "none"),
+             (_MOE.replace(blocks=1), "fsdp=2,expert=4", "full")]
+
+
+@pytest.mark.compiles
+@pytest.mark.parametrize("cfg,mesh,remat", MOE_EXACT, ids=[f"L{c.blocks}-{m}-{r}" for c, m, r in MOE_EXACT])
+def test_moe_router_and_first_layer_exact(cfg, mesh, remat):
+    rep = check(grid_workload(cfg, mesh, 2048, remat, "train", Schedule(attention="flash")), "cpu:8")
+    assert rep.flops.matmul.ratio == pytest.approx(1, abs=1e-4), rep.flops.matmul
+    for axis, row in rep.collectives.by_axis.items():
+        assert row.ratio == pytest.approx(1, abs=1e-4), (axis, row)
 
 
 _CPU = [r for r in RESIDUAL_GRID if r[0].startswith("cpu")]

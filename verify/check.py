@@ -453,7 +453,8 @@ def compare(w: Workload, devices: str, chip: str | None = None, verbose: bool = 
     f = pred.flops
     matmul = Row.of(f["total"] - float(f.get("kernels", 0.0)), got.dot_flops,
                     ("dot/convolution FLOPs × loop trip counts; closed form includes the first block's unused "
-                     "input gradient (the scan body is the same for every block)" if step == "train" else
+                     "input gradient where the program computes it (a scan runs one body for every block; one "
+                     "block, or a peeled first trip, drops it)" if step == "train" else
                      "dot/convolution FLOPs × loop trip counts")
                     + (f"; closed form less the {float(f['kernels']):.4e} FLOPs inside the attention's custom-call "
                        "kernels (no dots to count)" if f.get("kernels") else ""))
