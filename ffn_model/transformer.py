@@ -304,6 +304,28 @@ def attention_sublayer(x_BxTxD, h_BxTxD, w: dict, schedule: Schedule, window=Non
 GLOBAL_WINDOW = 2 ** 30  # a global layer among local ones: a window no sequence reaches
 
 
+@jax.custom_vjp
+def backward_fence(x_BxTxD, w: dict):
+    """Identity on a layer's input and weights; in the backward, their cotangents leave through one
+    optimization barrier, so that the layer below's backward (which takes dx) starts only once this layer's weight
+    gradients are made. For the layers unrolled in one scan iteration (stack_forward's groups): without it XLA:TPU
+    deferred an upper layer's weight-gradient matmuls past the lower layer's backward, holding the activation
+    cotangents they read (three c·t·D arrays, 0.40 GB on v5p: docs/findings.md, "Local and global layers' peak"); a
+    scan of one layer an iteration has that order from its loop boundary."""
+    return x_BxTxD, w
+
+
+def _fence_fwd(x_BxTxD, w):
+    return (x_BxTxD, w), None
+
+
+def _fence_bwd(_, cts):
+    return jax.lax.optimization_barrier(cts)
+
+
+backward_fence.defvjp(_fence_fwd, _fence_bwd)
+
+
 def stack_forward(x_BxTxD, weights: dict, schedule: Schedule, remat: str = "none", mlp_kind: str = "gelu",
                   block: str = "serial", select=None, live=None, windows: tuple | None = None):
     """The L layers as one lax.scan over the stacked weights (a dict of [L, ...] arrays), each layer under
@@ -318,8 +340,13 @@ def stack_forward(x_BxTxD, weights: dict, schedule: Schedule, remat: str = "none
     ``windows``: each layer's sliding window (TransformerConfig.layer_windows; None: global). Every layer alike: the
     one scan, its window static. Local and global layers mixed, g = the period (global_every): one scan over the
     L // g groups, each its g - 1 local layers then the global one unrolled (the window static in each, so that
-    flash runs the local layers' band only), then a scan over the L mod g local layers left. The offloading
-    policies (POLICY_OFFLOADS) move theirs to pinned host memory and back."""
+    flash runs the local layers' band only), then a scan over the L mod g local layers left. Both scans run over
+    layer indices and each layer is checkpointed on the whole FP32 stacks, its own layer indexed inside: a layer's
+    weights sliced outside the checkpoint are an input the scan cannot forward, so it stacked them as a residual (a
+    copy of the masters), and the stacks' first q·g layers sliced for the group scan (L mod g > 0) were a copy too
+    (docs/findings.md, "Local and global layers' peak"). Each layer of a group but the first takes its input through
+    backward_fence (its weight gradients made before the layer below's backward). The offloading policies
+    (POLICY_OFFLOADS) move theirs to pinned host memory and back."""
     policy = jax.checkpoint_policies.save_only_these_names(*policy_saves(remat, schedule))
     if remat in POLICY_OFFLOADS:
         policy = jax.checkpoint_policies.save_and_offload_only_these_names(
@@ -347,16 +374,21 @@ def stack_forward(x_BxTxD, weights: dict, schedule: Schedule, remat: str = "none
     g = windows.index(None) + 1  # the first global layer closes the first group
     q, r = divmod(L, g)
 
-    def group(x, wg):  # the global layer's window longer than any sequence: its masks tied to q too (attention._tied)
+    def at(i, window, trips):  # layer first + i, checkpointed on the whole stacks (the layer's slice taken inside)
+        def fn(x, ws, first):
+            w = {n: jax.lax.dynamic_index_in_dim(a, first + i, keepdims=False) for n, a in ws.items()}
+            return layer(*(backward_fence(x, w) if i else (x, w)), schedule, mlp_kind, block, select, window)
+        return loop_checkpoint(fn, policy, trips)
+
+    def group(x, first):  # the global layer's window longer than any sequence: its masks tied to q (attention._tied)
         for i in range(g):  # unrolled: an inner scan's residual stacks were copied into the outer one's (v5p: 1.3x)
-            x = body(W if i < g - 1 else GLOBAL_WINDOW, q)(x, {n: a[i] for n, a in wg.items()})
+            x = at(i, W if i < g - 1 else GLOBAL_WINDOW, q)(x, weights, first)
         return x, None
 
     if q:
-        head = weights if not r else {n: a[:q * g] for n, a in weights.items()}
-        x = jax.lax.scan(group, x, {n: a.reshape(q, g, *a.shape[1:]) for n, a in head.items()})[0]
-    if r:
-        x = run(x, {n: a[q * g:] for n, a in weights.items()}, W)
+        x = jax.lax.scan(group, x, jnp.arange(q) * g)[0]
+    if r:  # the L mod g local layers left
+        x = jax.lax.scan(lambda c, first: (at(0, W, r)(c, weights, first), None), x, q * g + jnp.arange(r))[0]
     return x
 
 

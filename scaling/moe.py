@@ -795,6 +795,32 @@ def _saved(w: Workload, remat: str, batch_tokens) -> tuple:
     return dense, moe
 
 
+def fp32_copies(w: Workload) -> dict:
+    """FP32 copies of the parameters a train step holds on XLA:GPU beside the master (w.compiler.gpu_layouts),
+    bytes per device, read from the compiled step's buffer assignment (docs/findings.md, "The MoE peak on GPUs"):
+      relaid_master  fsdp > 1: XLA:GPU lays an all-gather's operand out with the gathered dimension major, and every
+                     weight but the router is gathered over fsdp on D, its minor dimension: the FP32 shard of
+                     every layer (and of the embeddings) copied once, before the loops, D major, held through the
+                     step: p.master·(shard − router) (_shapes)
+      accumulators   M > 1 (ffn_model.pipeline.accumulate): the FP32 sums of the microbatches' gradients beside the
+                     layers' scan's own stacked FP32 gradient (closed form's "grads"), p.grad·(ne + ex)/(X·Y) +
+                     router where L ≥ 2 (one layer: the scan is inlined and its gradient added in place), and the
+                     embeddings' p.grad·emb/(X·Y), which without accumulation are made after the layers
+    Seen on XLA:CPU too (the accumulators; its peak is not compared); XLA:TPU not checked: not applied there."""
+    cfg, p = w.model, w.precision
+    sh = _shapes(w)
+    X, Y = sh["X"], sh["Y"]
+    if w.step != "train" or not w.compiler.gpu_layouts:
+        return {}
+    out = {}
+    if spans(X):
+        out["relaid_master"] = p.master * (sh["shard"] - sh["router"])
+    if sh["M"] > 1:
+        out["accumulators"] = p.grad * (sh["emb"] / (X * Y) + (cfg.blocks >= 2) * ((sh["ne"] + sh["ex"]) / (X * Y)
+                                                                                  + sh["router"]))
+    return out
+
+
 def memory_per_device(w: Workload) -> dict:
     """Bytes per device, term by term (as scaling.transformer.memory_per_device without stages): the FP32 master,
     Adam's moments and the layers' FP32 gradients for the device's parameters (_shapes: the non-expert over X·Y, the
@@ -803,7 +829,8 @@ def memory_per_device(w: Workload) -> dict:
     one under remat full or forward (none forward without fsdp); the attention's working set (the base's on the
     folded mesh); one layer's FP32 weight gradients (train, not full); the saved activations of a microbatch,
     L_dense·dense + L_moe·moe (_saved); under full the recomputed MoE layer's residuals less its x; with a
-    vocabulary the loss's phase where above a layer's (c·(t·D + t·V/Y + V·D/Y), t of a microbatch)."""
+    vocabulary the loss's phase where above a layer's (c·(t·D + t·V/Y + V·D/Y), t of a microbatch); on XLA:GPU the
+    FP32 copies of fp32_copies."""
     cfg, p = w.model, w.precision
     sh = _shapes(w)
     X, Y, M = sh["X"], sh["Y"], sh["M"]
@@ -832,6 +859,7 @@ def memory_per_device(w: Workload) -> dict:
         layer = sum(terms.get(k, 0.0) for k in ("transient_weights", "attention_working_set", "layer_grads",
                                                  "recomputed_layer"))
         terms["loss_phase"] = np.maximum(0.0, c * (tm * D + tm * V / Y + V * D / Y) - layer)
+    terms.update(fp32_copies(w))  # XLA:GPU's (CompilerFacts.gpu_layouts)
     terms["total"] = sum(terms.values())
     return terms
 

@@ -530,6 +530,42 @@ def layer_weight_bytes(cfg: TransformerConfig, mesh: Mapping, precision: Precisi
 
 
 
+def splash_backward_layer(cfg: TransformerConfig, mesh: Mapping, batch_tokens, schedule: Schedule = Schedule(),
+                          precision: Precision = DEFAULT_PRECISION) -> dict:
+    """Bytes per device a layer's backward holds beside the saved activations and the FP32 gradient accumulators
+    when the attention is splash (train, no stages, any remat policy but full), term by term. It takes the place of
+    memory_per_device's two gathered layers, one layer's FP32 gradient and the scores' working set, none of which
+    the compiled programs hold at the backward's peak: splash keeps its score blocks in VMEM (no HBM buffer), XLA
+    gathers each matrix for its one matmul and frees it, and makes each weight gradient in BF16, whole over fsdp,
+    reduce-scattering it before it joins the accumulators. What is live at the peak:
+    dx, the gradient carried between layers, c·t·D; two more residual-stream arrays, c·t·D each (the residual's
+    gradient after the MLP, the attention's input gradient or its all-to-all); d_hidden, the MLP hidden's gradient
+    the deferred weight-gradient matmuls read, c·t·F·(m−1)/Y; one matrix's BF16 gradient, c·D·max(F, N·H)/Y
+    (c·t·D is /Y under sequence parallelism, the token split: not compiled). Read from XLA's buffer live ranges at
+    the peak of three v5p:2x2x2 programs (fsdp=4,context=2 Ulysses and fsdp=2,tensor=4 under none, fsdp=4,tensor=2
+    under save_dot_except_mlpwi): docs/findings.md, "Splash peaks"."""
+    s, t, X, Y, C, d = _dims(cfg, mesh, batch_tokens)
+    D, F, N, H, m, c = cfg.d_model, cfg.d_ff, cfg.heads, cfg.head_dim, cfg.mlp_matrices, precision.compute
+    xs = c * t * D / (Y if schedule.sequence_parallel else 1)
+    return {"dx": xs, "residual_grads": 2 * xs, "d_hidden": c * t * F * (m - 1) / Y,
+            "weight_grad": c * D * max(F, N * H) / Y}
+
+
+def group_held_grads(cfg: TransformerConfig, mesh: Mapping, precision: Precision = DEFAULT_PRECISION) -> float:
+    """Bytes per device a stack of local and global layers holds of its group's weight gradients: (g − 1)·4·(D·H·(2N
+    + 2K) + m·D·F)/(X·Y), the FP32 gradient shards of the g − 1 upper layers of a group (g = global_every; the
+    program's one scan iteration runs a group's g layers, ffn_model.transformer.stack_forward), made in turn by the
+    backward and written to the gradient stack together when the iteration ends; 0 for a stack of one kind. The
+    compiler showed it: v5p:2x2x2, the 4096-wide transformer with W = 1024 and g = 2 on fsdp=2, tensor=4, the global
+    layer's six FP32 shards (88 MB) live beside the local layer's backward at the peak (docs/findings.md, "Local and
+    global layers' peak")."""
+    windows = cfg.layer_windows
+    if len(set(windows)) < 2:
+        return 0.0
+    g = windows.index(None) + 1  # the first global layer closes the first group
+    return (g - 1) * precision.grad * cfg.params_per_block / (mesh.get("fsdp", 1) * mesh.get("tensor", 1))
+
+
 def key_block(schedule: Schedule, keys) -> float:
     """The key block b of a blockwise kernel over ``keys`` keys: splash's SPLASH_BLOCK and cuDNN's (128, its
     FlashAttention-2 tile) capped at the keys, flash's attention_block; the keys (one block) otherwise."""
@@ -974,6 +1010,12 @@ def host_memory_per_device(w: Workload) -> float:
     return float((p["chunk"] if p["again"] else p["layers"] * M) * per)
 
 
+def _pick(cond, a, b):
+    """np.where(cond, a, b), a float where cond is one value (the planner's arrays stay arrays)."""
+    r = np.where(cond, a, b)
+    return float(r) if np.ndim(r) == 0 else r
+
+
 # one function, term by term as its docstring lists them (terms["total"] their sum)
 def memory_per_device(w: Workload) -> dict:
     """Bytes per device, term by term: the FP32 state (16 B per parameter, the matrices sharded over
@@ -986,7 +1028,9 @@ def memory_per_device(w: Workload) -> dict:
     (saved_per_layer "none" less its x), and
     the attention's working set in one layer: materialized, the backward's FP32 dp and BF16 ds and p
     (8 B per score; XLA fuses the rest), the forward's FP32 scores (4 B per score: the probabilities
-    are fused into the p·v matmul); flash, the same per key block. With a vocabulary: int32 ids and
+    are fused into the p·v matmul); flash, the same per key block; splash, none (VMEM), and in training without
+    stages under any policy but full splash_backward_layer in place of the gathered weights and the FP32 layer
+    gradient. With a vocabulary: int32 ids and
     labels as the batch, and the loss's phase, c·(t·D + t·V/Y + V·D/Y) (the final norm's output, the
     BF16 logits, the gathered U), where it exceeds a layer's transients. With repeats R > 1 on stages, the
     re-laid FP32 copy of the stage's layers (master·P_layers/(S·X·Y)). Under full remat with ring attention
@@ -996,7 +1040,8 @@ def memory_per_device(w: Workload) -> dict:
     the input's gradient are the token split, c·t·D/Y each. An offloading policy (OFFLOADED) where the compiler
     places its residuals in pinned host memory (CompilerFacts.host_offload): those residuals left out of the saved
     activations (host_memory_per_device; compiled on v5p, the peak drops by all the offloaded bytes: the reloaded
-    layer is not at the peak). A PyTorch runtime (Precision.accumulation: scaling.runtimes) its own terms. (Each term
+    layer is not at the peak). Local and global layers mixed: the group's g − 1 upper layers' FP32 gradient shards
+    (group_held_grads). A PyTorch runtime (Precision.accumulation: scaling.runtimes) its own terms. (Each term
     is an allocation of XLA's memory-usage report:
     docs/findings.md, memory.) An array of remat policies (the planner's cells, each its own): each cell's terms as
     under its policy alone, a term its policy has not 0 (by_policy)."""
@@ -1017,6 +1062,8 @@ def memory_per_device(w: Workload) -> dict:
     flash = runs_flash(schedule, mesh)
     keys = key_block(schedule, T // C if schedule.context == "ring" else T) if flash else T
     score_bytes = (8 if train else 4) * s * T * keys * N / (Y * C)
+    splash = np.asarray(schedule.attention) == "splash"  # its score blocks in VMEM: no HBM working set
+    score_bytes = _pick(splash, 0.0, score_bytes)
     V = cfg.vocab or 0
     terms = {"master": precision.master * shard}
     if train:
@@ -1039,6 +1086,15 @@ def memory_per_device(w: Workload) -> dict:
         grads = ((L / S * pipeline.padding(cfg, schedule, S) if p["again"] else 1) * precision.grad
                  * layer_weight_bytes(cfg, mesh, precision) / precision.compute)
         terms["layer_grads"] = np.where(full, 0.0, grads) if cells else grads
+    if train and S == 1 and np.any(kept := splash & ~np.asarray(full, bool)):  # splash's backward holds neither
+        # gathered layer nor FP32 layer gradient at its peak, but its own arrays (splash_backward_layer)
+        back = sum(splash_backward_layer(cfg, mesh, batch_tokens, schedule, precision).values())
+        terms["transient_weights"] = _pick(kept, 0.0, terms["transient_weights"])
+        terms["layer_grads"] = _pick(kept, 0.0, terms["layer_grads"])
+        terms["splash_backward"] = _pick(kept, back, 0.0)
+    if train and (held := group_held_grads(cfg, mesh, precision)):  # local and global layers: the group's upper
+        # layers' FP32 gradient shards, held until its scan iteration ends
+        terms["group_grads"] = held
     saved_terms = _saved_terms(cfg, mesh, batch_tokens, schedule, precision)  # saved_per_layer's
     saved = by_policy(remat, lambda r: sum(saved_terms(r).values()))
     # an offloading policy's residuals in pinned host memory (host_memory_per_device), out of the saved activations
@@ -1070,7 +1126,7 @@ def memory_per_device(w: Workload) -> dict:
     if train and V:  # the loss's phase: the norm's output, the BF16 logits and the gathered U, beside the saved
         # activations; the peak is the larger of it and a layer's phase (the transients above)
         layer = sum(terms.get(k, 0.0) for k in ("transient_weights", "attention_working_set", "layer_grads",
-                                                 "recomputed_layer"))
+                                                 "recomputed_layer", "splash_backward", "group_grads"))
         th = t * M * p["head"] if not p["again"] else t  # the head's tokens at once (1F1B: a microbatch's)
         loss = precision.compute * (th * D + th * V / Y + V * D / Y)
         # 1F1B: the head's forward and backward run in the iteration of a chunk's backward, beside it

@@ -51,6 +51,9 @@ class CompilerFacts:
     host_offload           an offloading remat policy's residuals live in pinned host memory (XLA:TPU, XLA:GPU),
                            not in device memory (XLA:CPU, whose host and device memory are one: it ignores the
                            placement, jax 0.10.2)
+    gpu_layouts            XLA:GPU's layouts: an all-gather's operand laid out with the gathered dimension major, so
+                           the FP32 master, gathered over fsdp on D (its minor dimension), is copied once a step
+                           into that layout (scaling.moe.fp32_copies; docs/findings.md, "The MoE peak on GPUs")
     """
 
     windowed_grad_rs: bool | None = None
@@ -59,6 +62,7 @@ class CompilerFacts:
     min_comm_bytes: int = 0
     joint_head_reduce: bool = False
     host_offload: bool = True
+    gpu_layouts: bool = False
 
     def __post_init__(self):
         positive_int("circular_relays", self.circular_relays)

@@ -146,9 +146,9 @@ def test_offloading_policy_on_v5p_ahead_of_time():
 
 @pytest.mark.grid
 @pytest.mark.tpu
-@pytest.mark.xfail(strict=True, reason="a residual not explained: both programs peak 451.3 MB under the closed form "
-                                       "(0.888 and 0.883; 0.925 and 0.921 when this test was written, 303 MB under), "
-                                       "docs/findings.md, 'Two test tiers'")
+@pytest.mark.xfail(strict=True, reason="a residual attributed, not modelled: both programs peak 451.3 MB under the "
+                                       "closed form (0.888 and 0.883), its layer phase not the attention backward's "
+                                       "(docs/findings.md, 'The offloading policies' peaks')")
 def test_offloading_policies_peak_in_band_on_v5p():
     """Both programs' peaks within ±10% of the closed form. Failing where this test was found failing (the main of
     2026-11-28, 4e1c667, before issue 49's changes: the band had left make test and nothing ran it): compiled

@@ -285,8 +285,9 @@ CPU_SP_STAGE_GRID = [
     (_TF_V, "stage=2,fsdp=2,tensor=2", 4096, "none", "forward", Schedule(4, pipeline="1f1b", sequence_parallel=True)),
 ]
 # On TPU v5p ahead of time: PIPE_TF's interleaved 1F1B row of TPU_TF_STAGE_GRID with sequence parallelism (the peak:
-# a chunk's residuals and 2RS − 1 chunk inputs, the token split; compiled 6.169 GB against 6.109, 1.010). Its 1F1B
-# row (R = 1) peaks at 6.816 GB against 6.177 (1.103): the ~0.7 GB the row without SP leaves too (docs/findings.md)
+# 2RS − 1 chunks' residuals and the backward's copy of one, the token split; compiled 17.073 GB against 16.694,
+# 1.023). Its 1F1B row (R = 1): 16.671 against 16.292, 1.023 (docs/findings.md, "1F1B's peak": the 1.103 once
+# noted here was the loop that ran each chunk's forward again)
 TPU_SP_STAGE_GRID = [
     ("tpu:v5p:2x2x2", PIPE_TF, "stage=4,tensor=2", 8 * 8 * 2048, "none", "train",
      Schedule(8, repeats=2, pipeline="1f1b", attention="flash", sequence_parallel=True)),
@@ -441,7 +442,8 @@ def compare(w: Workload, devices: str, chip: str | None = None, verbose: bool = 
     windowed, rule, merged, relays, joint = _program_facts(w, got, chip_, layout, platform)
     w = w.with_facts(min_comm_bytes=widen, windowed_grad_rs=windowed, merged_grad_allreduce=merged,
                      circular_relays=relays, joint_head_reduce=joint)
-    w = w.with_facts(host_offload=platform != "cpu")  # XLA:CPU keeps offloaded residuals in device memory
+    w = w.with_facts(host_offload=platform != "cpu",  # XLA:CPU keeps offloaded residuals in device memory
+                     gpu_layouts=platform == "gpu")  # XLA:GPU's gathered-dimension-major layouts
     pred = program.predict(w, chip_, layout)
 
     config = CheckConfig(model=vars(cfg), model_text=str(cfg), devices=devices, mesh=shape.as_dict(),
