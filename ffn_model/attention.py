@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from ffn_model.sharded import traced_platform
-from scaling.schedule import SPLASH_BLOCK
+from scaling.core.schedule import SPLASH_BLOCK
 
 COMPUTE_DTYPE = jnp.bfloat16
 # checkpoint_name of the kernels' own residuals, for jax.checkpoint(policy=save_only_these_names(...)): the
@@ -196,8 +196,8 @@ def _flash_bwd_stats(q, K, o, do, lse_BxNxT, dlse_BxNxT=None):
     return q5, do5, lse, D[..., None]
 
 
-def _flash_bwd_keys(dq5, q5, do5, lse, D, k, v, q_pos, k_pos, nb, dkv_dtype, window=None):  # 12 parameters: the
-    # backward's saved residuals and statistics, each an array of _flash_bwd's, passed as they are
+# the backward's saved residuals and statistics, each an array of _flash_bwd's, passed as they are
+def _flash_bwd_keys(dq5, q5, do5, lse, D, k, v, q_pos, k_pos, nb, dkv_dtype, window=None):
     """FlashAttention-2's backward of the queries against one key set, a scan over its nb key blocks:
     -> (dq5 + this key set's part, FP32; dk, dv [B, S, K, H] in dkv_dtype)."""
     def step(dq5, blk):
@@ -327,6 +327,7 @@ def _band_fwd(q, k, v, q_pos, k_pos, nb, c, window):
     return o, jnp.moveaxis(lse, 1, 3).reshape(B, N, T)
 
 
+# the banded backward's residuals and statistics and its band (c diagonals of a window), passed as they are
 def _band_bwd(q5, do5, lse, D, k, v, q_pos, k_pos, nb, c, window):
     """The banded backward (FlashAttention-2's, diagonal by diagonal): -> (dq5 FP32 [B, T, K, G, H], dk, dv in
     k's dtype). dk, dv accumulate in FP32 over the diagonals in k's padded layout."""
@@ -516,7 +517,8 @@ def ring_attention(q_BxTcxNxH, k_BxTcxKxH, v_BxTcxKxH, axis_name, block=512):
 
 # MaxText's splash block sizes (its base.yml: sa_block_q, sa_block_kv, sa_block_kv_compute, sa_block_q_dkv,
 # sa_block_kv_dkv, sa_block_kv_dkv_compute, sa_block_q_dq, sa_block_kv_dq all 512, sa_use_fused_bwd_kernel false),
-# each capped at the sequence as layers/attention_op.py's tpu_flash_attention caps them: scaling.schedule.SPLASH_BLOCK
+# each capped at the sequence as layers/attention_op.py's tpu_flash_attention caps them:
+# scaling.core.schedule.SPLASH_BLOCK
 
 
 def splash_blocks(T: int, S: int, block: int = SPLASH_BLOCK):

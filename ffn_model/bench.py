@@ -14,8 +14,8 @@ import time
 import jax
 
 from ffn_model.train import check_mesh, init_state, make_batch_fn, make_optimizer, make_train_step
-from scaling.inputs import check_seed, non_negative_int, positive_int
-from scaling.workload import Workload
+from scaling.core.inputs import check_seed, non_negative_int, positive_int
+from scaling.core.workload import Workload
 
 
 def time_train_step(w: Workload, mesh, steps: int = 10, warmup: int = 2, seed: int = 0) -> dict:

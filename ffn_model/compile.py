@@ -11,9 +11,9 @@ import jax
 
 from ffn_model.train import batch_structs, check_mesh, make_forward_step, make_train_step, state_shardings
 from mesh.devices import native_stderr
-from scaling.limits import check_size
-from scaling.flags import unknown_flag
-from scaling.workload import Workload
+from scaling.core.limits import check_size
+from scaling.core.flags import unknown_flag
+from scaling.core.workload import Workload
 
 
 @dataclass
@@ -34,7 +34,7 @@ def abstract_compile(w: Workload, mesh, verbose: bool = False) -> CompileResult:
     (XLA:GPU's scheduler and rematerialization warnings) is discarded unless ``verbose``.
 
     compile_seconds covers tracing, lowering and compiling. ValueError for a mesh of another shape than the
-    workload's or a size jax or XLA cannot count (scaling.limits.check_size)."""
+    workload's or a size jax or XLA cannot count (scaling.core.limits.check_size)."""
     check_mesh(w, mesh)
     check_size(w)  # sizes jax and XLA can count
     t0 = time.perf_counter()
@@ -46,7 +46,7 @@ def abstract_compile(w: Workload, mesh, verbose: bool = False) -> CompileResult:
         fn, args = make_forward_step(w, mesh), (abstract["params"], batch)
     with jax.set_mesh(mesh):  # the model's sharding constraints resolve against it while tracing
         lowered = fn.lower(*args)
-    try:  # under the flag set's flags, set by the step's builder (scaling.flags: none on CPU); XLA's C++ log lines
+    try:  # under the flag set's flags, set by the step's builder (scaling.core.flags: none on CPU); XLA's C++ log lines
         # kept off stderr
         with native_stderr(verbose):
             compiled = lowered.compile()

@@ -1,4 +1,4 @@
-"""The one map from a model family (its config's ``family`` ClassVar, scaling.presets.FAMILIES) to the module
+"""The one map from a model family (its config's ``family`` ClassVar, scaling.families.presets.FAMILIES) to the module
 that builds its program. Each module exposes the same functions, which are all the train step asks of a family:
 
     build(w, seed)                  the NNX module of the workload

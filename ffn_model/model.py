@@ -13,7 +13,7 @@ backward gathers them again as FSDP does):
   none          x (block input, [B,D]) and h (hidden, [B,F]) of every block
   full          only x of every block (h recomputed: one more forward matmul pair per block)
   every-second  blocks taken in pairs: the first keeps only x, the second x and h; an odd last
-                block keeps only x (scaling.schedule.saved_blocks)
+                block keeps only x (scaling.core.schedule.saved_blocks)
 
 The FFN family's program (ffn_model.families): build, input_layout, batch_dtypes, synthetic_batch, loss and
 pipeline_loss_fn (the stack as a pipeline over ``stage``: ffn_pipeline_outputs, pipeline_loss), each from the Workload.
@@ -33,10 +33,10 @@ from ffn_model.pipeline import (circular_layout, live_slots, pad_stack, pipeline
 from ffn_model.sharded import (COMPUTE_DTYPE, already_gathered, constrain, gather_bf16, gather_once, init_normal, param,
                                reshard)
 from ffn_model.task import mse, teacher_batch
-from scaling.ffn import FFNConfig
-from scaling.policies import check_remat
-from scaling.sharding import H_AXES, W_IN_AXES, W_OUT_AXES, X_AXES, X_SP_AXES, shards
-from scaling.workload import Workload
+from scaling.families.ffn import FFNConfig
+from scaling.core.policies import check_remat
+from scaling.core.sharding import H_AXES, W_IN_AXES, W_OUT_AXES, X_AXES, X_SP_AXES, shards
+from scaling.core.workload import Workload
 
 
 # Under sequence parallelism the stack carries its activations transposed, x^T [D, B] with the tokens minor:

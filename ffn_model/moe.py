@@ -1,5 +1,5 @@
 """Mixture-of-experts layers in Flax NNX over an ``expert`` mesh axis (issue 40): a router picks k of E experts per
-token (scaling.moe.MoESpec), the tokens go to their experts and come back weighted by their gates.
+token (scaling.families.moe.MoESpec), the tokens go to their experts and come back weighted by their gates.
 
 Routing (``route``): softmax gates then top-k renormalised over the k (Mixtral, Jiang et al. 2024, section 2.1), or
 sigmoid scores, top-k of them normalised (DeepSeek-V3, Liu et al. 2024, eq. 13-15 without the bias); the load-balancing
@@ -21,14 +21,14 @@ Two forms of the expert computation:
 Shared experts (DeepSeekMoE, Dai et al. 2024): one MLP of F_e·shared_experts that every token runs, added.
 
 Expert parallelism (GShard section 3.2; MaxText's layers/moe.py): the package's mesh axes ``data, stage, fsdp,
-context, expert, tensor`` (scaling.mesh_shape.MESH_AXES, mesh.make_mesh: expert inside fsdp, next to tensor, so that
-the all-to-all stays on the nearest links). The
+context, expert, tensor`` (scaling.core.mesh_shape.MESH_AXES, mesh.make_mesh: expert inside fsdp, next to tensor, so
+that the all-to-all stays on the nearest links). The
 expert weights [E, F_e, D] split E over expert (F_e over tensor, D over fsdp as the dense MLP's); the tokens split
 over data, fsdp AND expert (the expert devices hold different tokens), a group being one sequence by default
 (MaxText's capacity per sequence). The dispatched x [G, E, C, D] is constrained to G over (data, fsdp) and E over
 expert: from the groups' split over expert to the experts' split, which XLA lowers to an all-to-all over expert;
 the combine's input goes back the same way. The logical axes are the package's one table
-(scaling.sharding.LOGICAL_RULES, through mesh.rules.logical_to_spec and ffn_model.sharded): ``moe_batch`` (the
+(scaling.core.sharding.LOGICAL_RULES, through mesh.rules.logical_to_spec and ffn_model.sharded): ``moe_batch`` (the
 tokens: data, fsdp, expert) and ``exp`` (E: expert) beside the dense stacks' axes; on a mesh of expert=1 nothing is
 split over expert, and without a mesh
 (jax.set_mesh) the module runs unsharded.
@@ -59,8 +59,8 @@ from ffn_model.state import module_state_shardings
 from ffn_model.task import mse
 from ffn_model.transformer import rms_norm
 from mesh.rules import logical_to_spec, tokens_over
-from scaling.moe import MoESpec
-from scaling.workload import Workload
+from scaling.families.moe import MoESpec
+from scaling.core.workload import Workload
 
 X_AXES = ("moe_batch", None, "act_embed")  # x [B, T, D] between layers, and the groups x [G, S, D]
 MASK_AXES = ("moe_batch", None, None, None)  # dispatch mask, combine weights [G, S, E, C]
@@ -147,7 +147,7 @@ def dispatch_combine(gates_SxK, ids_SxK, experts: int, C: int):
     slot_SxK = jnp.sum(slot * mask_SxKxE, axis=-1)
     at_SxKxC = jax.nn.one_hot(slot_SxK, C, dtype=jnp.float32)  # all zero where slot >= C: dropped
     # the k choices' [S, E, C] terms added one by one (elementwise, fused: no [S, k, E, C] array, and no dot past the
-    # two that carry D, whose FLOPs are the closed form's dispatch term, scaling.moe.step_flops)
+    # two that carry D, whose FLOPs are the closed form's dispatch term, scaling.families.moe.step_flops)
     pairs = [mask_SxKxE[:, j, :, None].astype(jnp.float32) * at_SxKxC[:, j, None, :] for j in range(k)]
     dispatch = sum(pairs) > 0
     combine = sum(gates_SxK[:, j, None, None] * p for j, p in enumerate(pairs))
@@ -292,7 +292,7 @@ def moe_layer(h_BxTxD, w: dict, spec: MoESpec, kind: str = "swiglu", groups: int
     """(MoE(h) [B, T, D] BF16, aux loss FP32) of one layer's weights ``w`` (router, w_in, w_gate, w_out, shared_*):
     route over every token of the batch (route), then the capacity or the dropless form (module docstring), plus the
     shared experts. ``groups``: G, the capacity form's groups (each with its own capacity; the dropless form's result
-    does not depend on them); default one per sequence, B (MaxText's capacity per sequence; scaling.moe's
+    does not depend on them); default one per sequence, B (MaxText's capacity per sequence; scaling.families.moe's
     expert_capacity); it must divide B·T and be a multiple of the batch shards (ValueError naming both)."""
     B, T, D = h_BxTxD.shape
     N = B * T
@@ -410,15 +410,15 @@ def make_train_step(model_fn, mesh, tx):
 
 
 # ------------------------------------------------------------------------------------- the MoE transformer (family)
-# The program of scaling.moe.MoEConfig (ffn_model.families: "moe"): the base transformer's layers
+# The program of scaling.families.moe.MoEConfig (ffn_model.families: "moe"): the base transformer's layers
 # (ffn_model.transformer) with the MLP of its MoE layers (MoESpec.is_moe) replaced by moe_layer. Its step is traced
 # with "batch" read as "moe_batch" (mesh.rules.tokens_over, MoEConfig.batch_axis): attention, the dense MLPs, the
-# vocabulary and the loss see each device's B/(d·X·Ex) tokens, as scaling.moe's closed forms fold the expert axis
-# into data.
+# vocabulary and the loss see each device's B/(d·X·Ex) tokens, as scaling.families.moe's closed forms fold the expert
+# axis into data.
 
-# What remat "none" keeps of an MoE layer (jax.checkpoint save_only_these_names; scaling.moe._saved counts them): the
-# transformer's (ffn_model.transformer.SAVED: the norms, q, k, v, the attention's residuals, mid, and as mlp_in,
-# mlp_gate the experts' hidden), the router's logits, the experts' input and output buffers (moe_in, moe_out),
+# What remat "none" keeps of an MoE layer (jax.checkpoint save_only_these_names; scaling.families.moe._saved counts
+# them): the transformer's (ffn_model.transformer.SAVED: the norms, q, k, v, the attention's residuals, mid, and as
+# mlp_in, mlp_gate the experts' hidden), the router's logits, the experts' input and output buffers (moe_in, moe_out),
 # (as mlp_in, mlp_gate) the shared experts' hidden, and the experts' load f_e [E] (its sum over the tokens not made
 # again). The gathered weights are gathered again for the backward; the dispatch and combine masks recomputed from the
 # probabilities (elementwise).
@@ -445,11 +445,11 @@ def moe_block(x_BxTxD, w: dict, schedule, spec: MoESpec, kind: str, groups: int 
 
 
 class MoETransformer(nnx.Module):
-    """The MoE transformer of a Workload of scaling.moe.MoEConfig: parameters FP32 with their logical axes, stacked
-    over the layers of their kind: attention's W_q, W_k, W_v, W_o [L, ...] (ffn_model.transformer's axes), the dense
-    layers' MLP [L_dense, F, D] (stored dense_in, dense_gate, dense_out), the MoE layers' router, experts and shared
-    experts [L_moe, ...] (MoEStack's axes and initialisation), the embeddings with a vocabulary. Serial blocks and
-    global attention only (a ValueError otherwise)."""
+    """The MoE transformer of a Workload of scaling.families.moe.MoEConfig: parameters FP32 with their logical axes,
+    stacked over the layers of their kind: attention's W_q, W_k, W_v, W_o [L, ...] (ffn_model.transformer's axes), the
+    dense layers' MLP [L_dense, F, D] (stored dense_in, dense_gate, dense_out), the MoE layers' router, experts and
+    shared experts [L_moe, ...] (MoEStack's axes and initialisation), the embeddings with a vocabulary. Serial blocks
+    and global attention only (a ValueError otherwise)."""
 
     def __init__(self, w: Workload, *, rngs: nnx.Rngs):
         cfg = w.model
@@ -550,5 +550,6 @@ def loss(model: MoETransformer, batch):
 
 
 def pipeline_loss_fn(w: Workload, mesh, for_grad: bool = True):
-    """Stages are not built for the MoE transformer (scaling.moe refuses stage > 1 where the Workload is built)."""
+    """Stages are not built for the MoE transformer (scaling.families.moe refuses stage > 1 where the Workload is
+    built)."""
     raise ValueError("pipeline stages are not built for the MoE transformer (stage=1)")

@@ -16,7 +16,7 @@ collective-permute over ``stage``); stage 0 reads its input from a buffer that h
 the microbatches and, as they arrive from the last stage, their outputs (the next repeat's input, and
 at the end the outputs the loss reads). Iterations where a stage has no real microbatch (the bubble:
 t < s, or t - s >= R·M) compute on whatever they hold; nothing they produce reaches the loss, but their
-FLOPs are executed and their activations saved (scaling.pipeline). Backward is jax's transpose of the
+FLOPs are executed and their activations saved (scaling.step.pipeline). Backward is jax's transpose of the
 scan: the same schedule in reverse, the permutes reversed.
 
 The microbatches split each device's tokens (batch -> data·fsdp) M ways, so splitting moves nothing;
@@ -36,11 +36,11 @@ from jax._src.interpreters import partial_eval as pe  # dce_jaxpr: which residua
 from jax.sharding import PartitionSpec
 
 from ffn_model.sharded import COMPUTE_DTYPE, constrain
-from scaling.pipeline import chunk_counts, relay_rounds
+from scaling.step.pipeline import chunk_counts, relay_rounds
 
 
 def uneven_stages(w) -> tuple[int, ...] | None:
-    """The blocks of each chunk (scaling.pipeline.chunk_counts: S·R of them in the order the blocks run, chunk
+    """The blocks of each chunk (scaling.step.pipeline.chunk_counts: S·R of them in the order the blocks run, chunk
     c = r·S + s stage s's r-th; R = 1: each stage's) where the Workload ``w``'s chunks are uneven, else None (an
     even split, or no stage axis: the stacks are [L, ...] as they are)."""
     S = w.mesh.get("stage", 1)
@@ -98,7 +98,7 @@ def relay(w, mesh, repeats: int):
     """A stack [L, ...] sharded over ``stage`` along L (stage s holds chunks s·R .. s·R + R − 1 of
     Lc = L/(S·R) blocks) re-laid as [S·Lc, R, ...], sharded the same way, where stage s holds chunks
     s, S + s, 2S + s, ... (its slot r is chunk r·S + s). Done explicitly, in the rounds of
-    scaling.pipeline.relay_rounds: in each round every stage sends one chunk and receives one (one
+    scaling.step.pipeline.relay_rounds: in each round every stage sends one chunk and receives one (one
     collective-permute over ``stage``; a stage that keeps its chunk copies it), so the bytes moved are
     the rounds that move anything times one chunk (program.collective_volumes). Left to XLA, the same
     resharding became an all-to-all, an all-to-all plus a permute, or an all-gather of the whole stack,
@@ -223,10 +223,10 @@ def accumulate(loss_and_grad, params, batch, microbatches: int, batch_shards: in
     return loss / M, jax.tree.map(lambda g: g / M, grads)
 
 
+# each family passes its own stacks, chunk, head (and lookup), layouts and remat; one schedule, one loop
 def one_f_one_b(x_MxbxD, labels_Mxbx, weights: dict, head_params: dict, mesh, chunk, head, head_grad_axes: dict,
                 x_axes: tuple, repeats: int = 1, phases: bool = False, lookup=None,
-                ids_axes: tuple | None = None, keep: bool = True):  # 14 parameters: each family passes its own
-    # stacks, chunk, head (and lookup), layouts and remat; the schedule's sizes come from the mesh and x
+                ids_axes: tuple | None = None, keep: bool = True):
     """The 1F1B schedule (Narayanan et al. 2021, PipeDream-Flush; Megatron-LM's default) and, with ``repeats`` R > 1,
     its interleaved form (Megatron's virtual stages: stage s runs chunks s, S + s, ..., (R − 1)·S + s of L/(S·R)
     layers, ``weights`` laid out by circular_layout), in one SPMD loop, by hand: (Σ_m loss_m / M, d weights,
@@ -257,7 +257,7 @@ def one_f_one_b(x_MxbxD, labels_Mxbx, weights: dict, head_params: dict, mesh, ch
     (chunk r on stage s: 2·(R − r)·S − 2 − 2s), so a slot is free when the next forward writes it, and stage s holds K
     chunks' residuals (without ``keep``: K chunk inputs and one chunk's residuals at a time), whatever M: memory
     grows with S (Megatron's stage 0 holds S microbatches; this lock-step schedule up to 2·R·S − 1 chunks:
-    scaling.pipeline.microbatches_in_flight), flat in M. Every
+    scaling.step.pipeline.microbatches_in_flight), flat in M. Every
     stage runs both slots every iteration, the head among them (lock-step SPMD: the last stage's head costs every stage
     its time, as the imbalance of a Megatron pipeline whose last stage holds the output layer costs the step), bubble
     slots on whatever they hold, masked out of the sums; without ``keep`` the forward runs twice (the slot, and again

@@ -40,9 +40,9 @@ from ffn_model import zero1
 from ffn_model.state import module_state_shardings
 from mesh.devices import mesh_shape
 from mesh.rules import logical_to_spec, tokens_over
-from scaling.inputs import check_seed, positive_float, positive_int
-from scaling.sharding import shards
-from scaling.workload import Workload
+from scaling.core.inputs import check_seed, positive_float, positive_int
+from scaling.core.sharding import shards
+from scaling.core.workload import Workload
 
 
 def make_optimizer(lr: float = 1e-3, weight_decay: float = 1e-4) -> optax.GradientTransformation:
@@ -76,7 +76,7 @@ def _zero1(w: Workload) -> bool:
 
 def state_shardings(w: Workload, mesh, tx=None):
     """(abstract state with shardings, state shardings) of ``w``'s module (module_state_shardings), ZeRO-1's
-    layout where ``w`` runs it. ``w`` is validated where it is built (scaling.workload)."""
+    layout where ``w`` runs it. ``w`` is validated where it is built (scaling.core.workload)."""
     return module_state_shardings(_model(w), mesh, tx or make_optimizer(), zero1_layout=_zero1(w))
 
 
@@ -141,7 +141,7 @@ def loss_fn(w: Workload, mesh, for_grad: bool = True):
 
 
 def compiler_options(w: Workload, mesh) -> dict | None:
-    """The workload's XLA flags for the platform of ``mesh`` (scaling.flags.FlagSet.options: libtpu's flags on a
+    """The workload's XLA flags for the platform of ``mesh`` (scaling.core.flags.FlagSet.options: libtpu's flags on a
     TPU, none elsewhere), None for none."""
     return w.flags.options(mesh.devices.flat[0].platform) or None
 
@@ -151,7 +151,7 @@ def make_train_step(w: Workload, mesh, tx=None):
     With microbatches and no stage axis, the gradient is accumulated over them (ffn_model.pipeline.accumulate).
     Jitted with the state donated, out_shardings pinned to the state shardings (loss replicated) and the
     workload's XLA flags (compiler_options). Call it (or lower it) with ``mesh`` set (jax.set_mesh), so that the
-    model's sharding constraints resolve. ``w`` is validated where it is built (scaling.workload)."""
+    model's sharding constraints resolve. ``w`` is validated where it is built (scaling.core.workload)."""
     tx = tx or make_optimizer()
     schedule = w.schedule
     flat = _zero1(w)  # ZeRO-1: each data shard's partial gradients, one flat buffer per device (ffn_model.zero1)
@@ -206,8 +206,9 @@ def make_forward_step(w: Workload, mesh):
                    compiler_options=compiler_options(w, mesh))
 
 
+# what train passes, each used once
 def train_loop(state, step_fn, batch_fn, steps: int, batch_tokens: int, start_step: int = 0, log=None,
-               save=None, save_every: int | None = None):  # 9 parameters: what train passes, each used once
+               save=None, save_every: int | None = None):
     """Run ``steps`` steps from ``start_step``; returns (losses, state). ``log(step, loss,
     tokens_per_s)`` is called after each step (the first step's time includes compilation);
     ``save(k, state)`` after every step that completes a multiple k of ``save_every`` steps. A loss
@@ -228,10 +229,10 @@ def train_loop(state, step_fn, batch_fn, steps: int, batch_tokens: int, start_st
     return losses, state
 
 
+# the train command's run (steps, lr, seed), checkpointing (dir, save_every, resume, step) and reports
 def train(w: Workload, mesh, steps: int, lr: float = 1e-3, seed: int = 0, log=None, return_state: bool = False,
           checkpoint_dir=None, save_every: int | None = None, resume: bool = False, say=None,
-          resume_step: int | None = None):  # 12 parameters: the train command's run (steps, lr, seed),
-    # checkpointing (checkpoint_dir, save_every, resume, resume_step) and reports
+          resume_step: int | None = None):
     """Train the workload's model on the synthetic task on ``mesh`` (a jax Mesh of w.mesh's shape) up to ``steps``
     steps in all and return the losses of the steps this call ran (and the final state with
     ``return_state=True``).
@@ -315,6 +316,7 @@ def train(w: Workload, mesh, steps: int, lr: float = 1e-3, seed: int = 0, log=No
     return (losses, state) if return_state else losses
 
 
+# train's inputs, each checked before anything is created or written
 def _check_run(w: Workload, mesh, steps: int, lr: float, seed: int, checkpoint_dir, save_every, resume: bool,
                resume_step: int | None = None) -> None:
     """train's inputs checked before anything is created or written (ValueError naming the input): positive
@@ -336,6 +338,7 @@ def _check_run(w: Workload, mesh, steps: int, lr: float, seed: int, checkpoint_d
         ckpt.check_resume_step(checkpoint_dir, resume_step)
 
 
+# what train holds when it restores: the run's shapes, its optimizer and the checkpoint's metadata
 def _restore(w: Workload, mesh, tx, steps: int, checkpoint_dir, held: dict, meta: dict, say,
              step: int | None = None):
     """(k, state): the newest complete checkpoint k in ``checkpoint_dir`` (or the complete ``step``) restored onto

@@ -19,7 +19,7 @@ before one all-reduce (reduce-scatter under SP) over tensor.
 Weights are stored with D, the FSDP-sharded dimension, minor ([N,H,D], [K,H,D], [F,D]), like the FFN
 stack's (ffn_model.model.FFNStack says why). Remat policies: "none" keeps what the backward's matmuls
 and the attention need (SAVED below), "full" only each layer's input (everything recomputed);
-scaling.transformer counts both.
+scaling.families.transformer counts both.
 """
 
 from __future__ import annotations
@@ -39,12 +39,12 @@ from ffn_model.sharded import (COMPUTE_DTYPE, constrain, gather_bf16, grad_axes,
                                reshard, to_bf16, traced_platform)
 from ffn_model.task import mse, teacher_batch, token_mean
 from mesh.rules import logical_to_spec
-from scaling.schedule import Schedule
-from scaling.transformer import TransformerConfig
-from scaling.sharding import shards
-from scaling.workload import Workload
+from scaling.core.schedule import Schedule
+from scaling.families.transformer import TransformerConfig
+from scaling.core.sharding import shards
+from scaling.core.workload import Workload
 
-# Logical axes (scaling.sharding's table)
+# Logical axes (scaling.core.sharding's table)
 X_AXES = ("batch", "seq", "act_embed")  # x [B, T, D] at the matmuls
 X_SP_AXES = ("batch", "seq_sp", "act_embed")  # x between the matmuls under sequence parallelism
 Q_AXES = ("batch", "seq", "heads", "head_dim")
@@ -68,7 +68,7 @@ SAVED = ("norm1", "q", "k", "v", *RESIDUAL_NAMES, "mid", "norm2", "mlp_in", "mlp
 # split of x and of mid and all-gathers them again (Korthikanti et al. 2022, section 4.2.2). Named, XLA
 # kept them whole (its sharding propagation gave the saved stacks the all-gathered layout).
 SAVED_SP = tuple(n for n in SAVED if n not in ("norm1", "norm2"))
-# The named policies (scaling.policies.Remat): what each keeps besides the layer's input. MaxText's (its
+# The named policies (scaling.core.policies.Remat): what each keeps besides the layer's input. MaxText's (its
 # decoders' get_remat_policy): the projections' outputs, q, k, v ("query/key/value_proj"), o·W_o after its
 # reduction ("out_proj": attn_proj), the MLP's first matmul(s) ("mlpwi": mlp_in, mlp_gate) and its output
 # ("mlpwo": mlp_out); Korthikanti et al. 2022's selective recompute: everything but the attention's
@@ -326,11 +326,12 @@ def _fence_bwd(_, cts):
 backward_fence.defvjp(_fence_fwd, _fence_bwd)
 
 
+# the layer's weights and the schedule, remat and kinds each family's stack passes; one scan
 def stack_forward(x_BxTxD, weights: dict, schedule: Schedule, remat: str = "none", mlp_kind: str = "gelu",
                   block: str = "serial", select=None, live=None, windows: tuple | None = None):
     """The L layers as one lax.scan over the stacked weights (a dict of [L, ...] arrays), each layer under
-    jax.checkpoint with the remat policy (validated where the Workload is built: scaling.policies.check_remat): "none"
-    saves SAVED, "full" nothing but the layer's input, the named policies what policy_saves says.
+    jax.checkpoint with the remat policy (validated where the Workload is built: scaling.core.policies.check_remat):
+    "none" saves SAVED, "full" nothing but the layer's input, the named policies what policy_saves says.
 
     ``live``: a stage of uneven stages, its real slots (ffn_model.pipeline.padded_slots): slot j's layer runs and its
     output is kept where j < live, else the carry passes unchanged (a masked update x = where(j < live, layer(x), x):

@@ -6,7 +6,7 @@ the data shards with spmd_axis_name "data", so that nothing is reduced over data
 and stage run as they do without ZeRO-1). The optimizer then works on one flat buffer per device (flat_update, in a
 jax.shard_map manual over every axis): the device's own shards of every parameter (its fsdp, tensor and stage
 pieces) laid end to end in the order of jax.tree.leaves, N elements, padded at the end to N_pad, a multiple of
-128·data (scaling.memory.zero1_padded: how that follows Megatron-LM's and DeepSpeed's padding), and split evenly
+128·data (scaling.step.memory.zero1_padded: how that follows Megatron-LM's and DeepSpeed's padding), and split evenly
 over the data ranks: rank r owns elements [r·N_pad/data, (r + 1)·N_pad/data).
 
   1. the BF16 gradient buffer reduce-scattered over data (psum_scatter): rank r receives its slice summed;
@@ -35,8 +35,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from ffn_model.sharded import COMPUTE_DTYPE
 from mesh.rules import VMAPPED_AXES
-from scaling.memory import ZERO1_ROW, zero1_padded
-from scaling.workload import Workload
+from scaling.step.memory import ZERO1_ROW, zero1_padded
+from scaling.core.workload import Workload
 
 P = PartitionSpec
 
@@ -134,7 +134,7 @@ def flat_update(tx, mesh, pshard, oshard):
         k = (n + pad) // d
         g = jnp.concatenate([a.reshape(-1).astype(COMPUTE_DTYPE) for a in jax.tree.leaves(grads)]
                             + [jnp.zeros((pad,), COMPUTE_DTYPE)])
-        # [rows, 128]: each rank's slice whole rows (scaling.memory.zero1_padded)
+        # [rows, 128]: each rank's slice whole rows (scaling.step.memory.zero1_padded)
         g = jax.lax.psum_scatter(g.reshape(-1, ZERO1_ROW), "data", scatter_dimension=0, tiled=True)
         g = g.reshape(-1).astype(jnp.float32)
         r = jax.lax.axis_index("data")

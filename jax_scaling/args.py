@@ -1,29 +1,29 @@
 """The flags the commands share, and what they describe: the model (--preset and its dimensions), the schedule
 (--microbatches, --schedule, attention), --xla-flags, predict's configuration (hardware, mesh, batch, form);
-each read into the library's objects (scaling.reports' builders, where every value is checked)."""
+each read into the library's objects (scaling.reports.predict' builders, where every value is checked)."""
 
 from __future__ import annotations
 
 import argparse
 
-from scaling import kernels
-from scaling.policies import (ACCUMULATION_BYTES, ATTENTIONS, CONTEXT_STRATEGIES, FSDP_GATHERS, OPTIMIZER_SHARDINGS,
-                              PIPELINES, REMAT_POLICIES)
-from scaling.presets import FAMILIES, get_preset, model_fields, model_of, presets_of
-from scaling.schedule import Schedule
-from scaling.flags import DEFAULT_FLAGS, FLAG_SETS, FlagSet, get_flag_set
-from scaling.hardware import DEFAULT_CHIP
-from scaling.limits import integer, number
-from scaling.mesh_shape import MESH_AXES
-from scaling.reports import schedule_from
-from scaling.table import prose
+from scaling.step import kernels
+from scaling.core.policies import (ACCUMULATION_BYTES, ATTENTIONS, CONTEXT_STRATEGIES, FSDP_GATHERS,
+                                   OPTIMIZER_SHARDINGS, PIPELINES, REMAT_POLICIES)
+from scaling.families.presets import FAMILIES, get_preset, model_fields, model_of, presets_of
+from scaling.core.schedule import Schedule
+from scaling.core.flags import DEFAULT_FLAGS, FLAG_SETS, FlagSet, get_flag_set
+from scaling.hardware.chips import DEFAULT_CHIP
+from scaling.core.limits import integer, number
+from scaling.core.mesh_shape import MESH_AXES
+from scaling.reports.predict import schedule_from
+from scaling.core.table import prose
 
 # what every --mesh help says of the axes: MESH_AXES, outermost first (an axis left out has size 1)
 MESH_HELP = f"axes {', '.join(MESH_AXES)} (outermost first; an axis left out has size 1; expert: MoE models only)"
 
 
 def say(text: str) -> None:
-    """Print a line of prose, wrapped (scaling.table.prose)."""
+    """Print a line of prose, wrapped (scaling.core.table.prose)."""
     print(prose(text))
 
 
@@ -35,7 +35,7 @@ def needs(args, flag: str, other: str) -> None:
 
 
 def add_xla_flags_arg(p) -> None:
-    """--xla-flags: a flag set of scaling/data/xla_flags.toml, or the user's flags (scaling.flags)."""
+    """--xla-flags: a flag set of scaling/data/xla_flags.toml, or the user's flags (scaling.core.flags)."""
     p.add_argument("--xla-flags", metavar="NAME|='--flag=value ...'",
                    help=f"XLA flags for every compile: a set ({', '.join(FLAG_SETS)}; default {DEFAULT_FLAGS}, what "
                         "MaxText's v5p scripts pass) or your own, written --xla-flags='--xla_name=value ...'")
@@ -57,7 +57,7 @@ def on_off(text: str) -> bool:
 # run one configuration take the default its help names (schedule_of, setup_fields), plan tries every value
 # (jax_scaling.plan.plan_choices); a flag given fixes what it names in both.
 def add_schedule_args(p) -> None:
-    """--microbatches, --repeats, --schedule, --fsdp-gather (scaling.schedule.Schedule), and --xla-flags."""
+    """--microbatches, --repeats, --schedule, --fsdp-gather (scaling.core.schedule.Schedule), and --xla-flags."""
     add_xla_flags_arg(p)
     g = p.add_argument_group("microbatches and pipeline stages (with a stage axis in --mesh); left out, plan tries "
                              "each value")
@@ -102,7 +102,7 @@ def add_schedule_args(p) -> None:
                         f"default {d.context})")
 
 
-# the fields of Schedule add_schedule_args sets (scaling.reports.schedule_from's), with their flags' defaults
+# the fields of Schedule add_schedule_args sets (scaling.reports.predict.schedule_from's), with their flags' defaults
 SCHEDULE_FIELDS = {"repeats": 1, "fsdp_gather": "microbatch", "sequence_parallel": False,
                    "optimizer_sharding": "fsdp", "pipeline": "gpipe", "warmup_phases": False, "stage_blocks": None}
 
@@ -119,7 +119,7 @@ def block_list(text: str) -> tuple[int, ...]:
 def schedule_of(args, platform: str | None = None) -> Schedule:
     """The Schedule of --microbatches, --repeats, --fsdp-gather, --sequence-parallel and the transformer's
     --attention, --attention-block, --context-strategy (Schedule's defaults where not given; ValueError naming a
-    bad value): scaling.reports.schedule_from. A transformer's --attention left out is auto, resolved for
+    bad value): scaling.reports.predict.schedule_from. A transformer's --attention left out is auto, resolved for
     ``platform`` (Schedule.on; None: platform_of the command's --devices); the reports name the kernel taken."""
     attention = {a: getattr(args, a, None) for a in SCHEDULE_FLAGS}
     if "attention" in attention and attention["attention"] is None and model_config(args).has_attention:
@@ -156,7 +156,8 @@ def given_or(args, name: str, default):
     return default if value is None else value
 
 
-# every model field a command may set (scaling.presets.model_fields): the dimensions', kinds' and switches' flags
+# every model field a command may set (scaling.families.presets.model_fields): the dimensions', kinds' and switches'
+# flags
 MODEL_FLAGS = tuple(k for k, (kind, _) in model_fields().items() if kind != "schedule_flags")
 SCHEDULE_FLAGS = tuple(k for k, (kind, _) in model_fields().items() if kind == "schedule_flags")
 
@@ -185,8 +186,8 @@ def add_model_args(p, preset: str | None) -> None:
 
 def model_config(args):
     """The preset preset_of names with the overrides of add_model_args, or with none the model of those flags alone
-    (scaling.presets.model_of: ValueError naming a bad value, a dimension the model lacks, or a transformer flag
-    given for an FFN preset: a dimension of add_model_args or an attention flag of add_schedule_args)."""
+    (scaling.families.presets.model_of: ValueError naming a bad value, a dimension the model lacks, or a transformer
+    flag given for an FFN preset: a dimension of add_model_args or an attention flag of add_schedule_args)."""
     return model_of(preset_of(args), **{k: getattr(args, k, None) for k in (*MODEL_FLAGS, *SCHEDULE_FLAGS)})
 
 
@@ -197,11 +198,11 @@ DEFAULT_MEANS = {"kv_heads": "= --heads: full multi-head attention", "head_dim":
 
 def defaults_note(args) -> str | None:
     """For a model of flags alone (preset_of None): one ``note:`` line naming the defaults it took for the dimensions
-    and kinds not given (scaling.presets.defaults_taken: the activation, the kv heads, ...), for stderr; None for a
-    preset (whose fields are the preset's)."""
+    and kinds not given (scaling.families.presets.defaults_taken: the activation, the kv heads, ...), for stderr; None
+    for a preset (whose fields are the preset's)."""
     if preset_of(args) is not None:
         return None
-    from scaling.presets import defaults_taken
+    from scaling.families.presets import defaults_taken
     taken = defaults_taken(model_config(args), {k: getattr(args, k, None) for k in MODEL_FLAGS})
     words = [(f"no --{k.replace('_', '-')}" if v is None else f"--{k.replace('_', '-')} {v}")
              + (f" ({DEFAULT_MEANS[k]})" if k in DEFAULT_MEANS else "") for k, v in taken.items()]
@@ -211,8 +212,8 @@ def defaults_note(args) -> str | None:
 def preset_of(args) -> str | None:
     """--preset; left out, the command's default preset (add_model_args) where no dimension is given or every model
     flag given is one its family has (they override it, as always: --d-model --d-ff --blocks beside predict's
-    default FFN stack); else None: the model from the flags alone (scaling.presets.model_from_fields, which names
-    what is missing), as where a flag only a transformer has is given without --preset."""
+    default FFN stack); else None: the model from the flags alone (scaling.families.presets.model_from_fields, which
+    names what is missing), as where a flag only a transformer has is given without --preset."""
     if args.preset is not None:
         return args.preset
     fields = model_fields()
@@ -228,15 +229,16 @@ def preset_of(args) -> str | None:
 
 
 def add_kernel_table_arg(g) -> None:
-    """--kernel-table FILE: a GPU's kernel table (scaling.kernel_tables' format, what calibrate writes) instead of
-    the one shipped for its chip."""
+    """--kernel-table FILE: a GPU's kernel table (scaling.hardware.kernel_tables' format, what calibrate writes) instead
+    of the one shipped for its chip."""
     g.add_argument("--kernel-table", metavar="FILE",
                    help="a GPU's kernel-level measurements (TOML: chip, source, [gemm.<dtype>] rows of m, n, k, "
                         "seconds; what calibrate writes) to fit its GEMM ceiling and fixed time on, instead of the "
                         "table shipped for the chip (scaling/data/kernels/)")
 
 
-# predict's configuration flags, as scaling.reports.predict_setup's fields (its keyword names are the flags' dests)
+# predict's configuration flags, as scaling.reports.predict.predict_setup's fields (its keyword names are the flags'
+# dests)
 SETUP_FIELDS = ("preset", *MODEL_FLAGS, "chip", "chips", "slice", "slices", "inter_node_bandwidth",
                 "mesh", "dcn_mesh", "global_batch", "batch_tokens", "microbatch", "microbatches", "step", "remat",
                 *SCHEDULE_FIELDS, *SCHEDULE_FLAGS, "dtype", "grad_accumulation", "xla_flags", "form",
@@ -247,8 +249,8 @@ CONFIG_DEFAULTS = {"microbatches": 1, "remat": "none", "dtype": "bf16", "grad_ac
 
 
 def setup_fields(args) -> dict:
-    """predict's flags (add_predict_args) as scaling.reports.predict_setup's keyword fields, and the command: a flag
-    left out its CONFIG_DEFAULTS value, the preset preset_of's, a transformer's attention the chip's
+    """predict's flags (add_predict_args) as scaling.reports.predict.predict_setup's keyword fields, and the command: a
+    flag left out its CONFIG_DEFAULTS value, the preset preset_of's, a transformer's attention the chip's
     (chip_attention)."""
     out = {**{k: given_or(args, k, CONFIG_DEFAULTS.get(k)) for k in SETUP_FIELDS},
            "command": getattr(args, "command", "predict"), "preset": preset_of(args)}
@@ -256,8 +258,8 @@ def setup_fields(args) -> dict:
     return out
 
 
-# --runtime's names and the gradient accumulation (scaling.policies.ACCUMULATION_BYTES) each runs: MaxText's step is
-# XLA's, as this package's; Megatron-LM's main_grad; Megatron-DeepSpeed's BF16 optimizer (scaling.runtimes)
+# --runtime's names and the gradient accumulation (scaling.core.policies.ACCUMULATION_BYTES) each runs: MaxText's step
+# is XLA's, as this package's; Megatron-LM's main_grad; Megatron-DeepSpeed's BF16 optimizer (scaling.step.runtimes)
 RUNTIME_ACCUMULATION = {"maxtext": "package", "megatron": "megatron", "deepspeed": "deepspeed-bf16",
                         "package": "package"}
 
@@ -271,19 +273,20 @@ class RuntimeAction(argparse.Action):
 
 def chip_attention(args) -> str | None:
     """A transformer's --attention for predict and plan: given, itself; left out or auto, the kernel the chip's
-    production code runs (scaling.schedule.attention_for of --chip's or --slice's kind: splash on a TPU, cudnn on a
+    production code runs (scaling.core.schedule.attention_for of --chip's or --slice's kind: splash on a TPU, cudnn on a
     GPU; predict's header and plan's options name it); None for a model without attention."""
     if not model_config(args).has_attention:
         return getattr(args, "attention", None)
     if getattr(args, "attention", None) not in (None, "auto"):
         return args.attention
-    from scaling.schedule import attention_for
+    from scaling.core.schedule import attention_for
     return attention_for(chip_of(args).kind, getattr(model_config(args), "seq_len", None))
 
 
 def chip_of(args):
-    """The chip --slice or --chip names (default DEFAULT_CHIP): scaling.hardware's; ValueError naming an unknown one."""
-    from scaling.hardware import get_chip, parse_slice
+    """The chip --slice or --chip names (default DEFAULT_CHIP): scaling.hardware.chips's; ValueError naming an
+    unknown one."""
+    from scaling.hardware.chips import get_chip, parse_slice
     return parse_slice(args.slice)[0] if getattr(args, "slice", None) else get_chip(
         getattr(args, "chip", None) or DEFAULT_CHIP)
 
@@ -327,7 +330,7 @@ def add_config_args(r, mesh_required: bool, preset: str | None = "xxl") -> None:
                    help="whose gradient accumulation the run's microbatches pay (HBM bytes per parameter each): "
                         "package (this package's step, 12), megatron (Megatron-LM's main_grad, 10), deepspeed-bf16 "
                         "(DeepSpeed's BF16 optimizer, 18); megatron and deepspeed-bf16 also set the memory per "
-                        "device to what that runtime keeps (scaling.runtimes) (default package)")
+                        "device to what that runtime keeps (scaling.step.runtimes) (default package)")
     g.add_argument("--runtime", choices=list(RUNTIME_ACCUMULATION), action=RuntimeAction, dest="grad_accumulation",
                    help="the runtime that runs the step: maxtext (XLA: this package's step), megatron (Megatron-LM), "
                         "deepspeed (Megatron-DeepSpeed's BF16 optimizer), package; sets what --grad-accumulation sets "

@@ -1,5 +1,6 @@
 """jax-scaling calibrate: time the kernels a step is made of on this machine's accelerator and write them as a kernel
-table (TOML, the format scaling.kernel_tables reads; ``--kernel-table FILE`` on predict, plan, validate and kernels).
+table (TOML, the format scaling.hardware.kernel_tables reads; ``--kernel-table FILE`` on predict, plan, validate and
+kernels).
 
 What is measured and how: verify.calibrate. The jobs run in order of use (the launch time, bf16 squares,
 pointwise, attention, the other dtypes' squares, the transformer-shape grid, collectives), the table is rewritten
@@ -13,8 +14,8 @@ import datetime
 import os
 import time
 
-from scaling.kernel_tables import table_text
-from scaling.limits import number
+from scaling.hardware.kernel_tables import table_text
+from scaling.core.limits import number
 
 SECTIONS = ("launch", "gemm", "pointwise", "attention", "collectives")
 
@@ -81,7 +82,7 @@ def calibrate_command(args) -> int:
                          "no TPU device); --allow-cpu measures the CPU anyway")
     import jax
 
-    from scaling.hardware import chip_of_device_kind, get_chip
+    from scaling.hardware.chips import chip_of_device_kind, get_chip
     from verify import calibrate as cal
 
     if jax.default_backend() == "cpu" and not args.allow_cpu:
@@ -166,7 +167,7 @@ def _quick_grid():
 def render_summary(rows, chip, skipped, out, seconds) -> str:
     """A few lines: per dtype the best and the 4096³ TFLOP/s against the chip's peak, the pointwise bandwidth at
     the largest size, where the table went."""
-    from scaling.kernels import peak_flops
+    from scaling.step.kernels import peak_flops
 
     lines = [f"calibrate: {seconds:.0f} s; table written to {out}"]
     if "launch" in rows:

@@ -9,11 +9,11 @@ import sys
 from jax_scaling.args import (MESH_HELP, add_model_args, add_schedule_args, defaults_note, flags_of, model_config,
                               schedule_of)
 from mesh.devices import chip_of_devices, device_count, use_cpu_platform_for
-from scaling.mesh_shape import parse_mesh_spec
-from scaling.policies import REMAT_POLICIES
-from scaling.hardware import DEFAULT_CHIP, Chip, get_chip
-from scaling.limits import check_size, integer
-from scaling.workload import Workload
+from scaling.core.mesh_shape import parse_mesh_spec
+from scaling.core.policies import REMAT_POLICIES
+from scaling.hardware.chips import DEFAULT_CHIP, Chip, get_chip
+from scaling.core.limits import check_size, integer
+from scaling.core.workload import Workload
 
 
 def add_parser(sub) -> None:

@@ -18,7 +18,7 @@ import os
 import sys
 
 from jax_scaling import calibrate, check, closed_forms, model_commands, plan, predict
-from scaling.limits import check_flag
+from scaling.core.limits import check_flag
 
 DESCRIPTION = __doc__.split("\n\n")[0]
 CLOSED_FORMS = ("The closed forms on the command line:\n"
@@ -34,7 +34,7 @@ PROGRAMS = {
 
 class Parser(argparse.ArgumentParser):
     """argparse with one-line errors: ``error: <prog>: <message>`` on stderr, exit 2 (argparse's status), and the
-    one rule for every flag's value (scaling.limits.check_flag: counts positive and 32-bit, figures finite and in
+    one rule for every flag's value (scaling.core.limits.check_flag: counts positive and 32-bit, figures finite and in
     their unit's range, text neither empty nor with a control character), applied to what the user gave."""
 
     def error(self, message):

@@ -1,8 +1,8 @@
 """The closed forms' own commands (no jax unless a --verify flag asks): ``answer`` (questions (a)-(d),
-scaling.answers), ``validate`` (the measured runs, scaling.validate), ``trace`` (seed 000, scaling.seed000),
-``layers`` (seed 001, scaling.layer_estimator), ``kernels`` (seed 002, scaling.seed002; with --mesh a model's
-report from predict's flags). answer --verify-pipeline and trace --verify compile programs: verify's, imported
-inside the command when asked.
+scaling.reports.answers), ``validate`` (the measured runs, scaling.reports.validate), ``trace`` (seed 000,
+scaling.seeds.seed000), ``layers`` (seed 001, scaling.seeds.layer_estimator), ``kernels`` (seed 002,
+scaling.seeds.seed002; with --mesh a model's report from predict's flags). answer --verify-pipeline and trace --verify
+compile programs: verify's, imported inside the command when asked.
 """
 
 from __future__ import annotations
@@ -15,18 +15,21 @@ from jax_scaling.args import (MODEL_FLAGS, add_kernel_table_arg, add_model_args,
                               defaults_note, flags_of, model_config, needs, say)
 from jax_scaling.plots import add_plot_arg
 from jax_scaling.predict import report_of
-from scaling import kernels, layer_estimator, seed000, seed002
-from scaling.answers import QUESTION, answers
-from scaling.ffn import FFNConfig
-from scaling.mesh_shape import MeshShape
-from scaling.hardware import get_chip
-from scaling.limits import check_size, integer, number
-from scaling.table import prose, table
-from scaling.workload import Workload
+from scaling.step import kernels
+from scaling.seeds import layer_estimator
+from scaling.seeds import seed000
+from scaling.seeds import seed002
+from scaling.reports.answers import QUESTION, answers
+from scaling.families.ffn import FFNConfig
+from scaling.core.mesh_shape import MeshShape
+from scaling.hardware.chips import get_chip
+from scaling.core.limits import check_size, integer, number
+from scaling.core.table import prose, table
+from scaling.core.workload import Workload
 
 
 def add_answer_parser(sub) -> None:
-    """answer's subcommand and flags: the question's figures (scaling.answers.QUESTION) as defaults."""
+    """answer's subcommand and flags: the question's figures (scaling.reports.answers.QUESTION) as defaults."""
     Q = QUESTION
     a = sub.add_parser(
         "answer", help="answers to the 4D-parallelism questions (a)-(d), derived",
@@ -129,7 +132,7 @@ def add_kernels_parser(sub) -> None:
                    "(with --mesh: predict's object with its kernels)")
     k.add_argument("--gemm", metavar="MxNxK", help="one GEMM [M, K]·[K, N]: its predicted seconds and TFLOP/s on "
                    "--chip at --dtype, the terms (tiles, waves, ceiling, fixed time, memory bound) and the kernel "
-                   "table's rows nearest it (scaling.gemm); with --chip, --dtype, --kernel-table, --json")
+                   "table's rows nearest it (scaling.reports.gemm); with --chip, --dtype, --kernel-table, --json")
     add_predict_args(k, mesh_required=False, preset=None)  # with --mesh: a model's report instead of the seed's
     add_plot_arg(k, "(with --mesh) every kernel of the step on the chip's roofline (FLOPs per byte against achieved "
                     "FLOP/s, log axes), the ridge point and the chip's kernel-table GEMMs")
@@ -162,10 +165,10 @@ def answer_command(args) -> int:
 
 
 def validate_command(args) -> int:
-    """Every measured run predicted (scaling.validate): per row measured and predicted seconds and the error; per
-    group the median and largest |error|; per comparison Spearman's rank correlation."""
-    from scaling.hardware import CHIPS
-    from scaling.validate import fit_efficiency, refitted, validate
+    """Every measured run predicted (scaling.reports.validate): per row measured and predicted seconds and the error;
+    per group the median and largest |error|; per comparison Spearman's rank correlation."""
+    from scaling.hardware.chips import CHIPS
+    from scaling.reports.validate import fit_efficiency, refitted, validate
 
     if args.fit and args.kernel_table is not None:
         raise ValueError("--fit fits the TPUs' matmul_efficiency on their named runs; --kernel-table prices GPU GEMMs "
@@ -248,7 +251,7 @@ def verify_trace(verbose: bool, flags=None, cfg=None, context: int | None = None
 
 
 def trace_command(args) -> int:
-    """Seed 000's trace from the closed forms (scaling.seed000); with --verify, verify_trace (verify's) compiles
+    """Seed 000's trace from the closed forms (scaling.seeds.seed000); with --verify, verify_trace (verify's) compiles
     its Ulysses layer and the table follows. With a model (--preset or its flags), --context,
     --data, --tensor and --chip: the same trace for that transformer (seed000.model_trace), --verify compiling its
     one layer over --context v5p chips; --json one object."""
@@ -283,7 +286,7 @@ def trace_command(args) -> int:
 
 
 def layers_command(args) -> int:
-    """Seed 001's per-layer tables (scaling.layer_estimator), or its cell-by-cell comparison; with --preset (or
+    """Seed 001's per-layer tables (scaling.seeds.layer_estimator), or its cell-by-cell comparison; with --preset (or
     any model flag), --tp, --sequence-parallel, --batch and --chip, the same tables for that transformer."""
     if args.cells and args.preset is not None:
         raise ValueError("--cells is seed 001's; a model's tables take --preset, --tp, --chip")
@@ -316,10 +319,10 @@ def layers_command(args) -> int:
 
 
 def kernels_command(args) -> int:
-    """Seed 002's DeepFlow report from the closed forms (scaling.seed002): every numeric line beside the package's
+    """Seed 002's DeepFlow report from the closed forms (scaling.seeds.seed002): every numeric line beside the package's
     figure; --text the whole report regenerated in the seed's layout; --json the rows and the report's figures.
     With --mesh, the same report for any model and chip from the step model's kernels
-    (scaling.reports.PredictReport.kernel_report)."""
+    (scaling.reports.predict.PredictReport.kernel_report)."""
     if args.gemm is not None:
         return gemm_command(args)
     given = [f for f in ("preset", "chip", "chips", "slice", "global_batch", "batch_tokens", "microbatch",
@@ -358,11 +361,11 @@ def kernels_command(args) -> int:
 
 def gemm_command(args) -> int:
     """kernels --gemm MxNxK --chip C [--dtype D] [--kernel-table FILE] [--json]: one GEMM's predicted time and what
-    it is made of (scaling.gemm.gemm_report). Every other kernels flag is refused (one line, exit 2)."""
-    from scaling.gemm import gemm_report, parse_gemm
-    from scaling.kernels import DTYPE_BYTES
-    from scaling.limits import check_gemm
-    from scaling.reports import with_kernel_table
+    it is made of (scaling.reports.gemm.gemm_report). Every other kernels flag is refused (one line, exit 2)."""
+    from scaling.reports.gemm import gemm_report, parse_gemm
+    from scaling.step.kernels import DTYPE_BYTES
+    from scaling.core.limits import check_gemm
+    from scaling.reports.predict import with_kernel_table
 
     allowed = {"gemm", "chip", "dtype", "kernel_table", "json", "command", "func", "default_preset", "kernel_model",
                "form", "step"}

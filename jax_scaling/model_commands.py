@@ -36,12 +36,13 @@ from jax_scaling.args import (MESH_HELP, add_model_args, add_schedule_args, defa
                               schedule_of)
 from jax_scaling.processes import check_real_cpu_size, end_one_of_several, start_processes
 from mesh.devices import PROCESS_TIMEOUT, cpu_device_count, device_count, use_cpu_platform_for
-from scaling.limits import check_size, integer, number
-from scaling.inputs import check_seed, non_negative_int, positive_float, positive_int
-from scaling.mesh_shape import MeshShape, parse_mesh_spec
-from scaling.policies import REMAT_POLICIES, check_remat
-from scaling.hardware import get_chip
-from scaling.workload import Workload
+from scaling.core.limits import check_host_memory, check_size, integer, number
+from scaling.step.program import predict
+from scaling.core.inputs import check_seed, non_negative_int, positive_float, positive_int
+from scaling.core.mesh_shape import MeshShape, parse_mesh_spec
+from scaling.core.policies import REMAT_POLICIES, check_remat
+from scaling.hardware.chips import get_chip
+from scaling.core.workload import Workload
 
 
 COMMANDS = {  # name: (default preset, default batch tokens, help)
@@ -158,7 +159,9 @@ def check_flags(args, cfg) -> None:
     else:  # the mesh once the devices are known (make_mesh); the sizes now
         w = Workload(cfg, MeshShape(), args.batch_tokens, step, args.remat, flags=flags_of(args))
     allocates = args.command != "compile" and n_cpu is not None  # train and bench on emulated CPU devices
-    check_size(w, n_cpu if allocates else None)
+    check_size(w)
+    if allocates:
+        check_host_memory(w.step, predict(w).memory["total"], n_cpu)
     if args.command == "train" and args.checkpoint_dir is not None:
         from ffn_model.checkpoint import check_directory
 
@@ -193,7 +196,7 @@ def train_command(args, cfg) -> dict:
             print(line, file=sys.stderr if args.json or line.startswith("warning:") else sys.stdout, flush=True)
 
     if cfg.has_attention:
-        say(f"attention {w.schedule.attention}")  # auto: the platform's kernel (scaling.schedule.attention_for)
+        say(f"attention {w.schedule.attention}")  # auto: the platform's kernel (scaling.core.schedule.attention_for)
     losses = train(w, mesh, args.steps, lr=args.lr, seed=args.seed, log=log, checkpoint_dir=args.checkpoint_dir,
                    save_every=args.save_every, resume=args.resume, say=say, resume_step=args.resume_step)
     return {"command": "train", "model": vars(cfg), "mesh": mesh_shape(mesh).as_dict(), "devices": args.devices,

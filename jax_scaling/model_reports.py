@@ -12,10 +12,10 @@ from jax_scaling.args import flags_of, schedule_of
 from jax_scaling.processes import check_real_cpu_size, start_processes
 from mesh import make_mesh, mesh_shape
 from mesh.devices import infer_chip, parse_gpu_spec
-from scaling.mesh_shape import MeshShape
-from scaling.hardware import get_chip
-from scaling.table import prose, time_text
-from scaling.workload import Workload
+from scaling.core.mesh_shape import MeshShape
+from scaling.hardware.chips import get_chip
+from scaling.core.table import prose, time_text
+from scaling.core.workload import Workload
 from verify.bench import bench
 from verify.report import optimal_seconds_text
 from verify.hlo import read_compiled, refusal_error
@@ -99,7 +99,7 @@ def bench_report(args, cfg) -> dict:
 def render_bench(rep: dict) -> str:
     """bench's text: the configuration, the chip figures, the step time (median), FLOPs, TFLOP/s, MFU and HFU, and
     the closed form's predicted step (max .. sum form, its terms); times in units a person reads
-    (scaling.table.time_text), prose wrapped at 120 columns (scaling.table.prose)."""
+    (scaling.core.table.time_text), prose wrapped at 120 columns (scaling.core.table.prose)."""
     pct = lambda x: "n/a" if x is None else f"{100 * x:.3g}%"  # noqa: E731
     lines = [f"train step of {rep['model_text']} on {rep['device_kind']} mesh {MeshShape(rep['mesh'])}, "
              f"B={rep['batch_tokens']:,} tokens, remat {rep['remat']}, "

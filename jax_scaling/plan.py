@@ -1,4 +1,4 @@
-"""``plan``: every mesh of a slice (or chip count) ranked by predicted step time (scaling.plan), printed as a
+"""``plan``: every mesh of a slice (or chip count) ranked by predicted step time (scaling.planner.plan), printed as a
 table or --json; --verify-top K compiles the first K (verify.check.verify_plans, imported when asked: it imports
 jax)."""
 
@@ -14,17 +14,17 @@ import time
 from jax_scaling.args import (add_config_args, chip_attention, chip_of, defaults_note, flags_of, model_config, needs,
                               say)
 from jax_scaling.plots import add_plot_arg
-from scaling import plan as planner
-from scaling.kernels import peak_flops
-from scaling.mesh_shape import MeshShape, parse_mesh_spec
-from scaling.schedule import Schedule
-from scaling.flags import check_modelled
-from scaling.hardware import GPU_NODE, chips_in, slice_name, split_slices
-from scaling.limits import check_devices, check_size, integer, number
-from scaling.reports import batch_of, param_counts, params_text, precision_of, target_of
-from scaling.sharding import LOGICAL_RULES
-from scaling.table import PROSE, folds, table
-from scaling.workload import Workload
+from scaling.planner import plan as planner
+from scaling.step.kernels import peak_flops
+from scaling.core.mesh_shape import MeshShape, parse_mesh_spec
+from scaling.core.schedule import Schedule
+from scaling.core.flags import check_modelled
+from scaling.hardware.chips import GPU_NODE, chips_in, slice_name, split_slices
+from scaling.core.limits import check_devices, check_size, integer, number
+from scaling.reports.predict import batch_of, param_counts, params_text, precision_of, target_of
+from scaling.core.sharding import LOGICAL_RULES
+from scaling.core.table import PROSE, folds, table
+from scaling.core.workload import Workload
 
 
 def add_parser(sub) -> None:
@@ -60,7 +60,7 @@ def add_parser(sub) -> None:
 
 def plan_target(args):
     """(chip, chips, slice dims or None) from --slice (and --slices), or --chip and --chips (default 64), with
-    --inter-node-bandwidth: scaling.reports.target_of."""
+    --inter-node-bandwidth: scaling.reports.predict.target_of."""
     chips = 64 if args.chips is None and args.slice is None else args.chips
     chip, dims, slices = target_of(args.chip, chips, args.slice, args.slices, args.inter_node_bandwidth,
                                    args.kernel_table)
@@ -72,7 +72,7 @@ FIXED_FIELDS = {"fsdp_gather": "microbatch", "warmup_phases": False}
 
 
 def plan_choices(args, cfg) -> planner.Choices:
-    """What plan tries on each mesh (scaling.plan.Choices) from --remat, --schedule, --attention,
+    """What plan tries on each mesh (scaling.planner.plan.Choices) from --remat, --schedule, --attention,
     --context-strategy, --sequence-parallel and --optimizer-sharding: a given name fixes it; left out, every one
     (--attention: flash; the FFN stack: remat none; --optimizer-sharding: fsdp, and on GPUs zero1 with stages). A
     choice no plan can take (FIXED_FIELDS, a transformer's attention block) is refused: ValueError saying why."""
@@ -87,7 +87,7 @@ def plan_choices(args, cfg) -> planner.Choices:
     if block is not None and block != Schedule().attention_block:
         raise ValueError(f"--attention-block {block}: plan's flash attention takes key blocks of "
                          f"{Schedule().attention_block}, so no plan has it; predict takes it")
-    if not cfg.grouped_plan:  # the FFN stack's plan: microbatches and repeats (and GPipe or circular) only
+    if not cfg.plan.grouped:  # the FFN stack's plan: microbatches and repeats (and GPipe or circular) only
         if args.pipeline == "1f1b" and not cfg.runs_1f1b:
             raise ValueError(f"--schedule 1f1b: the {cfg.noun} runs gpipe or circular (1f1b is built for the "
                              "transformer), so no plan has it")
@@ -100,7 +100,7 @@ def plan_choices(args, cfg) -> planner.Choices:
             return planner.Choices.of(cfg, args.remat)
     args.attention_given = args.attention not in (None, "auto")  # a choice the user made (the refusal lists those)
     args.attention = chip_attention(args)  # the chip's kernel, said (and --attention's filter below matches it)
-    if not cfg.grouped_plan:  # a family with attention planned one mesh a group (the MoE transformer's): the chip's
+    if not cfg.plan.grouped:  # a family with attention planned one mesh a group (the MoE transformer's): the chip's
         return planner.Choices.of(cfg, args.remat, attention=args.attention)
     return planner.Choices.of(cfg, args.remat, args.pipeline, args.attention, args.context_strategy,
                               args.sequence_parallel, args.optimizer_sharding, chip=chip_of(args))
@@ -111,7 +111,7 @@ def plan_batch(args, cfg) -> tuple[int, int | None]:
     family's plan_batch_tokens), and --microbatch (with --mesh: M = sequences / (microbatch·data·fsdp)) or
     --microbatches (None: plan tries each)."""
     if args.global_batch is None and args.batch_tokens is None:
-        B = cfg.plan_batch_tokens
+        B = cfg.plan.batch_tokens
         if args.microbatch is not None:
             raise ValueError("--microbatch counts sequences of --global-batch; give --global-batch with it")
         return B, args.microbatches
@@ -290,9 +290,10 @@ def not_fixed(args, cfg, M: int | None, tests: dict, fitting: list, where: str, 
     return ValueError(f"{head}; on {best.mesh_text()} (the best that fits{' there' if mesh_test else ''}): {why}")
 
 
+# the plan command's inputs, each one of the reasons it may name
 def no_plan(args, cfg, chip, chips, budget, where, flags, choices, precision, dims=None) -> ValueError:
-    """Why no plan fits: the nearest miss and what it needs (scaling.plan.nearest_miss), or where no mesh runs the
-    model at all with the batch but some would with another, the batch (wrong_batch), or else the rules that refuse
+    """Why no plan fits: the nearest miss and what it needs (scaling.planner.plan.nearest_miss), or where no mesh runs
+    the model at all with the batch but some would with another, the batch (wrong_batch), or else the rules that refuse
     them (unsplittable), or a batch that splits no way."""
     miss = planner.nearest_miss(cfg, chip, chips, args.batch_tokens, form=args.form,
                                 max_microbatches=args.max_microbatches, max_repeats=args.max_repeats,
@@ -317,10 +318,10 @@ def no_plan(args, cfg, chip, chips, budget, where, flags, choices, precision, di
 
 def wrong_batch(args, cfg, target: tuple, flags, choices, precision) -> str | None:
     """Where no mesh runs ``cfg`` with the batch but some would with another: the batch as the cause, and the nearest
-    batches below and above that some mesh runs (scaling.plan.nearest_batches: B a multiple of
-    microbatches·data·fsdp·unit, the 16 nearest) where plans fit the budget (scaling.plan.plan, the nearest on each
-    side first, then a few at once), each as the flag that gives it with how many plans fit there and the best one's
-    step; where none of those fits, the nearest that run. None where no batch would do (the model's rules refuse
+    batches below and above that some mesh runs (scaling.planner.plan.nearest_batches: B a multiple of
+    microbatches·data·fsdp·unit, the 16 nearest) where plans fit the budget (scaling.planner.plan.plan, the nearest on
+    each side first, then a few at once), each as the flag that gives it with how many plans fit there and the best
+    one's step; where none of those fits, the nearest that run. None where no batch would do (the model's rules refuse
     every mesh). ``target``: (chip, chips, slice dims or None, HBM budget per device)."""
     chip, chips, dims, budget = target
     B, unit = args.batch_tokens, cfg.seq_len or 1
@@ -361,7 +362,7 @@ def print_header(args, cfg, plans, target, flags, choices, seconds: float) -> No
     transformer = cfg.has_attention
     other = "max" if args.form == "sum" else "sum"
     slices = plans[0].slices
-    options, axes = cfg.schedule_options, planner.plan_axes(cfg)  # what the family's plan chooses
+    options, axes = cfg.plan.schedule_options, planner.plan_axes(cfg)  # what the family's plan chooses
     tried = (f"remat {', '.join(choices.remats)}" if not transformer else ", ".join(
         (["schedule"] if "stage" in axes else []) + [f"remat ({', '.join(choices.remats)})",
                                                     f"attention ({', '.join(choices.attentions)})"]
@@ -384,7 +385,7 @@ def print_header(args, cfg, plans, target, flags, choices, seconds: float) -> No
     say(f"Ranked by the {args.form} form" + (" (max(T_math, T_HBM) + the collective times; the compiled XXL forward "
           "step runs its collectives synchronously under libtpu's default flags: docs/findings.md, question (c))"
           if args.form == "sum" else " (every collective overlapped with the math)" if args.form == "max" else
-          f" (the kernels at the efficiency their shapes get on the chip, scaling.kernels, + the collectives the "
+          f" (the kernels at the efficiency their shapes get on the chip, scaling.step.kernels, + the collectives the "
           f"schedule of {flags.describe()} leaves exposed + its loop copies)")
           + f"; the {other} form beside it.")
     say(("The scheduled form is the step model's forecast (a TPU's matmul efficiency fitted on a measured run, a "

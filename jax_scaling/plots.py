@@ -14,7 +14,7 @@ import argparse
 import os
 import tempfile
 
-from scaling.table import time_text
+from scaling.core.table import time_text
 
 FORMATS = {".png": "png", ".svg": "svg"}  # extension -> matplotlib's format
 TINY = 1e-9  # a step term below this share of the step is not drawn (step_segments)
@@ -193,17 +193,17 @@ def _mesh_text(mesh: dict) -> str:
 
 def step_segments(report) -> list[tuple[str, float, str]]:
     """The step's time by term, bottom to top, [(label, seconds, color)], adding up to the scheduled step
-    (scaling.program.predict: max(T_compute, T_hidden) + Σ T_exposed per axis + T_copies):
+    (scaling.step.program.predict: max(T_compute, T_hidden) + Σ T_exposed per axis + T_copies):
       compute by kernel class (the kernels' seconds summed by kind: matmul, attention, pointwise, optimizer), less
         the pipeline bubble's share;
-      the pipeline bubble: idle_share = (slots − R·M)/slots (scaling.pipeline.bubble; GPipe (S−1)/(R·M+S−1)) of the
-        forward, backward and recompute kernels' seconds (the idle iterations run them too: scaling.pipeline),
+      the pipeline bubble: idle_share = (slots − R·M)/slots (scaling.step.pipeline.bubble; GPipe (S−1)/(R·M+S−1)) of the
+        forward, backward and recompute kernels' seconds (the idle iterations run them too: scaling.step.pipeline),
         the share plan's "bubble s" column takes of T_math;
       the overlapped collectives beyond the compute, max(0, T_hidden − T_compute): the step less the other terms;
       each axis's exposed collectives (terms exposed.<axis>), the loop copies (loop_copies).
     Terms under TINY of the step are left out (an axis's 4e-12 s of a size-1 group). ``report``: a PredictReport
     with its kernels (predict_report(..., True))."""
-    from scaling import pipeline
+    from scaling.step import pipeline
 
     out = report.to_json()
     w = report.workload
@@ -282,10 +282,10 @@ def roofline_points(report) -> list[dict]:
 
 
 def table_gemm_points(chip, dtype: str) -> tuple[list[tuple[float, float]], str]:
-    """The chip's kernel-table GEMMs of ``dtype`` (scaling.kernel_tables: rows m, n, k, seconds) as roofline points
-    (x = 2mnk / (c·(mk + kn + mn)), c the dtype's bytes: scaling.kernels.shape_costs; y = 2mnk / seconds), and the
-    table's path ("" and no points where the chip has none for the dtype)."""
-    from scaling.kernels import DTYPE_BYTES, shape_costs
+    """The chip's kernel-table GEMMs of ``dtype`` (scaling.hardware.kernel_tables: rows m, n, k, seconds) as roofline
+    points (x = 2mnk / (c·(mk + kn + mn)), c the dtype's bytes: scaling.step.kernels.shape_costs; y = 2mnk / seconds),
+    and the table's path ("" and no points where the chip has none for the dtype)."""
+    from scaling.step.kernels import DTYPE_BYTES, shape_costs
 
     table = getattr(chip, "kernel_table", None)
     sec = None if table is None else table.gemm.get(dtype)
@@ -300,13 +300,13 @@ def table_gemm_points(chip, dtype: str) -> tuple[list[tuple[float, float]], str]
 
 def draw_kernels(report):
     """kernels --mesh ... --plot: every kernel of the step on the chip's roofline (roofline_points; log axes), the
-    roofline min(C, I·W_hbm) with C the peak of the report's dtype (scaling.kernels.peak_flops) and W_hbm the
+    roofline min(C, I·W_hbm) with C the peak of the report's dtype (scaling.step.kernels.peak_flops) and W_hbm the
     device's HBM bandwidth, the ridge point C/W_hbm (FLOPs per byte), and the chip's kernel-table GEMMs
     (table_gemm_points: measured or published); the forward pass's kernels labelled apart (place_labels); a
     two-line title: the model and mesh, then the kernels of no FLOPs (off the log axes) and their HBM time."""
     import numpy as np
 
-    from scaling.kernels import peak_flops
+    from scaling.step.kernels import peak_flops
 
     out, chip = report.to_json(), report.chip
     dtype = out["dtype"]

@@ -1,5 +1,5 @@
 """``predict``: one configuration's step time, term by term (the planner's step model): its flags built into a
-workload and a target (scaling.reports.predict_setup), predicted (predict_report), printed as the report's text
+workload and a target (scaling.reports.predict.predict_setup), predicted (predict_report), printed as the report's text
 or --json object; --plot FILE draws it (jax_scaling.plots)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 
 from jax_scaling.args import add_predict_args, defaults_note, setup_fields
 from jax_scaling.plots import add_plot_arg
-from scaling.reports import PredictReport, predict_report, predict_setup
+from scaling.reports.predict import PredictReport, predict_report, predict_setup
 
 
 def add_parser(sub) -> None:
@@ -19,7 +19,7 @@ def add_parser(sub) -> None:
     add_predict_args(r, mesh_required=True)
     r.add_argument("--kernels", action="store_true",
                    help="the step's kernels one by one: FLOPs, HBM bytes, intensity against the ridge point, "
-                        "efficiency, seconds, bound (scaling.kernels)")
+                        "efficiency, seconds, bound (scaling.step.kernels)")
     r.add_argument("--json", action="store_true", help="one JSON object")
     add_plot_arg(r, "the step's time as a stacked bar by term (compute by kernel class, the pipeline bubble, each "
                     "axis's exposed collectives, loop copies) beside the memory per device by term and the chip's "
@@ -28,7 +28,8 @@ def add_parser(sub) -> None:
 
 
 def report_of(args, with_kernels: bool) -> PredictReport:
-    """The PredictReport of predict's flags (scaling.reports: every value checked where the workload is built)."""
+    """The PredictReport of predict's flags (scaling.reports.predict: every value checked where the workload is
+    built)."""
     return predict_report(predict_setup(**setup_fields(args)), with_kernels)
 
 

@@ -10,8 +10,9 @@ import sys
 import time
 
 from mesh.devices import cpu_device_count
-from scaling.limits import check_size
-from scaling.workload import Workload
+from scaling.core.limits import check_host_memory, check_size
+from scaling.step.program import predict
+from scaling.core.workload import Workload
 
 
 def start_processes(args):
@@ -61,7 +62,8 @@ def check_real_cpu_size(args, w: Workload, mesh) -> None:
     which check_flags could not know before jax started: the closed form per device times the local devices."""
     local = [d for d in mesh.devices.flat if d.process_index == mesh.devices.flat[0].process_index]
     if args.devices is None and local[0].platform == "cpu":
-        check_size(w, len(local))
+        check_size(w)
+        check_host_memory(w.step, predict(w).memory["total"], len(local))
 
 
 COORDINATOR_GRACE = 1.0  # seconds process 0 waits before it ends on an error (end_one_of_several)

@@ -1,5 +1,5 @@
 """Devices and meshes: the process's real devices, N emulated CPU devices, or any TPU topology libtpu
-compiles for (v4, v5e, v5p, v6e, TPU7x: every TPU row of scaling.hardware), for ahead-of-time
+compiles for (v4, v5e, v5p, v6e, TPU7x: every TPU row of scaling.hardware.chips), for ahead-of-time
 compilation from a machine without TPUs; and the ICI layout of a mesh's axes, read from its devices.
 
 Device specs accepted by :func:`make_mesh`:
@@ -23,11 +23,11 @@ import os
 import sys
 import tempfile
 
-from scaling.inputs import positive_int
-from scaling.mesh_shape import MESH_AXES, MeshShape, parse_mesh_spec
-from scaling.limits import ascii_int
-from scaling.hardware import (CHIPS, DEFAULT_CHIP, GPU_NODE, Chip, chip_of_device_kind, chips_in, get_chip,
-                              parse_slice, parse_topology)
+from scaling.core.inputs import positive_int
+from scaling.core.mesh_shape import MESH_AXES, MeshShape, parse_mesh_spec
+from scaling.core.limits import ascii_int
+from scaling.hardware.chips import (CHIPS, DEFAULT_CHIP, GPU_NODE, Chip, chip_of_device_kind, chips_in, get_chip,
+                                    parse_slice, parse_topology)
 
 
 def _emulated_cpu_devices(n: int) -> list:
@@ -304,7 +304,7 @@ def get_devices(devices=None, verbose: bool = False) -> list:
 
 
 def make_mesh(spec, devices=None, verbose: bool = False):
-    """A jax.sharding.Mesh with the axes of scaling.mesh_shape.MESH_AXES (Auto axis types) over ``devices``.
+    """A jax.sharding.Mesh with the axes of scaling.core.mesh_shape.MESH_AXES (Auto axis types) over ``devices``.
 
     ``spec`` is a string such as "fsdp=16,tensor=4" (axes left out have size 1) or a MeshShape.
     The product of the axis sizes must equal the number of devices (ValueError otherwise).
@@ -348,7 +348,7 @@ def ici_layout(mesh, chip: Chip) -> dict[str, tuple[list[int], list[bool]]]:
     (and ``core_on_chip`` where a chip holds several devices, TPU7x: one more axis, a ring of one link):
     their lengths and whether each ring closes (the mesh axis covers the whole physical dimension and the
     chip's wraparound rule holds: Chip.has_wraparound). Devices without coords (CPU, GPU): one ring of
-    the axis length. The form scaling.program.links and the planner's layouts use."""
+    the axis length. The form scaling.step.program.links and the planner's layouts use."""
     import numpy as np
 
     devs = np.asarray(mesh.devices)

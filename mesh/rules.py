@@ -1,4 +1,4 @@
-"""The logical-axis table (scaling.sharding, plain data) in the forms jax and flax take.
+"""The logical-axis table (scaling.core.sharding, plain data) in the forms jax and flax take.
 
 ``logical_to_spec`` gives the PartitionSpec of a tuple of logical axis names (activations:
 with_sharding_constraint); ``FLAX_RULES`` are the same rules as flax's ``sharding_rules`` metadata,
@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 
-from scaling.sharding import H_AXES, LOGICAL_RULES, W_IN_AXES, W_OUT_AXES, X_AXES, mesh_axes  # noqa: F401
+from scaling.core.sharding import H_AXES, LOGICAL_RULES, W_IN_AXES, W_OUT_AXES, X_AXES, mesh_axes  # noqa: F401
 
 def _spec_entry(axes: tuple[str, ...] | None):
     """A PartitionSpec entry: None (replicated), one axis name, or a tuple of them."""

@@ -9,9 +9,10 @@
 # %%
 import matplotlib.pyplot as plt
 import numpy as np
-from scaling import memory, roofline
-from scaling.answers import answers
-from scaling.presets import PRESETS
+from scaling.step import memory
+from scaling.hardware import roofline
+from scaling.reports.answers import answers
+from scaling.families.presets import PRESETS
 
 # %matplotlib inline
 plt.rcParams.update({"figure.dpi": 110, "font.size": 10})
@@ -127,7 +128,7 @@ print({f: vars(ans.d.levers[f].best_split) for f in ("sum", "max")})
 # The same train and forward steps, compiled here ahead of time for a real TPU v5p 4x4x4 topology
 # (libtpu on this CPU machine, `ShapeDtypeStruct`s only, nothing allocated), read back from the
 # compiled HLO (`verify.hlo`: dot FLOPs × loop trip counts, collectives by mesh axis) and
-# `memory_analysis()`, beside the closed forms (`scaling.program.predict`). `verify.check` does both.
+# `memory_analysis()`, beside the closed forms (`scaling.step.program.predict`). `verify.check` does both.
 
 # %%
 import os
@@ -208,11 +209,11 @@ if reps:
 # MaxText's v5p scripts pass flags that run the FSDP all-gathers asynchronously (`maxtext` in
 # `scaling/data/xla_flags.toml`); the `overlap` set adds the flags that pipeline them across blocks. The
 # same forward step compiled under each set: which share of each axis's bytes the schedule overlaps with
-# a matmul, the exposed bytes beside the closed form's (`scaling.program.exposed_volumes`), the copies the
+# a matmul, the exposed bytes beside the closed form's (`scaling.step.program.exposed_volumes`), the copies the
 # rotated loop adds, the peak, and the scheduled step time (math + exposed communication + copies).
 
 # %%
-from scaling.flags import FLAG_SETS
+from scaling.core.flags import FLAG_SETS
 
 flag_reps = {}
 if has_libtpu():
@@ -238,10 +239,10 @@ if has_libtpu():
 # copies, 2·0.87 GB of HBM traffic per block); dotted: T_math.
 
 # %%
-from scaling.mesh_shape import parse_mesh_spec
-from scaling.hardware import CHIPS
-from scaling.program import predict
-from scaling.workload import Workload
+from scaling.core.mesh_shape import parse_mesh_spec
+from scaling.hardware.chips import CHIPS
+from scaling.step.program import predict
+from scaling.core.workload import Workload
 
 Bs = np.arange(2048, 65537, 2048)
 fig, ax = plt.subplots(figsize=(7, 3.8))

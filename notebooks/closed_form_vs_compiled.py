@@ -3,7 +3,7 @@
 #
 # Two independent accounts of one training (or forward) step of the FFN stack, per device:
 #
-# - **closed form**: `scaling.program.predict`, built from `scaling.flops`, `scaling.memory` and the
+# - **closed form**: `scaling.step.program.predict`, built from `scaling.step.flops`, `scaling.step.memory` and the
 #   Scaling Book collective volumes. It is derived from the model's structure (D, F, L), the mesh, the
 #   batch, the remat policy and the step, and never looks at a compiled program.
 # - **compiled**: the same step compiled by XLA ahead of time (`ffn_model.compile.abstract_compile`)
@@ -13,7 +13,7 @@
 #
 # `verify.check.check` puts the two side by side; every number in this notebook is one of its rows,
 # or computed from them. The ratio is **compiled / closed form**. The closed forms are what
-# `scaling.plan` ranks meshes with for slices we cannot run on, so this is the check that they describe
+# `scaling.planner.plan` ranks meshes with for slices we cannot run on, so this is the check that they describe
 # the program XLA actually builds.
 #
 # Acceptance bands (the same as `tests/test_check.py`):
@@ -55,7 +55,7 @@ print(f"jax {jax.__version__}, {len(jax.devices('cpu'))} CPU devices, libtpu ins
 # %% [markdown]
 # ## The grid
 #
-# The configurations `tests/test_check.py` asserts, from `verify.check` (`CPU_GRID`, `TPU_GRID`,
+# The configurations `tests/test_check.py` asserts, from `verify.grids` (`CPU_GRID`, `TPU_GRID`,
 # `XXL_TRAIN`): on 8 CPU devices every data × fsdp × tensor factorisation of 8, then an odd number of
 # blocks, two batch sizes, remat none / every-second / full, train and forward; on TPU v5p topologies
 # (2x2x1, 2x2x2, 4x4x4) a 4096 × 16384 model large enough that XLA:TPU keeps its arrays in HBM, and the
@@ -66,7 +66,7 @@ print(f"jax {jax.__version__}, {len(jax.devices('cpu'))} CPU devices, libtpu ins
 # is a tenth of it).
 
 # %%
-from verify.check import CPU_GRID, TPU_GRID, TPU_MID_GRID, XXL_TRAIN
+from verify.grids import CPU_GRID, TPU_GRID, TPU_MID_GRID, XXL_TRAIN
 
 TPU_GRID = TPU_GRID + [XXL_TRAIN]
 print(f"{len(CPU_GRID)} CPU configurations, {len(TPU_GRID)} TPU configurations, {len(TPU_MID_GRID)} mid-sized TPU ones")
@@ -219,7 +219,7 @@ for ax in axes[0]:
         handles.setdefault(lab, h)
 axes[0][-1].legend(handles.values(), handles.keys(), loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7,
                    frameon=False)
-fig.suptitle("Closed forms (scaling.program) against XLA's compiled program (verify.hlo): ratio per configuration")
+fig.suptitle("Closed forms (scaling.step.program) against XLA's compiled program (verify.hlo): ratio per configuration")
 fig.supxlabel("configuration: [TPU topology] DxFxL, mesh (d/f/t = data/fsdp/tensor), B tokens, remat, step", fontsize=8)
 fig.tight_layout()
 plt.show()

@@ -6,9 +6,9 @@
 # iterations (GPipe for R = 1, circular for R > 1). Without a stage axis, M microbatches are gradient
 # accumulation. This notebook shows, for the XXL model (D = 16384, F = 53248, L = 126):
 #
-# 1. the bubble in both conventions it is quoted in (closed forms, `scaling.pipeline`);
+# 1. the bubble in both conventions it is quoted in (closed forms, `scaling.step.pipeline`);
 # 2. per-device peak memory against the microbatch count at a fixed stage count, the closed form
-#    (`scaling.program.predict`, term by term) beside the compiler's peak for v5p (ahead of time);
+#    (`scaling.step.program.predict`, term by term) beside the compiler's peak for v5p (ahead of time);
 # 3. gradient accumulation: the XXL at 1M tokens on 128 v5p chips, which one pass cannot fit;
 # 4. the planner's best plans with and without stages on v5p-1024.
 
@@ -23,13 +23,14 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from mesh import devices as mesh_devices
-from scaling import pipeline, program
-from scaling.mesh_shape import MeshShape
-from scaling.presets import PRESETS
-from scaling.schedule import Schedule
-from scaling.hardware import get_chip
-from scaling.plan import plan
-from scaling.workload import Workload
+from scaling.step import pipeline
+from scaling.step import program
+from scaling.core.mesh_shape import MeshShape
+from scaling.families.presets import PRESETS
+from scaling.core.schedule import Schedule
+from scaling.hardware.chips import get_chip
+from scaling.planner.plan import plan
+from scaling.core.workload import Workload
 
 XXL, V5P = PRESETS["xxl"], get_chip("v5p")
 HAVE_TPU = mesh_devices.has_libtpu()
@@ -75,7 +76,7 @@ for S, M, R in ((2, 4, 1), (4, 8, 1), (4, 8, 2)):
 # ## 2. Peak memory against the microbatch count, XXL at stage=2, fsdp=8, tensor=4
 #
 # 64 v5p chips (v5p:4x4x4), B = 25,600 tokens, no remat: 2 stages of 63 blocks (126 = 2·3²·7: 4 stages
-# cannot split it). The closed form's terms (`scaling.memory.memory_per_device`):
+# cannot split it). The closed form's terms (`scaling.step.memory.memory_per_device`):
 #
 # - the stage's FP32 state, 16·P/N (master, Adam moments, gradient accumulator) — fixed;
 # - **activations in flight**: a scan's backward needs every forward iteration's residuals, so all
@@ -165,7 +166,7 @@ for M in (1, 2, 4, 8):
 # %% [markdown]
 # ## 4. The planner with and without stages: v5p-1024, 1M tokens
 #
-# `scaling.plan` enumerates (data, stage, fsdp, tensor) and the microbatch count (and circular repeats),
+# `scaling.planner.plan` enumerates (data, stage, fsdp, tensor) and the microbatch count (and circular repeats),
 # the bubble in its executed FLOPs and the activations in flight in its memory.
 
 # %%

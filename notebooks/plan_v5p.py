@@ -1,7 +1,7 @@
 # %% [markdown]
 # # Planning the XXL on TPU v5p slices
 #
-# `scaling.plan` enumerates every (data, stage, fsdp, tensor) factorisation of a slice's chips (stage: pipeline
+# `scaling.planner.plan` enumerates every (data, stage, fsdp, tensor) factorisation of a slice's chips (stage: pipeline
 # stages, which must divide the 126 blocks: 1 or 2 here), the microbatch counts (gradient accumulation without
 # stages, GPipe or circular with them) and every way of laying the mesh axes onto the slice's three physical
 # ICI axes, drops the plans whose closed-form memory per chip exceeds the chip's usable HBM (the hardware
@@ -16,9 +16,9 @@
 import math
 import time
 import matplotlib.pyplot as plt
-from scaling.presets import PRESETS
-from scaling.hardware import parse_slice
-from scaling.plan import plan
+from scaling.families.presets import PRESETS
+from scaling.hardware.chips import parse_slice
+from scaling.planner.plan import plan
 
 # %matplotlib inline
 plt.rcParams.update({"figure.dpi": 110, "font.size": 9})
@@ -116,15 +116,16 @@ for form, flags in (("sum", "default"), ("scheduled", "maxtext"), ("scheduled", 
 
 # %% [markdown]
 # ## Where the time goes: the terms of the top plans
-# The scheduled form's compute term is the step's kernels one after another (scaling.kernels): each matmul at the
+# The scheduled form's compute term is the step's kernels one after another (scaling.step.kernels): each matmul at the
 # fraction of peak its shape gets (the chip's matmul efficiency, fitted on a measured run: `jax-scaling validate
 # --fit`, times the MXU's tile quantization), the pointwise passes and AdamW's update at the HBM bandwidth. The
 # top three plans of v5p-128 at 25,600 tokens under `maxtext`, term by term (`jax-scaling predict --kernels` prints
 # one of them kernel by kernel):
 
 # %%
-from scaling import kernels, program  # noqa: E402
-from scaling.plan import workload_of  # noqa: E402
+from scaling.step import kernels  # noqa: E402
+from scaling.step import program  # noqa: E402
+from scaling.planner.plan import workload_of  # noqa: E402
 
 for p in plan(cfg, chip, 64, 25600, dims=dims, form="scheduled", flags="maxtext")[:3]:
     w = workload_of(p, cfg, flags="maxtext")

@@ -1,7 +1,7 @@
 # %% [markdown]
 # # Memory per device against sequence length: TP, SP, Ulysses and ring attention on v5p
 #
-# The seed-000 transformer (`scaling.presets.get_preset("seed000")`: D = 16384, N = 128 heads of H = 128,
+# The seed-000 transformer (`scaling.families.presets.get_preset("seed000")`: D = 16384, N = 128 heads of H = 128,
 # F = 53248, L = 126 pre-norm layers, P = 355.1 B parameters; the reference trace
 # `shared/reference/seeds/000_ulysses_2d_tp_trace.txt` runs one of its layers with Ulysses over 16 GPUs at
 # 60,000 tokens) trained with AdamW, per device, as the sequence length T grows, under four strategies:
@@ -17,7 +17,7 @@
 #
 # Two accounts of each point, as everywhere in this package:
 #
-# - **closed form**: `scaling.program.predict(...).memory` (`scaling.transformer.memory_per_device`),
+# - **closed form**: `scaling.step.program.predict(...).memory` (`scaling.families.transformer.memory_per_device`),
 #   term by term, instant, on a fine grid of T from 2k to 1M tokens;
 # - **compiled**: the same train step compiled ahead of time for the v5p topology through libtpu on this
 #   CPU machine (`verify.check.check`), its `peak_memory_in_bytes`; where the program does not fit, the
@@ -39,12 +39,12 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from mesh import devices as mesh_devices
-from scaling import program
-from scaling.mesh_shape import parse_mesh_spec
-from scaling.presets import get_preset
-from scaling.schedule import Schedule
-from scaling.hardware import CHIPS
-from scaling.workload import Workload
+from scaling.step import program
+from scaling.core.mesh_shape import parse_mesh_spec
+from scaling.families.presets import get_preset
+from scaling.core.schedule import Schedule
+from scaling.hardware.chips import CHIPS
+from scaling.core.workload import Workload
 
 HAVE_TPU = mesh_devices.has_libtpu()
 if HAVE_TPU:
@@ -73,7 +73,7 @@ print(f"jax {jax.__version__}; libtpu installed: {HAVE_TPU}")
 # **Weights.** The AdamW state is 5.68 TB; one v5p device can use 102.8 GB, so the weights must be split
 # at least 56 ways, and with the per-layer buffers and the activations, 128 ways: **fsdp = 8 × tensor = 16**
 # for every strategy, 44.4 GB of state per device. In this package the `context` axis does not split the
-# weights (`scaling.sharding`: `embed -> fsdp` only; MaxText also shards them over its context axis), so
+# weights (`scaling.core.sharding`: `embed -> fsdp` only; MaxText also shards them over its context axis), so
 # Ulysses or ring on the same 128 chips as fsdp = 8 × context = 16 would hold 16·P/8 = 710 GB of state per
 # device: it is the grey curve below, and the compiler's refusals confirm it. Context parallelism therefore
 # runs **on top of** the tensor split: fsdp = 8 × context = 8 × tensor = 16, 1024 chips. C = 8 is the
@@ -362,7 +362,7 @@ if ratios:
 # layer whose backward runs holds of its
 # recomputed forward (its norms, q, k, v, the attention's residuals, the MLP hidden); `inputs`: the batch
 # (BF16 x, FP32 y, whole over tensor). The columns are the closed form's own terms
-# (`scaling.transformer.memory_per_device`), whatever it names.
+# (`scaling.families.transformer.memory_per_device`), whatever it names.
 
 # %%
 rows = [(name, T, "compiled point") for name, T in POINTS if compiled.get((name, T), {}).get("outcome") == "fits"]

@@ -3,12 +3,12 @@
 #
 # Every run of `shared/reference/measured.md` (MaxText on TPU v5e, v4, v6e and H100; Megatron-LM on A100; BLOOM's
 # searches on A100), each written as the `jax-scaling predict` flags that describe it (`scaling/data/measured.toml`,
-# with its source and what the source leaves out), predicted by that command (`scaling.validate.validate`) and set
-# beside its measured step. A source that reports TFLOP/s is turned into seconds with the FLOP count it states
-# (`scaling.validate.CONVENTIONS`). The step model is the planner's scheduled form: the step's kernels at the time
-# their shapes take (`scaling.kernels`), the collectives its schedule leaves exposed. A TPU keeps one coefficient
-# fitted on one named run (its matmul efficiency, `fitted_on` in the hardware table); a GPU fits nothing on a step
-# (issue 38): its GEMMs, pointwise kernels, attention and launches come from its kernel table
+# with its source and what the source leaves out), predicted by that command (`scaling.reports.validate.validate`) and
+# set beside its measured step. A source that reports TFLOP/s is turned into seconds with the FLOP count it states
+# (`scaling.reports.validate.CONVENTIONS`). The step model is the planner's scheduled form: the step's kernels at the
+# time their shapes take (`scaling.step.kernels`), the collectives its schedule leaves exposed. A TPU keeps one
+# coefficient fitted on one named run (its matmul efficiency, `fitted_on` in the hardware table); a GPU fits nothing on
+# a step (issue 38): its GEMMs, pointwise kernels, attention and launches come from its kernel table
 # (`scaling/data/kernels/`: the A100's published cuBLAS curves, the H100's measured here with `jax-scaling
 # calibrate`). The group "bench" is this project's own `jax-scaling bench` runs on one NVIDIA H200, reported apart.
 # The model before issue 38 (one efficiency per GPU fitted on one step row) is set beside it from its recorded
@@ -17,7 +17,7 @@
 # %%
 import matplotlib.pyplot as plt
 import numpy as np
-from scaling.validate import validate
+from scaling.reports.validate import validate
 
 # %matplotlib inline
 plt.rcParams.update({"figure.dpi": 110, "font.size": 9})
@@ -70,8 +70,8 @@ for c, rho in v["comparisons"].items():
 # against the model's (`jax-scaling kernels --gemm MxNxK --chip C --dtype D`).
 
 # %%
-from scaling import kernels
-from scaling.hardware import get_chip
+from scaling.step import kernels
+from scaling.hardware.chips import get_chip
 
 fig, axes = plt.subplots(1, 2, figsize=(10, 4))
 for ax, name in zip(axes, ("A100-80GB", "H100")):
@@ -99,7 +99,7 @@ plt.show()
 # table), the medians per group.
 
 # %%
-from scaling.validate import refitted
+from scaling.reports.validate import refitted
 
 h = refitted("hierarchical")
 hier = {r["id"]: r for r in h["validation"]["rows"]}

@@ -5,8 +5,10 @@ that compiles nothing, and of those that compile (tpu, compiles, numerics, grid,
 the smallest compiled comparison of each closed-form term (tests/test_tiers.py holds that every term has one);
 `make test-all` runs everything."""
 
+import ast
 import os
 import tempfile
+from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # AOT compiles for TPU topologies load libtpu in this process and in notebook kernels it starts
@@ -94,6 +96,40 @@ def _has_libtpu() -> bool:
     except ImportError:
         return False
     return True
+
+
+def pytest_addoption(parser):
+    parser.addoption("--of", action="append", default=[], metavar="MODULE",
+                     help="only the test files that import MODULE (a dotted name or a path: scaling.families.moe, "
+                          "scaling/families/moe.py, scaling.families for the sub-package); repeatable")
+
+
+def _module_name(text: str) -> str:
+    """scaling/families/moe.py or scaling.families.moe -> scaling.families.moe."""
+    return text.removesuffix(".py").replace("/", ".").removesuffix(".__init__").strip(".")
+
+
+def imported_modules(path: Path) -> set[str]:
+    """The dotted names a file imports (``from a.b import c``: a.b and a.b.c; function-level imports too)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+    return names
+
+
+def imports_any(path: Path, targets: list[str]) -> bool:
+    """Whether the test file ``path`` imports one of ``targets`` (modules or packages, dotted)."""
+    return any(n == t or n.startswith(t + ".") for n in imported_modules(path) for t in targets)
+
+
+def pytest_ignore_collect(collection_path, config):
+    targets = [_module_name(t) for t in config.getoption("of")]
+    if targets and collection_path.suffix == ".py" and collection_path.name.startswith("test_"):
+        return not imports_any(collection_path, targets) or None
+    return None
 
 
 @pytest.hookimpl(tryfirst=True)

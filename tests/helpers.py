@@ -12,8 +12,8 @@ import re
 
 import numpy as np
 
-from scaling.presets import get_preset
-from scaling.schedule import Schedule
+from scaling.families.presets import get_preset
+from scaling.core.schedule import Schedule
 
 # 3 AdamW steps at lr 1e-3: every numerics test's run
 STEPS, LR = 3, 1e-3
@@ -31,7 +31,7 @@ def mesh_of(spec: str):
     import jax
 
     from mesh import make_mesh
-    from scaling.mesh_shape import parse_mesh_spec
+    from scaling.core.mesh_shape import parse_mesh_spec
 
     return make_mesh(spec, jax.devices()[: parse_mesh_spec(spec).devices])
 
@@ -43,7 +43,7 @@ def run_steps(cfg, spec: str, batch_tokens: int, schedule: Schedule = Schedule()
 
     from ffn_model.train import train
     from mesh import mesh_shape
-    from scaling.workload import Workload
+    from scaling.core.workload import Workload
 
     m = mesh_of(spec)
     losses, state = train(Workload(cfg, mesh_shape(m), batch_tokens, remat=remat, schedule=schedule), m, steps,

@@ -16,12 +16,12 @@ import dataclasses
 import numpy as np
 import pytest
 
-from scaling import program
-from scaling.hardware import get_chip
-from scaling.moe import MOE_PRESETS, all_to_all_seconds
-from scaling.presets import get_preset
-from scaling.schedule import Schedule
-from scaling.workload import Workload
+from scaling.step import program
+from scaling.hardware.chips import get_chip
+from scaling.families.moe import MOE_PRESETS, all_to_all_seconds
+from scaling.families.presets import get_preset
+from scaling.core.schedule import Schedule
+from scaling.core.workload import Workload
 
 V5P = get_chip("v5p")
 W = V5P.ici_bidi  # W_ici, bidirectional per link (1.8e11 B/s)
@@ -52,9 +52,9 @@ MOE_A2A, ULYSSES_A2A = 163_840, 32_768
 
 
 def test_the_volumes_are_a_device_s_buffers():
-    assert moe_workload().model.collective_volumes(moe_workload())["expert"] == {"all-to-all": MOE_A2A}
+    assert moe_workload().model.forms.collective_volumes(moe_workload())["expert"] == {"all-to-all": MOE_A2A}
     u = ulysses_workload()
-    assert u.model.collective_volumes(u)["context"]["all-to-all"] == ULYSSES_A2A
+    assert u.model.forms.collective_volumes(u)["context"]["all-to-all"] == ULYSSES_A2A
 
 
 def test_moe_all_to_all_is_priced_on_the_axis_array():
@@ -71,7 +71,7 @@ def test_ulysses_all_to_all_is_priced_on_the_axis_array():
     # tiny-tf's 2 blocks of D·H·(2N+2K) + 2·D·F = 64·8·32 + 2·64·256 = 49,152 parameters, BF16: 196,608 B.
     # T = 2·196,608/W (an all-reduce, twice an all-gather) + the Book's AllToAll of 4·32,768 B: 4·32,768/(4·W)
     u = ulysses_workload()
-    assert u.model.collective_volumes(u)["context"]["all-reduce"] == 196_608
+    assert u.model.forms.collective_volumes(u)["context"]["all-reduce"] == 196_608
     p = program.predict(u, V5P, axis_links={"context": 1.0})
     assert p.times.comms["context"] == pytest.approx((2 * 196_608 + 32_768) / W, rel=1e-12)
 
@@ -86,7 +86,7 @@ def test_the_time_takes_the_axis_size_its_links_and_the_planner_s_arrays():
     two = program.comm_times({"expert": {"all-to-all": V}}, V5P, {"expert": 2.0}, mesh={"expert": 4})
     line = program.comm_times({"expert": {"all-to-all": V}}, V5P, {"expert": 0.5}, mesh={"expert": 4})
     assert (two["expert"], line["expert"]) == (pytest.approx(V / (2 * W)), pytest.approx(2 * V / W))
-    # the same as scaling.moe's ring form (expert_critical_batch's), n·V/(4·W_ici)
+    # the same as scaling.families.moe's ring form (expert_critical_batch's), n·V/(4·W_ici)
     assert program.comm_times({"expert": {"all-to-all": V}}, V5P, {"expert": 1.0}, mesh={"expert": 8})["expert"] \
         == pytest.approx(all_to_all_seconds(V, 8, W, "ring"), rel=1e-12)
 
@@ -129,9 +129,9 @@ def test_compiled_all_to_alls_against_the_closed_form(make, axis, hand_f32, ops)
     assert all(c.axes == (axis,) and c.group_size == 4 and c.operand_bytes == c.result_bytes for c in a2a)
     compiled = sum(c.operand_bytes * c.count for c in a2a)
     widened = w.with_facts(min_comm_bytes=4)
-    assert compiled == hand_f32 == widened.model.collective_volumes(widened)[axis]["all-to-all"]
+    assert compiled == hand_f32 == widened.model.forms.collective_volumes(widened)[axis]["all-to-all"]
     # the Book on the compiled program: Σ count·group·operand·(2/4)/(4·W), e.g. MoE 4·327,680/2/(4·W) = 163,840/W
     book = sum(c.count * c.group_size * c.operand_bytes * 2 / 4 for c in a2a) / (4 * W)
-    priced = program.comm_times({axis: {"all-to-all": w.model.collective_volumes(w)[axis]["all-to-all"]}}, V5P,
+    priced = program.comm_times({axis: {"all-to-all": w.model.forms.collective_volumes(w)[axis]["all-to-all"]}}, V5P,
                                 {axis: 1.0}, mesh=w.mesh)[axis]
     assert priced == pytest.approx(book, rel=1e-12)

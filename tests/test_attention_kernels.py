@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 
 from ffn_model.attention import attention_materialized, splash_attention
-from scaling.schedule import Schedule, attention_for
-from scaling.transformer import attention_shares, attention_units, step_flops
-from verify.check import TPU_SPLASH_GRID, grid_workload
+from scaling.core.schedule import Schedule, attention_for
+from scaling.families.transformer import attention_shares, attention_units, step_flops
+from verify.check import grid_workload
+from verify.grids import TPU_SPLASH_GRID
 from tests.helpers import FWD_ATOL, GRAD_RTOL, attention_loss as _loss, reference_attention as reference, rows
 
 # the kernel's blocks are multiples of its 128 lanes: T = 256 in blocks of 128, two query blocks, the causal mask
@@ -116,8 +117,8 @@ def test_cudnn_refused_without_a_gpu():
 
 @pytest.mark.compiles
 def test_ring_with_a_library_kernel_refused():
-    from scaling.mesh_shape import parse_mesh_spec
-    from scaling.presets import get_preset
+    from scaling.core.mesh_shape import parse_mesh_spec
+    from scaling.families.presets import get_preset
     cfg = get_preset("small-tf")
     for kernel in ("splash", "cudnn"):
         with pytest.raises(ValueError, match="ulysses, not ring"):
@@ -129,8 +130,8 @@ def test_ring_with_a_library_kernel_refused():
 def test_splash_closed_form_counts_the_visited_blocks():
     """T = 4096 in splash's 512 blocks: nb = 8, the causal mask visits 8·9/2 = 36 of 64 block pairs (hand count);
     a window W = 1024 (c = 2 blocks back) visits 8 + 7 + 6 = 21 of 64 (rows i see blocks max(0, i-2)..i)."""
-    from scaling.presets import get_preset
-    from scaling.mesh_shape import parse_mesh_spec
+    from scaling.families.presets import get_preset
+    from scaling.core.mesh_shape import parse_mesh_spec
     cfg, mesh = get_preset("small-tf").replace(seq_len=4096), parse_mesh_spec("fsdp=8")
     executed, model, timed = attention_shares(cfg, Schedule(attention="splash"), mesh)
     assert executed == pytest.approx(36 / 64) and timed == pytest.approx(36 / 64)
@@ -185,7 +186,8 @@ def test_splash_train_step_on_v5p_in_band(devices, cfg, mesh, batch, remat, step
     """The acceptance row: a transformer with a 32k vocabulary, splash attention, on v5p:2x2x2 (TPU_SPLASH_GRID's
     first row), and the smallest the kernel takes: the program's dot FLOPs (the closed form less what runs in
     splash's kernels) within 2%, collectives per axis within 2%, the peak within 10% where HBM dominates it."""
-    from verify.check import PEAK_BANDED_ABOVE, check
+    from verify.check import check
+    from verify.grids import PEAK_BANDED_ABOVE
     rep = check(grid_workload(cfg, mesh, batch, remat, step, schedule), devices)
     assert 0.98 <= rep.flops.matmul.ratio <= 1.02, rep.flops.matmul
     for axis, row in rep.collectives.by_axis.items():
@@ -208,9 +210,9 @@ def test_splash_transformer_trains_like_one_device(spec, schedule):
     shard_map over batch and heads (or Ulysses' all-to-alls) around the kernel gives each device whole sequences."""
     from ffn_model.train import train
     from mesh import make_mesh, mesh_shape
-    from scaling.mesh_shape import parse_mesh_spec
-    from scaling.workload import Workload
-    from scaling.presets import get_preset
+    from scaling.core.mesh_shape import parse_mesh_spec
+    from scaling.core.workload import Workload
+    from scaling.families.presets import get_preset
     from tests.helpers import LR, STEPS, assert_matches, one_device
     cfg = get_preset("tiny-tf").replace(kv_heads=4, seq_len=128)
     batch = 4 * cfg.seq_len

@@ -1,12 +1,12 @@
 """jax-scaling calibrate: refuses without an accelerator; on the (emulated) CPU with --allow-cpu it times a small grid
-and writes a kernel table that scaling.kernel_tables reads back, row for row."""
+and writes a kernel table that scaling.hardware.kernel_tables reads back, row for row."""
 
 import jax
 import pytest
 
 from jax_scaling import calibrate as command
 from jax_scaling.cli import main
-from scaling.kernel_tables import load_kernel_table
+from scaling.hardware.kernel_tables import load_kernel_table
 from verify import calibrate as cal
 
 

@@ -1,6 +1,6 @@
-"""The closed forms against the compiled program (verify.check), over a grid of configurations.
+"""The closed forms against the compiled program (verify.check), over the grids of configurations (verify.grids).
 
-The two sides are independent: the closed forms (scaling.program, scaling.memory, scaling.flops)
+The two sides are independent: the closed forms (scaling.step.program, scaling.step.memory, scaling.step.flops)
 are derived from the model's structure and never look at a compiled program; the compiled side is
 XLA's own program, read back by verify.hlo and memory_analysis(). Each assertion is the issue's
 acceptance band: matmul FLOPs and argument memory within [0.99, 1.01], collective bytes (total and
@@ -16,19 +16,20 @@ import sys
 
 import pytest
 
-from verify.check import (CPU_GRID, grid_workload, CPU_SEQUENCE_GRID, CPU_STAGE_GRID, CPU_TF_STAGE_GRID,
-                          PEAK_BANDED_ABOVE, TPU_CHIP_GRID, TPU_GRID, TPU_MID_GRID, TPU_SEQUENCE_GRID, TPU_STAGE_GRID,
-                          TPU_TF_STAGE_GRID, XXL_ACCUMULATE,
-                          XXL_SEQUENCE_PARALLEL, XXL_STAGES, XXL_TRAIN, CACHE_ENV, check)
-from scaling.presets import get_preset
+from verify.cache import CACHE_ENV
+from verify.check import check, grid_workload
+from verify.grids import (CPU_GRID, CPU_SEQUENCE_GRID, CPU_STAGE_GRID, CPU_TF_STAGE_GRID, PEAK_BANDED_ABOVE,
+                          TPU_CHIP_GRID, TPU_GRID, TPU_MID_GRID, TPU_SEQUENCE_GRID, TPU_STAGE_GRID, TPU_TF_STAGE_GRID,
+                          XXL_ACCUMULATE, XXL_SEQUENCE_PARALLEL, XXL_STAGES, XXL_TRAIN)
+from scaling.families.presets import get_preset
 from tests.helpers import assert_bands as _assert_bands, assert_tpu_bands as _assert_tpu_bands, rows
-from scaling.transformer import TransformerConfig
-from scaling.workload import Workload
-from scaling.hardware import get_chip
+from scaling.families.transformer import TransformerConfig
+from scaling.core.workload import Workload
+from scaling.hardware.chips import get_chip
 
 
 def test_grid_covers_the_acceptance_configurations():
-    """The grid (verify.check.CPU_GRID / TPU_GRID) holds what the issue asks: >= 16 CPU configs with
+    """The grid (verify.grids.CPU_GRID / TPU_GRID) holds what the issue asks: >= 16 CPU configs with
     every data x fsdp x tensor factorisation of 8, an odd block count, two batch sizes, remat none
     and every-second, train and forward; TPU v5p 2x2x1, 2x2x2, 4x4x4 with the XXL at fsdp=16,tensor=4."""
     assert len(CPU_GRID) >= 16
@@ -92,7 +93,7 @@ def test_tpu_mid_sized_models(devices, cfg, mesh, batch, remat, step):
 def test_tpu_other_generations(devices, cfg, mesh, batch, remat, step):
     """v5e and v6e (2D tori), v4 (megacore: one device per chip) and TPU7x (two devices per chip): FLOPs,
     arguments and collectives in their bands; the peak in its band where the program is large enough for
-    HBM to dominate (closed-form peak >= 4 GiB: verify.check.PEAK_BANDED_ABOVE)."""
+    HBM to dominate (closed-form peak >= 4 GiB: verify.grids.PEAK_BANDED_ABOVE)."""
     rep = check(grid_workload(cfg, mesh, batch, remat, step), devices)
     _assert_bands(rep)
     peak = rep.memory.peak
@@ -101,13 +102,33 @@ def test_tpu_other_generations(devices, cfg, mesh, batch, remat, step):
     assert rep.config.chip == devices.split(":")[1]  # timed with the topology's own chip row
 
 
+def test_grids_names_every_grid():
+    """verify.grids.GRIDS (flag_grid's lookup by name) holds every *_GRID list of verify.grids under its own name, and
+    flag_grid refuses a name it lacks before anything compiles. verify.grids is data: it imports scaling's
+    configurations and schedule, nothing of verify."""
+    import ast
+    from pathlib import Path
+
+    import verify.grids as grids
+    from verify.check import flag_grid
+
+    tree = ast.parse(Path(grids.__file__).read_text())
+    imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert all(m == "__future__" or m.startswith("scaling.") for m in imported), imported
+    lists = {name: rows for name, rows in vars(grids).items() if name.endswith("_GRID")}
+    assert list(grids.GRIDS) == list(lists) and all(grids.GRIDS[n] is rows for n, rows in lists.items())
+    with pytest.raises(ValueError, match="no grid TPU_GIRD in verify.grids; its grids: CPU_GRID, TPU_GRID"):
+        flag_grid(("TPU_GRID", "TPU_GIRD"))
+
+
 def test_chip_grid_covers_every_generation():
     """At least one 2D-torus generation, v4 and TPU7x, each with a configuration whose peak is banded."""
-    from scaling.hardware import get_chip
+    from scaling.hardware.chips import get_chip
 
     chips = {d.split(":")[1] for d, *_ in TPU_CHIP_GRID}
     assert {"v4", "TPU7x"} <= chips and chips & {"v5e", "v6e"}
-    from scaling import program
+    from scaling.step import program
     for chip in chips:
         peaks = [program.predict(grid_workload(c, m, b, r, s)).memory["total"]
                  for d, c, m, b, r, s in TPU_CHIP_GRID if d.split(":")[1] == chip]
@@ -350,8 +371,8 @@ def test_cpu_check_times_the_bytes_a_tpu_moves():
     """XLA:CPU widens bf16 collectives to f32; the compared volumes say so, but the ICI times are those
     of the bf16 bytes a TPU moves: the same as predict's with no widening, half the widened ones' here
     (every collective of this step is bf16 but the 4-byte loss)."""
-    from scaling import program
-    from scaling.mesh_shape import MeshShape
+    from scaling.step import program
+    from scaling.core.mesh_shape import MeshShape
 
     cfg = get_preset("small")
     rep = check(grid_workload(cfg, "fsdp=4,tensor=2", 4096), "cpu:8")

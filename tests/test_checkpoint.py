@@ -20,8 +20,8 @@ from ffn_model import checkpoint as ckpt
 from jax_scaling.cli import main
 from ffn_model.train import state_shardings, train
 from mesh import make_mesh, mesh_shape
-from scaling.presets import PRESETS
-from scaling.workload import Workload
+from scaling.families.presets import PRESETS
+from scaling.core.workload import Workload
 
 TINY = PRESETS["tiny"]  # D=64, F=256, L=3
 B = 64
@@ -111,8 +111,8 @@ jax.config.update("jax_num_cpu_devices", 8)
 from ffn_model import checkpoint as ckpt
 from ffn_model.train import train
 from mesh import make_mesh, mesh_shape
-from scaling.presets import PRESETS
-from scaling.workload import Workload
+from scaling.families.presets import PRESETS
+from scaling.core.workload import Workload
 
 d = sys.argv[1]
 m = make_mesh("fsdp=4,tensor=2")
@@ -499,7 +499,7 @@ def test_a_checkpoint_dir_with_a_control_character_is_refused(tmp_path, capsys):
                      "--checkpoint-dir", str(tmp_path / name)])
         out, err = capsys.readouterr()
         assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, (code, out, err)
-        # the command line's one rule for text flags (scaling.limits.check_text) refuses it before train's own
+        # the command line's one rule for text flags (scaling.core.limits.check_text) refuses it before train's own
         assert re.fullmatch(rf"error: jax-scaling train: --checkpoint-dir '.*/{shown}' holds a control character "
                             r"\('.*'\); give printable characters\n", err), err
         with pytest.raises(ValueError, match="holds a control character"):

@@ -14,8 +14,8 @@ import pytest
 from ffn_model import checkpoint as ckpt
 from ffn_model.train import train
 from mesh import make_mesh, mesh_shape
-from scaling.presets import PRESETS
-from scaling.workload import Workload
+from scaling.families.presets import PRESETS
+from scaling.core.workload import Workload
 from tests.helpers import run_cli as run, refused
 
 TINY = PRESETS["tiny"]  # D=64, F=256, L=3

@@ -18,8 +18,8 @@ from verify.bench import bench
 from jax_scaling.cli import main
 from ffn_model.train import state_shardings, train
 from mesh import make_mesh, mesh_shape
-from scaling.presets import PRESETS, get_preset
-from scaling.workload import Workload
+from scaling.families.presets import PRESETS, get_preset
+from scaling.core.workload import Workload
 from tests.helpers import assert_one_error_line
 
 TINY = PRESETS["tiny"]  # D=64, F=256, L=3
@@ -357,17 +357,18 @@ def test_chip_from_device_kind():
 def test_size_rule_weighs_the_closed_form_against_the_host(monkeypatch):
     """train and bench on emulated CPU devices allocate in this host's memory: the closed-form memory per device
     times the devices must fit it; compile (no cpu_devices) allocates nothing and is not held to it."""
-    from scaling import limits as cli
-    from scaling.mesh_shape import parse_mesh_spec
+    from scaling.core import limits as cli
+    from scaling.step.program import predict
+    from scaling.core.mesh_shape import parse_mesh_spec
 
     mesh = parse_mesh_spec("fsdp=8", 8)
     # the tiny model's state alone: 16 B × 2·64·256·3 / 8 = 24,576 B per device, 196,608 B on 8 devices
     monkeypatch.setattr(cli, "host_memory_bytes", lambda: 196_608)
+    need = predict(Workload(TINY, mesh, 64)).memory["total"]
     with pytest.raises(ValueError, match=r"on 8 CPU devices, which share this host.s memory: 0.0001966 GB"):
-        cli.check_size(Workload(TINY, mesh, 64), cpu_devices=8)
-    cli.check_size(Workload(TINY, mesh, 64))
+        cli.check_host_memory("train", need, 8)
     monkeypatch.setattr(cli, "host_memory_bytes", lambda: 10**9)  # a few hundred kB fit in 1 GB
-    cli.check_size(Workload(TINY, mesh, 64), cpu_devices=8)
+    cli.check_host_memory("train", need, 8)
 
 
 def test_tpu_refusal_is_one_line():

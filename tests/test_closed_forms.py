@@ -13,15 +13,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scaling import collectives, flops, memory, roofline
-from scaling.answers import answers
-from scaling.ffn import FFNConfig
-from scaling.mesh_shape import MeshShape, parse_mesh_spec
-from scaling.presets import PRESETS
-from scaling.schedule import Schedule
-from scaling.program import collective_volumes as collectives_of
-from scaling.hardware import get_chip, parse_slice, slice_topology
-from scaling.workload import Workload
+from scaling.hardware import collectives
+from scaling.step import flops
+from scaling.step import memory
+from scaling.hardware import roofline
+from scaling.reports.answers import answers
+from scaling.families.ffn import FFNConfig
+from scaling.core.mesh_shape import MeshShape, parse_mesh_spec
+from scaling.families.presets import PRESETS
+from scaling.core.schedule import Schedule
+from scaling.step.program import collective_volumes as collectives_of
+from scaling.hardware.chips import get_chip, parse_slice, slice_topology
+from scaling.core.workload import Workload
 
 XXL = PRESETS["xxl"]
 
@@ -310,7 +313,7 @@ def test_d_under_the_flags_production_runs_pass():
     assert d["best_split"]["overall_batch"] == pytest.approx(8 * al / 2, rel=1e-9)
     assert d["pipeline"] == pytest.approx(8 * al / 2, rel=1e-9)
     # the X=4, Y=16 split: its half-bytes sum form (11,011 by hand) is what the best split beats
-    from scaling.answers import flags_batch
+    from scaling.reports.answers import flags_batch
     assert flags_batch(53248, 4, 16, al, 2, 1, "within-block") == pytest.approx(11_011, abs=1)
 
 
@@ -322,7 +325,8 @@ def test_cli_text_shows_both_conventions():
 
 
 def test_import_scaling_does_not_import_jax():
-    code = "import sys, scaling, scaling.answers, scaling.roofline, scaling.memory; sys.exit('jax' in sys.modules)"
+    code = ("import sys, scaling, scaling.reports.answers, scaling.hardware.roofline, scaling.step.memory; "
+            "sys.exit('jax' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
 
 
@@ -443,7 +447,7 @@ def test_vocabulary_terms_by_hand():
       tensor       the lookup's sum and the output's input gradient, c·t·D = 1,048,576 B each; the loss's max on
                    the BF16 logits 2·t = 4,096 and its two FP32 sums 8·t = 16,384
       inputs       int32 ids and labels 8·t = 16,384 B instead of x and y, 6·t·D = 3,145,728"""
-    from scaling.transformer import collective_volumes, memory_per_device, step_flops
+    from scaling.families.transformer import collective_volumes, memory_per_device, step_flops
 
     base = PRESETS["small-tf"]
     mesh = parse_mesh_spec("fsdp=2,tensor=4")
@@ -470,7 +474,7 @@ def test_parallel_block_terms_by_hand():
       recompute FLOPs    parallel skips W_o's matmul, 2·t·N·H·D/Y = 2·2048·256·256/4 = 67,108,864 per layer,
                          268,435,456 for the 4 layers
       saved per layer    parallel keeps one norm and no mid: 2·c·t·D = 2,097,152 B fewer"""
-    from scaling.transformer import collective_volumes, saved_per_layer, step_flops
+    from scaling.families.transformer import collective_volumes, saved_per_layer, step_flops
 
     cfg = PRESETS["small-tf"]
     mesh = parse_mesh_spec("fsdp=2,tensor=4")
@@ -491,7 +495,7 @@ def test_measured_runs_presets_by_their_sources():
     presets plus the RMSNorm scales this package's model omits (2·L·D + D) give the released checkpoints'
     parameter counts (Llama-2-7B 6,738,415,616; Llama-2-70B 68,976,648,192; Llama-3.1-8B 8,030,261,248;
     Llama-3.1-70B 70,553,706,496)."""
-    from scaling.presets import maxtext_scale
+    from scaling.families.presets import maxtext_scale
 
     table = {16: (5120, 32, 32768, 32), 32: (10240, 32, 32768, 32), 64: (10240, 32, 32768, 64),
              128: (10240, 64, 65536, 64)}
@@ -530,9 +534,9 @@ def test_zero1_terms_by_hand():
 def test_transformer_pipeline_terms_by_hand():
     """The transformer on stage=2, fsdp=2, tensor=2 (D=64, 8 heads and 4 kv heads of 8, F=256, L=4, T=64,
     V=512; 8 sequences: t = 512/(data·fsdp) = 256 tokens per device, M = 4 microbatches of t/M = 64), BF16
-    c = 2 on the wire (scaling.transformer.passes, stage_volumes, module docstring)."""
-    from scaling import pipeline
-    from scaling import transformer as tf
+    c = 2 on the wire (scaling.families.transformer.passes, stage_volumes, module docstring)."""
+    from scaling.step import pipeline
+    from scaling.families import transformer as tf
 
     cfg = PRESETS["tiny-tf"].replace(kv_heads=4, blocks=4, vocab=512)
     mesh = parse_mesh_spec("stage=2,fsdp=2,tensor=2")
@@ -566,9 +570,9 @@ def test_transformer_pipeline_terms_by_hand():
 
 def test_interleaved_one_f_one_b_terms_by_hand():
     """The interleaved 1F1B (repeats R = 2) on the mesh and model above: S = 2, M = 4, chunks of L/(S·R) = 1 layer
-    (ffn_model.pipeline.one_f_one_b, scaling.pipeline)."""
-    from scaling import pipeline
-    from scaling import transformer as tf
+    (ffn_model.pipeline.one_f_one_b, scaling.step.pipeline)."""
+    from scaling.step import pipeline
+    from scaling.families import transformer as tf
 
     cfg = PRESETS["tiny-tf"].replace(kv_heads=4, blocks=4, vocab=512)
     w = Workload(cfg, parse_mesh_spec("stage=2,fsdp=2,tensor=2"), 512, schedule=Schedule(4, 2, pipeline="1f1b"))
@@ -597,8 +601,8 @@ def test_one_f_one_b_warmup_phases_by_hand():
     """1F1B with warm-up phases (Schedule.warmup_phases) on the mesh and model above (S = 2, M = 4): its first and
     last W = R·S − 1 iterations run one slot each (ffn_model.pipeline.one_f_one_b), so a stage runs R·M + S − 1
     slots each way and the output layer in the R·(M − S) + S iterations between: Megatron's bubble (S − 1)/(R·M)."""
-    from scaling import pipeline
-    from scaling import transformer as tf
+    from scaling.step import pipeline
+    from scaling.families import transformer as tf
 
     cfg = PRESETS["tiny-tf"].replace(kv_heads=4, blocks=4, vocab=512)
     mesh = parse_mesh_spec("stage=2,fsdp=2,tensor=2")

@@ -44,7 +44,7 @@ def test_console_script_is_the_command_layer():
     # check's values: the workload is built and refused before verify (and jax) is imported
     ("jax-scaling", "check --batch-tokens 0", "--batch-tokens must be a positive integer, got 0"),
     ("jax-scaling", "check --devices cpu:8 --mesh fsdp=8 --batch-tokens 100", "batch_tokens=100 is not divisible"),
-    # a flag set that does not exist, a flag not written --name=value (scaling.flags)
+    # a flag set that does not exist, a flag not written --name=value (scaling.core.flags)
     ("jax-scaling", "check --xla-flags fastest", "unknown XLA flag set 'fastest'"),
     ("python -m scaling", "plan --xla-flags=--xla_x=1 --xla-flags=-=2", "XLA flag '-=2' is not of the form"),
 ])

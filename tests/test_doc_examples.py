@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 
 from mesh.devices import has_cuda_plugin
-from scaling.hardware import get_chip
+from scaling.hardware.chips import get_chip
 from tests.helpers import run_cli as run
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -19,10 +19,10 @@ from ffn_model.compile import abstract_compile
 from ffn_model.sharded import to_bf16
 from ffn_model.train import train
 from mesh import make_mesh, mesh_shape
-from scaling.ffn import FFNConfig
-from scaling.mesh_shape import MeshShape
-from scaling.presets import PRESETS
-from scaling.workload import Workload
+from scaling.families.ffn import FFNConfig
+from scaling.core.mesh_shape import MeshShape
+from scaling.families.presets import PRESETS
+from scaling.core.workload import Workload
 from verify.hlo import read_compiled
 
 TINY = PRESETS["tiny"]  # D=64, F=256, L=3 (odd: every-second remat has a leftover block)

@@ -1,5 +1,5 @@
-"""XLA flag sets (scaling.flags): the table, the refusals, the schedule read from the program (verify.hlo) and
-the closed form that follows it (scaling.program.exposed_volumes), against programs compiled ahead of time."""
+"""XLA flag sets (scaling.core.flags): the table, the refusals, the schedule read from the program (verify.hlo) and
+the closed form that follows it (scaling.step.program.exposed_volumes), against programs compiled ahead of time."""
 
 import subprocess
 import sys
@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from scaling import program
-from scaling.mesh_shape import parse_mesh_spec
-from scaling.presets import get_preset
-from scaling.flags import DEFAULT_FLAGS, FLAG_SETS, get_flag_set
-from scaling.workload import Workload
+from scaling.step import program
+from scaling.core.mesh_shape import parse_mesh_spec
+from scaling.families.presets import get_preset
+from scaling.core.flags import DEFAULT_FLAGS, FLAG_SETS, get_flag_set
+from scaling.core.workload import Workload
 from verify import hlo
 
 XXL = get_preset("xxl")

@@ -1,5 +1,5 @@
-"""Full remat with ring attention: the compiled peak against the closed form's (scaling.transformer.memory_per_device,
-ring_forward_phase).
+"""Full remat with ring attention: the compiled peak against the closed form's
+(scaling.families.transformer.memory_per_device, ring_forward_phase).
 
 Under full remat the backward's phase holds the FP32 gradients, one layer's gathered weights and its recomputed
 residuals; with ring attention the forward's phase also holds what jax's linearization hoists out of the layer loop,
@@ -14,14 +14,15 @@ from __future__ import annotations
 
 import pytest
 
-from scaling import transformer
-from scaling.presets import get_preset
-from scaling.schedule import Schedule
-from scaling.flags import get_flag_set
-from verify.check import PEAK_BANDED_ABOVE, check, grid_workload
+from scaling.families import transformer
+from scaling.families.presets import get_preset
+from scaling.core.schedule import Schedule
+from scaling.core.flags import get_flag_set
+from verify.check import check, grid_workload
+from verify.grids import PEAK_BANDED_ABOVE
 
 RING = Schedule(context="ring", attention="flash")
-# the TPU sequence grid's 4096-wide transformer (verify.check): 32 heads, 8 kv heads, F = 16384, 4 layers, T = 4096
+# the TPU sequence grid's 4096-wide transformer (verify.grids): 32 heads, 8 kv heads, F = 16384, 4 layers, T = 4096
 _LARGE_TF = get_preset("small-tf").replace(d_model=4096, heads=32, kv_heads=8, d_ff=16384, blocks=4, seq_len=4096)
 
 # (devices, cfg, mesh, batch tokens, XLA flag set): the issue's configuration, then others that move C, s, the key

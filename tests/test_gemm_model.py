@@ -1,6 +1,7 @@
 """The GEMM time on GPUs from the device's structure and kernel-level data (issue 38): t_fixed + max(waves-quantized
-math at ceiling·peak, bytes/HBM bw), ceiling and t_fixed fitted on a kernel table (scaling.kernels.gemm_coefficients,
-scaling/data/kernels/), the kernel tables' format (scaling.kernel_tables) and `jax-scaling kernels --gemm`.
+math at ceiling·peak, bytes/HBM bw), ceiling and t_fixed fitted on a kernel table
+(scaling.step.kernels.gemm_coefficients, scaling/data/kernels/), the kernel tables' format
+(scaling.hardware.kernel_tables) and `jax-scaling kernels --gemm`.
 
 Expected figures are NVIDIA's published A100 cuBLAS curve (the "CUDA 11 Features Revealed" blog, Fig. 6, read off
 the plot: ±5 TFLOP/s) and PyTorch's TF32/FP32 timings (docs notes/cuda.rst), as ../shared/reference/kernels.md
@@ -12,12 +13,12 @@ import json
 import pytest
 
 from jax_scaling.cli import main
-from scaling import kernels
-from scaling.hardware import CHIPS, get_chip
-from scaling.kernel_tables import kernel_table, load_kernel_table, parse_kernel_table
-from scaling.presets import PRESETS
-from scaling.schedule import Schedule
-from scaling.workload import Workload
+from scaling.step import kernels
+from scaling.hardware.chips import CHIPS, get_chip
+from scaling.hardware.kernel_tables import kernel_table, load_kernel_table, parse_kernel_table
+from scaling.families.presets import PRESETS
+from scaling.core.schedule import Schedule
+from scaling.core.workload import Workload
 
 # NVIDIA, CUDA 11 blog Fig. 6, A100 SXM square GEMMs, TFLOP/s
 NV_BF16 = {1024: 88, 2048: 195, 4096: 258, 8192: 290}
@@ -162,7 +163,7 @@ def test_no_gpu_coefficient_is_fitted_on_a_step_row(capsys):
     assert main(["validate", "--fit"]) == 0
     out = capsys.readouterr().out
     assert not any(c.name in out.split() for c in CHIPS.values() if c.kind == "gpu")
-    from scaling.validate import validate
+    from scaling.reports.validate import validate
     v = validate()
     assert v["groups"]["gpu"]["held_out"] == v["groups"]["gpu"]["n"]
 
@@ -299,7 +300,7 @@ def test_kernel_table_flag_on_predict_plan_validate(tmp_path, capsys):
     assert main(["plan", "--preset", "llama2-7b", "--chip", "H100", "--chips", "8", "--mesh", "fsdp=8",
                  "--global-batch", "32", "--kernel-table", str(f)]) == 0
     capsys.readouterr()
-    from scaling.validate import validate
+    from scaling.reports.validate import validate
     v0, v1 = validate(), validate(kernel_table=f)
     for a, b in zip(v0["rows"], v1["rows"]):
         assert (b["predicted_seconds"] > a["predicted_seconds"]) == (a["chip"] == "H100"), a["id"]

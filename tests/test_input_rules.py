@@ -1,4 +1,4 @@
-"""One rule for sizes and values in every command (scaling.limits), and what a new user reads (issue 35, items
+"""One rule for sizes and values in every command (scaling.core.limits), and what a new user reads (issue 35, items
 1, 3-7): every integer and float flag of every command refuses 0, negatives, full-width digits, absurd sizes,
 nan and inf with one `error:` line and exit 2, before anything is computed; the silent coercions and no-ops a new
 user found are refused; predict says on its first line when a configuration does not fit; the output fits a
@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from jax_scaling.cli import main, parser
-from scaling.limits import FIGURES, INT32_LIMIT, ZERO_OK as LIMITS_ZERO_OK, check_size
-from scaling.mesh_shape import MeshShape
-from scaling.presets import get_preset
-from scaling.workload import Workload
+from scaling.core.limits import FIGURES, INT32_LIMIT, ZERO_OK as LIMITS_ZERO_OK, check_size
+from scaling.core.mesh_shape import MeshShape
+from scaling.families.presets import get_preset
+from scaling.core.workload import Workload
 from tests.helpers import run_cli as run, refused
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,15 +54,16 @@ def number_flags():
                 yield cmd, a.option_strings[-1], a.type.__name__
 
 
-# Every number flag is of one kind, and cli.run refuses a value by its kind alone (scaling.limits.check_flag, applied
-# to every parsed flag of every command): so the kind's bad values are tried on one flag of each kind in each command,
-# and a test holds that every flag has a kind. The bad values by kind (what the flag means, not what the code does):
+# Every number flag is of one kind, and cli.run refuses a value by its kind alone (scaling.core.limits.check_flag,
+# applied to every parsed flag of every command): so the kind's bad values are tried on one flag of each kind in each
+# command, and a test holds that every flag has a kind. The bad values by kind (what the flag means, not what the code
+# does):
 KINDS = {
     # a count: positive, within jax's int32; a full-width digit ('４': int() reads it) is not what a user typed
     "count": ["0", "-1", "\uff14", str(10**30)],
     # a count that may be 0 (--seed, --verify-top, --warmup, --process-id): negatives and 10^30 refused all the same
     "count or 0": ["-1", "\uff14", str(10**30)],
-    # a hardware figure in its unit (scaling.limits.FIGURES): 0, negatives, nan, inf, 1e300 and full-width digits
+    # a hardware figure in its unit (scaling.core.limits.FIGURES): 0, negatives, nan, inf, 1e300 and full-width digits
     "figure": ["0", "-1", "nan", "inf", "1e300", "\uff14"],
     # any other float: the same values, none of them a finite positive float32
     "float": ["0", "-1", "nan", "inf", "1e300", "\uff14"],
@@ -70,7 +71,7 @@ KINDS = {
 
 
 def kind_of(flag: str, type_name: str) -> str | None:
-    """A number flag's kind (KINDS), from its type and its name as scaling.limits' rules read it."""
+    """A number flag's kind (KINDS), from its type and its name as scaling.core.limits' rules read it."""
     dest = flag.lstrip("-").replace("-", "_")
     if type_name == "int":
         return "count or 0" if flag in ZERO_OK else "count"
@@ -103,7 +104,7 @@ def test_a_bad_number_is_one_error_line(cmd, flag, value):
 
 
 @pytest.mark.parametrize("argv, match", [
-    # sizes: the rule check, train and compile use (scaling.limits.check_size), in predict and plan too
+    # sizes: the rule check, train and compile use (scaling.core.limits.check_size), in predict and plan too
     (f"{BASE['predict']} --seq-len {10**30}", "--seq-len must be below 2^31"),
     (f"{BASE['predict']} --blocks {2**40}", "--blocks must be below 2^31"),
     (f"{BASE['predict']} --d-model {10**30}", "--d-model must be below 2^31"),
@@ -271,8 +272,8 @@ def test_gpu_verify_top_without_the_plugin_is_one_line(monkeypatch):
     """Without jax's CUDA plugin, --verify-top for GPUs compiled on cpu:N and printed 'state 1.7 n/a'; now it
     refuses, naming the install step, before anything is compiled."""
     import verify.check as vc
-    from scaling import plan as planner
-    from scaling.hardware import get_chip
+    from scaling.planner import plan as planner
+    from scaling.hardware.chips import get_chip
 
     monkeypatch.setattr(vc, "has_cuda_plugin", lambda: False)
     cfg, chip = get_preset("llama2-7b"), get_chip("H100")

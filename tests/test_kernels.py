@@ -1,15 +1,15 @@
-"""The step model's kernels (scaling.kernels): their sums are the step's terms, their FLOPs the program's count, and
-the quantization of a shape is the hand calculation of the Scaling Book's MXU and NVIDIA's tile/wave rules."""
+"""The step model's kernels (scaling.step.kernels): their sums are the step's terms, their FLOPs the program's count,
+and the quantization of a shape is the hand calculation of the Scaling Book's MXU and NVIDIA's tile/wave rules."""
 
 import json
 
 import pytest
 
-from scaling import kernels
-from scaling.presets import PRESETS
-from scaling.schedule import Schedule
-from scaling.hardware import get_chip
-from scaling.workload import Workload
+from scaling.step import kernels
+from scaling.families.presets import PRESETS
+from scaling.core.schedule import Schedule
+from scaling.hardware.chips import get_chip
+from scaling.core.workload import Workload
 from jax_scaling.cli import main
 
 
@@ -43,7 +43,7 @@ def test_kernel_sums_are_the_step_terms(row):
     ks, chip = out["kernels"], get_chip(out["chip"])
     # each kernel's seconds from its own printed fields: max(FLOPs·executed/(C·efficiency), bytes/W_hbm), the
     # efficiency by hand for the matmuls' shapes (shape_efficiency), pointwise work at the HBM bandwidth; a GPU's
-    # matmuls add t_fixed per call (its kernel table's, scaling.kernels.gemm_coefficients; a TPU's is 0)
+    # matmuls add t_fixed per call (its kernel table's, scaling.step.kernels.gemm_coefficients; a TPU's is 0)
     fixed = kernels.gemm_coefficients(chip, "bf16").t_fixed if chip.kind == "gpu" else 0.0
     # a GPU's non-matmul kernels (issue 38): its launches at the kernel table's pointwise bandwidth for their size
     # (kernels.pointwise_seconds; per layer-pass forward 2 norms + 2 residual adds + the activation, + the softmax

@@ -12,13 +12,14 @@ from ffn_model.attention import attention_materialized, flash_attention_o
 from ffn_model.train import train
 from jax_scaling.cli import main
 from mesh import make_mesh
-from scaling.mesh_shape import parse_mesh_spec
-from scaling.presets import get_preset
-from scaling.schedule import Schedule
-from scaling.transformer import TransformerConfig, attention_shares
-from scaling.workload import Workload
+from scaling.core.mesh_shape import parse_mesh_spec
+from scaling.families.presets import get_preset
+from scaling.core.schedule import Schedule
+from scaling.families.transformer import TransformerConfig, attention_shares
+from scaling.core.workload import Workload
 from tests.helpers import assert_matches, assert_one_error_line, one_device
-from verify.check import CPU_LOCAL_ATTENTION_GRID, TPU_LOCAL_ATTENTION_GRID, check, grid_workload
+from verify.check import check, grid_workload
+from verify.grids import CPU_LOCAL_ATTENTION_GRID, TPU_LOCAL_ATTENTION_GRID
 
 # the tolerances of tests/test_attention.py (its module docstring derives them from BF16's roundings)
 FWD_ATOL, GRAD_RTOL = 2e-2, 2e-2
@@ -101,8 +102,8 @@ def test_windowed_flash_flops_shrink():
     """The closed form's step FLOPs of the grid's flash row against the same model with every layer global: the
     attention's matmuls (4 + 10 units of s·T²·N·H/(Y·C) per layer, s = 16/2 sequences, T = 256, N/Y = 2, H = 32:
     14·8·256²·2·32 = 469,762,048 per layer) shrink by 1 − 0.6875 of that over 4 layers: 587,202,560 FLOPs."""
-    from scaling.program import predict  # noqa: F401  (the step model the check compares)
-    from scaling.transformer import step_flops
+    from scaling.step.program import predict  # noqa: F401  (the step model the check compares)
+    from scaling.families.transformer import step_flops
     row = CPU_LOCAL_ATTENTION_GRID[0]
     local = step_flops(grid_workload(*row))["total"]
     glob = step_flops(grid_workload(get_preset("small-tf"), *row[1:]))["total"]

@@ -7,8 +7,9 @@ import re
 
 import pytest
 
-from scaling.transformer import group_held_grads, memory_per_device
-from verify.check import CPU_LOCAL_ATTENTION_GRID, TPU_LOCAL_ATTENTION_GRID, _LARGE_TF, check, grid_workload
+from scaling.families.transformer import group_held_grads, memory_per_device
+from verify.check import check, grid_workload
+from verify.grids import CPU_LOCAL_ATTENTION_GRID, TPU_LOCAL_ATTENTION_GRID, _LARGE_TF
 
 from helpers import assert_tpu_bands
 

@@ -1,19 +1,19 @@
 """The layer loop's copies of stacked FP32 parameters and gradients (issue 39, item 2): the compiled train step's loop
-bodies hold only the copies the closed form names (scaling.ffn / scaling.transformer accumulation_copy_bytes), read by
-verify.hlo.HloProgram.stack_copies. Compiled ahead of time for one H100 (XLA:GPU through jax's CUDA plugin; skipped
-where it is not installed) and for 8 emulated CPU devices. Why the copies were there and what removed them:
-docs/findings.md, "The layer loop's copies on XLA:GPU (issue 39)"."""
+bodies hold only the copies the closed form names (scaling.families.ffn / scaling.families.transformer
+accumulation_copy_bytes), read by verify.hlo.HloProgram.stack_copies. Compiled ahead of time for one H100 (XLA:GPU
+through jax's CUDA plugin; skipped where it is not installed) and for 8 emulated CPU devices. Why the copies were there
+and what removed them: docs/findings.md, "The layer loop's copies on XLA:GPU (issue 39)"."""
 
 from __future__ import annotations
 
 import pytest
 
 from mesh.devices import has_cuda_plugin, make_mesh, mesh_shape
-from scaling import program
-from scaling.ffn import FFNConfig
-from scaling.schedule import Schedule
-from scaling.transformer import TransformerConfig
-from scaling.workload import Workload
+from scaling.step import program
+from scaling.families.ffn import FFNConfig
+from scaling.core.schedule import Schedule
+from scaling.families.transformer import TransformerConfig
+from scaling.core.workload import Workload
 
 GPU = pytest.param("gpu:H100:1", "data=1", marks=pytest.mark.skipif(
     not has_cuda_plugin(), reason="needs jax's CUDA plugin (the cuda-aot extra; `make answer` installs it)"))
@@ -48,9 +48,9 @@ def test_loop_bodies_copy_only_what_the_closed_form_names(devices, spec, cfg, ba
     """The transformer: no layer-pass's FP32 weights sliced out of the stacks by a copy (XLA:GPU's dynamic-slice
     memcpy; removed: the layer's jax.checkpoint with prevent_cse=False). The FFN stack keeps the barrier (a TPU
     schedule the closed form holds): on XLA:GPU its W_in and W_out slices, M·2·L·4·D·F B = M·2·4·4·1024·512 (named:
-    scaling.ffn.block_slice_copy_bytes), none on XLA:CPU. Gradient accumulation's zero-buffer copies exactly the
-    bytes of the hand calculation and of the closed form (program.loop_copy_bytes)."""
-    from scaling import ffn
+    scaling.families.ffn.block_slice_copy_bytes), none on XLA:CPU. Gradient accumulation's zero-buffer copies exactly
+    the bytes of the hand calculation and of the closed form (program.loop_copy_bytes)."""
+    from scaling.families import ffn
 
     w, copies = _copies(cfg, devices, spec, batch, M)
     slices = sum(c.bytes for c in copies if c.kind == "slice")
@@ -70,9 +70,10 @@ def test_loop_bodies_copy_only_what_the_closed_form_names(devices, spec, cfg, ba
 def test_every_second_pairs_copy_what_the_closed_form_names(devices, spec):
     """Under every-second remat the pair scan keeps jax's optimization barrier (ffn_model.model), and XLA:GPU copies
     each pair-pass's FP32 W_in and W_out [1, 2, 1024, 512] out of the stacks: L = 4 (2 pairs, M = 1), by hand
-    2 pairs · 2 matrices · 4·2·1024·512 B = 16,777,216 B, scaling.ffn.pair_slice_copy_bytes; XLA:CPU copies none."""
+    2 pairs · 2 matrices · 4·2·1024·512 B = 16,777,216 B, scaling.families.ffn.pair_slice_copy_bytes; XLA:CPU copies
+    none."""
     from ffn_model.compile import abstract_compile
-    from scaling import ffn
+    from scaling.families import ffn
     from verify.hlo import parse_hlo
 
     mesh = make_mesh(spec, devices)

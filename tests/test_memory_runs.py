@@ -1,19 +1,19 @@
 """Memory of the runs that ran (issue 37, item 6): every measured run of scaling/data/measured.toml fits the
 memory predict gives it, the predicted memory is within 10% (median) of the measured peaks, a PyTorch runtime's
-memory as its code keeps it (scaling.runtimes), and the offloading remat policies (MaxText's qkv_proj_offloaded
+memory as its code keeps it (scaling.step.runtimes), and the offloading remat policies (MaxText's qkv_proj_offloaded
 and its custom decoder-input + q/k/v policy) in the program and the closed forms: saved residuals in pinned host
 memory, not HBM, on a TPU compiled ahead of time; XLA:CPU keeps them in device memory."""
 import jax
 import pytest
 
-from scaling.mesh_shape import parse_mesh_spec
-from scaling.presets import get_preset
-from scaling.reports import predict_report, predict_setup
-from scaling.runtimes import stage_inflight
-from scaling.schedule import Schedule
-from scaling.transformer import host_memory_per_device, memory_per_device, offloaded_per_layer
-from scaling.validate import RUN_KEYS, measured_runs, validate
-from scaling.workload import Workload
+from scaling.core.mesh_shape import parse_mesh_spec
+from scaling.families.presets import get_preset
+from scaling.reports.predict import predict_report, predict_setup
+from scaling.step.runtimes import stage_inflight
+from scaling.core.schedule import Schedule
+from scaling.families.transformer import host_memory_per_device, memory_per_device, offloaded_per_layer
+from scaling.reports.validate import RUN_KEYS, measured_runs, validate
+from scaling.core.workload import Workload
 
 GIB = 2**30
 
@@ -116,7 +116,8 @@ def test_offloading_policies_train_like_one_device(remat):
 def _offload_reports():
     """check of TPU_OFFLOAD_GRID's two rows (the reports come from $VERIFY_CHECK_CACHE after the first test) and the
     host bytes the closed form moves off the device for each."""
-    from verify.check import TPU_OFFLOAD_GRID, check, grid_workload
+    from verify.check import check, grid_workload
+    from verify.grids import TPU_OFFLOAD_GRID
 
     reps, host = {}, {}
     for devices, cfg, mesh, batch, remat, step, schedule in TPU_OFFLOAD_GRID:
@@ -128,12 +129,12 @@ def _offload_reports():
 @pytest.mark.grid
 @pytest.mark.tpu
 def test_offloading_policy_on_v5p_ahead_of_time():
-    """jax 0.10.2's save_and_offload_only_these_names compiled for tpu:v5p:2x2x2 (verify.check.TPU_OFFLOAD_GRID: the
+    """jax 0.10.2's save_and_offload_only_these_names compiled for tpu:v5p:2x2x2 (verify.grids.TPU_OFFLOAD_GRID: the
     4096-wide transformer, 4 layers, fsdp=2, tensor=4, 8 sequences of 4096, flash): XLA:TPU places the offloaded
     q, k, v in pinned host memory and the device's peak falls from save_qkv_proj's (which keeps them in HBM) by
     the offloaded bytes, 4 layers of 2·16384·128·48/4 = 50,331,648 B = 201,326,592 B (compiled 3.5925 - 3.3912 GB
     = 201,295,360 B), within 2%; FLOPs, arguments and collectives in their bands (the offloaded program's dead first-
-    layer input gradient: scaling.transformer.first_layer_dx_dead)."""
+    layer input gradient: scaling.families.transformer.first_layer_dx_dead)."""
     reps, host = _offload_reports()
     for remat, rep in reps.items():
         assert 0.99 <= rep.flops.matmul.ratio <= 1.01 and 0.99 <= rep.memory.arguments.ratio <= 1.01, remat

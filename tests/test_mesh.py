@@ -10,9 +10,9 @@ from jax.sharding import AxisType, PartitionSpec as P
 
 import mesh
 from mesh import devices as mesh_devices
-from scaling.mesh_shape import MeshShape
-from scaling.hardware import get_chip
-from scaling.sharding import LOGICAL_RULES
+from scaling.core.mesh_shape import MeshShape
+from scaling.hardware.chips import get_chip
+from scaling.core.sharding import LOGICAL_RULES
 
 
 def test_rules_table_and_specs():
@@ -163,7 +163,7 @@ def test_tpu_slice_names(name, chips):
 def test_the_expert_axis():
     """expert (an MoE model's experts) is the fifth of the six axes, between context and tensor; a spec with it
     parses, builds a jax Mesh with that axis (8 devices = 2·4), and renders only the axes > 1."""
-    from scaling.mesh_shape import MESH_AXES, parse_mesh_spec
+    from scaling.core.mesh_shape import MESH_AXES, parse_mesh_spec
 
     assert MESH_AXES == ("data", "stage", "fsdp", "context", "expert", "tensor")
     shape = parse_mesh_spec("fsdp=2,expert=4", 8)
@@ -179,8 +179,8 @@ def test_the_expert_axis():
 
 @pytest.mark.parametrize("preset, family", [("tiny", "the FFN stack"), ("tiny-tf", "the transformer")])
 def test_families_without_experts_refuse_an_expert_axis(preset, family):
-    from scaling.presets import get_preset
-    from scaling.workload import Workload
+    from scaling.families.presets import get_preset
+    from scaling.core.workload import Workload
 
     with pytest.raises(ValueError, match=f"^expert=2: {family} has no experts"):
         Workload(get_preset(preset), MeshShape(fsdp=4, expert=2), 4096)

@@ -102,7 +102,7 @@ SHARED = {"--preset", "--d-model", "--d-ff", "--blocks", "--layers", "--seq-len"
           "--microbatch", "--microbatches", "--mesh", "--dcn-mesh", "--remat", "--dtype", "--grad-accumulation",
           "--repeats", "--schedule", "--warmup-phases", "--fsdp-gather", "--optimizer-sharding", "--sequence-parallel",
           "--stage-blocks", "--window", "--global-every", "--xla-flags", "--form", "--kernel-table", "--runtime",
-          # the MoE transformer's (scaling.moe.MoEConfig.dimensions and kinds)
+          # the MoE transformer's (scaling.families.moe.MoEConfig.dimensions and kinds)
           "--experts", "--top-k", "--expert-d-ff", "--shared-experts", "--moe-every", "--first-dense",
           "--capacity-factor", "--keep-tokens"}
 PREDICT_ONLY = {"--step", "--kernel-model", "--kernels", "--json", "--plot", "-h", "--help"}

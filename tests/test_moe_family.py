@@ -1,20 +1,20 @@
-"""The MoE transformer as a model family (scaling.moe.MoEConfig implements scaling.family.ModelFamily): its step
-FLOPs, the expert axis' all-to-alls and the memory's parameter terms by hand on moe-tiny, its refusals, the flags
-that set its fields, and predict and plan on Mixtral 8x7B. Closed forms only (no jax). Every expected figure is a
+"""The MoE transformer as a model family (scaling.families.moe.MoEConfig implements scaling.core.family.ModelFamily):
+its step FLOPs, the expert axis' all-to-alls and the memory's parameter terms by hand on moe-tiny, its refusals, the
+flags that set its fields, and predict and plan on Mixtral 8x7B. Closed forms only (no jax). Every expected figure is a
 hand calculation written out here."""
 
 import dataclasses
 
 import pytest
 
-from scaling.family import is_family
-from scaling.hardware import get_chip
-from scaling.moe import MOE_PRESETS, MoEConfig
-from scaling.plan import plan
-from scaling.presets import FAMILIES, PRESETS, model_from_fields, model_of
-from scaling.program import predict
-from scaling.schedule import Schedule
-from scaling.workload import Workload
+from scaling.core.family import is_family
+from scaling.hardware.chips import get_chip
+from scaling.families.moe import MOE_PRESETS, MoEConfig
+from scaling.planner.plan import plan
+from scaling.families.presets import FAMILIES, PRESETS, model_from_fields, model_of
+from scaling.step.program import predict
+from scaling.core.schedule import Schedule
+from scaling.core.workload import Workload
 
 TINY, MIXTRAL = MOE_PRESETS["moe-tiny"], MOE_PRESETS["mixtral-8x7b"]
 MESH = {"fsdp": 2, "expert": 2, "tensor": 2}
@@ -30,8 +30,8 @@ def tiny(remat="none", cfg=TINY, **kw):
 def test_registered_family_and_presets():
     assert MoEConfig in FAMILIES and is_family(TINY)
     assert all(PRESETS[k] is MOE_PRESETS[k] for k in ("mixtral-8x7b", "olmoe-1b-7b", "moe-tiny"))
-    assert TINY.plan_axes == ("data", "fsdp", "expert", "tensor")
-    assert (TINY.family, TINY.has_attention, TINY.runs_1f1b, TINY.grouped_plan) == ("moe", True, False, False)
+    assert TINY.plan.axes == ("data", "fsdp", "expert", "tensor")
+    assert (TINY.family, TINY.has_attention, TINY.runs_1f1b, TINY.plan.grouped) == ("moe", True, False, False)
 
 
 def test_step_flops_by_hand():
@@ -43,7 +43,7 @@ def test_step_flops_by_hand():
     #   experts 2·m·D·F_e·(t·k)/Y = 2·3·64·128·128/2 = 3,145,728
     # forward  = 4·(786,432 + 262,144 + 262,144 + 65,536 + 3,145,728) = 4·4,521,984 = 18,087,936
     # backward = 4·(2·(786,432 + 262,144 + 65,536 + 3,145,728) + 524,288) = 4·9,043,968 = 36,175,872
-    f = tiny().model.step_flops(tiny())
+    f = tiny().model.forms.step_flops(tiny())
     assert f["forward"] == 18_087_936
     assert f["backward"] == 36_175_872
     assert f["recompute"] == 0
@@ -55,7 +55,7 @@ def test_step_flops_by_hand():
     # (the combine's gradient takes the experts' output, so it is made again, unlike a dense MLP's W_out; dropless,
     # no dispatch einsum): 4·(786,432 + 262,144 + 262,144 + 65,536 + 3,145,728) = 4·4,521,984
     full = tiny("full")
-    assert full.model.step_flops(full)["recompute"] == 18_087_936
+    assert full.model.forms.step_flops(full)["recompute"] == 18_087_936
 
 
 def test_step_flops_with_capacity_counts_the_padded_slots():
@@ -66,7 +66,7 @@ def test_step_flops_with_capacity_counts_the_padded_slots():
     # layers 5,242,880
     cf = dataclasses.replace(TINY, moe=dataclasses.replace(TINY.moe, capacity_factor=1.25))
     w = tiny(cfg=cf)
-    assert w.model.step_flops(w)["forward"] == 18_087_936 + 3_145_728 + 5_242_880
+    assert w.model.forms.step_flops(w)["forward"] == 18_087_936 + 3_145_728 + 5_242_880
 
 
 def test_expert_axis_all_to_all_volume():
@@ -75,7 +75,7 @@ def test_expert_axis_all_to_all_volume():
     # 16·20,480 = 327,680
     cf = dataclasses.replace(TINY, moe=dataclasses.replace(TINY.moe, capacity_factor=1.25))
     w = tiny(cfg=cf)
-    v = w.model.collective_volumes(w)
+    v = w.model.forms.collective_volumes(w)
     assert v["expert"]["all-to-all"] == 327_680
     # the non-expert gradients over expert (a data axis for them): attention 4·64·16·(8+8) = 65,536 parameters, BF16
     # over tensor: 2·65,536/2 = 65,536 bytes, on the fsdp shard /2 = 32,768
@@ -89,7 +89,7 @@ def test_expert_axis_all_to_all_volume():
     assert "data" not in v
     # forward only: 2 all-to-alls a layer, 4·2·20,480 = 163,840
     fwd = tiny(step="forward", cfg=cf)
-    assert fwd.model.collective_volumes(fwd)["expert"] == {"all-to-all": 163_840}
+    assert fwd.model.forms.collective_volumes(fwd)["expert"] == {"all-to-all": 163_840}
 
 
 def test_dropless_all_gather_dispatcher_volume():
@@ -99,10 +99,10 @@ def test_dropless_all_gather_dispatcher_volume():
     # again backward) = 53,248; reduce-scatter 4·G (outputs) + 4·G (the tokens' gradient) + 4·g (the gates') = 66,560.
     # 4 layers: 212,992 and 266,240. Forward only: all-gather 16,384 + 2,048, reduce-scatter 32,768 a layer.
     w = tiny()
-    v = w.model.collective_volumes(w)["expert"]
+    v = w.model.forms.collective_volumes(w)["expert"]
     assert (v["all-gather"], v["reduce-scatter"]) == (212_992, 266_240)
     fwd = tiny(step="forward")
-    assert fwd.model.collective_volumes(fwd)["expert"] == {"all-gather": 73_728, "reduce-scatter": 131_072}
+    assert fwd.model.forms.collective_volumes(fwd)["expert"] == {"all-gather": 73_728, "reduce-scatter": 131_072}
 
 
 def test_memory_parameter_terms():
@@ -110,7 +110,7 @@ def test_memory_parameter_terms():
     # attention's 65,536 over fsdp·tensor = 4: 16,384; the routers' 2,048 whole (replicated); 116,736 in all.
     # master FP32 4·116,736 = 466,944; Adam's two FP32 moments 8·116,736 = 933,888; FP32 gradients 466,944
     w = tiny()
-    mem = w.model.memory_terms(w)
+    mem = w.model.forms.memory_per_device(w)
     assert (mem["master"], mem["optimizer"], mem["grads"]) == (466_944, 933_888, 466_944)
     assert mem["total"] == pytest.approx(sum(v for k, v in mem.items() if k != "total"))
     # the inputs: x BF16 and y FP32, (2 + 4)·t·D = 6·64·64 = 24,576
@@ -162,7 +162,7 @@ def test_mixtral_predicts(chip, mesh):
 @pytest.mark.parametrize("chip, chips", [("v5p", 64), ("H100", 64)])
 def test_mixtral_plans(chip, chips):
     ch = get_chip(chip)
-    plans = plan(MIXTRAL, ch, chips, MIXTRAL.plan_batch_tokens)
+    plans = plan(MIXTRAL, ch, chips, MIXTRAL.plan.batch_tokens)
     assert plans
     top = plans[0]
     assert tuple(top.mesh) == ("data", "fsdp", "expert", "tensor")

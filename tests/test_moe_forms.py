@@ -1,4 +1,4 @@
-"""scaling.moe's closed forms: parameter counts against the published ones, FLOPs per token, all-to-all bytes,
+"""scaling.families.moe's closed forms: parameter counts against the published ones, FLOPs per token, all-to-all bytes,
 buffers and weights by hand on small meshes, the load factor, the MoESpec refusals and the compute-bound condition
 on worked cases. Every expected figure is a published one or a hand calculation written out here."""
 
@@ -6,10 +6,11 @@ import dataclasses
 
 import pytest
 
-from scaling import collectives
-from scaling.moe import (MOE_PRESETS, MoEConfig, MoESpec, all_to_all_bytes, all_to_all_seconds, dispatch_buffer_bytes,
-                         expert_bound_on_chip, expert_critical_batch, expert_weight_bytes_per_device,
-                         load_imbalance_time_factor, moe_flops_per_token, tokens_per_device)
+from scaling.hardware import collectives
+from scaling.families.moe import (MOE_PRESETS, MoEConfig, MoESpec, all_to_all_bytes, all_to_all_seconds,
+                                  dispatch_buffer_bytes, expert_bound_on_chip, expert_critical_batch,
+                                  expert_weight_bytes_per_device, load_imbalance_time_factor, moe_flops_per_token,
+                                  tokens_per_device)
 
 MIXTRAL, OLMOE, TINY = MOE_PRESETS["mixtral-8x7b"], MOE_PRESETS["olmoe-1b-7b"], MOE_PRESETS["moe-tiny"]
 
@@ -89,7 +90,7 @@ def test_all_to_all_bytes_by_hand():
     # one expert device: nothing on the wire
     assert all_to_all_bytes(TINY, {"data": 8}, B)["wire"] == 0
     # switch: 6,912 B at 1e9 B/s = 6.912 us; ring: 4·9,216 / (4·1e9) = 9.216 us, the Scaling Book's AllToAll of
-    # the axis' array (scaling.collectives, without its latency floor)
+    # the axis' array (scaling.hardware.collectives, without its latency floor)
     assert all_to_all_seconds(9_216, 4, 1e9, "switch") == pytest.approx(6.912e-6)
     assert all_to_all_seconds(9_216, 4, 1e9, "ring") == pytest.approx(9.216e-6)
     assert all_to_all_seconds(9_216, 4, 1e9, "ring") == pytest.approx(

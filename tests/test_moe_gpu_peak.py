@@ -1,5 +1,5 @@
 """The MoE peak on GPUs (issue 49, item 14's residual; docs/findings.md, "The MoE peak on GPUs"): XLA:GPU's FP32
-copies of the parameters, scaling.moe.fp32_copies, under CompilerFacts.gpu_layouts."""
+copies of the parameters, scaling.families.moe.fp32_copies, under CompilerFacts.gpu_layouts."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import dataclasses
 import pytest
 
 from mesh.devices import has_cuda_plugin
-from scaling.moe import MOE_PRESETS, fp32_copies
-from scaling.schedule import Schedule
-from scaling.workload import Workload
+from scaling.families.moe import MOE_PRESETS, fp32_copies
+from scaling.core.schedule import Schedule
+from scaling.core.workload import Workload
 
 MIXTRAL = MOE_PRESETS["mixtral-8x7b"].replace(capacity_factor=1.25)
 TINY = MOE_PRESETS["moe-tiny"].replace(capacity_factor=1.25)

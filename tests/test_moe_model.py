@@ -15,7 +15,7 @@ from ffn_model import moe
 from ffn_model.task import teacher_batch
 from ffn_model.train import make_optimizer, module_state_shardings
 from mesh import make_mesh
-from scaling.moe import MoESpec
+from scaling.families.moe import MoESpec
 
 D, F_E, E, K, L = 64, 128, 8, 2, 2  # the tiny stack of the numerics test; batch 8 sequences of 32 tokens
 BATCH = (8, 32, D)
@@ -315,12 +315,13 @@ def test_parameters_on_a_mesh_of_expert_1():
 @pytest.mark.parametrize("mesh_spec", MESHES)
 def test_all_to_all_bytes_are_the_closed_forms(mesh_spec):
     """The compiled train step's all-to-all bytes over expert, as verify.hlo reads every collective (V × count per
-    axis), against scaling.moe.all_to_all_bytes' train_volume (dispatch and combine, forward and backward) times the
-    L MoE layers, with c = 4: XLA:CPU moves BF16 collectives as F32 (scaling.transformer.ring_permute_bytes says the
-    same of the ring's permutes). By hand for expert=4,data=2: t = 256/(2·4) = 32 tokens a device, one group,
-    C = ceil(1.25·2·32/8) = 10, V = 4·8·10·64 = 20,480 B an all-to-all, 4 a layer, 2 layers: 163,840 B."""
-    from scaling.moe import MoEConfig, all_to_all_bytes
-    from scaling.transformer import TransformerConfig
+    axis), against scaling.families.moe.all_to_all_bytes' train_volume (dispatch and combine, forward and backward)
+    times the L MoE layers, with c = 4: XLA:CPU moves BF16 collectives as F32
+    (scaling.families.transformer.ring_permute_bytes says the same of the ring's permutes). By hand for expert=4,data=2:
+    t = 256/(2·4) = 32 tokens a device, one group, C = ceil(1.25·2·32/8) = 10, V = 4·8·10·64 = 20,480 B an all-to-all, 4
+    a layer, 2 layers: 163,840 B."""
+    from scaling.families.moe import MoEConfig, all_to_all_bytes
+    from scaling.families.transformer import TransformerConfig
     from verify.hlo import collective_bytes, parse_hlo
 
     *_, hlo, mesh, _ = _train(mesh_spec, "capacity")

@@ -1,7 +1,7 @@
 """The MoE transformer (ffn_model.moe.MoETransformer, the "moe" family's program) trains like one device on the
-acceptance's meshes of 8 emulated CPU devices, and its compiled train step holds what scaling.moe's closed forms say:
-the matmul FLOPs, the all-to-all bytes over expert and every axis' collective bytes on CPU; FLOPs, collectives and
-the peak on a v5p topology compiled ahead of time for a Mixtral-shaped stack."""
+acceptance's meshes of 8 emulated CPU devices, and its compiled train step holds what scaling.families.moe's closed
+forms say: the matmul FLOPs, the all-to-all bytes over expert and every axis' collective bytes on CPU; FLOPs,
+collectives and the peak on a v5p topology compiled ahead of time for a Mixtral-shaped stack."""
 
 import dataclasses
 
@@ -11,10 +11,10 @@ import pytest
 
 from ffn_model.train import train
 from mesh import make_mesh, mesh_shape
-from scaling.mesh_shape import parse_mesh_spec
-from scaling.moe import MOE_PRESETS
-from scaling.schedule import Schedule
-from scaling.workload import Workload
+from scaling.core.mesh_shape import parse_mesh_spec
+from scaling.families.moe import MOE_PRESETS
+from scaling.core.schedule import Schedule
+from scaling.core.workload import Workload
 from tests.helpers import assert_matches, one_device as _one_device, rows
 
 TINY = MOE_PRESETS["moe-tiny"]  # D=64, N=K=4, H=16, L=4 (all MoE), T=32, swiglu, E=8, k=2, F_e=128

@@ -15,8 +15,8 @@ import pytest
 from ffn_model import checkpoint as ckpt
 from ffn_model.train import state_shardings, train
 from mesh import make_mesh, mesh_shape
-from scaling.presets import PRESETS
-from scaling.workload import Workload
+from scaling.families.presets import PRESETS
+from scaling.core.workload import Workload
 
 pytestmark = pytest.mark.processes
 

@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 
 from mesh.devices import has_cuda_plugin, has_libtpu
-from scaling.hardware import get_chip
-from scaling.presets import get_preset
+from scaling.hardware.chips import get_chip
+from scaling.families.presets import get_preset
 from tests.helpers import run_cli as run, refused
 
 ROOT = Path(__file__).resolve().parents[1]

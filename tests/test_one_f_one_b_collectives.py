@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import pytest
 
-from scaling.presets import get_preset
-from scaling.schedule import Schedule
+from scaling.families.presets import get_preset
+from scaling.core.schedule import Schedule
 from verify.check import check, grid_workload
 
 from tests.helpers import assert_bands as _assert_bands  # the bands every check test holds

@@ -4,9 +4,10 @@ again); the loop that keeps them is within the band, attributed term by term in 
 
 import pytest
 
-from scaling.schedule import Schedule
+from scaling.core.schedule import Schedule
 from tests.helpers import assert_tpu_bands
-from verify.check import PIPE_TF, check, grid_workload
+from verify.check import check, grid_workload
+from verify.grids import PIPE_TF
 
 
 @pytest.mark.compiles

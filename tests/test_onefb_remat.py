@@ -7,13 +7,13 @@ closed forms, and the peak against S and M."""
 import pytest
 
 from ffn_model.train import train
-from scaling.mesh_shape import parse_mesh_spec
-from scaling.schedule import Schedule
-from scaling.workload import Workload
-from verify.check import CPU_ONEFB_REMAT_GRID, TPU_ONEFB_REMAT_GRID, check, grid_workload
-from tests.helpers import (LR, PIPE_TF, STEPS, TF_BATCH as B, assert_bands as _assert_bands,
-                           assert_matches, assert_tpu_bands as _assert_tpu_bands, mesh_of as _mesh,
-                           one_device as _one_device, rows)
+from scaling.core.mesh_shape import parse_mesh_spec
+from scaling.core.schedule import Schedule
+from scaling.core.workload import Workload
+from verify.check import check, grid_workload
+from verify.grids import CPU_ONEFB_REMAT_GRID, TPU_ONEFB_REMAT_GRID
+from tests.helpers import (LR, PIPE_TF, STEPS, TF_BATCH as B, assert_bands as _assert_bands, assert_matches,
+                           assert_tpu_bands as _assert_tpu_bands, mesh_of as _mesh, one_device as _one_device, rows)
 
 NUMERICS = [
     ("stage=2,fsdp=2,tensor=2", Schedule(2, pipeline="1f1b"), "none"),
@@ -51,9 +51,9 @@ def test_kept_residuals_and_recompute_by_hand():
     probabilities 2·1·64²·8/2 = 32,768; o 2·64·64/2 = 4,096; the MLP hidden 2·64·256/2 = 16,384: 94,208 B.
     Selective drops the probabilities: 61,440. Full keeps each layer's input, 2·64·64 = 8,192 (Megatron's full
     recomputation: the backward slot recomputes each layer's forward once)."""
-    from scaling import pipeline
-    from scaling import transformer as tf
-    from scaling.presets import PRESETS
+    from scaling.step import pipeline
+    from scaling.families import transformer as tf
+    from scaling.families.presets import PRESETS
 
     cfg = PRESETS["tiny-tf"].replace(kv_heads=4, blocks=4, vocab=512)
     mesh = parse_mesh_spec("stage=2,fsdp=2,tensor=2")
@@ -63,7 +63,8 @@ def test_kept_residuals_and_recompute_by_hand():
 
     assert pipeline.microbatches_in_flight(w("none").schedule, 2, "none") == 3
     assert pipeline.microbatches_in_flight(w("full").schedule, 2, "full") == 3
-    # the ring's 3 chunks and one chunk's copy beside it (the compiler's peak: scaling.transformer.memory_per_device)
+    # the ring's 3 chunks and one chunk's copy beside it (the compiler's peak:
+    # scaling.families.transformer.memory_per_device)
     assert tf.memory_per_device(w("none"))["activations"] == (3 + 1) * 2 * 94208
     assert tf.memory_per_device(w("selective"))["activations"] == (3 + 1) * 2 * 61440
     assert tf.memory_per_device(w("full"))["activations"] == (3 + 1) * 2 * 8192

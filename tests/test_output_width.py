@@ -16,10 +16,10 @@ import pytest
 from jax_scaling import plots
 from jax_scaling.cli import main
 from jax_scaling.model_reports import print_bench
-from scaling.table import time_text
+from scaling.core.table import time_text
 
 TERMINAL = 120  # columns
-TIME = r"(<0\.01 ns|-?\d[\d.]* (s|ms|us|ns))"  # a time with its unit (scaling.table.time_text)
+TIME = r"(<0\.01 ns|-?\d[\d.]* (s|ms|us|ns))"  # a time with its unit (scaling.core.table.time_text)
 
 
 def run(argv: list[str]) -> str:

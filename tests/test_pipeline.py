@@ -13,10 +13,10 @@ import pytest
 from jax_scaling.cli import main
 from ffn_model.train import init_state, make_batch_fn, make_train_step, train
 from mesh import make_mesh, mesh_shape
-from scaling import pipeline as closed
-from scaling.ffn import FFNConfig
-from scaling.schedule import Schedule
-from scaling.workload import Workload
+from scaling.step import pipeline as closed
+from scaling.families.ffn import FFNConfig
+from scaling.core.schedule import Schedule
+from scaling.core.workload import Workload
 from tests import helpers
 from tests.helpers import LR, STEPS, assert_matches
 

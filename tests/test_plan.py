@@ -8,11 +8,11 @@ import time
 
 import pytest
 
-from scaling.presets import PRESETS
-from scaling.schedule import Schedule
-from scaling.hardware import get_chip
-from scaling.plan import plan
-from scaling.workload import Workload
+from scaling.families.presets import PRESETS
+from scaling.core.schedule import Schedule
+from scaling.hardware.chips import get_chip
+from scaling.planner.plan import plan
+from scaling.core.workload import Workload
 
 XXL, V5P = PRESETS["xxl"], get_chip("v5p")
 
@@ -99,7 +99,7 @@ def test_nothing_fits_names_the_budget_it_used():
     r = _plan_cli("--chips", "128", "--preset", "xxl", "--batch-tokens", "1048576", "--max-microbatches", "1")
     assert r.returncode == 2 and "102.8 GB per device (--hbm 1.028e+11 bytes)" in r.stderr, r.stderr
     # 16 B/param/128 + activations... = 179.0 GB, + one gathered bf16 matrix 2·D·F = 1.745 GB the default flags'
-    # (maxtext's) schedule prefetches (scaling.ffn.prefetched_weights)
+    # (maxtext's) schedule prefetches (scaling.families.ffn.prefetched_weights)
     assert "nearest miss: fsdp=128 needs 180.8 GB per device" in r.stderr
     assert V5P.hbm_budget == 95.74 * 2**30 and V5P.hbm_bytes == 96 * 2**30
     r = _plan_cli("--chips", "128", "--batch-tokens", "1048576", "--hbm", "1e11", "--max-microbatches", "1")
@@ -112,7 +112,7 @@ def test_gradient_accumulation_fits_what_one_pass_cannot():
     accumulator 4·P/128 = 6.87 GB, one microbatch's activations 2^20/32/4 = 8192 tokens per device ×
     126 blocks × 2·(D + F/4) = 59,392 B = 61.31 GB, two blocks' gathered bf16 weights 2·2·2·D·F/4 =
     1.745 GB, the batch 6·(2^20/32)·D = 3.22 GB: 100.6 GB <= 102.8 GB. XLA:TPU runs this mesh's gradient
-    reduce-scatter as a windowed einsum (compiled: verify.check.XXL_ACCUMULATE; 8192 tokens per device and
+    reduce-scatter as a windowed einsum (compiled: verify.grids.XXL_ACCUMULATE; 8192 tokens per device and
     microbatch), whose backward holds one gathered bf16 matrix 2·D·F/4 = 0.436 GB instead of the two blocks':
     100.6 − 1.745 + 0.436 = 99.3 GB."""
     plans = plan(XXL, V5P, 128, 2**20, per_mesh=False)
@@ -182,7 +182,7 @@ def test_plan_cli_json():
 def test_the_command_ranks_by_the_schedule_of_its_flags():
     """plan (the command) ranks by the scheduled form of the flags in force (default 'maxtext'): each plan's step is
     that form's, at least the max form (everything overlapped at peak: the scheduled form's compute is the kernels at
-    the efficiency their shapes get, scaling.kernels, at most the peak); under
+    the efficiency their shapes get, scaling.step.kernels, at most the peak); under
     'maxtext' the XXL's FSDP gathers partly hide, so the question's fsdp=16, tensor=4 ranks above the sum form's
     fsdp=4, tensor=16 (docs/findings.md, "Compiler flags")."""
     j = json.loads(_plan_cli("--json").stdout)
@@ -228,8 +228,8 @@ def test_planner_ranks_what_predict_says(chip, chips, batch, remat):
     """The planner evaluates predict on arrays (every batch and layout of a mesh at once) and keeps each
     mesh's fastest layout; calling predict once, on scalars, for the plan's own mesh, layout and DCN
     split must give the same step times, memory, bound, MFU and critical batch. 20+ plans in all."""
-    from scaling import program
-    from scaling.mesh_shape import MeshShape
+    from scaling.step import program
+    from scaling.core.mesh_shape import MeshShape
 
     chip_ = get_chip(chip)
     plans = plan(XXL, chip_, chips, batch, remat=remat, hbm=1e30)[:4]
@@ -253,7 +253,7 @@ def test_a_new_chip_is_a_new_row():
     T_math of a plan is the step's executed FLOPs over N·C of that row, by hand 6·P·B/(64·1e15)."""
     import dataclasses
 
-    from scaling.hardware import CHIPS, Chip
+    from scaling.hardware.chips import CHIPS, Chip
 
     row = Chip("made-up", "tpu", 1e15, 64e9, 2e12, 1e11, 2, 1e10, "a test row", small_topologies=((8, 8),),
                wrap_length=8, max_slice_chips=64, slice_prefix="madeup", libtpu_name="madeup")
@@ -357,10 +357,10 @@ COMPILED_WINDOWED = [
 
 @pytest.mark.parametrize("topology, mesh, batch, windowed", COMPILED_WINDOWED)
 def test_windowed_einsum_rule_matches_the_compiler(topology, mesh, batch, windowed):
-    """scaling.program.windowed_einsum_rs (XLA's cost rule, used by predict for TPU chips) gives what the
+    """scaling.step.program.windowed_einsum_rs (XLA's cost rule, used by predict for TPU chips) gives what the
     compiler did on every measured program (issue 17, item 4)."""
-    from scaling import program
-    from scaling.mesh_shape import parse_mesh_spec
+    from scaling.step import program
+    from scaling.core.mesh_shape import parse_mesh_spec
 
     dims = [int(n) for n in topology.split("x")]
     shape = parse_mesh_spec(mesh)
@@ -376,8 +376,8 @@ def test_plan_and_check_give_one_answer_on_the_question_mesh():
     reduce-scatter the compiler runs there, what check compares (before: plan 2.212 s / 68.8 GB, check 2.231 s
     / 67.5 GB). Memory by hand: the windowed backward holds one gathered bf16 matrix 2·D·F/Y = 436.2 MB
     instead of two blocks' W_in and W_out (4 matrices): 1.309 GB less."""
-    from scaling import program
-    from scaling.mesh_shape import MeshShape
+    from scaling.step import program
+    from scaling.core.mesh_shape import MeshShape
 
     p = next(p for p in plan(XXL, V5P, 64, 25600) if tuple(p.mesh.values()) == (1, 1, 16, 4))
     lay = {a: (v["lens"], v["wrap"]) for a, v in p.layout.items()}
@@ -392,7 +392,8 @@ def test_plan_and_check_give_one_answer_on_the_question_mesh():
 def test_check_holds_the_windowed_rule_against_the_program():
     """check reads the windowed einsum from the compiled XXL step and reports the rule's prediction beside it;
     plan prints the same step time and memory as check's closed form."""
-    from verify.check import XXL_TRAIN, check, grid_workload
+    from verify.check import check, grid_workload
+    from verify.grids import XXL_TRAIN
 
     rep = check(grid_workload(*XXL_TRAIN[1:]), XXL_TRAIN[0])
     assert rep.config.windowed_grad_rs is True and rep.config.windowed_grad_rs_rule is True

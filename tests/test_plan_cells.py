@@ -1,6 +1,6 @@
 """The transformer planner's cells: a group's (batch, microbatch, mesh) cells each evaluated under its own remat policy
-(scaling.workload.RematCells, scaling.transformer.by_policy), every policy of a schedule sized at once, and the
-layouts' links made with the layouts (closed forms only)."""
+(scaling.core.workload.RematCells, scaling.families.transformer.by_policy), every policy of a schedule sized at once,
+and the layouts' links made with the layouts (closed forms only)."""
 
 import itertools
 from unittest import mock
@@ -8,15 +8,18 @@ from unittest import mock
 import numpy as np
 import pytest
 
-from scaling import kernels, memory, plan as planner, program
-from scaling.hardware import get_chip, split_slices
-from scaling.plan import Choices, plan
-from scaling.presets import PRESETS
-from scaling.schedule import Schedule
-from scaling.workload import RematCells, Workload
+from scaling.step import kernels
+from scaling.step import memory
+from scaling.planner import plan as planner
+from scaling.step import program
+from scaling.hardware.chips import get_chip, split_slices
+from scaling.planner.plan import Choices, plan
+from scaling.families.presets import PRESETS
+from scaling.core.schedule import Schedule
+from scaling.core.workload import RematCells, Workload
 
 LLAMA3_70B = PRESETS["llama3.1-70b"]
-POLICIES = LLAMA3_70B.plan_remats  # every policy but every-second and the offloading ones
+POLICIES = LLAMA3_70B.plan.remats  # every policy but every-second and the offloading ones
 
 
 def _cases():

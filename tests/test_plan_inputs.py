@@ -10,9 +10,9 @@ import json
 
 import pytest
 
-from scaling.hardware import get_chip
-from scaling.plan import Choices, dcn_placements, plan, stage_counts_fit
-from scaling.presets import PRESETS
+from scaling.hardware.chips import get_chip
+from scaling.planner.plan import Choices, dcn_placements, plan, stage_counts_fit
+from scaling.families.presets import PRESETS
 from tests.helpers import run_cli as run
 
 H100, V5P = get_chip("H100"), get_chip("v5p")
@@ -83,9 +83,9 @@ def test_stage_counts_even_with_the_ends_counted():
 def test_gpu_nodes_carry_the_stage_axis_and_tpu_slices_do_not():
     """On 2,048 GPU nodes the stage axis may span b nodes beside data or fsdp (the rest), or all of them; two v5p
     slices are spanned by data or fsdp alone (a slice holds its stages)."""
-    gpu = dcn_placements(H100, 2048, LLAMA_405B.plan_axes)
+    gpu = dcn_placements(H100, 2048, LLAMA_405B.plan.axes)
     assert ("data", 16) in gpu and ("fsdp", 1) in gpu and ("stage", 1) in gpu and ("data", 2048) not in gpu
-    assert dcn_placements(V5P, 2, LLAMA_405B.plan_axes) == [("data", 1), ("fsdp", 1)]
+    assert dcn_placements(V5P, 2, LLAMA_405B.plan.axes) == [("data", 1), ("fsdp", 1)]
 
 
 def test_405b_on_16384_h100s_plans_with_stages_as_meta_ran_it():

@@ -8,13 +8,14 @@ import numpy as np
 import pytest
 
 from mesh.devices import has_cuda_plugin
-from scaling import kernels, program
-from scaling.presets import PRESETS
-from scaling.schedule import Schedule
-from scaling.hardware import get_chip
-from scaling.plan import Choices, Plan, plan, workload_of
-from scaling.transformer import POLICY_KEEPS
-from scaling.workload import Workload
+from scaling.step import kernels
+from scaling.step import program
+from scaling.families.presets import PRESETS
+from scaling.core.schedule import Schedule
+from scaling.hardware.chips import get_chip
+from scaling.planner.plan import Choices, Plan, plan, workload_of
+from scaling.families.transformer import POLICY_KEEPS
+from scaling.core.workload import Workload
 
 V5P, V5E, H100 = get_chip("v5p"), get_chip("v5e"), get_chip("H100")
 LLAMA2_7B, LLAMA3_70B = PRESETS["llama2-7b"], PRESETS["llama3.1-70b"]
@@ -100,7 +101,7 @@ def test_plan_of_a_full_v5p_pod_is_evaluated_in_stacks():
     """A 70B transformer over the five axes on 8,960 v5p chips (two slices of 4,480 over DCN), with what the plan
     command tries by default (every schedule, remat policy, context strategy and sequence parallelism; flash
     attention); 2,240 sequences (8,960 = 2^8·5·7: a batch with the factor 7 for data). The planner's work, counted:
-    before the step model was stacked (issue 20's planner plus scaling.kernels) it made 1,149 predictions and 4,572
+    before the step model was stacked (issue 20's planner plus scaling.step.kernels) it made 1,149 predictions and 4,572
     memory evaluations for these 631 plans; now the candidates' steps are evaluated a group of meshes at a time
     (program.StepModel.step, bounded below by the compute term already made for the screen: kernels.compute_term),
     the whole prediction only for the plans returned, and each remat policy sized only where no policy that keeps
@@ -123,7 +124,7 @@ def test_plan_of_a_full_v5p_pod_in_a_second():
     """The previous test's plan in under 1 s of CPU, the fastest of three runs in a fresh process after a small plan
     (imports and caches warm), run alone after the rest (marked timing). It took 2.1-3.7 s on the machines of
     2026-11-27 and 0.87-0.89 s here before each schedule's remat policies were sized in one evaluation
-    (scaling.workload.RematCells); 0.44-0.47 s after (docs/findings.md, "The planner's timing tests beside a second
+    (scaling.core.workload.RematCells); 0.44-0.47 s after (docs/findings.md, "The planner's timing tests beside a second
     worker")."""
     out = _pod_plan(3)
     assert out["plans"] > 0 and out["same"]
@@ -136,10 +137,12 @@ def _pod_plan(repeats: int) -> dict:
     script = """if True:
         import json, sys, time
         from unittest import mock
-        from scaling import kernels, memory, program
-        from scaling.presets import PRESETS
-        from scaling.hardware import get_chip
-        from scaling.plan import Choices, plan
+        from scaling.step import kernels
+        from scaling.step import memory
+        from scaling.step import program
+        from scaling.families.presets import PRESETS
+        from scaling.hardware.chips import get_chip
+        from scaling.planner.plan import Choices, plan
         cfg, v5p = PRESETS["llama3.1-70b"], get_chip("v5p")
         plan(PRESETS["llama2-7b"], v5p, 64, 2**20)  # imports and caches warm
         seconds, plans = [], None

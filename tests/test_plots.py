@@ -19,7 +19,8 @@ from jax_scaling.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 PNG = b"\x89PNG\r\n\x1a\n"  # the PNG signature (PNG spec, 5.2)
-# tiny-tf: D=64, 8 heads, F=256, 2 blocks, T=64 (scaling.presets); every command here runs in well under a second
+# tiny-tf: D=64, 8 heads, F=256, 2 blocks, T=64 (scaling.families.presets); every command here runs in well under a
+# second
 PREDICT = ["--preset", "tiny-tf", "--chip", "H100", "--chips", "8", "--batch-tokens", "8192"]
 STAGED = [*PREDICT, "--mesh", "stage=2,fsdp=4", "--microbatches", "4"]  # GPipe, S = 2, M = 4
 
@@ -228,8 +229,8 @@ def test_bad_plot_path_is_one_line_before_any_work(capsys, monkeypatch, tmp_path
     before = sorted(p.name for p in tmp_path.rglob("*"))
     with monkeypatch.context() as m:
         m.setattr("jax_scaling.predict.predict_report", lambda *a, **k: pytest.fail("worked before refusing"))
-        m.setattr("scaling.validate.validate", lambda *a, **k: pytest.fail("worked before refusing"))
-        m.setattr("scaling.plan.plan", lambda *a, **k: pytest.fail("worked before refusing"))
+        m.setattr("scaling.reports.validate.validate", lambda *a, **k: pytest.fail("worked before refusing"))
+        m.setattr("scaling.planner.plan.plan", lambda *a, **k: pytest.fail("worked before refusing"))
         assert status([*argv, "--plot", bad]) == 2
     err = capsys.readouterr()
     assert err.out == ""

@@ -5,10 +5,10 @@ import json
 import pytest
 
 from jax_scaling.cli import main
-from scaling.mesh_shape import parse_mesh_spec
-from scaling.presets import PRESETS
-from scaling.hardware import get_chip
-from scaling.plan import Choices, dcn_placement, plan
+from scaling.core.mesh_shape import parse_mesh_spec
+from scaling.families.presets import PRESETS
+from scaling.hardware.chips import get_chip
+from scaling.planner.plan import Choices, dcn_placement, plan
 
 
 def _predict(capsys, *args):
@@ -62,7 +62,7 @@ def test_microbatch_and_inter_node_bandwidth(capsys):
     on data=8 over 8 nodes every data collective crosses the nodes alone (one GPU of each node per ring), so its
     time is the network's: halving the bandwidth doubles it exactly, less its one call's InfiniBand latency
     (Calculon's 20 us, collectives.IB_LATENCY: the gradient all-reduce is one call)."""
-    from scaling.collectives import IB_LATENCY
+    from scaling.hardware.collectives import IB_LATENCY
     base = ["--preset", "llama2-7b", "--chip", "H100", "--chips", "64", "--global-batch", "512", "--remat", "full"]
     out = _predict(capsys, *base, "--mesh", "data=8,stage=2,fsdp=2,tensor=2", "--microbatch", "4")
     assert out["microbatches"] == 8 and out["batch_tokens"] == 512 * 4096

@@ -1,18 +1,19 @@
 """The residuals of issue 49, item 14, held: the closed forms' terms by hand where the compiled programs showed one
-missing, and verify.check.RESIDUAL_GRID (the configurations that showed them, others that did not, and a row per
+missing, and verify.grids.RESIDUAL_GRID (the configurations that showed them, others that did not, and a row per
 attention kernel) in the check bands."""
 
 from __future__ import annotations
 
 import pytest
 
-from scaling import kernels
-from scaling.presets import get_preset
-from scaling.schedule import AUTO_ATTENTION, Schedule, attention_for
-from scaling.transformer import collective_volumes, step_flops
-from scaling.workload import Workload
+from scaling.step import kernels
+from scaling.families.presets import get_preset
+from scaling.core.schedule import AUTO_ATTENTION, Schedule, attention_for
+from scaling.families.transformer import collective_volumes, step_flops
+from scaling.core.workload import Workload
 from tests.helpers import assert_bands, rows
-from verify.check import RESIDUAL_GRID, TPU_SPLASH_GRID, check, grid_workload
+from verify.check import check, grid_workload
+from verify.grids import RESIDUAL_GRID, TPU_SPLASH_GRID
 
 _MOE = get_preset("moe-tiny").replace(capacity_factor=1.25)
 SMALL_TF = get_preset("small-tf")  # D=256, N=K=8 heads of H=32, F=1024 (gelu, m=2), L=4, T=256
@@ -68,8 +69,8 @@ def _ids(grid):
             for _, c, m, _, r, _, k in grid]
 
 
-# Layer 0's dead input gradient (scaling.transformer.first_layer_dx_dead). One layer of small-tf, fsdp=2,tensor=4,
-# B = 4096, materialized, remat none. By hand, per device: s = 8 sequences, t = 2048 tokens, Y = 4:
+# Layer 0's dead input gradient (scaling.families.transformer.first_layer_dx_dead). One layer of small-tf,
+# fsdp=2,tensor=4, B = 4096, materialized, remat none. By hand, per device: s = 8 sequences, t = 2048 tokens, Y = 4:
 #   qkv 2·t·D·H·(N + 2K)/Y = 201,326,592; out 67,108,864; mlp 2·t·D·F·m/Y = 536,870,912; unit s·T²·N·H/Y = 33,554,432
 #   forward 805,306,368 + 4 units = 939,524,096; backward 2·805,306,368 + 8 units − the dead q, k, v input
 #   gradient (qkv) = 1,677,721,600; total 2,617,245,696 (XLA:CPU compiles 2.6172e+09; the closed form said 2.8186e+09)
@@ -160,7 +161,7 @@ def test_tpu_residual_grid(devices, cfg, mesh, batch, remat, step, schedule):
 
 # A gradient reduce-scatter fused into a kCustom fusion (XLA:TPU's all-reduce-scatter), in the body of a 3-trip loop
 # and again, with the same channel_id, in the entry: the loop's peeled trip (XLA:TPU peels the layer loops of an
-# offloading remat policy; verify.check.TPU_OFFLOAD_GRID's programs, libtpu 0.0.42.1). Two runs of the collective, 3 +
+# offloading remat policy; verify.grids.TPU_OFFLOAD_GRID's programs, libtpu 0.0.42.1). Two runs of the collective, 3 +
 # 1, not one asynchronous collective cloned into two fusions. Beside it, one collective cloned into a start and a done
 # fusion of one computation (XLA:TPU's asynchronous collective fusion): one collective.
 PEELED = """\

@@ -1,8 +1,8 @@
 """Seed 000 (shared/reference/seeds/000_ulysses_2d_tp_trace.txt, shipped with the package as
-scaling/data/seeds/000_ulysses_2d_tp_trace.txt): scaling.seed000 gives one row per printed figure, in trace
+scaling/data/seeds/000_ulysses_2d_tp_trace.txt): scaling.seeds.seed000 gives one row per printed figure, in trace
 order, each reproduced or explained. Expected values are hand calculations from the seed's dims (N = 60000,
 d = 16384, h = 128, d' = 53248, L = 126, P = 16 = DP 2 x TP 8, bf16), written out below, and the trace itself
-(parsed here with regexes), never scaling.seed000's own output."""
+(parsed here with regexes), never scaling.seeds.seed000's own output."""
 
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from scaling import seed000 as s0
+from scaling.seeds import seed000 as s0
 from jax_scaling.cli import main
-from scaling.hardware import CHIPS
-from scaling.mesh_shape import MeshShape
-from scaling.presets import get_preset
-from scaling.workload import Workload
-from scaling.transformer import step_flops
+from scaling.hardware.chips import CHIPS
+from scaling.core.mesh_shape import MeshShape
+from scaling.families.presets import get_preset
+from scaling.core.workload import Workload
+from scaling.families.transformer import step_flops
 from verify.trace import compile_seed000_layer, render_compiled
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,7 +80,7 @@ def test_flops_are_global_and_per_gpu_is_one_sixteenth(rows):
     assert [r["closed"] for r in f] == [96_636_764_160_000, 117_964_800_000_000, 117_964_800_000_000,
                                         32_212_254_720_000]
     assert all(r["per_gpu"] * 16 == r["closed"] and r["match"] and "per GPU" in r["note"] for r in f)
-    # per GPU, the forward matmuls of one layer of scaling.transformer minus its MLP (2·3750·16384·53248·2):
+    # per GPU, the forward matmuls of one layer of scaling.families.transformer minus its MLP (2·3750·16384·53248·2):
     # 6.0398e12 + 2·7.3728e12 + 2.0133e12 = 22,798,663,680,000
     cfg = get_preset("seed000").replace(blocks=1)
     fwd = step_flops(Workload(cfg, MeshShape(context=16), 60000, "forward"))["forward"] - 2 * 3750 * 16384 * 53248 * 2
@@ -120,7 +120,7 @@ def test_render_summary(rows):
 
 
 def test_no_jax_import():
-    code = ("import sys, scaling.seed000; "
+    code = ("import sys, scaling.seeds.seed000; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'ffn_model', 'mesh', 'verify')))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

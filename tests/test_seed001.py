@@ -1,7 +1,7 @@
 """Seed 001 (shared/reference/seeds/001_layer_estimator.txt, shipped with the package as
 scaling/data/seeds/001_layer_estimator.txt): every value its notebook printed (the
 MLP and SA per-layer tables, the depth-summed series below each, and the "time spend in comms"
-fractions) is reproduced by scaling.layer_estimator.
+fractions) is reproduced by scaling.seeds.layer_estimator.
 
 Expected values come from the seed's printed output (SEED001_PRINTED, read from the shipped seed file;
 spot-checked below against cells copied by hand from it), never from our code's output.
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import pytest
 
-from scaling import layer_estimator as le
-from scaling.seed000 import seed_text
+from scaling.seeds import layer_estimator as le
+from scaling.seeds.seed000 import seed_text
 
 # (table, row, column) -> why we do not reproduce the printed value. Empty: every cell reproduces.
 EXPECTED_MISMATCHES: dict[tuple[str, str, str], str] = {}
@@ -219,7 +219,7 @@ def test_layers_bad_inputs():
     from dataclasses import replace
 
     from jax_scaling.cli import main
-    from scaling.hardware import get_chip
+    from scaling.hardware.chips import get_chip
 
     with pytest.raises(ValueError, match="H100 has no vector .* give --vector-tflops"):
         le.system_of(replace(get_chip("H100"), vector_flops=None))
@@ -236,7 +236,7 @@ def test_every_chip_has_a_vector_rate():
     FP32 lanes x 2 FLOPs (FMA) x 1.98 GHz, doubled for 16-bit operands: the figures of the row's gpu_target (XLA's
     description of the H100 SXM). The H200 is the same die at the same clocks; the A100s keep seed 001's 78."""
     from jax_scaling.cli import main
-    from scaling.hardware import CHIPS, get_chip
+    from scaling.hardware.chips import CHIPS, get_chip
 
     for name, chip in CHIPS.items():
         assert chip.vector_flops and chip.vector_flops < chip.bf16_flops, name

@@ -1,5 +1,5 @@
 """Seed 002 (shared/reference/seeds/002_deepflow_output.txt, shipped as scaling/data/seeds/002_deepflow_output.txt):
-scaling.seed002 recomputes every numeric line of DeepFlow's report. Expected values are the seed's own printed
+scaling.seeds.seed002 recomputes every numeric line of DeepFlow's report. Expected values are the seed's own printed
 digits (parsed here) and hand calculations from DeepFlow's stated inputs (B = 512, V = 800,000, L = 2, D = 19,968,
 P = 2,048, S = 20, 4 gates, 4-byte words; the 300 W budget's shares), written out below."""
 
@@ -11,8 +11,8 @@ import re
 import pytest
 
 from jax_scaling.cli import main
-from scaling import seed002 as s2
-from scaling.seed000 import seed_text
+from scaling.seeds import seed002 as s2
+from scaling.seeds.seed000 import seed_text
 
 
 @pytest.fixture(scope="module")

@@ -8,13 +8,13 @@ import json
 import pytest
 
 from ffn_model.train import train
-from scaling.mesh_shape import parse_mesh_spec
-from scaling.schedule import Schedule
-from scaling.workload import Workload
-from verify.check import CPU_SP_STAGE_GRID, TPU_SP_STAGE_GRID, check, grid_workload
-from tests.helpers import (LR, PIPE_TF, STEPS, TF_BATCH as B, assert_bands as _assert_bands,
-                           assert_matches, assert_tpu_bands as _assert_tpu_bands, mesh_of as _mesh,
-                           one_device as _one_device, rows)
+from scaling.core.mesh_shape import parse_mesh_spec
+from scaling.core.schedule import Schedule
+from scaling.core.workload import Workload
+from verify.check import check, grid_workload
+from verify.grids import CPU_SP_STAGE_GRID, TPU_SP_STAGE_GRID
+from tests.helpers import (LR, PIPE_TF, STEPS, TF_BATCH as B, assert_bands as _assert_bands, assert_matches,
+                           assert_tpu_bands as _assert_tpu_bands, mesh_of as _mesh, one_device as _one_device, rows)
 
 # (mesh, schedule, remat): 1F1B and interleaved 1F1B (R = 2: stage=2 holds chunks of 2 layers) with fsdp and
 # tensor, GPipe on stage=2, tensor=4 (the sequence of 64 split 4 ways between layers), circular with full remat
@@ -46,7 +46,7 @@ def test_sequence_parallel_stages_match_one_device(pipe_one_device, spec, schedu
 def test_ffn_stack_refuses_sequence_parallel_stages():
     """The FFN stack's pipeline carries its activations whole: one ValueError naming the input, before anything is
     built."""
-    from scaling.presets import get_preset
+    from scaling.families.presets import get_preset
     with pytest.raises(ValueError, match="sequence_parallel with pipeline stages is built for the transformer"):
         Workload(get_preset("tiny"), parse_mesh_spec("stage=2,tensor=2"), 64,
                  schedule=Schedule(2, sequence_parallel=True))
@@ -63,8 +63,8 @@ def test_sp_stage_closed_forms_by_hand():
                       = 44,040,192 B, under remat none and full alike
       ring (remat full): K = 2S − 1 = 3 slots of a chunk's 2 layer inputs, the token split c·1024·D/Y = 131,072 B
                       each, and one chunk's copy beside them: (3 + 1)·2·131,072 = 1,048,576 B."""
-    from scaling import transformer
-    from scaling.presets import get_preset
+    from scaling.families import transformer
+    from scaling.families.presets import get_preset
     cfg = get_preset("small-tf").replace(vocab=1024)
     w = Workload(cfg, parse_mesh_spec("stage=2,tensor=4"), 4096,
                  schedule=Schedule(4, pipeline="1f1b", sequence_parallel=True))

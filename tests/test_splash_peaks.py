@@ -1,4 +1,4 @@
-"""Splash attention's peak (issue 49, item 14): scaling.transformer.splash_backward_layer against the compiler.
+"""Splash attention's peak (issue 49, item 14): scaling.families.transformer.splash_backward_layer against the compiler.
 
 With splash the compiled train step (v5p:2x2x2 ahead of time) holds at its backward's peak neither two layers'
 gathered weights, nor one layer's FP32 gradient, nor the scores' working set (splash keeps them in VMEM): the closed
@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import pytest
 
-from scaling import transformer
-from scaling.presets import get_preset
-from scaling.schedule import Schedule
+from scaling.families import transformer
+from scaling.families.presets import get_preset
+from scaling.core.schedule import Schedule
 from verify.check import grid_workload
 
-# TPU_SPLASH_GRID's transformer (verify.check): D = 4096, 32 heads, 8 kv heads, F = 16384, 4 layers, T = 4096, V = 32768
+# TPU_SPLASH_GRID's transformer (verify.grids): D = 4096, 32 heads, 8 kv heads, F = 16384, 4 layers, T = 4096, V = 32768
 _TF = get_preset("small-tf").replace(d_model=4096, heads=32, kv_heads=8, d_ff=16384, blocks=4, seq_len=4096,
                                      vocab=32768)
 ULYSSES = Schedule(attention="splash", context="ulysses")

@@ -13,12 +13,13 @@ import numpy as np
 import pytest
 
 from jax_scaling.args import add_config_args
-from scaling import collectives, kernels
-from scaling.hardware import get_chip
-from scaling.kernels import Kernel
-from scaling.presets import PRESETS
-from scaling.schedule import Schedule
-from scaling.workload import Workload
+from scaling.hardware import collectives
+from scaling.step import kernels
+from scaling.hardware.chips import get_chip
+from scaling.step.kernels import Kernel
+from scaling.families.presets import PRESETS
+from scaling.core.schedule import Schedule
+from scaling.core.workload import Workload
 
 H100, A100, V5E = get_chip("H100"), get_chip("A100-80GB"), get_chip("v5e")
 LAUNCH = 6.5401e-06  # H100.toml launch_seconds
@@ -122,7 +123,7 @@ def test_gpu_messages_are_one_microbatch_or_one_layer():
     """The per-call sizes the NVLink efficiency is read at: over tensor one microbatch's activations, 2 B ·
     (4096 tokens) · 4096 = 32 MiB for llama2-7b on one sequence per microbatch; over fsdp one layer's weights
     over tensor, 2 B · 202,375,168 / 2 = 202.4 MB (4096·4096·4 attention + 3·4096·11008 MLP = 202,375,168)."""
-    from scaling.program import gpu_messages
+    from scaling.step.program import gpu_messages
     cfg = PRESETS["llama2-7b"]
     w = Workload(cfg, {"data": 1, "stage": 1, "fsdp": 2, "context": 1, "tensor": 2}, 4 * 4096,
                  schedule=Schedule(microbatches=2))
@@ -137,8 +138,8 @@ def test_pytorch_full_recompute_reruns_the_whole_layer():
     W_out's matmul included: Narayanan et al. 2021, eq. 3, count 96·B·s·l·h²·(1 + s/(6h)) = 4 forward passes of
     24·B·s·l·h²·(1 + s/(6h)) without the vocabulary. With --runtime megatron and remat full the matmul FLOPs are
     4 times the forward's; the package's own step (XLA drops the dead W_out matmul) recomputes less."""
-    from scaling.policies import Precision
-    from scaling.transformer import TransformerConfig, step_flops
+    from scaling.core.policies import Precision
+    from scaling.families.transformer import TransformerConfig, step_flops
 
     cfg = TransformerConfig(d_model=2304, heads=24, d_ff=4 * 2304, blocks=4, seq_len=2048, mlp="gelu")
     sched = Schedule(attention="materialized")

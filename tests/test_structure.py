@@ -9,17 +9,21 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import sys
 from pathlib import Path
 from typing import ClassVar
 
 import pytest
 
-from scaling.presets import FAMILIES
+from ffn_model.families import PROGRAMS
+from scaling.families.presets import FAMILIES
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("scaling", "mesh", "ffn_model", "verify", "jax_scaling")
-# the modules that own what differs between model families: the closed forms' and the programs'
-FAMILY_MODULES = {"scaling/ffn.py", "scaling/transformer.py", "ffn_model/model.py", "ffn_model/transformer.py"}
+# the modules that own what differs between model families, derived: the closed forms' (where each family's config
+# class is defined) and the programs' (ffn_model.families.PROGRAMS)
+FAMILY_MODULES = {str(Path(m.__file__).resolve().relative_to(ROOT))
+                  for m in [sys.modules[f.__module__] for f in FAMILIES] + list(PROGRAMS.values())}
 CONFIG_NAMES = {f.__name__ for f in FAMILIES} | {"Model", "FAMILIES"}
 
 
@@ -27,8 +31,9 @@ def _modules(root: Path, packages=PACKAGES) -> dict[str, Path]:
     """{dotted name: path} of every module of ``packages`` under ``root``; a package's __init__ is the package."""
     out = {}
     for pkg in packages:
-        for p in sorted((root / pkg).glob("*.py")):
-            out[pkg if p.stem == "__init__" else f"{pkg}.{p.stem}"] = p
+        for p in sorted((root / pkg).rglob("*.py")):
+            parts = p.relative_to(root).with_suffix("").parts
+            out[".".join(parts[:-1] if p.stem == "__init__" else parts)] = p
     return out
 
 
@@ -38,7 +43,7 @@ def import_graph(root: Path, packages=PACKAGES) -> dict[str, set[str]]:
     mods = _modules(root, packages)
     graph = {m: set() for m in mods}
     for m, path in mods.items():
-        pkg = m.split(".")[0]
+        pkg = m if path.stem == "__init__" else m.rpartition(".")[0]
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Import):
                 graph[m] |= {a.name for a in node.names if a.name in mods}
@@ -149,8 +154,8 @@ def test_a_type_test_on_a_model_config_is_caught(tmp_path):
 def test_a_new_family_brings_its_own_fields(monkeypatch):
     """model_of asks the families which fields exist and whose they are: a made-up third family's dimension is
     refused for an FFN preset in the family's own words, and set on its own preset, with no edit elsewhere."""
-    from scaling import presets
-    from scaling.ffn import FFNConfig
+    from scaling.families import presets
+    from scaling.families.ffn import FFNConfig
 
     @dataclasses.dataclass(frozen=True)
     class ToyConfig(FFNConfig):

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from scaling.hardware import CHIPS
-from scaling.mesh_shape import MESH_AXES
-from scaling.policies import REMAT_POLICIES, Attention, ContextStrategy, OptimizerSharding, Pipeline, Step
-from scaling.presets import FAMILIES
+from scaling.hardware.chips import CHIPS
+from scaling.core.mesh_shape import MESH_AXES
+from scaling.core.policies import REMAT_POLICIES, Attention, ContextStrategy, OptimizerSharding, Pipeline, Step
+from scaling.families.presets import FAMILIES
 
 # Terms no quick row compares, each with the reason and where the comparison runs instead (make test-all).
 EXEMPT: dict[tuple[str, str], str] = {}
@@ -107,8 +107,8 @@ def test_terms_are_read_off_the_workload():
     """A row's terms by hand: the 1F1B transformer row with R = 2 on stage=2, fsdp=2, tensor=2 is interleaved 1F1B
     over three axes, materialized attention, on CPU; a v5p row adds the peak; an FFN stage-less row with 4
     microbatches is gradient accumulation."""
-    from scaling.presets import get_preset
-    from scaling.schedule import Schedule
+    from scaling.families.presets import get_preset
+    from scaling.core.schedule import Schedule
     from verify.check import grid_workload
 
     tf = grid_workload(get_preset("small-tf").replace(vocab=1024), "stage=2,fsdp=2,tensor=2", 4096, "none", "train",

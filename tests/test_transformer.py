@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from ffn_model.train import train
-from scaling.mesh_shape import parse_mesh_spec
-from scaling.presets import get_preset
-from scaling.schedule import Schedule
-from scaling.workload import Workload
+from scaling.core.mesh_shape import parse_mesh_spec
+from scaling.families.presets import get_preset
+from scaling.core.schedule import Schedule
+from scaling.core.workload import Workload
 from tests.helpers import (LR, PIPE_TF, STEPS, TINY_TF, TF_BATCH as B, assert_matches, mesh_of as _mesh,
                            one_device as _one_device)
 

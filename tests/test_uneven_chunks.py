@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import pytest
 
-from scaling import pipeline as closed
-from scaling import plan as planner
-from scaling.ffn import FFNConfig
-from scaling.mesh_shape import parse_mesh_spec
-from scaling.presets import get_preset
-from scaling.schedule import Schedule
-from scaling.workload import Workload
+from scaling.step import pipeline as closed
+from scaling.planner import plan as planner
+from scaling.families.ffn import FFNConfig
+from scaling.core.mesh_shape import parse_mesh_spec
+from scaling.families.presets import get_preset
+from scaling.step.memory import memory_per_device
+from scaling.core.schedule import Schedule
+from scaling.core.workload import Workload
 from tests.helpers import assert_bands, assert_matches, one_device, run_steps
-from verify.check import UNEVEN_CHUNK_GRID
+from verify.grids import UNEVEN_CHUNK_GRID
 from tests.helpers import run_cli as _run, refused
 
 L405 = get_preset("llama3.1-405b")  # 126 layers, a vocabulary
@@ -103,18 +104,18 @@ def test_closed_forms_hold_the_largest_chunk():
     mesh = {"stage": 2, "fsdp": 2}
     seven = Workload(FFN, mesh, 256, schedule=Schedule(2, repeats=2))
     eight = Workload(FFN.replace(blocks=8), mesh, 256, schedule=Schedule(2, repeats=2))
-    f7, f8 = seven.model.step_flops(seven), eight.model.step_flops(eight)
+    f7, f8 = seven.model.forms.step_flops(seven), eight.model.forms.step_flops(eight)
     assert f7["total"] == pytest.approx(f8["total"])
     assert f7["model"] == pytest.approx(85_983_232)
-    assert seven.model.memory_terms(seven)["total"] == pytest.approx(eight.model.memory_terms(eight)["total"])
-    assert seven.model.collective_volumes(seven) == eight.model.collective_volumes(eight)
+    assert memory_per_device(seven)["total"] == pytest.approx(memory_per_device(eight)["total"])
+    assert seven.model.forms.collective_volumes(seven) == eight.model.forms.collective_volumes(eight)
     for pipe in ("circular", "1f1b"):
         sched = Schedule(4, repeats=2, pipeline=pipe)
         t7 = Workload(TF, {"stage": 2, "tensor": 2}, B_TF, schedule=sched)
         t8 = Workload(TF.replace(blocks=8), {"stage": 2, "tensor": 2}, B_TF, schedule=sched)
-        assert t7.model.step_flops(t7)["total"] == pytest.approx(t8.model.step_flops(t8)["total"])
-        assert t7.model.memory_terms(t7)["total"] == pytest.approx(t8.model.memory_terms(t8)["total"])
-        v7, v8 = t7.model.collective_volumes(t7), t8.model.collective_volumes(t8)
+        assert t7.model.forms.step_flops(t7)["total"] == pytest.approx(t8.model.forms.step_flops(t8)["total"])
+        assert memory_per_device(t7)["total"] == pytest.approx(memory_per_device(t8)["total"])
+        v7, v8 = t7.model.forms.collective_volumes(t7), t8.model.forms.collective_volumes(t8)
         assert v7["stage"] == pytest.approx(v8["stage"])
 
 

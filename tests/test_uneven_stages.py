@@ -12,15 +12,17 @@ import pytest
 from ffn_model.pipeline import padded_slots, real_blocks
 from ffn_model.train import train
 from mesh import make_mesh
-from scaling import pipeline as closed
-from scaling.ffn import FFNConfig
-from scaling.mesh_shape import parse_mesh_spec
-from scaling.presets import get_preset
-from scaling.schedule import Schedule, default_stage_blocks
-from scaling.workload import Workload
+from scaling.step import pipeline as closed
+from scaling.families.ffn import FFNConfig
+from scaling.core.mesh_shape import parse_mesh_spec
+from scaling.families.presets import get_preset
+from scaling.step.memory import memory_per_device
+from scaling.core.schedule import Schedule, default_stage_blocks
+from scaling.core.workload import Workload
 from tests.helpers import (LR, STEPS, assert_bands as _assert_bands, assert_matches,
                            assert_tpu_bands as _assert_tpu_bands, one_device)
-from verify.check import TPU_UNEVEN_STAGE_GRID, UNEVEN_STAGE_GRID, check, grid_workload
+from verify.check import check, grid_workload
+from verify.grids import TPU_UNEVEN_STAGE_GRID, UNEVEN_STAGE_GRID
 
 # the tiny transformer with a 512-token vocabulary (tests/test_transformer.py's PIPE_TF, 5 or 7 layers)
 TF = get_preset("tiny-tf").replace(kv_heads=4, vocab=512)
@@ -82,18 +84,18 @@ def test_closed_forms_hold_the_largest_stage():
     eight = Workload(FFN.replace(blocks=8), mesh, 256, schedule=Schedule(4))
     assert closed.largest_stage(seven.model, seven.schedule, 4) == 2
     assert closed.padding(seven.model, seven.schedule, 4) == 8 / 7
-    f7, f8 = seven.model.step_flops(seven), eight.model.step_flops(eight)
+    f7, f8 = seven.model.forms.step_flops(seven), eight.model.forms.step_flops(eight)
     assert f7["total"] == pytest.approx(f8["total"])
     # useful FLOPs of the 7 real blocks by hand: 6·(2·D·F·L)·B less the first block's unneeded input gradient
     # (2·B·D·F), over the 8 devices: (6·2·64·256·7·256 − 2·256·64·256)/8 = (352,321,536 − 8,388,608)/8
     assert f7["model"] == pytest.approx(42_991_616)
-    assert seven.model.memory_terms(seven)["total"] == pytest.approx(eight.model.memory_terms(eight)["total"])
-    assert seven.model.collective_volumes(seven) == eight.model.collective_volumes(eight)
+    assert memory_per_device(seven)["total"] == pytest.approx(memory_per_device(eight)["total"])
+    assert seven.model.forms.collective_volumes(seven) == eight.model.forms.collective_volumes(eight)
     # the transformer the same way: 7 layers (2, 2, 2, 1) against 8
     t7 = Workload(TF.replace(blocks=7), {"stage": 4, "tensor": 2}, B_TF, schedule=Schedule(4))
     t8 = Workload(TF.replace(blocks=8), {"stage": 4, "tensor": 2}, B_TF, schedule=Schedule(4))
-    assert t7.model.step_flops(t7)["total"] == pytest.approx(t8.model.step_flops(t8)["total"])
-    assert t7.model.memory_terms(t7)["total"] == pytest.approx(t8.model.memory_terms(t8)["total"])
+    assert t7.model.forms.step_flops(t7)["total"] == pytest.approx(t8.model.forms.step_flops(t8)["total"])
+    assert memory_per_device(t7)["total"] == pytest.approx(memory_per_device(t8)["total"])
 
 
 def _check_padding(params, counts):

@@ -1,13 +1,13 @@
-"""Predicted step time against the published measured runs (scaling.validate; closed forms only)."""
+"""Predicted step time against the published measured runs (scaling.reports.validate; closed forms only)."""
 
 import json
 
 import pytest
 
 from jax_scaling.cli import main
-from scaling.presets import PRESETS
-from scaling.transformer import TransformerConfig
-from scaling.validate import measured_runs, measured_step, spearman, validate
+from scaling.families.presets import PRESETS
+from scaling.families.transformer import TransformerConfig
+from scaling.reports.validate import measured_runs, measured_step, spearman, validate
 
 
 def _run(run_id):
@@ -75,8 +75,8 @@ def test_each_chips_efficiency_is_its_fit_on_the_named_run():
     on that run now (a change to the step model that moves it fails here until the table is refitted:
     jax-scaling validate --fit); that run is then predicted at its measured step, the others are held out. Only
     TPUs name one (issue 38): a GPU's GEMM coefficients come from its kernel table, every GPU row is held out."""
-    from scaling.hardware import CHIPS
-    from scaling.validate import fit_efficiency
+    from scaling.hardware.chips import CHIPS
+    from scaling.reports.validate import fit_efficiency
 
     fitted = {n: c for n, c in CHIPS.items() if c.fitted_on}
     assert set(fitted) == {"v4", "v5e", "v6e"}
@@ -106,7 +106,7 @@ def test_hierarchical_kernel_model_column():
     """validate under the hierarchical kernel model refits each fitted chip's eta under it on its own named run (that
     run then exact); every measured run's chip has an on-chip size (VMEM per TensorCore, a GPU's L2), so every row is
     predicted."""
-    from scaling.validate import refitted
+    from scaling.reports.validate import refitted
 
     r = refitted("hierarchical")
     v = r["validation"]

@@ -1,4 +1,4 @@
-"""The workload object (scaling.workload): validated once where it is built, taken by the step model, memory,
+"""The workload object (scaling.core.workload): validated once where it is built, taken by the step model, memory,
 the model builder and the check; a new input is one field."""
 
 import copy
@@ -10,13 +10,14 @@ import pickle
 import numpy as np
 import pytest
 
-from scaling import memory, program
-from scaling.mesh_shape import MeshShape
-from scaling.policies import Remat, Step
-from scaling.presets import PRESETS
-from scaling.schedule import Schedule
-from scaling.hardware import get_chip
-from scaling.workload import CompilerFacts, Workload
+from scaling.step import memory
+from scaling.step import program
+from scaling.core.mesh_shape import MeshShape
+from scaling.core.policies import Remat, Step
+from scaling.families.presets import PRESETS
+from scaling.core.schedule import Schedule
+from scaling.hardware.chips import get_chip
+from scaling.core.workload import CompilerFacts, Workload
 
 XXL, TINY, SMALL = PRESETS["xxl"], PRESETS["tiny"], PRESETS["small"]
 

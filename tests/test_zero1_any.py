@@ -1,6 +1,6 @@
 """ZeRO-1 as a distributed optimizer on any data size and every schedule (issue 37, item 3; ffn_model.zero1): the
 padding rule and the closed forms by hand, the refusals gone, 3 AdamW steps against one device where no model
-dimension divides by data, and the compiled program against the closed forms (verify.check.ZERO1_GRID)."""
+dimension divides by data, and the compiled program against the closed forms (verify.grids.ZERO1_GRID)."""
 
 
 import jax
@@ -9,16 +9,17 @@ import pytest
 
 from ffn_model.train import train
 from mesh import make_mesh, mesh_shape
-from scaling import program
-from scaling.ffn import collective_volumes
-from scaling.memory import memory_per_device
-from scaling.memory import zero1_padded
-from scaling.mesh_shape import parse_mesh_spec
-from scaling.presets import get_preset
-from scaling.schedule import Schedule
-from scaling.workload import Workload
+from scaling.step import program
+from scaling.families.ffn import collective_volumes
+from scaling.step.memory import memory_per_device
+from scaling.step.memory import zero1_padded
+from scaling.core.mesh_shape import parse_mesh_spec
+from scaling.families.presets import get_preset
+from scaling.core.schedule import Schedule
+from scaling.core.workload import Workload
 from tests.helpers import assert_bands, assert_matches, one_device
-from verify.check import ZERO1_GRID, check, grid_workload
+from verify.check import check, grid_workload
+from verify.grids import ZERO1_GRID
 
 ZERO1 = Schedule(optimizer_sharding="zero1")
 CPU_ROWS = [g for g in ZERO1_GRID if g[0].startswith("cpu")]

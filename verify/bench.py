@@ -4,11 +4,11 @@ closed form predicts (``jax-scaling bench``, or ``python -m ffn_model bench``).
   step time     ffn_model.bench.time_train_step: median of ``steps`` timed steps after ``warmup``
   FLOPs         executed = the compiled program's own matmul FLOPs per device (verify.hlo: dot FLOPs x
                 loop trips, the remat recompute and block 0's dead dx included), times N;
-                model = the matmuls the step needs, 6·P·B − 2·B·D·F (scaling.program.predict)
+                model = the matmuls the step needs, 6·P·B − 2·B·D·F (scaling.step.program.predict)
   TFLOP/s       executed FLOPs / step time, over all N devices (and per device: / N)
   MFU           model FLOPs / (step time · N · C); HFU the same with executed FLOPs. C is the device's
-                peak dense bf16 FLOP/s (scaling.hardware), None where the chip is unknown (CPU)
-  predicted     scaling.program.predict on the same mesh and ICI layout (mesh.ici_layout): the sum form
+                peak dense bf16 FLOP/s (scaling.hardware.chips), None where the chip is unknown (CPU)
+  predicted     scaling.step.program.predict on the same mesh and ICI layout (mesh.ici_layout): the sum form
                 (T_math + Σ T_axis) and the max form (max(T_math, T_axis..., T_hbm)); a measurement
                 should lie at or above the max form
 """
@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from ffn_model.bench import time_train_step
 from mesh import ici_layout, mesh_shape
-from scaling import program
-from scaling.workload import Workload
-from scaling.hardware import Chip
+from scaling.step import program
+from scaling.core.workload import Workload
+from scaling.hardware.chips import Chip
 from verify.hlo import read_compiled
 
 

@@ -1,5 +1,6 @@
 """Kernel times measured on this machine's accelerator: what ``jax-scaling calibrate`` writes as a kernel table
-(scaling.kernel_tables reads it; the step model takes its GEMM, pointwise, attention and collective terms from it).
+(scaling.hardware.kernel_tables reads it; the step model takes its GEMM, pointwise, attention and collective terms from
+it).
 
 Each kernel is compiled by XLA (jax.jit, with XLA's own GEMM autotuning, as a training program would be) and timed
 on the device's clock as seen from the host: a warm-up call, then calls queued back to back (jax dispatches

@@ -462,7 +462,7 @@ class HloProgram:
         """Bytes written per run by ``copy`` instructions in while-loop bodies that copy an all-gather's result,
         times their trips: the copies a rotated loop makes of the gathered weights it carries into the next trip
         (XLA:TPU, gathers pipelined across blocks), plus gradient accumulation's copies of zero-initialized gradient
-        stacks (stack_copies, kind "zeros"; scaling.ffn.accumulation_copy_bytes)."""
+        stacks (stack_copies, kind "zeros"; scaling.families.ffn.accumulation_copy_bytes)."""
         bodies = {c for c, sites in self.callers.items() if any(s.opcode == "while" and k == "body" for s, k in sites)}
         return sum(shape_bytes(i.shape) * self.multiplier.get(c, 0.0) for c in bodies
                    for i in self.computations[c].instructions if i.opcode == "copy" and self._gathered(i.operands[0])

@@ -12,11 +12,11 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from scaling import pipeline
-from scaling.hardware import get_chip
-from scaling.mesh_shape import MeshShape
-from scaling.schedule import Schedule
-from scaling.table import PROSE, abbreviated, prose, table, time_text
+from scaling.step import pipeline
+from scaling.hardware.chips import get_chip
+from scaling.core.mesh_shape import MeshShape
+from scaling.core.schedule import Schedule
+from scaling.core.table import PROSE, abbreviated, prose, table, time_text
 
 
 def ratio(closed, compiled) -> float | None:
@@ -65,7 +65,7 @@ def _rows_of(d: dict) -> dict:
 class CheckConfig:
     """What was compiled and how: the model (its fields and its text), devices, mesh, batch, remat, step,
     schedule, the chip timing it, the compile time, the ICI layout of each mesh axis, the compiler facts read
-    from the program (scaling.workload.CompilerFacts), the XLA flag set and the platform."""
+    from the program (scaling.core.workload.CompilerFacts), the XLA flag set and the platform."""
 
     model: dict
     model_text: str
@@ -165,7 +165,7 @@ class Overlap:
 
 @dataclass
 class Times:
-    """The closed form's times on the chip (scaling.program.predict's StepTimes): T_math, T_comms per axis, the
+    """The closed form's times on the chip (scaling.step.program.predict's StepTimes): T_math, T_comms per axis, the
     step as sum, max and scheduled, the exposed comms, the loop copies, the bound; and XLA:TPU's own
     cost_analysis optimal_seconds (None on CPU; not a step time)."""
 
@@ -208,8 +208,9 @@ class CheckReport:
 
     def render(self) -> str:
         """The side-by-side table (quantity, closed form, compiled, ratio, note: a long note's first words and a
-        reference [k] to it, printed whole below the table: scaling.table.abbreviated) and the collectives, overlap
-        and times; prose wrapped at 120 columns (scaling.table.prose), times in units a person reads (time_text)."""
+        reference [k] to it, printed whole below the table: scaling.core.table.abbreviated) and the collectives, overlap
+        and times; prose wrapped at 120 columns (scaling.core.table.prose), times in units a person reads
+        (time_text)."""
         cfg, t = self.config, self.times
         lines = [prose(f"{cfg.step} step, {cfg.model_text}, mesh {MeshShape(cfg.mesh)}, B={cfg.batch_tokens:,} "
                        f"tokens, remat {cfg.remat}, devices {cfg.devices} (compiled in {cfg.compile_seconds:.1f} s)"),
@@ -294,7 +295,7 @@ def _schedule_text(cfg: CheckConfig) -> str:
 
 
 def optimal_seconds_text(seconds: float) -> str:
-    """XLA:TPU's cost_analysis ``optimal_seconds`` for a person: "12.3 s", "41.2 us" (scaling.table.time_text), or
+    """XLA:TPU's cost_analysis ``optimal_seconds`` for a person: "12.3 s", "41.2 us" (scaling.core.table.time_text), or
     for a negative figure (v6e and TPU7x report some) "n/a (XLA reports -13.99, not meaningful)"; the JSON reports
     keep the raw figure."""
     return time_text(seconds) if seconds >= 0 else f"n/a (XLA reports {seconds:.4g}, not meaningful)"

@@ -1,12 +1,12 @@
 """Seed 000's Ulysses layer compiled: ``python -m scaling trace --seed 000 --verify``.
 
-The trace (scaling.seed000) is a PyTorch forward of one Ulysses attention layer of the XXL's dimensions
+The trace (scaling.seeds.seed000) is a PyTorch forward of one Ulysses attention layer of the XXL's dimensions
 (d 16384, 128 heads, 60,000 tokens) on 16 GPUs. Here the same layer of the package's transformer
-(scaling.presets preset seed000, one layer: attention and its MLP, FP32 master weights) is compiled ahead
+(scaling.families.presets preset seed000, one layer: attention and its MLP, FP32 master weights) is compiled ahead
 of time for a 16-chip v5p slice, context=16 (Ulysses: 8 heads per device over the whole sequence), the
 forward step on one 60,000-token sequence, with materialized scores (as the seed) and with flash
 attention, and its compiled peak set beside the seed's 61.02 GB and the closed form
-(scaling.transformer.memory_per_device). A program the compiler refuses (its HBM need above the chip's)
+(scaling.families.transformer.memory_per_device). A program the compiler refuses (its HBM need above the chip's)
 is reported with the compiler's own figure.
 """
 
@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import sys
 
-from scaling.mesh_shape import parse_mesh_spec
-from scaling.presets import get_preset
-from scaling.schedule import Schedule
-from scaling.workload import Workload
-from scaling.hardware import CHIPS, DEFAULT_CHIP
-from scaling.program import predict
+from scaling.core.mesh_shape import parse_mesh_spec
+from scaling.families.presets import get_preset
+from scaling.core.schedule import Schedule
+from scaling.core.workload import Workload
+from scaling.hardware.chips import CHIPS, DEFAULT_CHIP
+from scaling.step.program import predict
 from verify.check import check
 from verify.hlo import refused_bytes
 
@@ -36,7 +36,7 @@ SCHEDULES = {"materialized": (60000, Schedule(attention="materialized")),
 
 def compile_seed000_layer(verbose: bool = False, flags=None) -> dict:
     """{attention form: {"closed_form": bytes, "terms": {...}, "compiled": bytes | None, "error": str}} for
-    seed 000's Ulysses layer on DEVICES (module docstring). The closed form is scaling.program.predict's
+    seed 000's Ulysses layer on DEVICES (module docstring). The closed form is scaling.step.program.predict's
     forward memory (master weights + the batch + the attention working set: FP32 scores of 8 heads, or of
     one 480-key block)."""
     out = {}
@@ -95,7 +95,7 @@ def compile_model_layer(cfg, context: int, verbose: bool = False, flags=None) ->
     """trace --verify for a model: one layer of ``cfg`` (attention and its MLP, FP32 master weights), forward, one
     sequence, Ulysses over context = P chips of a v5p slice (tpu:v5p-<2P>: the name counts TensorCores), with
     flash attention (key blocks of 512, or the sequence where shorter); its compiled peak beside the closed form
-    (scaling.program.predict's memory). {"devices", "mesh", "closed_form", "compiled", "ratio", "terms"}."""
+    (scaling.step.program.predict's memory). {"devices", "mesh", "closed_form", "compiled", "ratio", "terms"}."""
     one = cfg.replace(blocks=1)
     block = min(512, one.seq_len)
     if one.seq_len % block:

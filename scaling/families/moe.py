@@ -1,0 +1,943 @@
+"""Mixture of experts (MoE): the MLP of some layers replaced by E experts of which a router picks k per token
+(Shazeer et al. 2017; GShard, Lepikhin et al. 2020; Switch, Fedus et al. 2022; Mixtral, Jiang et al. 2024), over
+an ``expert`` mesh axis that splits the experts, the tokens dispatched to their experts' devices and combined back
+by all-to-all (GShard section 3.2; MaxText's and Megatron-LM's expert parallelism). Pure Python.
+
+MoESpec holds what an MoE model adds to a transformer's dimensions: E experts of d_ff F_e each, top-k routing
+(softmax or sigmoid gates, an auxiliary load-balancing loss), a capacity factor (GShard/Switch: each expert takes at
+most C = ceil(cf·k·T/E) of a group's T tokens, the rest dropped) or dropless routing (every routed token computed),
+optional shared experts that every token runs, and which layers are MoE (every ``moe_every``-th, after
+``first_dense`` dense ones). MoEConfig is a transformer (scaling.families.transformer.TransformerConfig: attention, the
+dense layers' MLP, the vocabulary) with an MoESpec; MOE_PRESETS holds published ones.
+
+Notation (scaling.families.transformer's, plus): E experts, k routed per token, F_e an expert's d_ff, S_sh shared
+experts, m MLP matrices (3 for swiglu), cf the capacity factor; the mesh's ``expert`` axis Ex (mesh.get("expert", 1)),
+which splits the experts and, outside the experts, the tokens as data does (MaxText's expert axis in the activations'
+batch; GShard section 3.2: each device routes its own groups of tokens). Per device t = B/(d·X·C·Ex) tokens; a
+group is one sequence of T tokens (MaxText's capacity per sequence: t/T groups a device); s = slots per token: k
+dropless, cf·k with a capacity factor (every expert takes C = ceil(cf·k·T/E) slots of each group, padding
+included: E·C slots a group); c = 2 bytes (BF16).
+
+Closed forms, per MoE layer, per device:
+  FLOPs     forward 2·D·E (router) + 2·m·D·F_e·(s + S_sh) per token (moe_flops_per_token)
+  all-to-all  dispatch and combine forward, their gradients backward (4 per training step); one moves V = c·slots·D
+            from each device, (Ex − 1)/Ex·V of it to other devices (all_to_all_bytes, all_to_all_seconds)
+  memory    the [E/Ex, C·Ex, D] buffers in and out of the experts (dispatch_buffer_bytes); the experts' weights
+            (expert_weight_bytes_per_device)
+  load      the busiest expert sets the time: min(imbalance, cf) with capacity, the imbalance dropless
+            (load_imbalance_time_factor)
+  bound     compute-bound iff m·F_e > f·c·C/W (f = (Ex − 1)/Ex through a switch, Ex/4 on a ring): t cancels
+            (expert_critical_batch)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from scaling.families import transformer as tf
+from scaling.core.family import FamilyDefaults, PlanPolicy
+from scaling.core.kinds import Family, KernelKind, Platform
+from scaling.core.inputs import positive_float, positive_int
+from scaling.core.policies import OptimizerSharding, Remat, Step
+from scaling.step.kernels import Kernel, accumulate_kernel, adamw_kernel, matmul_kernel
+from scaling.step.memory import weight_shards
+from scaling.core.mesh_shape import MESH_AXES, spans
+from scaling.core.schedule import Schedule
+from scaling.core.sharding import shards
+from scaling.families.transformer import TransformerConfig
+from scaling.core.workload import Workload
+
+MOE_REMATS = ("none", "full")  # the remat policies the MoE family's closed forms count
+CAPACITY_FACTORS = ("dropless", "1", "1.25", "1.5", "2")  # --capacity-factor's examples (it takes any number > 0)
+ROUTERS = ("softmax", "sigmoid")  # the gates: softmax over E then top-k (Mixtral renormalises over the k), or sigmoid
+
+
+@dataclass(frozen=True)
+class MoESpec:
+    """E = ``experts`` routed experts, each an MLP of the model's kind with d_ff ``expert_d_ff`` (F_e); a router
+    [D, E] picks ``top_k`` (k) per token; ``shared_experts`` MLPs of F_e every token runs (DeepSeekMoE); the
+    ``capacity_factor`` cf (None: dropless) and ``drop_tokens`` (tokens past capacity dropped; without it a factor
+    below 1 is refused); the ``router`` gates; ``aux_loss_weight`` of the load-balancing loss (Switch eq. 4);
+    layer l is MoE iff l >= first_dense and (l - first_dense) % moe_every == moe_every - 1."""
+
+    experts: int
+    top_k: int
+    expert_d_ff: int
+    shared_experts: int = 0
+    capacity_factor: float | None = None
+    drop_tokens: bool = True
+    router: str = "softmax"
+    aux_loss_weight: float = 0.01
+    moe_every: int = 1
+    first_dense: int = 0
+
+    def __post_init__(self):
+        for name in ("experts", "top_k", "expert_d_ff", "moe_every"):
+            positive_int(name, getattr(self, name))
+        if self.shared_experts < 0 or self.first_dense < 0:
+            raise ValueError("shared_experts and first_dense must be >= 0")
+        if self.top_k > self.experts:
+            raise ValueError(f"top-k {self.top_k} is more than the {self.experts} experts")
+        if self.router not in ROUTERS:
+            raise ValueError(f"router {self.router!r}: one of {', '.join(ROUTERS)}")
+        cf = self.capacity_factor
+        if cf is not None and not cf > 0:
+            raise ValueError(f"capacity factor {cf} must be > 0 (or none: dropless)")
+        if cf is not None and cf < 1 and not self.drop_tokens:
+            raise ValueError(f"capacity factor {cf:g} below 1 must drop tokens, and dropping is off (--keep-tokens, "
+                             "drop_tokens=False): let them drop, or take a factor >= 1 or dropless")
+
+    def is_moe(self, layer: int) -> bool:
+        """Whether layer ``layer`` (0-based) is an MoE layer."""
+        return layer >= self.first_dense and (layer - self.first_dense) % self.moe_every == self.moe_every - 1
+
+    def moe_layers(self, blocks: int) -> int:
+        """How many of ``blocks`` layers are MoE."""
+        return sum(self.is_moe(i) for i in range(blocks))
+
+    def check_mesh(self, mesh: Mapping) -> None:
+        """The experts split evenly over the expert axis (a ValueError naming both)."""
+        x = mesh.get("expert", 1)
+        if self.experts % x:
+            raise ValueError(f"{self.experts} experts do not divide over expert={x}")
+
+    @property
+    def dropless(self) -> bool:
+        """No capacity factor: every routed token computed (Megablocks, Gale et al. 2023)."""
+        return self.capacity_factor is None
+
+    @property
+    def slots_per_token(self) -> float:
+        """s: the expert slots each token fills or pads, k dropless, cf·k with capacity (GShard section 3.2: E·C
+        slots for a group of T tokens, C = cf·k·T/E before the ceiling)."""
+        return self.top_k if self.dropless else self.capacity_factor * self.top_k
+
+
+@dataclass(frozen=True)
+class MoEConfig(FamilyDefaults):
+    """A transformer (``base``: attention, the dense layers' MLP of d_ff F, the vocabulary, T) whose MoE layers
+    (``moe.is_moe``) replace the MLP by a router [D, E], E experts and S_sh shared experts, each an MLP of the
+    base's kind (m matrices) with d_ff F_e (Mixtral, Jiang et al. 2024 section 2.1; DeepSeekMoE for the shared).
+
+    Parameters: params = L·D·H·(2N + 2K) + L_dense·m·D·F + L_moe·(D·E + (E + S_sh)·m·D·F_e) + the embeddings;
+    active per token: the same with k + S_sh experts in place of E + S_sh (the router counted: every token runs it).
+    """
+
+    forms: ClassVar = sys.modules[__name__]  # its closed forms: this module's functions (scaling.core.family.FORMS)
+    family: ClassVar[str] = Family.MOE
+    noun: ClassVar[str] = "MoE transformer"
+    has_attention: ClassVar[bool] = True
+    batch_axis: ClassVar[str] = "moe_batch"  # its tokens split over expert too, outside the experts
+    runs_1f1b: ClassVar[bool] = False
+    has_critical_batch: ClassVar[bool] = False
+    plan: ClassVar[PlanPolicy] = PlanPolicy(
+        batch_tokens=4_194_304,  # 4M tokens, as the transformer's (OLMoE trains at 4M: table 1)
+        axes=tuple(a for a in MESH_AXES if a in ("data", "fsdp", "expert", "tensor")),
+        remats=MOE_REMATS,
+        grouped=False,  # one mesh a group, microbatches only, as the FFN stack
+        remat_keeps=None,
+        schedule_options=("attention",))  # the Schedule's default (auto), not chosen
+    dimensions: ClassVar[dict[str, str]] = {
+        **{k: v for k, v in TransformerConfig.dimensions.items() if k not in ("window", "global_every")},
+        "d_ff": "F, the dense layers' MLP (an MoE model's layers that are not MoE)",
+        "experts": "E, routed experts per MoE layer", "top_k": "k, experts per token",
+        "expert_d_ff": "F_e, an expert's d_ff", "shared_experts": "S_sh, experts every token runs (DeepSeekMoE)",
+        "moe_every": "every n-th layer MoE (default 1: all)", "first_dense": "dense layers before the first MoE one"}
+    kinds: ClassVar[dict[str, tuple[tuple[str, ...], str]]] = {
+        "mlp": TransformerConfig.kinds["mlp"],
+        "capacity_factor": (None, f"the experts' capacity factor cf, a number > 0 ({', '.join(CAPACITY_FACTORS[1:])}: "
+                                  "each expert takes ceil(cf·k·t/E) of a "
+                                              "device's t tokens), or dropless")}
+    switches: ClassVar[dict[str, str]] = {
+        "tied_embeddings": TransformerConfig.switches["tied_embeddings"],
+        "keep_tokens": "tokens past an expert's capacity are not dropped (MoESpec.drop_tokens off): a capacity factor "
+                       "below 1, which must drop some, is refused"}
+    schedule_flags: ClassVar[dict[str, str]] = {"attention": "attention", "attention_block": "attention_block"}
+    # the dimensions a model from flags alone needs (scaling.families.presets._required; the dataclass fields are base,
+    # moe)
+    required: ClassVar[tuple[str, ...]] = ("d_model", "heads", "d_ff", "blocks", "seq_len", "experts", "top_k",
+                                           "expert_d_ff")
+
+    base: TransformerConfig
+    moe: MoESpec
+
+    @classmethod
+    def from_fields(cls, **kw) -> "MoEConfig":
+        """The MoE model of flat fields (scaling.families.presets.model_from_fields): the base's and the MoESpec's."""
+        spec = {f.name for f in dataclasses.fields(MoESpec)}
+        kw = _keep_tokens(kw)
+        moe = {k: _capacity(v) if k == "capacity_factor" else v for k, v in kw.items() if k in spec}
+        return cls(TransformerConfig(**{k: v for k, v in kw.items() if k not in spec}), MoESpec(**moe))
+
+    def replace(self, **kw) -> "MoEConfig":
+        """A copy with the given fields (None: unchanged) set on the base or the MoESpec (capacity_factor: a
+        number, its string, or "dropless")."""
+        kw = _keep_tokens({k: v for k, v in kw.items() if v is not None})
+        spec = {f.name for f in dataclasses.fields(MoESpec)}
+        moe = {k: _capacity(v) if k == "capacity_factor" else v for k, v in kw.items() if k in spec}
+        base = {k: v for k, v in kw.items() if k not in spec}
+        return MoEConfig(self.base.replace(**base) if base else self.base,
+                         dataclasses.replace(self.moe, **moe) if moe else self.moe)
+
+    def __post_init__(self):
+        if getattr(self.base, "family", None) != TransformerConfig.family:  # no isinstance on a model config
+            raise ValueError(f"base must be a TransformerConfig, got {type(self.base).__name__}")
+        if not isinstance(self.moe, MoESpec):
+            raise ValueError(f"moe must be an MoESpec, got {type(self.moe).__name__}")
+        if not self.moe_layers:
+            raise ValueError(f"no MoE layer in {self.blocks} blocks (first_dense={self.moe.first_dense}, "
+                             f"moe_every={self.moe.moe_every}): a dense model is a TransformerConfig")
+
+    def __str__(self) -> str:
+        """One line: "moe D=4,096 N=32 K=8 H=128 F=14,336 L=32 T=4,096 swiglu V=32,000 E=8 k=2 F_e=14,336 dropless"."""
+        m = self.moe
+        base = str(self.base).removeprefix("transformer ")
+        return (f"moe {base} E={m.experts} k={m.top_k} F_e={m.expert_d_ff:,}"
+                + (f" shared={m.shared_experts}" if m.shared_experts else "")
+                + (" dropless" if m.dropless else f" cf={m.capacity_factor:g}" + ("" if m.drop_tokens else " no-drop"))
+                + (f" every={m.moe_every}" if m.moe_every > 1 else "")
+                + (f" first_dense={m.first_dense}" if m.first_dense else ""))
+
+    @property
+    def d_model(self) -> int:
+        """D (the base's)."""
+        return self.base.d_model
+
+    @property
+    def d_ff(self) -> int:
+        """F of the dense layers' MLP (the base's)."""
+        return self.base.d_ff
+
+    @property
+    def blocks(self) -> int:
+        """L, dense and MoE layers together (the base's)."""
+        return self.base.blocks
+
+    @property
+    def seq_len(self) -> int:
+        """T (the base's)."""
+        return self.base.seq_len
+
+    @property
+    def mlp_matrices(self) -> int:
+        """m: 3 for swiglu, else 2 (the experts are MLPs of the base's kind)."""
+        return self.base.mlp_matrices
+
+    @property
+    def moe_layers(self) -> int:
+        """L_moe: the MoE layers of the L blocks (MoESpec.is_moe)."""
+        return self.moe.moe_layers(self.blocks)
+
+    @property
+    def dense_layers(self) -> int:
+        """L_dense = L − L_moe: the layers with the base's MLP of d_ff F."""
+        return self.blocks - self.moe_layers
+
+    @property
+    def expert_params(self) -> int:
+        """m·D·F_e: one expert's MLP."""
+        return self.mlp_matrices * self.d_model * self.moe.expert_d_ff
+
+    @property
+    def router_params(self) -> int:
+        """D·E: one MoE layer's router (no bias)."""
+        return self.d_model * self.moe.experts
+
+    @property
+    def moe_params_per_layer(self) -> int:
+        """D·E + (E + S_sh)·m·D·F_e: an MoE layer's MLP part (its attention is the base's)."""
+        return self.router_params + (self.moe.experts + self.moe.shared_experts) * self.expert_params
+
+    @property
+    def params(self) -> int:
+        """L·D·H·(2N + 2K) + L_dense·m·D·F + L_moe·(D·E + (E + S_sh)·m·D·F_e) + embeddings (V·D tied, 2·V·D)."""
+        b = self.base
+        dense_mlp = b.mlp_matrices * b.d_model * b.d_ff
+        return (self.blocks * b.attention_params_per_block + self.dense_layers * dense_mlp
+                + self.moe_layers * self.moe_params_per_layer + b.embedding_params)
+
+    @property
+    def active_params(self) -> int:
+        """Per token: L·D·H·(2N + 2K) + L_dense·m·D·F + L_moe·(D·E + (k + S_sh)·m·D·F_e) + embeddings (the
+        convention of Mixtral's 12.9B and OLMoE's 1.3B active: embeddings and output matrix counted)."""
+        b = self.base
+        dense_mlp = b.mlp_matrices * b.d_model * b.d_ff
+        routed = self.router_params + (self.moe.top_k + self.moe.shared_experts) * self.expert_params
+        return (self.blocks * b.attention_params_per_block + self.dense_layers * dense_mlp
+                + self.moe_layers * routed + b.embedding_params)
+
+    @property
+    def norm_params(self) -> int:
+        """The base's RMSNorm scales, which a published count includes and this package's model leaves out:
+        2·L·D + D (Mixtral 8x7B: 266,240; TransformerConfig.norm_params)."""
+        return self.base.norm_params
+
+    def check_mesh(self, mesh: Mapping) -> None:
+        """The experts divide over the expert axis (MoESpec.check_mesh)."""
+        self.moe.check_mesh(mesh)
+
+    # the base's attention and vocabulary, read by the shared code (schedules, kernels, reports)
+    heads = property(lambda self: self.base.heads, doc="N (the base's)")
+    kv_heads = property(lambda self: self.base.kv_heads, doc="K (the base's)")
+    head_dim = property(lambda self: self.base.head_dim, doc="H (the base's)")
+    vocab = property(lambda self: self.base.vocab, doc="V (the base's), or None")
+    tied_embeddings = property(lambda self: self.base.tied_embeddings, doc="E = U (the base's)")
+    embedding_matrices = property(lambda self: self.base.embedding_matrices, doc="0, 1 tied or 2 untied")
+    embedding_params = property(lambda self: self.base.embedding_params, doc="the base's V·D per matrix")
+    layer_windows = property(lambda self: self.base.layer_windows, doc="the base's windows (all global)")
+    block: ClassVar[str] = "serial"  # attention then the MoE layer, each with its residual (ffn_model.moe)
+
+    @property
+    def expert_layer_params(self) -> int:
+        """L_moe·E·m·D·F_e: the routed experts' parameters (split over expert), all layers."""
+        return self.moe_layers * self.moe.experts * self.expert_params
+
+    @property
+    def params_per_block(self) -> float:
+        """(P − embeddings)/L: a block's parameters on average (scaling.step.program.gpu_messages' fsdp message)."""
+        return (self.params - self.embedding_params) / self.blocks
+
+    def program_notes(self, chip) -> list[str]:
+        """Dropless on a TPU: ffn_model.moe refuses it (libtpu 0.0.42.1 does not compile its ragged matmul in a
+        shard_map; docs/findings.md), so the figures are the closed form's only."""
+        if self.moe.dropless and chip.kind == Platform.TPU:
+            return ["the program's dropless MoE layers do not compile for TPUs here (libtpu 0.0.42.1; "
+                    "docs/findings.md): these figures are the closed forms' only; give --capacity-factor for a program "
+                    "that trains"]
+        return []
+
+    def uncompared_flops(self, platform: str) -> str | None:
+        """Dropless: why the program's matmul FLOPs are not the closed form's. The closed form counts a ragged kernel
+        that computes the routed rows only (2·D·F_e a row and matrix: step_flops); XLA (jax 0.10.2) lowers
+        jax.lax.ragged_dot to a dense matmul of every row against every local expert, on CPU and GPU alike (5.87 and
+        5.86 times the closed form on moe-tiny, data=2,expert=4, remat full; docs/findings.md; TPUs refuse the
+        dropless layer: program_notes). None with a capacity factor (einsums over the slots: compared)."""
+        if not self.moe.dropless:
+            return None
+        return (f"not comparable: XLA:{platform.upper()} lowers the dropless experts' ragged_dot densely (every row "
+                "against every local expert); give --capacity-factor to compare")
+
+    def check_remat(self, remat: str) -> None:
+        """none or full (MOE_REMATS): the named policies and every-second are not built for the MoE family."""
+        if remat not in MOE_REMATS:
+            raise ValueError(f"remat {remat} is not built for the MoE transformer; its remat is none or full")
+
+    def check_schedule(self, schedule: Schedule, mesh: Mapping, batch_tokens: int | None = None) -> None:
+        """Before the shared rules (Schedule.check): no stage or context axis (_check_axes), no sequence
+        parallelism or ZeRO-1 (not built); the base's attention rules on the folded mesh (tensor: the heads);
+        B whole sequences, their number divisible by microbatches·data·fsdp·expert."""
+        _check_axes(mesh)
+        if schedule.sequence_parallel:
+            raise ValueError("sequence_parallel is not built for the MoE transformer (leave it off)")
+        if schedule.optimizer_sharding == OptimizerSharding.ZERO1:
+            raise ValueError("optimizer_sharding zero1 is not built for the MoE transformer (use fsdp)")
+        tf._check_transformer(self.base, {"tensor": mesh.get("tensor", 1)}, schedule)
+        if batch_tokens is not None:
+            seqs = positive_int("batch_tokens", batch_tokens) // self.seq_len
+            n = schedule.microbatches * shards(mesh, "moe_batch")
+            if batch_tokens % self.seq_len or seqs % n:
+                raise ValueError(f"batch_tokens={batch_tokens} must be whole sequences of seq_len={self.seq_len}, "
+                                 f"their number divisible by microbatches·data·fsdp·expert = {n}")
+
+    extents = TransformerConfig.extents  # the base's arrays: attention, the vocabulary's logits
+
+    def check_axes(self, mesh: Mapping) -> None:
+        """No stage or context axis (_check_axes)."""
+        _check_axes(mesh)
+
+    def divisions(self) -> list[tuple[str, int, str]]:
+        """(name, dimension, logical axis): D (embed), F and F_e (mlp), E (exp: over expert), V (vocab) if any."""
+        out = [("d_model", self.d_model, "embed"), ("d_ff", self.d_ff, "mlp"),
+               ("expert_d_ff", self.moe.expert_d_ff, "mlp"), ("experts", self.moe.experts, "exp")]
+        if self.vocab is not None:
+            out.append(("vocab", self.vocab, "vocab"))
+        return out
+
+    def mesh_fits(self, mesh: Mapping):
+        """The planner's screen of meshes: heads and kv heads by tensor."""
+        return (self.heads % mesh["tensor"] == 0) & (self.kv_heads % mesh["tensor"] == 0)
+
+    def plan_batch_runs(self, mesh: Mapping, B, M):
+        """check_schedule's batch rule on arrays: whole sequences, their count divisible by M·data·fsdp·expert."""
+        return (B % self.seq_len == 0) & ((B // self.seq_len) % (M * mesh["data"] * mesh["fsdp"] * mesh["expert"]) == 0)
+
+
+def _check_axes(mesh: Mapping) -> None:
+    """The MoE family's first version: no pipeline stages, no context axis (ValueError naming what is not built)."""
+    if mesh.get("stage", 1) > 1:
+        raise ValueError(f"stage={mesh['stage']}: pipeline stages are not built for the MoE transformer (stage=1)")
+    if mesh.get("context", 1) > 1:
+        raise ValueError(f"context={mesh['context']}: context parallelism is not built for the MoE transformer "
+                         "(context=1)")
+
+
+def _capacity(v):
+    """A capacity factor from a command's string: "dropless" (or None) -> None, else the number (ValueError naming
+    the value otherwise)."""
+    if v is None or v == "dropless":
+        return None
+    try:
+        return float(v)
+    except ValueError:
+        raise ValueError(f"capacity factor {v!r}: a number > 0, or dropless") from None
+
+
+def _keep_tokens(kw: dict) -> dict:
+    """The switch keep_tokens (a command's --keep-tokens) as MoESpec's drop_tokens = not keep_tokens."""
+    kw = dict(kw)
+    if kw.pop("keep_tokens", None):
+        kw["drop_tokens"] = False
+    return kw
+
+
+def _spec(cfg) -> MoESpec:
+    """An MoEConfig's MoESpec, or the MoESpec given."""
+    spec = getattr(cfg, "moe", cfg)
+    if not isinstance(spec, MoESpec):
+        raise ValueError(f"expected an MoEConfig or MoESpec, got {type(cfg).__name__}")
+    return spec
+
+
+def tokens_per_device(cfg: MoEConfig, mesh: Mapping, batch_tokens):
+    """t = B/(d·X·C·Ex): a device's tokens, the expert axis splitting them as data does outside the experts
+    (MaxText's activation batch over data, fsdp and expert; GShard section 3.2); replicated
+    over tensor (and over stage: each stage's layers see every token)."""
+    d, X, C, Ex = (mesh.get(a, 1) for a in ("data", "fsdp", "context", "expert"))
+    return batch_tokens / (d * X * C * Ex)
+
+
+def expert_capacity(cfg: MoEConfig):
+    """C = ceil(cf·k·T/E): the slots each expert takes from one group, a sequence of T tokens (GShard section 3.2,
+    Switch eq. 3: expert capacity = tokens per group / experts · capacity factor, with k routes per token; MaxText's
+    groups are the sequences: a device's t tokens are t/T groups, and its dispatch einsums cost 2·T·D·E·C a group,
+    linear in t, where one group of all t would cost t²); None dropless."""
+    m = cfg.moe
+    if m.dropless:
+        return None
+    return np.ceil(m.capacity_factor * m.top_k * cfg.seq_len / m.experts)
+
+
+def moe_flops_per_token(cfg: MoEConfig) -> float:
+    """Forward matmul FLOPs per token of one MoE layer: router 2·D·E, the s routed slots 2·m·D·F_e each, the S_sh
+    shared experts 2·m·D·F_e each:  2·D·E + 2·m·D·F_e·(s + S_sh),  s = k dropless, cf·k with a capacity factor
+    (GShard's einsum form computes every slot, the padding included; cf·k per token before C's ceiling). The
+    backward is twice this (Kaplan et al. 2020, 6N per token for training). Sources: Shazeer et al. 2017 (router
+    h·W_g), GShard section 3.2 (dispatch/combine einsums over [E, C] slots), Mixtral section 2.1 (top-2 of 8)."""
+    m = cfg.moe
+    D, Fe, mm = cfg.d_model, m.expert_d_ff, cfg.mlp_matrices
+    return 2 * D * m.experts + 2 * mm * D * Fe * (m.slots_per_token + m.shared_experts)
+
+
+def all_to_all_bytes(cfg: MoEConfig, mesh: Mapping, batch_tokens, c: int = 2) -> dict:
+    """The all-to-alls of one MoE layer per device (GShard section 3.2: dispatch to the experts' devices, combine
+    back; MaxText/Megatron-LM expert parallelism), over the expert axis n = Ex.
+
+    slots     the rows a device sends: t·k dropless (each token to its k experts), (t/T)·E·C with capacity
+              (C = ceil(cf·k·t/E) per expert from the device's group, padding included)
+    V         c·slots·D: the buffer one all-to-all moves from a device (dispatch, or combine: the same rows back).
+              This is the convention used here: V per device, D whole (the activations are replicated over tensor)
+    V_axis    n·V: the array the all-to-all spans over the expert axis, the Scaling Book's V (sharding page:
+              an AllToAll of V on a bidirectional ring takes V/(4·W_ici))
+    wire      (n − 1)/n·V: the bytes a device sends to other devices in one all-to-all (its 1/n stays local);
+              0 for n = 1 (no collective: every expert local)
+    forward_*  two all-to-alls (dispatch, combine); train_*: four (the backward moves the gradients of both the
+              same way). Remat that recomputes the layer would add the forward's again: not counted.
+    Per MoE layer; multiply by L_moe (cfg.moe_layers) for the step."""
+    m = cfg.moe
+    n = mesh.get("expert", 1)
+    t = tokens_per_device(cfg, mesh, batch_tokens)
+    slots = t * m.top_k if m.dropless else t / cfg.seq_len * m.experts * expert_capacity(cfg)
+    V = c * slots * cfg.d_model
+    wire = (n - 1) / n * V
+    return {"slots": slots, "V": V, "V_axis": n * V, "wire": wire, "forward_volume": 2 * V,
+            "forward_wire": 2 * wire, "train_volume": 4 * V, "train_wire": 4 * wire}
+
+
+A2A_TOPOLOGIES = ("switch", "ring")
+
+
+def all_to_all_seconds(V: float, n: int, bandwidth: float, topology: str = "switch"):
+    """Time of one all-to-all of V bytes per device over n devices (bandwidth-bound, no latency floor):
+      switch  (n − 1)/n·V/W, W the bytes/s a device sends at (one way): every device sends its (n − 1)/n·V at
+              once through a full-bisection switch (Scaling Book, GPU page: NVLink within a node, W one way per GPU)
+      ring    n·V/(4·W_ici), W_ici bidirectional per link: the Scaling Book's AllToAll of the axis' array V_axis =
+              n·V on a bidirectional ring, V_axis/(4·W_ici) (sharding page) =
+              scaling.hardware.collectives.collective_time("all-to-all", n·V, [n], W_ici) without its latency floor
+    0 for n = 1."""
+    if topology not in A2A_TOPOLOGIES:
+        raise ValueError(f"topology {topology!r}: one of {', '.join(A2A_TOPOLOGIES)}")
+    W = positive_float("bandwidth", bandwidth)
+    if n <= 1:
+        return 0.0
+    return (n - 1) / n * V / W if topology == "switch" else n * V / (4 * W)
+
+
+def dispatch_buffer_bytes(cfg: MoEConfig, mesh: Mapping, batch_tokens, c: int = 2, imbalance: float = 1.0) -> dict:
+    """The expert layer's buffers on a device after the dispatch all-to-all: its E/Ex experts' rows [E/Ex, C·Ex, D]
+    in, and the same out before the combine (GShard section 3.2; MaxText's moe.py dispatch): each
+    c·(E/Ex)·(g·C·Ex)·D = c·g·E·C·D bytes with capacity (g = t/T groups). Dropless the rows are ragged: k·t
+    balanced, times the
+    ``imbalance`` (max/mean load of a device's experts, given by the user, default 1.0; a static buffer must take
+    its implementation's worst case instead). Returns rows (per buffer), shape, each (bytes of one buffer), bytes
+    (in + out). Not counted: the experts' hidden [rows, F_e/Y]·(m − 1) and the device's own [E, C, D] before the
+    all-to-all."""
+    m = cfg.moe
+    m.check_mesh(mesh)
+    n = mesh.get("expert", 1)
+    if m.dropless:
+        if not imbalance >= 1:
+            raise ValueError(f"imbalance {imbalance} is max/mean expert load: >= 1")
+        rows = np.ceil(imbalance * m.top_k * tokens_per_device(cfg, mesh, batch_tokens))
+        shape = (m.experts // n, None, cfg.d_model)
+    else:
+        C, groups = expert_capacity(cfg), tokens_per_device(cfg, mesh, batch_tokens) / cfg.seq_len
+        rows = groups * m.experts * C
+        shape = (m.experts // n, groups * C * n, cfg.d_model)
+    each = c * rows * cfg.d_model
+    return {"rows": rows, "shape": shape, "each": each, "bytes": 2 * each}
+
+
+def expert_weight_bytes_per_device(cfg: MoEConfig, mesh: Mapping, bytes_per_param: float = 2,
+                                   split: bool = True) -> float:
+    """The experts' weights a device holds, every MoE layer: L_moe·(E/Ex + S_sh)·m·D·F_e·p / (X·Y if ``split``):
+    E/Ex routed experts (the expert axis splits them, MoESpec.check_mesh), the S_sh shared experts on every
+    expert-axis device, each split as the transformer's MLP is (F_e over tensor, D over fsdp: scaling.core.sharding's
+    mlp and embed rules; Megatron-LM's expert tensor parallelism). The routers' D·E are not counted (replicated,
+    L_moe·D·E·p more). No stage axis: with one, a stage holds its layers' share."""
+    m = cfg.moe
+    m.check_mesh(mesh)
+    n = mesh.get("expert", 1)
+    div = mesh.get("fsdp", 1) * mesh.get("tensor", 1) if split else 1
+    return cfg.moe_layers * (m.experts / n + m.shared_experts) * cfg.expert_params * bytes_per_param / div
+
+
+def load_imbalance_time_factor(cfg, imbalance: float = 1.0, padded: bool = False) -> float:
+    """The MoE experts' compute time relative to perfectly balanced dropless routing (k·t/E tokens per expert):
+    the busiest expert sets the layer's time (the combine waits for it). ``imbalance`` = max/mean expert load is
+    a parameter the user gives (default 1.0: balanced; Switch's auxiliary loss, eq. 4, pushes it toward 1), not a
+    fitted number. Dropless: the factor is the imbalance, uncapped. With a capacity factor an expert takes at most
+    C = cf·k·t/E, so max/mean <= cf: min(imbalance, cf) (a ragged kernel that computes only the filled slots);
+    ``padded``: cf whatever the routing (GShard's einsum computes every slot, the count moe_flops_per_token
+    takes). Multiply the balanced k-slot expert FLOPs by it, not moe_flops_per_token's cf·k count again."""
+    m = _spec(cfg)
+    imbalance = positive_float("imbalance", imbalance)
+    if imbalance < 1:
+        raise ValueError(f"imbalance {imbalance} is max/mean expert load: >= 1")
+    if m.dropless:
+        return imbalance
+    return m.capacity_factor if padded else min(imbalance, m.capacity_factor)
+
+
+@dataclass(frozen=True)
+class ExpertBound:
+    """expert_critical_batch's answer: per token of one MoE layer, forward, per device: compute seconds and
+    all-to-all seconds (both proportional to t: the ratio does not depend on the batch), the F_e above which the
+    layer is compute-bound, and whether this config's F_e is."""
+
+    compute_s_per_token: float
+    all_to_all_s_per_token: float
+    critical_expert_d_ff: float
+    compute_bound: bool
+
+
+def expert_critical_batch(cfg: MoEConfig, peak_flops: float, bandwidth: float, mesh: Mapping | None = None,
+                          topology: str = "switch", c: int = 2) -> ExpertBound:
+    """When one MoE layer's expert compute hides its all-to-alls, derived as the Scaling Book derives the others
+    (training page: T_math against T_comms per layer). Per device, forward, with s slots per token (k, or cf·k),
+    n = Ex, Y = tensor (F_e split over it, the tokens and the all-to-all's D whole on each tensor device):
+      T_math  = t·(2·D·E + 2·m·D·F_e·(s + S_sh)/Y) / C          (moe_flops_per_token; router not split)
+      T_comms = 2·f·c·s·t·D / W                                (dispatch + combine, all_to_all_seconds per slot)
+      f = (n − 1)/n through a switch (W one way per device), n/4 on a bidirectional ring (W = W_ici)
+    t cancels: like the Scaling Book's tensor-parallel condition this is a condition on the model and the chip's
+    alpha = C/W, not on the batch. Compute-bound iff T_math > T_comms:
+      F_e > F_e* = Y·(f·c·s·alpha − E) / (m·(s + S_sh))
+    Without router, shared experts or tensor: m·F_e > f·c·alpha, e.g. switch, n large: m·F_e > c·C/W.
+    ``peak_flops`` C (FLOP/s per device) and ``bandwidth`` W (bytes/s) are plain numbers; expert_bound_on_chip
+    takes them from scaling.hardware.chips. Mixtral's F_e = 14,336 against OLMoE's 1,024 is the contrast."""
+    m = cfg.moe
+    mesh = mesh or {}
+    C = positive_float("peak_flops", peak_flops)
+    W = positive_float("bandwidth", bandwidth)
+    n, Y = mesh.get("expert", 1), mesh.get("tensor", 1)
+    s, S, D, mm, E = m.slots_per_token, m.shared_experts, cfg.d_model, cfg.mlp_matrices, m.experts
+    compute = (2 * D * E + 2 * mm * D * m.expert_d_ff * (s + S) / Y) / C
+    comm = 2 * all_to_all_seconds(c * s * D, n, W, topology)
+    f = 0.0 if n <= 1 else (n - 1) / n if topology == "switch" else n / 4
+    critical = Y * (f * c * s * (C / W) - E) / (mm * (s + S))
+    return ExpertBound(compute, comm, max(critical, 0.0), compute > comm)
+
+
+def expert_bound_on_chip(cfg: MoEConfig, chip: str, mesh: Mapping | None = None, c: int = 2) -> ExpertBound:
+    """expert_critical_batch with a chip of scaling.hardware.chips: C = chip.device_flops (bf16 per device); a GPU's
+    all-to-all through its NVLink switch at chip.ici_oneway (the Scaling Book's GPU page, NVLink one way per GPU),
+    a TPU's on a ring of its ICI at chip.ici_bidi (W_ici, sharding page)."""
+    from scaling.hardware.chips import get_chip
+
+    ch = get_chip(chip)
+    if ch.kind == Platform.GPU:
+        return expert_critical_batch(cfg, ch.device_flops, ch.ici_oneway, mesh, "switch", c)
+    return expert_critical_batch(cfg, ch.device_flops, ch.ici_bidi, mesh, "ring", c)
+
+
+# ---- the MoE family's closed forms of one step, per device (MoEConfig's ModelFamily methods) ----
+# Mesh data d, fsdp X, expert Ex, tensor Y (no stage, no context). The tokens split over d·X·Ex: t = B/(d·X·Ex) per
+# device. Outside the experts the expert axis is a data axis: attention, the router, the dense layers' MLP and the
+# shared experts see the device's t tokens with weights replicated over expert (split over fsdp and tensor as the
+# transformer's); the routed experts are split E/Ex per device, each as the transformer's MLP (F_e over tensor, D
+# over fsdp). Those parts are the transformer's on the folded mesh (data·expert, fsdp, tensor): _folded.
+
+def _folded(w: Workload, batch_tokens=None) -> Workload:
+    """The base transformer's Workload on the folded mesh {data: d·Ex, fsdp: X, tensor: Y} (the expert axis as
+    data), one microbatch: exactly the attention's, the vocabulary's and the tensor axis' terms of the MoE step
+    (their tokens t = B/(d·X·Ex), their weights replicated over expert)."""
+    mesh = w.mesh
+    folded = {"data": mesh["data"] * mesh["expert"], "fsdp": mesh["fsdp"], "tensor": mesh["tensor"]}
+    return Workload(w.model.base, folded, w.batch_tokens if batch_tokens is None else batch_tokens, step=w.step,
+                    remat=w.remat, schedule=dataclasses.replace(w.schedule, microbatches=1), precision=w.precision,
+                    compiler=w.compiler, flags=w.flags)
+
+
+def _shapes(w: Workload) -> dict:
+    """The step's sizes per device: t tokens, M microbatches, slots (the expert rows a device computes in the step:
+    M·all_to_all_bytes' slots of a microbatch, t·k dropless, (t/T)·E·C with capacity), and parameters: "ne" the
+    non-expert layer parameters (L·D·H·(2N+2K) + L_dense·m·D·F + L_moe·S_sh·m·D·F_e, replicated over expert), "ex"
+    the device's routed experts L_moe·(E/Ex)·m·D·F_e, "emb" the embeddings, "router" the routers L_moe·D·E (FP32,
+    replicated on every device: ffn_model.moe.ROUTER_AXES); "shard" the parameters a device holds,
+    (ne + ex + emb)/(X·Y) + router; "layer" the larger of one MoE and one dense layer's gathered parameters over
+    tensor (D·H·(2N+2K) + (E/Ex + S_sh)·m·D·F_e, D·H·(2N+2K) + m·D·F)/Y."""
+    cfg, mesh = w.model, w.mesh
+    m, M = cfg.moe, w.schedule.microbatches
+    d, X, Ex, Y = (mesh[a] for a in ("data", "fsdp", "expert", "tensor"))
+    t = w.batch_tokens / (d * X * Ex)
+    slots = M * all_to_all_bytes(cfg, mesh, w.batch_tokens / M)["slots"]
+    A, D = cfg.base.attention_params_per_block, cfg.d_model
+    dense = cfg.mlp_matrices * D * cfg.d_ff
+    ne = cfg.blocks * A + cfg.dense_layers * dense + cfg.moe_layers * m.shared_experts * cfg.expert_params
+    router = cfg.moe_layers * cfg.router_params
+    ex = cfg.moe_layers * m.experts // Ex * cfg.expert_params
+    emb = cfg.embedding_params
+    moe_layer = A + (m.experts // Ex + m.shared_experts) * cfg.expert_params
+    layer = max(moe_layer, A + dense if cfg.dense_layers else 0) / Y
+    return {"t": t, "M": M, "slots": slots, "ne": ne, "ex": ex, "emb": emb, "router": router,
+            "shard": (ne + ex + emb) / (X * Y) + router,
+            "layer": layer, "X": X, "Y": Y, "Ex": Ex, "d": d}
+
+
+def step_flops(w: Workload) -> dict:
+    """Matmul FLOPs per device of one step, term by term: the base transformer's on the folded mesh
+    (scaling.families.transformer.step_flops: attention, the vocabulary's logits, and an MLP of d_ff F in every layer),
+    less that MLP in the L_moe MoE layers (mlp = 2·m·t·D·F/Y forward, 2x backward, (m−1)/m recomputed under remat full),
+    plus per MoE layer forward
+        router 2·t·D·E (replicated over tensor), experts 2·m·D·F_e·slots/Y, shared 2·m·D·F_e·S_sh·t/Y
+    (slots: t·k dropless, (t/T)·E·C with capacity: GShard section 3.2's einsum computes every slot); backward 2x;
+    remat full recomputes the router, the shared experts' m − 1 input matrices (as the transformer's W_out, the output
+    matrix's recomputation is dead) and all m of the routed experts' (their output is the combine's input, which its
+    gradient takes). With a capacity factor, GShard's dispatch and combine einsums (algorithm 2:
+    [S, E, C] against [S, D] and [E, C, D]) are matmuls too, 2·T·D·E·C each a group of S = T tokens (2·T·D·slots in
+    all), whole on every tensor device: 2 forward, 3 backward (the dispatched x's gradient; the combine's y and
+    gates), the dispatch again under remat full. model: the step's matmuls with k slots a token (no padding, no
+    dispatch) and the causal half of attention, x3 for train (Kaplan et al. 2020's 6N per token)."""
+    cfg, m = w.model, w.model.moe
+    base = tf.step_flops(_folded(w))
+    sh = _shapes(w)
+    t, Y, D, mm, Fe, Lm = sh["t"], sh["Y"], cfg.d_model, cfg.mlp_matrices, m.expert_d_ff, cfg.moe_layers
+    train, full = w.step == Step.TRAIN, w.step == Step.TRAIN and w.remat == Remat.FULL
+    mlp = 2 * mm * t * D * cfg.d_ff / Y
+    router, shared = 2 * t * D * m.experts, 2 * mm * D * Fe * m.shared_experts * t / Y
+    experts = 2 * mm * D * Fe * sh["slots"] / Y
+    layer = router + experts + shared
+    dispatch = 0.0 if m.dropless else 2 * cfg.seq_len * D * sh["slots"]  # one dispatch or combine einsum
+    out = {"forward": base["forward"] + Lm * (layer - mlp + 2 * dispatch)}
+    if train:
+        out["backward"] = base["backward"] + Lm * (2 * (layer - mlp) + 3 * dispatch)
+        out["recompute"] = base["recompute"] + full * Lm * (router + experts + (shared - mlp) * (mm - 1) / mm
+                                                            + dispatch)
+    out["total"] = sum(out.values())
+    active = router + 2 * mm * D * Fe * (m.top_k + m.shared_experts) * t / Y
+    out["model"] = base["model"] + Lm * (active - mlp) * (3 if train else 1)
+    out["attention"], out["kernels"] = base["attention"], base["kernels"]
+    return out
+
+
+def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
+    """{axis: {kind: V bytes}} per device for one step (V as scaling.families.transformer.collective_volumes': an
+    all-gather's or reduce-scatter's the whole gathered array, an all-reduce's the array reduced, an all-to-all's the
+    buffer a device sends, all_to_all_bytes' V, the compiled all-to-all's operand; timed as the Scaling Book's
+    AllToAll of Ex·V: scaling.step.program.comm_times), c = max(BF16, w.compiler.min_comm_bytes):
+      fsdp    all-gather of the layers' weights, W = c·(ne + ex)/Y (_shapes: the device's E/Ex experts), forward
+              and again backward (less layer 0's W_qkv where its input gradient is dead:
+              scaling.families.transformer.first_layer_dead_gather), and of the embeddings once, k·c·V·D/Y; the
+              gradients reduce-scattered, W and
+              the embeddings' 2·c·V·D/Y; every microbatch (M·)
+      tensor  the base transformer's on the folded mesh: 2 all-reduces of c·t·D a layer forward (attention out,
+              MLP out), 2 backward (their input gradients), +1 under remat full; the vocabulary's. In an MoE layer
+              the experts' partial sums are reduced on their slots' rows before the combine, c·slots·D (not t·D:
+              ffn_model.moe.capacity_moe), forward, backward (the dispatched input's gradient) and again under
+              remat full (the combine's gradient takes the experts' output; the base's MLP output is not made
+              again); dropless on every pair of the expert axis' tokens, c·Ex·t·k·D, the backward's m − 1 times
+              (W_in's and W_gate's ragged matmuls apart); the shared experts' on c·t·D as the MLP's
+      expert  with a capacity factor the all-to-alls: 4·V per MoE layer a train step, 2 forward (dispatch,
+              combine; all_to_all_bytes on a microbatch, M of them), +2 under remat full (the recomputed experts'
+              input and output: the combine's gradient takes its input). Dropless, the program's all-gather
+              dispatcher (ffn_model.moe.dropless_moe; an all-to-all of ragged sizes is not built): per MoE layer
+              and microbatch, with G = Ex·t·D and g = Ex·t·k (the expert axis' tokens and routed pairs),
+                all-gather      c·G (the tokens) + 4·G (the output's gradient, FP32) + 4·4·g (gates FP32 and ids
+                                int32, forward and again backward) + c·G again under remat full
+                reduce-scatter  4·G (the outputs, FP32) + 4·G (the tokens' gradient, FP32) + 4·g (the gates')
+              forward only: all-gather c·G + 2·4·g, reduce-scatter 4·G
+      data+expert  the non-expert gradients all-reduced over data and expert together (expert is a data axis for
+              them; one all-reduce, as XLA builds it): (c·ne/Y + 2·c·V·D/Y)/X (over whichever of the two spans)
+      data    the routed experts' gradients all-reduced: c·ex/(Y·X)
+      loss    one FP32 all-reduce over the axes that split the tokens (data, fsdp, expert), 4 bytes; per MoE
+              layer and microbatch the router's statistics for the load-balancing loss, f_e and P_e (Switch eq. 4:
+              means over every token), 2·E FP32 values forward, f_e again under remat full; and the routers' FP32
+              gradients (replicated weights), 4·L_moe·D·E a train step
+    Not modelled: windowed reduce-scatters, XLA's merged reductions."""
+    cfg = w.model
+    sh = _shapes(w)
+    X, Y, Ex, d, M = sh["X"], sh["Y"], sh["Ex"], sh["d"], sh["M"]
+    c = max(w.precision.compute, w.compiler.min_comm_bytes)
+    train, full = w.step == Step.TRAIN, w.step == Step.TRAIN and w.remat == Remat.FULL
+    V, D = cfg.vocab or 0, cfg.d_model
+    W_ne, W_ex = c * sh["ne"] / Y, c * sh["ex"] / Y
+    E, dE = cfg.embedding_matrices * c * V * D / Y, 2 * c * V * D / Y * (V > 0)
+    out: dict[str, dict[str, float]] = {}
+    if spans(X):
+        out["fsdp"] = {"all-gather": M * ((W_ne + W_ex) * (2 if train else 1) + E)
+                       - tf.first_layer_dead_gather(_folded(w))}  # layer 0's dead input gradient's W_qkv
+        if train:
+            out["fsdp"]["reduce-scatter"] = M * (W_ne + W_ex + dE)
+    if spans(Y):
+        out["tensor"] = tf.collective_volumes(_folded(w))["tensor"]
+        mlp = 0 if cfg.moe.shared_experts else sh["t"]  # the base's MLP rows, in place of which the experts' are
+        # reduced: the slots (capacity), or dropless every pair of the expert axis' tokens, its input gradient from
+        # W_in and W_gate apart (m - 1 reductions: two ragged matmuls)
+        rows, back = (Ex * sh["t"] * cfg.moe.top_k, cfg.mlp_matrices - 1) if cfg.moe.dropless else (sh["slots"], 1)
+        out["tensor"]["all-reduce"] = out["tensor"]["all-reduce"] + cfg.moe_layers * c * D * (
+            rows * (1 + train * back + full) - mlp * (1 + train))
+    if spans(Ex) and cfg.moe.dropless:
+        G, g = Ex * sh["t"] / M * D, Ex * sh["t"] / M * cfg.moe.top_k
+        per = M * cfg.moe_layers
+        out["expert"] = {"all-gather": per * (c * G + 8 * g + (4 * G + 8 * g + full * c * G if train else 0)),
+                         "reduce-scatter": per * (4 * G + (4 * G + 4 * g if train else 0))}
+    elif spans(Ex):
+        V1 = all_to_all_bytes(cfg, w.mesh, w.batch_tokens / M, c)["V"]
+        out["expert"] = {"all-to-all": M * cfg.moe_layers * V1 * ((4 if train else 2) + 2 * full)}
+    replicas = "+".join(a for a in ("data", "expert") if spans(w.mesh[a]))
+    if replicas and train:
+        out.setdefault(replicas, {})["all-reduce"] = (W_ne + dE) / X
+    if spans(d) and train:
+        out.setdefault("data", {})["all-reduce"] = W_ex / X
+    loss = [a for a in ("data", "fsdp", "expert") if spans(w.mesh[a])]
+    if loss:
+        key = "+".join(loss)
+        out.setdefault(key, {})
+        out[key]["all-reduce"] = (out[key].get("all-reduce", 0.0) + 4.0 + train * 4 * sh["router"]
+                                  + M * cfg.moe_layers * 4 * cfg.moe.experts * (2 + full))
+    return out
+
+
+def _saved(w: Workload, remat: str, batch_tokens) -> tuple:
+    """(dense, moe): bytes one dense and one MoE layer keep for the backward on ``batch_tokens`` (a microbatch):
+    the base's saved_per_layer on the folded mesh (scaling.families.transformer: remat full x alone); an MoE layer under
+    remat none has, for the MLP hidden c·t·F·(m−1)/Y, the dispatch buffers in and out (dispatch_buffer_bytes), the
+    experts' hidden c·rows·F_e·(m−1)/Y, the shared experts' c·t·S_sh·F_e·(m−1)/Y and the router's FP32
+    logits 4·t·E (ffn_model.moe.route keeps them, not the probabilities)."""
+    cfg, m, mesh = w.model, w.model.moe, w.mesh
+    fold = _folded(w, batch_tokens)
+    kept = tf.saved_per_layer(cfg.base, fold.mesh, batch_tokens, remat, w.schedule, w.precision)
+    dense = sum(kept.values())
+    if remat == Remat.FULL:
+        return dense, dense
+    c, Y, mm, Fe = w.precision.compute, mesh["tensor"], cfg.mlp_matrices, m.expert_d_ff
+    t = tokens_per_device(cfg, mesh, batch_tokens)
+    buf = dispatch_buffer_bytes(cfg, mesh, batch_tokens, c)
+    moe = (dense - kept["mlp"] + buf["bytes"] + c * buf["rows"] * Fe * (mm - 1) / Y
+           + c * t * m.shared_experts * Fe * (mm - 1) / Y + 4 * t * m.experts)
+    return dense, moe
+
+
+def fp32_copies(w: Workload) -> dict:
+    """FP32 copies of the parameters a train step holds on XLA:GPU beside the master (w.compiler.gpu_layouts),
+    bytes per device, read from the compiled step's buffer assignment (docs/findings.md, "The MoE peak on GPUs"):
+      relaid_master  fsdp > 1: XLA:GPU lays an all-gather's operand out with the gathered dimension major, and every
+                     weight but the router is gathered over fsdp on D, its minor dimension: the FP32 shard of
+                     every layer (and of the embeddings) copied once, before the loops, D major, held through the
+                     step: p.master·(shard − router) (_shapes)
+      accumulators   M > 1 (ffn_model.pipeline.accumulate): the FP32 sums of the microbatches' gradients beside the
+                     layers' scan's own stacked FP32 gradient (closed form's "grads"), p.grad·(ne + ex)/(X·Y) +
+                     router where L ≥ 2 (one layer: the scan is inlined and its gradient added in place), and the
+                     embeddings' p.grad·emb/(X·Y), which without accumulation are made after the layers
+    Seen on XLA:CPU too (the accumulators; its peak is not compared); XLA:TPU not checked: not applied there."""
+    cfg, p = w.model, w.precision
+    sh = _shapes(w)
+    X, Y = sh["X"], sh["Y"]
+    if w.step != Step.TRAIN or not w.compiler.gpu_layouts:
+        return {}
+    out = {}
+    if spans(X):
+        out["relaid_master"] = p.master * (sh["shard"] - sh["router"])
+    if sh["M"] > 1:
+        out["accumulators"] = p.grad * (sh["emb"] / (X * Y) + (cfg.blocks >= 2) * ((sh["ne"] + sh["ex"]) / (X * Y)
+                                                                                  + sh["router"]))
+    return out
+
+
+def overlapped_volumes(w: Workload, vols: dict | None = None) -> dict:
+    """None modelled as hidden: {} (as the transformer's)."""
+    return {}
+
+
+def loop_copy_bytes(w: Workload) -> float:
+    """Not modelled for the MoE family: 0."""
+    return 0.0
+
+
+def memory_per_device(w: Workload) -> dict:
+    """Bytes per device, term by term (as scaling.families.transformer.memory_per_device without stages): the FP32
+    master, Adam's moments and the layers' FP32 gradients for the device's parameters (_shapes: the non-expert over X·Y,
+    the routed experts over Ex·X·Y); the batch of a microbatch (int32 ids and labels 8·t/M, or x and y (c + 4)·t·D/M);
+    the transient gathered weights, two layers' (the larger of an MoE and a dense layer, c·layer) in a train step,
+    one under remat full or forward (none forward without fsdp); the attention's working set (the base's on the
+    folded mesh); one layer's FP32 weight gradients (train, not full); the saved activations of a microbatch,
+    L_dense·dense + L_moe·moe (_saved); under full the recomputed MoE layer's residuals less its x; with a
+    vocabulary the loss's phase where above a layer's (c·(t·D + t·V/Y + V·D/Y), t of a microbatch); on XLA:GPU the
+    FP32 copies of fp32_copies."""
+    cfg, p = w.model, w.precision
+    sh = _shapes(w)
+    X, Y, M = sh["X"], sh["Y"], sh["M"]
+    train, full = w.step == Step.TRAIN, w.step == Step.TRAIN and w.remat == Remat.FULL
+    Bm = w.batch_tokens / M
+    tm = tokens_per_device(cfg, w.mesh, Bm)
+    c, D, V = p.compute, cfg.d_model, cfg.vocab or 0
+    terms = {"master": p.master * sh["shard"]}
+    if train:
+        terms["optimizer"] = p.adam_moments * p.adam_moment * sh["shard"]
+        terms["grads"] = p.grad * ((sh["ne"] + sh["ex"]) / (X * Y) + sh["router"])
+    Wl = c * sh["layer"]
+    terms["inputs"] = 8 * tm if V else (c + 4) * tm * D
+    terms["transient_weights"] = ((1 if full else 2) if train else 1 if spans(X) else 0) * Wl
+    fold = _folded(w, Bm)
+    terms["attention_working_set"] = tf.memory_per_device(fold)["attention_working_set"]
+    if train and not full:
+        terms["layer_grads"] = p.grad * Wl / c
+    if train:
+        dense, moe = _saved(w, w.remat, Bm)
+        terms["activations"] = cfg.dense_layers * dense + cfg.moe_layers * moe
+    if full:
+        _, moe_none = _saved(w, "none", Bm)
+        terms["recomputed_layer"] = moe_none - c * tm * D
+    if train and V:
+        layer = sum(terms.get(k, 0.0) for k in ("transient_weights", "attention_working_set", "layer_grads",
+                                                 "recomputed_layer"))
+        terms["loss_phase"] = np.maximum(0.0, c * (tm * D + tm * V / Y + V * D / Y) - layer)
+    terms.update(fp32_copies(w))  # XLA:GPU's (CompilerFacts.gpu_layouts)
+    terms["total"] = sum(terms.values())
+    return terms
+
+
+def hbm_traffic_bytes(w: Workload):
+    """HBM bytes per device per step, as scaling.families.transformer.hbm_traffic_bytes counts them: AdamW's 28 B per
+    parameter shard (Precision.adam_update_bytes_per_param), the gathered weights read by the forward, dX and dW
+    matmuls, 3·M·c·(ne + ex)/Y, and every microbatch's saved activations (remat none's) written and read once;
+    forward: the master weights once, the gathered weights once, the activations written and read."""
+    cfg, p = w.model, w.precision
+    sh = _shapes(w)
+    M, Y = sh["M"], sh["Y"]
+    W = p.compute * (sh["ne"] + sh["ex"]) / Y
+    dense, moe = _saved(w, "none", w.batch_tokens / M)
+    saved = M * (cfg.dense_layers * dense + cfg.moe_layers * moe)
+    if w.step == Step.FORWARD:
+        return p.master * sh["shard"] + W + 2 * saved
+    return p.adam_update_bytes_per_param * sh["shard"] + 3 * M * W + 2 * saved
+
+
+def step_kernels(w: Workload) -> list[Kernel]:
+    """The step's kernels: the base transformer's on the folded mesh (scaling.families.transformer.step_kernels:
+    attention, q/k/v and out matmuls, pointwise passes) with its MLP matmuls kept for the L_dense dense layers only
+    (calls scaled by L_dense/L), the optimizer's and accumulation's on the device's parameter shard, and per MoE layer:
+    the router [t, D]·[D, E]; the experts as E/Ex matmuls each of r = slots·Ex/E rows (the grouped GEMM of the
+    device's experts), [r, D]·[D, F_e/Y] (m − 1 of them) and [r, F_e/Y]·[F_e/Y, D]; the shared experts
+    [t, D]·[D, S_sh·F_e/Y] (m − 1) and back; with a capacity factor GShard's dispatch [E·C, T]·[T, D] and combine
+    [T, E·C]·[E·C, D] for each of the t/T groups; backward each one's dX and dW (the dispatch: its input's gradient
+    only; the combine: y's and the gates'); remat full the router's, the routed experts' (all m: step_flops), the
+    shared experts' input matrices' and the dispatch again. Approximate: the pointwise passes are the base's (an MLP
+    of F a layer)."""
+    cfg, m = w.model, w.model.moe
+    sh = _shapes(w)
+    c, D, mm, Fe, Y, Lm, L = w.precision.compute, cfg.d_model, cfg.mlp_matrices, m.expert_d_ff, sh["Y"], \
+        cfg.moe_layers, cfg.blocks
+    t, local = sh["t"], m.experts // sh["Ex"]
+    train, full = w.step == Step.TRAIN, w.step == Step.TRAIN and w.remat == Remat.FULL
+    ks = []
+    for k in tf.step_kernels(_folded(w)):
+        if k.kind == KernelKind.OPTIMIZER or k.name == "accumulate":
+            continue
+        if k.name.split(".")[0] in ("mlp_in", "mlp_out"):
+            if cfg.dense_layers:
+                ks.append(dataclasses.replace(k, calls=k.calls * cfg.dense_layers / L,
+                                              flops=None if k.flops is None else k.flops * cfg.dense_layers / L,
+                                              bytes=None if k.bytes is None else k.bytes * cfg.dense_layers / L))
+            continue
+        ks.append(k)
+    r = sh["slots"] * sh["Ex"] / m.experts  # rows of one local expert
+    fwd = [matmul_kernel("router", "forward", t, m.experts, D, Lm, c),
+           matmul_kernel("expert_in", "forward", r, Fe / Y, D, Lm * local * (mm - 1), c),
+           matmul_kernel("expert_out", "forward", r, D, Fe / Y, Lm * local, c)]
+    if m.shared_experts:
+        fwd += [matmul_kernel("shared_in", "forward", t, m.shared_experts * Fe / Y, D, Lm * (mm - 1), c),
+                matmul_kernel("shared_out", "forward", t, D, m.shared_experts * Fe / Y, Lm, c)]
+    ks += fwd
+    T = cfg.seq_len
+    groups = t / T  # the device's groups (sequences), each of E·C slots
+    EC = None if m.dropless else m.experts * expert_capacity(cfg)
+    dispatch = [] if m.dropless else [matmul_kernel("dispatch", "forward", EC, D, T, Lm * groups, c),
+                                      matmul_kernel("combine", "forward", T, D, EC, Lm * groups, c)]
+    ks += dispatch
+    if train:
+        for k in fwd:
+            a, b, kk, _ = k.shape
+            ks += [matmul_kernel(k.name + ".dx", "backward", a, kk, b, k.calls, c),
+                   matmul_kernel(k.name + ".dw", "backward", kk, b, a, k.calls, c)]
+        if dispatch:  # the dispatched x's gradient; the combine's y and gates
+            ks += [matmul_kernel("dispatch.dx", "backward", T, D, EC, Lm * groups, c),
+                   matmul_kernel("combine.dy", "backward", EC, D, T, Lm * groups, c),
+                   matmul_kernel("combine.dgates", "backward", T, EC, D, Lm * groups, c)]
+        if full:
+            ks += [dataclasses.replace(k, pass_="recompute") for k in fwd + dispatch[:1] if k.name != "shared_out"]
+        params = sh["shard"] * weight_shards(w.mesh)  # adamw_kernel and accumulate_kernel divide by X·Y (the router
+        # counted X·Y times: it is whole on every device)
+        ks += [adamw_kernel(w, params), accumulate_kernel(w, params)]
+    return ks
+
+
+# Published MoE models. The base's d_ff is the dense layers' (none here: every layer MoE, so F = F_e, unused).
+MOE_PRESETS: dict[str, MoEConfig] = {
+    # Mixtral 8x7B (Jiang et al. 2024, "Mixtral of Experts", table 1; HF mistralai/Mixtral-8x7B-v0.1 config.json):
+    # dim 4096, 32 layers, head_dim 128, 32 heads, 8 kv heads, hidden_dim 14336, vocab 32000 (untied), 8 experts,
+    # top-2, SwiGLU experts, softmax router renormalised over the 2, dropless (Megablocks). Published 46.7B total,
+    # 12.9B active (Mistral AI, "Mixtral of experts", Dec 2023). T = 4,096 is a training length chosen here: the
+    # paper's context_len is 32,768 (replace(seq_len=32768) for it).
+    "mixtral-8x7b": MoEConfig(
+        TransformerConfig(d_model=4096, heads=32, kv_heads=8, head_dim=128, d_ff=14336, blocks=32, seq_len=4096,
+                          mlp="swiglu", vocab=32000),
+        MoESpec(experts=8, top_k=2, expert_d_ff=14336)),
+    # OLMoE-1B-7B (Muennighoff et al. 2024, "OLMoE", table 1; HF allenai/OLMoE-1B-7B-0924 config.json): d_model
+    # 2048, 16 layers, 16 heads (no GQA), head_dim 128, 64 experts of d_ff 1024, top-8, SwiGLU, vocab 50304 untied,
+    # sequence length 4096, dropless, softmax router (not renormalised), load-balancing loss 0.01. Published 6.9B
+    # total, 1.3B active (the paper).
+    "olmoe-1b-7b": MoEConfig(
+        TransformerConfig(d_model=2048, heads=16, kv_heads=16, head_dim=128, d_ff=1024, blocks=16, seq_len=4096,
+                          mlp="swiglu", vocab=50304),
+        MoESpec(experts=64, top_k=8, expert_d_ff=1024)),
+    # A tiny one for tests: D=64, 4 heads of 16, 4 layers, 8 experts of 128, top-2, no vocabulary, T=32.
+    "moe-tiny": MoEConfig(
+        TransformerConfig(d_model=64, heads=4, kv_heads=4, head_dim=16, d_ff=128, blocks=4, seq_len=32, mlp="swiglu"),
+        MoESpec(experts=8, top_k=2, expert_d_ff=128)),
+}
