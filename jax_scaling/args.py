@@ -10,7 +10,7 @@ from scaling.step import kernels
 from scaling.core.policies import (ACCUMULATION_BYTES, ATTENTIONS, CONTEXT_STRATEGIES, FSDP_GATHERS,
                                    OPTIMIZER_SHARDINGS, PIPELINES, REMAT_POLICIES)
 from scaling.families.presets import FAMILIES, get_preset, model_fields, model_of, presets_of
-from scaling.core.schedule import Schedule
+from scaling.core.schedule import Schedule, runs_attention
 from scaling.core.flags import DEFAULT_FLAGS, FLAG_SETS, FlagSet, get_flag_set
 from scaling.hardware.chips import DEFAULT_CHIP
 from scaling.core.limits import integer, number
@@ -122,7 +122,7 @@ def schedule_of(args, platform: str | None = None) -> Schedule:
     bad value): scaling.reports.predict.schedule_from. A transformer's --attention left out is auto, resolved for
     ``platform`` (Schedule.on; None: platform_of the command's --devices); the reports name the kernel taken."""
     attention = {a: getattr(args, a, None) for a in SCHEDULE_FLAGS}
-    if "attention" in attention and attention["attention"] is None and model_config(args).has_attention:
+    if "attention" in attention and attention["attention"] is None and runs_attention(model_config(args)):
         attention["attention"] = "auto"
     schedule = schedule_from(given_or(args, "microbatches", 1),
                              **{k: given_or(args, k, v) for k, v in SCHEDULE_FIELDS.items()}, **attention)
@@ -275,7 +275,7 @@ def chip_attention(args) -> str | None:
     """A transformer's --attention for predict and plan: given, itself; left out or auto, the kernel the chip's
     production code runs (scaling.core.schedule.attention_for of --chip's or --slice's kind: splash on a TPU, cudnn on a
     GPU; predict's header and plan's options name it); None for a model without attention."""
-    if not model_config(args).has_attention:
+    if not runs_attention(model_config(args)):
         return getattr(args, "attention", None)
     if getattr(args, "attention", None) not in (None, "auto"):
         return args.attention

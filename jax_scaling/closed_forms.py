@@ -15,6 +15,7 @@ from jax_scaling.args import (MODEL_FLAGS, add_kernel_table_arg, add_model_args,
                               defaults_note, flags_of, model_config, needs, say)
 from jax_scaling.plots import add_plot_arg
 from jax_scaling.predict import report_of
+from scaling.core.schedule import runs_attention
 from scaling.step import kernels
 from scaling.seeds import layer_estimator
 from scaling.seeds import seed000
@@ -235,7 +236,7 @@ def user_model(args, extra: tuple[str, ...], default_preset: str, command: str):
         raise ValueError(f"--seed is the reference's {command}; a model's takes --preset and its dimensions")
     args.preset = args.preset or default_preset
     cfg = model_config(args)
-    if not cfg.has_attention:
+    if not runs_attention(cfg):
         raise ValueError(f"--preset {args.preset}: {command} takes a transformer (an FFN preset given)")
     return cfg
 

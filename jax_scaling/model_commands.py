@@ -36,6 +36,7 @@ from jax_scaling.args import (MESH_HELP, add_model_args, add_schedule_args, defa
                               schedule_of)
 from jax_scaling.processes import check_real_cpu_size, end_one_of_several, start_processes
 from mesh.devices import PROCESS_TIMEOUT, cpu_device_count, device_count, use_cpu_platform_for
+from scaling.core.schedule import runs_attention
 from scaling.core.limits import check_host_memory, check_size, integer, number
 from scaling.step.program import predict
 from scaling.core.inputs import check_seed, non_negative_int, positive_float, positive_int
@@ -195,7 +196,7 @@ def train_command(args, cfg) -> dict:
         if main:
             print(line, file=sys.stderr if args.json or line.startswith("warning:") else sys.stdout, flush=True)
 
-    if cfg.has_attention:
+    if runs_attention(cfg):
         say(f"attention {w.schedule.attention}")  # auto: the platform's kernel (scaling.core.schedule.attention_for)
     losses = train(w, mesh, args.steps, lr=args.lr, seed=args.seed, log=log, checkpoint_dir=args.checkpoint_dir,
                    save_every=args.save_every, resume=args.resume, say=say, resume_step=args.resume_step)

@@ -12,6 +12,7 @@ from jax_scaling.args import flags_of, schedule_of
 from jax_scaling.processes import check_real_cpu_size, start_processes
 from mesh import make_mesh, mesh_shape
 from mesh.devices import infer_chip, parse_gpu_spec
+from scaling.core.schedule import runs_attention
 from scaling.core.mesh_shape import MeshShape
 from scaling.hardware.chips import get_chip
 from scaling.core.table import prose, time_text
@@ -92,7 +93,7 @@ def bench_report(args, cfg) -> dict:
     return {"command": "bench", "model": vars(cfg), "model_text": str(cfg),
             "mesh": mesh_shape(mesh).as_dict(), "devices": args.devices,
             "platform": dev.platform, "device_kind": dev.device_kind, "batch_tokens": args.batch_tokens,
-            "attention": str(w.schedule.attention) if cfg.has_attention else None,
+            "attention": str(w.schedule.attention) if runs_attention(cfg) else None,
             "remat": args.remat, "steps": args.steps, "warmup": args.warmup, **rep}
 
 

@@ -17,7 +17,7 @@ from jax_scaling.plots import add_plot_arg
 from scaling.planner import plan as planner
 from scaling.step.kernels import peak_flops
 from scaling.core.mesh_shape import MeshShape, parse_mesh_spec
-from scaling.core.schedule import Schedule
+from scaling.core.schedule import Schedule, runs_attention
 from scaling.core.flags import check_modelled
 from scaling.hardware.chips import GPU_NODE, chips_in, slice_name, split_slices
 from scaling.core.limits import check_devices, check_size, integer, number
@@ -96,7 +96,7 @@ def plan_choices(args, cfg) -> planner.Choices:
                 raise ValueError(f"--{k.replace('_', '-')} {'on' if getattr(args, k) is True else getattr(args, k)}: "
                                  f"the {cfg.noun}'s plan tries microbatches and repeats only (a transformer's plan "
                                  "tries it; predict takes it), so no plan has it")
-        if not cfg.has_attention:
+        if not runs_attention(cfg):
             return planner.Choices.of(cfg, args.remat)
     args.attention_given = args.attention not in (None, "auto")  # a choice the user made (the refusal lists those)
     args.attention = chip_attention(args)  # the chip's kernel, said (and --attention's filter below matches it)
@@ -359,7 +359,7 @@ def print_header(args, cfg, plans, target, flags, choices, seconds: float) -> No
     """plan's prose above the table: what was tried, the chip figures, the ranking form, the columns. ``target``:
     (chip, chips, HBM budget per device, where in words)."""
     chip, chips, budget, where = target
-    transformer = cfg.has_attention
+    transformer = runs_attention(cfg)
     other = "max" if args.form == "sum" else "sum"
     slices = plans[0].slices
     options, axes = cfg.plan.schedule_options, planner.plan_axes(cfg)  # what the family's plan chooses
@@ -408,7 +408,7 @@ def print_header(args, cfg, plans, target, flags, choices, seconds: float) -> No
 def print_plans(args, cfg, plans, asked: str = "") -> None:
     """plan's table: the top --top plans, then the best without and with stages (# is the rank); ``asked``: the
     choices given (fixed_by's), which a missing kind of plan is said to lack."""
-    transformer, slices = cfg.has_attention, plans[0].slices
+    transformer, slices = runs_attention(cfg), plans[0].slices
     other = "max" if args.form == "sum" else "sum"
     best = {}
     for k, r in enumerate(plans, 1):

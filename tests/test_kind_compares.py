@@ -42,6 +42,7 @@ NOT_KINDS = {
     ("scaling/families/ffn.py::overlapped_volumes", "fsdp"): "a mesh axis (a key of the per-axis volumes)",
     ("scaling/families/moe.py::MoEConfig", "fsdp"): "a mesh axis (the planner's axes), not the optimizer's sharding",
     ("scaling/families/transformer.py::_recomputed", "attention"): "a saved tensor's name (POLICY_KEEPS)",
+    ("scaling/core/schedule.py::runs_attention", "attention"): "a Schedule field's name (a family's schedule_flags)",
 }
 COMPARE_OPS = (ast.Eq, ast.NotEq, ast.In, ast.NotIn, ast.Is, ast.IsNot)
 

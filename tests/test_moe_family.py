@@ -13,7 +13,7 @@ from scaling.families.moe import MOE_PRESETS, MoEConfig
 from scaling.planner.plan import plan
 from scaling.families.presets import FAMILIES, PRESETS, model_from_fields, model_of
 from scaling.step.program import predict
-from scaling.core.schedule import Schedule
+from scaling.core.schedule import Schedule, runs_attention
 from scaling.core.workload import Workload
 
 TINY, MIXTRAL = MOE_PRESETS["moe-tiny"], MOE_PRESETS["mixtral-8x7b"]
@@ -31,7 +31,7 @@ def test_registered_family_and_presets():
     assert MoEConfig in FAMILIES and is_family(TINY)
     assert all(PRESETS[k] is MOE_PRESETS[k] for k in ("mixtral-8x7b", "olmoe-1b-7b", "moe-tiny"))
     assert TINY.plan.axes == ("data", "fsdp", "expert", "tensor")
-    assert (TINY.family, TINY.has_attention, TINY.runs_1f1b, TINY.plan.grouped) == ("moe", True, False, False)
+    assert (TINY.family, runs_attention(TINY), TINY.runs_1f1b, TINY.plan.grouped) == ("moe", True, False, False)
 
 
 def test_step_flops_by_hand():

@@ -23,7 +23,7 @@ from scaling.planner import plan as planner
 from scaling.reports.answers import Answers, model_name
 from scaling.families.ffn import FFNConfig
 from scaling.core.mesh_shape import MeshShape, parse_mesh_spec
-from scaling.core.schedule import Schedule
+from scaling.core.schedule import Schedule, runs_attention
 from scaling.hardware.chips import CHIPS, DEFAULT_CHIP, Chip, get_chip, slice_topology
 from scaling.step.pipeline import relay_moves
 from scaling.core.table import table
@@ -192,8 +192,8 @@ def _collective_rows(pred, got, windowed: bool, rule: bool, widen: int,
 
 def _peak_note(cfg, step: str, windowed: bool, remat: str = "none") -> str:
     """What the closed-form peak adds up (scaling.step.memory / scaling.families.transformer memory_per_device): layers
-    with attention (cfg.has_attention) or the FFN stack's blocks."""
-    if cfg.has_attention:
+    with attention (runs_attention(cfg)) or the FFN stack's blocks."""
+    if runs_attention(cfg):
         return ("16 B/param/N + L layers' saved activations + the batch + "
                 + ("one layer's gathered bf16 weights + its recomputed residuals" if remat == "full" else
                    "two layers' gathered bf16 weights + one layer's fp32 weight gradients"

@@ -21,7 +21,6 @@ class ModelFamily(Protocol):
 
     family: ClassVar[str]  # the registry key of its program builder (ffn_model.families)
     noun: ClassVar[str]  # the family in a message: "FFN stack", "transformer"
-    has_attention: ClassVar[bool]
     batch_axis: ClassVar[str]  # the table's logical axis its tokens take (scaling.core.sharding: "batch", "moe_batch")
     runs_1f1b: ClassVar[bool]  # whether its pipeline runs the 1f1b schedule (Schedule.check)
     has_critical_batch: ClassVar[bool]  # whether predict's critical_batch is modelled (else NaN)

@@ -242,6 +242,12 @@ class Schedule:
         return default_stage_blocks(blocks, S * R, pipeline_ends(cfg))
 
 
+def runs_attention(cfg) -> bool:
+    """Whether ``cfg``'s step runs attention: its family takes the Schedule's attention field (ModelFamily's
+    schedule_flags, its command-line vocabulary), not its type."""
+    return "attention" in cfg.schedule_flags
+
+
 def pipeline_ends(cfg) -> int:
     """1 where ``cfg`` has an embedding and an output layer (a vocabulary), each counted as a block on the first and
     the last stage (Megatron-LM's --account-for-embedding/loss-in-pipeline-split), else 0 (an FFN stack, no

@@ -50,7 +50,6 @@ class FFNConfig(FamilyDefaults):
     vocab: ClassVar[None] = None  # no vocabulary (no embedding or output layer on the pipeline's end stages)
     block: ClassVar[str] = "serial"  # a block is one MLP: its pointwise passes are a serial block's
     layer_windows: ClassVar[tuple] = ()  # no attention, so no local layers
-    has_attention: ClassVar[bool] = False
     batch_axis: ClassVar[str] = "batch"
     # what the shared rules, the step model and the planner ask of a family (scaling.core.family.ModelFamily)
     runs_1f1b: ClassVar[bool] = False  # GPipe and circular only (ffn_model.pipeline)

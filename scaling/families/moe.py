@@ -132,7 +132,6 @@ class MoEConfig(FamilyDefaults):
     forms: ClassVar = sys.modules[__name__]  # its closed forms: this module's functions (scaling.core.family.FORMS)
     family: ClassVar[str] = Family.MOE
     noun: ClassVar[str] = "MoE transformer"
-    has_attention: ClassVar[bool] = True
     batch_axis: ClassVar[str] = "moe_batch"  # its tokens split over expert too, outside the experts
     runs_1f1b: ClassVar[bool] = False
     has_critical_batch: ClassVar[bool] = False

@@ -135,7 +135,6 @@ class TransformerConfig(FamilyDefaults):
     family: ClassVar[str] = Family.TRANSFORMER
     forms: ClassVar = sys.modules[__name__]  # its closed forms: this module's functions (scaling.core.family.FORMS)
     noun: ClassVar[str] = "transformer"
-    has_attention: ClassVar[bool] = True
     batch_axis: ClassVar[str] = "batch"
     runs_1f1b: ClassVar[bool] = True
     has_critical_batch: ClassVar[bool] = False  # predict's critical_batch: none modelled (NaN)

@@ -49,7 +49,7 @@ from scaling.core.mesh_shape import MESH_AXES, MeshShape
 from scaling.core.kinds import Form, Platform
 from scaling.core.policies import CONTEXT_STRATEGIES, PIPELINES, OptimizerSharding, Pipeline, check_remat
 from scaling.core.policies import DEFAULT_PRECISION
-from scaling.core.schedule import Schedule, default_stage_blocks, pipeline_ends
+from scaling.core.schedule import Schedule, default_stage_blocks, pipeline_ends, runs_attention
 from scaling.core.sharding import shards
 from scaling.hardware.chips import GPU_NODE, Chip, split_slices
 from scaling.core.workload import RematCells, Workload
@@ -437,7 +437,7 @@ def schedules(cfg, mesh: MeshShape, choices: Choices, max_microbatches: int, max
     fields; the same Schedule is returned for the same fields."""
     S = mesh["stage"]
     if not cfg.plan.grouped:  # with attention (the MoE transformer) each of the choices' attentions
-        kw = [{"attention": a} for a in choices.attentions] if cfg.has_attention else [{}]
+        kw = [{"attention": a} for a in choices.attentions] if runs_attention(cfg) else [{}]
         out = [(Schedule(np.array(microbatches_for(S, R, max_microbatches)), R, **k), r)
                for R in repeats_for(cfg, S, max_repeats) for k in kw for r in choices.remats]
         return [(s, r) for s, r in out if runs(cfg, mesh, s)]

@@ -21,7 +21,7 @@ from scaling.core.kinds import KernelModel, Platform
 from scaling.core.mesh_shape import MeshShape, parse_mesh_spec
 from scaling.core.policies import DEFAULT_PRECISION, Precision
 from scaling.families.presets import model_fields, model_of
-from scaling.core.schedule import Schedule
+from scaling.core.schedule import Schedule, runs_attention
 from scaling.core.flags import DEFAULT_FLAGS, check_modelled, get_flag_set
 from scaling.hardware.chips import DEFAULT_CHIP, GPU_NODE, Chip, get_chip, parse_slice, split_slices
 from scaling.hardware.kernel_tables import KernelTable, load_kernel_table
@@ -320,7 +320,7 @@ class PredictReport:
         lines += [prose(f"{w.model}"), prose(params_text(w.model)),
                   prose(f"on {devices} {chip.name} devices ({where}{net}), mesh {_mesh_text(dict(w.mesh))}, "
                         f"B = {B:,} tokens, M = {M}, remat {w.remat}, {w.step} step"
-                        + (f", attention {w.schedule.attention}" if w.model.has_attention else "")
+                        + (f", attention {w.schedule.attention}" if runs_attention(w.model) else "")
                         + f", {w.flags.describe()}")]
         S = w.mesh.get("stage", 1)
         if S > 1 and len(set(chunks := pipeline.chunk_counts(w.model, w.schedule, S))) > 1:  # uneven stages, chunks
