@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from ffn_model.sharded import traced_platform
+from scaling.core.kinds import Platform
 from scaling.core.schedule import SPLASH_BLOCK
 
 COMPUTE_DTYPE = jnp.bfloat16
@@ -533,7 +534,7 @@ def splash_blocks(T: int, S: int, block: int = SPLASH_BLOCK):
 def interpret_kernels() -> bool:
     """Whether a Pallas TPU kernel runs through Pallas's interpret mode: where the devices being compiled for (the
     mesh set with jax.set_mesh, its abstract device's platform; without one jax's default backend) are not TPUs."""
-    return traced_platform() != "tpu"
+    return traced_platform() != Platform.TPU
 
 
 def splash_attention(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, q_pos_T=None, k_pos_S=None, window=None,
@@ -571,7 +572,7 @@ def splash_attention(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, q_pos_T=None, k_pos_S=None
 def has_cudnn() -> bool:
     """Whether cuDNN's fused attention can be traced here: a CUDA GPU among jax's devices."""
     try:
-        return any(d.platform == "gpu" for d in jax.devices("gpu"))
+        return any(d.platform == Platform.GPU for d in jax.devices("gpu"))
     except RuntimeError:
         return False
 

@@ -11,6 +11,7 @@ import jax
 
 from ffn_model.train import batch_structs, check_mesh, make_forward_step, make_train_step, state_shardings
 from mesh.devices import native_stderr
+from scaling.core.policies import Step
 from scaling.core.limits import check_size
 from scaling.core.flags import unknown_flag
 from scaling.core.workload import Workload
@@ -40,7 +41,7 @@ def abstract_compile(w: Workload, mesh, verbose: bool = False) -> CompileResult:
     t0 = time.perf_counter()
     abstract, _ = state_shardings(w, mesh)
     batch = batch_structs(w, mesh)
-    if w.step == "train":
+    if w.step == Step.TRAIN:
         fn, args = make_train_step(w, mesh), (abstract, batch)
     else:
         fn, args = make_forward_step(w, mesh), (abstract["params"], batch)

@@ -34,7 +34,7 @@ from ffn_model.sharded import (COMPUTE_DTYPE, already_gathered, constrain, gathe
                                reshard)
 from ffn_model.task import mse, teacher_batch
 from scaling.families.ffn import FFNConfig
-from scaling.core.policies import check_remat
+from scaling.core.policies import FsdpGather, Remat, check_remat
 from scaling.core.sharding import H_AXES, W_IN_AXES, W_OUT_AXES, X_AXES, X_SP_AXES, shards
 from scaling.core.workload import Workload
 
@@ -127,8 +127,8 @@ def _scan_blocks(x, w_in, w_out, activation, remat, gather, sp, live=None):  # 8
     """stack_forward's scans (over pairs of blocks under every-second remat), on x^T under ``sp``."""
     L = w_in.shape[0]
     slot = jnp.arange(L)
-    if remat != "every-second":
-        policy = _KEEP_HIDDEN if remat == "none" else _KEEP_INPUT
+    if remat != Remat.EVERY_SECOND:
+        policy = _KEEP_HIDDEN if remat == Remat.NONE else _KEEP_INPUT
         # the FFN stack keeps jax's optimization barrier (prevent_cse): without it XLA:TPU's 'overlap' schedule of the
         # XXL (v5p 4x4x4, fsdp=16, tensor=4) leaves 0.21 of the closed form's exposed fsdp bytes exposed, a schedule
         # the closed form does not model yet; on XLA:GPU its FP32 weight slices are then copied (docs/findings.md)
@@ -197,7 +197,7 @@ def ffn_pipeline_outputs(x_MxbxD, w_in, w_out, mesh, w: Workload, for_grad: bool
     axes = ("layers", "mlp", "embed")
     ws = circular_layout({"w_in": w_in, "w_out": w_out}, {"w_in": axes, "w_out": axes}, mesh, R)
     gather = gather_bf16
-    if fsdp_gather == "step":
+    if fsdp_gather == FsdpGather.STEP:
         step_axes = axes if R == 1 else ("layers", None, "mlp", "embed")
         if for_grad:  # FP32 holding BF16, so that the loop accumulates their gradient in FP32
             ws = {k: gather_once(w, step_axes) for k, w in ws.items()}

@@ -59,6 +59,8 @@ from ffn_model.state import module_state_shardings
 from ffn_model.task import mse
 from ffn_model.transformer import rms_norm
 from mesh.rules import logical_to_spec, tokens_over
+from scaling.core.kinds import Block, Mlp, Platform
+from scaling.core.policies import Remat
 from scaling.families.moe import MoESpec
 from scaling.core.workload import Workload
 
@@ -159,9 +161,9 @@ def dispatch_combine(gates_SxK, ids_SxK, experts: int, C: int):
 
 def _activate(u, g, kind: str):
     """SwiGLU silu(g)·u (Shazeer 2020), or gelu(u) / relu(u)."""
-    if kind == "swiglu":
+    if kind == Mlp.SWIGLU:
         return jax.nn.silu(g) * u
-    return jax.nn.gelu(u) if kind == "gelu" else jax.nn.relu(u)
+    return jax.nn.gelu(u) if kind == Mlp.GELU else jax.nn.relu(u)
 
 
 def experts_mlp(x_GxExCxD, w: dict, kind: str):
@@ -169,11 +171,11 @@ def experts_mlp(x_GxExCxD, w: dict, kind: str):
     stacked weights [E, F_e, D] (BF16, gathered over fsdp); W_in and W_gate as one [2, E, F_e, D] matmul (one partial
     sum over tensor for the input gradient, as ffn_model.transformer.mlp); the hidden split F_e over tensor (named
     mlp_in, mlp_gate: remat none keeps them), the output a partial sum over tensor."""
-    names = ["w_in", "w_gate"] if kind == "swiglu" else ["w_in"]
+    names = ["w_in", "w_gate"] if kind == Mlp.SWIGLU else ["w_in"]
     w_in = jnp.stack([gather_bf16(w[n], EXPERT_AXES[1:]) for n in names])
     ug = jnp.einsum("gecd,xefd->xgecf", x_GxExCxD, w_in)
     u = checkpoint_name(constrain(ug[0], HIDDEN_AXES), "mlp_in")
-    g = checkpoint_name(constrain(ug[1], HIDDEN_AXES), "mlp_gate") if kind == "swiglu" else None
+    g = checkpoint_name(constrain(ug[1], HIDDEN_AXES), "mlp_gate") if kind == Mlp.SWIGLU else None
     return jnp.einsum("gecf,efd->gecd", _activate(u, g, kind), gather_bf16(w["w_out"], EXPERT_AXES[1:]))
 
 
@@ -238,7 +240,7 @@ def _dropless_local(h_SxD, gates_SxK, ids_SxK, ws: dict, kind: str, weights_dtyp
     # a shard_map under a mesh (their reduction body holds a copy: "Invalid binary instruction opcode copy")
     x = checkpoint_name(h_SxD.astype(jnp.float32)[order // k].astype(COMPUTE_DTYPE), "moe_in")  # [S·k, D], by expert
     u = checkpoint_name(jax.lax.ragged_dot(x, ws["w_in"], sizes), "mlp_in")
-    g = checkpoint_name(jax.lax.ragged_dot(x, ws["w_gate"], sizes), "mlp_gate") if kind == "swiglu" else None
+    g = checkpoint_name(jax.lax.ragged_dot(x, ws["w_gate"], sizes), "mlp_gate") if kind == Mlp.SWIGLU else None
     # [S·k, D], sorted; rows past the groups: gate 0
     y = checkpoint_name(jax.lax.ragged_dot(_activate(u, g, kind), ws["w_out"], sizes), "moe_out")
     y_SxKxD = y.astype(jnp.float32)[jnp.argsort(order)].reshape(S, k, D)  # pair order
@@ -262,7 +264,7 @@ def dropless_moe(h_NxD, gates_NxK, ids_NxK, w: dict, kind: str):
         if n in ws:
             ws[n] = jnp.swapaxes(ws[n], 1, 2)
     mesh = jax.sharding.get_abstract_mesh()
-    if traced_platform() == "tpu":
+    if traced_platform() == Platform.TPU:
         raise ValueError("the dropless MoE layer (jax.lax.ragged_dot in a shard_map) does not compile for TPUs here "
                          "(libtpu 0.0.42.1 stops on an internal check, and without an expert axis lowers the ragged "
                          "matmul densely): give a capacity factor (--capacity-factor 1.25, GShard's dispatch)")
@@ -317,7 +319,7 @@ def moe_layer(h_BxTxD, w: dict, spec: MoESpec, kind: str = "swiglu", groups: int
 
 def layer_names(spec: MoESpec, kind: str) -> list[str]:
     """The stacked weights of a layer: router, w_in, (w_gate), w_out, and the shared experts' if any."""
-    gated = ["w_gate"] if kind == "swiglu" else []
+    gated = ["w_gate"] if kind == Mlp.SWIGLU else []
     shared = (["shared_in"] + (["shared_gate"] if gated else []) + ["shared_out"]) if spec.shared_experts else []
     return ["router", "w_in", *gated, "w_out", *shared]
 
@@ -341,12 +343,12 @@ class MoEStack(nnx.Module):
         self.spec, self.mlp, self.groups = spec, mlp, groups
         self.router = param(init_normal(rngs.params(), (L, D, E), D), ROUTER_AXES)
         self.w_in = param(init_normal(rngs.params(), (L, E, F, D), D), EXPERT_AXES)
-        if mlp == "swiglu":
+        if mlp == Mlp.SWIGLU:
             self.w_gate = param(init_normal(rngs.params(), (L, E, F, D), D), EXPERT_AXES)
         self.w_out = param(init_normal(rngs.params(), (L, E, F, D), F), EXPERT_AXES)
         if Fs:
             self.shared_in = param(init_normal(rngs.params(), (L, Fs, D), D), SHARED_AXES)
-            if mlp == "swiglu":
+            if mlp == Mlp.SWIGLU:
                 self.shared_gate = param(init_normal(rngs.params(), (L, Fs, D), D), SHARED_AXES)
             self.shared_out = param(init_normal(rngs.params(), (L, Fs, D), Fs), SHARED_AXES)
 
@@ -454,11 +456,11 @@ class MoETransformer(nnx.Module):
     def __init__(self, w: Workload, *, rngs: nnx.Rngs):
         cfg = w.model
         base, spec = cfg.base, cfg.moe
-        if base.block != "serial" or any(x is not None for x in base.layer_windows):
+        if base.block != Block.SERIAL or any(x is not None for x in base.layer_windows):
             raise ValueError("the MoE transformer is built with serial blocks and global attention")
         D, N, K, H, F, L = base.d_model, base.heads, base.kv_heads, base.head_dim, base.d_ff, base.blocks
         E, Fe, Lm, Ld = spec.experts, spec.expert_d_ff, cfg.moe_layers, cfg.dense_layers
-        Fs, gated = Fe * spec.shared_experts, base.mlp == "swiglu"
+        Fs, gated = Fe * spec.shared_experts, base.mlp == Mlp.SWIGLU
         self.schedule, self.remat, self.spec, self.kind, self.vocab = w.schedule, w.remat, spec, base.mlp, base.vocab
         self.tied = base.tied_embeddings
         shapes = {"wq": ((L, N, H, D), D, tf.WQ_AXES), "wk": ((L, K, H, D), D, tf.WKV_AXES),
@@ -504,7 +506,7 @@ class MoETransformer(nnx.Module):
         if first:
             x = dense_run(x, 0, first, 0, first)
         block = functools.partial(moe_block, schedule=self.schedule, spec=self.spec, kind=self.kind)
-        saves = MOE_SAVED if self.remat == "none" else ()
+        saves = MOE_SAVED if self.remat == Remat.NONE else ()
         block = loop_checkpoint(block, jax.checkpoint_policies.save_only_these_names(*saves), q)
 
         def group(carry, ws):

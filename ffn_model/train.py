@@ -41,6 +41,7 @@ from ffn_model.state import module_state_shardings
 from mesh.devices import mesh_shape
 from mesh.rules import logical_to_spec, tokens_over
 from scaling.core.inputs import check_seed, positive_float, positive_int
+from scaling.core.policies import OptimizerSharding
 from scaling.core.sharding import shards
 from scaling.core.workload import Workload
 
@@ -71,7 +72,7 @@ def input_layout(w: Workload):
 def _zero1(w: Workload) -> bool:
     """Whether the step runs ZeRO-1's distributed optimizer (ffn_model.zero1): optimizer_sharding "zero1" on a
     data axis (with data=1 it is the fsdp layout)."""
-    return w.schedule.optimizer_sharding == "zero1" and w.mesh["data"] > 1
+    return w.schedule.optimizer_sharding == OptimizerSharding.ZERO1 and w.mesh["data"] > 1
 
 
 def state_shardings(w: Workload, mesh, tx=None):

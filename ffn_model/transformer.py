@@ -39,6 +39,8 @@ from ffn_model.sharded import (COMPUTE_DTYPE, constrain, gather_bf16, grad_axes,
                                reshard, to_bf16, traced_platform)
 from ffn_model.task import mse, teacher_batch, token_mean
 from mesh.rules import logical_to_spec
+from scaling.core.kinds import Block, Mlp
+from scaling.core.policies import Attention, ContextStrategy, Pipeline, Remat
 from scaling.core.schedule import Schedule
 from scaling.families.transformer import TransformerConfig
 from scaling.core.sharding import shards
@@ -93,9 +95,9 @@ POLICY_OFFLOADS = {
 
 def policy_saves(remat: str, schedule: Schedule) -> tuple[str, ...]:
     """The checkpoint names a remat policy keeps (module docstring; POLICY_SAVES)."""
-    if remat in ("none", "selective"):
+    if remat in (Remat.NONE, Remat.SELECTIVE):
         saved = SAVED_SP if schedule.sequence_parallel else SAVED
-        return tuple(n for n in saved if n != "attn_probs") if remat == "selective" else saved
+        return tuple(n for n in saved if n != "attn_probs") if remat == Remat.SELECTIVE else saved
     return POLICY_SAVES[remat]
 EPS = 1e-6
 
@@ -117,11 +119,11 @@ def _named(q, k, v):
 def _local_attention(schedule: Schedule, window=None):
     """attend(q, k, v, q_pos, k_pos) -> o for the schedule's attention form, q, k, v named (_named); ``window``:
     sliding-window attention over W keys (None: global)."""
-    if schedule.attention == "flash":
+    if schedule.attention == Attention.FLASH:
         kernel = functools.partial(flash_attention_o, block=schedule.attention_block, window=window)
-    elif schedule.attention == "splash":
+    elif schedule.attention == Attention.SPLASH:
         kernel = functools.partial(splash_attention, window=window)
-    elif schedule.attention == "cudnn":
+    elif schedule.attention == Attention.CUDNN:
         kernel = functools.partial(cudnn_attention, window=window)
     else:
         kernel = functools.partial(attention_materialized, window=window)
@@ -143,7 +145,7 @@ def attention(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, schedule: Schedule, window=None):
     auto = set(mesh.axis_names) - set(mesh.manual_axes)  # inside a pipeline's shard_map, stage is manual already
     if mesh.empty or mesh.shape.get("context", 1) == 1:
         pos = jnp.arange(T, dtype=jnp.int32)
-        if schedule.attention != "splash" or mesh.empty or not auto:
+        if schedule.attention != Attention.SPLASH or mesh.empty or not auto:
             return local(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, pos, pos)
         # a Pallas kernel is not partitioned by XLA: splash runs under a shard_map over the mesh's batch and heads
         # axes, each device its sequences and heads whole in T (MaxText's attention_op, tpu_flash_attention)
@@ -151,7 +153,7 @@ def attention(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, schedule: Schedule, window=None):
                              out_specs=spec, axis_names=auto, check_vma=False)(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH)
     # fully manual: every device its batch shard, sequence chunk and heads (left automatic, the batch axes
     # made XLA all-gather q, k, v over fsdp around the all-to-all)
-    if schedule.context == "ulysses":
+    if schedule.context == ContextStrategy.ULYSSES:
         fn = functools.partial(ulysses_attention, axis_name="context", attend=local)
     else:
         ring = functools.partial(ring_attention, axis_name="context", block=schedule.attention_block)
@@ -236,13 +238,13 @@ def parallel_branches(h_BxTxD, w: dict, schedule: Schedule, kind: str, window=No
     B, T = h_BxTxD.shape[:2]
     N, H = w["wq"].shape[:2]
     K = w["wk"].shape[0]
-    ws = [w["wq"], w["wk"], w["wv"], w["w_in"]] + ([w["w_gate"]] if kind == "swiglu" else [])
+    ws = [w["wq"], w["wk"], w["wv"], w["w_in"]] + ([w["w_gate"]] if kind == Mlp.SWIGLU else [])
     q, k, v, u, *g = fused_in(h_BxTxD, ws)
     q = constrain(q.reshape(B, T, N, H), Q_AXES)
     k, v = (constrain(a.reshape(B, T, K, H), KV_AXES) for a in (k, v))
     o = checkpoint_name(constrain(attention(q, k, v, schedule, window), Q_AXES), "attn_out")
     u = checkpoint_name(constrain(u, H_AXES), "mlp_in")
-    if kind == "swiglu":
+    if kind == Mlp.SWIGLU:
         a = jax.nn.silu(checkpoint_name(constrain(g[0], H_AXES), "mlp_gate")) * u
     else:
         a = ACTIVATIONS[kind](u)
@@ -253,7 +255,7 @@ def mlp(h_BxTxD, w: dict, kind: str):
     """act(h·W_in)·W_out (relu, gelu), or SwiGLU silu(h·W_gate)·(h·W_in)·W_out with W_in and W_gate as one
     [2, F, D] matmul (one partial sum, and all-reduce, for the input gradient); the output is a partial sum
     over tensor."""
-    if kind == "swiglu":
+    if kind == Mlp.SWIGLU:
         w_in_gate = jnp.stack([_gather(w["w_in"], W_MLP_AXES), _gather(w["w_gate"], W_MLP_AXES)])
         ug = jnp.einsum("btd,gfd->gbtf", h_BxTxD, w_in_gate)
         u = checkpoint_name(constrain(ug[0], H_AXES), "mlp_in")
@@ -285,7 +287,7 @@ def layer(x_BxTxD, w: dict, schedule: Schedule, mlp_kind: str = "gelu", block: s
 
     x = checkpoint_name(constrain(x_BxTxD, between), "layer_input")
     h = to_matmul(rms_norm(x), "norm1")
-    if block == "parallel":
+    if block == Block.PARALLEL:
         return x + from_matmul(parallel_branches(h, w, schedule, mlp_kind, window))
     x = attention_sublayer(x, h, w, schedule, window, from_matmul)
     return x + checkpoint_name(from_matmul(mlp(to_matmul(rms_norm(x), "norm2"), w, mlp_kind)), "mlp_out")
@@ -667,7 +669,7 @@ def transformer_pipeline_loss(params, batch, *, w: Workload, mesh):
                               to_stages=True)
         return jnp.mean(jax.vmap(lambda y, lab: head(y, lab, hp), spmd_axis_name="stage")(ys, labels))
 
-    if schedule.pipeline != "1f1b":
+    if schedule.pipeline != Pipeline.ONE_F_ONE_B:
         return gpipe(params)
 
     def matrices(params):  # the head's parameters and the lookup's E, gathered once in BF16 (tied: one matrix)

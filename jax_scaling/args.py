@@ -8,7 +8,8 @@ import argparse
 
 from scaling.step import kernels
 from scaling.core.policies import (ACCUMULATION_BYTES, ATTENTIONS, CONTEXT_STRATEGIES, FSDP_GATHERS,
-                                   OPTIMIZER_SHARDINGS, PIPELINES, REMAT_POLICIES)
+                                   OPTIMIZER_SHARDINGS, PIPELINES, REMAT_POLICIES, Attention)
+from scaling.core.kinds import Platform
 from scaling.families.presets import FAMILIES, get_preset, model_fields, model_of, presets_of
 from scaling.core.schedule import Schedule, runs_attention
 from scaling.core.flags import DEFAULT_FLAGS, FLAG_SETS, FlagSet, get_flag_set
@@ -127,7 +128,7 @@ def schedule_of(args, platform: str | None = None) -> Schedule:
     schedule = schedule_from(given_or(args, "microbatches", 1),
                              **{k: given_or(args, k, v) for k, v in SCHEDULE_FIELDS.items()}, **attention)
     platform = platform or platform_of(getattr(args, "devices", None))
-    if schedule.attention == "auto" and platform is not None:
+    if schedule.attention == Attention.AUTO and platform is not None:
         schedule = schedule.on(platform, getattr(model_config(args), "seq_len", None))
     return schedule
 
@@ -138,7 +139,7 @@ def platform_of(devices: str | None) -> str | None:
     started for it, so that a bad flag still fails first and a multi-process run initializes itself first; the
     model resolves auto at trace time, ffn_model.transformer.attention)."""
     head = (devices or "").strip().lower().split(":")[0]
-    if head in ("tpu", "gpu", "cpu"):
+    if head in (Platform.TPU, Platform.GPU, Platform.CPU):
         return head
     import sys
     if "jax" not in sys.modules:
@@ -277,7 +278,7 @@ def chip_attention(args) -> str | None:
     GPU; predict's header and plan's options name it); None for a model without attention."""
     if not runs_attention(model_config(args)):
         return getattr(args, "attention", None)
-    if getattr(args, "attention", None) not in (None, "auto"):
+    if getattr(args, "attention", None) not in (None, Attention.AUTO):
         return args.attention
     from scaling.core.schedule import attention_for
     return attention_for(chip_of(args).kind, getattr(model_config(args), "seq_len", None))

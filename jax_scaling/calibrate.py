@@ -15,6 +15,7 @@ import os
 import time
 
 from scaling.hardware.kernel_tables import table_text
+from scaling.core.kinds import Dtype, Platform
 from scaling.core.limits import number
 
 SECTIONS = ("launch", "gemm", "pointwise", "attention", "collectives")
@@ -41,7 +42,7 @@ def _jobs(grid, sections, dtypes):
     if "launch" in sections and grid.launch:
         jobs.append(("launch", None, None))
     squares = [s for s in grid.gemm.get("bf16", []) if s[0] == s[1] == s[2]]
-    if "gemm" in sections and "bf16" in dtypes:
+    if "gemm" in sections and Dtype.BF16 in dtypes:
         jobs += [("gemm", "bf16", s) for s in squares]
     if "pointwise" in sections:
         jobs += [("pointwise", None, n) for n in grid.pointwise]
@@ -49,7 +50,7 @@ def _jobs(grid, sections, dtypes):
         jobs += [("attention", None, a) for a in grid.attention]
     if "gemm" in sections:
         for d in dtypes:
-            if d != "bf16":
+            if d != Dtype.BF16:
                 jobs += [("gemm", d, s) for s in grid.gemm.get(d, []) if s[0] == s[1] == s[2]]
         for d in dtypes:
             jobs += [("gemm", d, s) for s in grid.gemm.get(d, []) if not s[0] == s[1] == s[2]]
@@ -85,7 +86,7 @@ def calibrate_command(args) -> int:
     from scaling.hardware.chips import chip_of_device_kind, get_chip
     from verify import calibrate as cal
 
-    if jax.default_backend() == "cpu" and not args.allow_cpu:
+    if jax.default_backend() == Platform.CPU and not args.allow_cpu:
         raise ValueError("calibrate times an accelerator's kernels and jax found none (its backend is cpu); "
                          "--allow-cpu measures the CPU anyway")
     desc = cal.device_description()

@@ -10,7 +10,7 @@ from jax_scaling.args import (MESH_HELP, add_model_args, add_schedule_args, defa
                               schedule_of)
 from mesh.devices import chip_of_devices, device_count, use_cpu_platform_for
 from scaling.core.mesh_shape import parse_mesh_spec
-from scaling.core.policies import REMAT_POLICIES
+from scaling.core.policies import REMAT_POLICIES, Attention
 from scaling.hardware.chips import DEFAULT_CHIP, Chip, get_chip
 from scaling.core.limits import check_size, integer
 from scaling.core.workload import Workload
@@ -71,7 +71,7 @@ def check_command(args) -> int:
     from verify.hlo import refusal_error
 
     use_cpu_platform_for(args.devices)
-    if args.attention in (None, "auto"):  # auto: the platform's kernel where it can be traced here, else flash
+    if args.attention in (None, Attention.AUTO):  # auto: the platform's kernel where it can be traced here, else flash
         w, note = traceable(w)
         if note:
             print(note, file=sys.stderr, flush=True)

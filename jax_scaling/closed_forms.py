@@ -24,6 +24,7 @@ from scaling.reports.answers import QUESTION, answers
 from scaling.families.ffn import FFNConfig
 from scaling.core.mesh_shape import MeshShape
 from scaling.hardware.chips import get_chip
+from scaling.core.kinds import KernelModel, Platform
 from scaling.core.limits import check_size, integer, number
 from scaling.core.table import prose, table
 from scaling.core.workload import Workload
@@ -182,13 +183,13 @@ def validate_command(args) -> int:
     if args.fit:
         rows = []
         for name, chip in CHIPS.items():
-            if chip.fitted_on and (chip.onchip or args.kernel_model == "efficiency"):
+            if chip.fitted_on and (chip.onchip or args.kernel_model == KernelModel.EFFICIENCY):
                 fit = fit_efficiency(name, kernel_model=args.kernel_model)
                 rows.append((name, chip.fitted_on, f"{fit:.3f}", f"{chip.matmul_efficiency:.3f}",
                              ", ".join(c.name for c in CHIPS.values() if c.efficiency_as == name)))
         print("\n".join(table(["chip", "fitted on", "fitted eta", "table's eta", "borrowed by"], rows, right=(2, 3))))
         return 0
-    if args.kernel_model == "efficiency":
+    if args.kernel_model == KernelModel.EFFICIENCY:
         v = validate(kernel_table=args.kernel_table)
     else:  # each fitted chip's eta refitted under that model on its own named run; rows it cannot predict left out
         if args.kernel_table is not None:
@@ -271,7 +272,7 @@ def trace_command(args) -> int:
     chip = get_chip(args.chip or "H100")
     context = args.context or 1
     t = seed000.model_trace(cfg, context, args.data or 1, args.tensor or context // (args.data or 1),
-                            gpu=chip.kind == "gpu")
+                            gpu=chip.kind == Platform.GPU)
     t["chip"] = chip.name
     if args.verify:
         t["verify"] = verify_trace(args.verbose, flags, cfg, context)

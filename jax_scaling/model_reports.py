@@ -14,6 +14,7 @@ from mesh import make_mesh, mesh_shape
 from mesh.devices import infer_chip, parse_gpu_spec
 from scaling.core.schedule import runs_attention
 from scaling.core.mesh_shape import MeshShape
+from scaling.core.policies import Attention
 from scaling.hardware.chips import get_chip
 from scaling.core.table import prose, time_text
 from scaling.core.workload import Workload
@@ -29,7 +30,7 @@ def compile_report(args, cfg) -> dict:
     mesh = make_mesh(args.mesh, args.devices, args.verbose)
     schedule = schedule_of(args, mesh.devices.flat[0].platform)  # auto: the platform's attention
     w = Workload(cfg, mesh_shape(mesh), args.batch_tokens, args.step, args.remat, schedule, flags=flags_of(args))
-    if getattr(args, "attention", None) in (None, "auto"):  # auto: flash where cuDNN's cannot be traced here
+    if getattr(args, "attention", None) in (None, Attention.AUTO):  # auto: flash where cuDNN's cannot be traced here
         from verify.check import traceable
 
         w, note = traceable(w)

@@ -19,6 +19,8 @@ from scaling.step.kernels import peak_flops
 from scaling.core.mesh_shape import MeshShape, parse_mesh_spec
 from scaling.core.schedule import Schedule, runs_attention
 from scaling.core.flags import check_modelled
+from scaling.core.kinds import Form, Platform
+from scaling.core.policies import Attention, OptimizerSharding, Pipeline
 from scaling.hardware.chips import GPU_NODE, chips_in, slice_name, split_slices
 from scaling.core.limits import check_devices, check_size, integer, number
 from scaling.reports.predict import batch_of, param_counts, params_text, precision_of, target_of
@@ -64,7 +66,7 @@ def plan_target(args):
     chips = 64 if args.chips is None and args.slice is None else args.chips
     chip, dims, slices = target_of(args.chip, chips, args.slice, args.slices, args.inter_node_bandwidth,
                                    args.kernel_table)
-    return chip, slices * chips_in(dims), dims if chip.kind != "gpu" else None
+    return chip, slices * chips_in(dims), dims if chip.kind != Platform.GPU else None
 
 
 # the schedule fields plan's candidates all take at Schedule's default: given another value, no plan has it
@@ -88,7 +90,7 @@ def plan_choices(args, cfg) -> planner.Choices:
         raise ValueError(f"--attention-block {block}: plan's flash attention takes key blocks of "
                          f"{Schedule().attention_block}, so no plan has it; predict takes it")
     if not cfg.plan.grouped:  # the FFN stack's plan: microbatches and repeats (and GPipe or circular) only
-        if args.pipeline == "1f1b" and not cfg.runs_1f1b:
+        if args.pipeline == Pipeline.ONE_F_ONE_B and not cfg.runs_1f1b:
             raise ValueError(f"--schedule 1f1b: the {cfg.noun} runs gpipe or circular (1f1b is built for the "
                              "transformer), so no plan has it")
         for k, off in (("sequence_parallel", False), ("optimizer_sharding", "fsdp")):
@@ -98,7 +100,8 @@ def plan_choices(args, cfg) -> planner.Choices:
                                  "tries it; predict takes it), so no plan has it")
         if not runs_attention(cfg):
             return planner.Choices.of(cfg, args.remat)
-    args.attention_given = args.attention not in (None, "auto")  # a choice the user made (the refusal lists those)
+    # a choice the user made (the refusal lists those)
+    args.attention_given = args.attention not in (None, Attention.AUTO)
     args.attention = chip_attention(args)  # the chip's kernel, said (and --attention's filter below matches it)
     if not cfg.plan.grouped:  # a family with attention planned one mesh a group (the MoE transformer's): the chip's
         return planner.Choices.of(cfg, args.remat, attention=args.attention)
@@ -205,7 +208,7 @@ def plan_command(args) -> int:
     for flag in ("max_microbatches", "max_repeats"):
         if getattr(args, flag) <= 0:
             raise ValueError(f"--{flag.replace('_', '-')} must be a positive integer, got {getattr(args, flag)}")
-    slices = chips // math.prod(dims) if dims else -(-chips // GPU_NODE) if chip.kind == "gpu" else None
+    slices = chips // math.prod(dims) if dims else -(-chips // GPU_NODE) if chip.kind == Platform.GPU else None
     if slices is None:
         slices = split_slices(chip, chips)[0]
     tests = fixed_by(args, cfg, chips * chip.devices_per_chip, slices, M)
@@ -256,8 +259,9 @@ def not_fixed(args, cfg, M: int | None, tests: dict, fitting: list, where: str, 
     mesh_test = next((t for flag, t in tests.items() if flag.startswith("--mesh ")), None)
     needs_axis = [(args.pipeline, "stage", "--schedule names a pipeline schedule: plans with stages"),
                   (args.context_strategy, "context", "--context-strategy names the attention over a context axis"),
-                  (args.optimizer_sharding == "zero1" or None, "data", "the planner tries zero1 with a data axis (with "
-                   "fsdp alone the optimizer state is sharded over fsdp already)"),
+                  (args.optimizer_sharding == OptimizerSharding.ZERO1 or None, "data",
+                   "the planner tries zero1 with a data axis (with fsdp alone the optimizer state is sharded over fsdp "
+                   "already)"),
                   (args.sequence_parallel or None, "tensor", "sequence_parallel splits the activations over the tensor "
                    "axis")]
     on_mesh = [p for p in fitting if mesh_test is None or mesh_test(p)]
@@ -360,7 +364,7 @@ def print_header(args, cfg, plans, target, flags, choices, seconds: float) -> No
     (chip, chips, HBM budget per device, where in words)."""
     chip, chips, budget, where = target
     transformer = runs_attention(cfg)
-    other = "max" if args.form == "sum" else "sum"
+    other = "max" if args.form == Form.SUM else "sum"
     slices = plans[0].slices
     options, axes = cfg.plan.schedule_options, planner.plan_axes(cfg)  # what the family's plan chooses
     tried = (f"remat {', '.join(choices.remats)}" if not transformer else ", ".join(
@@ -374,7 +378,7 @@ def print_header(args, cfg, plans, target, flags, choices, seconds: float) -> No
     say(f"{len(plans)} meshes of {where} fit {budget / 1e9:.4g} GB per device, each with its best microbatch count "
           f"(of 1 to {args.max_microbatches}), repeats and {tried}; B = {args.batch_tokens:,} tokens "
           f"({seconds * 1e3:.1f} ms)"
-          + (f"; {slices} {f'nodes of {chips // slices} GPUs on NVLink' if chip.kind == 'gpu' else 'slices'} "
+          + (f"; {slices} {f'nodes of {chips // slices} GPUs on NVLink' if chip.kind == Platform.GPU else 'slices'} "
              f"joined by {chip.network_name} "
              f"({chip.dcn_bw:.3g} B/s per chip; column dcn: the mesh axes whose outermost factors span them)"
              if slices > 1 else ""))
@@ -384,13 +388,13 @@ def print_header(args, cfg, plans, target, flags, choices, seconds: float) -> No
         say(f"note: {line}")
     say(f"Ranked by the {args.form} form" + (" (max(T_math, T_HBM) + the collective times; the compiled XXL forward "
           "step runs its collectives synchronously under libtpu's default flags: docs/findings.md, question (c))"
-          if args.form == "sum" else " (every collective overlapped with the math)" if args.form == "max" else
+          if args.form == Form.SUM else " (every collective overlapped with the math)" if args.form == Form.MAX else
           f" (the kernels at the efficiency their shapes get on the chip, scaling.step.kernels, + the collectives the "
           f"schedule of {flags.describe()} leaves exposed + its loop copies)")
           + f"; the {other} form beside it.")
     say(("The scheduled form is the step model's forecast (a TPU's matmul efficiency fitted on a measured run, a "
            "GPU's GEMM ceiling and fixed time on its kernel table: jax-scaling validate, kernels --gemm); the sum and "
-           "max forms are " if args.form == "scheduled" or other == "scheduled" else
+           "max forms are " if args.form == Form.SCHEDULED or other == Form.SCHEDULED else
            "These are ") + "roofline bounds: their step times are lower bounds, MFU and HFU upper bounds "
           + ("(MFU counts the model's matmul FLOPs, attention's causal half, HFU the remat recompute and the "
              "pipeline's too)." if transformer else "(MFU counts model FLOPs 6PB-2BDF, HFU the remat recompute too)."))
@@ -409,7 +413,7 @@ def print_plans(args, cfg, plans, asked: str = "") -> None:
     """plan's table: the top --top plans, then the best without and with stages (# is the rank); ``asked``: the
     choices given (fixed_by's), which a missing kind of plan is said to lack."""
     transformer, slices = runs_attention(cfg), plans[0].slices
-    other = "max" if args.form == "sum" else "sum"
+    other = "max" if args.form == Form.SUM else "sum"
     best = {}
     for k, r in enumerate(plans, 1):
         best.setdefault(r.mesh.get("stage", 1) > 1, (k, r))

@@ -14,6 +14,7 @@ import argparse
 import os
 import tempfile
 
+from scaling.core.kinds import KernelPass
 from scaling.core.table import time_text
 
 FORMATS = {".png": "png", ".svg": "svg"}  # extension -> matplotlib's format
@@ -212,12 +213,12 @@ def step_segments(report) -> list[tuple[str, float, str]]:
     by_kind, passes = {}, 0.0
     for k in out["kernels"]:
         by_kind[k["kind"]] = by_kind.get(k["kind"], 0.0) + k["seconds"]
-        if k["pass"] != "update":
+        if k["pass"] != KernelPass.UPDATE:
             passes += k["seconds"]
     bubble = idle * passes
     segs = []
     for kind, s in by_kind.items():  # each class less its passes' bubble share
-        own = sum(k["seconds"] for k in out["kernels"] if k["kind"] == kind and k["pass"] != "update")
+        own = sum(k["seconds"] for k in out["kernels"] if k["kind"] == kind and k["pass"] != KernelPass.UPDATE)
         segs.append((f"compute: {kind}", s - idle * own, KIND_COLORS.get(kind, "tab:gray")))
     segs.append(("pipeline bubble", bubble, "lightgray"))
     t = out["terms"]
@@ -340,7 +341,8 @@ def draw_kernels(report):
            xlabel="FLOPs per HBM byte", ylabel="achieved FLOP/s per device")
     ax.grid(alpha=0.3)
     legend = ax.legend(fontsize=7, loc="lower right")
-    forward = sorted((p for p in pts if p["pass"] == "forward"), key=lambda p: -p["y"])  # labelled: the forward pass
+    # labelled: the forward pass
+    forward = sorted((p for p in pts if p["pass"] == KernelPass.FORWARD), key=lambda p: -p["y"])
     place_labels(ax, [(p["x"], p["y"], p["name"]) for p in forward], [legend.get_window_extent(
         fig.canvas.get_renderer())], fontsize=6)
     ax.set_title(fit_title(fig, f"{out['model_text']} on {out['chip']} ({dtype}), mesh {_mesh_text(out['mesh'])}, "

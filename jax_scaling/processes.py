@@ -10,6 +10,7 @@ import sys
 import time
 
 from mesh.devices import cpu_device_count
+from scaling.core.kinds import Platform
 from scaling.core.limits import check_host_memory, check_size
 from scaling.step.program import predict
 from scaling.core.workload import Workload
@@ -61,7 +62,7 @@ def check_real_cpu_size(args, w: Workload, mesh) -> None:
     """check_size against this host's memory for a run on the real devices (no --devices) when they are CPUs,
     which check_flags could not know before jax started: the closed form per device times the local devices."""
     local = [d for d in mesh.devices.flat if d.process_index == mesh.devices.flat[0].process_index]
-    if args.devices is None and local[0].platform == "cpu":
+    if args.devices is None and local[0].platform == Platform.CPU:
         check_size(w)
         check_host_memory(w.step, predict(w).memory["total"], len(local))
 

@@ -25,6 +25,7 @@ import tempfile
 
 from scaling.core.inputs import positive_int
 from scaling.core.mesh_shape import MESH_AXES, MeshShape, parse_mesh_spec
+from scaling.core.kinds import Platform
 from scaling.core.limits import ascii_int
 from scaling.hardware.chips import (CHIPS, DEFAULT_CHIP, GPU_NODE, Chip, chip_of_device_kind, chips_in, get_chip,
                                     parse_slice, parse_topology)
@@ -117,7 +118,7 @@ def parse_gpu_spec(spec: str) -> tuple[Chip, int]:
     if not sep:
         raise ValueError(f"devices {spec!r}: expected gpu:<chip>:<N>, e.g. gpu:H100:512")
     chip = get_chip(name)
-    if chip.kind != "gpu":
+    if chip.kind != Platform.GPU:
         raise ValueError(f"devices {spec!r}: {chip.name} is not a GPU; use tpu:{chip.name}:<shape>")
     gpu_target_config(chip)
     try:
@@ -377,7 +378,7 @@ def infer_chip(device) -> Chip | None:
     """The hardware-table chip of a jax device, from its ``device_kind`` (hardware.chip_of_device_kind):
     None on CPU (no peak FLOP/s to compare with); ValueError for an accelerator the table does not know
     (pass --chip)."""
-    if device.platform == "cpu":
+    if device.platform == Platform.CPU:
         return None
     chip = chip_of_device_kind(device.device_kind)
     if chip is None:

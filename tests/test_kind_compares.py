@@ -1,7 +1,8 @@
-"""Kinds are values, not strings (issue 50): no module of scaling/ compares anything with a string constant that is a
-kind's name (the value of a member of a StrEnum of scaling/: collected from the enums themselves, so a new member or
-a new enum is covered) outside the parsers, where a string first becomes a kind. ``remat == Remat.FULL``, not
-``remat == "full"``; a member is its string, so the values stored and printed stay strings and compare alike.
+"""Kinds are values, not strings (issue 50): no module of the package (scaling/ and every layer above it) compares
+anything with a string constant that is a kind's name (the value of a member of a StrEnum of scaling/: collected from
+the enums themselves, so a new member or a new enum is covered) outside the parsers, where a string first becomes a
+kind. ``remat == Remat.FULL``, not ``remat == "full"``; a member is its string, so the values stored and printed stay
+strings and compare alike.
 
 Every Compare (==, !=, in, not in, is, is not) of every module is read, module level and inside functions alike,
 with each operand a string constant or a tuple, list or set holding one; a ``case "full":`` too. The test that it
@@ -43,6 +44,17 @@ NOT_KINDS = {
     ("scaling/families/moe.py::MoEConfig", "fsdp"): "a mesh axis (the planner's axes), not the optimizer's sharding",
     ("scaling/families/transformer.py::_recomputed", "attention"): "a saved tensor's name (POLICY_KEEPS)",
     ("scaling/core/schedule.py::runs_attention", "attention"): "a Schedule field's name (a family's schedule_flags)",
+    ("jax_scaling/args.py::schedule_of", "attention"): "a schedule flag's name (SCHEDULE_FLAGS)",
+    ("jax_scaling/calibrate.py::_jobs", "pointwise"): "a kernel table's section (SECTIONS, --sections)",
+    ("jax_scaling/calibrate.py::_jobs", "attention"): "a kernel table's section (SECTIONS, --sections)",
+    ("jax_scaling/calibrate.py::_run", "pointwise"): "a kernel table's section (SECTIONS)",
+    ("jax_scaling/calibrate.py::_run", "attention"): "a kernel table's section (SECTIONS)",
+    ("jax_scaling/model_commands.py::add_commands", "train"): "the train subcommand's name (COMMANDS), not a Step",
+    ("jax_scaling/model_commands.py::check_flags", "train"): "the subcommand's name (args.command), not a Step",
+    ("jax_scaling/model_commands.py::run_command", "train"): "the subcommand's name, not a Step",
+    ("jax_scaling/profile_step.py::main", "step"): "part of an HLO module's name in a trace (jit_step)",
+    ("verify/check.py::_collective_rows", "fsdp"): "a mesh axis (a key of the per-axis collective bytes)",
+    ("verify/hlo.py::HloProgram._gathered", "all-gather"): "an HLO opcode read from XLA's text",
 }
 COMPARE_OPS = (ast.Eq, ast.NotEq, ast.In, ast.NotIn, ast.Is, ast.IsNot)
 
@@ -114,7 +126,9 @@ def string_compares(path: Path, rel: str, kinds: dict[str, list[str]]) -> list[s
 
 
 KINDS = kind_names()
-MODULES = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "scaling").rglob("*.py"))
+# every package's modules: the kinds are scaling's, and every layer above compares them
+PACKAGES = ("scaling", "mesh", "ffn_model", "verify", "jax_scaling")
+MODULES = sorted(p.relative_to(ROOT).as_posix() for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py"))
 
 
 @pytest.mark.parametrize("rel", MODULES)

@@ -35,6 +35,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from scaling.core.kinds import Dtype, Platform
+
 GEMM_DTYPES = ("bf16", "fp32", "tf32", "fp8", "int8")
 COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "permute")
 
@@ -76,20 +78,20 @@ def _operands(dtype: str, shapes, key):
     out = []
     for i, s in enumerate(shapes):
         k = jax.random.fold_in(key, i)
-        if dtype == "int8":
+        if dtype == Dtype.INT8:
             out.append(jax.random.randint(k, s, -64, 64, jnp.int8))
-        elif dtype == "fp8":
+        elif dtype == Dtype.FP8:
             out.append(jax.random.normal(k, s, jnp.bfloat16).astype(jnp.float8_e4m3fn))
         else:
-            out.append(jax.random.normal(k, s, jnp.float32 if dtype in ("fp32", "tf32") else jnp.bfloat16))
+            out.append(jax.random.normal(k, s, jnp.float32 if dtype in (Dtype.FP32, Dtype.TF32) else jnp.bfloat16))
     return out
 
 
 def _dot(dtype: str):
     """jnp.dot for ``dtype`` (module docstring)."""
-    if dtype == "fp32":
+    if dtype == Dtype.FP32:
         return lambda a, b: jax.lax.dot(a, b, precision=jax.lax.DotAlgorithmPreset.F32_F32_F32)
-    if dtype == "tf32":
+    if dtype == Dtype.TF32:
         return lambda a, b: jax.lax.dot(a, b, precision=jax.lax.DotAlgorithmPreset.TF32_TF32_F32)
     out = {"int8": jnp.int32, "fp8": jnp.bfloat16, "bf16": jnp.bfloat16}[dtype]
     return lambda a, b: jnp.dot(a, b, preferred_element_type=out)
@@ -103,7 +105,8 @@ def time_call(fn, args, target: float = 0.05, repeats: int = 3) -> float:
     jax.block_until_ready(fn(*args))
     once = max(time.perf_counter() - t0, 1e-7)
     calls = int(min(max(target / once, 1), 1000))
-    each = jax.default_backend() == "cpu"  # emulated devices' collectives deadlock when queued: wait for each call
+    # emulated devices' collectives deadlock when queued: wait for each call
+    each = jax.default_backend() == Platform.CPU
     best = math.inf
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -171,7 +174,7 @@ def launch_seconds(links: int = 200) -> float:
 def attention_seconds(batch: int, seq: int, heads: int, head_dim: int, causal: bool) -> tuple[float, float, str]:
     """(forward seconds, forward + backward seconds, implementation) of jax.nn.dot_product_attention on bf16
     [batch, seq, heads, head_dim] q, k, v: "cudnn" on a GPU, "xla" elsewhere."""
-    impl = "cudnn" if jax.default_backend() == "gpu" else "xla"
+    impl = "cudnn" if jax.default_backend() == Platform.GPU else "xla"
     q, k, v = _operands("bf16", [(batch, seq, heads, head_dim)] * 3, jax.random.key(seq + head_dim))
 
     def attn(q, k, v):

@@ -26,6 +26,8 @@ from scaling.core.mesh_shape import MeshShape, parse_mesh_spec
 from scaling.core.schedule import Schedule, runs_attention
 from scaling.hardware.chips import CHIPS, DEFAULT_CHIP, Chip, get_chip, slice_topology
 from scaling.step.pipeline import relay_moves
+from scaling.core.kinds import Collective, Platform
+from scaling.core.policies import Attention, Remat, Step
 from scaling.core.table import table
 from scaling.core.workload import Workload
 from verify.cache import cached
@@ -63,15 +65,15 @@ def compare(w: Workload, devices: str, chip: str | None = None, verbose: bool = 
     chip_ = get_chip(chip) if chip else default_chip(devices)
     layout = ici_layout(mesh, chip_)
     platform = mesh.devices.flat[0].platform
-    widen = 4 if platform == "cpu" else 0  # XLA:CPU runs bf16 collectives in f32 (program.collective_volumes)
+    widen = 4 if platform == Platform.CPU else 0  # XLA:CPU runs bf16 collectives in f32 (program.collective_volumes)
     w = w.replace(flags=w.flags.on(platform))  # XLA:CPU gets none of libtpu's flags: synchronous collectives
     res = abstract_compile(w, mesh)
     got = read_compiled(res.compiled, dict(shape))
     windowed, rule, merged, relays, joint = _program_facts(w, got, chip_, layout, platform)
     w = w.with_facts(min_comm_bytes=widen, windowed_grad_rs=windowed, merged_grad_allreduce=merged,
                      circular_relays=relays, joint_head_reduce=joint)
-    w = w.with_facts(host_offload=platform != "cpu",  # XLA:CPU keeps offloaded residuals in device memory
-                     gpu_layouts=platform == "gpu")  # XLA:GPU's gathered-dimension-major layouts
+    w = w.with_facts(host_offload=platform != Platform.CPU,  # XLA:CPU keeps offloaded residuals in device memory
+                     gpu_layouts=platform == Platform.GPU)  # XLA:GPU's gathered-dimension-major layouts
     pred = program.predict(w, chip_, layout)
 
     config = CheckConfig(model=vars(cfg), model_text=str(cfg), devices=devices, mesh=shape.as_dict(),
@@ -84,7 +86,7 @@ def compare(w: Workload, devices: str, chip: str | None = None, verbose: bool = 
     matmul = Row.of(f["total"] - float(f.get("kernels", 0.0)), got.dot_flops,
                     ("dot/convolution FLOPs × loop trip counts; closed form includes the first block's unused "
                      "input gradient where the program computes it (a scan runs one body for every block; one "
-                     "block, or a peeled first trip, drops it)" if step == "train" else
+                     "block, or a peeled first trip, drops it)" if step == Step.TRAIN else
                      "dot/convolution FLOPs × loop trip counts")
                     + (f"; closed form less the {float(f['kernels']):.4e} FLOPs inside the attention's custom-call "
                        "kernels (no dots to count)" if f.get("kernels") else ""))
@@ -96,10 +98,10 @@ def compare(w: Workload, devices: str, chip: str | None = None, verbose: bool = 
                              "XLA's cost_analysis counts a while-loop body once, not per trip"),
     )
     m, gm = pred.memory, got.memory
-    args_cf = m["master"] + m.get("optimizer", 0.0) + m["inputs"] + (4 if step == "train" else 0)
+    args_cf = m["master"] + m.get("optimizer", 0.0) + m["inputs"] + (4 if step == Step.TRAIN else 0)
     peak = Row.of(m["total"], gm["peak_bytes"], _peak_note(cfg, step, windowed, remat)
                   + ("; + the gathered matrices the flags' schedule prefetches" if m.get("prefetched") else ""))
-    if platform == "cpu":  # shown, not compared
+    if platform == Platform.CPU:  # shown, not compared
         peak = Row(peak.closed_form, peak.compiled, None,
                    "not compared: XLA:CPU's peak_memory_in_bytes is about the arguments alone "
                    "(XXL on cpu:64: 41.38 GB peak beside 44.40 GB of temp)")
@@ -130,19 +132,19 @@ def _program_facts(w: Workload, got, chip_: Chip, layout: dict, platform: str) -
     # Which implementation of the gradient reduce-scatter XLA chose is a fact of the program: a
     # windowed einsum is a while loop XLA names windowed_dot_general_body_rs. The closed form models both; the
     # planner predicts it by XLA's rule (program.windowed_einsum_rs), held here against the program.
-    windowed = step == "train" and bool(got.windowed_rs_loops)
-    rule = platform != "cpu" and program.windowed_einsum_rs(w, chip_, program.links(layout))
+    windowed = step == Step.TRAIN and bool(got.windowed_rs_loops)
+    rule = platform != Platform.CPU and program.windowed_einsum_rs(w, chip_, program.links(layout))
     # Likewise whether it reduces the weight gradients with one all-reduce over data·fsdp (TPU7x): an
     # all-reduce over both axes that carries more than the 4-byte loss.
-    reduced_over = lambda axes: step == "train" and any(  # noqa: E731 (an all-reduce over these, past the loss)
-        c.kind == "all-reduce" and set(c.axes) == axes and c.volume > 4 for c in got.collectives)
+    reduced_over = lambda axes: step == Step.TRAIN and any(  # noqa: E731 (an all-reduce over these, past the loss)
+        c.kind == Collective.ALL_REDUCE and set(c.axes) == axes and c.volume > 4 for c in got.collectives)
     merged = reduced_over({"data", "fsdp"})
     # And, for a circular pipeline, whether it keeps the re-laid stacks for the backward (2 re-lays per
     # stack: forward, the gradient back) or re-lays them again: the collective-permutes over stage that run
     # once per step (the pipeline's own run every iteration), over the rounds of one re-lay of both stacks.
     relays = 2
-    if schedule.repeats > 1 and step == "train":
-        once = sum(c.count for c in got.collectives if c.kind == "collective-permute" and c.axes == ("stage",)
+    if schedule.repeats > 1 and step == Step.TRAIN:
+        once = sum(c.count for c in got.collectives if c.kind == Collective.COLLECTIVE_PERMUTE and c.axes == ("stage",)
                    and c.count == 1)
         relays = round(once / (2 * relay_moves(w.mesh["stage"], schedule.repeats)))
     # And whether 1F1B's output-layer gradient is summed over stage and data in one all-reduce (XLA:TPU).
@@ -184,7 +186,7 @@ def _collective_rows(pred, got, windowed: bool, rule: bool, widen: int,
         loop_copies=Row.of(pred.loop_copy_bytes, got.loop_copy_bytes,
                            "gathered matrices copied into the rotated loop's state (across-blocks gathers)"),
     )
-    if platform != "tpu":
+    if platform != Platform.TPU:
         overlap.note = (f"XLA:{platform.upper()} is given none of libtpu's flags and runs every collective "
                         "synchronously: exposed = all, under every flag set")
     return collectives, overlap
@@ -195,13 +197,13 @@ def _peak_note(cfg, step: str, windowed: bool, remat: str = "none") -> str:
     with attention (runs_attention(cfg)) or the FFN stack's blocks."""
     if runs_attention(cfg):
         return ("16 B/param/N + L layers' saved activations + the batch + "
-                + ("one layer's gathered bf16 weights + its recomputed residuals" if remat == "full" else
+                + ("one layer's gathered bf16 weights + its recomputed residuals" if remat == Remat.FULL else
                    "two layers' gathered bf16 weights + one layer's fp32 weight gradients"
-                   + ("" if remat == "none" else " + one layer's recomputed residuals"))
+                   + ("" if remat == Remat.NONE else " + one layer's recomputed residuals"))
                 + " + the attention working set (scores of one layer or key block)"
-                if step == "train" else "master weights + one layer's gathered bf16 weights "
+                if step == Step.TRAIN else "master weights + one layer's gathered bf16 weights "
                 "+ the attention working set + the batch")
-    if step == "train":
+    if step == Step.TRAIN:
         return ("16 B/param/N + saved activations + the batch + gathered bf16 weights: "
                 + ("one matrix (windowed-einsum backward)" if windowed else "two blocks' W_in, W_out"))
     return "master weights + one gathered bf16 weight matrix + one block's activations + the batch"
@@ -217,7 +219,7 @@ def verify_plans(plans: list[planner.Plan], cfg, chip: Chip, chips: int, hbm: fl
     compiler for ``chips`` GPUs in nodes of GPU_NODE (gpu:<chip>:<N>, mesh.devices: the CUDA plugin's topology
     description, no GPU present). ValueError without the CUDA plugin or a compiler description of the GPU (XLA:CPU's
     peak is not a GPU's: docs/findings.md). This must be the process's first use of jax."""
-    if chip.kind == "tpu":
+    if chip.kind == Platform.TPU:
         if any(p.slices > 1 for p in plans):
             raise ValueError(f"--verify-top compiles one slice; {chips} {chip.name} chips are {plans[0].slices} "
                              "slices")
@@ -244,7 +246,8 @@ def verify_plans(plans: list[planner.Plan], cfg, chip: Chip, chips: int, hbm: fl
         memory = read_compiled(res.compiled, p.mesh).memory
         peak = memory["peak_bytes"]
         out.append(p.with_compiled(planner.Compiled(peak, peak is not None and peak <= hbm, memory["argument_bytes"],
-                                                    devices, ici_layout(mesh, chip) if chip.kind == "tpu" else None,
+                                                    devices,
+                                                    ici_layout(mesh, chip) if chip.kind == Platform.TPU else None,
                                                     res.compile_seconds)))
     return out
 
@@ -255,7 +258,7 @@ def traceable(w: Workload) -> tuple[Workload, str | None]:
     compiled ahead of time) ``w`` with flash attention and the line saying so. Flash keeps what cuDNN's kernel keeps
     (o and the logsumexp, FlashAttention-2's form: scaling.core.schedule.BLOCKWISE), so the peak's closed form is the
     same. Call it with jax's platform chosen (mesh.devices.use_cpu_platform_for)."""
-    if w.schedule.attention != "cudnn" or has_cudnn():
+    if w.schedule.attention != Attention.CUDNN or has_cudnn():
         return w, None
     return (w.replace(schedule=dataclasses.replace(w.schedule, attention="flash")),
             "note: attention flash, not cudnn: cuDNN's fused attention is traced only with a CUDA GPU present")

@@ -23,7 +23,8 @@ What is parsed (verified on jax 0.10.2 / libtpu 0.0.42.1, CPU and TPU v5p HLO):
   Group members are partition ids, numbered row-major over the user's mesh (jit's device
   assignment is ``mesh.devices.flat``), so ``numpy.unravel_index`` gives their mesh coordinates.
 
-This module imports numpy only; it never imports jax (``read_compiled`` only calls methods on the
+This module imports numpy and the kinds (scaling.core.kinds: COLLECTIVE_KINDS's values are
+collective kinds) only; it never imports jax (``read_compiled`` only calls methods on the
 compiled object it is given).
 """
 
@@ -34,6 +35,8 @@ import re
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from scaling.core.kinds import Collective as CollectiveKind
 
 COLLECTIVE_KINDS = {"all-gather": "all-gather", "reduce-scatter": "reduce-scatter", "all-reduce": "all-reduce",
                     "all-to-all": "all-to-all", "ragged-all-to-all": "all-to-all",
@@ -138,7 +141,7 @@ class Collective:
     @property
     def volume(self) -> float:
         """V: all-gather -> result bytes (the gathered array); every other kind -> operand bytes."""
-        return self.result_bytes if self.kind == "all-gather" else self.operand_bytes
+        return self.result_bytes if self.kind == CollectiveKind.ALL_GATHER else self.operand_bytes
 
 
 class HloProgram:
@@ -381,17 +384,17 @@ class HloProgram:
                     result = arrays(ins.shape)
                 operand_bytes = sum(shape_bytes(s) for s in operand_shapes)
                 result_bytes = sum(dtype_bytes(dt) * math.prod(d) for dt, d in result)
-                if kind == "collective-permute":
+                if kind == CollectiveKind.COLLECTIVE_PERMUTE:
                     groups = _source_target_pairs(ins.attrs)
                 else:
                     groups = replica_groups(ins.attrs, n_dev)
-                axes, group_size = _axes_of(groups, sizes, names, kind == "collective-permute")
-                if group_size == 1 and kind != "collective-permute":
+                axes, group_size = _axes_of(groups, sizes, names, kind == CollectiveKind.COLLECTIVE_PERMUTE)
+                if group_size == 1 and kind != CollectiveKind.COLLECTIVE_PERMUTE:
                     continue  # groups of one device: no data moves (XLA:CPU leaves such all-reduces in)
                 c = Collective(kind=kind, dtype=(result or arrays(ins.shape))[0][0], operand_bytes=operand_bytes,
                                result_bytes=result_bytes, group_size=group_size, axes=axes,
                                count=self.multiplier.get(comp.name, 0.0), name=ins.name, async_=is_async)
-                if kind == "all-reduce" and group_size > 1 and len(result) == 1:
+                if kind == CollectiveKind.ALL_REDUCE and group_size > 1 and len(result) == 1:
                     sliced = self._sliced_elements(ins.name, math.prod(result[0][1]) // group_size)
                     if sliced:
                         c.kind, c.result_bytes = "reduce-scatter", dtype_bytes(c.dtype) * sliced

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from scaling.step import pipeline
 from scaling.hardware.chips import get_chip
 from scaling.core.mesh_shape import MeshShape
+from scaling.core.policies import Attention, ContextStrategy, Pipeline
 from scaling.core.schedule import Schedule
 from scaling.core.table import PROSE, abbreviated, prose, table, time_text
 
@@ -276,9 +277,9 @@ def _schedule_text(cfg: CheckConfig) -> str:
     sch, S = Schedule(**cfg.schedule), cfg.mesh["stage"]
     seq = "; sequence parallel over tensor" if sch.sequence_parallel else ""
     if "heads" in cfg.model:  # a transformer
-        ring = cfg.mesh.get("context", 1) > 1 and sch.context == "ring"
+        ring = cfg.mesh.get("context", 1) > 1 and sch.context == ContextStrategy.RING
         form = "flash" if ring else sch.attention
-        seq += (f"; attention {form}" + (f" (key blocks of {sch.attention_block})" if form == "flash" else "")
+        seq += (f"; attention {form}" + (f" (key blocks of {sch.attention_block})" if form == Attention.FLASH else "")
                 + (f", context {sch.context}" + (" (flash per chunk)" if ring else "")
                    if cfg.mesh.get("context", 1) > 1 else ""))
     if S == 1:
@@ -286,11 +287,13 @@ def _schedule_text(cfg: CheckConfig) -> str:
     bub = pipeline.bubble(sch, S)
     return (f"; pipeline of {S} stages, {sch.microbatches} microbatches, "
             + ({"gpipe": "GPipe", "1f1b": "1F1B"}.get(sch.pipeline, f"circular with {sch.repeats} repeats")
-               if sch.pipeline != "1f1b" or sch.repeats == 1 else f"interleaved 1F1B with {sch.repeats} repeats")
+               if sch.pipeline != Pipeline.ONE_F_ONE_B or sch.repeats == 1
+               else f"interleaved 1F1B with {sch.repeats} repeats")
             + f", weights gathered once per {sch.fsdp_gather}; bubble {bub['overhead']:.3f} of the ideal step, "
             f"{bub['idle_share']:.3f} of this one (" + (("2(S-1)/M, 2(S-1)/(M+2(S-1))" if sch.repeats == 1 else
                                                        "(R*S+S-2)/(R*M), (R*S+S-2)/(R*(M+S)+S-2)")
-                                                      if sch.pipeline == "1f1b" else "(S-1)/(R*M), (S-1)/(R*M+S-1)")
+                                                      if sch.pipeline == Pipeline.ONE_F_ONE_B
+                                                      else "(S-1)/(R*M), (S-1)/(R*M+S-1)")
             + ")")
 
 
