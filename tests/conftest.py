@@ -13,9 +13,9 @@ from pathlib import Path
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # AOT compiles for TPU topologies load libtpu in this process and in notebook kernels it starts
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-# verify.check keeps its reports here for this session, one folder for all of pytest-xdist's workers (their run's
-# PYTEST_XDIST_TESTRUNUID), or the one the caller gives: make test-all gives one to its pass over the suite and to its
-# pass over the notebooks after it, which read the grids' reports instead of compiling them a second time
+# verify.check keeps its reports here (verify.cache) for this session, one folder for all of pytest-xdist's workers
+# (their run's PYTEST_XDIST_TESTRUNUID), or the one the caller gives: make test-all gives one to its pass over the suite
+# and to its pass over the notebooks after it, which read the grids' reports instead of compiling them a second time
 if "VERIFY_CHECK_CACHE" not in os.environ:
     run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
     folder = (os.path.join(tempfile.gettempdir(), f"verify-check-{run}") if run
