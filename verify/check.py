@@ -120,7 +120,7 @@ def compare(w: Workload, devices: str, chip: str | None = None, verbose: bool = 
     times = Times(math=t.math, comms=t.comms, step_sum=t.step["sum"], step_max=t.step["max"],
                   step_scheduled=t.step["scheduled"], exposed=t.exposed, copies=t.copies, bound=t.bound,
                   xla_optimal_seconds=got.cost.get("optimal_seconds"))
-    return CheckReport(config, flops, memory, collectives, overlap, times)
+    return CheckReport(config, flops, memory, collectives, overlap, times, got.kernels)
 
 
 def _program_facts(w: Workload, got, chip_: Chip, layout: dict, platform: str) -> tuple:

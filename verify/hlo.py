@@ -42,6 +42,14 @@ COLLECTIVE_KINDS = {"all-gather": "all-gather", "reduce-scatter": "reduce-scatte
                     "all-to-all": "all-to-all", "ragged-all-to-all": "all-to-all",
                     "collective-permute": "collective-permute"}
 _PASS_THROUGH = {"convert", "bitcast", "copy", "transpose", "reshape", "fusion"}
+# what a program launches, by kind (HloProgram.kernels); the opcodes that launch nothing of their own, and the call
+# sites whose computations run as kernels of their own (HloProgram.launching)
+KERNEL_KINDS = ("gemm", "attention", "fusion", "collective", "copy", "other")
+_NO_KERNEL = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "partition-id", "replica-id",
+              "after-all", "opt-barrier", "async-update", "add-dependency", "iota"}
+_CONTROL = {"while", "call", "conditional", "async-start", "call-start"}
+_GEMM_CALL = re.compile(r"gemm|matmul", re.I)  # cuBLAS and cuBLASLt custom-call targets
+_ATTENTION_CALL = re.compile(r"fmha|attention|flash|splash", re.I)  # cuDNN's fused attention, Pallas kernels
 _ARRAY = re.compile(r"\b([a-z][a-z0-9]*)\[([0-9,]*)\]")
 _NAME = re.compile(r"%([\w.\-]+)")
 
@@ -461,6 +469,75 @@ class HloProgram:
         at = sorted(self.position[i.name] for i in bracket if i.computation == comp.name)
         return any(self.runs_compute(i) for i in comp.instructions[at[0]:at[-1] + 1])
 
+    def launching(self, comp: str) -> bool:
+        """Whether ``comp``'s instructions run as kernels of their own: the entry, and computations called only as a
+        while's body or condition, a call's, a conditional's branches or an async-start's (not a fusion's body, nor
+        a reducer of reduce, all-reduce, scatter or sort: those run inside their caller's kernel)."""
+        if comp == self.entry:
+            return True
+        sites = self.callers.get(comp, [])
+        return bool(sites) and all(site.opcode in _CONTROL for site, _ in sites)
+
+    def _fused_opcodes(self, ins: Instruction) -> set[str]:
+        """The opcodes inside a fusion's computation (and the fusions it nests)."""
+        out: set[str] = set()
+        for _, callee in _callees(ins.attrs):
+            for sub in self.computations.get(callee, Computation(callee)).instructions:
+                out.add(sub.opcode)
+                if sub.opcode == "fusion":
+                    out |= self._fused_opcodes(sub)
+        return out
+
+    def kernel_kind(self, ins: Instruction) -> str | None:
+        """What ``ins`` launches (KERNEL_KINDS), or None where it launches nothing (parameters, tuples, bitcasts,
+        control flow, the done half of an asynchronous pair): a GEMM (a dot or convolution, a fusion around one, a
+        BLAS custom call), an attention kernel (cuDNN's fused attention, a Pallas kernel named flash or splash), a
+        collective (its start), a copy, another fusion (elementwise, reductions), or another op."""
+        op = ins.opcode
+        if op in _NO_KERNEL or op.endswith("-done") or op in _CONTROL:
+            return None
+        if op.endswith("-start"):
+            base = op[: -len("-start")]
+            return "collective" if base in COLLECTIVE_KINDS else "copy" if base == "copy" else "other"
+        if op in COLLECTIVE_KINDS:
+            return "collective"
+        if op in ("dot", "convolution"):
+            return "gemm"
+        if op == "copy":
+            return "copy"
+        if op == "custom-call":
+            target = (re.search(r'custom_call_target="([^"]*)"', ins.attrs) or [None, ""])[1]
+            if _GEMM_CALL.search(target):
+                return "gemm"
+            return "attention" if _ATTENTION_CALL.search(target) or _ATTENTION_CALL.search(ins.name) else "other"
+        if op == "fusion":
+            inner = self._fused_opcodes(ins)
+            if inner & {"dot", "convolution"}:
+                return "gemm"
+            if inner & COLLECTIVE_KINDS.keys():
+                return "collective"
+            return "fusion"
+        return "other"
+
+    def kernels(self) -> dict[str, dict[str, float]]:
+        """{kind: {"count", "bytes"}} of the kernels one program run launches per device (KERNEL_KINDS; kernel_kind
+        of each instruction of each launching computation, times the computation's runs): bytes are each kernel's
+        operands and result as their shapes say (what it reads and writes, were nothing cached)."""
+        out = {k: {"count": 0.0, "bytes": 0.0} for k in KERNEL_KINDS}
+        for name, comp in self.computations.items():
+            runs = self.multiplier.get(name, 0.0)
+            if not runs or not self.launching(name):
+                continue
+            for ins in comp.instructions:
+                kind = self.kernel_kind(ins)
+                if kind is None:
+                    continue
+                moved = shape_bytes(ins.shape) + sum(shape_bytes(self.operand_shape(ins, k))
+                                                     for k in range(len(ins.operands)))
+                out[kind]["count"] += runs
+                out[kind]["bytes"] += runs * moved
+        return out
+
     def loop_copies(self) -> float:
         """Bytes written per run by ``copy`` instructions in while-loop bodies that copy an all-gather's result,
         times their trips: the copies a rotated loop makes of the gathered weights it carries into the next trip
@@ -786,6 +863,7 @@ class CompiledProgram:
     collective_bytes  {"total", "by_axis", "by_kind"}: V x count summed (collective_bytes)
     overlap           {"overlapped", "exposed"}: the same bytes per axis split by the schedule (overlap_bytes)
     loop_copy_bytes   bytes the loops' copy instructions write (HloProgram.loop_copies)
+    kernels           {kind: {"count", "bytes"}} of the kernels one run launches (HloProgram.kernels)
     windowed_rs_loops while loops XLA made for a windowed-einsum reduce-scatter
     memory            memory_analysis(): argument_bytes, output_bytes, alias_bytes, temp_bytes,
                       generated_code_bytes, peak_bytes (peak_memory_in_bytes where > 0, TPU; else None:
@@ -802,6 +880,7 @@ class CompiledProgram:
     cost: dict
     overlap: dict = field(default_factory=dict)
     loop_copy_bytes: float = 0.0
+    kernels: dict = field(default_factory=dict)
 
     @property
     def async_count(self) -> int:
@@ -829,7 +908,7 @@ def read_compiled(compiled, mesh_axes: dict[str, int]) -> CompiledProgram:
     return CompiledProgram(dot_flops=prog.dot_flops(), collectives=cols, collective_bytes=collective_bytes(cols),
                            windowed_rs_loops=prog.windowed_einsum_loops("rs"), memory=memory,
                            cost={k: float(v) for k, v in (cost or {}).items()}, overlap=overlap_bytes(cols),
-                           loop_copy_bytes=prog.loop_copies())
+                           loop_copy_bytes=prog.loop_copies(), kernels=prog.kernels())
 
 
 _REFUSAL = re.compile(r"RESOURCE_EXHAUSTED.*required for HLO temporaries \(([\d.]+)G\)")

@@ -191,21 +191,23 @@ class CheckReport:
     collectives: Collectives
     overlap: Overlap
     times: Times
+    kernels: dict = dataclasses.field(default_factory=dict)  # the compiled program's, by kind (HloProgram.kernels)
 
     def to_json(self) -> dict:
-        """{"config", "flops", "memory", "collectives", "overlap", "times"}: each row {closed_form, compiled,
-        ratio, note}; check --json prints it."""
+        """{"config", "flops", "memory", "collectives", "overlap", "times", "kernels"}: each row {closed_form,
+        compiled, ratio, note}, kernels {kind: {count, bytes}}; check --json prints it."""
         return {"config": self.config.to_json(),
                 "flops": {k: getattr(self.flops, k).to_json() for k in _names(Flops)},
                 "memory": {k: getattr(self.memory, k).to_json() for k in _names(Memory)},
                 "collectives": self.collectives.to_json(), "overlap": self.overlap.to_json(),
-                "times": dataclasses.asdict(self.times)}
+                "times": dataclasses.asdict(self.times), "kernels": self.kernels}
 
     @classmethod
     def from_json(cls, d: dict) -> CheckReport:
         """The report to_json wrote."""
         return cls(CheckConfig(**d["config"]), Flops(**_rows_of(d["flops"])), Memory(**_rows_of(d["memory"])),
-                   Collectives.from_json(d["collectives"]), Overlap.from_json(d["overlap"]), Times(**d["times"]))
+                   Collectives.from_json(d["collectives"]), Overlap.from_json(d["overlap"]), Times(**d["times"]),
+                   d.get("kernels", {}))
 
     def render(self) -> str:
         """The side-by-side table (quantity, closed form, compiled, ratio, note: a long note's first words and a
@@ -233,6 +235,10 @@ class CheckReport:
         c = self.collectives
         lines.append(prose(f"collectives: {c.count} in the program, {c.asynchronous} asynchronous (start/done); by "
                            "kind: " + ", ".join(f"{k} {v:.4g}" for k, v in c.by_kind.items())))
+        if self.kernels:
+            lines.append(prose("kernels a run launches per device (compiled, by kind: count, bytes read and written): "
+                               + ", ".join(f"{k} {v['count']:,.0f} ({v['bytes'] / 1e9:.4g} GB)"
+                                           for k, v in self.kernels.items() if v["count"])))
         share = self.overlap.overlapped_share
         lines.append(prose("overlapped by the schedule (compiled): " + (
             ", ".join(f"{a} {100 * v:.1f}% of its bytes" for a, v in share.items()) or "nothing")
