@@ -353,13 +353,14 @@ def test_report_json_round_trip():
 
     rep = check(grid_workload(get_preset("tiny"), "data=2,fsdp=2,tensor=2", 1024, "none", "forward"), "cpu:8")
     j = rep.to_json()
-    assert list(j) == ["config", "flops", "memory", "collectives", "overlap", "times"]
+    assert list(j) == ["config", "flops", "memory", "collectives", "overlap", "times", "kernels"]
     assert j["memory"]["peak"] == {"closed_form": rep.memory.peak.closed_form, "compiled": rep.memory.peak.compiled,
                                    "ratio": None, "note": rep.memory.peak.note}
     assert j["collectives"]["async"] == rep.collectives.asynchronous and "note" in j["overlap"]
     back = CheckReport.from_json(json.loads(json.dumps(j)))
-    assert (back.flops, back.memory, back.collectives, back.overlap, back.times) == (
-        rep.flops, rep.memory, rep.collectives, rep.overlap, rep.times)
+    assert (back.flops, back.memory, back.collectives, back.overlap, back.times, back.kernels) == (
+        rep.flops, rep.memory, rep.collectives, rep.overlap, rep.times, rep.kernels)
+    assert rep.kernels["gemm"]["count"] > 0  # the forward step's matmuls, as the compiled program launches them
     assert isinstance(back.collectives.by_axis["fsdp"], Row)
     assert json.dumps(back.to_json()) == json.dumps(j)
     assert back.render() == rep.render()
