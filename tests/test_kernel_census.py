@@ -93,5 +93,11 @@ def test_fusion_and_reducer_bodies_are_not_kernels_of_their_own():
 @pytest.mark.parametrize("target, kind", [("__cublas$lt$matmul", "gemm"), ("__cudnn$fmhaScaleBiasSoftmax", "attention"),
                                           ("tpu_custom_call", "other")])
 def test_custom_calls_by_target(target, kind):
-    text = HLO.replace('"__cudnn$fmhaSoftmax"', f'"{target}"')
-    assert parse_hlo(text).kernels()[kind]["count"] >= 1
+    """The entry's attention call given another target moves its one kernel from attention to the target's kind
+    (the made-up program's counts above: gemm 6, attention 1, other 6)."""
+    base = {k: v["count"] for k, v in parse_hlo(HLO).kernels().items()}
+    got = {k: v["count"] for k, v in parse_hlo(HLO.replace('"__cudnn$fmhaSoftmax"', f'"{target}"')).kernels().items()}
+    want = dict(base)
+    want["attention"] -= 1
+    want[kind] += 1
+    assert got == want and base["attention"] == 1

@@ -453,12 +453,6 @@ def overlapped_volumes(w: Workload, vols: dict | None = None) -> dict:
     return {}
 
 
-def loop_copy_bytes(w: Workload) -> float:
-    """The loop state's copies per step: gradient accumulation's copies of the zero-initialized gradient stacks
-    (accumulation_copy_bytes; scaling.step.program.loop_copy_bytes)."""
-    return accumulation_copy_bytes(w)
-
-
 def accumulation_copy_bytes(w: Workload) -> float:
     """Gradient accumulation's copies of the zero-initialized FP32 gradient stacks per step (scaling.families.ffn's
     accumulation_copy_bytes says why: XLA's CSE merges the stacks of one shape into one zero buffer and copies it
@@ -472,6 +466,11 @@ def accumulation_copy_bytes(w: Workload) -> float:
     attention = 3 * N * H * D if K == N else N * H * D + K * H * D
     per = w.precision.grad * cfg.blocks * ((m - 1) * F * D + attention) / (mesh["fsdp"] * mesh["tensor"])
     return ffn.accumulation_copies(w, per)
+
+
+# the loop state's copies per step (the forms' name: scaling.core.family.FORMS, scaling.step.program.loop_copy_bytes):
+# gradient accumulation's copies of the zero-initialized gradient stacks
+loop_copy_bytes = accumulation_copy_bytes
 
 
 def layer_weight_bytes(cfg: TransformerConfig, mesh: Mapping, precision: Precision = DEFAULT_PRECISION) -> float:
@@ -1229,11 +1228,13 @@ def step_kernels(w: Workload) -> list[Kernel]:
     if logits is not None:
         ks.append(logits)
     if train:
-        dead = first_layer_dx_dead(w)  # layer 0's input gradient, one call a microbatch, where XLA drops it
+        # layer 0's input gradient, one call of each a microbatch, where XLA drops it (first_layer_dx_dead): the q, k,
+        # v one, and a parallel block's fused MLP-input one (m - 1 matrices)
+        dead = first_layer_dx_dead(w)
+        dead_calls = {"qkv.dx": 1, "mlp_in.dx": (m - 1) * (cfg.block == Block.PARALLEL)}
         for k in forward + ([logits] if logits is not None else []):
-            ks += [dataclasses.replace(b, calls=b.calls - dead * M * (1 if k.name == "qkv" else m - 1))
-                   if b.name in ("qkv.dx", "mlp_in.dx" if cfg.block == Block.PARALLEL else "qkv.dx") else b
-                   for b in transposed(k)]
+            ks += [dataclasses.replace(b, calls=b.calls - dead * M * dead_calls[b.name]) if dead_calls.get(b.name)
+                   else b for b in transposed(k)]
         r = recomputed(cfg, remat, schedule, mesh)
         if np.ndim(remat):  # the planner's cells, each its own policy: every matmul some policy recomputes, with its
             # calls in the cells whose policy does (each cell's kernels those of its policy, in the same order)
