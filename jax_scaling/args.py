@@ -275,11 +275,16 @@ class RuntimeAction(argparse.Action):
 def chip_attention(args) -> str | None:
     """A transformer's --attention for predict and plan: given, itself; left out or auto, the kernel the chip's
     production code runs (scaling.core.schedule.attention_for of --chip's or --slice's kind: splash on a TPU, cudnn on a
-    GPU; predict's header and plan's options name it); None for a model without attention."""
+    GPU; predict's header and plan's options name it), and under a PyTorch runtime (--runtime megatron or deepspeed)
+    the materialized one its code runs (baddbmm, the fused scale-mask-softmax, bmm: scaling.step.launches); None for
+    a model without attention."""
     if not runs_attention(model_config(args)):
         return getattr(args, "attention", None)
     if getattr(args, "attention", None) not in (None, Attention.AUTO):
         return args.attention
+    from scaling.step.runtimes import RUNTIMES
+    if getattr(args, "grad_accumulation", None) in RUNTIMES:
+        return Attention.MATERIALIZED.value
     from scaling.core.schedule import attention_for
     return attention_for(chip_of(args).kind, getattr(model_config(args), "seq_len", None))
 

@@ -78,6 +78,7 @@ from scaling.families import ffn
 from scaling.step import flops
 from scaling.step import memory
 from scaling.step import pipeline
+from scaling.step import launches
 from scaling.step import runtimes
 from scaling.core.family import FamilyDefaults, PlanPolicy
 from scaling.core.inputs import positive_int
@@ -591,6 +592,19 @@ def _recomputed(block: str, remat: str, flash) -> tuple:
 _recomputed_once = functools.lru_cache(maxsize=256)(_recomputed)
 
 
+def runtime_recomputed(w: Workload) -> dict:
+    """recomputed() of the workload, as its runtime recomputes: under a PyTorch runtime (runtimes.RUNTIMES) selective
+    recomputation reruns the whole core attention, q·kᵀ, the softmax, its dropout and p·v (Megatron-LM's
+    checkpointed CoreAttention, Korthikanti et al. 2022 §5): 4 attention units where XLA's program recomputes the 2
+    of q·kᵀ."""
+    r = recomputed(w.model, w.remat, w.schedule, w.mesh)
+    if w.precision.accumulation not in runtimes.RUNTIMES or not np.any(np.asarray(w.remat) == Remat.SELECTIVE):
+        return r
+    core = np.where(np.asarray(w.remat) == Remat.SELECTIVE, np.where(r["attention_units"] > 0, 4, 0),
+                    r["attention_units"])
+    return {**r, "attention_units": core if np.ndim(core) else int(core)}
+
+
 def whole_layer_again(remat: str, precision: Precision) -> int:
     """1 where the backward reruns the whole layer's forward, W_out's matmul too: remat full under a PyTorch runtime
     (runtimes.RUNTIMES), whose torch.utils.checkpoint calls the layer's forward function again and keeps what it
@@ -689,7 +703,7 @@ def step_flops(w: Workload) -> dict:
         dx0 = first_layer_dx_dead(w) * (qkv + (mlp * (m - 1) / m if cfg.block == Block.PARALLEL else 0.0))
         terms["backward"] = (L * (2 * (qkv + out + mlp) + attention_units(schedule, "backward", mesh) * unit)
                              + 2 * p["head"] * logits - dx0)
-        r = recomputed(cfg, remat, schedule, mesh)
+        r = runtime_recomputed(w)
         terms["recompute"] = L * (r["qkv"] * qkv + r["out"] * out + r["mlp_in"] * mlp * (m - 1) / m
                                   + whole_layer_again(remat, w.precision) * mlp / m
                                   + (r["attention_units"] - r["shared_scores"]) * unit)
@@ -743,7 +757,8 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
         act = c * t * D
         serial = cfg.block == Block.SERIAL
         r = 2 if serial else 1  # reductions over tensor per layer and pass
-        redo = rc["out"] if train else 0  # mid = x + o·W_o again: reduced again
+        # mid = x + o·W_o again: reduced again; a PyTorch runtime's full recompute reruns the MLP's too
+        redo = np.maximum(rc["out"], r * whole_layer_again(remat, precision)) if train else 0
         vocab = 0 if cfg.vocab is None else 1  # the lookup, and the output layer's input (and its gradient)
         ends = vocab * act * (p["lookup"] + (p["head"] if train else 0))
         dx0 = first_layer_dx_dead(w) * act  # layer 0's dead input gradient's reduction
@@ -1235,7 +1250,7 @@ def step_kernels(w: Workload) -> list[Kernel]:
         for k in forward + ([logits] if logits is not None else []):
             ks += [dataclasses.replace(b, calls=b.calls - dead * M * dead_calls[b.name]) if dead_calls.get(b.name)
                    else b for b in transposed(k)]
-        r = recomputed(cfg, remat, schedule, mesh)
+        r = runtime_recomputed(w)
         if np.ndim(remat):  # the planner's cells, each its own policy: every matmul some policy recomputes, with its
             # calls in the cells whose policy does (each cell's kernels those of its policy, in the same order)
             again = {"mlp_out": whole_layer_again(remat, precision)}
@@ -1256,6 +1271,17 @@ def step_kernels(w: Workload) -> list[Kernel]:
     scores = 0 if flash else 2 * c * unit / H  # the softmax reads and writes the s·N·T²/(Y·C) scores
     fwd_bytes = p["layers"] * (per_token * t + scores)
     head_bytes = 2 * c * th * V / Y
+    if launches.runs_launches(w):  # a PyTorch runtime's kernels one by one (scaling.step.launches)
+        r = runtime_recomputed(w) if train else None
+        redo = {"scores": r["attention_units"] / 4, "rest": np.maximum(
+            whole_layer_again(remat, precision), (r["qkv"] + r["out"] + r["mlp_in"]) / 3)} if train else None
+        arrays = {"A": c * tm * D / sp, "P": c * tm * D / Y, "F": c * tm * ff, "S": c * seqs * heads * bs * Tq * Tq}
+        ks += launches.layer_kernels(w, calls, redo, arrays, flash, th * V / Y if V else None, head_calls)
+        if train:
+            shards = memory.weight_shards(mesh) * w.zero1_shards / mesh.get("stage", 1)
+            ks += [adamw_kernel(w, cfg.params), accumulate_kernel(w, cfg.params),
+                   launches.optimizer_kernel(w, cfg.params, shards)]
+        return ks
     ks.append(Kernel("pointwise", "forward", "pointwise", None, calls, 0.0, fwd_bytes + head_bytes))
     if train:
         ks.append(Kernel("pointwise", "backward", "pointwise", None, calls, 0.0, 2 * (fwd_bytes + head_bytes)))

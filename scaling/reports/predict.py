@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from scaling.step import kernels
+from scaling.step import launches
 from scaling.step import pipeline
 from scaling.planner import plan as planner
 from scaling.core.inputs import positive_float, positive_int
@@ -282,7 +283,8 @@ class PredictReport:
         p, chip, step = self.prediction, self.chip, self.step_seconds
         terms = {"compute": float(t.compute), "math": float(t.math), "hbm": float(t.hbm),
                  **{f"comms.{a}": float(v) for a, v in t.comms.items()},
-                 **{f"exposed.{a}": float(v) for a, v in t.exposed.items()}, "loop_copies": float(t.copies)}
+                 **{f"exposed.{a}": float(v) for a, v in t.exposed.items()}, "loop_copies": float(t.copies),
+                 "host_idle": float(t.host_idle)}
         out = {"step_seconds": step, "form": form, "mfu": self.mfu, "hfu": float(t.hfu[form]),
                "tokens_per_second_per_device": w.batch_tokens / step / self.devices,
                "memory_per_device_bytes": self.memory_per_device, "hbm_budget_bytes": chip.hbm_budget,
@@ -337,6 +339,9 @@ class PredictReport:
         rows += [(f"{a}", f"collectives over {a} (all)", v) for a, v in t.comms.items()]
         rows += [(f"{a} exposed", "what the schedule leaves exposed", v) for a, v in t.exposed.items()]
         rows += [("loop copies", "2 x loop-state copy bytes / HBM bandwidth", t.copies)]
+        if launches.runs_launches(w) and chip.kind == Platform.GPU:
+            each = f"{launches.HOST_SECONDS * 1e6:.0f} us each"
+            rows += [("host idle", f"the GPU waiting for the host's launches ({each})", t.host_idle)]
         lines += table(["term", "what", "time"], [(n, w_, time_text(float(v))) for n, w_, v in rows], right=(2,))
         unit = time_unit(step)  # the step's forms in one unit
         lines.append(prose(f"step: {in_unit(step, unit)} {unit[0]} ({form}; "
@@ -388,7 +393,30 @@ class PredictReport:
         unit = time_unit(sum(by.values()))  # one unit: the passes add up to the compute term
         lines.append(prose("per pass: " + ", ".join(f"{k} {in_unit(v, unit)} {unit[0]}" for k, v in by.items())
                            + f"; compute term {in_unit(sum(by.values()), unit)} {unit[0]}"))
+        passes = self.prediction.times.passes
+        if passes:
+            lines += self.render_passes(passes)
         return "\n".join(lines)
+
+    def render_passes(self, passes: dict) -> list[str]:
+        """A GPU step's passes (scaling.step.program.StepModel.passes): per pass the seconds of its kernels by kind,
+        its exposed tensor collectives, the launches the host issues and its time, and which of the two bounds it."""
+        kinds = sorted({k for r in passes.values() for k in r["kinds"]})
+        runtime = launches.runs_launches(self.workload)
+        rows = []
+        for name, r in passes.items():
+            if not float(r["launches"]) > 0:  # a pass the step does not run (no recompute)
+                continue
+            host, device = float(r["host"]), float(r["device"])
+            rows.append((name, *(time_text(float(r["kinds"].get(k, 0.0))) for k in kinds),
+                         time_text(float(r["collectives"])), f"{float(r['launches']):,.0f}", time_text(device),
+                         time_text(host) if runtime else "-", "host" if runtime and host > device else "device"))
+        head = prose("the passes (the kernels above by kind, the tensor all-reduces they leave exposed, the launches: "
+                     + (f"a PyTorch runtime issues each from the host, {launches.HOST_SECONDS * 1e6:.0f} us each "
+                        f"({launches.HOST_SOURCE}); where the host takes longer the GPU waits"
+                        if runtime else "XLA's program launches them from its executable, no host time") + ")")
+        return [head, *table(["pass", *kinds, "tensor", "launches", "device", "host", "bound"], rows,
+                             right=range(1, len(kinds) + 6))]
 
     def kernel_report(self) -> str:
         """The kernels command's report of a model in seed 002's order: per kernel its FLOPs, HBM bytes, intensity

@@ -60,11 +60,13 @@ import numpy as np
 
 from scaling.hardware import collectives
 from scaling.step import kernels
+from scaling.step import launches
 from scaling.step import memory
 from scaling.hardware import roofline
 from scaling.core.kinds import Collective, Form, Platform
 from scaling.core.mesh_shape import spans
 from scaling.core.policies import Step
+from scaling.core.schedule import runs_flash
 from scaling.hardware.chips import Chip
 from scaling.core.workload import Workload
 
@@ -314,7 +316,8 @@ class StepTimes:
     ``step``, ``mfu`` and ``hfu`` are keyed by form: "sum", "max" (roofline.FORMS) and "scheduled";
     ``critical_batch`` by "sum" and "max". ``exposed``: seconds per axis of the exposed collectives; ``copies``:
     seconds of the loop-state copies (both under the workload's flags); ``compute``: the kernels' seconds
-    (scaling.step.kernels.compute_seconds), the scheduled form's compute term."""
+    (scaling.step.kernels.compute_seconds), the scheduled form's compute term; ``host_idle``: the seconds the GPU
+    waits for a PyTorch runtime's host to issue its launches (StepModel.t_idle)."""
 
     math: object
     comms: dict
@@ -327,6 +330,8 @@ class StepTimes:
     exposed: dict = dataclasses.field(default_factory=dict)
     copies: object = 0.0
     compute: object = 0.0
+    host_idle: object = 0.0  # seconds the GPU waits for a PyTorch runtime's host (scaling.step.launches)
+    passes: dict = dataclasses.field(default_factory=dict)  # a GPU's layer passes (StepModel.passes)
 
 
 @dataclass(frozen=True)
@@ -435,7 +440,7 @@ class StepModel:
             return np.maximum(self.t_math, self.t_hbm) + sum(self.t_axes.values())
         if form == Form.MAX:
             return self.stacked.max(axis=0)
-        return np.maximum(self.t_compute, self.t_hidden) + sum(self.t_exposed.values()) + self.t_copies
+        return np.maximum(self.t_compute, self.t_hidden) + sum(self.t_exposed.values()) + self.t_copies + self.t_idle
 
     @functools.cached_property
     def flops(self) -> dict:
@@ -512,6 +517,27 @@ class StepModel:
         return 2 * loop_copy_bytes(self.w) / self.chip.device_hbm_bw  # each copy reads and writes its bytes
 
     @functools.cached_property
+    def passes(self) -> dict:
+        """A GPU step's layer passes, what each launches and how long its device and host take
+        (launches.pass_table: the tensor axis's exposed collectives split over the passes; the host's time only under
+        a PyTorch runtime, XLA's program launching from a compiled executable); {} on a TPU."""
+        w, chip = self.w, self.chip
+        if chip.kind != Platform.GPU:
+            return {}
+        ks = kernels.step_kernels(w, chip, w.precision.dtype, self.kernel_model)
+        calls = axis_bytes(self.wire).get("tensor", 0.0) / np.maximum(self.messages.get("tensor", 1.0), 1e-300)
+        host = launches.HOST_SECONDS if launches.runs_launches(w) else 0.0
+        return launches.pass_table(ks, runs_flash(w.schedule, w.mesh), calls, self.t_exposed.get("tensor", 0.0), host)
+
+    @functools.cached_property
+    def t_idle(self):
+        """Seconds the GPU waits for a PyTorch runtime's host to issue the step's launches: Σ over the passes of
+        max(0, host − device) (launches.pass_table); 0 for XLA's programs and on a TPU."""
+        if self.chip.kind != Platform.GPU or not launches.runs_launches(self.w):
+            return 0.0
+        return sum((np.maximum(0.0, r["host"] - r["device"]) for r in self.passes.values()), 0.0)
+
+    @functools.cached_property
     def t_compute(self):
         return kernels.compute_term(self.w, self.chip, self.w.precision.dtype, self.kernel_model)
 
@@ -571,5 +597,5 @@ class StepModel:
         times = StepTimes(self.t_math, t_axes, self.t_hbm, steps, bound.item() if bound.ndim == 0 else bound,
                           {k: f["model"] / (peak * t) for k, t in steps.items()},
                           {k: f["total"] / (peak * t) for k, t in steps.items()}, crits, self.t_exposed,
-                          self.t_copies, self.t_compute)
+                          self.t_copies, self.t_compute, self.t_idle, self.passes)
         return dataclasses.replace(res, times=times)
