@@ -519,10 +519,68 @@ class HloProgram:
             return "fusion"
         return "other"
 
+    def moved_bytes(self, ins: Instruction) -> float:
+        """Bytes a kernel reads and writes: its operands and result as their shapes say, except where a fusion only
+        slices an operand (every use of the parameter inside the fusion a dynamic-slice or slice of it: the slices'
+        bytes are read) and where it updates a buffer in place (a dynamic-update-slice at the fusion's root, or an
+        element of a root tuple, or the instruction itself, of a parameter seen through bitcasts: XLA aliases the
+        buffer operand with the result, so the update's bytes are written and the buffer is neither read nor
+        rewritten)."""
+        if ins.opcode == "dynamic-update-slice":
+            return 2.0 * shape_bytes(self.operand_shape(ins, 1)) + sum(
+                shape_bytes(self.operand_shape(ins, k)) for k in range(2, len(ins.operands)))
+        comp = next((self.computations.get(c) for k, c in _callees(ins.attrs) if k == "calls"), None) \
+            if ins.opcode == "fusion" else None
+        if comp is None:
+            return shape_bytes(ins.shape) + sum(shape_bytes(self.operand_shape(ins, k))
+                                                for k in range(len(ins.operands)))
+        local = {i.name: i for i in comp.instructions}
+        root = comp.root
+        outs = [local[o] for o in root.operands if o in local] if root.opcode == "tuple" else [root]
+        in_place = set()
+        for o in outs:
+            if o.opcode == "dynamic-update-slice":  # the buffer: a parameter, seen through bitcasts
+                buf = local.get(o.operands[0])
+                while buf is not None and buf.opcode == "bitcast":
+                    buf = local.get(buf.operands[0])
+                in_place.add(buf.name if buf is not None else o.operands[0])
+        written = sum(shape_bytes(o.shape) if o.opcode != "dynamic-update-slice" else
+                      shape_bytes(local[o.operands[1]].shape if o.operands[1] in local else o.shape) for o in outs)
+        params = {int(m.group(1)): i for i in comp.instructions if i.opcode == "parameter"
+                  for m in [re.match(r"\s*(\d+)", i.args)] if m}
+        read = 0.0
+        for k in range(len(ins.operands)):
+            p = params.get(k)
+            if p is not None and p.name in in_place:
+                continue
+            sliced = self._slices_of(p.name, comp.name) if p is not None else None
+            read += sum(shape_bytes(u.shape) for u in sliced) if sliced else shape_bytes(self.operand_shape(ins, k))
+        return read + written
+
+    def _slices_of(self, name: str, comp: str, depth: int = 0) -> list[Instruction] | None:
+        """The dynamic-slices and slices that are every use of ``name`` inside computation ``comp`` (seen through
+        bitcasts), or None where some use reads it otherwise."""
+        users = [u for u in self.users.get(name, []) if u.computation == comp]
+        if not users or depth > 8:
+            return None
+        out = []
+        for u in users:
+            if u.opcode in ("dynamic-slice", "slice") and u.operands[0] == name:
+                out.append(u)
+            elif u.opcode == "bitcast":
+                sub = self._slices_of(u.name, comp, depth + 1)
+                if sub is None:
+                    return None
+                out += sub
+            else:
+                return None
+        return out
+
     def kernels(self) -> dict[str, dict[str, float]]:
         """{kind: {"count", "bytes"}} of the kernels one program run launches per device (KERNEL_KINDS; kernel_kind
-        of each instruction of each launching computation, times the computation's runs): bytes are each kernel's
-        operands and result as their shapes say (what it reads and writes, were nothing cached)."""
+        of each instruction of each launching computation, times the computation's runs): bytes are what each
+        kernel reads and writes (moved_bytes: its operands and result as their shapes say, a slice's bytes where it
+        only slices an operand, an in-place update's where it updates a buffer)."""
         out = {k: {"count": 0.0, "bytes": 0.0} for k in KERNEL_KINDS}
         for name, comp in self.computations.items():
             runs = self.multiplier.get(name, 0.0)
@@ -532,8 +590,7 @@ class HloProgram:
                 kind = self.kernel_kind(ins)
                 if kind is None:
                     continue
-                moved = shape_bytes(ins.shape) + sum(shape_bytes(self.operand_shape(ins, k))
-                                                     for k in range(len(ins.operands)))
+                moved = self.moved_bytes(ins)
                 out[kind]["count"] += runs
                 out[kind]["bytes"] += runs * moved
         return out

@@ -41,6 +41,13 @@ def attention_for(platform: str, seq_len: int | None = None) -> str:
     return kernel
 
 
+def key_block(schedule: "Schedule", keys) -> float:
+    """The key block b of a blockwise kernel over ``keys`` keys: splash's SPLASH_BLOCK and cuDNN's (128, its
+    FlashAttention-2 tile) capped at the keys, flash's attention_block; the keys (one block) otherwise."""
+    block = {"splash": SPLASH_BLOCK, "cudnn": 128}.get(schedule.attention, schedule.attention_block)
+    return np.minimum(block, keys)
+
+
 def runs_flash(schedule: "Schedule", mesh: Mapping):
     """Whether the program's attention is flash-like (ffn_model.transformer.attention): --attention flash, splash or
     cudnn (BLOCKWISE), or ring over a context axis (flash per chunk); without a context axis the strategy is unused.

@@ -84,11 +84,11 @@ from scaling.core.family import FamilyDefaults, PlanPolicy
 from scaling.core.inputs import positive_int
 from scaling.step.kernels import Kernel, accumulate_kernel, adamw_kernel, matmul_kernel, shape_costs
 from scaling.core.mesh_shape import MESH_AXES, spans
-from scaling.core.kinds import Block, Family, KernelKind, KernelPass, Mlp
+from scaling.core.kinds import Block, Family, KernelKind, KernelPass, Mlp, Platform
 from scaling.core.policies import (DEFAULT_PRECISION, REMAT_POLICIES, TRANSFORMER_ONLY_REMAT, Attention,
                                    ContextStrategy, FsdpGather, OptimizerSharding, Pipeline, Precision, Remat,
                                    Step)
-from scaling.core.schedule import SPLASH_BLOCK, Schedule, runs_flash
+from scaling.core.schedule import SPLASH_BLOCK, Schedule, key_block, runs_flash
 from scaling.core.sharding import shards
 from scaling.core.workload import Workload
 
@@ -515,13 +515,6 @@ def group_held_grads(cfg: TransformerConfig, mesh: Mapping, precision: Precision
         return 0.0
     g = windows.index(None) + 1  # the first global layer closes the first group
     return (g - 1) * precision.grad * cfg.params_per_block / (mesh.get("fsdp", 1) * mesh.get("tensor", 1))
-
-
-def key_block(schedule: Schedule, keys) -> float:
-    """The key block b of a blockwise kernel over ``keys`` keys: splash's SPLASH_BLOCK and cuDNN's (128, its
-    FlashAttention-2 tile) capped at the keys, flash's attention_block; the keys (one block) otherwise."""
-    block = {"splash": SPLASH_BLOCK, "cudnn": 128}.get(schedule.attention, schedule.attention_block)
-    return np.minimum(block, keys)
 
 
 def skips_causal(schedule: Schedule, mesh: Mapping) -> bool:
@@ -1174,6 +1167,32 @@ def hbm_traffic_bytes(w: Workload) -> float:
 
 
 # one list, kernel by kernel in the step's order (compute_term sums them in it)
+def xla_gpu_layer_copies(w: Workload, calls, tm, p: dict, train: bool) -> list[Kernel]:
+    """The copies XLA:GPU makes around each layer of the package's scanned program, each a pointwise kernel of its own
+    (Kernel.only "gpu": XLA:TPU fuses them into the matmuls and writes), per layer-pass of a microbatch (tm tokens a
+    device; read from the compiled programs, gpu:H100, jax 0.10.2: docs/findings.md, "What XLA:GPU runs around the
+    package's layers"):
+      residuals  the forward writes each residual it keeps for the backward (saved_per_layer) into the scan's stacks:
+                 read, written (2 × the saved bytes)
+      layouts    q, k, v and the attention's output transposed to and from the attention's [b, heads, T, H] layout,
+                 c·t·H·(2N + 2K)/Y, and the fused MLP input's output [t, (m − 1)·F/Y] to its matrices', c·t·F·(m−1)/Y,
+                 each read and written, forward and backward."""
+    cfg, mesh, c = w.model, w.mesh, w.precision.compute
+    Y = mesh.get("tensor", 1)
+    M = w.schedule.microbatches
+    saved = sum(saved_per_layer(cfg, mesh, w.batch_tokens / M, w.remat, w.schedule, w.precision).values())
+    layouts = 2 * c * tm * (cfg.head_dim * (2 * cfg.heads + 2 * cfg.kv_heads) + cfg.d_ff * (cfg.mlp_matrices - 1)) / Y
+    n = calls
+    out = [Kernel("residual_saves", KernelPass.FORWARD, KernelKind.POINTWISE, None, n, 0.0, 2 * n * saved,
+                  only=Platform.GPU),
+           Kernel("layouts", KernelPass.FORWARD, KernelKind.POINTWISE, None, 2 * n, 0.0, n * layouts,
+                  only=Platform.GPU)]
+    if train:
+        out.append(Kernel("layouts", KernelPass.BACKWARD, KernelKind.POINTWISE, None, 2 * n, 0.0, n * layouts,
+                          only=Platform.GPU))
+    return out
+
+
 def step_kernels(w: Workload) -> list[Kernel]:
     """The transformer's kernels (module docstring), from the closed forms' counts (passes,
     recomputed, attention_units)."""
@@ -1271,6 +1290,8 @@ def step_kernels(w: Workload) -> list[Kernel]:
     scores = 0 if flash else 2 * c * unit / H  # the softmax reads and writes the s·N·T²/(Y·C) scores
     fwd_bytes = p["layers"] * (per_token * t + scores)
     head_bytes = 2 * c * th * V / Y
+    if not launches.runs_launches(w):  # XLA:GPU's copies around the layer (kernels only it runs as their own)
+        ks += xla_gpu_layer_copies(w, calls, tm, p, train)
     if launches.runs_launches(w):  # a PyTorch runtime's kernels one by one (scaling.step.launches)
         r = runtime_recomputed(w) if train else None
         redo = {"scores": r["attention_units"] / 4, "rest": np.maximum(

@@ -66,13 +66,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from scaling.hardware import chips as hardware
+from scaling.step import launches
 from scaling.step import memory
 from scaling.step import pipeline
 from scaling.hardware.chips import Chip
 from scaling.core.kinds import Block, Dtype, KernelKind, KernelModel, KernelPass, Platform
 from scaling.core.mesh_shape import spans
 from scaling.core.policies import Attention
-from scaling.core.schedule import runs_flash
+from scaling.core.schedule import key_block, runs_flash
 from scaling.core.workload import Workload
 
 DTYPES = ("bf16", "fp32", "tf32", "int8", "fp8")  # the matmul input types the hardware table gives peaks for
@@ -99,6 +100,7 @@ class Kernel:
     math_seconds: object = 0.0
     memory_seconds: object = 0.0
     fixed_seconds: object = 0.0  # a GPU matmul's t_fixed times its calls (gemm_coefficients)
+    only: str | None = None  # the platform whose compiler runs it as a kernel of its own (None: every runtime's)
 
     @property
     def seconds(self):
@@ -438,10 +440,13 @@ def pointwise_launches(w: Workload, k: Kernel):
 
 
 def uses_attention_table(w: Workload, chip: Chip) -> bool:
-    """Whether a GPU step's attention takes the kernel table's cuDNN rows (attention_seconds): the program runs a
-    fused flash kernel (transformer.runs_flash) without a context axis, every layer global (no windows), on a GPU
+    """Whether a GPU step's attention takes the kernel table's cuDNN rows (attention_seconds): the program runs
+    cuDNN's fused kernel (--attention cudnn; the package's flash runs as XLA's fusions: runtime_kernels) without a
+    context axis, every layer global (no windows), on a GPU
     whose table (or kernels_as's) has [attention.cudnn] rows."""
     if chip.kind != Platform.GPU or chip.kernel_table is None or Attention.CUDNN not in chip.kernel_table.attention:
+        return False
+    if w.schedule.attention != Attention.CUDNN:  # the package's flash is XLA's fusions (launches.xla_gpu_flash)
         return False
     cfg = w.model
     return (bool(np.all(runs_flash(w.schedule, w.mesh))) and not spans(w.mesh.get("context", 1))
@@ -490,6 +495,23 @@ def attention_table_seconds(chip: Chip, k: Kernel):
     return k.calls * batch * (bwd if k.pass_ == KernelPass.BACKWARD else fwd)
 
 
+def runtime_kernels(w: Workload, chip: Chip, ks: list[Kernel]) -> list[Kernel]:
+    """The family's kernels as the chip's runtime runs them: the kernels of one platform's compiler (Kernel.only)
+    where the chip is that platform's and XLA runs the step; on a GPU, XLA's program (not a PyTorch runtime's,
+    whose kernels the family lists: scaling.step.launches.layer_kernels) with its passes over the FP32 weights
+    (launches.xla_gpu_weights) and the package's own flash attention as XLA's fusions and dots
+    (launches.xla_gpu_flash: its scores through HBM, every key block); else ``ks``."""
+    xla_gpu = chip.kind == Platform.GPU and not launches.runs_launches(w)
+    ks = [k for k in ks if k.only is None or (xla_gpu and k.only == chip.kind)]
+    if not xla_gpu:
+        return ks
+    ks = launches.xla_gpu_weights(w, _filled(ks, w.precision.compute))
+    if not isinstance(w.schedule.attention, str) or w.schedule.attention != Attention.FLASH or \
+            not any(k.kind == KernelKind.ATTENTION for k in ks):
+        return ks
+    return launches.xla_gpu_flash(ks, key_block(w.schedule, w.model.seq_len), w.precision.compute)
+
+
 def step_kernels(w: Workload, chip: Chip | None = None, dtype: str = "bf16",
                  kernel_model: str = "efficiency") -> list[Kernel]:
     """The step's kernels per device (module docstring), with their efficiency, seconds and bound on ``chip``;
@@ -499,7 +521,8 @@ def step_kernels(w: Workload, chip: Chip | None = None, dtype: str = "bf16",
     # the model family's (scaling.families.ffn, .transformer)
     ks = _filled(w.model.forms.step_kernels(w), w.precision.compute)
     if chip is None:
-        return ks
+        return [k for k in ks if k.only is None]
+    ks = runtime_kernels(w, chip, ks)
     peak, bw, fixed = peak_flops(chip, dtype), chip.device_hbm_bw, fixed_seconds(chip, dtype)
     table_attention = uses_attention_table(w, chip)
     out = []
@@ -540,7 +563,7 @@ def compute_term(w: Workload, chip: Chip, dtype: str = "bf16", kernel_model: str
     about 40 of them, was two thirds of a candidate's step time)."""
     if kernel_model != KernelModel.EFFICIENCY:
         return compute_seconds(step_kernels(w, chip, dtype, kernel_model))
-    ks = w.model.forms.step_kernels(w)
+    ks = runtime_kernels(w, chip, w.model.forms.step_kernels(w))
     table_attention = uses_attention_table(w, chip)
     own = [attention_table_seconds(chip, k) if table_attention and k.kind == KernelKind.ATTENTION else None for k in ks]
     mm = [k for k, o in zip(ks, own) if k.shape is not None and o is None]

@@ -184,3 +184,88 @@ def pass_table(kernels: list, flash, collective_calls=0.0, collective_seconds=0.
         out[str(p)] = {"kinds": kinds, "collectives": comm, "launches": n, "host": host * n,
                        "device": sum(kinds.values(), 0.0) + comm}
     return out
+
+
+# ---- XLA:GPU: what the package's own flash attention (ffn_model.attention.flash_attention) runs as ----
+# XLA:GPU does not fuse a dot with the softmax around it: each key block's scores go through HBM. Per key-block step
+# of a call, E = batch·Tq·b score elements (batch the sequences × heads, Tq the queries, b the key block), read from
+# the compiled program (gpu:H100, jax 0.10.2: docs/findings.md, "What XLA:GPU runs for the package's flash"):
+#   forward   the q·kᵀ dot writes the FP32 scores (4E); one fusion masks them and takes the row max, reading the
+#             scores, the block's mask (1 B an element) and a loop-invariant FP32 array of −inf that XLA hoists out
+#             of the scan (4E + 1E + 4E) and writing the masked scores (4E); one fusion exponentiates, writes p in
+#             BF16 and sums its rows (4E + 2E); the p·v dot reads p (2E); the FP32 accumulator is read twice and
+#             written once (3·4 B a query, head and feature), the key and value blocks sliced (2·c a key)
+#   backward  the recomputed scores (4E) and dp = do·vᵀ (4E) written in FP32 by their dots; one fusion reads both
+#             and writes ds and p in BF16 (4E + 4E + 2E + 2E); the dq, dk and dv dots read ds twice and p once (6E)
+# Every key block runs, masked (the scan has no causal skip): the FLOPs' full count.
+FLASH_GEMM_BYTES = {"forward": 6.0, "backward": 14.0}  # bytes per score element the dots write or read
+FLASH_FUSION_BYTES = {"forward": 19.0, "backward": 12.0}  # bytes per score element of the fusions around them
+FLASH_FUSIONS = {"forward": 3, "backward": 2}  # fusions per key-block step (the last, forward: the accumulator)
+
+
+def xla_gpu_flash(ks: list, block, c: float) -> list:
+    """The step's kernels with the package's flash attention as XLA:GPU runs it (the table above): each attention
+    kernel of shape (Tq, Tq, H, batch) runs every key block (executed 1), its dots move the scores' bytes beside q, k,
+    v and o, and a pointwise kernel ``flash_scores`` of the same pass carries the fusions' bytes, FLASH_FUSIONS
+    launches a key-block step of the Tq/``block`` a call (``c`` bytes of a BF16 element)."""
+    from scaling.step.kernels import Kernel
+    out = []
+    for k in ks:
+        if k.kind != KernelKind.ATTENTION:
+            out.append(k)
+            continue
+        tq, _, head_dim, batch = k.shape
+        side = KernelPass.BACKWARD if k.pass_ == KernelPass.BACKWARD else KernelPass.FORWARD
+        e = batch * tq * tq * k.calls  # score elements of the pass's calls, every key block
+        steps = k.calls * np.maximum(tq / block, 1.0)
+        rows = batch * tq * head_dim * k.calls  # query-head-feature elements of the calls, per key-block step
+        extra = 3 * 4 * rows * steps / k.calls + 2 * c * rows if side == KernelPass.FORWARD else 2 * c * rows
+        out.append(Kernel(k.name, k.pass_, k.kind, k.shape, k.calls, k.flops, k.bytes + FLASH_GEMM_BYTES[side] * e,
+                          1.0))
+        out.append(Kernel("flash_scores", k.pass_, KernelKind.POINTWISE, None, steps * FLASH_FUSIONS[side], 0.0,
+                          FLASH_FUSION_BYTES[side] * e + extra))
+    return out
+
+
+# ---- XLA:GPU: the package's FP32 master weights, layer by layer ----
+# The package's program keeps each weight stack [L, ...] in FP32 and scans over the layers (ffn_model); XLA:GPU runs
+# the casts and slices around each layer's matmuls as kernels of their own (XLA:TPU fuses them into the matmuls).
+# Bytes per weight element of the device's shard, read from the compiled programs (gpu:H100, jax 0.10.2:
+# docs/findings.md, "What XLA:GPU runs around the package's FP32 weights"):
+#   forward   the layer's FP32 slice cast to BF16: read 4, write 2
+#   backward  the FP32 slice copied out of the stack (read 4, write 4: XLA's dynamic-slice fusion), cast again (6), and
+#             the layer's BF16 weight gradient written into the FP32 gradient stack (read 2, write 4)
+#   step      the FP32 gradient stacks zero-initialized once a microbatch (write 4)
+WEIGHT_BYTES = {"forward": 6.0, "backward": 20.0, "zeros": 4.0}
+
+
+def xla_gpu_weights(w, ks: list) -> list:
+    """The step's kernels with XLA:GPU's passes over the package's FP32 weights (the table above): for each forward
+    matmul of a layer weight (batch 1; not the output layer, whose weight is no stack: its forward cast only), its
+    weight's n·k elements a call over the fsdp shards, WEIGHT_BYTES["forward"] a call in a ``weight_cast`` kernel of
+    the forward and WEIGHT_BYTES["backward"] in a ``weight_slice`` kernel of the backward (train); and the gradient
+    stacks' zeros, 4 B per parameter of the device, once a microbatch (``grad_zeros``, update)."""
+    from scaling.step.kernels import Kernel
+    from scaling.step.memory import weight_shards
+    from scaling.core.policies import Step
+    X = w.mesh.get("fsdp", 1)
+    train = w.step == Step.TRAIN
+    fwd_elems, bwd_elems, calls = 0.0, 0.0, 0.0
+    for k in ks:
+        if k.kind == KernelKind.MATMUL and k.pass_ == KernelPass.FORWARD and k.shape is not None and k.shape[3] == 1:
+            _, n, kk, _ = k.shape
+            elems = n * kk * k.calls / X
+            fwd_elems = fwd_elems + elems
+            calls = calls + k.calls
+            if not k.name.startswith("logits"):
+                bwd_elems = bwd_elems + elems
+    out = list(ks)
+    out.append(Kernel("weight_cast", KernelPass.FORWARD, KernelKind.POINTWISE, None, calls, 0.0,
+                      WEIGHT_BYTES["forward"] * fwd_elems))
+    if train:
+        out.append(Kernel("weight_slice", KernelPass.BACKWARD, KernelKind.POINTWISE, None, 3 * calls, 0.0,
+                          WEIGHT_BYTES["backward"] * bwd_elems))
+        M = w.schedule.microbatches
+        out.append(Kernel("grad_zeros", KernelPass.UPDATE, KernelKind.POINTWISE, None, M, 0.0,
+                          M * WEIGHT_BYTES["zeros"] * w.model.params / weight_shards(w.mesh)))
+    return out
