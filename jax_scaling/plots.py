@@ -331,11 +331,13 @@ def draw_kernels(report):
                    label=f"step's {kind} kernels", zorder=3)
     left = [k for k in out["kernels"] if not (k["flops"] > 0 and k["bytes"] > 0 and k["seconds"] > 0)
             and k["seconds"] > 0]
-    passes = {}
-    for k in left:  # each kernel's passes together: "pointwise (forward, backward), adamw (update)"
+    passes, seconds = {}, {}
+    for k in left:  # each kernel's passes together, longest first: "pointwise (forward, backward), adamw (update)"
         passes.setdefault(k["name"], []).append(k["pass"])
-    note = ("not on the log axes (no FLOPs): " + ", ".join(f"{n} ({', '.join(ps)})" for n, ps in passes.items())
-            + f", {sum(k['seconds'] for k in left) * 1e3:.3g} ms of HBM time") if left else ""
+        seconds[k["name"]] = seconds.get(k["name"], 0.0) + k["seconds"]
+    order = sorted(passes, key=lambda n: -seconds[n])
+    note = (f"not on the log axes (no FLOPs): {sum(seconds.values()) * 1e3:.3g} ms of HBM time in "
+            + ", ".join(f"{n} ({', '.join(passes[n])})" for n in order)) if left else ""
     ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(min([p["y"] for p in pts] + [g[1] for g in gemms]
                                                                 + [C]) / 3, C * 2),
            xlabel="FLOPs per HBM byte", ylabel="achieved FLOP/s per device")

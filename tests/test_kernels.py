@@ -28,7 +28,7 @@ def _predict_json(*args):
 ROWS = [  # (model and hardware flags): a TPU FSDP row, a GPU pipeline with tensor parallelism, a materialized one
     "--preset llama2-70b --slice v6e-256 --mesh fsdp=256 --global-batch 512 --remat save_qkv_proj --attention flash",
     "--preset llama2-7b --chip H100 --chips 16 --mesh data=2,stage=2,tensor=4 --global-batch 64 --microbatch 2 "
-    "--schedule 1f1b --remat full --attention flash",
+    "--schedule 1f1b --remat full --attention cudnn",
     "--preset gpt3-175b --d-model 2304 --heads 24 --kv-heads 24 --head-dim 96 --d-ff 9216 --blocks 24 --vocab 51200 "
     "--chip A100-80GB --chips 32 --mesh data=32 --global-batch 512 --remat full",
 ]
@@ -49,7 +49,7 @@ def test_kernel_sums_are_the_step_terms(row):
     # (kernels.pointwise_seconds; per layer-pass forward 2 norms + 2 residual adds + the activation, + the softmax
     # where attention is materialized; a backward twice that; AdamW 3 launches; one per accumulation), and a flash
     # attention the cuDNN rows (kernels.attention_table_seconds; tests/test_step_terms.py checks both by hand)
-    flash = "--attention materialized" not in row  # predict's default for a transformer: flash
+    flash = "--attention materialized" not in row  # a blockwise kernel: splash (v6e), cuDNN (H100)
     cudnn = chip.kernel_table is not None and "cudnn" in chip.kernel_table.attention
     fwd = 2 + 2 + 1 + (0 if flash else 1)
     launches = {"forward": fwd, "backward": 2 * fwd, "recompute": fwd}

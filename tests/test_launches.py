@@ -12,6 +12,7 @@ import pytest
 from scaling.hardware import collectives
 from scaling.reports.predict import predict_setup
 from scaling.step import launches
+from scaling.step.kernel import Kernel
 from scaling.step.kernels import step_kernels
 from scaling.step.program import StepModel, collective_volumes
 
@@ -171,3 +172,33 @@ def test_full_recompute_reduces_the_whole_forward_again():
     for runtime, per_layer in (("megatron", 6), ("package", 5)):
         w, _ = _workload("full", vocab=False, runtime=runtime, blocks=2)
         assert collective_volumes(w)["tensor"]["all-reduce"] == pytest.approx(2 * per_layer * act)
+
+
+def test_xla_gpu_flash_by_hand():
+    """The package's flash under XLA:GPU (launches.xla_gpu_flash), one call of 256 (sequence, head) pairs, T = 2048,
+    H = 128, key blocks of 512 (4 steps): E = 256·2048² = 1.0737e9 score elements; forward, the dots move 6E beside
+    q, k, v, o and the fusions 19E + the accumulator 3·4·(256·2048·128)·4 + the key and value blocks 2·2·(256·2048·128),
+    in 3 launches a step; backward 14E and 12E + the blocks, 2 launches a step; every block runs (executed 1)."""
+    E, rows = 256 * 2048 ** 2, 256 * 2048 * 128
+    fwd = Kernel("attention", "forward", "attention", (2048, 2048, 128, 256), 1, 1e12, 1e9, 0.625)
+    bwd = Kernel("attention", "backward", "attention", (2048, 2048, 128, 256), 1, 2.5e12, 2e9, 0.625)
+    att_f, scores_f, att_b, scores_b = launches.xla_gpu_flash([fwd, bwd], 512, 2)
+    assert att_f.executed == 1.0 and att_f.bytes == 1e9 + 6 * E and att_f.flops == 1e12
+    assert scores_f.pass_ == "forward" and scores_f.calls == 3 * 4
+    assert scores_f.bytes == pytest.approx(19 * E + 3 * 4 * rows * 4 + 2 * 2 * rows)
+    assert att_b.bytes == 2e9 + 14 * E and scores_b.calls == 2 * 4
+    assert scores_b.bytes == pytest.approx(12 * E + 2 * 2 * rows)
+
+
+def test_xla_gpu_weights_by_hand():
+    """XLA:GPU's passes over the FP32 weights (launches.xla_gpu_weights): a layer matmul [m, 4096]·[4096, 11008] of 8
+    calls on fsdp=2 casts 8·4096·11008/2 elements at 6 B forward and slices, casts and writes the gradient at 20 B
+    backward; the output layer's weight is cast only; the gradient stacks' zeros 4 B a parameter of the device."""
+    w, _ = _workload(chips=2, mesh="fsdp=2", global_batch=2, microbatch=1, runtime="package")
+    layer = Kernel("mlp_out", "forward", "matmul", (1024, 4096, 11008, 1), 8, 1.0, 1.0)
+    head = Kernel("logits", "forward", "matmul", (1024, 1000, 4096, 1), 1, 1.0, 1.0)
+    out = {(k.name, k.pass_): k for k in launches.xla_gpu_weights(w, [layer, head])}
+    elems, head_elems = 8 * 4096 * 11008 / 2, 1000 * 4096 / 2
+    assert out[("weight_cast", "forward")].bytes == pytest.approx(6 * (elems + head_elems))
+    assert out[("weight_slice", "backward")].bytes == pytest.approx(20 * elems)
+    assert out[("grad_zeros", "update")].bytes == pytest.approx(4 * w.model.params / 2)

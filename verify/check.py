@@ -25,6 +25,7 @@ from scaling.families.ffn import FFNConfig
 from scaling.core.mesh_shape import MeshShape, parse_mesh_spec
 from scaling.core.schedule import Schedule, runs_attention
 from scaling.hardware.chips import CHIPS, DEFAULT_CHIP, Chip, get_chip, slice_topology
+from scaling.step.kernels import kernel_census
 from scaling.step.pipeline import relay_moves
 from scaling.core.kinds import Collective, Platform
 from scaling.core.policies import Attention, Remat, Step
@@ -120,7 +121,8 @@ def compare(w: Workload, devices: str, chip: str | None = None, verbose: bool = 
     times = Times(math=t.math, comms=t.comms, step_sum=t.step["sum"], step_max=t.step["max"],
                   step_scheduled=t.step["scheduled"], exposed=t.exposed, copies=t.copies, bound=t.bound,
                   xla_optimal_seconds=got.cost.get("optimal_seconds"))
-    return CheckReport(config, flops, memory, collectives, overlap, times, got.kernels)
+    return CheckReport(config, flops, memory, collectives, overlap, times, got.kernels,
+                       kernel_census(w.replace(flags=w.flags.on(platform)), chip_))
 
 
 def _program_facts(w: Workload, got, chip_: Chip, layout: dict, platform: str) -> tuple:

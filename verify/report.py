@@ -192,6 +192,8 @@ class CheckReport:
     overlap: Overlap
     times: Times
     kernels: dict = dataclasses.field(default_factory=dict)  # the compiled program's, by kind (HloProgram.kernels)
+    # the step model's, by the same kinds (scaling.step.kernels.kernel_census)
+    kernels_described: dict = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> dict:
         """{"config", "flops", "memory", "collectives", "overlap", "times", "kernels"}: each row {closed_form,
@@ -200,14 +202,15 @@ class CheckReport:
                 "flops": {k: getattr(self.flops, k).to_json() for k in _names(Flops)},
                 "memory": {k: getattr(self.memory, k).to_json() for k in _names(Memory)},
                 "collectives": self.collectives.to_json(), "overlap": self.overlap.to_json(),
-                "times": dataclasses.asdict(self.times), "kernels": self.kernels}
+                "times": dataclasses.asdict(self.times), "kernels": self.kernels,
+                "kernels_described": self.kernels_described}
 
     @classmethod
     def from_json(cls, d: dict) -> CheckReport:
         """The report to_json wrote."""
         return cls(CheckConfig(**d["config"]), Flops(**_rows_of(d["flops"])), Memory(**_rows_of(d["memory"])),
                    Collectives.from_json(d["collectives"]), Overlap.from_json(d["overlap"]), Times(**d["times"]),
-                   d.get("kernels", {}))
+                   d.get("kernels", {}), d.get("kernels_described", {}))
 
     def render(self) -> str:
         """The side-by-side table (quantity, closed form, compiled, ratio, note: a long note's first words and a
@@ -239,6 +242,14 @@ class CheckReport:
             lines.append(prose("kernels a run launches per device (compiled, by kind: count, bytes read and written): "
                                + ", ".join(f"{k} {v['count']:,.0f} ({v['bytes'] / 1e9:.4g} GB)"
                                            for k, v in self.kernels.items() if v["count"])))
+        if self.kernels_described:
+            d, got = self.kernels_described, self.kernels
+            lines.append(prose("the step model's kernels beside them (scaling.step.kernels.kernel_census; compiled "
+                               "/ model): " + ", ".join(
+                                   f"{k} {v['count']:,.0f} ({v['bytes'] / 1e9:.4g} GB; "
+                                   + (f"{got[k]['count'] / v['count']:.2f} / {got[k]['bytes'] / v['bytes']:.2f}"
+                                      if v["count"] and k in got else "-") + ")"
+                                   for k, v in d.items() if v["count"] or got.get(k, {}).get("count"))))
         share = self.overlap.overlapped_share
         lines.append(prose("overlapped by the schedule (compiled): " + (
             ", ".join(f"{a} {100 * v:.1f}% of its bytes" for a, v in share.items()) or "nothing")

@@ -1166,8 +1166,25 @@ def hbm_traffic_bytes(w: Workload) -> float:
     return optimizer * cfg.params / (X * Y) + 3 * W + 2 * saved
 
 
-# one list, kernel by kernel in the step's order (compute_term sums them in it)
-def xla_gpu_layer_copies(w: Workload, calls, tm, p: dict, train: bool) -> list[Kernel]:
+def runtime_layer_kernels(w: Workload, calls, arrays: dict, flash, loss_elements, head_calls) -> list[Kernel]:
+    """A PyTorch runtime's memory-bound kernels of the step (scaling.step.launches.layer_kernels: ``arrays`` its A, P,
+    F and S of a microbatch, ``calls`` the layer-passes), what its recomputation reruns of them (runtime_recomputed:
+    the score ops with the attention's units, the rest with the projections, all of it under full recompute), and
+    its optimizer's passes (AdamW's update, the accumulation, launches.optimizer_kernel)."""
+    cfg, mesh, remat, precision = w.model, w.mesh, w.remat, w.precision
+    train = w.step == Step.TRAIN
+    r = runtime_recomputed(w) if train else None
+    redo = {"scores": r["attention_units"] / 4, "rest": np.maximum(
+        whole_layer_again(remat, precision), (r["qkv"] + r["out"] + r["mlp_in"]) / 3)} if train else None
+    ks = launches.layer_kernels(w, calls, redo, arrays, flash, loss_elements, head_calls)
+    if train:
+        shards = memory.weight_shards(mesh) * w.zero1_shards / mesh.get("stage", 1)
+        ks += [adamw_kernel(w, cfg.params), accumulate_kernel(w, cfg.params),
+               launches.optimizer_kernel(w, cfg.params, shards)]
+    return ks
+
+
+def xla_gpu_layer_copies(w: Workload, calls, tm, train: bool) -> list[Kernel]:
     """The copies XLA:GPU makes around each layer of the package's scanned program, each a pointwise kernel of its own
     (Kernel.only "gpu": XLA:TPU fuses them into the matmuls and writes), per layer-pass of a microbatch (tm tokens a
     device; read from the compiled programs, gpu:H100, jax 0.10.2: docs/findings.md, "What XLA:GPU runs around the
@@ -1193,6 +1210,7 @@ def xla_gpu_layer_copies(w: Workload, calls, tm, p: dict, train: bool) -> list[K
     return out
 
 
+# one list, kernel by kernel in the step's order (compute_term sums them in it)
 def step_kernels(w: Workload) -> list[Kernel]:
     """The transformer's kernels (module docstring), from the closed forms' counts (passes,
     recomputed, attention_units)."""
@@ -1290,19 +1308,10 @@ def step_kernels(w: Workload) -> list[Kernel]:
     scores = 0 if flash else 2 * c * unit / H  # the softmax reads and writes the s·N·T²/(Y·C) scores
     fwd_bytes = p["layers"] * (per_token * t + scores)
     head_bytes = 2 * c * th * V / Y
-    if not launches.runs_launches(w):  # XLA:GPU's copies around the layer (kernels only it runs as their own)
-        ks += xla_gpu_layer_copies(w, calls, tm, p, train)
     if launches.runs_launches(w):  # a PyTorch runtime's kernels one by one (scaling.step.launches)
-        r = runtime_recomputed(w) if train else None
-        redo = {"scores": r["attention_units"] / 4, "rest": np.maximum(
-            whole_layer_again(remat, precision), (r["qkv"] + r["out"] + r["mlp_in"]) / 3)} if train else None
         arrays = {"A": c * tm * D / sp, "P": c * tm * D / Y, "F": c * tm * ff, "S": c * seqs * heads * bs * Tq * Tq}
-        ks += launches.layer_kernels(w, calls, redo, arrays, flash, th * V / Y if V else None, head_calls)
-        if train:
-            shards = memory.weight_shards(mesh) * w.zero1_shards / mesh.get("stage", 1)
-            ks += [adamw_kernel(w, cfg.params), accumulate_kernel(w, cfg.params),
-                   launches.optimizer_kernel(w, cfg.params, shards)]
-        return ks
+        return ks + runtime_layer_kernels(w, calls, arrays, flash, th * V / Y if V else None, head_calls)
+    ks += xla_gpu_layer_copies(w, calls, tm, train)  # XLA:GPU's copies around the layer (kernels of their own)
     ks.append(Kernel("pointwise", "forward", "pointwise", None, calls, 0.0, fwd_bytes + head_bytes))
     if train:
         ks.append(Kernel("pointwise", "backward", "pointwise", None, calls, 0.0, 2 * (fwd_bytes + head_bytes)))

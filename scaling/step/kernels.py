@@ -67,6 +67,7 @@ import numpy as np
 
 from scaling.hardware import chips as hardware
 from scaling.step import launches
+from scaling.step.kernel import Kernel
 from scaling.step import memory
 from scaling.step import pipeline
 from scaling.hardware.chips import Chip
@@ -78,40 +79,6 @@ from scaling.core.workload import Workload
 
 DTYPES = ("bf16", "fp32", "tf32", "int8", "fp8")  # the matmul input types the hardware table gives peaks for
 KERNEL_MODELS = ("efficiency", "hierarchical")  # the matmul term (module docstring)
-
-
-@dataclass(slots=True)
-class Kernel:
-    """One class of op of a step, per device: name, pass (forward | backward | recompute | update), kind (matmul |
-    attention | pointwise | optimizer), shape (m, n, k, batch) of one call for a matmul (None otherwise), calls per
-    step, FLOPs and HBM bytes per step, the share of those FLOPs it runs (``executed``), and with a chip: the
-    efficiency its shape gets (eta·q, or the SIMT rate's fraction), its compute and memory seconds and its calls'
-    fixed seconds (a GPU's t_fixed); it takes the larger of the first two, plus the third (``seconds``, ``bound``)."""
-
-    name: str
-    pass_: str
-    kind: str
-    shape: tuple | None
-    calls: object
-    flops: object
-    bytes: object
-    executed: float = 1.0  # the share of the FLOPs the kernel runs (flash: the causal blocks)
-    efficiency: object = 1.0
-    math_seconds: object = 0.0
-    memory_seconds: object = 0.0
-    fixed_seconds: object = 0.0  # a GPU matmul's t_fixed times its calls (gemm_coefficients)
-    only: str | None = None  # the platform whose compiler runs it as a kernel of its own (None: every runtime's)
-
-    @property
-    def seconds(self):
-        """fixed + max(FLOPs·executed/(peak·efficiency), bytes/HBM bandwidth): the roofline of one kernel and its
-        calls' fixed time."""
-        return self.fixed_seconds + np.maximum(self.math_seconds, self.memory_seconds)
-
-    @property
-    def bound(self):
-        """compute or HBM: the larger of the two times."""
-        return np.where(np.asarray(self.math_seconds) >= self.memory_seconds, "compute", "HBM")
 
 
 def peak_flops(chip: Chip, dtype: str = "bf16") -> float:
@@ -611,3 +578,30 @@ def _stacked(values) -> np.ndarray:
     for i in arrays:
         a[i] = values[i]
     return a
+
+
+def kernel_census(w: Workload, chip: Chip) -> dict[str, dict[str, float]]:
+    """The step's kernels as the chip's runtime launches them (step_kernels), by the kinds a compiled program's are
+    counted in (verify.hlo.KERNEL_KINDS: gemm, attention, fusion; collectives and copies are compared elsewhere):
+    {kind: {"count", "bytes"}}. A matmul is a GEMM; an attention kernel a custom call of its own where a library
+    runs it (splash, cuDNN: one a call), else XLA's dots (q·kᵀ and p·v forward, a backward's five a key block under
+    the package's flash, four under the materialized one; flash over its key blocks); the pointwise and optimizer
+    kernels fusions, their launches (pointwise_launches) a call."""
+    out = {k: {"count": 0.0, "bytes": 0.0} for k in ("gemm", "attention", "fusion")}
+    fused = w.schedule.attention in (Attention.SPLASH, Attention.CUDNN)
+    steps = 1.0
+    if w.schedule.attention == Attention.FLASH:
+        steps = float(np.max(np.maximum(w.model.seq_len / key_block(w.schedule, w.model.seq_len), 1.0)))
+    for k in step_kernels(w, chip, w.precision.dtype):
+        if k.kind == KernelKind.ATTENTION:
+            kind = "attention" if fused else "gemm"
+            dots = 1 if fused else (5 if w.schedule.attention == Attention.FLASH else 4) if \
+                k.pass_ == KernelPass.BACKWARD else 2
+            n = k.calls * dots * (1 if fused else steps)
+        elif k.shape is not None:
+            kind, n = "gemm", k.calls
+        else:
+            kind, n = "fusion", k.calls * pointwise_launches(w, k)
+        out[kind]["count"] += float(np.sum(n))
+        out[kind]["bytes"] += float(np.sum(k.bytes))
+    return out

@@ -52,6 +52,7 @@ import numpy as np
 
 from scaling.core.kinds import KernelKind, KernelPass
 from scaling.core.policies import Step
+from scaling.step.kernel import Kernel
 from scaling.step.runtimes import RUNTIMES
 
 # host seconds to issue one eager PyTorch op: pytorch/pytorch#41383 (2020, PyTorch 1.5): 6.8 s for 10^6 calls of
@@ -116,7 +117,6 @@ def layer_kernels(w, calls, recompute: dict, arrays: dict, flash, loss_elements,
     from ``arrays`` {A, P, F, S} (bytes per microbatch), the recomputed share per op from ``recompute`` {"scores",
     "rest"} (0 to 1 each); the loss's over ``loss_elements`` logits in ``head_calls`` calls. The GEMMs and the
     attention's matmuls stay the family's matmul kernels."""
-    from scaling.step.kernels import Kernel
     c, m = w.precision.compute, w.model.mlp_matrices
     A, P, F, S = (arrays[k] for k in "APFS")
     out = []
@@ -143,7 +143,6 @@ def layer_kernels(w, calls, recompute: dict, arrays: dict, flash, loss_elements,
 def optimizer_kernel(w, params, shards):
     """The runtime's optimizer passes beside Adam's update (module docstring): OPTIMIZER_PASS_BYTES per parameter
     of the device's ``shards``-th share, in 4 multi-tensor launches."""
-    from scaling.step.kernels import Kernel
     return Kernel("optimizer_passes", KernelPass.UPDATE, KernelKind.POINTWISE, None, 4, 0.0,
                   OPTIMIZER_PASS_BYTES * params / shards)
 
@@ -208,7 +207,6 @@ def xla_gpu_flash(ks: list, block, c: float) -> list:
     kernel of shape (Tq, Tq, H, batch) runs every key block (executed 1), its dots move the scores' bytes beside q, k,
     v and o, and a pointwise kernel ``flash_scores`` of the same pass carries the fusions' bytes, FLASH_FUSIONS
     launches a key-block step of the Tq/``block`` a call (``c`` bytes of a BF16 element)."""
-    from scaling.step.kernels import Kernel
     out = []
     for k in ks:
         if k.kind != KernelKind.ATTENTION:
@@ -245,7 +243,6 @@ def xla_gpu_weights(w, ks: list) -> list:
     weight's n·k elements a call over the fsdp shards, WEIGHT_BYTES["forward"] a call in a ``weight_cast`` kernel of
     the forward and WEIGHT_BYTES["backward"] in a ``weight_slice`` kernel of the backward (train); and the gradient
     stacks' zeros, 4 B per parameter of the device, once a microbatch (``grad_zeros``, update)."""
-    from scaling.step.kernels import Kernel
     from scaling.step.memory import weight_shards
     from scaling.core.policies import Step
     X = w.mesh.get("fsdp", 1)
