@@ -25,7 +25,7 @@ from scaling.step import pipeline
 from scaling.core.family import FamilyDefaults, PlanPolicy
 from scaling.core.flags import Gathers
 from scaling.core.inputs import positive_int
-from scaling.core.kinds import Collective, Family
+from scaling.core.kinds import Collective, Family, Platform
 from scaling.step.kernels import Kernel, accumulate_kernel, adamw_kernel, matmul_kernel
 from scaling.core.mesh_shape import MESH_AXES
 from scaling.core.policies import TRANSFORMER_ONLY_REMAT, FsdpGather, OptimizerSharding, Remat, Step
@@ -548,6 +548,9 @@ def step_kernels(w: Workload) -> list[Kernel]:
             pair("recompute", f["recompute"], (("w_in", (b, F / Y, D)),))
     act = 2 * c * b * F / Y  # relu: read h, write relu(h)
     ks.append(Kernel("relu", "forward", "pointwise", None, n, 0.0, n * act))
+    copies = block_slice_copy_bytes(w) + pair_slice_copy_bytes(w)  # XLA:GPU's, each read and written
+    if np.any(np.asarray(copies) > 0):
+        ks.append(Kernel("slice_copies", "backward", "pointwise", None, 2 * n, 0.0, 2 * copies, only=Platform.GPU))
     if w.step == Step.TRAIN:
         ks.append(Kernel("relu", "backward", "pointwise", None, n, 0.0, 2 * n * act))
         rec = np.asarray(f.get("recompute", 0.0)) / one

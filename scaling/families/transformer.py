@@ -1189,8 +1189,8 @@ def xla_gpu_layer_copies(w: Workload, calls, tm, train: bool) -> list[Kernel]:
     (Kernel.only "gpu": XLA:TPU fuses them into the matmuls and writes), per layer-pass of a microbatch (tm tokens a
     device; read from the compiled programs, gpu:H100, jax 0.10.2: docs/findings.md, "What XLA:GPU runs around the
     package's layers"):
-      residuals  the forward writes each residual it keeps for the backward (saved_per_layer) into the scan's stacks:
-                 read, written (2 × the saved bytes)
+      residuals  the forward writes each residual it keeps for the backward (saved_per_layer) into the scan's stacks,
+                 which XLA first fills with zeros: written, read, written (3 × the saved bytes)
       layouts    q, k, v and the attention's output transposed to and from the attention's [b, heads, T, H] layout,
                  c·t·H·(2N + 2K)/Y, and the fused MLP input's output [t, (m − 1)·F/Y] to its matrices', c·t·F·(m−1)/Y,
                  each read and written, forward and backward."""
@@ -1200,7 +1200,7 @@ def xla_gpu_layer_copies(w: Workload, calls, tm, train: bool) -> list[Kernel]:
     saved = sum(saved_per_layer(cfg, mesh, w.batch_tokens / M, w.remat, w.schedule, w.precision).values())
     layouts = 2 * c * tm * (cfg.head_dim * (2 * cfg.heads + 2 * cfg.kv_heads) + cfg.d_ff * (cfg.mlp_matrices - 1)) / Y
     n = calls
-    out = [Kernel("residual_saves", KernelPass.FORWARD, KernelKind.POINTWISE, None, n, 0.0, 2 * n * saved,
+    out = [Kernel("residual_saves", KernelPass.FORWARD, KernelKind.POINTWISE, None, n, 0.0, 3 * n * saved,
                   only=Platform.GPU),
            Kernel("layouts", KernelPass.FORWARD, KernelKind.POINTWISE, None, 2 * n, 0.0, n * layouts,
                   only=Platform.GPU)]

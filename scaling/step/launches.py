@@ -231,17 +231,18 @@ def xla_gpu_flash(ks: list, block, c: float) -> list:
 # Bytes per weight element of the device's shard, read from the compiled programs (gpu:H100, jax 0.10.2:
 # docs/findings.md, "What XLA:GPU runs around the package's FP32 weights"):
 #   forward   the layer's FP32 slice cast to BF16: read 4, write 2
-#   backward  the FP32 slice copied out of the stack (read 4, write 4: XLA's dynamic-slice fusion), cast again (6), and
-#             the layer's BF16 weight gradient written into the FP32 gradient stack (read 2, write 4)
+#   backward  the FP32 slice cast again (6) and the layer's BF16 weight gradient written into the FP32 gradient stack
+#             (read 2, write 4); where the scan keeps jax.checkpoint's barrier (the FFN stack) the slice is first
+#             copied out of the stack, the family's term (scaling.families.ffn.block_slice_copy_bytes)
 #   step      the FP32 gradient stacks zero-initialized once a microbatch (write 4)
-WEIGHT_BYTES = {"forward": 6.0, "backward": 20.0, "zeros": 4.0}
+WEIGHT_BYTES = {"forward": 6.0, "backward": 12.0, "zeros": 4.0}
 
 
 def xla_gpu_weights(w, ks: list) -> list:
     """The step's kernels with XLA:GPU's passes over the package's FP32 weights (the table above): for each forward
     matmul of a layer weight (batch 1; not the output layer, whose weight is no stack: its forward cast only), its
     weight's n·k elements a call over the fsdp shards, WEIGHT_BYTES["forward"] a call in a ``weight_cast`` kernel of
-    the forward and WEIGHT_BYTES["backward"] in a ``weight_slice`` kernel of the backward (train); and the gradient
+    the forward and WEIGHT_BYTES["backward"] in a ``weight_grad`` kernel of the backward (train); and the gradient
     stacks' zeros, 4 B per parameter of the device, once a microbatch (``grad_zeros``, update)."""
     from scaling.step.memory import weight_shards
     from scaling.core.policies import Step
@@ -260,7 +261,7 @@ def xla_gpu_weights(w, ks: list) -> list:
     out.append(Kernel("weight_cast", KernelPass.FORWARD, KernelKind.POINTWISE, None, calls, 0.0,
                       WEIGHT_BYTES["forward"] * fwd_elems))
     if train:
-        out.append(Kernel("weight_slice", KernelPass.BACKWARD, KernelKind.POINTWISE, None, 3 * calls, 0.0,
+        out.append(Kernel("weight_grad", KernelPass.BACKWARD, KernelKind.POINTWISE, None, 2 * calls, 0.0,
                           WEIGHT_BYTES["backward"] * bwd_elems))
         M = w.schedule.microbatches
         out.append(Kernel("grad_zeros", KernelPass.UPDATE, KernelKind.POINTWISE, None, M, 0.0,
