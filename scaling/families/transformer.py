@@ -1188,7 +1188,7 @@ def xla_gpu_layer_copies(w: Workload, calls, tm, train: bool) -> list[Kernel]:
     """The copies XLA:GPU makes around each layer of the package's scanned program, each a pointwise kernel of its own
     (Kernel.only "gpu": XLA:TPU fuses them into the matmuls and writes), per layer-pass of a microbatch (tm tokens a
     device; read from the compiled programs, gpu:H100, jax 0.10.2: docs/findings.md, "What XLA:GPU runs around the
-    package's layers"):
+    package's program"):
       residuals  the forward writes each residual it keeps for the backward (saved_per_layer) into the scan's stacks,
                  which XLA first fills with zeros: written, read, written (3 × the saved bytes)
       layouts    q, k, v and the attention's output transposed to and from the attention's [b, heads, T, H] layout,

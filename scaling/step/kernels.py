@@ -467,14 +467,18 @@ def runtime_kernels(w: Workload, chip: Chip, ks: list[Kernel]) -> list[Kernel]:
     where the chip is that platform's and XLA runs the step; on a GPU, XLA's program (not a PyTorch runtime's,
     whose kernels the family lists: scaling.step.launches.layer_kernels) with its passes over the FP32 weights
     (launches.xla_gpu_weights) and the package's own flash attention as XLA's fusions and dots
-    (launches.xla_gpu_flash: its scores through HBM, every key block); else ``ks``."""
+    (launches.xla_gpu_flash: its scores through HBM, every key block) and materialized one (xla_gpu_materialized:
+    its FP32 scores); else ``ks``."""
     xla_gpu = chip.kind == Platform.GPU and not launches.runs_launches(w)
     ks = [k for k in ks if k.only is None or (xla_gpu and k.only == chip.kind)]
     if not xla_gpu:
         return ks
     ks = launches.xla_gpu_weights(w, _filled(ks, w.precision.compute))
-    if not isinstance(w.schedule.attention, str) or w.schedule.attention != Attention.FLASH or \
-            not any(k.kind == KernelKind.ATTENTION for k in ks):
+    if not isinstance(w.schedule.attention, str) or not any(k.kind == KernelKind.ATTENTION for k in ks):
+        return ks
+    if w.schedule.attention == Attention.MATERIALIZED:
+        return launches.xla_gpu_materialized(ks)
+    if w.schedule.attention != Attention.FLASH:
         return ks
     return launches.xla_gpu_flash(ks, key_block(w.schedule, w.model.seq_len), w.precision.compute)
 

@@ -188,7 +188,7 @@ def pass_table(kernels: list, flash, collective_calls=0.0, collective_seconds=0.
 # ---- XLA:GPU: what the package's own flash attention (ffn_model.attention.flash_attention) runs as ----
 # XLA:GPU does not fuse a dot with the softmax around it: each key block's scores go through HBM. Per key-block step
 # of a call, E = batch·Tq·b score elements (batch the sequences × heads, Tq the queries, b the key block), read from
-# the compiled program (gpu:H100, jax 0.10.2: docs/findings.md, "What XLA:GPU runs for the package's flash"):
+# the compiled program (gpu:H100, jax 0.10.2: docs/findings.md, "What XLA:GPU runs around the package's program"):
 #   forward   the q·kᵀ dot writes the FP32 scores (4E); one fusion masks them and takes the row max, reading the
 #             scores, the block's mask (1 B an element) and a loop-invariant FP32 array of −inf that XLA hoists out
 #             of the scan (4E + 1E + 4E) and writing the masked scores (4E); one fusion exponentiates, writes p in
@@ -229,7 +229,7 @@ def xla_gpu_flash(ks: list, block, c: float) -> list:
 # The package's program keeps each weight stack [L, ...] in FP32 and scans over the layers (ffn_model); XLA:GPU runs
 # the casts and slices around each layer's matmuls as kernels of their own (XLA:TPU fuses them into the matmuls).
 # Bytes per weight element of the device's shard, read from the compiled programs (gpu:H100, jax 0.10.2:
-# docs/findings.md, "What XLA:GPU runs around the package's FP32 weights"):
+# docs/findings.md, "What XLA:GPU runs around the package's program"):
 #   forward   the layer's FP32 slice cast to BF16: read 4, write 2
 #   backward  the FP32 slice cast again (6) and the layer's BF16 weight gradient written into the FP32 gradient stack
 #             (read 2, write 4); where the scan keeps jax.checkpoint's barrier (the FFN stack) the slice is first
@@ -266,4 +266,35 @@ def xla_gpu_weights(w, ks: list) -> list:
         M = w.schedule.microbatches
         out.append(Kernel("grad_zeros", KernelPass.UPDATE, KernelKind.POINTWISE, None, M, 0.0,
                           M * WEIGHT_BYTES["zeros"] * w.model.params / weight_shards(w.mesh)))
+    return out
+
+
+# The package's materialized attention under XLA:GPU (the same programs): its scores are FP32 where the dots write
+# them. Per score element E of a call: forward, the q·kᵀ dot reads the mask (1 B) and the hoisted −inf array (4) and
+# writes the FP32 scores (4), the p·v dot reads p (2): 11E for the dots; the row max and sum each read the scores (4
+# + 4), one fusion writes p in BF16 (4 + 2): 14E for the fusions. Backward, the saved p relaid twice (2 + 2 + 2), dp
+# in FP32 (4) read with p for the row terms (4 + 2), ds written (4 + 2 + 2): 20E for the fusions; dp's dot (4) and
+# the three dots reading ds and p (2 + 2 + 2): 10E. The family's kernels count c bytes an element for the dots' scores
+# (2E forward, 4E backward) and the softmax's read and write (4E, 8E): what XLA:GPU moves beyond them is added.
+MATERIALIZED_GEMM_BYTES = {"forward": 11.0 - 2.0, "backward": 10.0 - 4.0}
+MATERIALIZED_FUSION_BYTES = {"forward": 14.0 - 4.0, "backward": 20.0 - 8.0}
+
+
+def xla_gpu_materialized(ks: list) -> list:
+    """The step's kernels with the package's materialized attention as XLA:GPU runs it (the table above): each
+    attention kernel of shape (T, T, H, batch) moves MATERIALIZED_GEMM_BYTES more per score element of its calls in
+    its dots, and a pointwise kernel ``softmax_fp32`` of the same pass MATERIALIZED_FUSION_BYTES more in the
+    fusions (2 launches a call)."""
+    out = []
+    for k in ks:
+        out.append(k)
+        if k.kind != KernelKind.ATTENTION:
+            continue
+        tq, _, _, batch = k.shape
+        side = KernelPass.BACKWARD if k.pass_ == KernelPass.BACKWARD else KernelPass.FORWARD
+        e = batch * tq * tq * k.calls
+        more = MATERIALIZED_GEMM_BYTES[side] * e
+        out[-1] = Kernel(k.name, k.pass_, k.kind, k.shape, k.calls, k.flops, k.bytes + more, k.executed)
+        out.append(Kernel("softmax_fp32", k.pass_, KernelKind.POINTWISE, None, 2 * k.calls, 0.0,
+                          MATERIALIZED_FUSION_BYTES[side] * e))
     return out
