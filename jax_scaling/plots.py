@@ -201,7 +201,8 @@ def step_segments(report) -> list[tuple[str, float, str]]:
         forward, backward and recompute kernels' seconds (the idle iterations run them too: scaling.step.pipeline),
         the share plan's "bubble s" column takes of T_math;
       the overlapped collectives beyond the compute, max(0, T_hidden − T_compute): the step less the other terms;
-      each axis's exposed collectives (terms exposed.<axis>), the loop copies (loop_copies).
+      each axis's exposed collectives (terms exposed.<axis>), the loop copies (loop_copies), the GPU's wait for a
+      PyTorch runtime's host (host_idle).
     Terms under TINY of the step are left out (an axis's 4e-12 s of a size-1 group). ``report``: a PredictReport
     with its kernels (predict_report(..., True))."""
     from scaling.step import pipeline
@@ -223,12 +224,14 @@ def step_segments(report) -> list[tuple[str, float, str]]:
     segs.append(("pipeline bubble", bubble, "lightgray"))
     t = out["terms"]
     exposed = {k[len("exposed."):]: v for k, v in t.items() if k.startswith("exposed.")}
-    rest = out["step_seconds_by_form"]["scheduled"] - t["compute"] - sum(exposed.values()) - t["loop_copies"]
+    idle = t.get("host_idle", 0.0)  # a PyTorch runtime's GPU waiting for its host's launches
+    rest = out["step_seconds_by_form"]["scheduled"] - t["compute"] - sum(exposed.values()) - t["loop_copies"] - idle
     segs.append(("overlapped collectives beyond compute", rest if rest > 1e-12 * out["step_seconds"] else 0.0,
                  "tab:pink"))
     reds = ("tab:red", "tab:orange", "tab:purple", "gold", "tab:green", "salmon")
     segs += [(f"exposed collectives: {a}", v, reds[i % len(reds)]) for i, (a, v) in enumerate(exposed.items())]
     segs.append(("loop copies", t["loop_copies"], "black"))
+    segs.append(("host idle (the runtime's launches)", idle, "dimgray"))
     return [(label, s, c) for label, s, c in segs if s > TINY * out["step_seconds"]]
 
 

@@ -214,3 +214,18 @@ def test_xla_gpu_materialized_by_hand():
     att_f, soft_f, att_b, soft_b = launches.xla_gpu_materialized([fwd, bwd])
     assert att_f.bytes == 1e9 + 9 * E and soft_f.bytes == 10 * E and soft_f.calls == 2
     assert att_b.bytes == 2e9 + 6 * E and soft_b.bytes == 12 * E and soft_b.pass_ == "backward"
+
+
+def test_price_sources():
+    """predict --kernels names where each kind's price comes from: the A100's GEMMs from its table, its pointwise kernels
+    from the H100's rows scaled (it has none), its collectives from the A100's nccl-tests rows, a PyTorch runtime's
+    host time from its measurement; XLA's program on an H100 has no host time and its own pointwise rows."""
+    from scaling.step.kernels import price_sources
+    w, chip = _workload()
+    src = price_sources(w, chip)
+    assert set(src) == {"matmul", "attention", "pointwise", "collectives", "host"}
+    assert "A100-80GB.toml [gemm.bf16]" in src["matmul"] and "H100's [pointwise] rows" in src["pointwise"]
+    assert "A100-80GB" in src["collectives"] and src["host"] == launches.HOST_SOURCE
+    w, chip = _workload(chip="H100", runtime="package")
+    src = price_sources(w, chip)
+    assert "host" not in src and "H100.toml [pointwise]" in src["pointwise"]

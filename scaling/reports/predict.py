@@ -396,6 +396,8 @@ class PredictReport:
         passes = self.prediction.times.passes
         if passes:
             lines += self.render_passes(passes)
+        lines.append(prose("prices: " + "; ".join(f"{k} from {v}" for k, v in kernels.price_sources(
+            self.workload, chip, dtype).items())))
         return "\n".join(lines)
 
     def render_passes(self, passes: dict) -> list[str]:

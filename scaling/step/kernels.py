@@ -326,7 +326,7 @@ def launch_seconds(chip: Chip) -> float:
     """One kernel launch inside a compiled program (the gap a tiny kernel takes): the chip's kernel table's
     launch_seconds (measured with jax-scaling calibrate); a GPU whose table has none takes the H100
     table's (the same CUDA launch path; A100: published GEMM rows only); 0 on a TPU (XLA:TPU runs one program, no
-    launches) or where no table gives one (non_gemm_sources says which)."""
+    launches) or where no table gives one (price_sources says which)."""
     if chip.kind != Platform.GPU:
         return 0.0
     for t in (chip.kernel_table, _h100_table()):
@@ -608,4 +608,36 @@ def kernel_census(w: Workload, chip: Chip) -> dict[str, dict[str, float]]:
             kind, n = "fusion", k.calls * pointwise_launches(w, k)
         out[kind]["count"] += float(np.sum(n))
         out[kind]["bytes"] += float(np.sum(k.bytes))
+    return out
+
+
+def price_sources(w: Workload, chip: Chip, dtype: str = "bf16") -> dict[str, str]:
+    """Where each kind of the step's kernels takes its price on ``chip`` (predict --kernels prints them): the GEMMs'
+    coefficients (gemm_coefficients' source and fallback), the attention's (cuDNN's rows, or the GEMM model), the
+    pointwise kernels' launch and bandwidth (the kernel table's rows, or the H100's scaled, or the HBM bandwidth), the
+    collectives' (nccl-tests' all-reduce table, or the ICI bandwidth) and a PyTorch runtime's host time."""
+    g = gemm_coefficients(chip, dtype)
+    if chip.kind == Platform.GPU:
+        out = {"matmul": g.source.split(": ")[0] + f" (ceiling {g.ceiling:.3f}, t_fixed {g.t_fixed * 1e6:.1f} us"
+               + (f"; {g.fallback}" if g.fallback else "") + ")"}
+    else:
+        out = {"matmul": f"the hardware table's matmul_efficiency {chip.matmul_efficiency}"
+               + (f", fitted on {chip.fitted_on}" if chip.fitted_on else "") + " and the MXU's padding"}
+    out["attention"] = (f"{chip.kernel_table.path} [attention.cudnn]" if uses_attention_table(w, chip) else
+                        "the GEMM model at its shapes (the scores' bytes as the runtime moves them; a blockwise "
+                        "kernel's causal blocks)")
+    rows = _pointwise_rows(chip)
+    out["pointwise"] = ("bytes / HBM bandwidth (no launches)" if rows is None else
+                        "the H100's [pointwise] rows and launch, scaled by the HBM bandwidths' ratio" if rows[2] else
+                        f"{chip.kernel_table.path} [pointwise] rows and launch_seconds")
+    if chip.kind == Platform.GPU:
+        from scaling.hardware.collectives import _all_reduce_rows
+        got = _all_reduce_rows(chip)
+        out["collectives"] = ("the link bandwidth alone" if got is None else
+                              f"nccl-tests all-reduce rows measured on the {got[0].name} (bus bandwidth by message "
+                              "size)")
+        if launches.runs_launches(w):
+            out["host"] = launches.HOST_SOURCE
+    else:
+        out["collectives"] = "the ICI (and DCN) bandwidths of the hardware table (Scaling Book)"
     return out
