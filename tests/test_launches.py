@@ -217,9 +217,9 @@ def test_xla_gpu_materialized_by_hand():
 
 
 def test_price_sources():
-    """predict --kernels names where each kind's price comes from: the A100's GEMMs from its table, its pointwise kernels
-    from the H100's rows scaled (it has none), its collectives from the A100's nccl-tests rows, a PyTorch runtime's
-    host time from its measurement; XLA's program on an H100 has no host time and its own pointwise rows."""
+    """predict --kernels names where each kind's price comes from: the A100's GEMMs from its table, its pointwise
+    kernels from the H100's rows scaled (it has none), its collectives from the A100's nccl-tests rows, a PyTorch
+    runtime's host time from its measurement; XLA's program on an H100 has no host time and its own pointwise rows."""
     from scaling.step.kernels import price_sources
     w, chip = _workload()
     src = price_sources(w, chip)
