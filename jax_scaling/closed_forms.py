@@ -221,6 +221,8 @@ def validate_command(args) -> int:
               f"max {m['max_abs_error']:.1%}")
     say("Spearman (predicted against measured step, rows of one comparison): "
           + ", ".join(f"{c} {r:.2f}" for c, r in v["comparisons"].items()))
+    say("the predicted-fastest row of each comparison, measured against the measured-fastest: "
+        + ", ".join(f"{c} {100 * f:+.1f}%" for c, f in v["fastest"].items()))
     say("error = predicted/measured - 1; runs, their sources and what each assumes: scaling/data/measured.toml")
     return 0
 

@@ -353,7 +353,8 @@ def test_report_json_round_trip():
 
     rep = check(grid_workload(get_preset("tiny"), "data=2,fsdp=2,tensor=2", 1024, "none", "forward"), "cpu:8")
     j = rep.to_json()
-    assert list(j) == ["config", "flops", "memory", "collectives", "overlap", "times", "kernels"]
+    assert list(j) == ["config", "flops", "memory", "collectives", "overlap", "times", "kernels", "kernels_described"]
+    assert set(j["kernels_described"]) == {"gemm", "attention", "fusion"}
     assert j["memory"]["peak"] == {"closed_form": rep.memory.peak.closed_form, "compiled": rep.memory.peak.compiled,
                                    "ratio": None, "note": rep.memory.peak.note}
     assert j["collectives"]["async"] == rep.collectives.asynchronous and "note" in j["overlap"]

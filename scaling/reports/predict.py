@@ -323,7 +323,8 @@ class PredictReport:
                   prose(f"on {devices} {chip.name} devices ({where}{net}), mesh {_mesh_text(dict(w.mesh))}, "
                         f"B = {B:,} tokens, M = {M}, remat {w.remat}, {w.step} step"
                         + (f", attention {w.schedule.attention}" if runs_attention(w.model) else "")
-                        + f", {w.flags.describe()}")]
+                        + (f", the {w.precision.accumulation} runtime's eager PyTorch step (no XLA flags)"
+                           if launches.runs_launches(w) else f", {w.flags.describe()}"))]
         S = w.mesh.get("stage", 1)
         if S > 1 and len(set(chunks := pipeline.chunk_counts(w.model, w.schedule, S))) > 1:  # uneven stages, chunks
             counts, loads = pipeline.stage_blocks(w.model, w.schedule, S), pipeline.stage_loads(w.model, w.schedule, S)

@@ -154,14 +154,16 @@ def _row(run: dict, r: PredictReport) -> dict:
 
 def validate(runs: list[dict] | None = None, kernel_model: str = "efficiency", kernel_table=None) -> dict:
     """Predict every run from its fields as the predict command does (scaling.reports.predict); {"rows": [...],
-    "groups": {group: {median, max, n}}, "comparisons": {compare: spearman}, "memory": {median, max, n}} (memory: the
-    predicted memory per device against the measured peak of the runs that report one). Each row: id, table,
-    group, measured and predicted seconds, error, the predicted MFU and memory per device (and its error against a
-    measured peak), whether a coefficient was fitted on it (``fitted``: the chip whose matmul_efficiency it sets),
-    and its assumption where the source leaves something out. ``kernel_model`` (scaling.step.kernels.KERNEL_MODELS) is
-    predict's matmul term; "hierarchical" predicts the rows whose chip has an on-chip memory size in the hardware
-    table, the others are left out. ``kernel_table`` (a KernelTable or its path: --kernel-table) replaces the
-    shipped kernel table of the rows on its chip (scaling.reports.predict.with_kernel_table)."""
+    "groups": {group: {median, max, n}}, "comparisons": {compare: spearman}, "fastest": {compare: how much slower
+    the predicted-fastest row measured than the measured-fastest, measured/measured − 1}, "memory": {median, max,
+    n}} (memory: the predicted memory per device against the measured peak of the runs that report one). Each row:
+    id, table, group, measured and predicted seconds, error, the predicted MFU and memory per device (and its error
+    against a measured peak), whether a coefficient was fitted on it (``fitted``: the chip whose matmul_efficiency
+    it sets), and its assumption where the source leaves something out. ``kernel_model``
+    (scaling.step.kernels.KERNEL_MODELS) is predict's matmul term; "hierarchical" predicts the rows whose chip has
+    an on-chip memory size in the hardware table, the others are left out. ``kernel_table`` (a KernelTable or its
+    path: --kernel-table) replaces the shipped kernel table of the rows on its chip
+    (scaling.reports.predict.with_kernel_table)."""
     if kernel_table is not None and not isinstance(kernel_table, KernelTable):
         kernel_table = load_kernel_table(kernel_table)
     rows = []
@@ -182,9 +184,11 @@ def validate(runs: list[dict] | None = None, kernel_model: str = "efficiency", k
     mem = np.abs([r["memory_error"] for r in rows if r["memory_error"] is not None])
     memory = {"median_abs_error": float(np.median(mem)), "max_abs_error": float(mem.max()), "n": len(mem)} if len(
         mem) else {}
-    comparisons = {}
+    comparisons, fastest = {}, {}
     for c in sorted({c for r in rows for c in r["compare"]}):
         sel = [r for r in rows if c in r["compare"]]
         if len(sel) >= 3:
             comparisons[c] = spearman([r["predicted_seconds"] for r in sel], [r["measured_seconds"] for r in sel])
-    return {"rows": rows, "groups": groups, "comparisons": comparisons, "memory": memory}
+            picked = min(sel, key=lambda r: r["predicted_seconds"])  # the configuration a search would pick
+            fastest[c] = picked["measured_seconds"] / min(r["measured_seconds"] for r in sel) - 1
+    return {"rows": rows, "groups": groups, "comparisons": comparisons, "fastest": fastest, "memory": memory}
