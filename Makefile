@@ -30,7 +30,7 @@ answer: $(VENV)/.base
 # the README's predict example, drawn (jax_scaling.plots.draw_predict)
 pictures: $(VENV)/.base
 	$(VENV)/bin/jax-scaling predict --preset llama2-7b --chip H100 --chips 64 --mesh data=8,fsdp=8 --global-batch 256 \
-		--attention flash --plot docs/predict-llama2-7b-h100.png > /dev/null
+		--plot docs/predict-llama2-7b-h100.png > /dev/null
 
 QUICK := quick or not (tpu or compiles or numerics or grid or processes)
 
