@@ -1,7 +1,12 @@
-"""What a PyTorch runtime launches in a transformer layer: Megatron-LM (2021-2022) and Megatron-DeepSpeed, which runs
-Megatron's model code (the runtimes of scaling.step.runtimes.RUNTIMES, Precision.accumulation). In place of this
-package's one pointwise kernel per layer-pass (the fusions XLA makes), the memory-bound kernels eager PyTorch
-launches one by one, each with its HBM bytes, and the host time that issues every launch.
+"""What each runtime launches beyond the model family's kernel list (scaling.step.kernels.runtime_kernels maps the
+list to it): a PyTorch runtime's memory-bound kernels one by one and the host time that issues them (below), and the
+kernels XLA:GPU runs around the package's own program (the sections at the end: the flash and materialized
+attention's scores through HBM, the FP32 weights' casts and gradient writes).
+
+A PyTorch runtime: Megatron-LM (2021-2022) and Megatron-DeepSpeed, which runs Megatron's model code (the runtimes of
+scaling.step.runtimes.RUNTIMES, Precision.accumulation). In place of this package's one pointwise kernel per
+layer-pass (the fusions XLA makes), the memory-bound kernels eager PyTorch launches one by one, each with its HBM
+bytes, and the host time that issues every launch.
 
 Per layer and microbatch, per GPU, with c = 2 (16-bit activations), t tokens of a microbatch on a data shard,
 Y = tensor, sp = Y under sequence parallelism (else 1), m the MLP's matrices (GeLU 2, SwiGLU 3), 1-byte dropout
@@ -53,6 +58,7 @@ import numpy as np
 from scaling.core.kinds import KernelKind, KernelPass
 from scaling.core.policies import Step
 from scaling.step.kernel import Kernel
+from scaling.step.memory import weight_shards
 from scaling.step.runtimes import RUNTIMES
 
 # host seconds to issue one eager PyTorch op: pytorch/pytorch#41383 (2020, PyTorch 1.5): 6.8 s for 10^6 calls of
@@ -244,8 +250,6 @@ def xla_gpu_weights(w, ks: list) -> list:
     weight's n·k elements a call over the fsdp shards, WEIGHT_BYTES["forward"] a call in a ``weight_cast`` kernel of
     the forward and WEIGHT_BYTES["backward"] in a ``weight_grad`` kernel of the backward (train); and the gradient
     stacks' zeros, 4 B per parameter of the device, once a microbatch (``grad_zeros``, update)."""
-    from scaling.step.memory import weight_shards
-    from scaling.core.policies import Step
     X = w.mesh.get("fsdp", 1)
     train = w.step == Step.TRAIN
     fwd_elems, bwd_elems, calls = 0.0, 0.0, 0.0
