@@ -35,7 +35,6 @@ def test_the_layers_memory_bound_bytes_by_hand():
     + 2F (bias-GeLU) = 2.441 GB, the "~2.4 GB forward" of gpu-runtimes.md; backward 2·3A + 3S + 2.5S + 2P + 2·3.5A +
     2·3A + 4F = 3.599 GB."""
     w, chip = _workload()
-    ks = StepModel(w, chip)
     A, S = 4 * 2048 * 6144 * 2, 4 * 8 * 2048 ** 2 * 2
     P, F = A / 8, 4 * A / 8
     by_pass = {}
@@ -45,7 +44,6 @@ def test_the_layers_memory_bound_bytes_by_hand():
     assert by_pass["forward"] == pytest.approx(4 * A + 4.5 * S + 2 * P + 7 * A + 2 * F, rel=1e-12)
     assert by_pass["forward"] / 1e9 == pytest.approx(2.4, abs=0.05)
     assert by_pass["backward"] == pytest.approx(6 * A + 5.5 * S + 2 * P + 7 * A + 6 * A + 4 * F, rel=1e-12)
-    assert ks.passes  # a GPU step's passes are made
 
 
 def _layer_passes(remat="none", sp=False):

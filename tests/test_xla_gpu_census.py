@@ -37,12 +37,13 @@ def test_ffn_stack_fusions():
 
 def test_transformer_with_the_packages_flash():
     """llama2-7b at 8 layers, 16,384 tokens of 2,048, the package's flash (key blocks of 512): the fusions' bytes
-    within 15% (compiled 1.11 of the model's; the rest is the residual stacks' zero fill and backward layout copies,
-    named in docs/findings.md), the GEMMs' launches within 10% (0.93: the flash's dots a key block each)."""
+    within 12% (compiled 1.10 of the model's; the rest: the backward's layout copies beyond the model's and the
+    embedding gradient's dense scatter, not modelled), the GEMMs' launches within 10% (0.93: the flash's dots a key
+    block each)."""
     cfg = dataclasses.replace(PRESETS["llama2-7b"], blocks=8, seq_len=2048)
     w = Workload(cfg, {"data": 1}, 16384, schedule=Schedule(attention="flash"))
     ratios = _ratios(w)
-    assert ratios["fusion"][1] == pytest.approx(1.0, abs=0.15)
+    assert ratios["fusion"][1] == pytest.approx(1.0, abs=0.12)
     assert ratios["gemm"][0] == pytest.approx(1.0, abs=0.10)
 
 

@@ -98,7 +98,7 @@ GPU_KIND_FACTOR = {"all-gather": 1.0, "reduce-scatter": 1.0, "all-reduce": 2.0, 
                    "collective-permute": 1.0}
 
 
-def _all_reduce_rows(chip):
+def all_reduce_rows(chip):
     """(the chip whose link bandwidth the rows were measured over, rows) of the [collectives.all_reduce] rows a GPU
     takes: its kernel table's, else the A100-80GB's (the only published NVLink table; an H100's NVLink 4 is taken at
     the same fraction of its link bandwidth). None where no table has rows."""
@@ -119,7 +119,7 @@ def nvlink_efficiency(chip, message_bytes):
     interpolated linearly in log bytes between the rows (clamped to the end rows). Latency is in it: a small
     message's bus bandwidth is mostly its latency (vTrain's 1 MiB: 92.8 us, 0.066 of 300 GB/s). 1 where no table has
     rows (the link bandwidth alone)."""
-    got = _all_reduce_rows(chip)
+    got = all_reduce_rows(chip)
     if got is None:
         return np.ones_like(np.asarray(message_bytes, float))
     owner, rows = got

@@ -66,6 +66,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from scaling.hardware import chips as hardware
+from scaling.hardware import collectives
 from scaling.step import launches
 from scaling.step.kernel import Kernel
 from scaling.step import memory
@@ -631,8 +632,7 @@ def price_sources(w: Workload, chip: Chip, dtype: str = "bf16") -> dict[str, str
                         "the H100's [pointwise] rows and launch, scaled by the HBM bandwidths' ratio" if rows[2] else
                         f"{chip.kernel_table.path} [pointwise] rows and launch_seconds")
     if chip.kind == Platform.GPU:
-        from scaling.hardware.collectives import _all_reduce_rows
-        got = _all_reduce_rows(chip)
+        got = collectives.all_reduce_rows(chip)
         out["collectives"] = ("the link bandwidth alone" if got is None else
                               f"nccl-tests all-reduce rows measured on the {got[0].name} (bus bandwidth by message "
                               "size)")

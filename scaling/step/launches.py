@@ -221,9 +221,10 @@ def xla_gpu_flash(ks: list, block, c: float) -> list:
         tq, _, head_dim, batch = k.shape
         side = KernelPass.BACKWARD if k.pass_ == KernelPass.BACKWARD else KernelPass.FORWARD
         e = batch * tq * tq * k.calls  # score elements of the pass's calls, every key block
-        steps = k.calls * np.maximum(tq / block, 1.0)
-        rows = batch * tq * head_dim * k.calls  # query-head-feature elements of the calls, per key-block step
-        extra = 3 * 4 * rows * steps / k.calls + 2 * c * rows if side == KernelPass.FORWARD else 2 * c * rows
+        nb = np.maximum(tq / block, 1.0)  # key-block steps a call
+        steps = k.calls * nb
+        rows = batch * tq * head_dim * k.calls  # query-head-feature elements of the calls (one key-block step's)
+        extra = 3 * 4 * rows * nb + 2 * c * rows if side == KernelPass.FORWARD else 2 * c * rows
         out.append(Kernel(k.name, k.pass_, k.kind, k.shape, k.calls, k.flops, k.bytes + FLASH_GEMM_BYTES[side] * e,
                           1.0))
         out.append(Kernel("flash_scores", k.pass_, KernelKind.POINTWISE, None, steps * FLASH_FUSIONS[side], 0.0,
