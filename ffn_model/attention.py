@@ -522,13 +522,15 @@ def ring_attention(q_BxTcxNxH, k_BxTcxKxH, v_BxTcxKxH, axis_name, block=512):
 # scaling.core.schedule.SPLASH_BLOCK
 
 
-def splash_blocks(T: int, S: int, block: int = SPLASH_BLOCK):
+def splash_blocks(T: int, S: int, block: int = SPLASH_BLOCK, fused_backward: bool = False):
     """splash_attention_kernel.BlockSizes as MaxText sets them (attention_op.tpu_flash_attention): every block
-    min(``block``, T) for the queries and min(``block``, S) for the keys, separate dq and dkv backward kernels."""
+    min(``block``, T) for the queries and min(``block``, S) for the keys, separate dq and dkv backward kernels, or
+    with ``fused_backward`` one (MaxText's sa_use_fused_bwd_kernel: no dq blocks)."""
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
     bq, bkv = min(block, T), min(block, S)
+    dq = {} if fused_backward else {"block_q_dq": bq, "block_kv_dq": bkv}
     return sk.BlockSizes(block_q=bq, block_kv=bkv, block_kv_compute=bkv, block_q_dkv=bq, block_kv_dkv=bkv,
-                         block_kv_dkv_compute=bkv, block_q_dq=bq, block_kv_dq=bkv, use_fused_bwd_kernel=False)
+                         block_kv_dkv_compute=bkv, use_fused_bwd_kernel=fused_backward, **dq)
 
 
 def interpret_kernels() -> bool:
@@ -537,20 +539,22 @@ def interpret_kernels() -> bool:
     return traced_platform() != Platform.TPU
 
 
+# nine parameters: the kernel's inputs and positions, its mask's window and the blocks a recipe sets
 def splash_attention(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, q_pos_T=None, k_pos_S=None, window=None,
-                     block=SPLASH_BLOCK, interpret=None):
+                     block=SPLASH_BLOCK, fused_backward=False, interpret=None):
     """Causal attention by jax's splash attention kernel (jax.experimental.pallas.ops.tpu.splash_attention,
     what MaxText runs on TPUs) on one device's arrays -> o_BxTxNxH (BF16). q is scaled by H**-0.5 in BF16 first
     (MaxText's query scaling), then, per sequence (vmap over B, MaxText's form), make_splash_mha's kernel on
     [N, T, H] against the K kv heads [K, S, H] (grouped-query: query head n reads kv head n // G) with a
     CausalMask, or with ``window`` W a LocalMask of window_size (W - 1, 0) (query t sees t - W < s <= t), block
-    sizes splash_blocks (MaxText's 512s). q_pos_T, k_pos_S must be None or arange(T) (the mask is the kernel's:
-    positions are not taken). The kernel's custom_vjp saves q, k, v, o and the FP32 logsumexp (named "attn_lse",
-    both: RESIDUAL_NAMES) and runs separate dq and dkv kernels that recompute p = exp(s - lse). It visits only the
-    (query block, key block) pairs the mask does not fully hide: causal, nb·(nb + 1)/2 of nb² (nb = T/b).
+    sizes splash_blocks (MaxText's 512s; ``block``, ``fused_backward`` as a recipe sets them). q_pos_T, k_pos_S
+    must be None or arange(T) (the mask is the kernel's: positions are not taken). The kernel's custom_vjp saves q,
+    k, v, o and the FP32 logsumexp (named "attn_lse", both: RESIDUAL_NAMES) and runs separate dq and dkv kernels
+    that recompute p = exp(s - lse) (one kernel with ``fused_backward``). It visits only the (query block, key
+    block) pairs the mask does not fully hide: causal, nb·(nb + 1)/2 of nb² (nb = T/b).
     FLOPs per visited block pair of b_q·b_kv scores, per head: forward 4·b_q·b_kv·H, backward 14·b_q·b_kv·H (the dq
-    kernel s, dp, dq; the dkv kernel s, dp, dv, dk; 2 each). ``interpret``: Pallas's interpret mode (None:
-    interpret_kernels()).
+    kernel s, dp, dq; the dkv kernel s, dp, dv, dk; 2 each); 10·b_q·b_kv·H with ``fused_backward`` (s, dp, dv, dk,
+    dq). ``interpret``: Pallas's interpret mode (None: interpret_kernels()).
     Source: FlashAttention-2 (Dao 2023), Algorithms 1 and 2, as the splash kernel implements them."""
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
@@ -559,7 +563,8 @@ def splash_attention(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, q_pos_T=None, k_pos_S=None
     if N % K:
         raise ValueError(f"query heads N={N} must be a multiple of kv heads K={K}")
     mask = sm.CausalMask((T, S)) if window is None else sm.LocalMask((T, S), window_size=(window - 1, 0), offset=0)
-    kernel = sk.make_splash_mha(mask=sm.MultiHeadMask((mask,) * N), block_sizes=splash_blocks(T, S, block),
+    blocks = splash_blocks(T, S, block, fused_backward)
+    kernel = sk.make_splash_mha(mask=sm.MultiHeadMask((mask,) * N), block_sizes=blocks,
                                 head_shards=1, q_seq_shards=1, residual_checkpoint_name="attn_lse",
                                 interpret=interpret_kernels() if interpret is None else interpret)
     scale = jnp.asarray(H ** -0.5, COMPUTE_DTYPE)

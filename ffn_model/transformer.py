@@ -80,6 +80,7 @@ POLICY_SAVES = {
     "save_dot_except_mlpwi": ("q", "k", "v", "attn_proj", "mlp_out"),
     "save_dot_except_mlp": ("q", "k", "v", "attn_proj"),
     "save_qkv_proj": ("q", "k", "v"),
+    "save_qkv_context": ("q", "k", "v", *RESIDUAL_NAMES),
     "qkv_proj_offloaded": (),
     "input_qkv_offloaded": (),
     "full": (),
@@ -122,7 +123,8 @@ def _local_attention(schedule: Schedule, window=None):
     if schedule.attention == Attention.FLASH:
         kernel = functools.partial(flash_attention_o, block=schedule.attention_block, window=window)
     elif schedule.attention == Attention.SPLASH:
-        kernel = functools.partial(splash_attention, window=window)
+        kernel = functools.partial(splash_attention, window=window, block=schedule.attention_block,
+                                   fused_backward=schedule.splash_fused_backward)
     elif schedule.attention == Attention.CUDNN:
         kernel = functools.partial(cudnn_attention, window=window)
     else:

@@ -96,8 +96,11 @@ def add_schedule_args(p) -> None:
                    help="transformer attention: materialized scores, flash (the package's key blocks, online "
                         "softmax), splash (jax's Pallas kernel, TPU), cudnn (cuDNN's fused attention, GPU) or auto "
                         "(default: splash on TPU, cudnn on GPU, flash on CPU; the command says which it took)")
-    g.add_argument("--attention-block", type=integer, help=f"flash attention's key block (transformer; default "
-                   f"{d.attention_block})")
+    g.add_argument("--attention-block", type=integer, help=f"flash's and splash's key block (transformer; default "
+                   f"{d.attention_block}, splash's as MaxText sets it)")
+    g.add_argument("--splash-fused-backward", action="store_true", default=None,
+                   help="splash's fused backward kernel (dq, dk, dv in one: MaxText's sa_use_fused_bwd_kernel; "
+                        "default: a dq and a dkv kernel)")
     g.add_argument("--context-strategy", choices=CONTEXT_STRATEGIES,
                    help="transformer attention over a context axis: ulysses (all-to-all) or ring (ppermute; "
                         f"default {d.context})")

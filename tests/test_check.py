@@ -431,7 +431,7 @@ def _sequence_ids(grid):
 
 
 # quick: Ulysses, flash, ring, SP with full remat, minimal, save_qkv_proj, ZeRO-1, the three policies of the last rows
-_SEQUENCE_QUICK = (6, 7, 8, 10, 19, 20, 21, 23, 24, 25)
+_SEQUENCE_QUICK = (6, 7, 8, 10, 19, 20, 21, 23, 24, 25, 26)
 
 
 @pytest.mark.grid

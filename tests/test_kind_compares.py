@@ -43,6 +43,7 @@ NOT_KINDS = {
     ("scaling/families/ffn.py::overlapped_volumes", "fsdp"): "a mesh axis (a key of the per-axis volumes)",
     ("scaling/families/moe.py::MoEConfig", "fsdp"): "a mesh axis (the planner's axes), not the optimizer's sharding",
     ("scaling/families/transformer.py::_recomputed", "attention"): "a saved tensor's name (POLICY_KEEPS)",
+    ("scaling/families/transformer.py::_saved_terms", "attention"): "a saved tensor's name (POLICY_KEEPS)",
     ("scaling/core/schedule.py::runs_attention", "attention"): "a Schedule field's name (a family's schedule_flags)",
     ("jax_scaling/args.py::schedule_of", "attention"): "a schedule flag's name (SCHEDULE_FLAGS)",
     ("jax_scaling/calibrate.py::_jobs", "pointwise"): "a kernel table's section (SECTIONS, --sections)",

@@ -98,6 +98,7 @@ def test_fields_no_family_has_together(capsys):
 # --slices, --dcn-mesh, --dtype, --grad-accumulation, --sequence-parallel, --attention, --remat among them)
 SHARED = {"--preset", "--d-model", "--d-ff", "--blocks", "--layers", "--seq-len", "--heads", "--kv-heads", "--head-dim",
           "--vocab", "--mlp", "--block", "--tied-embeddings", "--attention", "--attention-block", "--context-strategy",
+          "--splash-fused-backward",
           "--chip", "--chips", "--slice", "--slices", "--inter-node-bandwidth", "--global-batch", "--batch-tokens",
           "--microbatch", "--microbatches", "--mesh", "--dcn-mesh", "--remat", "--dtype", "--grad-accumulation",
           "--repeats", "--schedule", "--warmup-phases", "--fsdp-gather", "--optimizer-sharding", "--sequence-parallel",

@@ -59,7 +59,7 @@ def test_every_measured_run_is_predicted(capsys):
     runs, and this project's own bench runs apart (each naming the GPU it ran on)."""
     v = validate()
     assert len(v["rows"]) == len(measured_runs()) >= 77
-    assert {r["table"] for r in v["rows"]} == {"1a", "1b", "1c", "1d", "2", "3", "bench"}
+    assert {r["table"] for r in v["rows"]} == {"1a", "1b", "1c", "1d", "2", "3", "ironwood", "bench"}
     assert set(v["groups"]) == {"tpu", "gpu", "bench"}
     assert all("NVIDIA H200" in r["source"] for r in measured_runs() if r["group"] == "bench")
     row = next(r for r in v["rows"] if r["id"] == "maxtext-h100-llama2-7b-x2")
@@ -79,7 +79,7 @@ def test_each_chips_efficiency_is_its_fit_on_the_named_run():
     from scaling.reports.validate import fit_efficiency
 
     fitted = {n: c for n, c in CHIPS.items() if c.fitted_on}
-    assert set(fitted) == {"v4", "v5e", "v6e"}
+    assert set(fitted) == {"v4", "v5e", "v6e", "TPU7x"}
     for name, chip in fitted.items():
         assert fit_efficiency(name) == pytest.approx(chip.matmul_efficiency, abs=0.0011), name
     v = validate()
@@ -110,7 +110,7 @@ def test_hierarchical_kernel_model_column():
 
     r = refitted("hierarchical")
     v = r["validation"]
-    assert set(r["eta"]) == {"v4", "v5e", "v6e"}  # GPUs: their kernel tables' ceilings, nothing refitted
+    assert set(r["eta"]) == {"v4", "v5e", "v6e", "TPU7x"}  # GPUs: their kernel tables' ceilings, nothing refitted
     assert len(v["rows"]) == len(measured_runs())
     for row in v["rows"]:
         if row["fitted"]:

@@ -201,6 +201,8 @@ CPU_SEQUENCE_GRID = [
     (_SMALL_TF, "fsdp=2,tensor=4", 4096, "save_dot_except_mlpwi", "train", Schedule()),
     (_SMALL_TF, "fsdp=2,tensor=4", 4096, "qkv_proj_offloaded", "train", Schedule()),
     (_SMALL_TF, "fsdp=2,tensor=4", 4096, "input_qkv_offloaded", "train", Schedule()),
+    # MaxText's custom policy of its TPU7x recipes: q, k, v and the attention's output kept (no attention recompute)
+    (_SMALL_TF, "fsdp=2,tensor=4", 4096, "save_qkv_context", "train", Schedule(attention="flash")),
 ]
 # On TPU v5p ahead of time: a 4096-wide transformer (32 heads, 8 kv heads, F=16384, 4 layers, T=4096; 8
 # sequences) large enough that HBM dominates its peak (3 to 17 GB), and the XXL with sequence parallelism at

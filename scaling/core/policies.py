@@ -20,6 +20,9 @@ class Remat(enum.StrEnum):
     SAVE_DOT_EXCEPT_MLPWI = "save_dot_except_mlpwi"
     SAVE_DOT_EXCEPT_MLP = "save_dot_except_mlp"
     SAVE_QKV_PROJ = "save_qkv_proj"
+    # MaxText's custom policy of its TPU7x Llama 3.1 recipes (q, k, v projections and "context", the attention's
+    # output with the kernel's residuals, kept on the device): the attention not recomputed
+    SAVE_QKV_CONTEXT = "save_qkv_context"
     # MaxText's offloading policies: what they keep lives in pinned host memory, not HBM
     # (scaling.families.transformer.OFFLOADED)
     QKV_PROJ_OFFLOADED = "qkv_proj_offloaded"  # MaxText's qkv_proj_offloaded: q, k, v
@@ -27,6 +30,7 @@ class Remat(enum.StrEnum):
 
 
 TRANSFORMER_ONLY_REMAT = ("selective", "minimal", "save_dot_except_mlpwi", "save_dot_except_mlp", "save_qkv_proj",
+                          "save_qkv_context",
                           "qkv_proj_offloaded", "input_qkv_offloaded")
 
 

@@ -42,9 +42,10 @@ def attention_for(platform: str, seq_len: int | None = None) -> str:
 
 
 def key_block(schedule: "Schedule", keys) -> float:
-    """The key block b of a blockwise kernel over ``keys`` keys: splash's SPLASH_BLOCK and cuDNN's (128, its
-    FlashAttention-2 tile) capped at the keys, flash's attention_block; the keys (one block) otherwise."""
-    block = {"splash": SPLASH_BLOCK, "cudnn": 128}.get(schedule.attention, schedule.attention_block)
+    """The key block b of a blockwise kernel over ``keys`` keys: cuDNN's 128 (its FlashAttention-2 tile), flash's and
+    splash's attention_block (splash's default SPLASH_BLOCK, MaxText's; its sa_block_* where a recipe sets them),
+    capped at the keys; the keys (one block) otherwise."""
+    block = 128 if schedule.attention == Attention.CUDNN else schedule.attention_block
     return np.minimum(block, keys)
 
 
@@ -93,8 +94,10 @@ class Schedule:
                     tensor all-reduce, and the saved block inputs shrink by Y.
     attention       (transformer) "materialized": the T×S scores and probabilities as arrays;
                     "flash": key blocks of ``attention_block`` in a scan with an online softmax, memory
-                    O(T·block) (ffn_model.attention); "splash": jax's Pallas splash kernel (TPU, MaxText's; 512
-                    blocks, the causal blocks above the diagonal skipped); "cudnn": cuDNN's fused attention (GPU);
+                    O(T·block) (ffn_model.attention); "splash": jax's Pallas splash kernel (TPU, MaxText's; blocks
+                    of ``attention_block``, MaxText's 512 by default, the causal blocks above the diagonal skipped;
+                    ``splash_fused_backward``: one backward kernel for dq, dk and dv, MaxText's
+                    sa_use_fused_bwd_kernel, instead of a dq and a dkv kernel); "cudnn": cuDNN's fused attention (GPU);
                     "auto": the platform's (attention_for), resolved by Schedule.on where the platform is known.
     context         (transformer, with a context axis) "ulysses": all-to-all from sequence-split to
                     head-split and back around the attention; "ring": K/V chunks passed round the
@@ -134,6 +137,7 @@ class Schedule:
     pipeline: Pipeline = Pipeline.GPIPE
     warmup_phases: bool = False
     stage_blocks: tuple[int, ...] | None = None
+    splash_fused_backward: bool = False
 
     def __post_init__(self):
         positive_ints("microbatches", self.microbatches)  # the planner passes a numpy array of candidates
@@ -155,6 +159,11 @@ class Schedule:
         if not isinstance(self.sequence_parallel, bool):
             raise ValueError(f"sequence_parallel must be True or False, got {self.sequence_parallel!r}")
         positive_int("attention_block", self.attention_block)
+        if not isinstance(self.splash_fused_backward, (bool, np.bool_)):
+            raise ValueError(f"splash_fused_backward must be True or False, got {self.splash_fused_backward!r}")
+        if self.splash_fused_backward and self.attention not in (Attention.SPLASH, Attention.AUTO):
+            raise ValueError(f"splash_fused_backward is splash's (one backward kernel for dq, dk, dv), not attention "
+                             f"{self.attention}'s")
         if self.stage_blocks is not None:
             blocks = tuple(self.stage_blocks)
             if not blocks or any(isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 1 for b in blocks):

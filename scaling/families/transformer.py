@@ -88,7 +88,7 @@ from scaling.core.kinds import Block, Family, KernelKind, KernelPass, Mlp, Platf
 from scaling.core.policies import (DEFAULT_PRECISION, REMAT_POLICIES, TRANSFORMER_ONLY_REMAT, Attention,
                                    ContextStrategy, FsdpGather, OptimizerSharding, Pipeline, Precision, Remat,
                                    Step)
-from scaling.core.schedule import SPLASH_BLOCK, Schedule, key_block, runs_flash
+from scaling.core.schedule import Schedule, key_block, runs_flash
 from scaling.core.sharding import shards
 from scaling.core.workload import Workload
 
@@ -106,6 +106,7 @@ POLICY_KEEPS = {
     "save_dot_except_mlpwi": {"qkv", "out"},
     "save_dot_except_mlp": {"qkv", "out"},
     "save_qkv_proj": {"qkv"},
+    "save_qkv_context": {"qkv", "attention"},
     "qkv_proj_offloaded": {"qkv"},
     "input_qkv_offloaded": {"qkv"},
     "full": set(),
@@ -143,7 +144,8 @@ class TransformerConfig(FamilyDefaults):
         batch_tokens=4_194_304,  # Llama 2's 4M tokens (Touvron et al. 2023, section 2.2)
         axes=tuple(a for a in MESH_AXES if a != "expert"),  # context too; no experts
         remats=tuple(r for r in REMAT_POLICIES if r != Remat.EVERY_SECOND
-                     and r not in OFFLOADED),  # the host's transfers: not modelled
+                     and r not in OFFLOADED  # the host's transfers: not modelled
+                     and r != Remat.SAVE_QKV_CONTEXT),  # not nested with minimal's (remat_keeps' order)
         grouped=True,  # meshes in groups, every schedule choice (scaling.planner.plan._groups)
         remat_keeps=POLICY_KEEPS,  # nested: the planner's first policy that fits is the fastest
         schedule_options=("attention", "context", "optimizer_sharding"))
@@ -163,7 +165,8 @@ class TransformerConfig(FamilyDefaults):
                                                              "with --vocab)"}
     # {field: Schedule's field}: the schedule's attention fields, set only for a model with attention
     schedule_flags: ClassVar[dict[str, str]] = {"attention": "attention", "attention_block": "attention_block",
-                                                "context_strategy": "context"}
+                                                "context_strategy": "context",
+                                                "splash_fused_backward": "splash_fused_backward"}
 
     d_model: int
     heads: int
@@ -369,10 +372,10 @@ def _check_transformer(cfg: TransformerConfig, mesh: Mapping, schedule: Schedule
         raise ValueError(f"attention_block={schedule.attention_block} does not divide the {keys} keys each device "
                          "attends to at a time")
     if schedule.attention == Attention.SPLASH:
-        b = min(SPLASH_BLOCK, cfg.seq_len)
+        b = min(schedule.attention_block, cfg.seq_len)
         if cfg.seq_len % b or b % 128:
-            raise ValueError(f"attention splash needs seq_len={cfg.seq_len} in blocks of min(512, T) that are a "
-                             "multiple of 128 (the kernel's lanes)")
+            raise ValueError(f"attention splash needs seq_len={cfg.seq_len} in blocks of min(attention_block="
+                             f"{schedule.attention_block}, T) that are a multiple of 128 (the kernel's lanes)")
     if any(cfg.layer_windows) and spans(C) and schedule.context == ContextStrategy.RING:
         raise ValueError("window (local attention) runs with context ulysses, not ring")
     if any(cfg.layer_windows) and mesh.get("stage", 1) > 1:
@@ -528,12 +531,15 @@ def skips_causal(schedule: Schedule, mesh: Mapping) -> bool:
 def attention_units(schedule: Schedule, pass_: str, mesh: Mapping) -> int:
     """Matmuls of s·T²·N·H/(Y·C) FLOPs each attention runs (ffn_model.attention's docstrings): forward
     4 (q·kᵀ, p·v: 2 each); backward 8 from the saved probabilities, 10 with the scores recomputed
-    (runs_flash)."""
+    (runs_flash), 14 under splash's separate dq and dkv kernels (10: splash_fused_backward)."""
     if pass_ == KernelPass.FORWARD:
         return 4
     # splash's separate dq and dkv kernels (MaxText's default, sa_use_fused_bwd_kernel false) each recompute s and
-    # dp: dq kernel s, dp, dq (6), dkv kernel s, dp, dv, dk (8)
-    return 14 if schedule.attention == Attention.SPLASH else 10 if runs_flash(schedule, mesh) else 8
+    # dp: dq kernel s, dp, dq (6), dkv kernel s, dp, dv, dk (8); its fused backward kernel (splash_fused_backward)
+    # s, dp once, then dv, dk, dq (10), as flash's
+    if schedule.attention == Attention.SPLASH and not schedule.splash_fused_backward:
+        return 14
+    return 10 if runs_flash(schedule, mesh) else 8
 
 
 def recomputed(cfg: TransformerConfig, remat: str, schedule: Schedule, mesh: Mapping) -> dict:
@@ -920,6 +926,7 @@ def _saved_terms(cfg: TransformerConfig, mesh: Mapping, batch_tokens, schedule: 
         keeps = POLICY_KEEPS[remat]
         if remat != Remat.NONE and remat != Remat.SELECTIVE:  # the named policies: x and what they keep
             return {"x": xs, "qkv": qkv if "qkv" in keeps else 0.0,
+                    "attention": attention if "attention" in keeps else 0.0,
                     "attn_proj": xs if "out" in keeps and serial else 0.0, "mlp": mlp if "mlp_in" in keeps else 0.0}
         return {**kept, "attention": attention if flash or remat == Remat.NONE else 0.0, "attn_out": attn_out,
                 "mlp": mlp}

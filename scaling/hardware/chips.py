@@ -318,11 +318,17 @@ def split_slices(chip: Chip, chips: int) -> tuple[int, tuple[int, ...]]:
 def parse_slice(name: str) -> tuple[Chip, tuple[int, ...]]:
     """A Cloud TPU slice name -> (chip, physical shape): ``v5p-256`` counts TensorCores, 2 per chip, so it
     is 128 chips, 4x4x8 [GC-v5p]; ``v6e-16`` counts chips, 4x4 [GC-v6e]; ``v5litepod-16``, ``v4-8``,
-    ``tpu7x-8`` (2x2x1). ValueError naming the valid forms otherwise."""
+    ``tpu7x-8`` (2x2x1); or the topology (GKE's and XPK's accelerator type): ``tpu7x-4x4x4`` is 64 chips, 4x4x4,
+    ``v6e-16x16`` 256 chips. ValueError naming the valid forms otherwise."""
     s = str(name).strip().lower()
     prefix, _, count = s.rpartition("-")
     for chip in _tpus():
         if prefix in {chip.slice_prefix, chip.name.lower(), *chip.aliases}:
+            dims = count.split("x")
+            if len(dims) > 1 and all(d.isascii() and d.isdigit() and int(d) > 0 for d in dims):
+                if len(dims) != chip.torus:
+                    raise ValueError(f"bad slice {name!r}: a {chip.name} topology has {chip.torus} dimensions")
+                return chip, tuple(int(d) for d in dims)
             if not (count.isascii() and count.isdigit()) or int(count) <= 0:
                 break
             n = int(count)
@@ -331,7 +337,8 @@ def parse_slice(name: str) -> tuple[Chip, tuple[int, ...]]:
                 raise ValueError(f"bad slice {name!r}: {chip.slice_prefix}-N counts TensorCores, {per} per chip")
             return chip, slice_topology(chip, n // per)
     forms = ", ".join(f"{c.slice_prefix}-<{'TensorCores' if c.slice_counts_cores else 'chips'}>" for c in _tpus())
-    raise ValueError(f"unknown slice {name!r}; expected {forms}, e.g. v5p-256 (128 chips)")
+    raise ValueError(f"unknown slice {name!r}; expected {forms} or <prefix>-<topology>, e.g. v5p-256 (128 chips) "
+                     "or tpu7x-4x4x4 (64 chips)")
 
 
 def slice_name(chip: Chip, chips: int) -> str | None:

@@ -18,7 +18,7 @@ from scaling.step import launches
 from scaling.step import pipeline
 from scaling.planner import plan as planner
 from scaling.core.inputs import positive_float, positive_int
-from scaling.core.kinds import KernelModel, Platform
+from scaling.core.kinds import Dtype, KernelModel, Platform
 from scaling.core.mesh_shape import MeshShape, parse_mesh_spec
 from scaling.core.policies import DEFAULT_PRECISION, Precision
 from scaling.families.presets import model_fields, model_of
@@ -26,7 +26,7 @@ from scaling.core.schedule import Schedule, runs_attention
 from scaling.core.flags import DEFAULT_FLAGS, check_modelled, get_flag_set
 from scaling.hardware.chips import DEFAULT_CHIP, GPU_NODE, Chip, get_chip, parse_slice, split_slices
 from scaling.hardware.kernel_tables import KernelTable, load_kernel_table
-from scaling.step.kernels import DTYPE_BYTES, gemm_coefficients, peak_flops
+from scaling.step.kernels import DTYPE_BYTES, LOW_PRECISION, gemm_coefficients, peak_flops
 from scaling.core.limits import check_devices, check_size
 from scaling.core.table import in_unit, prose, table, time_text, time_unit
 from scaling.core.workload import Workload
@@ -47,9 +47,11 @@ def schedule_from(microbatches: int = 1, repeats: int = 1, fsdp_gather: str = "m
 
 def precision_of(dtype: str, accumulation: str = "package") -> Precision:
     """The precision policy with ``dtype`` matmuls: activations and weights on the wire in its bytes
-    (DTYPE_BYTES; tf32 is stored as fp32), FP32 master weights, gradients and moments as always; the gradient
-    accumulation of the runtime ``accumulation`` (scaling.core.policies.ACCUMULATION_BYTES)."""
-    b = DTYPE_BYTES[dtype]
+    (DTYPE_BYTES; tf32 is stored as fp32), except a quantized step's (int8, fp8: scaling.step.kernels.LOW_PRECISION),
+    whose activations and weight gathers stay in 16 bits (it casts each GEMM's operands as it runs it:
+    quantize_kernels); FP32 master weights, gradients and moments as always; the gradient accumulation of the
+    runtime ``accumulation`` (scaling.core.policies.ACCUMULATION_BYTES)."""
+    b = DTYPE_BYTES[Dtype.BF16 if dtype in LOW_PRECISION else dtype]
     return dataclasses.replace(DEFAULT_PRECISION, compute=b, weight_comm=b, dtype=dtype, accumulation=accumulation)
 
 

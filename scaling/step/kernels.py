@@ -463,6 +463,40 @@ def attention_table_seconds(chip: Chip, k: Kernel):
     return k.calls * batch * (bwd if k.pass_ == KernelPass.BACKWARD else fwd)
 
 
+# the layers' weight GEMMs of every family (the FFN stack's, the transformer's, the MoE's), by kernel name
+QUANTIZED_GEMMS = frozenset({"w_in", "w_out", "qkv", "out", "mlp_in", "mlp_out", "expert_in", "expert_out", "shared_in",
+                             "shared_out"})
+LOW_PRECISION = ("int8", "fp8")  # the 1-byte matmul types a quantized step trains in
+
+
+def matmul_dtype(k: Kernel, dtype: str) -> str:
+    """The input type kernel ``k``'s matmul runs in when the step's is ``dtype``: under a quantized step (int8, fp8)
+    the layers' weight GEMMs (QUANTIZED_GEMMS, every pass: forward, recompute, input and weight gradients) run in it
+    and the rest in bf16: attention's score and value products, the logits, the router, MoE's one-hot dispatch and
+    combine (MaxText: AQT's int8 config and its fp8_full quantize the dense layers' dot_generals, fwd, dlhs and drhs;
+    Transformer Engine's fp8 Linear layers; attention and the output head stay in 16 bits); any other ``dtype`` is
+    every matmul's."""
+    if dtype not in LOW_PRECISION:
+        return dtype
+    return dtype if k.kind == KernelKind.MATMUL and k.name.split(".")[0] in QUANTIZED_GEMMS else Dtype.BF16
+
+
+def quantize_kernels(ks: list[Kernel], dtype: str, c: int) -> list[Kernel]:
+    """The passes a quantized step (``dtype`` int8 or fp8) adds before each of its 8-bit GEMMs (matmul_dtype): both
+    operands scaled and cast, each element read in ``c`` bytes (its absolute maximum, the scale) and written in one,
+    (c + 1)·(m·k + k·n)·batch bytes a call, one pointwise kernel per GEMM and pass (AQT's and fp8's dynamic scaling:
+    a per-tensor or per-channel amax, then the cast; the GEMM's epilogue applies the scales). None for other types."""
+    if dtype not in LOW_PRECISION:
+        return []
+    out = []
+    for k in ks:
+        if k.shape is not None and matmul_dtype(k, dtype) == dtype:
+            m, n, kk, b = k.shape
+            out.append(Kernel(f"quantize.{k.name}", k.pass_, KernelKind.POINTWISE, None, k.calls, 0.0,
+                              (c + 1) * (m * kk + kk * n) * b * k.calls))
+    return out
+
+
 def runtime_kernels(w: Workload, chip: Chip, ks: list[Kernel]) -> list[Kernel]:
     """The family's kernels as the chip's runtime runs them: the kernels of one platform's compiler (Kernel.only)
     where the chip is that platform's and XLA runs the step; on a GPU, XLA's program (not a PyTorch runtime's,
@@ -495,10 +529,13 @@ def step_kernels(w: Workload, chip: Chip | None = None, dtype: str = "bf16",
     if chip is None:
         return [k for k in ks if k.only is None]
     ks = runtime_kernels(w, chip, ks)
-    peak, bw, fixed = peak_flops(chip, dtype), chip.device_hbm_bw, fixed_seconds(chip, dtype)
+    ks = ks + quantize_kernels(ks, dtype, w.precision.compute)
+    bw = chip.device_hbm_bw
     table_attention = uses_attention_table(w, chip)
     out = []
     for k in ks:
+        kd = matmul_dtype(k, dtype)
+        peak, fixed = peak_flops(chip, kd), fixed_seconds(chip, kd)
         if k.kind == KernelKind.ATTENTION and table_attention:  # cuDNN's kernel, timed whole (attention_table_seconds)
             t = attention_table_seconds(chip, k)
             out.append(Kernel(k.name, k.pass_, k.kind, k.shape, k.calls, k.flops, k.bytes, k.executed,
@@ -506,7 +543,7 @@ def step_kernels(w: Workload, chip: Chip | None = None, dtype: str = "bf16",
             continue
         if kernel_model == KernelModel.HIERARCHICAL and k.kind == KernelKind.MATMUL:
             b = tiled_bytes(chip, *k.shape, w.precision.compute) * k.calls
-            eff = large_gemm_efficiency(chip, dtype)
+            eff = large_gemm_efficiency(chip, kd)
             out.append(Kernel(k.name, k.pass_, k.kind, k.shape, k.calls, k.flops, b, k.executed, eff,
                               k.flops * (k.executed / (peak * eff)), b / bw, fixed * k.calls))
             continue
@@ -515,7 +552,7 @@ def step_kernels(w: Workload, chip: Chip | None = None, dtype: str = "bf16",
             out.append(Kernel(k.name, k.pass_, k.kind, None, k.calls, k.flops, k.bytes, 1.0, 1.0, 0.0, t_mem))
             continue
         t_mem = k.bytes / bw
-        eff = shape_efficiency(chip, *k.shape, dtype)
+        eff = shape_efficiency(chip, *k.shape, kd)
         t_math = k.flops * (k.executed / (peak * eff))
         out.append(Kernel(k.name, k.pass_, k.kind, k.shape, k.calls, k.flops, k.bytes, k.executed, eff, t_math, t_mem,
                           fixed * k.calls))
@@ -536,35 +573,47 @@ def compute_term(w: Workload, chip: Chip, dtype: str = "bf16", kernel_model: str
     if kernel_model != KernelModel.EFFICIENCY:
         return compute_seconds(step_kernels(w, chip, dtype, kernel_model))
     ks = runtime_kernels(w, chip, w.model.forms.step_kernels(w))
+    if dtype in LOW_PRECISION:
+        ks = ks + quantize_kernels(ks, dtype, w.precision.compute)
     table_attention = uses_attention_table(w, chip)
     own = [attention_table_seconds(chip, k) if table_attention and k.kind == KernelKind.ATTENTION else None for k in ks]
-    mm = [k for k, o in zip(ks, own) if k.shape is not None and o is None]
-    peak, bw = peak_flops(chip, dtype), chip.device_hbm_bw
+    mm = [i for i, (k, o) in enumerate(zip(ks, own)) if k.shape is not None and o is None]
+    times = {}  # kernel index -> seconds, the matmuls' made a dtype at a time
+    for kd in dict.fromkeys(matmul_dtype(ks[i], dtype) for i in mm):
+        group = [i for i in mm if matmul_dtype(ks[i], dtype) == kd]
+        times.update(zip(group, _matmul_seconds(w, chip, [ks[i] for i in group], kd)))
+    bw = chip.device_hbm_bw
     total = 0
-    if mm:
-        flops_given, bytes_given = [k.flops is not None for k in mm], [k.bytes is not None for k in mm]
-        cols = [_stacked(col) for col in zip(*((*k.shape, k.calls, k.executed) for k in mm))]
-        if any(flops_given):
-            cols += [_stacked(flops_given), _stacked([0.0 if k.flops is None else k.flops for k in mm])]
-        if any(bytes_given):
-            cols += [_stacked(bytes_given), _stacked([0.0 if k.bytes is None else k.bytes for k in mm])]
-        nd = max(a.ndim for a in cols)  # each [kernels, ...] with as many dimensions (numpy aligns the last)
-        m, n, kk, b, calls, executed, *given = (a.reshape(a.shape[:1] + (1,) * (nd - a.ndim) + a.shape[1:])
-                                                for a in cols)
-        flops, moved = shape_costs(m, n, kk, b, calls, w.precision.compute)
-        if any(flops_given):
-            flops, given = np.where(given[0], given[1], flops), given[2:]
-        if any(bytes_given):
-            moved = np.where(given[0], given[1], moved)
-        seconds = np.maximum(flops * (executed / (peak * shape_efficiency(chip, m, n, kk, b, dtype))), moved / bw)
-        fixed = fixed_seconds(chip, dtype)
-        seconds = iter(seconds + fixed * calls if fixed else seconds)
     gpu = chip.kind == Platform.GPU  # a TPU's pointwise passes: bytes / HBM bandwidth (pointwise_seconds), no launches
-    for k, o in zip(ks, own):  # in the kernels' order, as compute_seconds sums them
-        total = total + (o if o is not None else next(seconds) if k.shape is not None else
+    for i, (k, o) in enumerate(zip(ks, own)):  # in the kernels' order, as compute_seconds sums them
+        total = total + (o if o is not None else times[i] if k.shape is not None else
                          pointwise_seconds(chip, k.bytes, k.calls * pointwise_launches(w, k)) if gpu else
                          np.maximum(0.0, k.bytes / bw))
     return total
+
+
+def _matmul_seconds(w: Workload, chip: Chip, mm: list[Kernel], dtype: str):
+    """compute_term's matmuls of one input type: each one's seconds (t_fixed·calls + the roofline of its FLOPs at
+    shape_efficiency and its bytes), made at once on their stacked shapes, calls, FLOPs and bytes."""
+    flops_given, bytes_given = [k.flops is not None for k in mm], [k.bytes is not None for k in mm]
+    cols = [_stacked(col) for col in zip(*((*k.shape, k.calls, k.executed) for k in mm))]
+    if any(flops_given):
+        cols += [_stacked(flops_given), _stacked([0.0 if k.flops is None else k.flops for k in mm])]
+    if any(bytes_given):
+        cols += [_stacked(bytes_given), _stacked([0.0 if k.bytes is None else k.bytes for k in mm])]
+    nd = max(a.ndim for a in cols)  # each [kernels, ...] with as many dimensions (numpy aligns the last)
+    m, n, kk, b, calls, executed, *given = (a.reshape(a.shape[:1] + (1,) * (nd - a.ndim) + a.shape[1:])
+                                            for a in cols)
+    flops, moved = shape_costs(m, n, kk, b, calls, w.precision.compute)
+    if any(flops_given):
+        flops, given = np.where(given[0], given[1], flops), given[2:]
+    if any(bytes_given):
+        moved = np.where(given[0], given[1], moved)
+    peak = peak_flops(chip, dtype)
+    seconds = np.maximum(flops * (executed / (peak * shape_efficiency(chip, m, n, kk, b, dtype))),
+                         moved / chip.device_hbm_bw)
+    fixed = fixed_seconds(chip, dtype)
+    return list(seconds + fixed * calls if fixed else seconds)
 
 
 def _stacked(values) -> np.ndarray:
