@@ -159,7 +159,7 @@ class Schedule:
         if not isinstance(self.sequence_parallel, bool):
             raise ValueError(f"sequence_parallel must be True or False, got {self.sequence_parallel!r}")
         positive_int("attention_block", self.attention_block)
-        if not isinstance(self.splash_fused_backward, (bool, np.bool_)):
+        if not isinstance(self.splash_fused_backward, bool):
             raise ValueError(f"splash_fused_backward must be True or False, got {self.splash_fused_backward!r}")
         if self.splash_fused_backward and self.attention not in (Attention.SPLASH, Attention.AUTO):
             raise ValueError(f"splash_fused_backward is splash's (one backward kernel for dq, dk, dv), not attention "

@@ -11,6 +11,8 @@ pass, the optimizer update), with its FLOPs, the HBM bytes it reads and writes, 
                     table (scaling/data/kernels/, published or calibrated kernel-level sweeps: gemm_coefficients);
                     a dtype the table lacks takes the bf16 ceiling and t_fixed at its own peak, a chip without a
                     table its ``matmul_efficiency`` and t_fixed 0: the coefficients say which (``fallback``).
+               int8, fp8: a quantized step, its layers' weight GEMMs at that type's peak, attention and the logits
+                    at bf16's, a pointwise pass casting each 8-bit GEMM's operands (matmul_dtype, quantize_kernels).
              q:
                TPU: the MXU (a×a systolic array, a = ``mxu``) takes the contracting dim k and the output dim n
                     in whole tiles: q = k/(a·⌈k/a⌉) · n/(a·⌈n/a⌉) (Scaling Book TPU page; m streams through);
@@ -466,7 +468,7 @@ def attention_table_seconds(chip: Chip, k: Kernel):
 # the layers' weight GEMMs of every family (the FFN stack's, the transformer's, the MoE's), by kernel name
 QUANTIZED_GEMMS = frozenset({"w_in", "w_out", "qkv", "out", "mlp_in", "mlp_out", "expert_in", "expert_out", "shared_in",
                              "shared_out"})
-LOW_PRECISION = ("int8", "fp8")  # the 1-byte matmul types a quantized step trains in
+LOW_PRECISION = (Dtype.INT8, Dtype.FP8)  # the 1-byte matmul types a quantized step trains in
 
 
 def matmul_dtype(k: Kernel, dtype: str) -> str:
@@ -573,14 +575,13 @@ def compute_term(w: Workload, chip: Chip, dtype: str = "bf16", kernel_model: str
     if kernel_model != KernelModel.EFFICIENCY:
         return compute_seconds(step_kernels(w, chip, dtype, kernel_model))
     ks = runtime_kernels(w, chip, w.model.forms.step_kernels(w))
-    if dtype in LOW_PRECISION:
-        ks = ks + quantize_kernels(ks, dtype, w.precision.compute)
+    ks = ks + quantize_kernels(ks, dtype, w.precision.compute)
     table_attention = uses_attention_table(w, chip)
     own = [attention_table_seconds(chip, k) if table_attention and k.kind == KernelKind.ATTENTION else None for k in ks]
-    mm = [i for i, (k, o) in enumerate(zip(ks, own)) if k.shape is not None and o is None]
+    mm = {i: matmul_dtype(k, dtype) for i, (k, o) in enumerate(zip(ks, own)) if k.shape is not None and o is None}
     times = {}  # kernel index -> seconds, the matmuls' made a dtype at a time
-    for kd in dict.fromkeys(matmul_dtype(ks[i], dtype) for i in mm):
-        group = [i for i in mm if matmul_dtype(ks[i], dtype) == kd]
+    for kd in set(mm.values()):
+        group = [i for i, d in mm.items() if d == kd]
         times.update(zip(group, _matmul_seconds(w, chip, [ks[i] for i in group], kd)))
     bw = chip.device_hbm_bw
     total = 0
