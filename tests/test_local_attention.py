@@ -124,6 +124,21 @@ def test_bad_windows_are_one_error_line(capsys):
         TransformerConfig(d_model=64, heads=8, d_ff=256, blocks=2, seq_len=64, global_every=2)
 
 
+def test_gemma3_12b_parameters_are_the_papers():
+    """Gemma 3 12B (Gemma Team 2025, arXiv:2503.19786, table 1): 10,759M non-embedding parameters and 1,012M embedding
+    ones; the preset's layers (norm scales aside, which the paper counts) within 0.5% of the first, its embedding
+    262,144 x 3840 = 1,006.6M within 1% of the second (the table's vocabulary is Gemma 3's 262k plus special
+    tokens); layers 6, 12, ... global, the others local over 1024 tokens."""
+    from scaling.families.presets import get_preset as preset
+
+    g = preset("gemma3-12b")
+    embedding = g.vocab * g.d_model
+    assert g.params - embedding == pytest.approx(10_759e6, rel=0.005)
+    assert embedding == pytest.approx(1_012e6, rel=0.01)
+    assert [i for i, w in enumerate(g.layer_windows) if w is None] == list(range(5, 48, 6))
+    assert set(g.layer_windows) == {1024, None}
+
+
 @pytest.mark.parametrize("preset", ["mistral-7b", "gemma-2-9b"])
 def test_presets_predict(preset, capsys):
     """predict with a window preset: exit 0, the header names the window."""

@@ -59,7 +59,7 @@ def test_every_measured_run_is_predicted(capsys):
     runs, and this project's own bench runs apart (each naming the GPU it ran on)."""
     v = validate()
     assert len(v["rows"]) == len(measured_runs()) >= 77
-    assert {r["table"] for r in v["rows"]} == {"1a", "1b", "1c", "1d", "2", "3", "ironwood", "bench"}
+    assert {r["table"] for r in v["rows"]} == {"1a", "1b", "1c", "1d", "2", "3", "ironwood", "trillium", "bench"}
     assert set(v["groups"]) == {"tpu", "gpu", "bench"}
     assert all("NVIDIA H200" in r["source"] for r in measured_runs() if r["group"] == "bench")
     row = next(r for r in v["rows"] if r["id"] == "maxtext-h100-llama2-7b-x2")

@@ -89,6 +89,13 @@ PRESETS: dict[str, FFNConfig | TransformerConfig | MoEConfig] = {
     "gemma-2-9b": TransformerConfig(d_model=3584, heads=16, kv_heads=8, head_dim=256, d_ff=14336, blocks=42,
                                     seq_len=8192, mlp="swiglu", vocab=256000, tied_embeddings=True, window=4096,
                                     global_every=2),
+    # Gemma 3 12B (Gemma Team 2025, arXiv:2503.19786, table 1: 1,012M embedding and 10,759M non-embedding
+    # parameters; MaxText's gemma3-12b.yml: 48 layers, D 3840, 16 heads of 256, 8 kv heads, mlp 15360 gated GELU,
+    # vocab 262,144 tied, sliding window 1024, five local layers to one global): its post-attention and post-MLP norms
+    # and QK-norm are not modelled (norm scales only)
+    "gemma3-12b": TransformerConfig(d_model=3840, heads=16, kv_heads=8, head_dim=256, d_ff=15360, blocks=48,
+                                    seq_len=32768, mlp="swiglu", vocab=262144, tied_embeddings=True, window=1024,
+                                    global_every=6),
     # Mixture-of-experts transformers (scaling.families.moe.MOE_PRESETS, their sources there): Mixtral 8x7B,
     # OLMoE-1B-7B, and a tiny one for tests
     **{k: MOE_PRESETS[k] for k in ("mixtral-8x7b", "olmoe-1b-7b", "moe-tiny")},
