@@ -493,7 +493,8 @@ class MoETransformer(nnx.Module):
         """x: token vectors [B, T, D] (or ids [B, T] with a vocabulary) -> (output [B, T, D] or logits [B, T, V],
         Σ aux loss): layer_plan's dense runs (ffn_model.transformer.stack_forward: one scan each) and MoE groups (one
         scan over the groups, each its every − 1 dense layers and then its MoE layer under jax.checkpoint: remat
-        "none" keeps MOE_SAVED, "full" the layer's input only)."""
+        "none" keeps MOE_SAVED, "full" the layer's input only, a named or offloading policy (scaling.families.moe.
+        MOE_REMATS) what it keeps of the attention (ffn_model.transformer.remat_policy), nothing of the MoE MLP)."""
         attn, dense, moe = self._stacks()
         first, q, every, rest = layer_plan(self.spec, len(attn["wq"]))
         if self.vocab is None:
@@ -506,8 +507,9 @@ class MoETransformer(nnx.Module):
         if first:
             x = dense_run(x, 0, first, 0, first)
         block = functools.partial(moe_block, schedule=self.schedule, spec=self.spec, kind=self.kind)
-        saves = MOE_SAVED if self.remat == Remat.NONE else ()
-        block = loop_checkpoint(block, jax.checkpoint_policies.save_only_these_names(*saves), q)
+        policy = (jax.checkpoint_policies.save_only_these_names(*MOE_SAVED) if self.remat == Remat.NONE
+                  else tf.remat_policy(self.remat, self.schedule))  # the named ones keep no name of the MoE MLP
+        block = loop_checkpoint(block, policy, q)
 
         def group(carry, ws):
             x, aux = carry

@@ -100,6 +100,16 @@ def policy_saves(remat: str, schedule: Schedule) -> tuple[str, ...]:
         saved = SAVED_SP if schedule.sequence_parallel else SAVED
         return tuple(n for n in saved if n != "attn_probs") if remat == Remat.SELECTIVE else saved
     return POLICY_SAVES[remat]
+
+
+def remat_policy(remat: str, schedule: Schedule):
+    """The jax.checkpoint policy of a layer under ``remat``: save_only_these_names(policy_saves), and for the
+    offloading policies (POLICY_OFFLOADS) save_and_offload_only_these_names, theirs to pinned host memory."""
+    if remat in POLICY_OFFLOADS:
+        return jax.checkpoint_policies.save_and_offload_only_these_names(
+            names_which_can_be_saved=policy_saves(remat, schedule), names_which_can_be_offloaded=POLICY_OFFLOADS[remat],
+            offload_src="device", offload_dst="pinned_host")
+    return jax.checkpoint_policies.save_only_these_names(*policy_saves(remat, schedule))
 EPS = 1e-6
 
 
@@ -352,11 +362,7 @@ def stack_forward(x_BxTxD, weights: dict, schedule: Schedule, remat: str = "none
     (docs/findings.md, "Local and global layers' peak"). Each layer of a group but the first takes its input through
     backward_fence (its weight gradients made before the layer below's backward). The offloading policies
     (POLICY_OFFLOADS) move theirs to pinned host memory and back."""
-    policy = jax.checkpoint_policies.save_only_these_names(*policy_saves(remat, schedule))
-    if remat in POLICY_OFFLOADS:
-        policy = jax.checkpoint_policies.save_and_offload_only_these_names(
-            names_which_can_be_saved=policy_saves(remat, schedule), names_which_can_be_offloaded=POLICY_OFFLOADS[remat],
-            offload_src="device", offload_dst="pinned_host")
+    policy = remat_policy(remat, schedule)
 
     def body(window, trips):  # prevent_cse off inside a scan of more than one trip (why: loop_checkpoint)
         return loop_checkpoint(functools.partial(layer, schedule=schedule, mlp_kind=mlp_kind, block=block,

@@ -29,7 +29,7 @@ def tiny(remat="none", cfg=TINY, **kw):
 
 def test_registered_family_and_presets():
     assert MoEConfig in FAMILIES and is_family(TINY)
-    assert all(PRESETS[k] is MOE_PRESETS[k] for k in ("mixtral-8x7b", "olmoe-1b-7b", "moe-tiny"))
+    assert all(PRESETS[k] is MOE_PRESETS[k] for k in ("mixtral-8x7b", "mixtral-8x22b", "olmoe-1b-7b", "moe-tiny"))
     assert TINY.plan.axes == ("data", "fsdp", "expert", "tensor")
     assert (TINY.family, runs_attention(TINY), TINY.runs_1f1b, TINY.plan.grouped) == ("moe", True, False, False)
 

@@ -32,6 +32,17 @@ def test_mixtral_published_parameter_counts():
     assert abs(MIXTRAL.active_params / 12.9e9 - 1) < 0.01
 
 
+def test_mixtral_8x22b_published_parameter_counts():
+    # Published (Mistral AI, Apr 2024): 141B total, 39B active.
+    # By hand, per layer: attention 6144·128·(2·48 + 2·8) = 88,080,384; router 6144·8 = 49,152; one expert
+    # 3·6144·16384 = 301,989,888. Embeddings untied 2·32768·6144 = 402,653,184.
+    # total  = 56·(88,080,384 + 49,152 + 8·301,989,888) + 402,653,184 = 140,629,377,024
+    # active = 56·(88,080,384 + 49,152 + 2·301,989,888) + 402,653,184 = 39,160,774,656 (0.41% over the 39B)
+    m = MOE_PRESETS["mixtral-8x22b"]
+    assert m.params == 140_629_377_024 and m.active_params == 39_160_774_656
+    assert abs(m.params / 141e9 - 1) < 0.005 and abs(m.active_params / 39e9 - 1) < 0.005
+
+
 def test_olmoe_published_parameter_counts():
     # Published (Muennighoff et al. 2024, OLMoE, table 1): 6.9B total, 1.3B active.
     # By hand, per layer: attention 2048·128·(2·16 + 2·16) = 16,777,216; router 2048·64 = 131,072; one expert

@@ -54,6 +54,10 @@ CASES = [
     ("dropless", "data=2,expert=2,tensor=2", "full", None),
     ("shared", "fsdp=2,expert=2,tensor=2", "none", None),
     ("dense-first", "data=2,expert=4", "none", None),
+    # the named and offloading policies (MaxText's Mixtral recipes: layer input, q, k, v offloaded): the attention's
+    # q, k, v kept, the MoE MLP recomputed; XLA:CPU keeps the offloaded ones in its one memory
+    ("capacity", "fsdp=2,expert=4", "save_qkv_proj", None),
+    ("shared", "data=2,expert=2,tensor=2", "input_qkv_offloaded", 512),
 ]
 MODELS = {"capacity": NO_DROP, "dropless": ALL, "shared": NO_DROP.replace(shared_experts=1),
           "dense-first": NO_DROP.replace(first_dense=1, moe_every=2, blocks=5)}
@@ -98,7 +102,10 @@ def _check(cfg, spec, devices, batch_tokens, remat="none"):
 # tokens (2,048 on 8 devices)
 CHECKS = [(_moe(capacity_factor=1.25), mesh, 2048, remat) for mesh, remat in
           [("data=2,expert=4", "none"), ("fsdp=2,expert=4", "full"), ("data=2,expert=2,tensor=2", "none"),
-           ("fsdp=2,expert=2,tensor=2", "full")]]
+           ("fsdp=2,expert=2,tensor=2", "full"),
+           # the named policies: q, k, v kept (the attention and W_o recomputed: one more tensor all-reduce a layer),
+           # and o·W_o too (none more); the MoE MLP recomputed as under full (its all-to-alls again)
+           ("fsdp=2,expert=2,tensor=2", "save_qkv_proj"), ("data=2,expert=2,tensor=2", "save_dot_except_mlp")]]
 
 
 @pytest.mark.grid
@@ -126,18 +133,27 @@ def test_dropless_check_on_cpu_holds_the_all_gather_dispatcher():
     assert rep.collectives.by_kind["all-gather"] > 0 and "all-to-all" not in rep.collectives.by_kind
 
 
+MIXTRAL_4 = MOE_PRESETS["mixtral-8x7b"].replace(blocks=4, capacity_factor=1.25)
+
+
 @pytest.mark.grid
 @pytest.mark.tpu
-@pytest.mark.parametrize("devices, cfg, mesh, batch", rows([(
+@pytest.mark.parametrize("devices, cfg, mesh, batch, remat", rows([
     # Mixtral 8x7B's layer (D 4,096, 32 heads of 128, 8 kv heads, 8 experts of 14,336, top-2, V 32,000), 4 layers, on
-    # a v5p of 8 chips (2x2x2) as fsdp 2, expert 4: 8 sequences of 4,096, cf 1.25
-    "tpu:v5p:2x2x2", MOE_PRESETS["mixtral-8x7b"].replace(blocks=4, capacity_factor=1.25), "fsdp=2,expert=4", 8 * 4096)],
-    quick=(0,)), ids=["mixtral-4-layers"])
-def test_check_on_v5p_holds_flops_all_to_all_and_peak(devices, cfg, mesh, batch):
-    rep = _check(cfg, mesh, devices, batch)
+    # a v5p of 8 chips (2x2x2) as fsdp 2, expert 4: 8 sequences of 4,096, cf 1.25; and under the offloading policy of
+    # MaxText's v6e Mixtral recipes (the layer's input and q, k, v in pinned host memory)
+    ("tpu:v5p:2x2x2", MIXTRAL_4, "fsdp=2,expert=4", 8 * 4096, "none"),
+    ("tpu:v5p:2x2x2", MIXTRAL_4, "fsdp=2,expert=4", 8 * 4096, "input_qkv_offloaded")],
+    quick=(0,)), ids=["mixtral-4-layers", "mixtral-4-layers-offloaded"])
+def test_check_on_v5p_holds_flops_all_to_all_and_peak(devices, cfg, mesh, batch, remat):
+    rep = _check(cfg, mesh, devices, batch, remat)
     assert rep.flops.matmul.ratio == pytest.approx(1, abs=0.02)
     assert rep.collectives.by_axis["expert"].ratio == pytest.approx(1, abs=0.02)
     assert rep.memory.peak.ratio == pytest.approx(1, abs=0.10)
+    if remat == "input_qkv_offloaded":
+        # in pinned host memory, by hand: 4 layers' x and q, k, v of the device's t = 32,768/8 = 4,096 tokens (expert
+        # folded into data), 2·4,096·4,096 + 2·4,096·128·(32 + 2·8) = 83,886,080 B a layer
+        assert rep.memory.host.compiled == 4 * 83_886_080
 
 
 @pytest.mark.tpu

@@ -53,7 +53,13 @@ from scaling.core.sharding import shards
 from scaling.families.transformer import TransformerConfig
 from scaling.core.workload import Workload
 
-MOE_REMATS = ("none", "full")  # the remat policies the MoE family's closed forms count
+# The remat policies the MoE family's closed forms count: none, full, and the transformer's named and offloading
+# policies that keep nothing of the MLP (POLICY_KEEPS without "mlp_in"; MaxText's custom policies of its Mixtral
+# recipes): their attention as the transformer's (q, k, v, the attention's output, o·W_o kept or offloaded), the MoE
+# MLP (router, dispatch, experts, combine) recomputed whole as under full (moe_recomputed)
+MOE_REMATS = ("none", "full", "save_qkv_proj", "save_qkv_context", "save_dot_except_mlp", "qkv_proj_offloaded",
+              "input_qkv_offloaded")
+MOE_PLAN_REMATS = ("none", "full")  # the planner's (the others not searched: the host's transfers, not nested)
 CAPACITY_FACTORS = ("dropless", "1", "1.25", "1.5", "2")  # --capacity-factor's examples (it takes any number > 0)
 ROUTERS = ("softmax", "sigmoid")  # the gates: softmax over E then top-k (Mixtral renormalises over the k), or sigmoid
 
@@ -138,7 +144,7 @@ class MoEConfig(FamilyDefaults):
     plan: ClassVar[PlanPolicy] = PlanPolicy(
         batch_tokens=4_194_304,  # 4M tokens, as the transformer's (OLMoE trains at 4M: table 1)
         axes=tuple(a for a in MESH_AXES if a in ("data", "fsdp", "expert", "tensor")),
-        remats=MOE_REMATS,
+        remats=MOE_PLAN_REMATS,
         grouped=False,  # one mesh a group, microbatches only, as the FFN stack
         remat_keeps=None,
         schedule_options=("attention",))  # the Schedule's default (auto), not chosen
@@ -323,9 +329,11 @@ class MoEConfig(FamilyDefaults):
                 "against every local expert); give --capacity-factor to compare")
 
     def check_remat(self, remat: str) -> None:
-        """none or full (MOE_REMATS): the named policies and every-second are not built for the MoE family."""
+        """MOE_REMATS: none, full and the named policies that keep nothing of the MLP; the others (selective,
+        minimal, save_dot_except_mlpwi: the MLP's hidden or output kept) and every-second are not built for it."""
         if remat not in MOE_REMATS:
-            raise ValueError(f"remat {remat} is not built for the MoE transformer; its remat is none or full")
+            raise ValueError(f"remat {remat} is not built for the MoE transformer; its remat is one of "
+                             + ", ".join(MOE_REMATS))
 
     def check_schedule(self, schedule: Schedule, mesh: Mapping, batch_tokens: int | None = None) -> None:
         """Before the shared rules (Schedule.check): no stage or context axis (_check_axes), no sequence
@@ -602,6 +610,12 @@ def _folded(w: Workload, batch_tokens=None) -> Workload:
                     compiler=w.compiler, flags=w.flags)
 
 
+def moe_recomputed(w: Workload) -> bool:
+    """Whether a train step's backward recomputes the MoE layers' MLP (router, dispatch, experts, combine): under
+    every policy but none (MOE_REMATS: none keeps it whole, the others nothing of it)."""
+    return w.step == Step.TRAIN and w.remat != Remat.NONE
+
+
 def _shapes(w: Workload) -> dict:
     """The step's sizes per device: t tokens, M microbatches, slots (the expert rows a device computes in the step:
     M·all_to_all_bytes' slots of a microbatch, t·k dropless, (t/T)·E·C with capacity), and parameters: "ne" the
@@ -631,11 +645,13 @@ def _shapes(w: Workload) -> dict:
 def step_flops(w: Workload) -> dict:
     """Matmul FLOPs per device of one step, term by term: the base transformer's on the folded mesh
     (scaling.families.transformer.step_flops: attention, the vocabulary's logits, and an MLP of d_ff F in every layer),
-    less that MLP in the L_moe MoE layers (mlp = 2·m·t·D·F/Y forward, 2x backward, (m−1)/m recomputed under remat full),
+    less that MLP in the L_moe MoE layers (mlp = 2·m·t·D·F/Y forward, 2x backward, (m−1)/m recomputed under remat full
+    and the named policies, which keep no MLP hidden),
     plus per MoE layer forward
         router 2·t·D·E (replicated over tensor), experts 2·m·D·F_e·slots/Y, shared 2·m·D·F_e·S_sh·t/Y
     (slots: t·k dropless, (t/T)·E·C with capacity: GShard section 3.2's einsum computes every slot); backward 2x;
-    remat full recomputes the router, the shared experts' m − 1 input matrices (as the transformer's W_out, the output
+    remat full (and a named policy: moe_recomputed) recomputes the router, the shared experts' m − 1 input
+    matrices (as the transformer's W_out, the output
     matrix's recomputation is dead) and all m of the routed experts' (their output is the combine's input, which its
     gradient takes). With a capacity factor, GShard's dispatch and combine einsums (algorithm 2:
     [S, E, C] against [S, D] and [E, C, D]) are matmuls too, 2·T·D·E·C each a group of S = T tokens (2·T·D·slots in
@@ -646,7 +662,7 @@ def step_flops(w: Workload) -> dict:
     base = tf.step_flops(_folded(w))
     sh = _shapes(w)
     t, Y, D, mm, Fe, Lm = sh["t"], sh["Y"], cfg.d_model, cfg.mlp_matrices, m.expert_d_ff, cfg.moe_layers
-    train, full = w.step == Step.TRAIN, w.step == Step.TRAIN and w.remat == Remat.FULL
+    train, again = w.step == Step.TRAIN, moe_recomputed(w)
     mlp = 2 * mm * t * D * cfg.d_ff / Y
     router, shared = 2 * t * D * m.experts, 2 * mm * D * Fe * m.shared_experts * t / Y
     experts = 2 * mm * D * Fe * sh["slots"] / Y
@@ -655,8 +671,8 @@ def step_flops(w: Workload) -> dict:
     out = {"forward": base["forward"] + Lm * (layer - mlp + 2 * dispatch)}
     if train:
         out["backward"] = base["backward"] + Lm * (2 * (layer - mlp) + 3 * dispatch)
-        out["recompute"] = base["recompute"] + full * Lm * (router + experts + (shared - mlp) * (mm - 1) / mm
-                                                            + dispatch)
+        out["recompute"] = base["recompute"] + again * Lm * (router + experts + (shared - mlp) * (mm - 1) / mm
+                                                             + dispatch)
     out["total"] = sum(out.values())
     active = router + 2 * mm * D * Fe * (m.top_k + m.shared_experts) * t / Y
     out["model"] = base["model"] + Lm * (active - mlp) * (3 if train else 1)
@@ -697,12 +713,13 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
               layer and microbatch the router's statistics for the load-balancing loss, f_e and P_e (Switch eq. 4:
               means over every token), 2·E FP32 values forward, f_e again under remat full; and the routers' FP32
               gradients (replicated weights), 4·L_moe·D·E a train step
-    Not modelled: windowed reduce-scatters, XLA's merged reductions."""
+    "Under remat full" above: under every policy that recomputes the MoE MLP (moe_recomputed); the attention's terms
+    are the base's under the policy. Not modelled: windowed reduce-scatters, XLA's merged reductions."""
     cfg = w.model
     sh = _shapes(w)
     X, Y, Ex, d, M = sh["X"], sh["Y"], sh["Ex"], sh["d"], sh["M"]
     c = max(w.precision.compute, w.compiler.min_comm_bytes)
-    train, full = w.step == Step.TRAIN, w.step == Step.TRAIN and w.remat == Remat.FULL
+    train, full = w.step == Step.TRAIN, moe_recomputed(w)  # "full": the MoE MLP recomputed (every policy but none)
     V, D = cfg.vocab or 0, cfg.d_model
     W_ne, W_ex = c * sh["ne"] / Y, c * sh["ex"] / Y
     E, dE = cfg.embedding_matrices * c * V * D / Y, 2 * c * V * D / Y * (V > 0)
@@ -744,15 +761,16 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
 
 def _saved(w: Workload, remat: str, batch_tokens) -> tuple:
     """(dense, moe): bytes one dense and one MoE layer keep for the backward on ``batch_tokens`` (a microbatch):
-    the base's saved_per_layer on the folded mesh (scaling.families.transformer: remat full x alone); an MoE layer under
-    remat none has, for the MLP hidden c·t·F·(m−1)/Y, the dispatch buffers in and out (dispatch_buffer_bytes), the
+    the base's saved_per_layer on the folded mesh (scaling.families.transformer: remat full x alone, a named policy
+    what it keeps of the attention; an MoE layer the same: nothing of its MLP); an MoE layer under remat none has,
+    for the MLP hidden c·t·F·(m−1)/Y, the dispatch buffers in and out (dispatch_buffer_bytes), the
     experts' hidden c·rows·F_e·(m−1)/Y, the shared experts' c·t·S_sh·F_e·(m−1)/Y and the router's FP32
     logits 4·t·E (ffn_model.moe.route keeps them, not the probabilities)."""
     cfg, m, mesh = w.model, w.model.moe, w.mesh
     fold = _folded(w, batch_tokens)
     kept = tf.saved_per_layer(cfg.base, fold.mesh, batch_tokens, remat, w.schedule, w.precision)
     dense = sum(kept.values())
-    if remat == Remat.FULL:
+    if remat != Remat.NONE:
         return dense, dense
     c, Y, mm, Fe = w.precision.compute, mesh["tensor"], cfg.mlp_matrices, m.expert_d_ff
     t = tokens_per_device(cfg, mesh, batch_tokens)
@@ -803,15 +821,20 @@ def memory_per_device(w: Workload) -> dict:
     master, Adam's moments and the layers' FP32 gradients for the device's parameters (_shapes: the non-expert over X·Y,
     the routed experts over Ex·X·Y); the batch of a microbatch (int32 ids and labels 8·t/M, or x and y (c + 4)·t·D/M);
     the transient gathered weights, two layers' (the larger of an MoE and a dense layer, c·layer) in a train step,
-    one under remat full or forward (none forward without fsdp); the attention's working set (the base's on the
-    folded mesh); one layer's FP32 weight gradients (train, not full); the saved activations of a microbatch,
-    L_dense·dense + L_moe·moe (_saved); under full the recomputed MoE layer's residuals less its x; with a
+    one under remat full and the named policies (moe_recomputed: the MoE MLP recomputed whole, the layer's bulk) or
+    forward (none forward without fsdp); the attention's working set (the base's on the
+    folded mesh); one layer's FP32 weight gradients (train, remat none); the saved activations of a microbatch,
+    L_dense·dense + L_moe·moe (_saved), less an offloading policy's in host memory (the base's offloaded_per_layer a
+    layer, where CompilerFacts.host_offload); under full and the named policies the recomputed MoE layer's residuals
+    (remat none's) less what the policy keeps; with a
     vocabulary the loss's phase where above a layer's (c·(t·D + t·V/Y + V·D/Y), t of a microbatch); on XLA:GPU the
     FP32 copies of fp32_copies."""
     cfg, p = w.model, w.precision
     sh = _shapes(w)
     X, Y, M = sh["X"], sh["Y"], sh["M"]
-    train, full = w.step == Step.TRAIN, w.step == Step.TRAIN and w.remat == Remat.FULL
+    # "full": the MoE MLP recomputed (full and the named policies alike: the backward's iteration gathers the layer
+    # for its MoE MLP's recomputation and makes the experts' gradients as under full; compiled on v5p)
+    train, full = w.step == Step.TRAIN, moe_recomputed(w)
     Bm = w.batch_tokens / M
     tm = tokens_per_device(cfg, w.mesh, Bm)
     c, D, V = p.compute, cfg.d_model, cfg.vocab or 0
@@ -828,10 +851,13 @@ def memory_per_device(w: Workload) -> dict:
         terms["layer_grads"] = p.grad * Wl / c
     if train:
         dense, moe = _saved(w, w.remat, Bm)
-        terms["activations"] = cfg.dense_layers * dense + cfg.moe_layers * moe
-    if full:
+        # an offloading policy's residuals in pinned host memory (the base's offloaded_per_layer, every layer alike)
+        off = (tf.offloaded_per_layer(cfg.base, fold.mesh, Bm, w.remat, w.schedule, p)
+               if w.compiler.host_offload else 0.0)
+        terms["activations"] = cfg.dense_layers * dense + cfg.moe_layers * moe - cfg.blocks * off
+    if moe_recomputed(w):
         _, moe_none = _saved(w, "none", Bm)
-        terms["recomputed_layer"] = moe_none - c * tm * D
+        terms["recomputed_layer"] = moe_none - moe
     if train and V:
         layer = sum(terms.get(k, 0.0) for k in ("transient_weights", "attention_working_set", "layer_grads",
                                                  "recomputed_layer"))
@@ -865,7 +891,8 @@ def step_kernels(w: Workload) -> list[Kernel]:
     device's experts), [r, D]·[D, F_e/Y] (m − 1 of them) and [r, F_e/Y]·[F_e/Y, D]; the shared experts
     [t, D]·[D, S_sh·F_e/Y] (m − 1) and back; with a capacity factor GShard's dispatch [E·C, T]·[T, D] and combine
     [T, E·C]·[E·C, D] for each of the t/T groups; backward each one's dX and dW (the dispatch: its input's gradient
-    only; the combine: y's and the gates'); remat full the router's, the routed experts' (all m: step_flops), the
+    only; the combine: y's and the gates'); remat full (and a named policy) the router's, the routed experts' (all
+    m: step_flops), the
     shared experts' input matrices' and the dispatch again. Approximate: the pointwise passes are the base's (an MLP
     of F a layer)."""
     cfg, m = w.model, w.model.moe
@@ -873,7 +900,7 @@ def step_kernels(w: Workload) -> list[Kernel]:
     c, D, mm, Fe, Y, Lm, L = w.precision.compute, cfg.d_model, cfg.mlp_matrices, m.expert_d_ff, sh["Y"], \
         cfg.moe_layers, cfg.blocks
     t, local = sh["t"], m.experts // sh["Ex"]
-    train, full = w.step == Step.TRAIN, w.step == Step.TRAIN and w.remat == Remat.FULL
+    train, again = w.step == Step.TRAIN, moe_recomputed(w)
     ks = []
     for k in tf.step_kernels(_folded(w)):
         if k.kind == KernelKind.OPTIMIZER or k.name == "accumulate":
@@ -908,7 +935,7 @@ def step_kernels(w: Workload) -> list[Kernel]:
             ks += [matmul_kernel("dispatch.dx", "backward", T, D, EC, Lm * groups, c),
                    matmul_kernel("combine.dy", "backward", EC, D, T, Lm * groups, c),
                    matmul_kernel("combine.dgates", "backward", T, EC, D, Lm * groups, c)]
-        if full:
+        if again:
             ks += [dataclasses.replace(k, pass_="recompute") for k in fwd + dispatch[:1] if k.name != "shared_out"]
         params = sh["shard"] * weight_shards(w.mesh)  # adamw_kernel and accumulate_kernel divide by X·Y (the router
         # counted X·Y times: it is whole on every device)
@@ -927,6 +954,13 @@ MOE_PRESETS: dict[str, MoEConfig] = {
         TransformerConfig(d_model=4096, heads=32, kv_heads=8, head_dim=128, d_ff=14336, blocks=32, seq_len=4096,
                           mlp="swiglu", vocab=32000),
         MoESpec(experts=8, top_k=2, expert_d_ff=14336)),
+    # Mixtral 8x22B (Mistral AI, "Cheaper, Better, Faster, Stronger", Apr 2024: 141B total, 39B active; HF
+    # mistralai/Mixtral-8x22B-v0.1 config.json: hidden 6144, 56 layers, 48 heads of 128, 8 kv heads, intermediate
+    # 16384, 8 experts, top-2, vocab 32768 untied, SwiGLU). T = 4,096 as MaxText's v6e recipe trains it.
+    "mixtral-8x22b": MoEConfig(
+        TransformerConfig(d_model=6144, heads=48, kv_heads=8, head_dim=128, d_ff=16384, blocks=56, seq_len=4096,
+                          mlp="swiglu", vocab=32768),
+        MoESpec(experts=8, top_k=2, expert_d_ff=16384)),
     # OLMoE-1B-7B (Muennighoff et al. 2024, "OLMoE", table 1; HF allenai/OLMoE-1B-7B-0924 config.json): d_model
     # 2048, 16 layers, 16 heads (no GQA), head_dim 128, 64 experts of d_ff 1024, top-8, SwiGLU, vocab 50304 untied,
     # sequence length 4096, dropless, softmax router (not renormalised), load-balancing loss 0.01. Published 6.9B

@@ -96,9 +96,9 @@ PRESETS: dict[str, FFNConfig | TransformerConfig | MoEConfig] = {
     "gemma3-12b": TransformerConfig(d_model=3840, heads=16, kv_heads=8, head_dim=256, d_ff=15360, blocks=48,
                                     seq_len=32768, mlp="swiglu", vocab=262144, tied_embeddings=True, window=1024,
                                     global_every=6),
-    # Mixture-of-experts transformers (scaling.families.moe.MOE_PRESETS, their sources there): Mixtral 8x7B,
-    # OLMoE-1B-7B, and a tiny one for tests
-    **{k: MOE_PRESETS[k] for k in ("mixtral-8x7b", "olmoe-1b-7b", "moe-tiny")},
+    # Mixture-of-experts transformers (scaling.families.moe.MOE_PRESETS, their sources there): Mixtral 8x7B and
+    # 8x22B, OLMoE-1B-7B, and a tiny one for tests
+    **{k: MOE_PRESETS[k] for k in ("mixtral-8x7b", "mixtral-8x22b", "olmoe-1b-7b", "moe-tiny")},
 }
 
 
