@@ -43,6 +43,24 @@ def test_mixtral_8x22b_published_parameter_counts():
     assert abs(m.params / 141e9 - 1) < 0.005 and abs(m.active_params / 39e9 - 1) < 0.005
 
 
+def test_qwen3_moe_published_parameter_counts():
+    # Published (Qwen3 model cards): 235B-A22B 235B total, 22B activated; 30B-A3B 30.5B total, 29.9B non-embedding,
+    # 3.3B activated. By hand, per layer: attention D·128·(2N + 2·4), router D·128, one expert 3·D·F_e; embeddings
+    # untied 2·151,936·D.
+    #   235B: 94·(4096·128·136 + 524,288 + 128·18,874,368) + 1,244,659,712 = 235,092,836,352;
+    #         active 94·(71,303,168 + 524,288 + 8·18,874,368) + 1,244,659,712 = 22,189,965,312
+    #   30B:  48·(2048·128·72 + 262,144 + 128·4,718,592) + 622,329,856 = 30,531,911,680 (non-embedding
+    #         29,909,581,824); active 48·(18,874,368 + 262,144 + 8·4,718,592) + 622,329,856 = 3,352,821,760
+    # The totals within 0.5%; the activated counts are published to two figures: 22.19B is 22B rounded, 3.353B the
+    # 3.3B truncated (rounded it is 3.4B), neither within 0.5% of the rounded figure.
+    big, small = MOE_PRESETS["qwen3-235b-a22b"], MOE_PRESETS["qwen3-30b-a3b"]
+    assert (big.params, big.active_params) == (235_092_836_352, 22_189_965_312)
+    assert (small.params, small.active_params) == (30_531_911_680, 3_352_821_760)
+    assert abs(big.params / 235e9 - 1) < 0.005 and abs(small.params / 30.5e9 - 1) < 0.005
+    assert abs((small.params - small.embedding_params) / 29.9e9 - 1) < 0.005
+    assert round(big.active_params / 1e9) == 22 and int(small.active_params / 1e8) == 33
+
+
 def test_olmoe_published_parameter_counts():
     # Published (Muennighoff et al. 2024, OLMoE, table 1): 6.9B total, 1.3B active.
     # By hand, per layer: attention 2048·128·(2·16 + 2·16) = 16,777,216; router 2048·64 = 131,072; one expert

@@ -97,8 +97,8 @@ PRESETS: dict[str, FFNConfig | TransformerConfig | MoEConfig] = {
                                     seq_len=32768, mlp="swiglu", vocab=262144, tied_embeddings=True, window=1024,
                                     global_every=6),
     # Mixture-of-experts transformers (scaling.families.moe.MOE_PRESETS, their sources there): Mixtral 8x7B and
-    # 8x22B, OLMoE-1B-7B, and a tiny one for tests
-    **{k: MOE_PRESETS[k] for k in ("mixtral-8x7b", "mixtral-8x22b", "olmoe-1b-7b", "moe-tiny")},
+    # 8x22B, Qwen3-235B-A22B and Qwen3-30B-A3B, OLMoE-1B-7B, and a tiny one for tests
+    **MOE_PRESETS,
 }
 
 
