@@ -64,9 +64,11 @@ from scaling.core.policies import Remat
 from scaling.families.moe import MoESpec
 from scaling.core.workload import Workload
 
-X_AXES = ("moe_batch", None, "act_embed")  # x [B, T, D] between layers, and the groups x [G, S, D]
-MASK_AXES = ("moe_batch", None, None, None)  # dispatch mask, combine weights [G, S, E, C]
-GROUPED_AXES = ("moe_batch", None, None, "act_embed")  # x and y [G, E, C, D] on the devices of their groups
+X_AXES = ("moe_batch", None, "act_embed")  # x [B, T, D] between layers (MoEStack)
+TOKEN_AXES = ("moe_tokens", "act_embed")  # the layer's tokens [B·T, D]: the batch's split and the sequence's
+GROUP_AXES = ("moe_tokens", None, "act_embed")  # the groups x [G, S, D]
+MASK_AXES = ("moe_tokens", None, None, None)  # dispatch mask, combine weights [G, S, E, C]
+GROUPED_AXES = ("moe_tokens", None, None, "act_embed")  # x and y [G, E, C, D] on the devices of their groups
 DISPATCHED_AXES = ("expert_groups", "exp", None, "act_embed")  # x and y [G, E, C, D]: E over expert, G over data, fsdp
 HIDDEN_AXES = ("expert_groups", "exp", None, "mlp")  # the experts' hidden [G, E, C, F_e]
 ROUTER_AXES = ("layers", None, None)  # W_router [L, D, E], FP32, replicated (D·E values per layer)
@@ -96,7 +98,7 @@ def route(h_TxD, w_router_DxE, spec: MoESpec):
     T·k routed pairs (Switch's fraction of tokens at k = 1; 1 at perfect balance), P_e = mean_t p_t,e."""
     E, k = spec.experts, spec.top_k
     T = h_TxD.shape[0]
-    h_TxD = constrain(h_TxD, ("moe_batch", "act_embed"))
+    h_TxD = constrain(h_TxD, TOKEN_AXES)
     logits = jnp.dot(h_TxD.astype(jnp.float32), w_router_DxE.astype(jnp.float32), precision="highest")
     # remat none keeps the logits (MOE_SAVED), the same 4·T·E bytes as the probabilities: the softmax's (sigmoid's)
     # linearization reads its own output, which a name on the probabilities does not reach, so the backward made
@@ -107,7 +109,7 @@ def route(h_TxD, w_router_DxE, spec: MoESpec):
     else:
         scores = jax.nn.sigmoid(logits)
         probs = scores / jnp.sum(scores, axis=-1, keepdims=True)
-    top, ids = top_k(constrain(scores, ("moe_batch", None)), k)
+    top, ids = top_k(constrain(scores, ("moe_tokens", None)), k)
     gates = top / jnp.sum(top, axis=-1, keepdims=True)
     f = checkpoint_name(jnp.sum(jax.nn.one_hot(ids, E, dtype=jnp.float32), axis=(0, 1)) / (T * k), "router_load")
     aux = spec.aux_loss_weight * E * jnp.sum(f * jnp.mean(probs, axis=0))
@@ -187,7 +189,7 @@ def capacity_moe(h_NxD, gates_NxK, ids_NxK, w: dict, spec: MoESpec, kind: str, g
     N, D = h_NxD.shape
     S, k, E = N // groups, spec.top_k, spec.experts
     C = capacity(spec, S)
-    x_GxSxD = constrain(h_NxD.reshape(groups, S, D), X_AXES)
+    x_GxSxD = constrain(h_NxD.reshape(groups, S, D), GROUP_AXES)
     dispatch, combine = jax.vmap(functools.partial(dispatch_combine, experts=E, C=C))(
         gates_NxK.reshape(groups, S, k), ids_NxK.reshape(groups, S, k))
     dispatch, combine = constrain(dispatch, MASK_AXES), constrain(combine, MASK_AXES)
@@ -197,7 +199,7 @@ def capacity_moe(h_NxD, gates_NxK, ids_NxK, w: dict, spec: MoESpec, kind: str, g
     # summed over tensor, then back to the groups' devices
     y = checkpoint_name(constrain(constrain(y, DISPATCHED_AXES), GROUPED_AXES), "moe_out")
     out = jnp.einsum("gsec,gecd->gsd", combine.astype(COMPUTE_DTYPE), y, preferred_element_type=jnp.float32)
-    return constrain(out.astype(COMPUTE_DTYPE), X_AXES).reshape(N, D)
+    return constrain(out.astype(COMPUTE_DTYPE), GROUP_AXES).reshape(N, D)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
@@ -268,7 +270,7 @@ def dropless_moe(h_NxD, gates_NxK, ids_NxK, w: dict, kind: str):
         raise ValueError("the dropless MoE layer (jax.lax.ragged_dot in a shard_map) does not compile for TPUs here "
                          "(libtpu 0.0.42.1 stops on an internal check, and without an expert axis lowers the ragged "
                          "matmul densely): give a capacity factor (--capacity-factor 1.25, GShard's dispatch)")
-    spec = PartitionSpec() if mesh.empty else logical_to_spec(("moe_batch", None))
+    spec = PartitionSpec() if mesh.empty else logical_to_spec(("moe_tokens", None))
     split = set() if spec == PartitionSpec() or spec[0] is None else {spec[0]} if isinstance(spec[0], str) else set(
         spec[0])
     if not split:
@@ -281,37 +283,43 @@ def dropless_moe(h_NxD, gates_NxK, ids_NxK, w: dict, kind: str):
     local = functools.partial(_dropless_local, kind=kind, weights_dtype=COMPUTE_DTYPE, expert_axis=expert_axis)
     w_spec = PartitionSpec(expert_axis)
     out = jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, spec, w_spec), out_specs=spec, axis_names=split,
-                        check_vma=False)(constrain(h_NxD, ("moe_batch", None)), gates_NxK, ids_NxK, ws)
-    return constrain(out, ("moe_batch", "act_embed"))
+                        check_vma=False)(constrain(h_NxD, ("moe_tokens", None)), gates_NxK, ids_NxK, ws)
+    return constrain(out, TOKEN_AXES)
 
 
 def default_groups() -> int:
-    """The batch shards of the current mesh (data·fsdp·expert; 1 without a mesh): the groups must be a multiple."""
-    return shards("moe_batch")
+    """The token shards of the current mesh (data·fsdp·expert·context; 1 without a mesh): the groups must be a
+    multiple."""
+    return shards("moe_tokens")
 
 
-def moe_layer(h_BxTxD, w: dict, spec: MoESpec, kind: str = "swiglu", groups: int | None = None):
+def moe_layer(h_BxTxD, w: dict, spec: MoESpec, kind: str = "swiglu", groups: int | None = None, out_axes=X_AXES):
     """(MoE(h) [B, T, D] BF16, aux loss FP32) of one layer's weights ``w`` (router, w_in, w_gate, w_out, shared_*):
     route over every token of the batch (route), then the capacity or the dropless form (module docstring), plus the
     shared experts. ``groups``: G, the capacity form's groups (each with its own capacity; the dropless form's result
-    does not depend on them); default one per sequence, B (MaxText's capacity per sequence; scaling.families.moe's
-    expert_capacity); it must divide B·T and be a multiple of the batch shards (ValueError naming both)."""
+    does not depend on them); default one per sequence, B, and under context parallelism one per sequence chunk
+    a device holds, B·C (MaxText's capacity per sequence; scaling.families.moe's expert_capacity and group_tokens);
+    it must divide B·T and be a multiple of the token shards (ValueError naming both). The output laid out as
+    ``out_axes`` (the transformer's x: ffn_model.transformer.X_AXES)."""
     B, T, D = h_BxTxD.shape
-    N = B * T
-    h_NxD = h_BxTxD.reshape(N, D)
+    N, C = B * T, shards("seq")
+    # the tokens context-major, [C, B, T/C] (a local transpose: each device's block keeps its own), so that the
+    # groups' split is (context, data, fsdp, expert) and the dispatch moves them over expert alone (moe_tokens)
+    h_NxD = h_BxTxD.reshape(B, C, T // C, D).transpose(1, 0, 2, 3).reshape(N, D)
     gates, ids, aux = route(h_NxD, w["router"], spec)
-    G = groups or B
+    G = groups or B * C
     if N % G or G % default_groups():
         raise ValueError(f"groups={G} must divide the {N} tokens of the batch and be a multiple of the "
-                         f"{default_groups()} batch shards (data·fsdp·expert)")
+                         f"{default_groups()} token shards (data·fsdp·expert·context)")
     if spec.capacity_factor is None:
         out = dropless_moe(h_NxD, gates, ids, w, kind)
     else:
         out = capacity_moe(h_NxD, gates, ids, w, spec, kind, G)
+    out = out.reshape(C, B, T // C, D).transpose(1, 0, 2, 3).reshape(B, T, D)
     if spec.shared_experts:  # one MLP of F_e·S_sh (DeepSeekMoE section 3.2), ffn_model.transformer's
         out = out + tf.mlp(h_BxTxD, {"w_in": w["shared_in"], "w_gate": w.get("shared_gate"),
-                                     "w_out": w["shared_out"]}, kind).reshape(N, D)
-    return constrain(out.reshape(B, T, D), X_AXES), aux
+                                     "w_out": w["shared_out"]}, kind)
+    return constrain(out, out_axes), aux
 
 
 # ------------------------------------------------------------------------------------------------------------ stack
@@ -442,7 +450,7 @@ def moe_block(x_BxTxD, w: dict, schedule, spec: MoESpec, kind: str, groups: int 
     x = checkpoint_name(constrain(x_BxTxD, tf.X_AXES), "layer_input")
     x = tf.attention_sublayer(x, checkpoint_name(constrain(rms_norm(x), tf.X_AXES), "norm1"), w, schedule)
     y, aux = moe_layer(checkpoint_name(rms_norm(x), "norm2"), {MOE_NAMES.get(n, n): a for n, a in w.items()}, spec,
-                       kind, groups)
+                       kind, groups, tf.X_AXES)
     return constrain(x + y, tf.X_AXES), aux
 
 

@@ -118,11 +118,27 @@ def test_memory_parameter_terms():
 
 
 @pytest.mark.parametrize("mesh, match", [({"stage": 2, "fsdp": 2}, "stage=2: pipeline stages are not built"),
-                                         ({"context": 2, "fsdp": 2}, "context=2: context parallelism is not built"),
                                          ({"expert": 3}, "experts=8 is not divisible by the expert shard count 3")])
 def test_refusals_of_the_mesh(mesh, match):
     with pytest.raises(ValueError, match=match):
         Workload(TINY, mesh, 768)
+
+
+def test_context_is_ulysses_and_its_groups_the_chunks():
+    """A context axis is Ulysses' (ring refused); the heads split over context·tensor; each device routes the T/C
+    tokens of each sequence it holds. 8 sequences of T = 32 over fsdp 2 and context 2: t = 256/4 = 64 tokens a
+    device in groups of T/C = 16, 4 groups; C_e = ceil(cf·k·16/E) = ceil(1.25·2·16/8) = 5 slots an expert (10 for
+    a whole sequence), E·C_e = 40 rows a group, 160 a device."""
+    from scaling.families.moe import all_to_all_bytes, expert_capacity
+    cfg = TINY.replace(capacity_factor=1.25)
+    mesh = {"fsdp": 2, "context": 2, "expert": 1}
+    assert expert_capacity(cfg, mesh) == 5 and expert_capacity(cfg) == 10
+    assert all_to_all_bytes(cfg, mesh, 256)["slots"] == 4 * 8 * 5
+    with pytest.raises(ValueError, match="context=2 with context_strategy ring: the MoE transformer's context "
+                                         "parallelism is Ulysses'"):
+        Workload(TINY, {"context": 2, "fsdp": 2}, 256, schedule=Schedule(context="ring"))
+    with pytest.raises(ValueError, match=r"heads=4 is not divisible by context·tensor \(Ulysses splits the heads"):
+        Workload(TINY, {"context": 4, "tensor": 2}, 256)
 
 
 def test_refusals_of_the_model_and_the_schedule():

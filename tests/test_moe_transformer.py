@@ -58,6 +58,9 @@ CASES = [
     # q, k, v kept, the MoE MLP recomputed; XLA:CPU keeps the offloaded ones in its one memory
     ("capacity", "fsdp=2,expert=4", "save_qkv_proj", None),
     ("shared", "data=2,expert=2,tensor=2", "input_qkv_offloaded", 512),
+    # context parallelism (Ulysses): the tokens routed in groups of each device's T/C
+    ("capacity", "data=2,context=2,expert=2", "none", None),
+    ("dropless", "fsdp=2,context=2,expert=2", "full", 512),
 ]
 MODELS = {"capacity": NO_DROP, "dropless": ALL, "shared": NO_DROP.replace(shared_experts=1),
           "dense-first": NO_DROP.replace(first_dense=1, moe_every=2, blocks=5)}
@@ -105,7 +108,11 @@ CHECKS = [(_moe(capacity_factor=1.25), mesh, 2048, remat) for mesh, remat in
            ("fsdp=2,expert=2,tensor=2", "full"),
            # the named policies: q, k, v kept (the attention and W_o recomputed: one more tensor all-reduce a layer),
            # and o·W_o too (none more); the MoE MLP recomputed as under full (its all-to-alls again)
-           ("fsdp=2,expert=2,tensor=2", "save_qkv_proj"), ("data=2,expert=2,tensor=2", "save_dot_except_mlp")]]
+           ("fsdp=2,expert=2,tensor=2", "save_qkv_proj"), ("data=2,expert=2,tensor=2", "save_dot_except_mlp"),
+           # Ulysses over context: its all-to-alls, the tokens' groups of T/C, the gradients' reductions over
+           # context as XLA builds them (scaling.families.moe._gradient_reductions)
+           ("data=2,context=2,expert=2", "none"), ("fsdp=2,context=2,expert=2", "full"),
+           ("context=2,expert=2,tensor=2", "save_qkv_proj")]]
 
 
 @pytest.mark.grid
@@ -113,8 +120,8 @@ CHECKS = [(_moe(capacity_factor=1.25), mesh, 2048, remat) for mesh, remat in
 def test_check_on_cpu_holds_flops_and_all_to_all(cfg, mesh, batch, remat):
     rep = _check(cfg, mesh, "cpu:8", batch, remat)
     assert rep.flops.matmul.ratio == pytest.approx(1, abs=0.02)
-    # the dispatch and combine all-to-alls (the program's only all-to-alls, over expert) within 2%
-    closed = rep.collectives.closed_form_by_kind["expert"]["all-to-all"]
+    # the dispatch and combine all-to-alls over expert (and Ulysses' over context: the program's only others) within 2%
+    closed = sum(k.get("all-to-all", 0.0) for k in rep.collectives.closed_form_by_kind.values())
     assert rep.collectives.by_kind["all-to-all"] == pytest.approx(closed, rel=0.02)
     for axis, row in rep.collectives.by_axis.items():
         assert row.ratio == pytest.approx(1, abs=0.02), axis
@@ -143,8 +150,10 @@ MIXTRAL_4 = MOE_PRESETS["mixtral-8x7b"].replace(blocks=4, capacity_factor=1.25)
     # a v5p of 8 chips (2x2x2) as fsdp 2, expert 4: 8 sequences of 4,096, cf 1.25; and under the offloading policy of
     # MaxText's v6e Mixtral recipes (the layer's input and q, k, v in pinned host memory)
     ("tpu:v5p:2x2x2", MIXTRAL_4, "fsdp=2,expert=4", 8 * 4096, "none"),
-    ("tpu:v5p:2x2x2", MIXTRAL_4, "fsdp=2,expert=4", 8 * 4096, "input_qkv_offloaded")],
-    quick=(0,)), ids=["mixtral-4-layers", "mixtral-4-layers-offloaded"])
+    ("tpu:v5p:2x2x2", MIXTRAL_4, "fsdp=2,expert=4", 8 * 4096, "input_qkv_offloaded"),
+    # and with Ulysses over a context axis of 2 (each device routes its half of each sequence), remat full
+    ("tpu:v5p:2x2x2", MIXTRAL_4, "fsdp=2,context=2,expert=2", 8 * 4096, "full")],
+    quick=(0,)), ids=["mixtral-4-layers", "mixtral-4-layers-offloaded", "mixtral-4-layers-ulysses"])
 def test_check_on_v5p_holds_flops_all_to_all_and_peak(devices, cfg, mesh, batch, remat):
     rep = _check(cfg, mesh, devices, batch, remat)
     assert rep.flops.matmul.ratio == pytest.approx(1, abs=0.02)

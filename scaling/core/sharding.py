@@ -50,8 +50,12 @@ LOGICAL_RULES: dict[str, tuple[str, ...]] = {
     # an MoE model's (scaling.families.moe, ffn_model.moe): its tokens split over expert too (expert parallelism splits
     # the batch outside the experts, as data does), and the experts E over expert
     "moe_batch": ("data", "fsdp", "expert"),
+    # the MoE layer's tokens (and its routing groups), context-major [C·B·T/C] (ffn_model.moe.moe_layer): the
+    # sequence's split over context and the batch's, expert minor so that the dispatch trades it alone
+    "moe_tokens": ("context", "data", "fsdp", "expert"),
     "exp": ("expert",),
-    "expert_groups": ("data", "fsdp"),  # the token groups once E goes over expert (their split over expert traded)
+    "expert_groups": ("context", "data", "fsdp"),  # the token groups once E goes over expert (their split over expert
+    # traded)
 }
 
 # Logical axes of each parameter and activation of the FFN stack (shapes in Scaling Book letters).

@@ -44,7 +44,7 @@ from scaling.families import transformer as tf
 from scaling.core.family import FamilyDefaults, PlanPolicy
 from scaling.core.kinds import Family, KernelKind, Platform
 from scaling.core.inputs import positive_float, positive_int
-from scaling.core.policies import OptimizerSharding, Remat, Step
+from scaling.core.policies import ContextStrategy, OptimizerSharding, Remat, Step
 from scaling.step.kernels import Kernel, accumulate_kernel, adamw_kernel, matmul_kernel
 from scaling.step.memory import weight_shards
 from scaling.core.mesh_shape import MESH_AXES, spans
@@ -164,7 +164,8 @@ class MoEConfig(FamilyDefaults):
         "keep_tokens": "tokens past an expert's capacity are not dropped (MoESpec.drop_tokens off): a capacity factor "
                        "below 1, which must drop some, is refused"}
     schedule_flags: ClassVar[dict[str, str]] = {"attention": "attention", "attention_block": "attention_block",
-                                                "splash_fused_backward": "splash_fused_backward"}
+                                                "splash_fused_backward": "splash_fused_backward",
+                                                "context_strategy": "context"}
     # the dimensions a model from flags alone needs (scaling.families.presets._required; the dataclass fields are base,
     # moe)
     required: ClassVar[tuple[str, ...]] = ("d_model", "heads", "d_ff", "blocks", "seq_len", "experts", "top_k",
@@ -337,15 +338,20 @@ class MoEConfig(FamilyDefaults):
                              + ", ".join(MOE_REMATS))
 
     def check_schedule(self, schedule: Schedule, mesh: Mapping, batch_tokens: int | None = None) -> None:
-        """Before the shared rules (Schedule.check): no stage or context axis (_check_axes), no sequence
-        parallelism or ZeRO-1 (not built); the base's attention rules on the folded mesh (tensor: the heads);
-        B whole sequences, their number divisible by microbatches·data·fsdp·expert."""
+        """Before the shared rules (Schedule.check): no stage axis (_check_axes), context parallelism as Ulysses
+        only, no sequence parallelism or ZeRO-1 (not built); the base's attention rules on the folded mesh (tensor
+        and context: the heads over context·tensor, T over context); B whole sequences, their number divisible by
+        microbatches·data·fsdp·expert."""
         _check_axes(mesh)
+        if spans(mesh.get("context", 1)) and schedule.context != ContextStrategy.ULYSSES:
+            raise ValueError(f"context={mesh['context']} with context_strategy {schedule.context}: the MoE transformer's "
+                             "context parallelism is Ulysses' (--context-strategy ulysses)")
         if schedule.sequence_parallel:
             raise ValueError("sequence_parallel is not built for the MoE transformer (leave it off)")
         if schedule.optimizer_sharding == OptimizerSharding.ZERO1:
             raise ValueError("optimizer_sharding zero1 is not built for the MoE transformer (use fsdp)")
-        tf._check_transformer(self.base, {"tensor": mesh.get("tensor", 1)}, schedule)
+        tf._check_transformer(self.base, {"tensor": mesh.get("tensor", 1), "context": mesh.get("context", 1)},
+                              schedule)
         if batch_tokens is not None:
             seqs = positive_int("batch_tokens", batch_tokens) // self.seq_len
             n = schedule.microbatches * shards(mesh, "moe_batch")
@@ -356,7 +362,7 @@ class MoEConfig(FamilyDefaults):
     extents = TransformerConfig.extents  # the base's arrays: attention, the vocabulary's logits
 
     def check_axes(self, mesh: Mapping) -> None:
-        """No stage or context axis (_check_axes)."""
+        """No stage axis (_check_axes)."""
         _check_axes(mesh)
 
     def divisions(self) -> list[tuple[str, int, str]]:
@@ -377,12 +383,9 @@ class MoEConfig(FamilyDefaults):
 
 
 def _check_axes(mesh: Mapping) -> None:
-    """The MoE family's first version: no pipeline stages, no context axis (ValueError naming what is not built)."""
+    """No pipeline stages (ValueError naming what is not built); a context axis is Ulysses' (check_schedule)."""
     if mesh.get("stage", 1) > 1:
         raise ValueError(f"stage={mesh['stage']}: pipeline stages are not built for the MoE transformer (stage=1)")
-    if mesh.get("context", 1) > 1:
-        raise ValueError(f"context={mesh['context']}: context parallelism is not built for the MoE transformer "
-                         "(context=1)")
 
 
 def _capacity(v):
@@ -420,15 +423,22 @@ def tokens_per_device(cfg: MoEConfig, mesh: Mapping, batch_tokens):
     return batch_tokens / (d * X * C * Ex)
 
 
-def expert_capacity(cfg: MoEConfig):
-    """C = ceil(cf·k·T/E): the slots each expert takes from one group, a sequence of T tokens (GShard section 3.2,
-    Switch eq. 3: expert capacity = tokens per group / experts · capacity factor, with k routes per token; MaxText's
-    groups are the sequences: a device's t tokens are t/T groups, and its dispatch einsums cost 2·T·D·E·C a group,
-    linear in t, where one group of all t would cost t²); None dropless."""
+def group_tokens(cfg: MoEConfig, mesh: Mapping | None = None):
+    """S = T/C: the tokens of one routing group, a sequence, or under context parallelism the C-th of it each device
+    holds (ffn_model.moe.moe_layer's default groups: one per sequence chunk)."""
+    return cfg.seq_len / (mesh or {}).get("context", 1)
+
+
+def expert_capacity(cfg: MoEConfig, mesh: Mapping | None = None):
+    """C = ceil(cf·k·S/E): the slots each expert takes from one group of S tokens (group_tokens: a sequence of T, or
+    its T/C chunk on a device of a context axis) (GShard section 3.2, Switch eq. 3: expert capacity = tokens per
+    group / experts · capacity factor, with k routes per token; MaxText's groups are the sequences: a device's t
+    tokens are t/S groups, and its dispatch einsums cost 2·S·D·E·C a group, linear in t, where one group of all t
+    would cost t²); None dropless."""
     m = cfg.moe
     if m.dropless:
         return None
-    return np.ceil(m.capacity_factor * m.top_k * cfg.seq_len / m.experts)
+    return np.ceil(m.capacity_factor * m.top_k * group_tokens(cfg, mesh) / m.experts)
 
 
 def moe_flops_per_token(cfg: MoEConfig) -> float:
@@ -460,7 +470,7 @@ def all_to_all_bytes(cfg: MoEConfig, mesh: Mapping, batch_tokens, c: int = 2) ->
     m = cfg.moe
     n = mesh.get("expert", 1)
     t = tokens_per_device(cfg, mesh, batch_tokens)
-    slots = t * m.top_k if m.dropless else t / cfg.seq_len * m.experts * expert_capacity(cfg)
+    slots = t * m.top_k if m.dropless else t / group_tokens(cfg, mesh) * m.experts * expert_capacity(cfg, mesh)
     V = c * slots * cfg.d_model
     wire = (n - 1) / n * V
     return {"slots": slots, "V": V, "V_axis": n * V, "wire": wire, "forward_volume": 2 * V,
@@ -504,7 +514,7 @@ def dispatch_buffer_bytes(cfg: MoEConfig, mesh: Mapping, batch_tokens, c: int = 
         rows = np.ceil(imbalance * m.top_k * tokens_per_device(cfg, mesh, batch_tokens))
         shape = (m.experts // n, None, cfg.d_model)
     else:
-        C, groups = expert_capacity(cfg), tokens_per_device(cfg, mesh, batch_tokens) / cfg.seq_len
+        C, groups = expert_capacity(cfg, mesh), tokens_per_device(cfg, mesh, batch_tokens) / group_tokens(cfg, mesh)
         rows = groups * m.experts * C
         shape = (m.experts // n, groups * C * n, cfg.d_model)
     each = c * rows * cfg.d_model
@@ -601,11 +611,13 @@ def expert_bound_on_chip(cfg: MoEConfig, chip: str, mesh: Mapping | None = None,
 # over fsdp). Those parts are the transformer's on the folded mesh (data·expert, fsdp, tensor): _folded.
 
 def _folded(w: Workload, batch_tokens=None) -> Workload:
-    """The base transformer's Workload on the folded mesh {data: d·Ex, fsdp: X, tensor: Y} (the expert axis as
-    data), one microbatch: exactly the attention's, the vocabulary's and the tensor axis' terms of the MoE step
-    (their tokens t = B/(d·X·Ex), their weights replicated over expert)."""
+    """The base transformer's Workload on the folded mesh {data: d·Ex, fsdp: X, context: C, tensor: Y} (the expert
+    axis as data), one microbatch: exactly the attention's (Ulysses' all-to-alls over context among them), the
+    vocabulary's and the tensor axis' terms of the MoE step (their tokens t = B/(d·X·C·Ex), their weights replicated
+    over expert)."""
     mesh = w.mesh
-    folded = {"data": mesh["data"] * mesh["expert"], "fsdp": mesh["fsdp"], "tensor": mesh["tensor"]}
+    folded = {"data": mesh["data"] * mesh["expert"], "fsdp": mesh["fsdp"], "context": mesh.get("context", 1),
+              "tensor": mesh["tensor"]}
     return Workload(w.model.base, folded, w.batch_tokens if batch_tokens is None else batch_tokens, step=w.step,
                     remat=w.remat, schedule=dataclasses.replace(w.schedule, microbatches=1), precision=w.precision,
                     compiler=w.compiler, flags=w.flags)
@@ -628,7 +640,7 @@ def _shapes(w: Workload) -> dict:
     cfg, mesh = w.model, w.mesh
     m, M = cfg.moe, w.schedule.microbatches
     d, X, Ex, Y = (mesh[a] for a in ("data", "fsdp", "expert", "tensor"))
-    t = w.batch_tokens / (d * X * Ex)
+    t = tokens_per_device(cfg, mesh, w.batch_tokens)
     slots = M * all_to_all_bytes(cfg, mesh, w.batch_tokens / M)["slots"]
     A, D = cfg.base.attention_params_per_block, cfg.d_model
     dense = cfg.mlp_matrices * D * cfg.d_ff
@@ -668,7 +680,7 @@ def step_flops(w: Workload) -> dict:
     router, shared = 2 * t * D * m.experts, 2 * mm * D * Fe * m.shared_experts * t / Y
     experts = 2 * mm * D * Fe * sh["slots"] / Y
     layer = router + experts + shared
-    dispatch = 0.0 if m.dropless else 2 * cfg.seq_len * D * sh["slots"]  # one dispatch or combine einsum
+    dispatch = 0.0 if m.dropless else 2 * group_tokens(cfg, w.mesh) * D * sh["slots"]  # one dispatch or combine
     out = {"forward": base["forward"] + Lm * (layer - mlp + 2 * dispatch)}
     if train:
         out["backward"] = base["backward"] + Lm * (2 * (layer - mlp) + 3 * dispatch)
@@ -707,10 +719,12 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
                                 int32, forward and again backward) + c·G again under remat full
                 reduce-scatter  4·G (the outputs, FP32) + 4·G (the tokens' gradient, FP32) + 4·g (the gates')
               forward only: all-gather c·G + 2·4·g, reduce-scatter 4·G
-      data+expert  the non-expert gradients all-reduced over data and expert together (expert is a data axis for
-              them; one all-reduce, as XLA builds it): (c·ne/Y + 2·c·V·D/Y)/X (over whichever of the two spans)
-      data    the routed experts' gradients all-reduced: c·ex/(Y·X)
-      loss    one FP32 all-reduce over the axes that split the tokens (data, fsdp, expert), 4 bytes; per MoE
+      data, context, expert  the gradients all-reduced over the axes that replicate them, on their fsdp shard
+              (_gradient_reductions: which reductions XLA builds): the non-expert ones (c·ne/Y + 2·c·V·D/Y)/X over
+              data, context and expert (expert and context are data axes for them), the routed experts' c·ex/(Y·X)
+              over data and context
+      context Ulysses' all-to-alls of q, k, v and o (the base's on the folded mesh)
+      loss    one FP32 all-reduce over the axes that split the tokens (data, fsdp, context, expert), 4 bytes; per MoE
               layer and microbatch the router's statistics for the load-balancing loss, f_e and P_e (Switch eq. 4:
               means over every token), 2·E FP32 values forward, f_e again under remat full; and the routers' FP32
               gradients (replicated weights), 4·L_moe·D·E a train step
@@ -746,17 +760,43 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
     elif spans(Ex):
         V1 = all_to_all_bytes(cfg, w.mesh, w.batch_tokens / M, c)["V"]
         out["expert"] = {"all-to-all": M * cfg.moe_layers * V1 * ((4 if train else 2) + 2 * full)}
-    replicas = "+".join(a for a in ("data", "expert") if spans(w.mesh[a]))
-    if replicas and train:
-        out.setdefault(replicas, {})["all-reduce"] = (W_ne + dE) / X
-    if spans(d) and train:
-        out.setdefault("data", {})["all-reduce"] = W_ex / X
-    loss = [a for a in ("data", "fsdp", "expert") if spans(w.mesh[a])]
+    C = w.mesh.get("context", 1)
+    if spans(C):  # Ulysses' all-to-alls, the base's on the folded mesh
+        out["context"] = {"all-to-all": tf.collective_volumes(_folded(w))["context"]["all-to-all"]}
+    if train:
+        for axes, volume in _gradient_reductions(d, X, C, Ex, W_ne + dE / 2, W_ex, dE / 2):
+            key = "+".join(axes)
+            out.setdefault(key, {})
+            out[key]["all-reduce"] = out[key].get("all-reduce", 0.0) + volume / X
+    loss = [a for a in ("data", "fsdp", "context", "expert") if spans(w.mesh.get(a, 1))]
     if loss:
         key = "+".join(loss)
         out.setdefault(key, {})
         out[key]["all-reduce"] = (out[key].get("all-reduce", 0.0) + 4.0 + train * 4 * sh["router"]
                                   + M * cfg.moe_layers * 4 * cfg.moe.experts * (2 + full))
+    return out
+
+
+def _gradient_reductions(d, X, C, Ex, non_expert: float, experts: float, embeddings: float = 0.0) -> list:
+    """[(axes, bytes)] of the gradients' all-reduces over the axes that replicate them (before /X), as XLA builds
+    them (read from the compiled programs, jax 0.10.2, cpu:8, seven meshes): the routed experts' over data and
+    context in one; the others (attention, dense and shared MLPs, embeddings: replicated over expert too) behind an
+    fsdp reduce-scatter in one over data, context and expert (fsdp=2,context=2,expert=2; data=2,fsdp=2,context=2),
+    without one over context apart from the batch's axes data and expert (data=2,context=2,expert=2: context, then
+    data+expert; context=2,expert=2,tensor=2 and context=4,expert=2: context, then expert; data=2,context=4: context,
+    then data); of the vocabulary's two gradients (c·V·D/Y each: the lookup's and the output matmul's,
+    ``embeddings`` the second) the first as the layers', the second in one over data, context and expert everywhere
+    (as the transformer's output matrix over context and data: scaling.families.transformer.collective_volumes;
+    context=2,expert=2,tensor=2 and data=2,context=2,expert=2 with a vocabulary)."""
+    span = lambda *axes: tuple(a for a, n in zip(("data", "context", "expert"), (d, C, Ex)) if a in axes  # noqa
+                               and spans(n))
+    out = []
+    if experts and span("data", "context"):
+        out.append((span("data", "context"), experts))
+    groups = [span("data", "context", "expert")] if spans(X) else [span("context"), span("data", "expert")]
+    out += [(g, non_expert) for g in groups if g]
+    if embeddings and span("data", "context", "expert"):
+        out.append((span("data", "context", "expert"), embeddings))
     return out
 
 
@@ -921,9 +961,9 @@ def step_kernels(w: Workload) -> list[Kernel]:
         fwd += [matmul_kernel("shared_in", "forward", t, m.shared_experts * Fe / Y, D, Lm * (mm - 1), c),
                 matmul_kernel("shared_out", "forward", t, D, m.shared_experts * Fe / Y, Lm, c)]
     ks += fwd
-    T = cfg.seq_len
-    groups = t / T  # the device's groups (sequences), each of E·C slots
-    EC = None if m.dropless else m.experts * expert_capacity(cfg)
+    T = group_tokens(cfg, w.mesh)
+    groups = t / T  # the device's groups (sequences, or their chunks under context), each of E·C slots
+    EC = None if m.dropless else m.experts * expert_capacity(cfg, w.mesh)
     dispatch = [] if m.dropless else [matmul_kernel("dispatch", "forward", EC, D, T, Lm * groups, c),
                                       matmul_kernel("combine", "forward", T, D, EC, Lm * groups, c)]
     ks += dispatch
