@@ -344,8 +344,8 @@ class MoEConfig(FamilyDefaults):
         microbatches·data·fsdp·expert."""
         _check_axes(mesh)
         if spans(mesh.get("context", 1)) and schedule.context != ContextStrategy.ULYSSES:
-            raise ValueError(f"context={mesh['context']} with context_strategy {schedule.context}: the MoE transformer's "
-                             "context parallelism is Ulysses' (--context-strategy ulysses)")
+            raise ValueError(f"context={mesh['context']} with context_strategy {schedule.context}: the MoE "
+                             "transformer's context parallelism is Ulysses' (--context-strategy ulysses)")
         if schedule.sequence_parallel:
             raise ValueError("sequence_parallel is not built for the MoE transformer (leave it off)")
         if schedule.optimizer_sharding == OptimizerSharding.ZERO1:
