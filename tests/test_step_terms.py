@@ -112,6 +112,20 @@ def test_infiniband_part():
     assert collectives.ib_time("all-reduce", 1e9, 1, 8, 1, 25e9) == 0.0
 
 
+def test_all_to_all_over_nodes():
+    """An all-to-all of a 1 GB buffer a GPU over 2 nodes of 8 (expert 16): half of each GPU's buffer is bound for
+    the other node, through its own NIC: 1e9·(1/2) / (50 GB/s · 0.9) = 11.111 ms + 20 us = 11.131 ms (not the
+    1/8 of it an all-reduce's hierarchical split carries); over NVLink the 1/2 for its own node's GPUs, 7/8 of that
+    leaving the GPU: gpu_time of 0.5 GB over 8."""
+    from scaling.step.program import _gpu_comm_times
+    H100 = get_chip("H100")
+    assert collectives.ib_time("all-to-all", 1e9, 2, 8, 1, 50e9) == pytest.approx(11.131e-3, rel=1e-4)
+    t = _gpu_comm_times({"expert": {"all-to-all": 1e9}}, H100, {"expert": 2}, {"expert": 16}, {})["expert"]
+    want = collectives.gpu_time("all-to-all", 0.5e9, 8, 1e9, H100) + collectives.ib_time(
+        "all-to-all", 1e9, 2, 8, 1, H100.dcn_bw / H100.devices_per_chip)
+    assert t == pytest.approx(want, rel=1e-12)
+
+
 def test_runtime_flag_sets_the_accumulation():
     """--runtime names the runtime; it sets --grad-accumulation's value (deepspeed: DeepSpeed's BF16 optimizer,
     maxtext: XLA's step as this package's), the later flag winning; a bad name is refused."""

@@ -139,10 +139,13 @@ def gpu_time(kind: str, V, n, message_bytes, chip):
 
 
 def ib_time(kind: str, V, n, m, calls, dcn_bw_per_device):
-    """The across-node part of a GPU collective over n nodes of m GPUs each (hierarchical: each GPU carries 1/m of
-    the bytes over its own NIC): GPU_KIND_FACTOR·(V/m)·(n−1)/n / (IB bandwidth per GPU · IB_EFFICIENCY) + calls ·
-    IB_LATENCY (Calculon's IB figures); 0 where n = 1."""
+    """The across-node part of a GPU collective over n nodes of m GPUs each: GPU_KIND_FACTOR·(V/m)·(n−1)/n / (IB
+    bandwidth per GPU · IB_EFFICIENCY) + calls · IB_LATENCY (Calculon's IB figures; hierarchical: each GPU carries
+    1/m of the bytes over its own NIC); an all-to-all's (n−1)/n·V instead, the share of each GPU's own buffer bound
+    for other nodes, through its own NIC (a rail-optimized fabric: NCCL's alltoall sends each GPU's data itself;
+    nothing to split over the node's GPUs); 0 where n = 1."""
     n = np.asarray(n, float)
     share = 1.0 if kind == Collective.COLLECTIVE_PERMUTE else (n - 1) / np.maximum(n, 1.0)
-    t = GPU_KIND_FACTOR[kind] * V / m * share / (dcn_bw_per_device * IB_EFFICIENCY) + calls * IB_LATENCY
+    per_gpu = V if kind == Collective.ALL_TO_ALL else V / m
+    t = GPU_KIND_FACTOR[kind] * per_gpu * share / (dcn_bw_per_device * IB_EFFICIENCY) + calls * IB_LATENCY
     return np.where(n > 1, t, 0.0)

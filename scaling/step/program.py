@@ -234,7 +234,8 @@ def _gpu_comm_times(volumes: dict, chip: Chip, dcn: Mapping, mesh: Mapping, mess
     """comm_times on a GPU: per axis Σ_kind of the NVLink part over the m GPUs of a node
     (collectives.gpu_time: ring bytes (n−1)/n of V at the bus bandwidth the per-call message reaches, nccl-tests
     figures) and, for an axis whose outermost factor n spans nodes (``dcn``), the InfiniBand part
-    (collectives.ib_time: V/m over each GPU's NIC at Calculon's efficiency, a latency per call); ``messages``
+    (collectives.ib_time: V/m over each GPU's NIC at Calculon's efficiency, a latency per call; an all-to-all the
+    (n−1)/n of V bound for other nodes through each GPU's NIC, and over NVLink only its node's 1/n); ``messages``
     {axis: bytes per call} (gpu_messages; an axis without one: the whole V in one call)."""
     times = {}
     for key, kinds in volumes.items():
@@ -248,7 +249,9 @@ def _gpu_comm_times(volumes: dict, chip: Chip, dcn: Mapping, mesh: Mapping, mess
         for kind, v in kinds.items():
             msg = messages.get(key, v)
             calls = v / np.maximum(msg, 1e-300)
-            total = total + collectives.gpu_time(kind, v, m, msg, chip) + collectives.ib_time(
+            # an all-to-all's NVLink part is the 1/n of its buffer bound for its own node's GPUs (the rest crosses IB)
+            local = v / n if kind == Collective.ALL_TO_ALL else v
+            total = total + collectives.gpu_time(kind, local, m, msg, chip) + collectives.ib_time(
                 kind, v, n, m, calls, chip.dcn_bw / chip.devices_per_chip)
         times[key] = total
     return times
