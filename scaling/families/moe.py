@@ -693,6 +693,7 @@ def step_flops(w: Workload) -> dict:
     return out
 
 
+# one function, term by term as its docstring lists them (each axis' collectives beside its rule)
 def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
     """{axis: {kind: V bytes}} per device for one step (V as scaling.families.transformer.collective_volumes': an
     all-gather's or reduce-scatter's the whole gathered array, an all-reduce's the array reduced, an all-to-all's the
