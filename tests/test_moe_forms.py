@@ -205,3 +205,22 @@ def test_critical_condition_on_a_tpu_ring():
     assert o.critical_expert_d_ff == pytest.approx(81_536 / 24) and not o.compute_bound
     # no expert axis: no all-to-all, compute-bound whatever F_e
     assert expert_critical_batch(OLMOE, 1e15, 1e11).compute_bound
+
+
+def test_dropless_permutations_by_hand():
+    # moe-tiny dropless (D 64, k 2, 4 MoE layers) on data=2, expert=4, 2,048 tokens: t = 2048/(2·4) = 256 a device,
+    # the expert axis' G = 4·256 = 1,024 tokens and R = 2·1,024 = 2,048 routed rows. Forward a layer: the rows
+    # gathered (read and write 2·2,048·64 B each) and gathered back for the combine (read 2·2,048·64), the FP32 sums
+    # written (4·1,024·64): 3·262,144 + 262,144 = 1,048,576 B; 4 layers 4,194,304; backward twice, 8,388,608;
+    # remat full the forward's again. With a capacity factor none (GShard's einsums are matmuls).
+    from scaling.core.workload import Workload
+    from scaling.families.moe import permute_kernels
+
+    def by_pass(remat, cfg=TINY):
+        w = Workload(cfg, {"data": 2, "expert": 4}, 2048, remat=remat)
+        return {k.pass_: k.bytes for k in w.model.forms.step_kernels(w) if k.name == "permute"}
+
+    assert by_pass("none") == {"forward": 4_194_304, "backward": 8_388_608}
+    assert by_pass("full") == {"forward": 4_194_304, "backward": 8_388_608, "recompute": 4_194_304}
+    capacity = TINY.replace(capacity_factor=1.25)
+    assert by_pass("none", capacity) == {} and permute_kernels(Workload(capacity, {"data": 8}, 2048)) == []

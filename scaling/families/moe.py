@@ -925,6 +925,27 @@ def hbm_traffic_bytes(w: Workload):
     return p.adam_update_bytes_per_param * sh["shard"] + 3 * M * W + 2 * saved
 
 
+def permute_kernels(w: Workload, sh: dict | None = None) -> list[Kernel]:
+    """A dropless MoE layer's memory-bound passes over its routed rows (ffn_model.moe._dropless_local; MaxText's
+    sparse matmul sorts and permutes the same way), per MoE layer and device, with G = Ex·t tokens and R = Ex·t·k
+    routed rows (the expert axis' tokens, all-gathered) of D: forward the gather of the rows in expert order (read
+    and write c·R·D) and the combine, the outputs gathered back in pair order and summed over k with their gates
+    (read c·R·D, write the FP32 sums 4·G·D): 3·c·R·D + 4·G·D; backward twice that (each op's transpose: the
+    scatter-adds of the rows' gradients, the gates' gradients); a recomputed layer once more. None with a capacity
+    factor (GShard's dispatch and combine are matmuls: step_flops)."""
+    cfg, m = w.model, w.model.moe
+    if not m.dropless:
+        return []
+    sh = sh or _shapes(w)
+    G = sh["Ex"] * sh["t"]
+    fwd = 3 * w.precision.compute * G * m.top_k * cfg.d_model + 4 * G * cfg.d_model
+    out = [Kernel("permute", "forward", KernelKind.POINTWISE, None, cfg.moe_layers, 0.0, cfg.moe_layers * fwd)]
+    if w.step == Step.TRAIN:
+        out.append(Kernel("permute", "backward", KernelKind.POINTWISE, None, cfg.moe_layers, 0.0,
+                          2 * cfg.moe_layers * fwd))
+    return out
+
+
 def step_kernels(w: Workload) -> list[Kernel]:
     """The step's kernels: the base transformer's on the folded mesh (scaling.families.transformer.step_kernels:
     attention, q/k/v and out matmuls, pointwise passes) with its MLP matmuls kept for the L_dense dense layers only
@@ -935,8 +956,8 @@ def step_kernels(w: Workload) -> list[Kernel]:
     [T, E·C]·[E·C, D] for each of the t/T groups; backward each one's dX and dW (the dispatch: its input's gradient
     only; the combine: y's and the gates'); remat full (and a named policy) the router's, the routed experts' (all
     m: step_flops), the
-    shared experts' input matrices' and the dispatch again. Approximate: the pointwise passes are the base's (an MLP
-    of F a layer)."""
+    shared experts' input matrices' and the dispatch again. Dropless, the routed rows' permutations (permute_kernels).
+    Approximate: the other pointwise passes are the base's (an MLP of F a layer)."""
     cfg, m = w.model, w.model.moe
     sh = _shapes(w)
     c, D, mm, Fe, Y, Lm, L = w.precision.compute, cfg.d_model, cfg.mlp_matrices, m.expert_d_ff, sh["Y"], \
@@ -968,6 +989,8 @@ def step_kernels(w: Workload) -> list[Kernel]:
     dispatch = [] if m.dropless else [matmul_kernel("dispatch", "forward", EC, D, T, Lm * groups, c),
                                       matmul_kernel("combine", "forward", T, D, EC, Lm * groups, c)]
     ks += dispatch
+    permute = permute_kernels(w, sh)
+    ks += permute
     if train:
         for k in fwd:
             a, b, kk, _ = k.shape
@@ -978,7 +1001,8 @@ def step_kernels(w: Workload) -> list[Kernel]:
                    matmul_kernel("combine.dy", "backward", EC, D, T, Lm * groups, c),
                    matmul_kernel("combine.dgates", "backward", T, EC, D, Lm * groups, c)]
         if again:
-            ks += [dataclasses.replace(k, pass_="recompute") for k in fwd + dispatch[:1] if k.name != "shared_out"]
+            ks += [dataclasses.replace(k, pass_="recompute") for k in fwd + dispatch[:1] + permute[:1]
+                   if k.name != "shared_out"]
         params = sh["shard"] * weight_shards(w.mesh)  # adamw_kernel and accumulate_kernel divide by X·Y (the router
         # counted X·Y times: it is whole on every device)
         ks += [adamw_kernel(w, params), accumulate_kernel(w, params)]
