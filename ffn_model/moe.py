@@ -470,7 +470,7 @@ class MoETransformer(nnx.Module):
         E, Fe, Lm, Ld = spec.experts, spec.expert_d_ff, cfg.moe_layers, cfg.dense_layers
         Fs, gated = Fe * spec.shared_experts, base.mlp == Mlp.SWIGLU
         self.schedule, self.remat, self.spec, self.kind, self.vocab = w.schedule, w.remat, spec, base.mlp, base.vocab
-        self.tied = base.tied_embeddings
+        self.tied, self.qk_norm = base.tied_embeddings, base.qk_norm
         shapes = {"wq": ((L, N, H, D), D, tf.WQ_AXES), "wk": ((L, K, H, D), D, tf.WKV_AXES),
                   "wv": ((L, K, H, D), D, tf.WKV_AXES), "wo": ((L, N, H, D), N * H, tf.WQ_AXES),
                   "router": ((Lm, D, E), D, ROUTER_AXES), "expert_in": ((Lm, E, Fe, D), D, EXPERT_AXES),
@@ -503,6 +503,10 @@ class MoETransformer(nnx.Module):
         scan over the groups, each its every − 1 dense layers and then its MoE layer under jax.checkpoint: remat
         "none" keeps MOE_SAVED, "full" the layer's input only, a named or offloading policy (scaling.families.moe.
         MOE_REMATS) what it keeps of the attention (ffn_model.transformer.remat_policy), nothing of the MoE MLP)."""
+        with tf.qk_norm_on(self.qk_norm):
+            return self._forward(x)
+
+    def _forward(self, x):
         attn, dense, moe = self._stacks()
         first, q, every, rest = layer_plan(self.spec, len(attn["wq"]))
         if self.vocab is None:

@@ -24,6 +24,8 @@ scaling.families.transformer counts both.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 
 import jax
@@ -121,10 +123,30 @@ def rms_norm(x_BxTxD):
     return (x * jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True) + EPS)).astype(COMPUTE_DTYPE)
 
 
+QK_NORM = contextvars.ContextVar("qk_norm", default=False)  # the traced model's QK-norm (qk_norm_on)
+
+
+@contextlib.contextmanager
+def qk_norm_on(on: bool):
+    """While a model's step is traced (its __call__): whether _named normalizes q and k (TransformerConfig.qk_norm).
+    The norms run where _named does, under every attention form and context strategy, so the attention kernels need
+    no flag of their own."""
+    token = QK_NORM.set(bool(on))
+    try:
+        yield
+    finally:
+        QK_NORM.reset(token)
+
+
 def _named(q, k, v):
     """q, k, v as the attention kernel takes them, named for the remat policy (SAVED): after Ulysses'
-    all-to-all, the head split over the whole sequence; otherwise the device's sequence chunk."""
-    return checkpoint_name(q, "q"), checkpoint_name(k, "k"), checkpoint_name(v, "v")
+    all-to-all, the head split over the whole sequence; otherwise the device's sequence chunk. With QK-norm
+    (qk_norm_on) q and k then normalized over H (rms_norm), after the names: a policy keeps them unnormalized and the
+    backward recomputes the norms (elementwise, no matmul again; scaling.families.transformer.qk_norm_kernels)."""
+    q, k, v = checkpoint_name(q, "q"), checkpoint_name(k, "k"), checkpoint_name(v, "v")
+    if QK_NORM.get():
+        q, k = rms_norm(q), rms_norm(k)
+    return q, k, v
 
 
 def _local_attention(schedule: Schedule, window=None):
@@ -592,7 +614,7 @@ class TransformerStack(nnx.Module):
         schedule = w.schedule
         D, N, K, H, F, L = cfg.d_model, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.d_ff, cfg.blocks
         self.remat, self.schedule, self.gated = w.remat, schedule, cfg.gated
-        self.mlp_kind, self.block = cfg.mlp, cfg.block
+        self.mlp_kind, self.block, self.qk_norm = cfg.mlp, cfg.block, cfg.qk_norm
         self.windows = cfg.layer_windows  # each layer's sliding window (None: global)
         self.output_axes = X_SP_AXES if schedule.sequence_parallel else X_AXES  # where the stack's output lies
         # uneven stages: the stacks padded to S·Lmax slots, zeros in the padding (ffn_model.pipeline.pad_stack); the
@@ -616,7 +638,11 @@ class TransformerStack(nnx.Module):
 
     def __call__(self, x):
         """x: token vectors [B, T, D] -> the stack's output; with a vocabulary, token ids [B, T] -> logits
-        [B, T, V] (FP32, vocab over tensor)."""
+        [B, T, V] (FP32, vocab over tensor). Traced under qk_norm_on(the model's QK-norm)."""
+        with qk_norm_on(self.qk_norm):
+            return self._forward(x)
+
+    def _forward(self, x):
         weights = {n: getattr(self, n)[...] for n in layer_names(self.gated)}
         if self.stage_blocks is not None:  # a padded stack run whole: its real blocks
             weights = {n: real_blocks(v, self.stage_blocks) for n, v in weights.items()}

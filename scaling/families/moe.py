@@ -161,6 +161,7 @@ class MoEConfig(FamilyDefaults):
                                               "device's t tokens), or dropless")}
     switches: ClassVar[dict[str, str]] = {
         "tied_embeddings": TransformerConfig.switches["tied_embeddings"],
+        "qk_norm": TransformerConfig.switches["qk_norm"],
         "keep_tokens": "tokens past an expert's capacity are not dropped (MoESpec.drop_tokens off): a capacity factor "
                        "below 1, which must drop some, is refused"}
     schedule_flags: ClassVar[dict[str, str]] = {"attention": "attention", "attention_block": "attention_block",
@@ -1031,15 +1032,15 @@ MOE_PRESETS: dict[str, MoEConfig] = {
     # 30B (30.5B on the model card) and 3B (3.3B); HF Qwen/Qwen3-235B-A22B and Qwen3-30B-A3B config.json): 94 (48)
     # layers, hidden 4096 (2048), 64 (32) heads of 128, 4 kv heads, 128 experts of moe_intermediate 1536 (768),
     # top-8, no shared expert, every layer MoE, vocab 151,936 untied, SwiGLU, softmax router renormalised over the
-    # 8, dropless. Its QK-norm (an RMSNorm on each head's q and k) is not modelled (scales only). T = 4,096 as
-    # MaxText's TPU7x recipe trains it.
+    # 8, dropless, QK-norm (an RMSNorm on each head's q and k; its scales not counted, as the other norms'). T = 4,096
+    # as MaxText's TPU7x recipe trains it.
     "qwen3-235b-a22b": MoEConfig(
         TransformerConfig(d_model=4096, heads=64, kv_heads=4, head_dim=128, d_ff=1536, blocks=94, seq_len=4096,
-                          mlp="swiglu", vocab=151936),
+                          mlp="swiglu", vocab=151936, qk_norm=True),
         MoESpec(experts=128, top_k=8, expert_d_ff=1536)),
     "qwen3-30b-a3b": MoEConfig(
         TransformerConfig(d_model=2048, heads=32, kv_heads=4, head_dim=128, d_ff=768, blocks=48, seq_len=4096,
-                          mlp="swiglu", vocab=151936),
+                          mlp="swiglu", vocab=151936, qk_norm=True),
         MoESpec(experts=128, top_k=8, expert_d_ff=768)),
     # OLMoE-1B-7B (Muennighoff et al. 2024, "OLMoE", table 1; HF allenai/OLMoE-1B-7B-0924 config.json): d_model
     # 2048, 16 layers, 16 heads (no GQA), head_dim 128, 64 experts of d_ff 1024, top-8, SwiGLU, vocab 50304 untied,

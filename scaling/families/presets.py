@@ -91,11 +91,11 @@ PRESETS: dict[str, FFNConfig | TransformerConfig | MoEConfig] = {
                                     global_every=2),
     # Gemma 3 12B (Gemma Team 2025, arXiv:2503.19786, table 1: 1,012M embedding and 10,759M non-embedding
     # parameters; MaxText's gemma3-12b.yml: 48 layers, D 3840, 16 heads of 256, 8 kv heads, mlp 15360 gated GELU,
-    # vocab 262,144 tied, sliding window 1024, five local layers to one global): its post-attention and post-MLP norms
-    # and QK-norm are not modelled (norm scales only)
+    # vocab 262,144 tied, sliding window 1024, five local layers to one global, QK-norm): its post-attention and
+    # post-MLP norms are not modelled
     "gemma3-12b": TransformerConfig(d_model=3840, heads=16, kv_heads=8, head_dim=256, d_ff=15360, blocks=48,
                                     seq_len=32768, mlp="swiglu", vocab=262144, tied_embeddings=True, window=1024,
-                                    global_every=6),
+                                    global_every=6, qk_norm=True),
     # Mixture-of-experts transformers (scaling.families.moe.MOE_PRESETS, their sources there): Mixtral 8x7B and
     # 8x22B, Qwen3-235B-A22B and Qwen3-30B-A3B, OLMoE-1B-7B, and a tiny one for tests
     **MOE_PRESETS,

@@ -19,6 +19,8 @@ One layer, per device (module docstring of ffn_model.transformer):
   local     a window W (cfg.window, every layer or all but each global_every-th): materialized masks it and
             runs every pair; flash runs c + 1 key blocks per query block, c = ceil((W − 1)/b): the units
             scaled by attention_shares (model FLOPs: T·W − W·(W − 1)/2 pairs for T²/2)
+  qk-norm   (cfg.qk_norm) an RMSNorm over H on each head's q and k after they are saved: no FLOPs of a matmul, its
+            passes pointwise (qk_norm_kernels), recomputed in every train step's backward
   remat full recomputes the forward but W_out's matmul (its output is not needed for the backward);
             parallel blocks not W_o's either (the layer's sum feeds nothing the backward needs); a flash
             attention whose keys fit one block shares the recomputed q·kᵀ with the backward's (one_key_block)
@@ -162,7 +164,9 @@ class TransformerConfig(FamilyDefaults):
         "block": (BLOCK_KINDS, "serial (attention, then the MLP) or parallel (both on one norm, summed: one "
                                "tensor-parallel reduction per layer)")}
     switches: ClassVar[dict[str, str]] = {"tied_embeddings": "the output projection is the embedding (transformer "
-                                                             "with --vocab)"}
+                                                             "with --vocab)",
+                                          "qk_norm": "an RMSNorm on each head's q and k before the attention "
+                                                     "(QK-norm: Qwen3, OLMoE, Gemma 3)"}
     # {field: Schedule's field}: the schedule's attention fields, set only for a model with attention
     schedule_flags: ClassVar[dict[str, str]] = {"attention": "attention", "attention_block": "attention_block",
                                                 "context_strategy": "context",
@@ -181,6 +185,7 @@ class TransformerConfig(FamilyDefaults):
     tied_embeddings: bool = False
     window: int | None = None  # sliding-window (local) attention over W keys; None: global (local_attention.md)
     global_every: int | None = None  # layer l global iff (l + 1) % global_every == 0 (Gemma 2: 2, Gemma 3: 6)
+    qk_norm: bool = False  # an RMSNorm over H on each head's q and k (Dehghani et al. 2023; Qwen3, OLMoE, Gemma 3)
 
     def __str__(self) -> str:
         """A header's words: "transformer D=4,096 N=32 K=8 H=128 F=14,336 L=32 T=8,192 swiglu V=128,256"."""
@@ -189,7 +194,7 @@ class TransformerConfig(FamilyDefaults):
                 + (" parallel" if self.block == Block.PARALLEL else "")
                 + (f" V={self.vocab:,}" + (" tied" if self.tied_embeddings else "") if self.vocab else "")
                 + (f" W={self.window:,}" + (f"/{self.global_every}" if self.global_every else "")
-                   if self.window else ""))
+                   if self.window else "") + (" qk-norm" if self.qk_norm else ""))
 
     def __post_init__(self):
         for name in ("d_model", "heads", "d_ff", "blocks", "seq_len"):
@@ -380,6 +385,8 @@ def _check_transformer(cfg: TransformerConfig, mesh: Mapping, schedule: Schedule
         raise ValueError("window (local attention) runs with context ulysses, not ring")
     if any(cfg.layer_windows) and mesh.get("stage", 1) > 1:
         raise ValueError(f"window (local attention) runs without pipeline stages, not stage={mesh['stage']}")
+    if cfg.qk_norm and mesh.get("stage", 1) > 1:  # the pipeline's 1F1B backward is traced outside the model's call
+        raise ValueError(f"qk_norm runs without pipeline stages, not stage={mesh['stage']}")
     if (schedule.attention in (Attention.SPLASH, Attention.CUDNN) and spans(C)
             and schedule.context == ContextStrategy.RING):
         raise ValueError(f"attention {schedule.attention} runs with context ulysses, not ring: the ring's merge needs "
@@ -1218,6 +1225,19 @@ def xla_gpu_layer_copies(w: Workload, calls, tm, train: bool) -> list[Kernel]:
 
 
 # one list, kernel by kernel in the step's order (compute_term sums them in it)
+def qk_norm_kernels(w: Workload, calls, forward_bytes) -> list[Kernel]:
+    """QK-norm's passes (the program's ffn_model.transformer._named: the norm of the saved q and k, so that the
+    backward recomputes it from them, no matmul again): forward the two norms (q's and k's) of each layer-pass,
+    reading and writing c·t·H·(N + K)/Y; in a train step the backward twice that and the recomputed forward once
+    (every policy: the normalized q and k are not saved)."""
+    out = [Kernel("qk_norm", "forward", KernelKind.POINTWISE, None, 2 * calls, 0.0, forward_bytes)]
+    if w.step == Step.TRAIN:
+        out += [Kernel("qk_norm", "backward", KernelKind.POINTWISE, None, 4 * calls, 0.0, 2 * forward_bytes),
+                Kernel("qk_norm", "recompute", KernelKind.POINTWISE, None, 2 * calls, 0.0, forward_bytes)]
+    return out
+
+
+# one function, the kernels pass by pass in the order the step runs them (each pass's terms beside its rule)
 def step_kernels(w: Workload) -> list[Kernel]:
     """The transformer's kernels (module docstring), from the closed forms' counts (passes,
     recomputed, attention_units)."""
@@ -1315,6 +1335,8 @@ def step_kernels(w: Workload) -> list[Kernel]:
     scores = 0 if flash else 2 * c * unit / H  # the softmax reads and writes the s·N·T²/(Y·C) scores
     fwd_bytes = p["layers"] * (per_token * t + scores)
     head_bytes = 2 * c * th * V / Y
+    if cfg.qk_norm:  # QK-norm (module docstring): q's and k's norms, two launches a layer-pass
+        ks += qk_norm_kernels(w, calls, p["layers"] * 2 * c * t * H * (N + K) / Y)
     if launches.runs_launches(w):  # a PyTorch runtime's kernels one by one (scaling.step.launches)
         arrays = {"A": c * tm * D / sp, "P": c * tm * D / Y, "F": c * tm * ff, "S": c * seqs * heads * bs * Tq * Tq}
         return ks + runtime_layer_kernels(w, calls, arrays, flash, th * V / Y if V else None, head_calls)
