@@ -97,7 +97,8 @@ def test_fields_no_family_has_together(capsys):
 # the flags that describe a model, its hardware, its batch and its parallelism: the list (--global-batch,
 # --slices, --dcn-mesh, --dtype, --grad-accumulation, --sequence-parallel, --attention, --remat among them)
 SHARED = {"--preset", "--d-model", "--d-ff", "--blocks", "--layers", "--seq-len", "--heads", "--kv-heads", "--head-dim",
-          "--vocab", "--mlp", "--block", "--tied-embeddings", "--qk-norm", "--attention", "--attention-block", "--context-strategy",
+          "--vocab", "--mlp", "--block", "--tied-embeddings", "--qk-norm", "--attention", "--attention-block",
+          "--context-strategy",
           "--splash-fused-backward",
           "--chip", "--chips", "--slice", "--slices", "--inter-node-bandwidth", "--global-batch", "--batch-tokens",
           "--microbatch", "--microbatches", "--mesh", "--dcn-mesh", "--remat", "--dtype", "--grad-accumulation",
