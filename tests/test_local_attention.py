@@ -139,6 +139,14 @@ def test_gemma3_12b_parameters_are_the_papers():
     assert set(g.layer_windows) == {1024, None}
 
 
+@pytest.mark.parametrize("preset", ["gemma-2-9b", "gemma3-12b"])
+def test_local_and_global_presets_plan(preset, capsys):
+    """plan over the planner's meshes with local and global layers mixed: the group's held gradient shards are an
+    array over the meshes (a plan on v6e-256 raised "truth value of an array" before)."""
+    assert main(f"plan --preset {preset} --slice v6e-256 --top 1".split()) == 0
+    assert "fit" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("preset", ["mistral-7b", "gemma-2-9b"])
 def test_presets_predict(preset, capsys):
     """predict with a window preset: exit 0, the header names the window."""

@@ -1054,8 +1054,8 @@ def memory_per_device(w: Workload) -> dict:
         terms["transient_weights"] = _pick(kept, 0.0, terms["transient_weights"])
         terms["layer_grads"] = _pick(kept, 0.0, terms["layer_grads"])
         terms["splash_backward"] = _pick(kept, back, 0.0)
-    if train and (held := group_held_grads(cfg, mesh, precision)):  # local and global layers: the group's upper
-        # layers' FP32 gradient shards, held until its scan iteration ends
+    if train and np.any(held := group_held_grads(cfg, mesh, precision)):  # local and global layers: the group's
+        # upper layers' FP32 gradient shards, held until its scan iteration ends (an array over the planner's meshes)
         terms["group_grads"] = held
     saved_terms = _saved_terms(cfg, mesh, batch_tokens, schedule, precision)  # saved_per_layer's
     saved = by_policy(remat, lambda r: sum(saved_terms(r).values()))
