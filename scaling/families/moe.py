@@ -1044,11 +1044,12 @@ MOE_PRESETS: dict[str, MoEConfig] = {
         MoESpec(experts=128, top_k=8, expert_d_ff=768)),
     # OLMoE-1B-7B (Muennighoff et al. 2024, "OLMoE", table 1; HF allenai/OLMoE-1B-7B-0924 config.json): d_model
     # 2048, 16 layers, 16 heads (no GQA), head_dim 128, 64 experts of d_ff 1024, top-8, SwiGLU, vocab 50304 untied,
-    # sequence length 4096, dropless, softmax router (not renormalised), load-balancing loss 0.01. Published 6.9B
-    # total, 1.3B active (the paper).
+    # sequence length 4096, dropless, softmax router (not renormalised), load-balancing loss 0.01, QK-norm (HF
+    # transformers' OlmoeAttention q_norm, k_norm: over all heads' q and k at once, here per head, the same bytes; the
+    # scales not counted). Published 6.9B total, 1.3B active (the paper).
     "olmoe-1b-7b": MoEConfig(
         TransformerConfig(d_model=2048, heads=16, kv_heads=16, head_dim=128, d_ff=1024, blocks=16, seq_len=4096,
-                          mlp="swiglu", vocab=50304),
+                          mlp="swiglu", vocab=50304, qk_norm=True),
         MoESpec(experts=64, top_k=8, expert_d_ff=1024)),
     # A tiny one for tests: D=64, 4 heads of 16, 4 layers, 8 experts of 128, top-2, no vocabulary, T=32.
     "moe-tiny": MoEConfig(
