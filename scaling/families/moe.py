@@ -1010,6 +1010,14 @@ def step_kernels(w: Workload) -> list[Kernel]:
     return ks
 
 
+def _qwen3_moe(d_model: int, heads: int, blocks: int, expert_d_ff: int) -> MoEConfig:
+    """A Qwen3 MoE model (MOE_PRESETS' comment): 4 kv heads of 128, 128 experts of ``expert_d_ff``, top-8, every layer
+    MoE, vocabulary 151,936 untied, SwiGLU, QK-norm, T = 4,096."""
+    return MoEConfig(TransformerConfig(d_model=d_model, heads=heads, kv_heads=4, head_dim=128, d_ff=expert_d_ff,
+                                       blocks=blocks, seq_len=4096, mlp="swiglu", vocab=151936, qk_norm=True),
+                     MoESpec(experts=128, top_k=8, expert_d_ff=expert_d_ff))
+
+
 # Published MoE models. The base's d_ff is the dense layers' (none here: every layer MoE, so F = F_e, unused).
 MOE_PRESETS: dict[str, MoEConfig] = {
     # Mixtral 8x7B (Jiang et al. 2024, "Mixtral of Experts", table 1; HF mistralai/Mixtral-8x7B-v0.1 config.json):
@@ -1034,14 +1042,8 @@ MOE_PRESETS: dict[str, MoEConfig] = {
     # top-8, no shared expert, every layer MoE, vocab 151,936 untied, SwiGLU, softmax router renormalised over the
     # 8, dropless, QK-norm (an RMSNorm on each head's q and k; its scales not counted, as the other norms'). T = 4,096
     # as MaxText's TPU7x recipe trains it.
-    "qwen3-235b-a22b": MoEConfig(
-        TransformerConfig(d_model=4096, heads=64, kv_heads=4, head_dim=128, d_ff=1536, blocks=94, seq_len=4096,
-                          mlp="swiglu", vocab=151936, qk_norm=True),
-        MoESpec(experts=128, top_k=8, expert_d_ff=1536)),
-    "qwen3-30b-a3b": MoEConfig(
-        TransformerConfig(d_model=2048, heads=32, kv_heads=4, head_dim=128, d_ff=768, blocks=48, seq_len=4096,
-                          mlp="swiglu", vocab=151936, qk_norm=True),
-        MoESpec(experts=128, top_k=8, expert_d_ff=768)),
+    "qwen3-235b-a22b": _qwen3_moe(d_model=4096, heads=64, blocks=94, expert_d_ff=1536),
+    "qwen3-30b-a3b": _qwen3_moe(d_model=2048, heads=32, blocks=48, expert_d_ff=768),
     # OLMoE-1B-7B (Muennighoff et al. 2024, "OLMoE", table 1; HF allenai/OLMoE-1B-7B-0924 config.json): d_model
     # 2048, 16 layers, 16 heads (no GQA), head_dim 128, 64 experts of d_ff 1024, top-8, SwiGLU, vocab 50304 untied,
     # sequence length 4096, dropless, softmax router (not renormalised), load-balancing loss 0.01, QK-norm (HF
