@@ -59,7 +59,9 @@ from scaling.core.workload import Workload
 # MLP (router, dispatch, experts, combine) recomputed whole as under full (moe_recomputed)
 MOE_REMATS = ("none", "full", "save_qkv_proj", "save_qkv_context", "save_dot_except_mlp", "qkv_proj_offloaded",
               "input_qkv_offloaded")
-MOE_PLAN_REMATS = ("none", "full")  # the planner's (the others not searched: the host's transfers, not nested)
+# the planner's, each tried on every mesh (not nested: scaling.core.family.PlanPolicy.remat_keeps None); the offloading
+# ones not searched (the host's transfers are not in the step's time)
+MOE_PLAN_REMATS = ("none", "save_dot_except_mlp", "save_qkv_context", "save_qkv_proj", "full")
 CAPACITY_FACTORS = ("dropless", "1", "1.25", "1.5", "2")  # --capacity-factor's examples (it takes any number > 0)
 ROUTERS = ("softmax", "sigmoid")  # the gates: softmax over E then top-k (Mixtral renormalises over the k), or sigmoid
 
