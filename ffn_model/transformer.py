@@ -112,6 +112,8 @@ def remat_policy(remat: str, schedule: Schedule):
             names_which_can_be_saved=policy_saves(remat, schedule), names_which_can_be_offloaded=POLICY_OFFLOADS[remat],
             offload_src="device", offload_dst="pinned_host")
     return jax.checkpoint_policies.save_only_these_names(*policy_saves(remat, schedule))
+
+
 EPS = 1e-6
 
 

@@ -45,7 +45,7 @@ from scaling.core.family import FamilyDefaults, PlanPolicy
 from scaling.core.kinds import Family, KernelKind, Platform
 from scaling.core.inputs import positive_float, positive_int
 from scaling.core.policies import ContextStrategy, OptimizerSharding, Remat, Step
-from scaling.step.kernels import Kernel, accumulate_kernel, adamw_kernel, matmul_kernel
+from scaling.step.kernels import Kernel, accumulate_kernel, adamw_kernel, matmul_kernel, pass_kernels
 from scaling.step.memory import weight_shards
 from scaling.core.mesh_shape import MESH_AXES, spans
 from scaling.core.schedule import Schedule
@@ -738,7 +738,7 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
     sh = _shapes(w)
     X, Y, Ex, d, M = sh["X"], sh["Y"], sh["Ex"], sh["d"], sh["M"]
     c = max(w.precision.compute, w.compiler.min_comm_bytes)
-    train, full = w.step == Step.TRAIN, moe_recomputed(w)  # "full": the MoE MLP recomputed (every policy but none)
+    train, again = w.step == Step.TRAIN, moe_recomputed(w)
     V, D = cfg.vocab or 0, cfg.d_model
     W_ne, W_ex = c * sh["ne"] / Y, c * sh["ex"] / Y
     E, dE = cfg.embedding_matrices * c * V * D / Y, 2 * c * V * D / Y * (V > 0)
@@ -755,15 +755,15 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
         # W_in and W_gate apart (m - 1 reductions: two ragged matmuls)
         rows, back = (Ex * sh["t"] * cfg.moe.top_k, cfg.mlp_matrices - 1) if cfg.moe.dropless else (sh["slots"], 1)
         out["tensor"]["all-reduce"] = out["tensor"]["all-reduce"] + cfg.moe_layers * c * D * (
-            rows * (1 + train * back + full) - mlp * (1 + train))
+            rows * (1 + train * back + again) - mlp * (1 + train))
     if spans(Ex) and cfg.moe.dropless:
         G, g = Ex * sh["t"] / M * D, Ex * sh["t"] / M * cfg.moe.top_k
         per = M * cfg.moe_layers
-        out["expert"] = {"all-gather": per * (c * G + 8 * g + (4 * G + 8 * g + full * c * G if train else 0)),
+        out["expert"] = {"all-gather": per * (c * G + 8 * g + (4 * G + 8 * g + again * c * G if train else 0)),
                          "reduce-scatter": per * (4 * G + (4 * G + 4 * g if train else 0))}
     elif spans(Ex):
         V1 = all_to_all_bytes(cfg, w.mesh, w.batch_tokens / M, c)["V"]
-        out["expert"] = {"all-to-all": M * cfg.moe_layers * V1 * ((4 if train else 2) + 2 * full)}
+        out["expert"] = {"all-to-all": M * cfg.moe_layers * V1 * ((4 if train else 2) + 2 * again)}
     C = w.mesh.get("context", 1)
     if spans(C):  # Ulysses' all-to-alls, the base's on the folded mesh
         out["context"] = {"all-to-all": tf.collective_volumes(_folded(w))["context"]["all-to-all"]}
@@ -777,7 +777,7 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
         key = "+".join(loss)
         out.setdefault(key, {})
         out[key]["all-reduce"] = (out[key].get("all-reduce", 0.0) + 4.0 + train * 4 * sh["router"]
-                                  + M * cfg.moe_layers * 4 * cfg.moe.experts * (2 + full))
+                                  + M * cfg.moe_layers * 4 * cfg.moe.experts * (2 + again))
     return out
 
 
@@ -877,9 +877,9 @@ def memory_per_device(w: Workload) -> dict:
     cfg, p = w.model, w.precision
     sh = _shapes(w)
     X, Y, M = sh["X"], sh["Y"], sh["M"]
-    # "full": the MoE MLP recomputed (full and the named policies alike: the backward's iteration gathers the layer
-    # for its MoE MLP's recomputation and makes the experts' gradients as under full; compiled on v5p)
-    train, full = w.step == Step.TRAIN, moe_recomputed(w)
+    # the MoE MLP recomputed (full and the named policies alike: the backward's iteration gathers the layer for its
+    # MoE MLP's recomputation and makes the experts' gradients as under full; compiled on v5p)
+    train, again = w.step == Step.TRAIN, moe_recomputed(w)
     Bm = w.batch_tokens / M
     tm = tokens_per_device(cfg, w.mesh, Bm)
     c, D, V = p.compute, cfg.d_model, cfg.vocab or 0
@@ -889,10 +889,10 @@ def memory_per_device(w: Workload) -> dict:
         terms["grads"] = p.grad * ((sh["ne"] + sh["ex"]) / (X * Y) + sh["router"])
     Wl = c * sh["layer"]
     terms["inputs"] = 8 * tm if V else (c + 4) * tm * D
-    terms["transient_weights"] = ((1 if full else 2) if train else 1 if spans(X) else 0) * Wl
+    terms["transient_weights"] = ((1 if again else 2) if train else 1 if spans(X) else 0) * Wl
     fold = _folded(w, Bm)
     terms["attention_working_set"] = tf.memory_per_device(fold)["attention_working_set"]
-    if train and not full:
+    if train and not again:
         terms["layer_grads"] = p.grad * Wl / c
     if train:
         dense, moe = _saved(w, w.remat, Bm)
@@ -900,7 +900,7 @@ def memory_per_device(w: Workload) -> dict:
         off = (tf.offloaded_per_layer(cfg.base, fold.mesh, Bm, w.remat, w.schedule, p)
                if w.compiler.host_offload else 0.0)
         terms["activations"] = cfg.dense_layers * dense + cfg.moe_layers * moe - cfg.blocks * off
-    if moe_recomputed(w):
+    if again:
         _, moe_none = _saved(w, "none", Bm)
         terms["recomputed_layer"] = moe_none - moe
     if train and V:
@@ -934,19 +934,16 @@ def permute_kernels(w: Workload, sh: dict | None = None) -> list[Kernel]:
     routed rows (the expert axis' tokens, all-gathered) of D: forward the gather of the rows in expert order (read
     and write c·R·D) and the combine, the outputs gathered back in pair order and summed over k with their gates
     (read c·R·D, write the FP32 sums 4·G·D): 3·c·R·D + 4·G·D; backward twice that (each op's transpose: the
-    scatter-adds of the rows' gradients, the gates' gradients); a recomputed layer once more. None with a capacity
-    factor (GShard's dispatch and combine are matmuls: step_flops)."""
+    scatter-adds of the rows' gradients, the gates' gradients); a recomputed layer once more
+    (scaling.step.kernels.pass_kernels). None with a capacity factor (GShard's dispatch and combine are matmuls:
+    step_flops)."""
     cfg, m = w.model, w.model.moe
     if not m.dropless:
         return []
     sh = sh or _shapes(w)
     G = sh["Ex"] * sh["t"]
     fwd = 3 * w.precision.compute * G * m.top_k * cfg.d_model + 4 * G * cfg.d_model
-    out = [Kernel("permute", "forward", KernelKind.POINTWISE, None, cfg.moe_layers, 0.0, cfg.moe_layers * fwd)]
-    if w.step == Step.TRAIN:
-        out.append(Kernel("permute", "backward", KernelKind.POINTWISE, None, cfg.moe_layers, 0.0,
-                          2 * cfg.moe_layers * fwd))
-    return out
+    return pass_kernels("permute", w, cfg.moe_layers, cfg.moe_layers * fwd, moe_recomputed(w))
 
 
 def step_kernels(w: Workload) -> list[Kernel]:
@@ -992,8 +989,7 @@ def step_kernels(w: Workload) -> list[Kernel]:
     dispatch = [] if m.dropless else [matmul_kernel("dispatch", "forward", EC, D, T, Lm * groups, c),
                                       matmul_kernel("combine", "forward", T, D, EC, Lm * groups, c)]
     ks += dispatch
-    permute = permute_kernels(w, sh)
-    ks += permute
+    ks += permute_kernels(w, sh)
     if train:
         for k in fwd:
             a, b, kk, _ = k.shape
@@ -1004,8 +1000,7 @@ def step_kernels(w: Workload) -> list[Kernel]:
                    matmul_kernel("combine.dy", "backward", EC, D, T, Lm * groups, c),
                    matmul_kernel("combine.dgates", "backward", T, EC, D, Lm * groups, c)]
         if again:
-            ks += [dataclasses.replace(k, pass_="recompute") for k in fwd + dispatch[:1] + permute[:1]
-                   if k.name != "shared_out"]
+            ks += [dataclasses.replace(k, pass_="recompute") for k in fwd + dispatch[:1] if k.name != "shared_out"]
         params = sh["shard"] * weight_shards(w.mesh)  # adamw_kernel and accumulate_kernel divide by X·Y (the router
         # counted X·Y times: it is whole on every device)
         ks += [adamw_kernel(w, params), accumulate_kernel(w, params)]

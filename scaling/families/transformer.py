@@ -84,7 +84,8 @@ from scaling.step import launches
 from scaling.step import runtimes
 from scaling.core.family import FamilyDefaults, PlanPolicy
 from scaling.core.inputs import positive_int
-from scaling.step.kernels import Kernel, accumulate_kernel, adamw_kernel, matmul_kernel, shape_costs
+from scaling.step.kernels import (Kernel, accumulate_kernel, adamw_kernel, matmul_kernel, pass_kernels,
+                                    shape_costs)
 from scaling.core.mesh_shape import MESH_AXES, spans
 from scaling.core.kinds import Block, Family, KernelKind, KernelPass, Mlp, Platform
 from scaling.core.policies import (DEFAULT_PRECISION, REMAT_POLICIES, TRANSFORMER_ONLY_REMAT, Attention,
@@ -1227,14 +1228,10 @@ def xla_gpu_layer_copies(w: Workload, calls, tm, train: bool) -> list[Kernel]:
 # one list, kernel by kernel in the step's order (compute_term sums them in it)
 def qk_norm_kernels(w: Workload, calls, forward_bytes) -> list[Kernel]:
     """QK-norm's passes (the program's ffn_model.transformer._named: the norm of the saved q and k, so that the
-    backward recomputes it from them, no matmul again): forward the two norms (q's and k's) of each layer-pass,
-    reading and writing c·t·H·(N + K)/Y; in a train step the backward twice that and the recomputed forward once
-    (every policy: the normalized q and k are not saved)."""
-    out = [Kernel("qk_norm", "forward", KernelKind.POINTWISE, None, 2 * calls, 0.0, forward_bytes)]
-    if w.step == Step.TRAIN:
-        out += [Kernel("qk_norm", "backward", KernelKind.POINTWISE, None, 4 * calls, 0.0, 2 * forward_bytes),
-                Kernel("qk_norm", "recompute", KernelKind.POINTWISE, None, 2 * calls, 0.0, forward_bytes)]
-    return out
+    backward recomputes it from them, no matmul again): forward the two norms (q's and k's) of each of ``calls``
+    layer-passes, reading and writing c·t·H·(N + K)/Y; in a train step the backward twice that and the recomputed
+    forward once (every policy: the normalized q and k are not saved) (scaling.step.kernels.pass_kernels)."""
+    return pass_kernels("qk_norm", w, 2 * calls, forward_bytes, recomputed=True)
 
 
 # one function, the kernels pass by pass in the order the step runs them (each pass's terms beside its rule)

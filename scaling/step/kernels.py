@@ -76,7 +76,7 @@ from scaling.step import pipeline
 from scaling.hardware.chips import Chip
 from scaling.core.kinds import Block, Dtype, KernelKind, KernelModel, KernelPass, Platform
 from scaling.core.mesh_shape import spans
-from scaling.core.policies import Attention
+from scaling.core.policies import Attention, Step
 from scaling.core.schedule import key_block, runs_flash
 from scaling.core.workload import Workload
 
@@ -292,6 +292,18 @@ def _filled(ks: list[Kernel], c) -> list[Kernel]:
             k.flops = f if k.flops is None else k.flops
             k.bytes = b if k.bytes is None else k.bytes
     return ks
+
+
+def pass_kernels(name: str, w: Workload, calls, forward_bytes, recomputed) -> list[Kernel]:
+    """A memory-bound kernel ``name`` a family adds by pass (module docstring, pointwise): forward ``calls`` launches
+    moving ``forward_bytes``; in a train step the backward twice both (each op's gradients read the saved input and
+    the incoming gradient and write the gradient) and, where ``recomputed``, the forward's once more."""
+    out = [Kernel(name, KernelPass.FORWARD, KernelKind.POINTWISE, None, calls, 0.0, forward_bytes)]
+    if w.step == Step.TRAIN:
+        out.append(Kernel(name, KernelPass.BACKWARD, KernelKind.POINTWISE, None, 2 * calls, 0.0, 2 * forward_bytes))
+        if recomputed:
+            out.append(Kernel(name, KernelPass.RECOMPUTE, KernelKind.POINTWISE, None, calls, 0.0, forward_bytes))
+    return out
 
 
 def accumulate_kernel(w: Workload, params) -> Kernel:
