@@ -466,14 +466,13 @@ class MoETransformer(nnx.Module):
         base, spec = cfg.base, cfg.moe
         if base.block != Block.SERIAL or any(x is not None for x in base.layer_windows):
             raise ValueError("the MoE transformer is built with serial blocks and global attention")
-        D, N, K, H, F, L = base.d_model, base.heads, base.kv_heads, base.head_dim, base.d_ff, base.blocks
+        D, F = base.d_model, base.d_ff
         E, Fe, Lm, Ld = spec.experts, spec.expert_d_ff, cfg.moe_layers, cfg.dense_layers
         Fs, gated = Fe * spec.shared_experts, base.mlp == Mlp.SWIGLU
         self.schedule, self.remat, self.spec, self.kind, self.vocab = w.schedule, w.remat, spec, base.mlp, base.vocab
         self.tied, self.qk_norm = base.tied_embeddings, base.qk_norm
-        shapes = {"wq": ((L, N, H, D), D, tf.WQ_AXES), "wk": ((L, K, H, D), D, tf.WKV_AXES),
-                  "wv": ((L, K, H, D), D, tf.WKV_AXES), "wo": ((L, N, H, D), N * H, tf.WQ_AXES),
-                  "router": ((Lm, D, E), D, ROUTER_AXES), "expert_in": ((Lm, E, Fe, D), D, EXPERT_AXES),
+        shapes = {n: (shape, fan_in, tf.LAYER_AXES[n]) for n, (shape, fan_in) in tf.attention_shapes(base).items()}
+        shapes |= {"router": ((Lm, D, E), D, ROUTER_AXES), "expert_in": ((Lm, E, Fe, D), D, EXPERT_AXES),
                   "expert_gate": ((Lm, E, Fe, D), D, EXPERT_AXES), "expert_out": ((Lm, E, Fe, D), Fe, EXPERT_AXES)}
         if Fs:
             shapes |= {"shared_in": ((Lm, Fs, D), D, SHARED_AXES), "shared_gate": ((Lm, Fs, D), D, SHARED_AXES),
@@ -492,7 +491,7 @@ class MoETransformer(nnx.Module):
 
     def _stacks(self):
         """(attention [L], dense MLP [L_dense] under the transformer's names, MoE [L_moe]) weight dicts."""
-        attn = {n: getattr(self, n)[...] for n in ("wq", "wk", "wv", "wo")}
+        attn = {n: getattr(self, n)[...] for n in tf.ATTENTION_WEIGHTS if n in self.names}
         dense = {n.replace("dense", "w"): getattr(self, n)[...] for n in self.names if n.startswith("dense_")}
         moe = {n: getattr(self, n)[...] for n in self.names if n in MOE_NAMES}
         return attn, dense, moe
@@ -508,7 +507,7 @@ class MoETransformer(nnx.Module):
 
     def _forward(self, x):
         attn, dense, moe = self._stacks()
-        first, q, every, rest = layer_plan(self.spec, len(attn["wq"]))
+        first, q, every, rest = layer_plan(self.spec, len(attn["wo"]))
         if self.vocab is None:
             x = x.astype(COMPUTE_DTYPE)
         else:
@@ -536,7 +535,7 @@ class MoETransformer(nnx.Module):
         g_dense = {n: v[first:first + q * (every - 1)].reshape(q, every - 1, *v.shape[1:]) for n, v in dense.items()}
         (x, aux), _ = jax.lax.scan(group, (x, jnp.zeros((), jnp.float32)), (g_attn, g_dense, moe))
         if rest:
-            L, Ld = len(attn["wq"]), first + q * (every - 1) + rest
+            L, Ld = len(attn["wo"]), first + q * (every - 1) + rest
             x = dense_run(x, L - rest, L, Ld - rest, Ld)
         if self.vocab is None:
             return x, aux

@@ -36,8 +36,9 @@ def constrain(x, logical_axes):
 
 
 def _gathered(logical_axes):
-    """The logical axes of a weight slice after the FSDP all-gather: embed (D) unsharded."""
-    return tuple(None if a == "embed" else a for a in logical_axes)
+    """The logical axes of a weight slice after the FSDP all-gather: embed (D) unsharded, and a weight whole over
+    tensor that is stored split over it (latent_split: MLA's down-projection) gathered over tensor too."""
+    return tuple(None if a in ("embed", "latent_split") else a for a in logical_axes)
 
 
 def to_bf16(w):

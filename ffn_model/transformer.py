@@ -57,8 +57,15 @@ H_AXES = ("batch", "seq", "mlp")
 WQ_AXES = ("layers", "heads", "head_dim", "embed")  # W_q, W_o [L, N, H, D]
 WKV_AXES = ("layers", "kv_heads", "head_dim", "embed")  # W_k, W_v [L, K, H, D]
 W_MLP_AXES = ("layers", "mlp", "embed")  # W_in, W_gate, W_out [L, F, D]
-LAYER_AXES = {"wq": WQ_AXES, "wk": WKV_AXES, "wv": WKV_AXES, "wo": WQ_AXES, "w_in": W_MLP_AXES,
-              "w_gate": W_MLP_AXES, "w_out": W_MLP_AXES}  # the stacked layer weights
+# multi-head latent attention's (mla_projection): W_dq and W_dkv as one [L, r_q + r_kv + H_r, D], whole over tensor;
+# the up-projections W_uq [L, N, H + H_r, r_q] and W_ukv [L, N, H + H_v, r_kv], heads over tensor, r over fsdp
+W_DOWN_AXES = ("layers", "latent_split", "embed")
+W_UP_AXES = ("layers", "heads", "head_dim", "embed")
+LATENT_AXES = ("batch", "seq", "latent")  # the latents [B, T, r_q + r_kv + H_r]
+LAYER_AXES = {"wq": WQ_AXES, "wk": WKV_AXES, "wv": WKV_AXES, "wo": WQ_AXES, "w_down": W_DOWN_AXES, "w_uq": W_UP_AXES,
+              "w_ukv": W_UP_AXES, "w_in": W_MLP_AXES, "w_gate": W_MLP_AXES, "w_out": W_MLP_AXES}  # the stacked layer
+# weights'
+ATTENTION_WEIGHTS = ("wq", "wk", "wv", "w_down", "w_uq", "w_ukv", "wo")
 VOCAB_AXES = ("vocab", "embed")  # the embedding E and the output projection U [V, D]
 IDS_AXES = ("batch", "seq")  # token ids and labels [B, T]
 LOGITS_AXES = ("batch", "seq", "vocab")  # logits [B, T, V]: vocab-parallel, never gathered
@@ -67,7 +74,7 @@ LOGITS_AXES = ("batch", "seq", "vocab")  # logits [B, T, V]: vocab-parallel, nev
 # (the projections' inputs; under SP their token split), q, k, v, the attention's own residuals (the
 # probabilities, or a flash attention's output and log-sum-exp), its output (W_o's input), the residual
 # stream after attention (the second norm's input) and the MLP's hidden (its matmuls' inputs).
-SAVED = ("norm1", "q", "k", "v", *RESIDUAL_NAMES, "mid", "norm2", "mlp_in", "mlp_gate")
+SAVED = ("norm1", "latents", "q", "k", "v", *RESIDUAL_NAMES, "mid", "norm2", "mlp_in", "mlp_gate")
 # Under sequence parallelism the norms' outputs are not kept: the backward recomputes them from the token
 # split of x and of mid and all-gathers them again (Korthikanti et al. 2022, section 4.2.2). Named, XLA
 # kept them whole (its sharding propagation gave the saved stacks the all-gathered layout).
@@ -78,11 +85,11 @@ SAVED_SP = tuple(n for n in SAVED if n not in ("norm1", "norm2"))
 # ("mlpwo": mlp_out); Korthikanti et al. 2022's selective recompute: everything but the attention's
 # probabilities (what remat none keeps less the O(T²) scores; the same as none for flash attention).
 POLICY_SAVES = {
-    "minimal": ("q", "k", "v", "attn_proj", "mlp_in", "mlp_gate"),
-    "save_dot_except_mlpwi": ("q", "k", "v", "attn_proj", "mlp_out"),
-    "save_dot_except_mlp": ("q", "k", "v", "attn_proj"),
-    "save_qkv_proj": ("q", "k", "v"),
-    "save_qkv_context": ("q", "k", "v", *RESIDUAL_NAMES),
+    "minimal": ("q", "k", "v", "latents", "attn_proj", "mlp_in", "mlp_gate"),
+    "save_dot_except_mlpwi": ("q", "k", "v", "latents", "attn_proj", "mlp_out"),
+    "save_dot_except_mlp": ("q", "k", "v", "latents", "attn_proj"),
+    "save_qkv_proj": ("q", "k", "v", "latents"),
+    "save_qkv_context": ("q", "k", "v", "latents", *RESIDUAL_NAMES),
     "qkv_proj_offloaded": (),
     "input_qkv_offloaded": (),
     "full": (),
@@ -91,8 +98,8 @@ POLICY_SAVES = {
 # decoder_layer_input too): what jax.checkpoint_policies.save_and_offload_only_these_names moves to pinned host memory
 # in the forward and back for the layer's backward ("layer_input": the layer's input x, named where it enters)
 POLICY_OFFLOADS = {
-    "qkv_proj_offloaded": ("q", "k", "v"),
-    "input_qkv_offloaded": ("layer_input", "q", "k", "v"),
+    "qkv_proj_offloaded": ("q", "k", "v", "latents"),
+    "input_qkv_offloaded": ("layer_input", "q", "k", "v", "latents"),
 }
 
 
@@ -329,11 +336,43 @@ def layer(x_BxTxD, w: dict, schedule: Schedule, mlp_kind: str = "gelu", block: s
     return x + checkpoint_name(from_matmul(mlp(to_matmul(rms_norm(x), "norm2"), w, mlp_kind)), "mlp_out")
 
 
+def mla_projection(h_BxTxD, w: dict):
+    """q, k, v of multi-head latent attention (DeepSeek-V2, DeepSeek-AI 2024, section 2.1, eqs. 9-19, as trained: the
+    up-projections not absorbed; no rotary embedding, as the package's attention has none): the latents c = h·W_d
+    [B, T, r_q + r_kv + H_r] as ONE matmul (W_dq and W_dkv stacked, whole over tensor), named "latents" (kept before
+    their norms, which the backward recomputes: no matmul again); q = RMSNorm(c_q)·W_uq (or h·W_q without a q rank),
+    [k_nope, v] = RMSNorm(c_kv)·W_ukv, heads over tensor; k = [k_nope, k_rope], the one k_rope [H_r] broadcast to
+    every head. The backward's latent gradient is one partial sum over tensor (one all-reduce of c·t·(r_q + r_kv +
+    H_r)), and W_q's input gradient another (c·t·D)."""
+    N, Hkv = w["w_ukv"].shape[:2]
+    Hv = w["wo"].shape[1]
+    H = Hkv - Hv
+    c = jnp.einsum("btd,rd->btr", h_BxTxD, _gather(w["w_down"], W_DOWN_AXES))
+    c = checkpoint_name(constrain(c, LATENT_AXES), "latents")
+    r_kv = w["w_ukv"].shape[-1]
+    r_q = w["w_uq"].shape[-1] if "w_uq" in w else 0
+    Hr = c.shape[-1] - r_q - r_kv
+    if r_q:
+        q = jnp.einsum("btr,nhr->btnh", rms_norm(c[..., :r_q]), _gather(w["w_uq"], W_UP_AXES))
+    else:
+        q = jnp.einsum("btd,nhd->btnh", h_BxTxD, _gather(w["wq"], WQ_AXES))
+    kv = jnp.einsum("btr,nhr->btnh", rms_norm(c[..., r_q:r_q + r_kv]), _gather(w["w_ukv"], W_UP_AXES))
+    kv = constrain(kv, Q_AXES)
+    B, T = h_BxTxD.shape[:2]
+    k_rope = jnp.broadcast_to(c[:, :, None, r_q + r_kv:], (B, T, N, Hr))
+    k = constrain(jnp.concatenate([kv[..., :H], constrain(k_rope, Q_AXES)], axis=-1), Q_AXES)
+    return constrain(q, Q_AXES), k, constrain(kv[..., H:], Q_AXES)
+
+
 def attention_sublayer(x_BxTxD, h_BxTxD, w: dict, schedule: Schedule, window=None, from_matmul=None):
-    """x + attention(h)·W_o, named "mid": q, k, v of the norm's output h (qkv_projection), the causal attention, the
-    output projection's partial sums over tensor reduced by ``from_matmul`` (default: all-reduced to X_AXES)."""
+    """x + attention(h)·W_o, named "mid": q, k, v of the norm's output h (qkv_projection, or mla_projection for
+    multi-head latent attention), the causal attention, the output projection's partial sums over tensor reduced by
+    ``from_matmul`` (default: all-reduced to X_AXES)."""
     from_matmul = from_matmul or (lambda y: constrain(y, X_AXES))
-    q, k, v = qkv_projection(h_BxTxD, w["wq"], w["wk"], w["wv"])
+    if "w_ukv" in w:
+        q, k, v = mla_projection(h_BxTxD, w)
+    else:
+        q, k, v = qkv_projection(h_BxTxD, w["wq"], w["wk"], w["wv"])
     o = checkpoint_name(constrain(attention(q, k, v, schedule, window), Q_AXES), "attn_out")
     attn = jnp.einsum("btnh,nhd->btd", o, _gather(w["wo"], WQ_AXES))
     return checkpoint_name(x_BxTxD + checkpoint_name(from_matmul(attn), "attn_proj"), "mid")
@@ -601,9 +640,26 @@ def token_cross_entropy(logits_BxTxV, labels_BxT):
     return lse - target
 
 
-def layer_names(gated: bool) -> list[str]:
-    """The stacked layer weights' names (LAYER_AXES): W_gate only for a gated MLP."""
-    return [n for n in LAYER_AXES if n != "w_gate" or gated]
+def attention_shapes(cfg: TransformerConfig) -> dict:
+    """{name: (shape [L, ...], fan-in)} of a transformer's attention weights (ATTENTION_WEIGHTS; their axes
+    LAYER_AXES): W_q, W_k, W_v [L, N or K, H, D] and W_o [L, N, H, D]; multi-head latent attention W_d [L, r_q + r_kv +
+    H_r, D], W_uq [L, N, H + H_r, r_q] (or W_q [L, N, H + H_r, D] without a q rank), W_ukv [L, N, H + H_v, r_kv],
+    W_o [L, N, H_v, D]."""
+    D, N, K, H, L = cfg.d_model, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.blocks
+    if not cfg.mla:
+        return {"wq": ((L, N, H, D), D), "wk": ((L, K, H, D), D), "wv": ((L, K, H, D), D),
+                "wo": ((L, N, H, D), N * H)}
+    rq, rkv = cfg.q_lora_rank, cfg.kv_lora_rank
+    out = {"w_down": ((L, cfg.latent_width, D), D)}
+    out |= {"w_uq": ((L, N, cfg.qk_dim, rq), rq)} if rq else {"wq": ((L, N, cfg.qk_dim, D), D)}
+    return out | {"w_ukv": ((L, N, H + cfg.v_dim, rkv), rkv), "wo": ((L, N, cfg.v_dim, D), cfg.o_width)}
+
+
+def layer_names(cfg: TransformerConfig) -> list[str]:
+    """The stacked layer weights' names (LAYER_AXES): the attention's (attention_shapes), W_gate only for a gated
+    MLP."""
+    return [n for n in LAYER_AXES if n in attention_shapes(cfg) or n in ("w_in", "w_out") or (n == "w_gate"
+                                                                                                and cfg.gated)]
 
 
 class TransformerStack(nnx.Module):
@@ -614,7 +670,7 @@ class TransformerStack(nnx.Module):
         """The stack of ``w`` (TransformerConfig; its remat policy and schedule), validated where ``w`` was built."""
         cfg: TransformerConfig = w.model
         schedule = w.schedule
-        D, N, K, H, F, L = cfg.d_model, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.d_ff, cfg.blocks
+        D, F, L = cfg.d_model, cfg.d_ff, cfg.blocks
         self.remat, self.schedule, self.gated = w.remat, schedule, cfg.gated
         self.mlp_kind, self.block, self.qk_norm = cfg.mlp, cfg.block, cfg.qk_norm
         self.windows = cfg.layer_windows  # each layer's sliding window (None: global)
@@ -623,10 +679,9 @@ class TransformerStack(nnx.Module):
         # real blocks drawn as without stages
         self.stage_blocks = counts = uneven_stages(w)
         pad = (lambda a: a) if counts is None else (lambda a: pad_stack(a, counts))  # noqa: E731
-        self.wq = param(pad(init_normal(rngs.params(), (L, N, H, D), D)), WQ_AXES)
-        self.wk = param(pad(init_normal(rngs.params(), (L, K, H, D), D)), WKV_AXES)
-        self.wv = param(pad(init_normal(rngs.params(), (L, K, H, D), D)), WKV_AXES)
-        self.wo = param(pad(init_normal(rngs.params(), (L, N, H, D), N * H)), WQ_AXES)
+        self.names = layer_names(cfg)
+        for n, (shape, fan_in) in attention_shapes(cfg).items():
+            setattr(self, n, param(pad(init_normal(rngs.params(), shape, fan_in)), LAYER_AXES[n]))
         self.w_in = param(pad(init_normal(rngs.params(), (L, F, D), D)), W_MLP_AXES)
         if cfg.gated:
             self.w_gate = param(pad(init_normal(rngs.params(), (L, F, D), D)), W_MLP_AXES)
@@ -645,7 +700,7 @@ class TransformerStack(nnx.Module):
             return self._forward(x)
 
     def _forward(self, x):
-        weights = {n: getattr(self, n)[...] for n in layer_names(self.gated)}
+        weights = {n: getattr(self, n)[...] for n in self.names}
         if self.stage_blocks is not None:  # a padded stack run whole: its real blocks
             weights = {n: real_blocks(v, self.stage_blocks) for n, v in weights.items()}
         if self.vocab is None:
@@ -675,7 +730,7 @@ def transformer_pipeline_loss(params, batch, *, w: Workload, mesh):
     microbatches is the mean over every token."""
     cfg, schedule, remat, batch_shards = w.model, w.schedule, w.remat, shards(w.mesh, "batch")
     M, R = schedule.microbatches, schedule.repeats
-    axes = {n: LAYER_AXES[n] for n in layer_names(cfg.gated)}
+    axes = {n: LAYER_AXES[n] for n in layer_names(cfg)}
     vocab, tied, sp = cfg.vocab is not None, cfg.tied_embeddings, schedule.sequence_parallel
     x_axes = X_SP_AXES if sp else X_AXES  # a microbatch between stages: under SP the token split (1/Y sent)
 

@@ -21,6 +21,8 @@ jax PartitionSpecs and flax logical-axis rules) and the closed forms (which coun
   tensor_split -> tensor      a dimension of size Y made to hold the tensor split (the fused q, k, v weights)
   vocab      -> tensor        the vocabulary V of the embeddings and of the logits (vocab-parallel, Megatron)
   embed_zero1 -> data, fsdp   D of the gradients and Adam moments under ZeRO-1 (Schedule.optimizer_sharding)
+  latent     -> (replicated)  MLA's latent rank: the latents and the down-projection's rows
+  latent_fsdp -> fsdp         MLA's latent rank in the up-projections: their FSDP shards
 
 A logical axis that is not in the table is an error (ValueError), never a silent replication.
 """
@@ -54,6 +56,10 @@ LOGICAL_RULES: dict[str, tuple[str, ...]] = {
     # sequence's split over context and the batch's, expert minor so that the dispatch trades it alone
     "moe_tokens": ("context", "data", "fsdp", "expert"),
     "exp": ("expert",),
+    # multi-head latent attention's rank r (ffn_model.transformer.mla_projection): the latents and the down-projection's
+    # rows whole (replicated over tensor, as Megatron's MLA duplicates them), the up-projections' r over fsdp
+    "latent": (),
+    "latent_split": ("tensor",),
     "expert_groups": ("context", "data", "fsdp"),  # the token groups once E goes over expert (their split over expert
     # traded)
 }

@@ -159,7 +159,12 @@ class TransformerConfig(FamilyDefaults):
                  "token vectors in and out)",
         "window": "W, tokens a local (sliding-window) layer's query sees, itself included (default none: every layer "
                   "global)",
-        "global_every": "every n-th layer global, the others local (with --window; default none: all local)"}
+        "global_every": "every n-th layer global, the others local (with --window; default none: all local)",
+        "kv_lora_rank": "r_kv, multi-head latent attention's key/value rank (DeepSeek-V2 MLA; H is then the heads' "
+                        "non-rope q/k dim; default none: standard attention)",
+        "q_lora_rank": "r_q, MLA's query rank (default none: q = h·W_q)",
+        "qk_rope_head_dim": "H_r, MLA's decoupled rope dims of q and the shared key (default 0)",
+        "v_head_dim": "H_v, MLA's value head dim (default H)"}
     kinds: ClassVar[dict[str, tuple[tuple[str, ...], str]]] = {
         "mlp": (MLP_KINDS, "the MLP: act(h·W_in)·W_out with relu or gelu, or swiglu (three matrices)"),
         "block": (BLOCK_KINDS, "serial (attention, then the MLP) or parallel (both on one norm, summed: one "
@@ -187,6 +192,11 @@ class TransformerConfig(FamilyDefaults):
     window: int | None = None  # sliding-window (local) attention over W keys; None: global (local_attention.md)
     global_every: int | None = None  # layer l global iff (l + 1) % global_every == 0 (Gemma 2: 2, Gemma 3: 6)
     qk_norm: bool = False  # an RMSNorm over H on each head's q and k (Dehghani et al. 2023; Qwen3, OLMoE, Gemma 3)
+    # multi-head latent attention (MLA; DeepSeek-V2, DeepSeek-AI 2024, section 2.1): kv_lora_rank r_kv set makes it
+    kv_lora_rank: int | None = None  # r_kv: h·W_dkv [D, r_kv + H_r] down, RMSNorm, then W_ukv [r_kv, N·(H + H_v)] up
+    q_lora_rank: int | None = None  # r_q: q = RMSNorm(h·W_dq)·W_uq (V3); None: q = h·W_q (V2-Lite)
+    qk_rope_head_dim: int | None = None  # H_r: q's and the one shared key's decoupled part (MLA; default 0)
+    v_head_dim: int | None = None  # H_v: v's and o's head dim (MLA; default H)
 
     def __str__(self) -> str:
         """A header's words: "transformer D=4,096 N=32 K=8 H=128 F=14,336 L=32 T=8,192 swiglu V=128,256"."""
@@ -195,7 +205,9 @@ class TransformerConfig(FamilyDefaults):
                 + (" parallel" if self.block == Block.PARALLEL else "")
                 + (f" V={self.vocab:,}" + (" tied" if self.tied_embeddings else "") if self.vocab else "")
                 + (f" W={self.window:,}" + (f"/{self.global_every}" if self.global_every else "")
-                   if self.window else "") + (" qk-norm" if self.qk_norm else ""))
+                   if self.window else "") + (" qk-norm" if self.qk_norm else "")
+                + (f" MLA r_kv={self.kv_lora_rank}" + (f" r_q={self.q_lora_rank}" if self.q_lora_rank else "")
+                   + f" H_r={self.rope_dim} H_v={self.v_dim}" if self.mla else ""))
 
     def __post_init__(self):
         for name in ("d_model", "heads", "d_ff", "blocks", "seq_len"):
@@ -224,6 +236,17 @@ class TransformerConfig(FamilyDefaults):
                              "(grouped-query attention)")
         if self.window is not None:
             positive_int("window", self.window)
+        for name in ("kv_lora_rank", "q_lora_rank", "v_head_dim"):
+            if getattr(self, name) is not None:
+                positive_int(name, getattr(self, name))
+        if self.qk_rope_head_dim is not None and self.qk_rope_head_dim < 0:
+            raise ValueError(f"qk_rope_head_dim={self.qk_rope_head_dim} must be >= 0")
+        mla_only = [n for n in ("q_lora_rank", "qk_rope_head_dim", "v_head_dim") if getattr(self, n) is not None]
+        if not self.mla and mla_only:
+            raise ValueError(f"{mla_only[0]} is multi-head latent attention's: give kv_lora_rank (--kv-lora-rank) too")
+        if self.mla and self.kv_heads != self.heads:
+            raise ValueError(f"multi-head latent attention makes a key and value per query head: kv_heads="
+                             f"{self.kv_heads} must equal heads={self.heads}")
         if self.global_every is not None:
             positive_int("global_every", self.global_every)
             if self.window is None:
@@ -248,10 +271,87 @@ class TransformerConfig(FamilyDefaults):
     def mlp_matrices(self) -> int:
         return 3 if self.gated else 2
 
+    # The attention's widths and weights, standard and multi-head latent (MLA: DeepSeek-V2, DeepSeek-AI 2024, section
+    # 2.1, eqs. 9-19; the training form, the up-projections not absorbed): per token c = h·W_d [r_q + r_kv + H_r]
+    # (W_dq and W_dkv as one matrix, whole over tensor), q = RMSNorm(c_q)·W_uq (or h·W_q), [k_nope, v] =
+    # RMSNorm(c_kv)·W_ukv, k = [k_nope, k_rope] with the one k_rope [H_r] shared by every head; o [N·H_v]·W_o.
+    @property
+    def mla(self) -> bool:
+        """Multi-head latent attention (kv_lora_rank set)."""
+        return self.kv_lora_rank is not None
+
+    @property
+    def rope_dim(self) -> int:
+        """H_r, MLA's decoupled rope dims (0: none)."""
+        return self.qk_rope_head_dim or 0
+
+    @property
+    def qk_dim(self) -> int:
+        """A head's q and k dims: H + H_r (H standard)."""
+        return self.head_dim + self.rope_dim
+
+    @property
+    def v_dim(self) -> int:
+        """A head's v and o dims: H_v (H standard)."""
+        return self.v_head_dim or self.head_dim
+
+    @property
+    def attn_dim(self) -> float:
+        """(qk + v)/2: the head dim of the attention's FLOPs, 2·T·S·qk (q·kᵀ) + 2·T·S·v (p·v) = 4·T·S·attn_dim a head
+        (H standard)."""
+        return (self.qk_dim + self.v_dim) / 2
+
+    @property
+    def qkv_width(self) -> int:
+        """q, k and v a token, over every head: N·qk + K·qk + K·v (H·(N + 2K) standard; MLA K = N)."""
+        return (self.heads + self.kv_heads) * self.qk_dim + self.kv_heads * self.v_dim
+
+    @property
+    def o_width(self) -> int:
+        """The attention's output a token, W_o's input: N·v."""
+        return self.heads * self.v_dim
+
+    @property
+    def latent_width(self) -> int:
+        """MLA's latents a token, whole over tensor: r_q + r_kv + H_r (0 standard)."""
+        return (self.q_lora_rank or 0) + self.kv_lora_rank + self.rope_dim if self.mla else 0
+
+    @property
+    def h_split_width(self) -> int:
+        """The outputs of the projections that read the norm's output h split over tensor (their input gradient a
+        partial sum over tensor): q, k, v standard (qkv_width), MLA's W_q without a q rank (N·qk), else 0."""
+        if not self.mla:
+            return self.qkv_width
+        return 0 if self.q_lora_rank else self.heads * self.qk_dim
+
+    @property
+    def qkv_params_split(self) -> int:
+        """The q, k, v projections' parameters split over tensor: D·H·(N + 2K) standard; MLA D·h_split_width + r_q·N·qk
+        (W_uq) + r_kv·N·(H + H_v) (W_ukv)."""
+        up = ((self.q_lora_rank or 0) * self.heads * self.qk_dim
+              + (self.kv_lora_rank or 0) * self.heads * (self.head_dim + self.v_dim)) if self.mla else 0
+        return self.d_model * self.h_split_width + up
+
+    @property
+    def qkv_params_whole(self) -> int:
+        """The projections whole over tensor: MLA's down-projections D·(r_q + r_kv + H_r) (0 standard)."""
+        return self.d_model * self.latent_width
+
     @property
     def attention_params_per_block(self) -> int:
-        """D·H·(2N + 2K): W_q [N,H,D], W_k and W_v [K,H,D], W_o [N,H,D]."""
-        return self.d_model * self.head_dim * (2 * self.heads + 2 * self.kv_heads)
+        """D·H·(2N + 2K) standard (W_q [N,H,D], W_k and W_v [K,H,D], W_o [N,H,D]); MLA qkv_params_split +
+        qkv_params_whole + N·H_v·D (W_o)."""
+        return self.qkv_params_split + self.qkv_params_whole + self.o_width * self.d_model
+
+    def attention_params_per_shard(self, Y) -> float:
+        """A layer's attention parameters on one of Y tensor devices once gathered for its matmuls: the split ones
+        /Y, MLA's down-projection whole (stored split over tensor too, gathered over fsdp and tensor)."""
+        return self.qkv_params_whole + (self.qkv_params_split + self.o_width * self.d_model) / Y
+
+    def qkv_flops_per_token(self, Y) -> float:
+        """The q, k, v projections' forward FLOPs a token on one of Y tensor devices: 2·(qkv_params_whole +
+        qkv_params_split/Y) (standard 2·D·H·(N + 2K)/Y)."""
+        return 2 * (self.qkv_params_whole + self.qkv_params_split / Y)
 
     @property
     def params_per_block(self) -> int:
@@ -348,8 +448,11 @@ class TransformerConfig(FamilyDefaults):
 
     def mesh_fits(self, mesh: Mapping):
         """The planner's screen of meshes (arrays of sizes): heads and kv heads by tensor, T by context."""
-        return ((self.heads % mesh["tensor"] == 0) & (self.kv_heads % mesh["tensor"] == 0)
+        fits = ((self.heads % mesh["tensor"] == 0) & (self.kv_heads % mesh["tensor"] == 0)
                 & (self.seq_len % mesh["context"] == 0))
+        if self.mla:  # without context or stages (_check_transformer)
+            fits = fits & (mesh["context"] == 1) & (mesh.get("stage", 1) == 1)
+        return fits
 
     def plan_batch_runs(self, mesh: Mapping, B, M):
         """check_schedule's batch rule on arrays (B, M, the planner's meshes broadcast): whole sequences, their
@@ -386,6 +489,16 @@ def _check_transformer(cfg: TransformerConfig, mesh: Mapping, schedule: Schedule
         raise ValueError("window (local attention) runs with context ulysses, not ring")
     if any(cfg.layer_windows) and mesh.get("stage", 1) > 1:
         raise ValueError(f"window (local attention) runs without pipeline stages, not stage={mesh['stage']}")
+    if cfg.mla:  # multi-head latent attention: built and checked for what DeepSeek's runs use
+        C_, S_ = spans(C), mesh.get("stage", 1) > 1
+        for bad, what in ((C_, f"context={C}"), (S_, f"stage={mesh.get('stage', 1)}"),
+                          (cfg.block == Block.PARALLEL, "a parallel block"),
+                          (schedule.sequence_parallel, "sequence parallelism"), (any(cfg.layer_windows), "a window"),
+                          (cfg.qk_norm, "qk_norm")):
+            if bad:
+                raise ValueError(f"multi-head latent attention (kv_lora_rank) is built without {what}: its closed "
+                                 "forms and program cover serial layers of global attention on data, fsdp, tensor "
+                                 "and expert")
     if cfg.qk_norm and mesh.get("stage", 1) > 1:  # the pipeline's 1F1B backward is traced outside the model's call
         raise ValueError(f"qk_norm runs without pipeline stages, not stage={mesh['stage']}")
     if (schedule.attention in (Attention.SPLASH, Attention.CUDNN) and spans(C)
@@ -452,12 +565,23 @@ def first_layer_dx_dead(w: Workload):
 
 def first_layer_dead_gather(w: Workload):
     """Bytes of the fsdp all-gathers the program drops with layer 0's dead input gradient (first_layer_dx_dead):
-    the backward's gathers of W_qkv (a parallel block's fused MLP-input matrices too), c·D·(H·(N + 2K) + (m − 1)·F
-    for a parallel block)/Y, where the backward does not recompute with them (recomputed: qkv 0)."""
+    the backward's gathers of the matrices that read the layer's norm, W_qkv (a parallel block's fused MLP-input
+    matrices too), c·D·(H·(N + 2K) + (m − 1)·F for a parallel block)/Y; MLA's down-projection (whole over tensor)
+    and W_q without a q rank, c·D·(r_q + r_kv + H_r + N·qk)/Y over fsdp (MLA's W_d gathered over tensor too:
+    mla_dead_tensor_gather); where the backward does not recompute with them (recomputed: qkv 0)."""
     cfg, c = w.model, max(w.precision.compute, w.compiler.min_comm_bytes)
-    D, H, N, K, Y = cfg.d_model, cfg.head_dim, cfg.heads, cfg.kv_heads, w.mesh.get("tensor", 1)
-    in_w = c * D * (H * (N + 2 * K) + (cfg.mlp_matrices - 1) * cfg.d_ff * (cfg.block == Block.PARALLEL)) / Y
+    D, Y = cfg.d_model, w.mesh.get("tensor", 1)
+    in_w = c * D * (cfg.h_split_width + cfg.latent_width
+                    + (cfg.mlp_matrices - 1) * cfg.d_ff * (cfg.block == Block.PARALLEL)) / Y
     return first_layer_dx_dead(w) * (1 - recomputed(cfg, w.remat, w.schedule, w.mesh)["qkv"]) * in_w
+
+
+def mla_dead_tensor_gather(w: Workload):
+    """Bytes of MLA's down-projection W_d gathered over tensor for layer 0's dead input gradient (first_layer_dx_dead):
+    c·D·(r_q + r_kv + H_r), where the backward does not recompute with it (0 for standard attention)."""
+    cfg, c = w.model, max(w.precision.compute, w.compiler.min_comm_bytes)
+    return (first_layer_dx_dead(w) * (1 - recomputed(cfg, w.remat, w.schedule, w.mesh)["qkv"]) * c
+            * cfg.qkv_params_whole)
 
 
 def overlapped_volumes(w: Workload, vols: dict | None = None) -> dict:
@@ -475,7 +599,8 @@ def accumulation_copy_bytes(w: Workload) -> float:
     microbatch), jax 0.10.2: docs/findings.md, "The layer loop's copies on XLA:GPU (issue 39)"."""
     cfg, mesh = w.model, w.mesh
     D, F, N, K, H, m = cfg.d_model, cfg.d_ff, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.mlp_matrices
-    attention = 3 * N * H * D if K == N else N * H * D + K * H * D
+    # MLA's matrices are of distinct shapes (W_dq, W_uq, W_dkv, W_ukv, W_o): no copy among them
+    attention = 0 if cfg.mla else 3 * N * H * D if K == N else N * H * D + K * H * D
     per = w.precision.grad * cfg.blocks * ((m - 1) * F * D + attention) / (mesh["fsdp"] * mesh["tensor"])
     return ffn.accumulation_copies(w, per)
 
@@ -486,9 +611,10 @@ loop_copy_bytes = accumulation_copy_bytes
 
 
 def layer_weight_bytes(cfg: TransformerConfig, mesh: Mapping, precision: Precision = DEFAULT_PRECISION) -> float:
-    """W = c·(D·H·(2N+2K) + m·D·F)/Y: one layer's matrices per device after the fsdp all-gather (BF16)."""
+    """W = c·(D·H·(2N+2K) + m·D·F)/Y: one layer's matrices per device after the fsdp all-gather (BF16); MLA's
+    down-projection whole over tensor (TransformerConfig.attention_params_per_shard)."""
     Y = mesh.get("tensor", 1)
-    return precision.compute * (cfg.attention_params_per_block + cfg.mlp_matrices * cfg.d_model * cfg.d_ff) / Y
+    return precision.compute * (cfg.attention_params_per_shard(Y) + cfg.mlp_matrices * cfg.d_model * cfg.d_ff / Y)
 
 
 
@@ -507,10 +633,10 @@ def splash_backward_layer(cfg: TransformerConfig, mesh: Mapping, batch_tokens, s
     the peak of three v5p:2x2x2 programs (fsdp=4,context=2 Ulysses and fsdp=2,tensor=4 under none, fsdp=4,tensor=2
     under save_dot_except_mlpwi): docs/findings.md, "Splash peaks"."""
     s, t, X, Y, C, d = _dims(cfg, mesh, batch_tokens)
-    D, F, N, H, m, c = cfg.d_model, cfg.d_ff, cfg.heads, cfg.head_dim, cfg.mlp_matrices, precision.compute
+    D, F, N, m, c = cfg.d_model, cfg.d_ff, cfg.heads, cfg.mlp_matrices, precision.compute
     xs = c * t * D / (Y if schedule.sequence_parallel else 1)
     return {"dx": xs, "residual_grads": 2 * xs, "d_hidden": c * t * F * (m - 1) / Y,
-            "weight_grad": c * D * max(F, N * H) / Y}
+            "weight_grad": c * D * max(F, N * cfg.qk_dim, cfg.o_width) / Y}
 
 
 def group_held_grads(cfg: TransformerConfig, mesh: Mapping, precision: Precision = DEFAULT_PRECISION) -> float:
@@ -694,12 +820,18 @@ def step_flops(w: Workload) -> dict:
     that is q·kᵀ and p·v."""
     cfg, mesh, batch_tokens, step, remat, schedule = w.model, w.mesh, w.batch_tokens, w.step, w.remat, w.schedule
     s, t, X, Y, C, d = _dims(cfg, mesh, batch_tokens)
-    D, F, N, K, H, T, m = cfg.d_model, cfg.d_ff, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.seq_len, cfg.mlp_matrices
+    D, F, N, T, m = cfg.d_model, cfg.d_ff, cfg.heads, cfg.seq_len, cfg.mlp_matrices
     p, S = passes(w), mesh.get("stage", 1)
     L = p["layers"]  # layer-passes over t tokens: the blocks, or a pipeline's executed chunk-iterations
-    qkv, out, mlp = 2 * t * D * H * (N + 2 * K) / Y, 2 * t * N * H * D / Y, 2 * t * D * F * m / Y
+    # MLA: the down-projection whole over tensor (TransformerConfig.qkv_flops_per_token), o of N·H_v
+    qkv, out, mlp = t * cfg.qkv_flops_per_token(Y), 2 * t * cfg.o_width * D / Y, 2 * t * D * F * m / Y
     executed, kept, _ = attention_shares(cfg, schedule, mesh)  # local layers' windows (1, 1 without)
-    unit = s * T * T * N * H / (Y * C) * executed
+    unit = s * T * T * N * cfg.attn_dim / (Y * C) * executed  # MLA: q·kᵀ over H + H_r, p·v over H_v
+    # MLA: a matmul over qk (s, dq, dk) is 2 units + skew, one over v (p·v, dp, dv) 2 units − skew; a backward of more
+    # than 8 units recomputes s (flash; splash's two kernels s twice, dp twice: one more qk than v), shared scores
+    # (one_key_block) save one s
+    skew = s * T * T * N * (cfg.qk_dim - cfg.v_dim) / (Y * C) * executed
+    back_skew = skew * (attention_units(schedule, "backward", mesh) > 8)
     logits = 2 * t * D * (cfg.vocab or 0) / Y
     layer_forward = qkv + out + mlp + attention_units(schedule, "forward", mesh) * unit
     terms = {"forward": L * layer_forward + p["head"] * logits}
@@ -707,20 +839,26 @@ def step_flops(w: Workload) -> dict:
     model = (cfg.blocks * (qkv + out + mlp + model_attn) + logits) / S
     if step == Step.TRAIN:
         # less layer 0's dead input gradient where XLA drops it (first_layer_dx_dead)
-        dx0 = first_layer_dx_dead(w) * (qkv + (mlp * (m - 1) / m if cfg.block == Block.PARALLEL else 0.0))
-        terms["backward"] = (L * (2 * (qkv + out + mlp) + attention_units(schedule, "backward", mesh) * unit)
-                             + 2 * p["head"] * logits - dx0)
+        # (the projections that read the layer's norm: q, k, v; MLA's down-projection and W_q)
+        h_proj = 2 * t * D * (cfg.h_split_width / Y + cfg.latent_width)
+        dx0 = first_layer_dx_dead(w) * (h_proj + (mlp * (m - 1) / m if cfg.block == Block.PARALLEL else 0.0))
+        # MLA's W_d gradient made on its tensor split (its stored layout): 2·t·D·(r_q + r_kv + H_r)/Y, not whole
+        dw_d = 2 * t * cfg.qkv_params_whole * (1 - 1 / Y)
+        terms["backward"] = (L * (2 * (qkv + out + mlp) - dw_d + attention_units(schedule, "backward", mesh) * unit
+                                  + back_skew) + 2 * p["head"] * logits - dx0)
         r = runtime_recomputed(w)
         terms["recompute"] = L * (r["qkv"] * qkv + r["out"] * out + r["mlp_in"] * mlp * (m - 1) / m
                                   + whole_layer_again(remat, w.precision) * mlp / m
-                                  + (r["attention_units"] - r["shared_scores"]) * unit)
+                                  + (r["attention_units"] - r["shared_scores"]) * unit - r["shared_scores"] / 2 * skew)
         model *= 3
     terms["total"] = sum(terms.values())
     terms["model"] = model
     units = attention_units(schedule, "forward", mesh) + (
         attention_units(schedule, "backward", mesh) + r["attention_units"] - r["shared_scores"] if step == Step.TRAIN
         else 0)
-    terms["attention"] = L * unit * units  # of the total: the q·kᵀ and p·v matmuls (an upper bound under 1F1B)
+    skews = (back_skew - r["shared_scores"] / 2 * skew) if step == Step.TRAIN else 0.0
+    terms["attention"] = L * (unit * units + skews)  # of the total: the q·kᵀ and p·v matmuls (an upper bound under
+    # 1F1B)
     # of the total, what runs inside custom-call kernels (splash's Pallas kernels, cuDNN's), not as the program's dots
     terms["kernels"] = terms["attention"] if schedule.attention in (Attention.SPLASH, Attention.CUDNN) else 0.0
     return terms
@@ -742,7 +880,7 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
     # holds (uneven stages: Lmax, the padded stack's slots)
     c = max(precision.compute, min_comm_bytes)
     train = step == Step.TRAIN
-    W = layer_weight_bytes(cfg, mesh, precision) * c / precision.compute
+    W = c * cfg.params_per_block / Y  # a layer's weights over fsdp (MLA's W_d stored split over tensor too)
     rc = recomputed(cfg, remat, schedule, mesh) if train else {"qkv": 0, "attention_units": 0, "out": 0}
     out: dict[str, dict[str, float]] = {}
     V = cfg.vocab or 0
@@ -768,7 +906,11 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
         redo = np.maximum(rc["out"], r * whole_layer_again(remat, precision)) if train else 0
         vocab = 0 if cfg.vocab is None else 1  # the lookup, and the output layer's input (and its gradient)
         ends = vocab * act * (p["lookup"] + (p["head"] if train else 0))
-        dx0 = first_layer_dx_dead(w) * act  # layer 0's dead input gradient's reduction
+        # MLA: the attention's input gradient reduced as the latents' gradients (its up-projections' partial sums),
+        # c·t·(r_q + r_kv + H_r), and W_q's input gradient without a q rank, c·t·D, in place of c·t·D
+        mla = (c * t * (cfg.latent_width + D * (cfg.h_split_width > 0)) - act) * train if cfg.mla else 0.0
+        # layer 0's dead input gradient's reduction (MLA: the latents' gradients are alive, for W_d's)
+        dx0 = first_layer_dx_dead(w) * (act if cfg.h_split_width else 0.0)
         if schedule.sequence_parallel:
             # the ends: the lookup's reduce-scatter (its gradient's all-gather), the final norm's all-gather (its
             # gradient's reduce-scatter); a forward step runs the two forwards only
@@ -777,7 +919,11 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
             out["tensor"] = {"all-gather": L * act * (r * (3 if train else 1)) + ends_ag,
                              "reduce-scatter": L * act * (r * (2 if train else 1) + redo) + ends_rs - dx0}
         else:
-            out["tensor"] = {"all-reduce": L * act * (r * (2 if train else 1) + redo) + ends - dx0}
+            out["tensor"] = {"all-reduce": L * (act * (r * (2 if train else 1) + redo) + mla) + ends - dx0}
+        if cfg.mla:  # MLA's down-projection, stored split over tensor, gathered whole for each pass over its layer
+            out["tensor"]["all-gather"] = (out["tensor"].get("all-gather", 0.0)
+                                           + Lw * c * cfg.qkv_params_whole * (2 if train else 1)
+                                           - mla_dead_tensor_gather(w))
         if vocab:  # the loss over the vocabulary shards: the max (BF16 logits), Σ exp and the label's logit (FP32)
             out["tensor"]["all-reduce"] = out["tensor"].get("all-reduce", 0.0) + (c + 8) * t * p["head"]
     if spans(C):  # a recomputed attention forward runs its all-to-alls (of what it does not keep) or K/V permutes again
@@ -913,11 +1059,14 @@ def _saved_terms(cfg: TransformerConfig, mesh: Mapping, batch_tokens, schedule: 
     """saved_per_layer's terms as a function of the remat policy, what every policy shares made once (the planner
     sizes every policy of a schedule together)."""
     s, t, X, Y, C, d = _dims(cfg, mesh, batch_tokens)
-    D, F, N, K, H, T, m = cfg.d_model, cfg.d_ff, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.seq_len, cfg.mlp_matrices
+    D, F, N, T, m = cfg.d_model, cfg.d_ff, cfg.heads, cfg.seq_len, cfg.mlp_matrices
     c = precision.compute
     xs = c * t * D / (Y if schedule.sequence_parallel else 1)
     serial = cfg.block == Block.SERIAL  # parallel: one norm, no mid
-    qkv, mlp = c * t * H * (N + 2 * K) / Y, c * t * F * (m - 1) / Y
+    # MLA: q, k (its shared rope part broadcast to every head), v, and the latents before their norms, whole over
+    # tensor (kept with q, k, v: the up-projections' inputs, their norms recomputed)
+    qkv, mlp = c * t * (cfg.qkv_width / Y + cfg.latent_width), c * t * F * (m - 1) / Y
+    o_w = cfg.o_width  # o, W_o's input: N·H_v
     flash = runs_flash(schedule, mesh)
     # the norms' outputs: not kept under sequence parallelism (recomputed and all-gathered again)
     kept = {"x": xs, "norms": 0.0 if schedule.sequence_parallel else (2 if serial else 1) * xs,
@@ -926,9 +1075,9 @@ def _saved_terms(cfg: TransformerConfig, mesh: Mapping, batch_tokens, schedule: 
         # o as the attention's residual and again as W_o's input (named attn_out after its sharding constraint):
         # two arrays, but for ring attention, whose o is W_o's input as it is
         separate_o = not (spans(C) and schedule.context == ContextStrategy.RING)
-        attention, attn_out = c * t * N * H / Y + 4 * t * N / Y, c * t * N * H / Y if separate_o else 0.0
+        attention, attn_out = c * t * o_w / Y + 4 * t * N / Y, c * t * o_w / Y if separate_o else 0.0
     else:  # selective: the probabilities recomputed
-        attention, attn_out = 2 * s * T * T * N / (Y * C), c * t * N * H / Y
+        attention, attn_out = 2 * s * T * T * N / (Y * C), c * t * o_w / Y
 
     def terms(remat: str) -> dict:
         keeps = POLICY_KEEPS[remat]
@@ -1020,7 +1169,7 @@ def memory_per_device(w: Workload) -> dict:
     train = step == Step.TRAIN
     full = train and remat == Remat.FULL  # an array of policies: an array
     cells = np.ndim(full) > 0
-    layer_params = (cfg.params - cfg.embedding_params) * pipeline.padding(cfg, schedule, S)  # uneven: S·Lmax slots
+    layer_params = (cfg.params - cfg.embedding_params) * pipeline.padding(cfg, schedule, S)
     shard = layer_params / (S * X * Y) + cfg.embedding_params / (X * Y)  # parameters per device
     flash = runs_flash(schedule, mesh)
     keys = key_block(schedule, T // C if schedule.context == ContextStrategy.RING else T) if flash else T
@@ -1213,7 +1362,7 @@ def xla_gpu_layer_copies(w: Workload, calls, tm, train: bool) -> list[Kernel]:
     Y = mesh.get("tensor", 1)
     M = w.schedule.microbatches
     saved = sum(saved_per_layer(cfg, mesh, w.batch_tokens / M, w.remat, w.schedule, w.precision).values())
-    layouts = 2 * c * tm * (cfg.head_dim * (2 * cfg.heads + 2 * cfg.kv_heads) + cfg.d_ff * (cfg.mlp_matrices - 1)) / Y
+    layouts = 2 * c * tm * (cfg.qkv_width + cfg.o_width + cfg.d_ff * (cfg.mlp_matrices - 1)) / Y
     n = calls
     out = [Kernel("residual_saves", KernelPass.FORWARD, KernelKind.POINTWISE, None, n, 0.0, 3 * n * saved,
                   only=Platform.GPU),
@@ -1234,6 +1383,17 @@ def qk_norm_kernels(w: Workload, calls, forward_bytes) -> list[Kernel]:
     return pass_kernels("qk_norm", w, 2 * calls, forward_bytes, recomputed=True)
 
 
+def latent_norm_kernels(w: Workload, calls, tm) -> list[Kernel]:
+    """MLA's latent norms (ffn_model.transformer.mla_projection): RMSNorm of c_q [r_q] (with a q rank) and of c_kv
+    [r_kv] a layer-pass of tm tokens, reading and writing c·tm·(r_q + r_kv); a train step's backward twice that, and
+    the recomputed forward once where the policy recomputes the up-projections' inputs (every policy but none: the
+    latents are kept before their norms) (scaling.step.kernels.pass_kernels)."""
+    cfg = w.model
+    n = 2 if cfg.q_lora_rank else 1
+    fwd = 2 * w.precision.compute * tm * calls * ((cfg.q_lora_rank or 0) + cfg.kv_lora_rank)
+    return pass_kernels("latent_norm", w, n * calls, fwd, recomputed=bool(np.any(w.remat != Remat.NONE)))
+
+
 # one function, the kernels pass by pass in the order the step runs them (each pass's terms beside its rule)
 def step_kernels(w: Workload) -> list[Kernel]:
     """The transformer's kernels (module docstring), from the closed forms' counts (passes,
@@ -1251,12 +1411,12 @@ def step_kernels(w: Workload) -> list[Kernel]:
     heads = N / Y / (1 if ring else C)  # heads a device runs attention for
     seqs = s / M  # sequences of one call
     executed, _, timed = attention_shares(cfg, schedule, mesh)  # local layers' windows (1, 1 without)
-    unit = s * T * T * N * H / (Y * C) * executed  # one attention unit over the step's t tokens (step_flops)
+    unit = s * T * T * N * cfg.attn_dim / (Y * C) * executed  # one attention unit over the step's t tokens (step_flops)
     flash = runs_flash(schedule, mesh)
     nb = np.maximum(T / (C if ring else 1) / key_block(schedule, T), 1.0)
     # the causal blocks a flash kernel runs: its time, not the program's FLOPs (Kernel.flops stays the count)
     skip = ((nb + 1) / (2 * nb) if flash else 1.0) if timed is None else timed / executed
-    qkv_n, out_k, ff = H * (N + 2 * K) / Y, N * H / Y, F / Y
+    qkv_n, out_k, ff = H * (N + 2 * K) / Y, cfg.o_width / Y, F / Y
     bs = C if ring else 1  # ring: C chunk pairs of (T/C)² per call
     train = step == Step.TRAIN
 
@@ -1267,13 +1427,18 @@ def step_kernels(w: Workload) -> list[Kernel]:
         n_calls = calls * share
         runs = (lambda name: n_calls) if where is None else (lambda name: n_calls * where[name])  # noqa: E731
         ks = []
-        if "qkv" in what:
+        if "qkv" in what and cfg.mla:  # the down-projection (whole over tensor), q's (or W_q) and k, v's up-projections
+            rq, qk = cfg.q_lora_rank, N * cfg.qk_dim / Y
+            ks += [matmul_kernel("qkv.down", pass_, tm, cfg.latent_width, D, runs("qkv"), c),
+                   matmul_kernel("qkv.q", pass_, tm, qk, rq or D, runs("qkv"), c),
+                   matmul_kernel("qkv.kv", pass_, tm, N * (H + cfg.v_dim) / Y, cfg.kv_lora_rank, runs("qkv"), c)]
+        elif "qkv" in what:
             ks.append(matmul_kernel("qkv", pass_, tm, qkv_n, D, runs("qkv"), c))
         if np.ndim(units) or units:
             n_att = n_calls * (units > 0) if np.ndim(units) else n_calls
             # flash: the scores stay on chip, only q, k, v and o move (k, v of the kv heads)
-            moved = c * n_att * seqs * bs * Tq * H * (2 * heads + 2 * heads * K / N) if flash else None
-            ks.append(matmul_kernel("attention", pass_, Tq, Tq, H, n_att, c, batch=seqs * heads * bs,
+            moved = c * n_att * seqs * bs * Tq * heads * (cfg.qkv_width + cfg.o_width) / N if flash else None
+            ks.append(matmul_kernel("attention", pass_, Tq, Tq, cfg.attn_dim, n_att, c, batch=seqs * heads * bs,
                                     kind="attention", flops_=units * unit * p["layers"] * share, bytes_=moved,
                                     executed=skip))
         if "out" in what:
@@ -1307,7 +1472,8 @@ def step_kernels(w: Workload) -> list[Kernel]:
         # layer 0's input gradient, one call of each a microbatch, where XLA drops it (first_layer_dx_dead): the q, k,
         # v one, and a parallel block's fused MLP-input one (m - 1 matrices)
         dead = first_layer_dx_dead(w)
-        dead_calls = {"qkv.dx": 1, "mlp_in.dx": (m - 1) * (cfg.block == Block.PARALLEL)}
+        dead_calls = {"qkv.dx": 1, "mlp_in.dx": (m - 1) * (cfg.block == Block.PARALLEL),  # MLA: the matrices that
+                      "qkv.down.dx": 1, "qkv.q.dx": int(not cfg.q_lora_rank)}  # read the norm: W_d, and W_q
         for k in forward + ([logits] if logits is not None else []):
             ks += [dataclasses.replace(b, calls=b.calls - dead * M * dead_calls[b.name]) if dead_calls.get(b.name)
                    else b for b in transposed(k)]
@@ -1329,11 +1495,13 @@ def step_kernels(w: Workload) -> list[Kernel]:
     sp = Y if schedule.sequence_parallel else 1
     norms, adds = (1, 1) if cfg.block == Block.PARALLEL else (2, 2)
     per_token = (norms * 2 + adds * 3) * c * D / sp + c * m * ff
-    scores = 0 if flash else 2 * c * unit / H  # the softmax reads and writes the s·N·T²/(Y·C) scores
+    scores = 0 if flash else 2 * c * unit / cfg.attn_dim  # the softmax reads and writes the s·N·T²/(Y·C) scores
     fwd_bytes = p["layers"] * (per_token * t + scores)
     head_bytes = 2 * c * th * V / Y
     if cfg.qk_norm:  # QK-norm (module docstring): q's and k's norms, two launches a layer-pass
         ks += qk_norm_kernels(w, calls, p["layers"] * 2 * c * t * H * (N + K) / Y)
+    if cfg.mla:  # MLA's latent norms (c_q's and c_kv's), whole over tensor, recomputed with the up-projections
+        ks += latent_norm_kernels(w, calls, tm)
     if launches.runs_launches(w):  # a PyTorch runtime's kernels one by one (scaling.step.launches)
         arrays = {"A": c * tm * D / sp, "P": c * tm * D / Y, "F": c * tm * ff, "S": c * seqs * heads * bs * Tq * Tq}
         return ks + runtime_layer_kernels(w, calls, arrays, flash, th * V / Y if V else None, head_calls)
