@@ -1050,6 +1050,25 @@ MOE_PRESETS: dict[str, MoEConfig] = {
         TransformerConfig(d_model=2048, heads=16, kv_heads=16, head_dim=128, d_ff=1024, blocks=16, seq_len=4096,
                           mlp="swiglu", vocab=50304, qk_norm=True),
         MoESpec(experts=64, top_k=8, expert_d_ff=1024)),
+    # DeepSeek-V3 (DeepSeek-AI 2024, "DeepSeek-V3 Technical Report", arXiv:2412.19437, section 4.2: 671B total, 37B
+    # activated; HF deepseek-ai/DeepSeek-V3 config.json): hidden 7168, 61 layers, the first 3 dense (intermediate
+    # 18432), then 256 routed experts of moe_intermediate 2048, top-8, and 1 shared expert, sigmoid gates (the
+    # auxiliary-loss-free bias only picks: no FLOPs; the node-limited routing, 4 of 8 groups, not modelled), MLA with
+    # 128 heads, q_lora_rank 1536, kv_lora_rank 512, qk nope 128 + rope 64, v 128, vocab 129,280 untied, SwiGLU. The
+    # multi-token-prediction module (14B more, 685B) is not counted, as the 671B does not count it. T = 4,096 as its
+    # pre-training's.
+    "deepseek-v3": MoEConfig(
+        TransformerConfig(d_model=7168, heads=128, head_dim=128, d_ff=18432, blocks=61, seq_len=4096, mlp="swiglu",
+                          vocab=129280, kv_lora_rank=512, q_lora_rank=1536, qk_rope_head_dim=64, v_head_dim=128),
+        MoESpec(experts=256, top_k=8, expert_d_ff=2048, shared_experts=1, first_dense=3, router="sigmoid")),
+    # DeepSeek-V2-Lite (DeepSeek-AI 2024, "DeepSeek-V2", arXiv:2405.04434, appendix B: 15.7B total, 2.4B activated;
+    # HF deepseek-ai/DeepSeek-V2-Lite config.json): hidden 2048, 27 layers, the first dense (intermediate 10944), then
+    # 64 routed experts of 1408, top-6, and 2 shared, softmax gates, MLA with 16 heads, no q compression (q = h·W_q),
+    # kv_lora_rank 512, qk nope 128 + rope 64, v 128, vocab 102,400 untied, SwiGLU.
+    "deepseek-v2-lite": MoEConfig(
+        TransformerConfig(d_model=2048, heads=16, head_dim=128, d_ff=10944, blocks=27, seq_len=4096, mlp="swiglu",
+                          vocab=102400, kv_lora_rank=512, qk_rope_head_dim=64, v_head_dim=128),
+        MoESpec(experts=64, top_k=6, expert_d_ff=1408, shared_experts=2, first_dense=1)),
     # A tiny one for tests: D=64, 4 heads of 16, 4 layers, 8 experts of 128, top-2, no vocabulary, T=32.
     "moe-tiny": MoEConfig(
         TransformerConfig(d_model=64, heads=4, kv_heads=4, head_dim=16, d_ff=128, blocks=4, seq_len=32, mlp="swiglu"),

@@ -383,9 +383,10 @@ class TransformerConfig(FamilyDefaults):
         """The RMSNorm scales a published count includes and this package's model leaves out (its norms carry none):
         D a norm, two a layer (serial) or one (parallel), and the final norm's with a vocabulary: 2·L·D + D (Llama
         3.1 405B: P = 405,849,243,648 + 4,145,152 = 405,853,388,800, Meta's 405.9B; Llama-2-7B's checkpoint
-        6,738,415,616, tests/test_closed_forms.py)."""
+        6,738,415,616, tests/test_closed_forms.py); MLA's latent norms L·(r_q + r_kv) too."""
         return ((2 if self.block == Block.SERIAL else 1) * self.blocks * self.d_model
-                + (self.d_model if self.vocab else 0))
+                + (self.d_model if self.vocab else 0)
+                + self.blocks * ((self.q_lora_rank or 0) + (self.kv_lora_rank or 0)))
 
     def replace(self, **kw) -> "TransformerConfig":
         kw = {k: v for k, v in kw.items() if v is not None}
