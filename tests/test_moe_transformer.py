@@ -141,6 +141,11 @@ def test_dropless_check_on_cpu_holds_the_all_gather_dispatcher():
 
 
 MIXTRAL_4 = MOE_PRESETS["mixtral-8x7b"].replace(blocks=4, capacity_factor=1.25)
+# DeepSeek-V3's shape at reduced width: MLA (16 heads, r_q 1,536, r_kv 512, qk 128 + 64, v 128), a dense layer first
+# (F 4,096), then 32 routed experts of 512, top-8, sigmoid gates and a shared expert; D 1,024, 4 layers, T 2,048,
+# V 129,280, cf 1.25
+DEEPSEEK_4 = MOE_PRESETS["deepseek-v3"].replace(blocks=4, first_dense=1, d_model=1024, heads=16, d_ff=4096, experts=32,
+                                                expert_d_ff=512, seq_len=2048, capacity_factor=1.25)
 
 
 @pytest.mark.grid
@@ -152,8 +157,10 @@ MIXTRAL_4 = MOE_PRESETS["mixtral-8x7b"].replace(blocks=4, capacity_factor=1.25)
     ("tpu:v5p:2x2x2", MIXTRAL_4, "fsdp=2,expert=4", 8 * 4096, "none"),
     ("tpu:v5p:2x2x2", MIXTRAL_4, "fsdp=2,expert=4", 8 * 4096, "input_qkv_offloaded"),
     # and with Ulysses over a context axis of 2 (each device routes its half of each sequence), remat full
-    ("tpu:v5p:2x2x2", MIXTRAL_4, "fsdp=2,context=2,expert=2", 8 * 4096, "full")],
-    quick=(0,)), ids=["mixtral-4-layers", "mixtral-4-layers-offloaded", "mixtral-4-layers-ulysses"])
+    ("tpu:v5p:2x2x2", MIXTRAL_4, "fsdp=2,context=2,expert=2", 8 * 4096, "full"),
+    # the DeepSeek-shaped stack (MLA's W_d gathered, its latents kept: ffn_model.transformer.mla_projection)
+    ("tpu:v5p:2x2x2", DEEPSEEK_4, "fsdp=2,expert=4", 16 * 2048, "none")],
+    quick=(0,)), ids=["mixtral-4-layers", "mixtral-4-layers-offloaded", "mixtral-4-layers-ulysses", "deepseek-4-layers"])
 def test_check_on_v5p_holds_flops_all_to_all_and_peak(devices, cfg, mesh, batch, remat):
     rep = _check(cfg, mesh, devices, batch, remat)
     assert rep.flops.matmul.ratio == pytest.approx(1, abs=0.02)
