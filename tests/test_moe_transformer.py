@@ -157,10 +157,8 @@ DEEPSEEK_4 = MOE_PRESETS["deepseek-v3"].replace(blocks=4, first_dense=1, d_model
     ("tpu:v5p:2x2x2", MIXTRAL_4, "fsdp=2,expert=4", 8 * 4096, "none"),
     ("tpu:v5p:2x2x2", MIXTRAL_4, "fsdp=2,expert=4", 8 * 4096, "input_qkv_offloaded"),
     # and with Ulysses over a context axis of 2 (each device routes its half of each sequence), remat full
-    ("tpu:v5p:2x2x2", MIXTRAL_4, "fsdp=2,context=2,expert=2", 8 * 4096, "full"),
-    # the DeepSeek-shaped stack (MLA's W_d gathered, its latents kept: ffn_model.transformer.mla_projection)
-    ("tpu:v5p:2x2x2", DEEPSEEK_4, "fsdp=2,expert=4", 16 * 2048, "none")],
-    quick=(0,)), ids=["mixtral-4-layers", "mixtral-4-layers-offloaded", "mixtral-4-layers-ulysses", "deepseek-4-layers"])
+    ("tpu:v5p:2x2x2", MIXTRAL_4, "fsdp=2,context=2,expert=2", 8 * 4096, "full")],
+    quick=(0,)), ids=["mixtral-4-layers", "mixtral-4-layers-offloaded", "mixtral-4-layers-ulysses"])
 def test_check_on_v5p_holds_flops_all_to_all_and_peak(devices, cfg, mesh, batch, remat):
     rep = _check(cfg, mesh, devices, batch, remat)
     assert rep.flops.matmul.ratio == pytest.approx(1, abs=0.02)
@@ -170,6 +168,23 @@ def test_check_on_v5p_holds_flops_all_to_all_and_peak(devices, cfg, mesh, batch,
         # in pinned host memory, by hand: 4 layers' x and q, k, v of the device's t = 32,768/8 = 4,096 tokens (expert
         # folded into data), 2·4,096·4,096 + 2·4,096·128·(32 + 2·8) = 83,886,080 B a layer
         assert rep.memory.host.compiled == 4 * 83_886_080
+
+
+@pytest.mark.grid
+@pytest.mark.tpu
+def test_deepseek_shaped_stack_on_v5p():
+    """The DeepSeek-shaped stack (DEEPSEEK_4: MLA's W_d gathered, its latents kept: ffn_model.transformer's
+    mla_projection) with splash attention, as a TPU runs it, on fsdp 2 × expert 4: FLOPs and every axis within 2%,
+    the peak within the family's 10% (1.0669 measured; with the materialized attention 1.1409, a residual:
+    docs/findings.md, "Multi-head latent attention")."""
+    from verify.check import check
+
+    w = Workload(DEEPSEEK_4, parse_mesh_spec("fsdp=2,expert=4"), 16 * 2048, schedule=Schedule(attention="splash"))
+    rep = check(w, "tpu:v5p:2x2x2")
+    assert rep.flops.matmul.ratio == pytest.approx(1, abs=0.02)
+    for axis, row in rep.collectives.by_axis.items():
+        assert row.ratio == pytest.approx(1, abs=0.02), axis
+    assert rep.memory.peak.ratio == pytest.approx(1, abs=0.10)
 
 
 @pytest.mark.tpu
