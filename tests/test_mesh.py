@@ -24,7 +24,8 @@ def test_rules_table_and_specs():
                              "embed_zero1": ("fsdp", "data"), "data_shards": ("data",), "batch_fsdp": ("fsdp",),
                              "moe_batch": ("data", "fsdp", "expert"), "exp": ("expert",),
                              "moe_tokens": ("context", "data", "fsdp", "expert"),
-                             "expert_groups": ("context", "data", "fsdp")}
+                             "expert_groups": ("context", "data", "fsdp"), "latent": (),
+                             "latent_split": ("tensor",)}
     # a transformer's q [B, T, N, H]: batch over data·fsdp, the sequence over context, heads over tensor
     assert mesh.logical_to_spec(("batch", "seq", "heads", "head_dim")) == P(("data", "fsdp"), "context", "tensor", None)
     # W_in, W_out [L,F,D]: the blocks split over pipeline stages (a stage axis of 1 is no split)

@@ -100,6 +100,8 @@ SHARED = {"--preset", "--d-model", "--d-ff", "--blocks", "--layers", "--seq-len"
           "--vocab", "--mlp", "--block", "--tied-embeddings", "--qk-norm", "--attention", "--attention-block",
           "--context-strategy",
           "--splash-fused-backward",
+          # multi-head latent attention's (TransformerConfig.kv_lora_rank and the rest)
+          "--kv-lora-rank", "--q-lora-rank", "--qk-rope-head-dim", "--v-head-dim",
           "--chip", "--chips", "--slice", "--slices", "--inter-node-bandwidth", "--global-batch", "--batch-tokens",
           "--microbatch", "--microbatches", "--mesh", "--dcn-mesh", "--remat", "--dtype", "--grad-accumulation",
           "--repeats", "--schedule", "--warmup-phases", "--fsdp-gather", "--optimizer-sharding", "--sequence-parallel",
