@@ -220,8 +220,30 @@ def _all_gather_bf16_bwd(axis, _, g):
 _all_gather_bf16.defvjp(_all_gather_bf16_fwd, _all_gather_bf16_bwd)
 
 
-def _dropless_local(h_SxD, gates_SxK, ids_SxK, ws: dict, kind: str, weights_dtype=None, expert_axis=None):
-    """dropless_moe on one device's S tokens and its experts' BF16 weights (W_in, W_gate as [E_l, D, F_e]; cast to
+def _grouped_ragged(x_MxK, w, sizes_G, transposed: bool):
+    """Each expert's rows times its weights: jax.lax.ragged_dot (CPU, GPU) of w [G, K, N], or of w [G, N, K]
+    ``transposed`` (swapped first)."""
+    return jax.lax.ragged_dot(x_MxK, jnp.swapaxes(w, 1, 2) if transposed else w, sizes_G)
+
+
+def _grouped_tpu(x_MxK, w, sizes_G, transposed: bool, interpret: bool = False):
+    """Each expert's rows times its weights on a TPU: jax's Pallas megablox grouped matmul (Gale et al. 2023; MaxText's
+    TPU sparse matmul, megablox.gmm, its custom_vjp: the input's gradient a gmm, the weights' a tgmm), BF16 out; w
+    [G, K, N], or [G, N, K] ``transposed`` (the kernel's transpose_rhs: no copy of the weights). Rows past the groups
+    (another device's experts) are not visited, their output unset (and so their input's gradient, the backward's
+    gmm): both zeroed here, the input's through the mask's transpose. ``interpret``: Pallas's interpret mode (a CPU runs
+    the kernel: tests/test_moe_model.py)."""
+    from jax.experimental.pallas.ops.tpu.megablox import gmm
+
+    run = (jnp.arange(x_MxK.shape[0]) < jnp.sum(sizes_G))[:, None]
+    zero = jnp.zeros((), x_MxK.dtype)
+    y = gmm(jnp.where(run, x_MxK, zero), w, sizes_G, COMPUTE_DTYPE, transpose_rhs=transposed, interpret=interpret)
+    return jnp.where(run, y, jnp.zeros((), y.dtype))
+
+
+def _dropless_local(h_SxD, gates_SxK, ids_SxK, ws: dict, kind: str, weights_dtype=None, expert_axis=None,
+                    grouped=_grouped_ragged):
+    """dropless_moe on one device's S tokens and its experts' BF16 weights ([E_l, F_e, D] as stored; cast to
     ``weights_dtype`` first if given). ``expert_axis``: the tokens, gates and ids of the devices along it all-gathered
     first, this device's E_l experts' pairs computed (the others' rows past the group sizes, their gates 0), and the
     partial outputs reduce-scattered back to the tokens' devices."""
@@ -239,12 +261,14 @@ def _dropless_local(h_SxD, gates_SxK, ids_SxK, ws: dict, kind: str, weights_dtyp
     order = jnp.argsort(key, stable=True)
     sizes = jnp.bincount(key, length=E_l + 1)[:E_l].astype(jnp.int32)
     # the row gathers in FP32 (BF16 values): their transposes are scatter-adds, which XLA:CPU crashes on in BF16 inside
-    # a shard_map under a mesh (their reduction body holds a copy: "Invalid binary instruction opcode copy")
-    x = checkpoint_name(h_SxD.astype(jnp.float32)[order // k].astype(COMPUTE_DTYPE), "moe_in")  # [S·k, D], by expert
-    u = checkpoint_name(jax.lax.ragged_dot(x, ws["w_in"], sizes), "mlp_in")
-    g = checkpoint_name(jax.lax.ragged_dot(x, ws["w_gate"], sizes), "mlp_gate") if kind == Mlp.SWIGLU else None
+    # a shard_map under a mesh (their reduction body holds a copy: "Invalid binary instruction opcode copy"); a TPU's
+    # in BF16 (in FP32 XLA:TPU copied the gathered tokens and their gradient, 0.40 GB a Mixtral layer on v5p)
+    wide = COMPUTE_DTYPE if grouped is _grouped_tpu else jnp.float32
+    x = checkpoint_name(h_SxD.astype(wide)[order // k].astype(COMPUTE_DTYPE), "moe_in")  # [S·k, D], by expert
+    u = checkpoint_name(grouped(x, ws["w_in"], sizes, True), "mlp_in")
+    g = checkpoint_name(grouped(x, ws["w_gate"], sizes, True), "mlp_gate") if kind == Mlp.SWIGLU else None
     # [S·k, D], sorted; rows past the groups: gate 0
-    y = checkpoint_name(jax.lax.ragged_dot(_activate(u, g, kind), ws["w_out"], sizes), "moe_out")
+    y = checkpoint_name(grouped(_activate(u, g, kind), ws["w_out"], sizes, False), "moe_out")
     y_SxKxD = y.astype(jnp.float32)[jnp.argsort(order)].reshape(S, k, D)  # pair order
     gates_SxK = jnp.where(mine_SxK, gates_SxK, 0.0).astype(COMPUTE_DTYPE).astype(jnp.float32)
     out = jnp.einsum("sk,skd->sd", gates_SxK, y_SxKxD)  # the gates rounded to BF16 as the capacity form's combine
@@ -261,26 +285,30 @@ def dropless_moe(h_NxD, gates_NxK, ids_NxK, w: dict, kind: str):
     out[n] = Σ_j gate[n, j]·y[n, j] (FP32 sums, BF16 out). Over an expert axis: Megatron-LM's all-gather token
     dispatcher (MoEAllGatherTokenDispatcher): the tokens of the expert axis's devices all-gathered, each device runs
     its E/Ex experts' pairs, the outputs reduce-scattered (module docstring: why not an all-to-all)."""
-    ws = {n: gather_bf16(w[n], EXPERT_AXES[1:]) for n in ("w_in", "w_gate", "w_out") if n in w}
-    for n in ("w_in", "w_gate"):  # [E, D, F_e]: ragged_dot's [groups, contracting, out]
-        if n in ws:
-            ws[n] = jnp.swapaxes(ws[n], 1, 2)
+    ws = {n: gather_bf16(w[n], EXPERT_AXES[1:]) for n in ("w_in", "w_gate", "w_out") if n in w}  # [E, F_e, D]
     mesh = jax.sharding.get_abstract_mesh()
-    if traced_platform() == Platform.TPU:
-        raise ValueError("the dropless MoE layer (jax.lax.ragged_dot in a shard_map) does not compile for TPUs here "
-                         "(libtpu 0.0.42.1 stops on an internal check, and without an expert axis lowers the ragged "
-                         "matmul densely): give a capacity factor (--capacity-factor 1.25, GShard's dispatch)")
+    # a TPU runs megablox's grouped matmul (jax.lax.ragged_dot in a shard_map stops libtpu 0.0.42.1 on an internal
+    # check, and without an expert axis lowers densely); CPU and GPU ragged_dot
+    grouped = _grouped_tpu if traced_platform() == Platform.TPU else _grouped_ragged
     spec = PartitionSpec() if mesh.empty else logical_to_spec(("moe_tokens", None))
     split = set() if spec == PartitionSpec() or spec[0] is None else {spec[0]} if isinstance(spec[0], str) else set(
         spec[0])
+    if grouped is _grouped_tpu:  # a Pallas kernel is not partitioned by XLA: every axis manual (as splash's)
+        if not mesh.empty and mesh.shape.get("tensor", 1) > 1:
+            raise ValueError(f"the dropless MoE layer on a TPU (megablox's grouped matmul) is built without a tensor "
+                             f"axis, not tensor={mesh.shape['tensor']}: split the experts over expert, or give a "
+                             "capacity factor")
+        split = set() if mesh.empty else set(mesh.axis_names)
     if not split:
-        return _dropless_local(h_NxD, gates_NxK, ids_NxK, ws, kind)
+        return _dropless_local(h_NxD, gates_NxK, ids_NxK, ws, kind, grouped=grouped)
     # the weights enter as FP32 holding their BF16 values, so that the shard_map's transpose sums their gradients over
     # the token axes in FP32: XLA:CPU crashes on that sum in BF16 (AllReducePromotion: "Invalid binary instruction
     # opcode copy", jax 0.10.2: the psum's reduction body holds a sharding constraint)
-    ws = {n: a.astype(jnp.float32) for n, a in ws.items()}
+    if grouped is not _grouped_tpu:
+        ws = {n: a.astype(jnp.float32) for n, a in ws.items()}
     expert_axis = "expert" if "expert" in split and mesh.shape["expert"] > 1 else None
-    local = functools.partial(_dropless_local, kind=kind, weights_dtype=COMPUTE_DTYPE, expert_axis=expert_axis)
+    local = functools.partial(_dropless_local, kind=kind, weights_dtype=COMPUTE_DTYPE, expert_axis=expert_axis,
+                              grouped=grouped)
     w_spec = PartitionSpec(expert_axis)
     out = jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, spec, w_spec), out_specs=spec, axis_names=split,
                         check_vma=False)(constrain(h_NxD, ("moe_tokens", None)), gates_NxK, ids_NxK, ws)

@@ -152,6 +152,32 @@ def test_capacity_without_drops_equals_dropless(kind, router, shared):
     assert float(aux) == float(aux_want)
 
 
+@pytest.mark.compiles
+def test_megablox_grouped_matmul_equals_ragged_dot():
+    """A TPU's dropless layer (megablox's gmm, ffn_model.moe._grouped_tpu, here in Pallas's interpret mode on the CPU)
+    computes what jax.lax.ragged_dot does, forward and the gradients of the input and the weights: 256 routed rows of
+    a layer's S·k pairs sorted into 4 experts' groups (the last 32 another device's, not run: zero), w_in as stored
+    [E, F_e, D] (the kernel's transpose_rhs) and w_out [E, F_e, D] as the second matmul takes it. Both round to BF16
+    and sum in FP32 in another order: 2^-7 relative, as test_capacity_without_drops_equals_dropless allows."""
+    sizes = jnp.array([64, 32, 96, 32], jnp.int32)  # 224 of 256 rows; the other 32 another device's
+    x = jax.random.normal(jax.random.key(0), (256, 128)).astype(jnp.bfloat16)
+    w_in = (jax.random.normal(jax.random.key(1), (4, 256, 128)) / 12).astype(jnp.bfloat16)  # [E, F_e, D]
+    w_out = (jax.random.normal(jax.random.key(2), (4, 256, 128)) / 16).astype(jnp.bfloat16)
+
+    def f(grouped, x, w_in, w_out):
+        return grouped(jax.nn.silu(grouped(x, w_in, sizes, True)), w_out, sizes, False)
+
+    tpu = functools.partial(moe._grouped_tpu, interpret=True)
+    f32 = lambda a: np.asarray(jnp.asarray(a, jnp.float32))  # noqa: E731
+    got, want = f(tpu, x, w_in, w_out), f(moe._grouped_ragged, x, w_in, w_out)
+    assert not np.any(f32(got)[224:]) and not np.any(f32(want)[224:])
+    np.testing.assert_allclose(f32(got), f32(want), rtol=2**-7, atol=2**-7 * np.abs(f32(want)).mean())
+    loss = lambda grouped: lambda *a: jnp.sum(f(grouped, *a).astype(jnp.float32) ** 2)  # noqa: E731
+    for g, h in zip(jax.grad(loss(tpu), argnums=(0, 1, 2))(x, w_in, w_out),
+                    jax.grad(loss(moe._grouped_ragged), argnums=(0, 1, 2))(x, w_in, w_out)):
+        np.testing.assert_allclose(f32(g), f32(h), rtol=2**-6, atol=2**-6 * np.abs(f32(h)).mean())
+
+
 def test_bad_inputs_are_value_errors():
     spec = MoESpec(experts=4, top_k=2, expert_d_ff=8)
     with pytest.raises(ValueError, match="MoE layers only"):

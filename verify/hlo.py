@@ -417,6 +417,13 @@ class HloProgram:
                     callers = tuple(sorted({site.computation for site, _ in sites}))
                     by_channel.setdefault((channel.group(1), callers), []).append((comp, c))
                 out.append(c)
+        # one asynchronous collective's clones hold its start or done custom-call; fusions of one channel without
+        # either are collectives of their own (XLA:TPU gives a shard_map's transposed psums, one a weight, one
+        # channel_id: the dropless layer's three expert gradients on v5p)
+        by_channel = {k: v for k, v in by_channel.items() if any(
+            comp.root is not None and ('custom_call_target="AsyncCollectiveStart"' in comp.root.attrs
+                                       or 'custom_call_target="AsyncCollectiveDone"' in comp.root.attrs)
+            for comp, _ in v)}
         for clones in by_channel.values():
             if len(clones) > 1:  # one asynchronous collective, cloned into its fusions: keep the start's
                 keep = next((c for comp, c in clones if comp.root is not None and

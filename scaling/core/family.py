@@ -56,6 +56,9 @@ class ModelFamily(Protocol):
     # the compiler lowers to other matmuls: check shows them, ratio none), or None where they are
     def uncompared_flops(self, platform: str) -> str | None: ...
 
+    # of step_flops' total, the matmul FLOPs a platform runs inside custom calls beyond the attention's ("kernels")
+    def custom_call_flops(self, flops: dict, platform: str) -> float: ...
+
     # its rules (a ValueError naming the input)
     def check_remat(self, remat: str) -> None: ...
 
@@ -95,6 +98,10 @@ class FamilyDefaults:
     def uncompared_flops(self, platform: str) -> str | None:
         """None: the matmuls compile as the dots the closed form counts."""
         return None
+
+    def custom_call_flops(self, flops: dict, platform: str) -> float:
+        """0: no matmul FLOPs in custom calls beyond the attention's (step_flops' "kernels")."""
+        return 0.0
 
     def mesh_fits(self, mesh: Mapping):
         """The planner's screen of meshes (arrays of sizes) beyond divisions and stages: none, True."""

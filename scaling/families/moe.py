@@ -313,22 +313,19 @@ class MoEConfig(FamilyDefaults):
         """(P − embeddings)/L: a block's parameters on average (scaling.step.program.gpu_messages' fsdp message)."""
         return (self.params - self.embedding_params) / self.blocks
 
-    def program_notes(self, chip) -> list[str]:
-        """Dropless on a TPU: ffn_model.moe refuses it (libtpu 0.0.42.1 does not compile its ragged matmul in a
-        shard_map; docs/findings.md), so the figures are the closed form's only."""
-        if self.moe.dropless and chip.kind == Platform.TPU:
-            return ["the program's dropless MoE layers do not compile for TPUs here (libtpu 0.0.42.1; "
-                    "docs/findings.md): these figures are the closed forms' only; give --capacity-factor for a program "
-                    "that trains"]
-        return []
+    def custom_call_flops(self, flops: dict, platform: str) -> float:
+        """Of step_flops' total, the matmul FLOPs a ``platform`` runs inside custom calls beyond the attention's
+        (its "kernels"): dropless on a TPU, the routed experts' ("grouped": megablox's gmm and tgmm, Pallas kernels);
+        else 0."""
+        return float(flops.get("grouped", 0.0)) if platform == Platform.TPU else 0.0
 
     def uncompared_flops(self, platform: str) -> str | None:
         """Dropless: why the program's matmul FLOPs are not the closed form's. The closed form counts a ragged kernel
         that computes the routed rows only (2·D·F_e a row and matrix: step_flops); XLA (jax 0.10.2) lowers
         jax.lax.ragged_dot to a dense matmul of every row against every local expert, on CPU and GPU alike (5.87 and
-        5.86 times the closed form on moe-tiny, data=2,expert=4, remat full; docs/findings.md; TPUs refuse the
-        dropless layer: program_notes). None with a capacity factor (einsums over the slots: compared)."""
-        if not self.moe.dropless:
+        5.86 times the closed form on moe-tiny, data=2,expert=4, remat full; docs/findings.md). None with a capacity
+        factor (einsums over the slots: compared), and on a TPU (megablox's grouped matmul: custom_call_flops)."""
+        if not self.moe.dropless or platform == Platform.TPU:
             return None
         return (f"not comparable: XLA:{platform.upper()} lowers the dropless experts' ragged_dot densely (every row "
                 "against every local expert); give --capacity-factor to compare")
@@ -693,6 +690,9 @@ def step_flops(w: Workload) -> dict:
     active = router + 2 * mm * D * Fe * (m.top_k + m.shared_experts) * t / Y
     out["model"] = base["model"] + Lm * (active - mlp) * (3 if train else 1)
     out["attention"], out["kernels"] = base["attention"], base["kernels"]
+    # dropless: the routed experts' matmuls, forward, backward and recomputed (a TPU runs them in megablox's grouped
+    # matmul, custom calls: MoEConfig.custom_call_flops)
+    out["grouped"] = Lm * experts * (1 + (2 + again) * train) if m.dropless else 0.0
     return out
 
 
@@ -810,7 +810,8 @@ def _saved(w: Workload, remat: str, batch_tokens) -> tuple:
     what it keeps of the attention; an MoE layer the same: nothing of its MLP); an MoE layer under remat none has,
     for the MLP hidden c·t·F·(m−1)/Y, the dispatch buffers in and out (dispatch_buffer_bytes), the
     experts' hidden c·rows·F_e·(m−1)/Y, the shared experts' c·t·S_sh·F_e·(m−1)/Y and the router's FP32
-    logits 4·t·E (ffn_model.moe.route keeps them, not the probabilities)."""
+    logits 4·t·E (ffn_model.moe.route keeps them, not the probabilities). Dropless the program's buffers hold every
+    pair of the expert axis' tokens, Ex·t·k rows (its all-gather dispatcher), not dispatch_buffer_bytes' t·k."""
     cfg, m, mesh = w.model, w.model.moe, w.mesh
     fold = _folded(w, batch_tokens)
     kept = tf.saved_per_layer(cfg.base, fold.mesh, batch_tokens, remat, w.schedule, w.precision)
@@ -820,6 +821,10 @@ def _saved(w: Workload, remat: str, batch_tokens) -> tuple:
     c, Y, mm, Fe = w.precision.compute, mesh["tensor"], cfg.mlp_matrices, m.expert_d_ff
     t = tokens_per_device(cfg, mesh, batch_tokens)
     buf = dispatch_buffer_bytes(cfg, mesh, batch_tokens, c)
+    if m.dropless:  # the program's all-gather dispatcher (ffn_model.moe._dropless_local): every pair of the expert
+        # axis' Ex·t tokens sorted into one buffer, the device's experts' rows at its front, the others' rows held
+        rows = mesh["expert"] * t * m.top_k
+        buf = {"rows": rows, "bytes": 2 * c * rows * cfg.d_model}
     moe = (dense - kept["mlp"] + buf["bytes"] + c * buf["rows"] * Fe * (mm - 1) / Y
            + c * t * m.shared_experts * Fe * (mm - 1) / Y + 4 * t * m.experts)
     return dense, moe
