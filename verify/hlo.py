@@ -414,16 +414,17 @@ class HloProgram:
                     # one collective's clones are fused into one computation's schedule; a copy of the same
                     # channel called from another computation is another run (a loop's peeled trip: XLA:TPU peels
                     # the layer loops of an offloading remat policy, the copy in the entry, the loop's in its body)
+                    # the clones are of one opcode and shape: XLA:TPU gives every collective of a manual shard_map
+                    # one channel_id (1), so that a channel alone mixes an asynchronous collective's clones with
+                    # collectives of their own (the dropless layer's expert gradients, psums, beside an all-gather)
                     callers = tuple(sorted({site.computation for site, _ in sites}))
-                    by_channel.setdefault((channel.group(1), callers), []).append((comp, c))
+                    by_channel.setdefault((channel.group(1), callers, ins.opcode, ins.shape), []).append((comp, c))
                 out.append(c)
-        # one asynchronous collective's clones hold its start or done custom-call; fusions of one channel without
-        # either are collectives of their own (XLA:TPU gives a shard_map's transposed psums, one a weight, one
-        # channel_id: the dropless layer's three expert gradients on v5p)
-        by_channel = {k: v for k, v in by_channel.items() if any(
-            comp.root is not None and ('custom_call_target="AsyncCollectiveStart"' in comp.root.attrs
-                                       or 'custom_call_target="AsyncCollectiveDone"' in comp.root.attrs)
-            for comp, _ in v)}
+        # one asynchronous collective's clones: a start fusion (root AsyncCollectiveStart), continuations, a done
+        # fusion; fusions of one channel, opcode and shape without a start are collectives of their own
+        by_channel = {k: v for k, v in by_channel.items() if sum(
+            comp.root is not None and 'custom_call_target="AsyncCollectiveStart"' in comp.root.attrs
+            for comp, _ in v) == 1}
         for clones in by_channel.values():
             if len(clones) > 1:  # one asynchronous collective, cloned into its fusions: keep the start's
                 keep = next((c for comp, c in clones if comp.root is not None and
