@@ -876,7 +876,9 @@ def memory_per_device(w: Workload) -> dict:
     folded mesh); one layer's FP32 weight gradients (train, remat none); the saved activations of a microbatch,
     L_dense·dense + L_moe·moe (_saved), less an offloading policy's in host memory (the base's offloaded_per_layer a
     layer, where CompilerFacts.host_offload); under full and the named policies the recomputed MoE layer's residuals
-    (remat none's) less what the policy keeps; with a
+    (remat none's) less what the policy keeps, and the backward's gradients of its experts' hidden,
+    c·rows·F_e·(m − 1)/Y (rows: the dropless program's Ex·t·k, or the capacity form's slots; compiled on v5p: docs/
+    findings.md, "Dropless on TPUs"); with a
     vocabulary the loss's phase where above a layer's (c·(t·D + t·V/Y + V·D/Y), t of a microbatch); on XLA:GPU the
     FP32 copies of fp32_copies."""
     cfg, p = w.model, w.precision
@@ -908,6 +910,9 @@ def memory_per_device(w: Workload) -> dict:
     if again:
         _, moe_none = _saved(w, "none", Bm)
         terms["recomputed_layer"] = moe_none - moe
+        rows = (w.mesh["expert"] * tm * cfg.moe.top_k if cfg.moe.dropless  # the dispatcher's buffer, or the slots
+                else all_to_all_bytes(cfg, w.mesh, Bm)["slots"])
+        terms["expert_hidden_grads"] = c * rows * cfg.moe.expert_d_ff * (cfg.mlp_matrices - 1) / Y
     if train and V:
         layer = sum(terms.get(k, 0.0) for k in ("transient_weights", "attention_working_set", "layer_grads",
                                                  "recomputed_layer"))
