@@ -176,7 +176,8 @@ def test_deepseek_shaped_stack_on_v5p():
     """The DeepSeek-shaped stack (DEEPSEEK_4: MLA's W_d gathered, its latents kept: ffn_model.transformer's
     mla_projection) with splash attention, as a TPU runs it, on fsdp 2 × expert 4: FLOPs and every axis within 2%,
     the peak within the family's 10% (1.0669 measured; with the materialized attention 1.1409, and 1.1446 with
-    standard attention in MLA's place: the MoE family's residual, docs/findings.md, "Multi-head latent attention")."""
+    standard attention in MLA's place: the loss phase's at V = 129,280, docs/findings.md, "Multi-head latent
+    attention")."""
     from verify.check import check
 
     w = Workload(DEEPSEEK_4, parse_mesh_spec("fsdp=2,expert=4"), 16 * 2048, schedule=Schedule(attention="splash"))
