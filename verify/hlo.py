@@ -418,13 +418,13 @@ class HloProgram:
                     # one channel_id (1), so that a channel alone mixes an asynchronous collective's clones with
                     # collectives of their own (the dropless layer's expert gradients, psums, beside an all-gather)
                     callers = tuple(sorted({site.computation for site, _ in sites}))
-                    by_channel.setdefault((channel.group(1), callers, ins.opcode, ins.shape), []).append((comp, c))
+                    dims = tuple(d for _, d in arrays(ins.shape))  # the clones' layouts differ (memory space S(1))
+                    by_channel.setdefault((channel.group(1), callers, op, dims), []).append((comp, c))
                 out.append(c)
-        # one asynchronous collective's clones: a start fusion (root AsyncCollectiveStart), continuations, a done
-        # fusion; fusions of one channel, opcode and shape without a start are collectives of their own
-        by_channel = {k: v for k, v in by_channel.items() if sum(
-            comp.root is not None and 'custom_call_target="AsyncCollectiveStart"' in comp.root.attrs
-            for comp, _ in v) == 1}
+        # one asynchronous collective's clones: a start fusion (root AsyncCollectiveStart), continuations and a done
+        # fusion, or fusions called one on another's output; fusions of one channel, opcode and shape otherwise are
+        # collectives of their own
+        by_channel = {k: v for k, v in by_channel.items() if self._one_collective(v)}
         for clones in by_channel.values():
             if len(clones) > 1:  # one asynchronous collective, cloned into its fusions: keep the start's
                 keep = next((c for comp, c in clones if comp.root is not None and
@@ -439,6 +439,17 @@ class HloProgram:
             if c.name not in cloned:
                 c.overlapped = self.overlaps(self._span(c.name, done_of))
         return out
+
+    def _one_collective(self, clones: list) -> bool:
+        """Whether fusions holding collectives of one channel, opcode and shape are one asynchronous collective's
+        clones: one of them a start fusion (root AsyncCollectiveStart), or each called on another's output."""
+        starts = sum(comp.root is not None and 'custom_call_target="AsyncCollectiveStart"' in comp.root.attrs
+                     for comp, _ in clones)
+        if starts:
+            return starts == 1
+        sites = [site for comp, _ in clones for site, _ in self.callers[comp.name]]
+        names = {site.name for site in sites}
+        return len(clones) > 1 and sum(any(o in names for o in site.operands) for site in sites) >= len(sites) - 1
 
     def _span(self, name: str, done_of: dict) -> list[Instruction]:
         """The instructions that bracket one collective in its caller's schedule: a start and its done, an
