@@ -21,6 +21,11 @@ One layer, per device (module docstring of ffn_model.transformer):
             scaled by attention_shares (model FLOPs: T·W − W·(W − 1)/2 pairs for T²/2)
   qk-norm   (cfg.qk_norm) an RMSNorm over H on each head's q and k after they are saved: no FLOPs of a matmul, its
             passes pointwise (qk_norm_kernels), recomputed in every train step's backward
+  MLA       (cfg.kv_lora_rank; DeepSeek-V2 section 2.1) qkv 2·t·(D·R + (r_q·N·qk + r_kv·N·(H + H_v))/Y) with R = r_q
+            + r_kv + H_r (W_q 2·t·D·N·qk/Y without a q rank), its W_d gradient 2·t·D·R/Y (made on its tensor split);
+            the attention's units over qk = H + H_r (q·kᵀ, dq, dk) and H_v (p·v, dp, dv); tensor: the latents'
+            gradient all-reduced, c·t·R, in place of the attention input gradient's c·t·D, and W_d gathered whole,
+            c·D·R a pass; saved: the latents c·t·R beside q, k, v
   remat full recomputes the forward but W_out's matmul (its output is not needed for the backward);
             parallel blocks not W_o's either (the layer's sum feeds nothing the backward needs); a flash
             attention whose keys fit one block shares the recomputed q·kᵀ with the backward's (one_key_block)
