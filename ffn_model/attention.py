@@ -177,8 +177,7 @@ def _flash_fwd(q, k, v, q_pos, k_pos, block, window=None):
 
     # carries built *_like q, so that inside a shard_map with check_vma they vary as q does
     m0 = jnp.moveaxis(jnp.full_like(q5[..., 0], -jnp.inf, dtype=jnp.float32), 1, 3)  # [B, K, G, T]
-    acc0 = jnp.zeros_like(q5[..., :1], dtype=jnp.float32) * jnp.zeros(v.shape[-1], jnp.float32)  # v's head dim
-    init = (m0, jnp.zeros_like(m0), acc0)
+    init = (m0, jnp.zeros_like(m0), jnp.zeros_like(q5, dtype=jnp.float32, shape=(*q5.shape[:-1], v.shape[-1])))
     (m, row_sum, acc), _ = jax.lax.scan(step, init, (_blocks(k, nb), _blocks(v, nb), k_pos.reshape(nb, -1)))
     l_safe = jnp.where(row_sum > 0, row_sum, 1.0)
     o = (acc / jnp.moveaxis(l_safe, 3, 1)[..., None]).reshape(*q.shape[:-1], v.shape[-1]).astype(COMPUTE_DTYPE)

@@ -261,10 +261,8 @@ def _dropless_local(h_SxD, gates_SxK, ids_SxK, ws: dict, kind: str, weights_dtyp
     order = jnp.argsort(key, stable=True)
     sizes = jnp.bincount(key, length=E_l + 1)[:E_l].astype(jnp.int32)
     # the row gathers in FP32 (BF16 values): their transposes are scatter-adds, which XLA:CPU crashes on in BF16 inside
-    # a shard_map under a mesh (their reduction body holds a copy: "Invalid binary instruction opcode copy"); a TPU's
-    # in BF16 (in FP32 XLA:TPU copied the gathered tokens and their gradient, 0.40 GB a Mixtral layer on v5p)
-    wide = COMPUTE_DTYPE if grouped is _grouped_tpu else jnp.float32
-    x = checkpoint_name(h_SxD.astype(wide)[order // k].astype(COMPUTE_DTYPE), "moe_in")  # [S·k, D], by expert
+    # a shard_map under a mesh (their reduction body holds a copy: "Invalid binary instruction opcode copy")
+    x = checkpoint_name(h_SxD.astype(jnp.float32)[order // k].astype(COMPUTE_DTYPE), "moe_in")  # [S·k, D], by expert
     u = checkpoint_name(grouped(x, ws["w_in"], sizes, True), "mlp_in")
     g = checkpoint_name(grouped(x, ws["w_gate"], sizes, True), "mlp_gate") if kind == Mlp.SWIGLU else None
     # [S·k, D], sorted; rows past the groups: gate 0
@@ -289,11 +287,12 @@ def dropless_moe(h_NxD, gates_NxK, ids_NxK, w: dict, kind: str):
     mesh = jax.sharding.get_abstract_mesh()
     # a TPU runs megablox's grouped matmul (jax.lax.ragged_dot in a shard_map stops libtpu 0.0.42.1 on an internal
     # check, and without an expert axis lowers densely); CPU and GPU ragged_dot
-    grouped = _grouped_tpu if traced_platform() == Platform.TPU else _grouped_ragged
+    tpu = traced_platform() == Platform.TPU
+    grouped = _grouped_tpu if tpu else _grouped_ragged
     spec = PartitionSpec() if mesh.empty else logical_to_spec(("moe_tokens", None))
     split = set() if spec == PartitionSpec() or spec[0] is None else {spec[0]} if isinstance(spec[0], str) else set(
         spec[0])
-    if grouped is _grouped_tpu:  # a Pallas kernel is not partitioned by XLA: every axis manual (as splash's)
+    if tpu:  # a Pallas kernel is not partitioned by XLA: every axis manual (as splash's)
         if not mesh.empty and mesh.shape.get("tensor", 1) > 1:
             raise ValueError(f"the dropless MoE layer on a TPU (megablox's grouped matmul) is built without a tensor "
                              f"axis, not tensor={mesh.shape['tensor']}: split the experts over expert, or give a "
@@ -304,7 +303,7 @@ def dropless_moe(h_NxD, gates_NxK, ids_NxK, w: dict, kind: str):
     # the weights enter as FP32 holding their BF16 values, so that the shard_map's transpose sums their gradients over
     # the token axes in FP32: XLA:CPU crashes on that sum in BF16 (AllReducePromotion: "Invalid binary instruction
     # opcode copy", jax 0.10.2: the psum's reduction body holds a sharding constraint)
-    if grouped is not _grouped_tpu:
+    if not tpu:  # (a TPU's in BF16: the FP32 sum is XLA:CPU's need)
         ws = {n: a.astype(jnp.float32) for n, a in ws.items()}
     expert_axis = "expert" if "expert" in split and mesh.shape["expert"] > 1 else None
     local = functools.partial(_dropless_local, kind=kind, weights_dtype=COMPUTE_DTYPE, expert_axis=expert_axis,

@@ -57,8 +57,9 @@ H_AXES = ("batch", "seq", "mlp")
 WQ_AXES = ("layers", "heads", "head_dim", "embed")  # W_q, W_o [L, N, H, D]
 WKV_AXES = ("layers", "kv_heads", "head_dim", "embed")  # W_k, W_v [L, K, H, D]
 W_MLP_AXES = ("layers", "mlp", "embed")  # W_in, W_gate, W_out [L, F, D]
-# multi-head latent attention's (mla_projection): W_dq and W_dkv as one [L, r_q + r_kv + H_r, D], whole over tensor;
-# the up-projections W_uq [L, N, H + H_r, r_q] and W_ukv [L, N, H + H_v, r_kv], heads over tensor, r over fsdp
+# multi-head latent attention's (mla_projection): W_dq and W_dkv as one [L, r_q + r_kv + H_r, D], stored split over
+# tensor too and gathered whole for its matmul (latent_split); the up-projections W_uq [L, N, H + H_r, r_q] and W_ukv
+# [L, N, H + H_v, r_kv], heads over tensor, r (their contracted dimension, as D is the others') over fsdp
 W_DOWN_AXES = ("layers", "latent_split", "embed")
 W_UP_AXES = ("layers", "heads", "head_dim", "embed")
 LATENT_AXES = ("batch", "seq", "latent")  # the latents [B, T, r_q + r_kv + H_r]

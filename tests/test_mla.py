@@ -73,6 +73,21 @@ def test_mla_tensor_collectives_by_hand():
 
 
 @pytest.mark.quick
+@pytest.mark.parametrize("mesh", [MESH, "fsdp=8"])
+@pytest.mark.parametrize("remat", ["none", "full"])
+@pytest.mark.parametrize("schedule", [MATERIALIZED, Schedule(attention="flash"), Schedule(attention="flash",
+                                                                                          attention_block=32)])
+def test_mla_kernels_fold_to_the_step_s_flops(mesh, remat, schedule):
+    """The step's kernels (their matmul and attention FLOPs) are the FLOPs step_flops counts (tests/
+    test_kernel_fold.py's rule): W_d's gradient on its tensor split, and the attention's qk and v matmuls apart (a
+    flash backward recomputes s; one key block shares it with the recomputed forward)."""
+    from tests.test_kernel_fold import _fold
+
+    w = Workload(TINY, parse_mesh_spec(mesh), 1024, remat=remat, schedule=schedule)
+    assert _fold(w) == pytest.approx(float(w.model.forms.step_flops(w)["total"]), rel=1e-12)
+
+
+@pytest.mark.quick
 def test_mla_refuses_what_it_is_not_built_for():
     with pytest.raises(ValueError, match="kv_heads=4 must equal heads=8"):
         TINY.replace(kv_heads=4)

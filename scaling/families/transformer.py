@@ -572,22 +572,26 @@ def first_layer_dx_dead(w: Workload):
 def first_layer_dead_gather(w: Workload):
     """Bytes of the fsdp all-gathers the program drops with layer 0's dead input gradient (first_layer_dx_dead):
     the backward's gathers of the matrices that read the layer's norm, W_qkv (a parallel block's fused MLP-input
-    matrices too), c·D·(H·(N + 2K) + (m − 1)·F for a parallel block)/Y; MLA's down-projection (whole over tensor)
-    and W_q without a q rank, c·D·(r_q + r_kv + H_r + N·qk)/Y over fsdp (MLA's W_d gathered over tensor too:
-    mla_dead_tensor_gather); where the backward does not recompute with them (recomputed: qkv 0)."""
+    matrices too), c·D·(H·(N + 2K) + (m − 1)·F for a parallel block)/Y; MLA's down-projection W_d and W_q without a
+    q rank, c·D·(r_q + r_kv + H_r + N·qk)/Y (W_d's gather over tensor: mla_dead_tensor_gather); where the backward
+    does not recompute with them (recomputed: qkv 0)."""
     cfg, c = w.model, max(w.precision.compute, w.compiler.min_comm_bytes)
     D, Y = cfg.d_model, w.mesh.get("tensor", 1)
     in_w = c * D * (cfg.h_split_width + cfg.latent_width
                     + (cfg.mlp_matrices - 1) * cfg.d_ff * (cfg.block == Block.PARALLEL)) / Y
-    return first_layer_dx_dead(w) * (1 - recomputed(cfg, w.remat, w.schedule, w.mesh)["qkv"]) * in_w
+    return _dead_gathers(w) * in_w
 
 
 def mla_dead_tensor_gather(w: Workload):
     """Bytes of MLA's down-projection W_d gathered over tensor for layer 0's dead input gradient (first_layer_dx_dead):
     c·D·(r_q + r_kv + H_r), where the backward does not recompute with it (0 for standard attention)."""
-    cfg, c = w.model, max(w.precision.compute, w.compiler.min_comm_bytes)
-    return (first_layer_dx_dead(w) * (1 - recomputed(cfg, w.remat, w.schedule, w.mesh)["qkv"]) * c
-            * cfg.qkv_params_whole)
+    return _dead_gathers(w) * max(w.precision.compute, w.compiler.min_comm_bytes) * w.model.qkv_params_whole
+
+
+def _dead_gathers(w: Workload):
+    """1 where the backward's gathers of layer 0's norm-reading matrices are dead (first_layer_dx_dead, and no
+    recompute with them: recomputed qkv 0), else 0."""
+    return first_layer_dx_dead(w) * (1 - recomputed(w.model, w.remat, w.schedule, w.mesh)["qkv"])
 
 
 def overlapped_volumes(w: Workload, vols: dict | None = None) -> dict:
@@ -816,6 +820,15 @@ def attention_shares(cfg: TransformerConfig, schedule: Schedule, mesh: Mapping) 
     return executed / L, model / L, timed / L
 
 
+def qk_skew(cfg: TransformerConfig, s, Y, C, executed):
+    """MLA's attention FLOPs beyond the units at the mean head dim (qk + v)/2 (TransformerConfig.attn_dim): a matmul
+    over qk = H + H_r (s, dq, dk) is 2 units + skew, one over v (p·v, dp, dv) 2 units − skew, skew = s·T²·N·(qk −
+    v)/(Y·C) (scaled by the executed share of the pairs); 0 for standard attention. A backward of more than 8 units
+    recomputes s (flash; splash's two kernels s twice, dp twice: one more qk than v): + skew; shared scores
+    (one_key_block) save one s: − skew per 2 units shared."""
+    return s * cfg.seq_len ** 2 * cfg.heads * (cfg.qk_dim - cfg.v_dim) / (Y * C) * executed
+
+
 def step_flops(w: Workload) -> dict:
     """Matmul FLOPs per device of one step, term by term (module docstring):
     forward = L·(qkv + attention 4 units + out + mlp) + logits; backward = L·(2·(qkv + out + mlp) + attention
@@ -833,10 +846,7 @@ def step_flops(w: Workload) -> dict:
     qkv, out, mlp = t * cfg.qkv_flops_per_token(Y), 2 * t * cfg.o_width * D / Y, 2 * t * D * F * m / Y
     executed, kept, _ = attention_shares(cfg, schedule, mesh)  # local layers' windows (1, 1 without)
     unit = s * T * T * N * cfg.attn_dim / (Y * C) * executed  # MLA: q·kᵀ over H + H_r, p·v over H_v
-    # MLA: a matmul over qk (s, dq, dk) is 2 units + skew, one over v (p·v, dp, dv) 2 units − skew; a backward of more
-    # than 8 units recomputes s (flash; splash's two kernels s twice, dp twice: one more qk than v), shared scores
-    # (one_key_block) save one s
-    skew = s * T * T * N * (cfg.qk_dim - cfg.v_dim) / (Y * C) * executed
+    skew = qk_skew(cfg, s, Y, C, executed)  # MLA's qk matmuls beyond the mean head dim
     back_skew = skew * (attention_units(schedule, "backward", mesh) > 8)
     logits = 2 * t * D * (cfg.vocab or 0) / Y
     layer_forward = qkv + out + mlp + attention_units(schedule, "forward", mesh) * unit
@@ -1175,7 +1185,7 @@ def memory_per_device(w: Workload) -> dict:
     train = step == Step.TRAIN
     full = train and remat == Remat.FULL  # an array of policies: an array
     cells = np.ndim(full) > 0
-    layer_params = (cfg.params - cfg.embedding_params) * pipeline.padding(cfg, schedule, S)
+    layer_params = (cfg.params - cfg.embedding_params) * pipeline.padding(cfg, schedule, S)  # uneven: S·Lmax slots
     shard = layer_params / (S * X * Y) + cfg.embedding_params / (X * Y)  # parameters per device
     flash = runs_flash(schedule, mesh)
     keys = key_block(schedule, T // C if schedule.context == ContextStrategy.RING else T) if flash else T
@@ -1418,6 +1428,7 @@ def step_kernels(w: Workload) -> list[Kernel]:
     seqs = s / M  # sequences of one call
     executed, _, timed = attention_shares(cfg, schedule, mesh)  # local layers' windows (1, 1 without)
     unit = s * T * T * N * cfg.attn_dim / (Y * C) * executed  # one attention unit over the step's t tokens (step_flops)
+    skew = qk_skew(cfg, s, Y, C, executed)  # MLA's qk matmuls beyond the mean head dim (step_flops)
     flash = runs_flash(schedule, mesh)
     nb = np.maximum(T / (C if ring else 1) / key_block(schedule, T), 1.0)
     # the causal blocks a flash kernel runs: its time, not the program's FLOPs (Kernel.flops stays the count)
@@ -1426,10 +1437,11 @@ def step_kernels(w: Workload) -> list[Kernel]:
     bs = C if ring else 1  # ring: C chunk pairs of (T/C)² per call
     train = step == Step.TRAIN
 
-    def layer(pass_, share, what=("qkv", "out", "mlp_in", "mlp_out"), units=4, where=None):
+    def layer(pass_, share, what=("qkv", "out", "mlp_in", "mlp_out"), units=4, where=None, skewed=0.0):
         """One kind of pass over the layers: ``share`` of the layer-passes; forward shapes. ``where`` (an array of
         policies, the planner's cells): {matmul: 1 in the cells that run it, else 0}, its calls (FLOPs, bytes) 0
-        elsewhere; ``units`` an array then, the attention's calls 0 where it is 0."""
+        elsewhere; ``units`` an array then, the attention's calls 0 where it is 0. ``skewed``: MLA's attention FLOPs
+        beyond ``units`` at the mean head dim (qk_skew), a layer-pass."""
         n_calls = calls * share
         runs = (lambda name: n_calls) if where is None else (lambda name: n_calls * where[name])  # noqa: E731
         ks = []
@@ -1445,7 +1457,8 @@ def step_kernels(w: Workload) -> list[Kernel]:
             # flash: the scores stay on chip, only q, k, v and o move (k, v of the kv heads)
             moved = c * n_att * seqs * bs * Tq * heads * (cfg.qkv_width + cfg.o_width) / N if flash else None
             ks.append(matmul_kernel("attention", pass_, Tq, Tq, cfg.attn_dim, n_att, c, batch=seqs * heads * bs,
-                                    kind="attention", flops_=units * unit * p["layers"] * share, bytes_=moved,
+                                    kind="attention", flops_=(units * unit + skewed) * p["layers"] * share,
+                                    bytes_=moved,
                                     executed=skip))
         if "out" in what:
             ks.append(matmul_kernel("out", pass_, tm, D, out_k, runs("out"), c))
@@ -1459,12 +1472,15 @@ def step_kernels(w: Workload) -> list[Kernel]:
         """The backward of a forward matmul [m,k]·[k,n]: dX [m,n]·[n,k] and dW [k,m]·[m,n]."""
         mm, nn, kk, b = k.shape
         # attention: 8 or 10 units backward (scaling.families.transformer.attention_units), shapes of the forward
-        if k.kind == KernelKind.ATTENTION:
+        if k.kind == KernelKind.ATTENTION:  # (MLA: the recomputed s of a backward of more than 8 units, qk_skew)
             units = attention_units(schedule, "backward", mesh)
             moved = shape_costs(*k.shape, k.calls, c)[1] if k.bytes is None else k.bytes
-            return [Kernel(k.name, "backward", k.kind, k.shape, k.calls, k.flops * units / 4, moved * 2, k.executed)]
+            flops = k.flops * (units + (units > 8) * skew / unit) / 4
+            return [Kernel(k.name, "backward", k.kind, k.shape, k.calls, flops, moved * 2, k.executed)]
+        # MLA's W_d gradient made on its tensor split (its stored layout: step_flops)
+        dw_rows = nn / Y if k.name == "qkv.down" else nn
         return [matmul_kernel(k.name + ".dx", "backward", mm, kk, nn, k.calls, c),
-                matmul_kernel(k.name + ".dw", "backward", kk, nn, mm, k.calls, c)]
+                matmul_kernel(k.name + ".dw", "backward", kk, dw_rows, mm, k.calls, c)]
 
     forward = layer("forward", 1.0)
     ks = list(forward)
@@ -1487,12 +1503,13 @@ def step_kernels(w: Workload) -> list[Kernel]:
         if np.ndim(remat):  # the planner's cells, each its own policy: every matmul some policy recomputes, with its
             # calls in the cells whose policy does (each cell's kernels those of its policy, in the same order)
             again = {"mlp_out": whole_layer_again(remat, precision)}
-            ks += layer("recompute", 1.0, ("qkv", "out"), units=r["attention_units"] - r["shared_scores"], where=r)
+            ks += layer("recompute", 1.0, ("qkv", "out"), units=r["attention_units"] - r["shared_scores"], where=r,
+                        skewed=-r["shared_scores"] / 2 * skew)
             ks += layer("recompute", 1.0, ("mlp_in",), units=0, where=r)
             ks += layer("recompute", 1.0, ("mlp_out",), units=0, where=again) if np.any(again["mlp_out"]) else []
         else:
             ks += layer("recompute", 1.0, tuple(n for n in ("qkv", "out") if r[n]),
-                        units=r["attention_units"] - r["shared_scores"])
+                        units=r["attention_units"] - r["shared_scores"], skewed=-r["shared_scores"] / 2 * skew)
             if r["mlp_in"]:
                 ks += layer("recompute", 1.0, ("mlp_in",), units=0)
             if whole_layer_again(remat, precision):
