@@ -591,7 +591,44 @@ def loss(model: MoETransformer, batch):
     return mse(out, batch["y"], tf.X_AXES) + aux
 
 
+def stage_axes(cfg) -> dict:
+    """{name: logical axes} of the stacked layers a pipeline stage holds: the attention's (ffn_model.transformer's
+    LAYER_AXES) and the MoE MLP's (ROUTER_AXES, EXPERT_AXES, SHARED_AXES), under MoETransformer's names."""
+    moe = {"router": ROUTER_AXES, "expert_in": EXPERT_AXES, "expert_gate": EXPERT_AXES, "expert_out": EXPERT_AXES}
+    if cfg.moe.shared_experts:
+        moe |= {"shared_in": SHARED_AXES, "shared_gate": SHARED_AXES, "shared_out": SHARED_AXES}
+    gated = cfg.base.mlp == Mlp.SWIGLU
+    return {**{n: tf.LAYER_AXES[n] for n in tf.attention_shapes(cfg.base)},
+            **{n: a for n, a in moe.items() if gated or not n.endswith("_gate")}}
+
+
+def moe_chunk(x_BxTxD, ws: dict, select, *, schedule, remat: str, spec: MoESpec, kind: str):
+    """A pipeline stage's chunk of MoE layers (every layer MoE): one lax.scan over its stacked weights, each layer
+    moe_block under jax.checkpoint with the family's policy (MoETransformer's), ``select`` (the chunk of the
+    iteration: ffn_model.pipeline.pipeline_outputs) applied to each weight inside it. The aux loss is dropped: stages
+    are built with aux_loss_weight 0 (pipeline_loss_fn)."""
+    policy = (jax.checkpoint_policies.save_only_these_names(*MOE_SAVED) if remat == Remat.NONE
+              else tf.remat_policy(remat, schedule))
+    trips = next(iter(ws.values())).shape[0]
+
+    def one(x, w):
+        return moe_block(x, {n: select(a) for n, a in w.items()}, schedule, spec, kind)[0]
+
+    block = loop_checkpoint(one, policy, trips)
+    return jax.lax.scan(lambda x, w: (block(x, w), None), constrain(x_BxTxD, tf.X_AXES), ws)[0]
+
+
 def pipeline_loss_fn(w: Workload, mesh, for_grad: bool = True):
-    """Stages are not built for the MoE transformer (scaling.families.moe refuses stage > 1 where the Workload is
-    built)."""
-    raise ValueError("pipeline stages are not built for the MoE transformer (stage=1)")
+    """(params, batch) -> loss with the layers run as a pipeline over ``stage``: the transformer's
+    (ffn_model.transformer.transformer_pipeline_loss: GPipe, circular, 1F1B; the embedding and the output layer as
+    there) with moe_chunk's layers. Built where every layer is MoE and without the load-balancing loss (a loss term
+    of every layer, which the pipeline's chunks do not carry): a ValueError naming what to change otherwise."""
+    spec = w.model.moe
+    if spec.first_dense or spec.moe_every != 1:
+        raise ValueError(f"pipeline stages are built for an MoE transformer whose every layer is MoE, not "
+                         f"first_dense={spec.first_dense}, moe_every={spec.moe_every}")
+    if spec.aux_loss_weight:
+        raise ValueError(f"pipeline stages are built without the load-balancing loss: aux_loss_weight 0, not "
+                         f"{spec.aux_loss_weight:g}")
+    chunk = functools.partial(moe_chunk, schedule=w.schedule, remat=w.remat, spec=spec, kind=w.model.base.mlp)
+    return functools.partial(tf.transformer_pipeline_loss, w=w, mesh=mesh, axes=stage_axes(w.model), chunk=chunk)

@@ -718,7 +718,7 @@ def cross_entropy(logits_BxTxV, labels_BxT):
     return token_mean(jnp.sum, (token_cross_entropy(logits_BxTxV, labels_BxT),), IDS_AXES)
 
 
-def transformer_pipeline_loss(params, batch, *, w: Workload, mesh):
+def transformer_pipeline_loss(params, batch, *, w: Workload, mesh, axes: dict | None = None, chunk=None):
     """The transformer's loss with its layers run as a pipeline over ``stage`` (ffn_model.pipeline): the
     embedding looked up for the whole batch before it (replicated over stage: a gather and one reduction
     over tensor, no matmul), then the M microbatches. GPipe and circular: through pipeline_outputs, whose
@@ -728,10 +728,12 @@ def transformer_pipeline_loss(params, batch, *, w: Workload, mesh):
     ffn_model.pipeline.one_f_one_b's loop (a jax.custom_vjp whose forward runs it; a forward-only step runs
     GPipe), the output layer on the last stage inside the loop and, with a vocabulary, the lookup on stage 0
     (the token ids go in; E and U gathered once in BF16, their gradients accumulated in the loop). The mean over
-    microbatches is the mean over every token."""
-    cfg, schedule, remat, batch_shards = w.model, w.schedule, w.remat, shards(w.mesh, "batch")
+    microbatches is the mean over every token. ``axes`` ({name: logical axes} of the stacked layers) and ``chunk``
+    (x, weights, select) -> y: another family's layers (ffn_model.moe.pipeline_loss_fn); default the transformer's
+    (stack_forward), its tokens over the family's batch axis (ModelFamily.batch_axis)."""
+    cfg, schedule, remat, batch_shards = w.model, w.schedule, w.remat, shards(w.mesh, w.model.batch_axis)
     M, R = schedule.microbatches, schedule.repeats
-    axes = {n: LAYER_AXES[n] for n in layer_names(cfg)}
+    axes = axes or {n: LAYER_AXES[n] for n in layer_names(cfg)}
     vocab, tied, sp = cfg.vocab is not None, cfg.tied_embeddings, schedule.sequence_parallel
     x_axes = X_SP_AXES if sp else X_AXES  # a microbatch between stages: under SP the token split (1/Y sent)
 
@@ -743,9 +745,11 @@ def transformer_pipeline_loss(params, batch, *, w: Workload, mesh):
 
     counts = uneven_stages(w)
 
-    def chunk(x, ws, select):  # uneven stages or chunks: the chunk's padding slots masked (stack_forward's ``live``)
+    def layers(x, ws, select):  # uneven stages or chunks: the chunk's padding slots masked (stack_forward's ``live``)
         live = None if counts is None else live_slots(counts, R, select)
         return stack_forward(x, ws, schedule, remat, cfg.mlp, cfg.block, select, live)
+
+    chunk = chunk or layers
 
     def head(y, labels, hp):
         if not vocab:

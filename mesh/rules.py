@@ -58,8 +58,8 @@ def logical_to_spec(logical: tuple[str | None, ...]):
     from jax.sharding import PartitionSpec
 
     batch = BATCH_AXIS.get()
-    if batch != "batch":
-        logical = tuple(batch if a == "batch" else a for a in logical)
+    if batch != "batch":  # the family's batch, and its part within a data shard (batch_fsdp: "<batch>_fsdp")
+        logical = tuple(batch if a == "batch" else f"{batch}_fsdp" if a == "batch_fsdp" else a for a in logical)
     manual = set(jax.sharding.get_abstract_mesh().manual_axes) | VMAPPED_AXES.get()
     return PartitionSpec(*(_spec_entry(tuple(m for m in a if m not in manual) if a else a)
                            for a in mesh_axes(logical)))

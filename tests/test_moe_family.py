@@ -31,7 +31,7 @@ def test_registered_family_and_presets():
     assert MoEConfig in FAMILIES and is_family(TINY)
     assert all(PRESETS[k] is MOE_PRESETS[k] for k in ("mixtral-8x7b", "mixtral-8x22b", "olmoe-1b-7b", "moe-tiny"))
     assert TINY.plan.axes == ("data", "fsdp", "expert", "tensor")
-    assert (TINY.family, runs_attention(TINY), TINY.runs_1f1b, TINY.plan.grouped) == ("moe", True, False, False)
+    assert (TINY.family, runs_attention(TINY), TINY.runs_1f1b, TINY.plan.grouped) == ("moe", True, True, False)
 
 
 def test_step_flops_by_hand():
@@ -117,11 +117,30 @@ def test_memory_parameter_terms():
     assert mem["inputs"] == 24_576
 
 
-@pytest.mark.parametrize("mesh, match", [({"stage": 2, "fsdp": 2}, "stage=2: pipeline stages are not built"),
-                                         ({"expert": 3}, "experts=8 is not divisible by the expert shard count 3")])
-def test_refusals_of_the_mesh(mesh, match):
+@pytest.mark.parametrize("cfg, mesh, match", [
+    (TINY.replace(first_dense=1, moe_every=2, blocks=5), {"stage": 2, "fsdp": 2},
+     "stage=2: pipeline stages are built for an MoE transformer whose every layer is MoE"),
+    (TINY, {"expert": 3}, "experts=8 is not divisible by the expert shard count 3"),
+    (TINY, {"stage": 2, "expert": 2}, "microbatches=1 must be a multiple of stage=2"),  # the base's pipeline rules
+    (TINY.replace(kv_lora_rank=32, qk_rope_head_dim=8), {"stage": 2, "expert": 2},  # MLA: the base's rule
+     "multi-head latent attention .kv_lora_rank. is built without stage=2")])
+def test_refusals_of_the_mesh(cfg, mesh, match):
     with pytest.raises(ValueError, match=match):
-        Workload(TINY, mesh, 768)
+        Workload(cfg, mesh, 768)
+
+
+def test_aux_loss_weight_is_a_flag_and_stages_run_without_it():
+    """--aux-loss-weight sets MoESpec.aux_loss_weight (a number >= 0); the pipeline's program refuses a weight above
+    0 (its chunks carry no loss term), in one line naming the flag's value."""
+    from ffn_model.moe import pipeline_loss_fn
+
+    assert model_of("moe-tiny", aux_loss_weight="0").moe.aux_loss_weight == 0.0
+    with pytest.raises(ValueError, match="aux loss weight '-1': a number >= 0"):
+        model_of("moe-tiny", aux_loss_weight="-1")
+    w = Workload(TINY, {"stage": 2, "expert": 2}, 768, schedule=Schedule(microbatches=2))
+    with pytest.raises(ValueError, match="pipeline stages are built without the load-balancing loss: aux_loss_weight "
+                                         "0, not 0.01"):
+        pipeline_loss_fn(w, None)
 
 
 def test_context_is_ulysses_and_its_groups_the_chunks():

@@ -52,6 +52,7 @@ LOGICAL_RULES: dict[str, tuple[str, ...]] = {
     # an MoE model's (scaling.families.moe, ffn_model.moe): its tokens split over expert too (expert parallelism splits
     # the batch outside the experts, as data does), and the experts E over expert
     "moe_batch": ("data", "fsdp", "expert"),
+    "moe_batch_fsdp": ("fsdp", "expert"),  # its batch_fsdp: a data shard's part of the tokens (1F1B's loop)
     # the MoE layer's tokens (and its routing groups), context-major [C·B·T/C] (ffn_model.moe.moe_layer): the
     # sequence's split over context and the batch's, expert minor so that the dispatch trades it alone
     "moe_tokens": ("context", "data", "fsdp", "expert"),

@@ -48,6 +48,9 @@ class CompilerFacts:
     min_comm_bytes         the narrowest element on the wire (XLA:CPU runs bf16 collectives in f32: 4)
     joint_head_reduce      1F1B with data parallelism: the output layer's gradient summed over stage and data in
                            one all-reduce (XLA:TPU), not one over each (XLA:CPU)
+    head_reduce_in_loop    1F1B: the output layer's FP32 gradient accumulator reduced over the loop's automatic
+                           token axes (an MoE model's expert) every head iteration (XLA:CPU), not once after the loop
+                           (XLA:TPU)
     host_offload           an offloading remat policy's residuals live in pinned host memory (XLA:TPU, XLA:GPU),
                            not in device memory (XLA:CPU, whose host and device memory are one: it ignores the
                            placement, jax 0.10.2)
@@ -61,6 +64,7 @@ class CompilerFacts:
     circular_relays: int = 2
     min_comm_bytes: int = 0
     joint_head_reduce: bool = False
+    head_reduce_in_loop: bool = False
     host_offload: bool = True
     gpu_layouts: bool = False
 

@@ -44,8 +44,9 @@ from scaling.families import transformer as tf
 from scaling.core.family import FamilyDefaults, PlanPolicy
 from scaling.core.kinds import Family, KernelKind, Platform
 from scaling.core.inputs import positive_float, positive_int
-from scaling.core.policies import ContextStrategy, OptimizerSharding, Remat, Step
+from scaling.core.policies import ContextStrategy, OptimizerSharding, Pipeline, Remat, Step
 from scaling.step.kernels import Kernel, accumulate_kernel, adamw_kernel, matmul_kernel, pass_kernels
+from scaling.step import pipeline
 from scaling.step.memory import weight_shards
 from scaling.core.mesh_shape import MESH_AXES, spans
 from scaling.core.schedule import Schedule
@@ -141,7 +142,7 @@ class MoEConfig(FamilyDefaults):
     family: ClassVar[str] = Family.MOE
     noun: ClassVar[str] = "MoE transformer"
     batch_axis: ClassVar[str] = "moe_batch"  # its tokens split over expert too, outside the experts
-    runs_1f1b: ClassVar[bool] = False
+    runs_1f1b: ClassVar[bool] = True
     has_critical_batch: ClassVar[bool] = False
     plan: ClassVar[PlanPolicy] = PlanPolicy(
         batch_tokens=4_194_304,  # 4M tokens, as the transformer's (OLMoE trains at 4M: table 1)
@@ -160,7 +161,9 @@ class MoEConfig(FamilyDefaults):
         "mlp": TransformerConfig.kinds["mlp"],
         "capacity_factor": (None, f"the experts' capacity factor cf, a number > 0 ({', '.join(CAPACITY_FACTORS[1:])}: "
                                   "each expert takes ceil(cf·k·t/E) of a "
-                                              "device's t tokens), or dropless")}
+                                              "device's t tokens), or dropless"),
+        "aux_loss_weight": (None, "the load-balancing loss' weight, a number >= 0 (Switch eq. 4; default 0.01); "
+                                  "pipeline stages are built without the loss: 0")}
     switches: ClassVar[dict[str, str]] = {
         "tied_embeddings": TransformerConfig.switches["tied_embeddings"],
         "qk_norm": TransformerConfig.switches["qk_norm"],
@@ -182,7 +185,7 @@ class MoEConfig(FamilyDefaults):
         """The MoE model of flat fields (scaling.families.presets.model_from_fields): the base's and the MoESpec's."""
         spec = {f.name for f in dataclasses.fields(MoESpec)}
         kw = _keep_tokens(kw)
-        moe = {k: _capacity(v) if k == "capacity_factor" else v for k, v in kw.items() if k in spec}
+        moe = {k: _spec_value(k, v) for k, v in kw.items() if k in spec}
         return cls(TransformerConfig(**{k: v for k, v in kw.items() if k not in spec}), MoESpec(**moe))
 
     def replace(self, **kw) -> "MoEConfig":
@@ -190,7 +193,7 @@ class MoEConfig(FamilyDefaults):
         number, its string, or "dropless")."""
         kw = _keep_tokens({k: v for k, v in kw.items() if v is not None})
         spec = {f.name for f in dataclasses.fields(MoESpec)}
-        moe = {k: _capacity(v) if k == "capacity_factor" else v for k, v in kw.items() if k in spec}
+        moe = {k: _spec_value(k, v) for k, v in kw.items() if k in spec}
         base = {k: v for k, v in kw.items() if k not in spec}
         return MoEConfig(self.base.replace(**base) if base else self.base,
                          dataclasses.replace(self.moe, **moe) if moe else self.moe)
@@ -338,11 +341,15 @@ class MoEConfig(FamilyDefaults):
                              + ", ".join(MOE_REMATS))
 
     def check_schedule(self, schedule: Schedule, mesh: Mapping, batch_tokens: int | None = None) -> None:
-        """Before the shared rules (Schedule.check): no stage axis (_check_axes), context parallelism as Ulysses
-        only, no sequence parallelism or ZeRO-1 (not built); the base's attention rules on the folded mesh (tensor
-        and context: the heads over context·tensor, T over context); B whole sequences, their number divisible by
+        """Before the shared rules (Schedule.check): stages with every layer MoE (ffn_model.moe.pipeline_loss_fn),
+        context parallelism as Ulysses only, no sequence parallelism or ZeRO-1 (not built); the base's rules on the
+        folded mesh (tensor, context and stage: the heads over context·tensor, T over context, the microbatches over
+        the stages, what runs without stages); B whole sequences, their number divisible by
         microbatches·data·fsdp·expert."""
-        _check_axes(mesh)
+        S = mesh.get("stage", 1)
+        if S > 1 and (self.moe.first_dense or self.moe.moe_every != 1):
+            raise ValueError(f"stage={S}: pipeline stages are built for an MoE transformer whose every layer is MoE, "
+                             f"not first_dense={self.moe.first_dense}, moe_every={self.moe.moe_every}")
         if spans(mesh.get("context", 1)) and schedule.context != ContextStrategy.ULYSSES:
             raise ValueError(f"context={mesh['context']} with context_strategy {schedule.context}: the MoE "
                              "transformer's context parallelism is Ulysses' (--context-strategy ulysses)")
@@ -350,8 +357,7 @@ class MoEConfig(FamilyDefaults):
             raise ValueError("sequence_parallel is not built for the MoE transformer (leave it off)")
         if schedule.optimizer_sharding == OptimizerSharding.ZERO1:
             raise ValueError("optimizer_sharding zero1 is not built for the MoE transformer (use fsdp)")
-        tf._check_transformer(self.base, {"tensor": mesh.get("tensor", 1), "context": mesh.get("context", 1)},
-                              schedule)
+        self.base.check_schedule(schedule, {a: mesh.get(a, 1) for a in ("tensor", "context", "stage")})
         if batch_tokens is not None:
             seqs = positive_int("batch_tokens", batch_tokens) // self.seq_len
             n = schedule.microbatches * shards(mesh, "moe_batch")
@@ -360,10 +366,6 @@ class MoEConfig(FamilyDefaults):
                                  f"their number divisible by microbatches·data·fsdp·expert = {n}")
 
     extents = TransformerConfig.extents  # the base's arrays: attention, the vocabulary's logits
-
-    def check_axes(self, mesh: Mapping) -> None:
-        """No stage axis (_check_axes)."""
-        _check_axes(mesh)
 
     def divisions(self) -> list[tuple[str, int, str]]:
         """(name, dimension, logical axis): D (embed), F and F_e (mlp), E (exp: over expert), V (vocab) if any."""
@@ -382,10 +384,20 @@ class MoEConfig(FamilyDefaults):
         return (B % self.seq_len == 0) & ((B // self.seq_len) % (M * mesh["data"] * mesh["fsdp"] * mesh["expert"]) == 0)
 
 
-def _check_axes(mesh: Mapping) -> None:
-    """No pipeline stages (ValueError naming what is not built); a context axis is Ulysses' (check_schedule)."""
-    if mesh.get("stage", 1) > 1:
-        raise ValueError(f"stage={mesh['stage']}: pipeline stages are not built for the MoE transformer (stage=1)")
+def _spec_value(k: str, v):
+    """An MoESpec field from a command's value: the capacity factor (_capacity), the aux loss' weight a number >= 0
+    (ValueError naming the value otherwise), the others as they are."""
+    if k == "capacity_factor":
+        return _capacity(v)
+    if k == "aux_loss_weight":
+        try:
+            weight = float(v)
+        except (TypeError, ValueError):
+            raise ValueError(f"aux loss weight {v!r}: a number >= 0") from None
+        if not weight >= 0:
+            raise ValueError(f"aux loss weight {v!r}: a number >= 0")
+        return weight
+    return v
 
 
 def _capacity(v):
@@ -614,13 +626,19 @@ def _folded(w: Workload, batch_tokens=None) -> Workload:
     """The base transformer's Workload on the folded mesh {data: d·Ex, fsdp: X, context: C, tensor: Y} (the expert
     axis as data), one microbatch: exactly the attention's (Ulysses' all-to-alls over context among them), the
     vocabulary's and the tensor axis' terms of the MoE step (their tokens t = B/(d·X·C·Ex), their weights replicated
-    over expert)."""
-    mesh = w.mesh
+    over expert). With S stages, stage: S and the schedule as it is: the pipeline's passes (bubble included), its
+    stage terms and the ends (lookup, output layer) are the base's (scaling.families.transformer.passes)."""
+    mesh, S = w.mesh, w.mesh.get("stage", 1)
     folded = {"data": mesh["data"] * mesh["expert"], "fsdp": mesh["fsdp"], "context": mesh.get("context", 1),
               "tensor": mesh["tensor"]}
+    staged = S > 1 and batch_tokens is None  # a microbatch's tokens given: one pass of the layers (no pipeline)
+    if staged:  # with stages the pipeline's too: the schedule's microbatches, passes and stage terms are the base's
+        folded["stage"] = S
+    schedule = w.schedule if staged else dataclasses.replace(w.schedule, microbatches=1, repeats=1,
+                                                             pipeline=Pipeline.GPIPE, warmup_phases=False,
+                                                             stage_blocks=None)
     return Workload(w.model.base, folded, w.batch_tokens if batch_tokens is None else batch_tokens, step=w.step,
-                    remat=w.remat, schedule=dataclasses.replace(w.schedule, microbatches=1), precision=w.precision,
-                    compiler=w.compiler, flags=w.flags)
+                    remat=w.remat, schedule=schedule, precision=w.precision, compiler=w.compiler, flags=w.flags)
 
 
 def moe_recomputed(w: Workload) -> bool:
@@ -636,23 +654,30 @@ def _shapes(w: Workload) -> dict:
     the device's routed experts L_moe·(E/Ex)·m·D·F_e, "emb" the embeddings, "router" the routers L_moe·D·E (FP32,
     replicated on every device: ffn_model.moe.ROUTER_AXES); "shard" the parameters a device holds,
     (ne + ex + emb)/(X·Y) + router; "layer" the larger of one MoE and one dense layer's gathered parameters over
-    tensor (D·H·(2N+2K) + (E/Ex + S_sh)·m·D·F_e, D·H·(2N+2K) + m·D·F)/Y."""
+    tensor (D·H·(2N+2K) + (E/Ex + S_sh)·m·D·F_e, D·H·(2N+2K) + m·D·F)/Y. With S stages the parameters are a stage's
+    (its share of the padded stacks: scaling.step.pipeline.padding/S), "passes" the base's (scaling.families.
+    transformer.passes) and "Nt" the MoE layer-passes over t tokens, L_moe without stages, (L/S)·T/(R·M) with
+    (every layer MoE: the bubble's iterations included)."""
     cfg, mesh = w.model, w.mesh
-    m, M = cfg.moe, w.schedule.microbatches
+    m, M, S = cfg.moe, w.schedule.microbatches, mesh.get("stage", 1)
     d, X, Ex, Y = (mesh[a] for a in ("data", "fsdp", "expert", "tensor"))
     t = tokens_per_device(cfg, mesh, w.batch_tokens)
     slots = M * all_to_all_bytes(cfg, mesh, w.batch_tokens / M)["slots"]
     A, D = cfg.base.attention_params_per_block, cfg.d_model
     dense = cfg.mlp_matrices * D * cfg.d_ff
-    ne = cfg.blocks * A + cfg.dense_layers * dense + cfg.moe_layers * m.shared_experts * cfg.expert_params
-    router = cfg.moe_layers * cfg.router_params
-    ex = cfg.moe_layers * m.experts // Ex * cfg.expert_params
+    # with stages a stage's share of the stacks, its padded slots (every layer MoE: MoEConfig.check_schedule)
+    held = 1.0 if S == 1 else pipeline.padding(cfg, w.schedule, S) / S
+    ne = held * (cfg.blocks * A + cfg.dense_layers * dense + cfg.moe_layers * m.shared_experts * cfg.expert_params)
+    router = held * cfg.moe_layers * cfg.router_params
+    ex = held * (cfg.moe_layers * m.experts // Ex * cfg.expert_params)
     emb = cfg.embedding_params
     moe_layer = A + (m.experts // Ex + m.shared_experts) * cfg.expert_params
     layer = max(moe_layer, A + dense if cfg.dense_layers else 0) / Y
+    p = tf.passes(_folded(w))  # with stages: the layer-passes over t tokens and the weight passes, bubble included
     return {"t": t, "M": M, "slots": slots, "ne": ne, "ex": ex, "emb": emb, "router": router,
             "shard": (ne + ex + emb) / (X * Y) + router,
-            "layer": layer, "X": X, "Y": Y, "Ex": Ex, "d": d}
+            "layer": layer, "X": X, "Y": Y, "Ex": Ex, "d": d, "S": S, "passes": p,
+            "Nt": cfg.moe_layers * p["layers"] / cfg.blocks}
 
 
 def step_flops(w: Workload) -> dict:
@@ -666,7 +691,8 @@ def step_flops(w: Workload) -> dict:
     remat full (and a named policy: moe_recomputed) recomputes the router, the shared experts' m − 1 input
     matrices (as the transformer's W_out, the output
     matrix's recomputation is dead) and all m of the routed experts' (their output is the combine's input, which its
-    gradient takes). With a capacity factor, GShard's dispatch and combine einsums (algorithm 2:
+    gradient takes); with S stages per MoE layer-pass (_shapes' Nt, the base's passes: bubble iterations
+    included) in place of L_moe. With a capacity factor, GShard's dispatch and combine einsums (algorithm 2:
     [S, E, C] against [S, D] and [E, C, D]) are matmuls too, 2·T·D·E·C each a group of S = T tokens (2·T·D·slots in
     all), whole on every tensor device: 2 forward, 3 backward (the dispatched x's gradient; the combine's y and
     gates), the dispatch again under remat full. model: the step's matmuls with k slots a token (no padding, no
@@ -674,7 +700,7 @@ def step_flops(w: Workload) -> dict:
     cfg, m = w.model, w.model.moe
     base = tf.step_flops(_folded(w))
     sh = _shapes(w)
-    t, Y, D, mm, Fe, Lm = sh["t"], sh["Y"], cfg.d_model, cfg.mlp_matrices, m.expert_d_ff, cfg.moe_layers
+    t, Y, D, mm, Fe, Lm = sh["t"], sh["Y"], cfg.d_model, cfg.mlp_matrices, m.expert_d_ff, sh["Nt"]
     train, again = w.step == Step.TRAIN, moe_recomputed(w)
     mlp = 2 * mm * t * D * cfg.d_ff / Y
     router, shared = 2 * t * D * m.experts, 2 * mm * D * Fe * m.shared_experts * t / Y
@@ -688,7 +714,7 @@ def step_flops(w: Workload) -> dict:
                                                              + dispatch)
     out["total"] = sum(out.values())
     active = router + 2 * mm * D * Fe * (m.top_k + m.shared_experts) * t / Y
-    out["model"] = base["model"] + Lm * (active - mlp) * (3 if train else 1)
+    out["model"] = base["model"] + cfg.moe_layers / sh["S"] * (active - mlp) * (3 if train else 1)
     out["attention"], out["kernels"] = base["attention"], base["kernels"]
     # dropless: the routed experts' matmuls, forward, backward and recomputed (a TPU runs them in megablox's grouped
     # matmul, custom calls: MoEConfig.custom_call_flops)
@@ -743,6 +769,8 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
     W_ne, W_ex = c * sh["ne"] / Y, c * sh["ex"] / Y
     E, dE = cfg.embedding_matrices * c * V * D / Y, 2 * c * V * D / Y * (V > 0)
     out: dict[str, dict[str, float]] = {}
+    if sh["S"] > 1:
+        return _staged_volumes(w, sh, c)
     if spans(X):
         out["fsdp"] = {"all-gather": M * ((W_ne + W_ex) * (2 if train else 1) + E)
                        - tf.first_layer_dead_gather(_folded(w))}  # layer 0's dead input gradient's W_qkv
@@ -779,6 +807,113 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
         out[key]["all-reduce"] = (out[key].get("all-reduce", 0.0) + 4.0 + train * 4 * sh["router"]
                                   + M * cfg.moe_layers * 4 * cfg.moe.experts * (2 + again))
     return out
+
+
+def _staged_volumes(w: Workload, sh: dict, c: float) -> dict[str, dict[str, float]]:
+    """collective_volumes with S stages (every layer MoE): the base's on the folded mesh with stages (the pipeline's
+    passes: scaling.families.transformer.collective_volumes; the stage axis' permutes, the ends' terms, Ulysses'), its
+    dense MLP replaced by the MoE layer's, per layer-pass (Nt, bubble iterations included) and per weight pass
+    (Lw = T·L/(S·R), a chunk's layers every iteration):
+      fsdp    the layer's weights gathered and reduce-scattered per weight pass, c·W_l/Y in place of the base's
+              c·(A + m·D·F)/Y, W_l = A + (E/Ex + S_sh)·m·D·F_e (the router is not gathered: FP32, replicated)
+      tensor  the base's less its MLP's reductions, plus the experts' on their rows (as without stages), per layer-pass
+      expert  the dispatcher's all-to-alls or all-gathers and reduce-scatters, per layer-pass
+      stage   the base's; the circular re-lay moves the MoE layers' FP32 shards (master·W_l/(X·Y) a layer, the router
+              whole) in place of the base's
+      data, expert  the gradients' reductions as the base's over the folded data axis (d·Ex), the routed experts' over
+              data alone: 1F1B once after its loop, GPipe and circular every weight pass (Lw/Ls of the stage's
+              layers); the routers' FP32 gradients among the non-expert ones (4·D·E a layer)
+    The load-balancing loss's statistics are not reduced: the pipeline is built without it (ffn_model.moe.
+    pipeline_loss_fn)."""
+    cfg, m = w.model, w.model.moe
+    p, Y, X, Ex, M, D, d = sh["passes"], sh["Y"], sh["X"], sh["Ex"], sh["M"], cfg.d_model, sh["d"]
+    train, again = w.step == Step.TRAIN, moe_recomputed(w)
+    Lw, Nt = p["weight_passes"], sh["Nt"]
+    A = cfg.base.attention_params_per_block
+    base_layer = c * (A + cfg.mlp_matrices * D * cfg.d_ff) / Y  # the base's layer over fsdp
+    moe_mlp = (m.experts // Ex + m.shared_experts) * cfg.expert_params  # a layer's MLP weights on the device
+    delta = c * (moe_mlp - cfg.mlp_matrices * D * cfg.d_ff) / Y  # per layer, over fsdp
+    # the base's keys name the folded data axis, data·expert: on the MoE mesh data and expert where they span (1F1B:
+    # data alone, its loop being manual over data, expert automatic inside it)
+    one_f = bool(p["again"])
+    real = lambda key: "+".join(a for a in MESH_AXES if (a in key.split("+") and a != "data") or (  # noqa: E731
+        "data" in key.split("+") and a in ("data", "expert")
+        and spans({"data": d, "expert": 1 if one_f else Ex}[a])))
+    base = tf.collective_volumes(_folded(w))
+    fold = {"data": d * Ex, "fsdp": X, "context": w.mesh.get("context", 1)}
+    loss_key = "+".join(a for a in fold if spans(fold[a]))  # the base's loss, 4 B per head iteration (1F1B) or per
+    loss = 4.0 * (p["head_iterations"] if one_f else M / sh["S"])  # GPipe's M/S microbatches at once
+    if loss_key:
+        base[loss_key]["all-reduce"] -= loss
+    # the layers' gradients over the folded data axis (1F1B once after its loop: a stage's Ls layers; GPipe and
+    # circular every weight pass), rebuilt below with the MoE layer's
+    Ls = p["chunk"] * w.schedule.repeats
+    if train and spans(d * Ex):
+        base["data"]["all-reduce"] -= (Ls if one_f else Lw) * base_layer / X
+    out: dict[str, dict[str, float]] = {}
+
+    def add(axes, kind, v):
+        if axes and v:
+            out.setdefault(axes, {})
+            out[axes][kind] = out[axes].get(kind, 0.0) + v
+
+    for key, kinds in base.items():
+        for kind, v in kinds.items():
+            add(real(key), kind, v)
+    tokens = lambda *axes: "+".join(a for a in axes if spans(w.mesh.get(a, 1)))  # noqa: E731
+    if one_f:  # the loss: over the loop's automatic token axes every head iteration, over data once after it
+        add(tokens("fsdp", "context", "expert"), "all-reduce", loss)
+        add(tokens("data"), "all-reduce", 4.0)
+    else:
+        add(real(loss_key), "all-reduce", loss)
+    V = cfg.vocab or 0
+    if train and V and one_f and spans(Ex):  # the matrices' FP32 accumulators over expert (automatic in the loop),
+        # as each iteration adds to them: the lookup's every iteration, the output layer's every head iteration
+        # (tied: the one matrix's, both), or where the compiler sums it after the loop once (head_reduce_in_loop)
+        head = p["head_iterations"] if w.compiler.head_reduce_in_loop else 1
+        add("expert", "all-reduce", c * V * D / (X * Y) * (p["lookup_iterations"] + head))
+    if train and V and not one_f and spans(X) and spans(Ex) and not spans(d):  # GPipe, circular: the output
+        # matrix's gradient reduced over stage and expert in one (its base terms: c·V·D/(X·Y) over each)
+        merged = c * V * D / (X * Y)
+        out["stage"]["all-reduce"] -= merged
+        out["expert"]["all-reduce"] -= merged
+        add("stage+expert", "all-reduce", merged)
+    if train:
+        ne_l, ex_l = c * (A + m.shared_experts * cfg.expert_params) / Y, c * m.experts // Ex * cfg.expert_params / Y
+        router_l = 4 * D * m.experts  # FP32, replicated over every token axis
+        if one_f:  # inside the loop every weight pass: the non-expert gradients over expert (automatic), the routers'
+            # over fsdp and expert; after it once over data (manual): every weight of the stage
+            add(tokens("expert"), "all-reduce", Lw * ne_l / X)
+            add(tokens("fsdp", "expert"), "all-reduce", Lw * router_l)
+            add(tokens("data"), "all-reduce", Ls * ((ne_l + ex_l) / X + router_l))
+        else:  # every weight pass, as the base's (_gradient_reductions' groups); the routers' over every token axis
+            for axes, volume in _gradient_reductions(d, X, 1, Ex, Lw * ne_l, Lw * ex_l):
+                add("+".join(axes), "all-reduce", volume / X)
+            add(tokens("data", "fsdp", "expert"), "all-reduce", Lw * router_l)
+    R = w.schedule.repeats
+    if R > 1:  # the circular re-lay moves a chunk's FP32 shards of MoE layers (the router whole), not the base's
+        moe_dev = (A + moe_mlp) / (X * Y) + D * m.experts
+        add("stage", "collective-permute", (2 if train else 1) * pipeline.relay_moves(sh["S"], R) * p["chunk"]
+            * w.precision.master * (moe_dev - cfg.base.params_per_block / (X * Y)))
+    if spans(X):
+        out["fsdp"]["all-gather"] += Lw * delta * (2 if train else 1)
+        if train:
+            kind = "collective-permute" if w.compiler.windowed_grad_rs else "reduce-scatter"
+            out["fsdp"][kind] += Lw * delta * ((X + 1) / X if w.compiler.windowed_grad_rs else 1)
+    if spans(Y):
+        mlp = 0 if m.shared_experts else sh["t"]
+        rows, back = (Ex * sh["t"] * m.top_k, cfg.mlp_matrices - 1) if m.dropless else (sh["slots"], 1)
+        out["tensor"]["all-reduce"] += Nt * c * D * (rows * (1 + train * back + again) - mlp * (1 + train))
+    if spans(Ex) and m.dropless:
+        G, g = Ex * sh["t"] / M * D, Ex * sh["t"] / M * m.top_k
+        per = M * Nt
+        out.setdefault("expert", {}).update(
+            {"all-gather": per * (c * G + 8 * g + (4 * G + 8 * g + again * c * G if train else 0)),
+             "reduce-scatter": per * (4 * G + (4 * G + 4 * g if train else 0))})
+    elif spans(Ex):
+        V1 = all_to_all_bytes(cfg, w.mesh, w.batch_tokens / M, c)["V"]
+        out.setdefault("expert", {})["all-to-all"] = M * Nt * V1 * ((4 if train else 2) + 2 * again)
+    return {k: v for k, v in out.items() if any(v.values())}
 
 
 def _gradient_reductions(d, X, C, Ex, non_expert: float, experts: float, embeddings: float = 0.0) -> list:
@@ -884,6 +1019,8 @@ def memory_per_device(w: Workload) -> dict:
     cfg, p = w.model, w.precision
     sh = _shapes(w)
     X, Y, M = sh["X"], sh["Y"], sh["M"]
+    if sh["S"] > 1:
+        return _staged_memory(w, sh)
     # the MoE MLP recomputed (full and the named policies alike: the backward's iteration gathers the layer for its
     # MoE MLP's recomputation and makes the experts' gradients as under full; compiled on v5p)
     train, again = w.step == Step.TRAIN, moe_recomputed(w)
@@ -918,6 +1055,56 @@ def memory_per_device(w: Workload) -> dict:
                                                  "recomputed_layer"))
         terms["loss_phase"] = np.maximum(0.0, c * (tm * D + tm * V / Y + V * D / Y) - layer)
     terms.update(fp32_copies(w))  # XLA:GPU's (CompilerFacts.gpu_layouts)
+    terms["total"] = sum(terms.values())
+    return terms
+
+
+def _staged_memory(w: Workload, sh: dict) -> dict:
+    """memory_per_device with S stages (every layer MoE): the base's terms on the folded mesh with stages for the
+    batch, the attention's working set, the pipeline's buffers and the loss's phase (scaling.families.transformer.
+    memory_per_device), and the MoE layers' own, a stage's share (_shapes): the FP32 state and gradients of its
+    layers, the transient gathered layer (two, one where the MoE MLP is recomputed), one layer's FP32 gradients (1F1B
+    under every policy: its chunk's, sharded over fsdp as the loop's accumulators: compiled on v5p), the saved
+    activations of a microbatch's MoE layer (_saved) per layer-pass (GPipe and circular: every
+    iteration's, p["layers"]·M) or per kept chunk (1F1B: the ring's in-flight chunks and one more,
+    scaling.step.pipeline.microbatches_in_flight), the re-laid FP32 copy (R > 1), and the recomputed layer's
+    residuals and its experts' hidden gradients as without stages."""
+    cfg, p = w.model, w.precision
+    X, Y, M, pp = sh["X"], sh["Y"], sh["M"], sh["passes"]
+    train, again = w.step == Step.TRAIN, moe_recomputed(w)
+    Bm = w.batch_tokens / M
+    tm = tokens_per_device(cfg, w.mesh, Bm)
+    base = tf.memory_per_device(_folded(w))
+    terms = {"master": p.master * sh["shard"]}
+    if train:
+        terms["optimizer"] = p.adam_moments * p.adam_moment * sh["shard"]
+        terms["grads"] = p.grad * ((sh["ne"] + sh["ex"]) / (X * Y) + sh["router"])
+    terms["inputs"] = base["inputs"]
+    Wl = p.compute * sh["layer"]
+    terms["transient_weights"] = ((1 if again else 2) if train else 1 if spans(X) else 0) * Wl
+    terms["attention_working_set"] = base["attention_working_set"]
+    if train and pp["again"]:  # 1F1B: the chunk's FP32 weight gradients, which jax.vjp returns at once, held
+        # sharded over fsdp as the accumulators they join (under every policy: the loop's backward slot is the chunk's)
+        terms["layer_grads"] = pp["chunk"] * p.grad * Wl / (p.compute * X)
+    elif train and not again:
+        terms["layer_grads"] = p.grad * Wl / p.compute
+    if train:
+        _, moe = _saved(w, w.remat, Bm)
+        if pp["again"]:
+            in_flight = pipeline.microbatches_in_flight(w.schedule, sh["S"], w.remat)
+            terms["activations"] = (in_flight + 1) * pp["chunk"] * moe
+        else:
+            terms["activations"] = pp["layers"] * M * moe
+    if w.schedule.repeats > 1:
+        terms["relaid"] = p.master * ((sh["ne"] + sh["ex"]) / (X * Y) + sh["router"])
+    terms["pipeline_buffers"] = base["pipeline_buffers"]
+    if again:
+        _, moe_none = _saved(w, "none", Bm)
+        terms["recomputed_layer"] = moe_none - _saved(w, w.remat, Bm)[1]
+        rows = w.mesh["expert"] * tm * cfg.moe.top_k if cfg.moe.dropless else all_to_all_bytes(cfg, w.mesh, Bm)["slots"]
+        terms["expert_hidden_grads"] = p.compute * rows * cfg.moe.expert_d_ff * (cfg.mlp_matrices - 1) / Y
+    if "loss_phase" in base:
+        terms["loss_phase"] = base["loss_phase"]
     terms["total"] = sum(terms.values())
     return terms
 
