@@ -208,3 +208,81 @@ def test_dropless_on_v5p_holds_flops_collectives_and_peak():
     for axis, row in rep.collectives.by_axis.items():
         assert row.ratio == pytest.approx(1, abs=0.02), axis
     assert rep.memory.peak.ratio == pytest.approx(1, abs=0.10)
+
+
+# ------------------------------------------------------------------------------------------- pipeline stages
+# Every layer MoE, no load-balancing loss (the pipeline's chunks carry no loss term: ffn_model.moe.pipeline_loss_fn).
+STAGED = ALL.replace(capacity_factor=1, aux_loss_weight=0)
+STAGE_CASES = [  # (model, mesh, schedule, remat, vocab)
+    (STAGED, "stage=2,data=2,expert=2", Schedule(attention="materialized", microbatches=2), "none", None),
+    (STAGED, "stage=2,fsdp=2,expert=2", Schedule(attention="materialized", microbatches=2, pipeline="1f1b"), "full",
+     512),
+    (STAGED.replace(capacity_factor="dropless"), "stage=2,expert=2,tensor=2",
+     Schedule(attention="materialized", microbatches=4, pipeline="1f1b", repeats=2), "none", None)]
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("cfg, spec, schedule, remat, vocab", STAGE_CASES,
+                         ids=["gpipe-data-expert", "1f1b-fsdp-expert-full-V512", "interleaved-dropless-tensor"])
+def test_moe_stages_match_one_device(cfg, spec, schedule, remat, vocab):
+    """The MoE transformer's layers as a pipeline (the transformer's GPipe and 1F1B loops with MoE chunks) train as
+    one device does: 3 AdamW steps within rounding (tests/helpers.assert_matches)."""
+    cfg = cfg.replace(vocab=vocab) if vocab else cfg
+    want = _one_device(cfg, B, MATERIALIZED)
+    mesh = make_mesh(spec, jax.devices()[: parse_mesh_spec(spec).devices])
+    losses, state = train(Workload(cfg, mesh_shape(mesh), B, remat=remat, schedule=schedule), mesh, STEPS, lr=LR,
+                          return_state=True)
+    assert_matches(losses, jax.tree.map(np.asarray, state["params"]), want)
+
+
+def _staged_check(cfg, spec, devices, batch_tokens, remat, **schedule):
+    from verify.check import check
+
+    return check(Workload(cfg, parse_mesh_spec(spec), batch_tokens, remat=remat, schedule=Schedule(**schedule)),
+                 devices)
+
+
+# moe-tiny at cf 1.25, 2,048 tokens in 4 microbatches over 2 stages: GPipe, circular, 1F1B (interleaved, with warm-up
+# phases), remat none, full and a named policy, a vocabulary (the 1F1B loop's lookup and output layer), dropless
+STAGE_CHECKS = [(_moe(**{"capacity_factor": 1.25, "aux_loss_weight": 0, **model}), mesh, remat, schedule) for model, mesh, remat,
+                schedule in [
+    ({}, "stage=2,data=2,expert=2", "none", {}),
+    ({}, "stage=2,fsdp=2,expert=2", "full", {"pipeline": "1f1b"}),
+    ({"vocab": 512}, "stage=2,data=2,expert=2", "none", {"pipeline": "1f1b"}),
+    ({"vocab": 512}, "stage=2,fsdp=2,expert=2", "none", {}),
+    ({"shared_experts": 1}, "stage=2,expert=2,tensor=2", "save_qkv_proj", {"pipeline": "1f1b", "repeats": 2}),
+    ({}, "stage=2,data=2,expert=2", "none", {"repeats": 2}),
+    ({"vocab": 512}, "stage=2,data=2,expert=2", "full", {"pipeline": "1f1b", "microbatches": 8,
+                                                         "warmup_phases": True}),
+    ({"capacity_factor": "dropless"}, "stage=2,data=2,expert=2", "full", {})]]
+
+
+@pytest.mark.grid
+@pytest.mark.parametrize("cfg, mesh, remat, schedule", rows(STAGE_CHECKS, quick=(1,)),
+                         ids=[f"{m}-{r}-" + "-".join(f"{k}{v}" for k, v in s.items()) for _, m, r, s in STAGE_CHECKS])
+def test_stages_check_on_cpu_holds_flops_and_every_axis(cfg, mesh, remat, schedule):
+    """FLOPs (but dropless's, not comparable on CPU), the arguments and every axis' bytes within 0.1%: the stage
+    axis' permutes, the all-to-alls per layer-pass (bubble iterations included), the gradients' reductions (1F1B: the
+    non-expert ones over expert every weight pass, over data once after the loop)."""
+    rep = _staged_check(cfg, mesh, "cpu:8", 2048, remat, **{"microbatches": 4, **schedule})
+    if rep.flops.matmul.ratio is not None:
+        assert rep.flops.matmul.ratio == pytest.approx(1, abs=1e-3)
+    assert rep.memory.arguments.ratio == pytest.approx(1, abs=1e-3)
+    for axis, row in rep.collectives.by_axis.items():
+        assert row.ratio == pytest.approx(1, abs=1e-3), axis
+
+
+@pytest.mark.grid
+@pytest.mark.tpu
+@pytest.mark.parametrize("remat", ["none", "full"])
+def test_1f1b_stages_on_v5p_hold_flops_every_axis_and_peak(remat):
+    """Mixtral's layer, 4 layers at T 2,048, on a v5p of 8 chips as stage 2 × fsdp 2 × expert 2, 1F1B over 4
+    microbatches: FLOPs and every axis within 2%, the peak within the family's 10% (0.9198 under none, 0.9755 under
+    full: the chunk's FP32 gradients held sharded over fsdp, as the loop's accumulators)."""
+    cfg = MIXTRAL_4.replace(seq_len=2048, aux_loss_weight=0)
+    rep = _staged_check(cfg, "stage=2,fsdp=2,expert=2", "tpu:v5p:2x2x2", 16 * 2048, remat, microbatches=4,
+                        pipeline="1f1b")
+    assert rep.flops.matmul.ratio == pytest.approx(1, abs=0.02)
+    for axis, row in rep.collectives.by_axis.items():
+        assert row.ratio == pytest.approx(1, abs=0.02), axis
+    assert rep.memory.peak.ratio == pytest.approx(1, abs=0.10)
