@@ -146,7 +146,7 @@ class MoEConfig(FamilyDefaults):
     has_critical_batch: ClassVar[bool] = False
     plan: ClassVar[PlanPolicy] = PlanPolicy(
         batch_tokens=4_194_304,  # 4M tokens, as the transformer's (OLMoE trains at 4M: table 1)
-        axes=tuple(a for a in MESH_AXES if a in ("data", "fsdp", "expert", "tensor")),
+        axes=tuple(a for a in MESH_AXES if a in ("data", "stage", "fsdp", "expert", "tensor")),
         remats=MOE_PLAN_REMATS,
         grouped=False,  # one mesh a group, microbatches only, as the FFN stack
         remat_keeps=None,
@@ -853,7 +853,7 @@ def _staged_volumes(w: Workload, sh: dict, c: float) -> dict[str, dict[str, floa
     out: dict[str, dict[str, float]] = {}
 
     def add(axes, kind, v):
-        if axes and v:
+        if axes and np.any(v):
             out.setdefault(axes, {})
             out[axes][kind] = out[axes].get(kind, 0.0) + v
 
@@ -913,7 +913,7 @@ def _staged_volumes(w: Workload, sh: dict, c: float) -> dict[str, dict[str, floa
     elif spans(Ex):
         V1 = all_to_all_bytes(cfg, w.mesh, w.batch_tokens / M, c)["V"]
         out.setdefault("expert", {})["all-to-all"] = M * Nt * V1 * ((4 if train else 2) + 2 * again)
-    return {k: v for k, v in out.items() if any(v.values())}
+    return {k: v for k, v in out.items() if any(np.any(x) for x in v.values())}
 
 
 def _gradient_reductions(d, X, C, Ex, non_expert: float, experts: float, embeddings: float = 0.0) -> list:
@@ -930,11 +930,11 @@ def _gradient_reductions(d, X, C, Ex, non_expert: float, experts: float, embeddi
     span = lambda *axes: tuple(a for a, n in zip(("data", "context", "expert"), (d, C, Ex)) if a in axes  # noqa
                                and spans(n))
     out = []
-    if experts and span("data", "context"):
+    if np.any(experts) and span("data", "context"):
         out.append((span("data", "context"), experts))
     groups = [span("data", "context", "expert")] if spans(X) else [span("context"), span("data", "expert")]
     out += [(g, non_expert) for g in groups if g]
-    if embeddings and span("data", "context", "expert"):
+    if np.any(embeddings) and span("data", "context", "expert"):
         out.append((span("data", "context", "expert"), embeddings))
     return out
 
@@ -1112,17 +1112,19 @@ def _staged_memory(w: Workload, sh: dict) -> dict:
 def hbm_traffic_bytes(w: Workload):
     """HBM bytes per device per step, as scaling.families.transformer.hbm_traffic_bytes counts them: AdamW's 28 B per
     parameter shard (Precision.adam_update_bytes_per_param), the gathered weights read by the forward, dX and dW
-    matmuls, 3·M·c·(ne + ex)/Y, and every microbatch's saved activations (remat none's) written and read once;
+    matmuls, 3·M·c·(ne + ex)/Y (with stages a stage's layers, read every weight pass: 3·T/R·c·(ne + ex)/Y), and
+    every microbatch's saved activations (remat none's; with stages every layer-pass's) written and read once;
     forward: the master weights once, the gathered weights once, the activations written and read."""
     cfg, p = w.model, w.precision
     sh = _shapes(w)
     M, Y = sh["M"], sh["Y"]
     W = p.compute * (sh["ne"] + sh["ex"]) / Y
     dense, moe = _saved(w, "none", w.batch_tokens / M)
-    saved = M * (cfg.dense_layers * dense + cfg.moe_layers * moe)
+    saved = M * (cfg.dense_layers * dense + sh["Nt"] * moe)  # with stages every layer-pass's (bubble included)
+    uses = M if sh["S"] == 1 else sh["passes"]["weight_passes"] / (sh["passes"]["chunk"] * w.schedule.repeats)
     if w.step == Step.FORWARD:
-        return p.master * sh["shard"] + W + 2 * saved
-    return p.adam_update_bytes_per_param * sh["shard"] + 3 * M * W + 2 * saved
+        return p.master * sh["shard"] + W * (1 if sh["S"] == 1 else uses) + 2 * saved
+    return p.adam_update_bytes_per_param * sh["shard"] + 3 * uses * W + 2 * saved
 
 
 def permute_kernels(w: Workload, sh: dict | None = None) -> list[Kernel]:
@@ -1140,7 +1142,7 @@ def permute_kernels(w: Workload, sh: dict | None = None) -> list[Kernel]:
     sh = sh or _shapes(w)
     G = sh["Ex"] * sh["t"]
     fwd = 3 * w.precision.compute * G * m.top_k * cfg.d_model + 4 * G * cfg.d_model
-    return pass_kernels("permute", w, cfg.moe_layers, cfg.moe_layers * fwd, moe_recomputed(w))
+    return pass_kernels("permute", w, sh["Nt"], sh["Nt"] * fwd, moe_recomputed(w))
 
 
 def step_kernels(w: Workload) -> list[Kernel]:
@@ -1154,12 +1156,14 @@ def step_kernels(w: Workload) -> list[Kernel]:
     only; the combine: y's and the gates'); remat full (and a named policy) the router's, the routed experts' (all
     m: step_flops), the
     shared experts' input matrices' and the dispatch again. Dropless, the routed rows' permutations (permute_kernels).
+    With S stages each MoE kernel on a microbatch's rows (t/M), per layer-pass of a microbatch (bubble included).
     Approximate: the other pointwise passes are the base's (an MLP of F a layer)."""
     cfg, m = w.model, w.model.moe
     sh = _shapes(w)
     c, D, mm, Fe, Y, Lm, L = w.precision.compute, cfg.d_model, cfg.mlp_matrices, m.expert_d_ff, sh["Y"], \
-        cfg.moe_layers, cfg.blocks
-    t, local = sh["t"], m.experts // sh["Ex"]
+        sh["Nt"], cfg.blocks  # Lm: the MoE layer-passes (with stages, bubble iterations included)
+    mb = sh["M"] if sh["S"] > 1 else 1  # with stages a kernel runs on a microbatch's rows, M times as often
+    t, local, Lm = sh["t"] / mb, m.experts // sh["Ex"], Lm * mb
     train, again = w.step == Step.TRAIN, moe_recomputed(w)
     ks = []
     for k in tf.step_kernels(_folded(w)):
@@ -1172,7 +1176,7 @@ def step_kernels(w: Workload) -> list[Kernel]:
                                               bytes=None if k.bytes is None else k.bytes * cfg.dense_layers / L))
             continue
         ks.append(k)
-    r = sh["slots"] * sh["Ex"] / m.experts  # rows of one local expert
+    r = sh["slots"] * sh["Ex"] / (m.experts * mb)  # rows of one local expert
     fwd = [matmul_kernel("router", "forward", t, m.experts, D, Lm, c),
            matmul_kernel("expert_in", "forward", r, Fe / Y, D, Lm * local * (mm - 1), c),
            matmul_kernel("expert_out", "forward", r, D, Fe / Y, Lm * local, c)]
@@ -1199,8 +1203,8 @@ def step_kernels(w: Workload) -> list[Kernel]:
         if again:
             ks += [dataclasses.replace(k, pass_="recompute") for k in fwd + dispatch[:1] if k.name != "shared_out"]
         params = sh["shard"] * weight_shards(w.mesh)  # adamw_kernel and accumulate_kernel divide by X·Y (the router
-        # counted X·Y times: it is whole on every device)
-        ks += [adamw_kernel(w, params), accumulate_kernel(w, params)]
+        # counted X·Y times: it is whole on every device); adamw_kernel by S too (a stage's share: sh["shard"])
+        ks += [adamw_kernel(w, params * sh["S"]), accumulate_kernel(w, params)]
     return ks
 
 
