@@ -151,8 +151,9 @@ def _program_facts(w: Workload, got, chip_: Chip, layout: dict, platform: str) -
         once = sum(c.count for c in got.collectives if c.kind == Collective.COLLECTIVE_PERMUTE and c.axes == ("stage",)
                    and c.count == 1)
         relays = round(once / (2 * relay_moves(w.mesh["stage"], schedule.repeats)))
-    # And whether 1F1B's output-layer gradient is summed over stage and data in one all-reduce (XLA:TPU).
-    joint = reduced_over({"data", "stage"})
+    # And whether the pipeline's output-layer gradient is summed over stage and data (an MoE model's data and
+    # expert) in one all-reduce (XLA:TPU).
+    joint = reduced_over({"data", "stage"}) or reduced_over({"data", "stage", "expert"})
     return windowed, rule, merged, relays, joint
 
 

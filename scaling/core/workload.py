@@ -46,8 +46,8 @@ class CompilerFacts:
     circular_relays        re-lays of the FP32 stacks per train step in a circular pipeline (2, or 3 where
                            XLA re-lays them again for the backward)
     min_comm_bytes         the narrowest element on the wire (XLA:CPU runs bf16 collectives in f32: 4)
-    joint_head_reduce      1F1B with data parallelism: the output layer's gradient summed over stage and data in
-                           one all-reduce (XLA:TPU), not one over each (XLA:CPU)
+    joint_head_reduce      a pipeline with data parallelism: the output layer's gradient summed over stage and
+                           data in one all-reduce (XLA:TPU), not one over each (XLA:CPU)
     head_reduce_in_loop    1F1B: the output layer's FP32 gradient accumulator reduced over the loop's automatic
                            token axes (an MoE model's expert) every head iteration (XLA:CPU), not once after the loop
                            (XLA:TPU)

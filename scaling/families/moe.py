@@ -1063,8 +1063,8 @@ def _staged_memory(w: Workload, sh: dict) -> dict:
     """memory_per_device with S stages (every layer MoE): the base's terms on the folded mesh with stages for the
     batch, the attention's working set, the pipeline's buffers and the loss's phase (scaling.families.transformer.
     memory_per_device), and the MoE layers' own, a stage's share (_shapes): the FP32 state and gradients of its
-    layers, the transient gathered layer (two, one where the MoE MLP is recomputed), one layer's FP32 gradients (1F1B
-    under every policy: its chunk's, sharded over fsdp as the loop's accumulators: compiled on v5p), the saved
+    layers, the transient gathered layer (two, one where the MoE MLP is recomputed), the chunk's FP32 gradients under
+    every policy (sharded over fsdp as the loop's accumulators: compiled on v5p), the saved
     activations of a microbatch's MoE layer (_saved) per layer-pass (GPipe and circular: every
     iteration's, p["layers"]·M) or per kept chunk (1F1B: the ring's in-flight chunks and one more,
     scaling.step.pipeline.microbatches_in_flight), the re-laid FP32 copy (R > 1), and the recomputed layer's
@@ -1083,11 +1083,10 @@ def _staged_memory(w: Workload, sh: dict) -> dict:
     Wl = p.compute * sh["layer"]
     terms["transient_weights"] = ((1 if again else 2) if train else 1 if spans(X) else 0) * Wl
     terms["attention_working_set"] = base["attention_working_set"]
-    if train and pp["again"]:  # 1F1B: the chunk's FP32 weight gradients, which jax.vjp returns at once, held
-        # sharded over fsdp as the accumulators they join (under every policy: the loop's backward slot is the chunk's)
+    if train:  # the chunk's FP32 weight gradients, made at once (1F1B: jax.vjp of the chunk; GPipe and circular: the
+        # transposed scan's stacked gradient of an iteration), held sharded over fsdp as the accumulators they join,
+        # under every policy (compiled on v5p)
         terms["layer_grads"] = pp["chunk"] * p.grad * Wl / (p.compute * X)
-    elif train and not again:
-        terms["layer_grads"] = p.grad * Wl / p.compute
     if train:
         _, moe = _saved(w, w.remat, Bm)
         if pp["again"]:
