@@ -30,7 +30,7 @@ def tiny(remat="none", cfg=TINY, **kw):
 def test_registered_family_and_presets():
     assert MoEConfig in FAMILIES and is_family(TINY)
     assert all(PRESETS[k] is MOE_PRESETS[k] for k in ("mixtral-8x7b", "mixtral-8x22b", "olmoe-1b-7b", "moe-tiny"))
-    assert TINY.plan.axes == ("data", "fsdp", "expert", "tensor")
+    assert TINY.plan.axes == ("data", "stage", "fsdp", "expert", "tensor")
     assert (TINY.family, runs_attention(TINY), TINY.runs_1f1b, TINY.plan.grouped) == ("moe", True, True, False)
 
 
@@ -200,7 +200,7 @@ def test_mixtral_plans(chip, chips):
     plans = plan(MIXTRAL, ch, chips, MIXTRAL.plan.batch_tokens)
     assert plans
     top = plans[0]
-    assert tuple(top.mesh) == ("data", "fsdp", "expert", "tensor")
+    assert tuple(top.mesh) == ("data", "stage", "fsdp", "expert", "tensor")
     assert top.memory_bytes <= top.hbm_budget
 
 

@@ -436,15 +436,16 @@ def schedules(cfg, mesh: MeshShape, choices: Choices, max_microbatches: int, max
     (microbatches_for). ``made``: a transformer's schedules already made (the planner's, for other meshes), by their
     fields; the same Schedule is returned for the same fields."""
     S = mesh["stage"]
-    if not cfg.plan.grouped:  # with attention (the MoE transformer) each of the choices' attentions
-        kw = [{"attention": a} for a in choices.attentions] if runs_attention(cfg) else [{}]
-        out = [(Schedule(np.array(microbatches_for(S, R, max_microbatches)), R, **k), r)
-               for R in repeats_for(cfg, S, max_repeats) for k in kw for r in choices.remats]
-        return [(s, r) for s, r in out if runs(cfg, mesh, s)]
     pipes = [("gpipe", 1)] if S == 1 else [
-        (pipe, R) for pipe in choices.pipelines
+        (pipe, R) for pipe in (choices.pipelines if cfg.runs_1f1b else
+                               [p for p in choices.pipelines if p != Pipeline.ONE_F_ONE_B])
         for R in ([r for r in repeats_for(cfg, S, max_repeats) if r > 1] if pipe == Pipeline.CIRCULAR else
                   repeats_for(cfg, S, max_repeats) if pipe == Pipeline.ONE_F_ONE_B else [1])]
+    if not cfg.plan.grouped:  # with attention (the MoE transformer) each of the choices' attentions
+        kw = [{"attention": a} for a in choices.attentions] if runs_attention(cfg) else [{}]
+        out = [(Schedule(np.array(microbatches_for(S, R, max_microbatches)), R, pipeline=pipe, **k), r)
+               for pipe, R in pipes for k in kw for r in choices.remats]
+        return [(s, r) for s, r in out if runs(cfg, mesh, s)]
     try:  # the mesh's own divisibility, once
         cfg.check_divisible(mesh)
     except ValueError:
