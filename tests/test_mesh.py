@@ -22,7 +22,8 @@ def test_rules_table_and_specs():
                              "seq_sp": ("context", "tensor"), "heads": ("tensor",), "kv_heads": ("tensor",),
                              "head_dim": (), "tensor_split": ("tensor",), "vocab": ("tensor",),
                              "embed_zero1": ("fsdp", "data"), "data_shards": ("data",), "batch_fsdp": ("fsdp",),
-                             "moe_batch": ("data", "fsdp", "expert"), "exp": ("expert",),
+                             "moe_batch": ("data", "fsdp", "expert"), "moe_batch_fsdp": ("fsdp", "expert"),
+                             "exp": ("expert",),
                              "moe_tokens": ("context", "data", "fsdp", "expert"),
                              "expert_groups": ("context", "data", "fsdp"), "latent": (),
                              "latent_split": ("tensor",)}

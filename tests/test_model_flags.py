@@ -108,7 +108,7 @@ SHARED = {"--preset", "--d-model", "--d-ff", "--blocks", "--layers", "--seq-len"
           "--stage-blocks", "--window", "--global-every", "--xla-flags", "--form", "--kernel-table", "--runtime",
           # the MoE transformer's (scaling.families.moe.MoEConfig.dimensions and kinds)
           "--experts", "--top-k", "--expert-d-ff", "--shared-experts", "--moe-every", "--first-dense",
-          "--capacity-factor", "--keep-tokens"}
+          "--capacity-factor", "--keep-tokens", "--aux-loss-weight"}
 PREDICT_ONLY = {"--step", "--kernel-model", "--kernels", "--json", "--plot", "-h", "--help"}
 PLAN_ONLY = {"--hbm", "--top", "--max-microbatches", "--max-repeats", "--verify-top", "--verbose", "--json", "--plot",
              "-h", "--help"}

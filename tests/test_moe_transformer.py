@@ -244,8 +244,8 @@ def _staged_check(cfg, spec, devices, batch_tokens, remat, **schedule):
 
 # moe-tiny at cf 1.25, 2,048 tokens in 4 microbatches over 2 stages: GPipe, circular, 1F1B (interleaved, with warm-up
 # phases), remat none, full and a named policy, a vocabulary (the 1F1B loop's lookup and output layer), dropless
-STAGE_CHECKS = [(_moe(**{"capacity_factor": 1.25, "aux_loss_weight": 0, **model}), mesh, remat, schedule) for model, mesh, remat,
-                schedule in [
+STAGE_CHECKS = [(_moe(**{"capacity_factor": 1.25, "aux_loss_weight": 0, **model}), mesh, remat, schedule)
+                for model, mesh, remat, schedule in [
     ({}, "stage=2,data=2,expert=2", "none", {}),
     ({}, "stage=2,fsdp=2,expert=2", "full", {"pipeline": "1f1b"}),
     ({"vocab": 512}, "stage=2,data=2,expert=2", "none", {"pipeline": "1f1b"}),

@@ -809,6 +809,7 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
     return out
 
 
+# one function, term by term as its docstring lists them (the base's keys remapped, then each axis' MoE terms)
 def _staged_volumes(w: Workload, sh: dict, c: float) -> dict[str, dict[str, float]]:
     """collective_volumes with S stages (every layer MoE): the base's on the folded mesh with stages (the pipeline's
     passes: scaling.families.transformer.collective_volumes; the stage axis' permutes, the ends' terms, Ulysses'), its
