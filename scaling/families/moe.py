@@ -342,14 +342,20 @@ class MoEConfig(FamilyDefaults):
 
     def check_schedule(self, schedule: Schedule, mesh: Mapping, batch_tokens: int | None = None) -> None:
         """Before the shared rules (Schedule.check): stages with every layer MoE (ffn_model.moe.pipeline_loss_fn),
-        context parallelism as Ulysses only, no sequence parallelism or ZeRO-1 (not built); the base's rules on the
-        folded mesh (tensor, context and stage: the heads over context·tensor, T over context, the microbatches over
-        the stages, what runs without stages); B whole sequences, their number divisible by
-        microbatches·data·fsdp·expert."""
+        an even split of the layers and no context axis beside them; context parallelism as Ulysses only, no sequence
+        parallelism or ZeRO-1 (not built); the base's rules on the folded mesh (tensor, context and stage: the heads
+        over context·tensor, T over context, the microbatches over the stages, what runs without stages); B whole
+        sequences, their number divisible by microbatches·data·fsdp·expert."""
         S = mesh.get("stage", 1)
         if S > 1 and (self.moe.first_dense or self.moe.moe_every != 1):
             raise ValueError(f"stage={S}: pipeline stages are built for an MoE transformer whose every layer is MoE, "
                              f"not first_dense={self.moe.first_dense}, moe_every={self.moe.moe_every}")
+        if S > 1 and spans(mesh.get("context", 1)):
+            raise ValueError(f"stage={S} with context={mesh['context']}: the MoE transformer's pipeline is built "
+                             "without a context axis")
+        if S > 1 and len(set(counts := pipeline.chunk_counts(self, schedule, S))) > 1:
+            raise ValueError(f"stage={S}: the MoE transformer's pipeline takes an even split of its {self.blocks} "
+                             f"layers, not {pipeline.layout_text(counts)} (uneven stages are the transformer's)")
         if spans(mesh.get("context", 1)) and schedule.context != ContextStrategy.ULYSSES:
             raise ValueError(f"context={mesh['context']} with context_strategy {schedule.context}: the MoE "
                              "transformer's context parallelism is Ulysses' (--context-strategy ulysses)")
