@@ -629,6 +629,6 @@ def pipeline_loss_fn(w: Workload, mesh, for_grad: bool = True):
                          f"first_dense={spec.first_dense}, moe_every={spec.moe_every}")
     if spec.aux_loss_weight:
         raise ValueError(f"pipeline stages are built without the load-balancing loss: aux_loss_weight 0, not "
-                         f"{spec.aux_loss_weight:g}")
+                         f"{spec.aux_loss_weight:g} (--aux-loss-weight 0)")
     chunk = functools.partial(moe_chunk, schedule=w.schedule, remat=w.remat, spec=spec, kind=w.model.base.mlp)
     return functools.partial(tf.transformer_pipeline_loss, w=w, mesh=mesh, axes=stage_axes(w.model), chunk=chunk)
