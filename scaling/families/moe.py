@@ -1025,7 +1025,7 @@ def memory_per_device(w: Workload) -> dict:
     FP32 copies of fp32_copies."""
     cfg, p = w.model, w.precision
     sh = _shapes(w)
-    X, Y, M = sh["X"], sh["Y"], sh["M"]
+    Y, M = sh["Y"], sh["M"]
     if sh["S"] > 1:
         return _staged_memory(w, sh)
     # the MoE MLP recomputed (full and the named policies alike: the backward's iteration gathers the layer for its
@@ -1034,13 +1034,9 @@ def memory_per_device(w: Workload) -> dict:
     Bm = w.batch_tokens / M
     tm = tokens_per_device(cfg, w.mesh, Bm)
     c, D, V = p.compute, cfg.d_model, cfg.vocab or 0
-    terms = {"master": p.master * sh["shard"]}
-    if train:
-        terms["optimizer"] = p.adam_moments * p.adam_moment * sh["shard"]
-        terms["grads"] = p.grad * ((sh["ne"] + sh["ex"]) / (X * Y) + sh["router"])
+    terms = _state_terms(w, sh)
     Wl = c * sh["layer"]
     terms["inputs"] = 8 * tm if V else (c + 4) * tm * D
-    terms["transient_weights"] = ((1 if again else 2) if train else 1 if spans(X) else 0) * Wl
     fold = _folded(w, Bm)
     terms["attention_working_set"] = tf.memory_per_device(fold)["attention_working_set"]
     if train and not again:
@@ -1052,11 +1048,7 @@ def memory_per_device(w: Workload) -> dict:
                if w.compiler.host_offload else 0.0)
         terms["activations"] = cfg.dense_layers * dense + cfg.moe_layers * moe - cfg.blocks * off
     if again:
-        _, moe_none = _saved(w, "none", Bm)
-        terms["recomputed_layer"] = moe_none - moe
-        rows = (w.mesh["expert"] * tm * cfg.moe.top_k if cfg.moe.dropless  # the dispatcher's buffer, or the slots
-                else all_to_all_bytes(cfg, w.mesh, Bm)["slots"])
-        terms["expert_hidden_grads"] = c * rows * cfg.moe.expert_d_ff * (cfg.mlp_matrices - 1) / Y
+        terms.update(_recomputed_terms(w, Bm, moe))
     if train and V:
         layer = sum(terms.get(k, 0.0) for k in ("transient_weights", "attention_working_set", "layer_grads",
                                                  "recomputed_layer"))
@@ -1064,6 +1056,35 @@ def memory_per_device(w: Workload) -> dict:
     terms.update(fp32_copies(w))  # XLA:GPU's (CompilerFacts.gpu_layouts)
     terms["total"] = sum(terms.values())
     return terms
+
+
+def _state_terms(w: Workload, sh: dict) -> dict:
+    """memory_per_device's terms of the device's parameters (_shapes: a stage's share with stages): the FP32 master,
+    Adam's moments and the layers' FP32 gradients (train), and the transient gathered layer, two in a train step, one
+    where the MoE MLP is recomputed (moe_recomputed) or forward (none forward without fsdp)."""
+    p, train, again = w.precision, w.step == Step.TRAIN, moe_recomputed(w)
+    terms = {"master": p.master * sh["shard"]}
+    if train:
+        terms["optimizer"] = p.adam_moments * p.adam_moment * sh["shard"]
+        terms["grads"] = p.grad * ((sh["ne"] + sh["ex"]) / (sh["X"] * sh["Y"]) + sh["router"])
+    gathered = (1 if again else 2) if train else 1 if spans(sh["X"]) else 0
+    terms["transient_weights"] = gathered * p.compute * sh["layer"]
+    return terms
+
+
+def _recomputed_terms(w: Workload, Bm, moe: float) -> dict:
+    """Under a policy that recomputes the MoE MLP (moe_recomputed), the recomputed layer's residuals (remat none's
+    less ``moe``, what the policy keeps of a layer: _saved) and its experts' hidden gradients c·rows·F_e·(m − 1)/Y
+    (rows: the dropless dispatcher's Ex·t·k, or the capacity form's slots), on a microbatch of Bm tokens; {} else."""
+    if not moe_recomputed(w):
+        return {}
+    cfg = w.model
+    tm = tokens_per_device(cfg, w.mesh, Bm)
+    rows = (w.mesh["expert"] * tm * cfg.moe.top_k if cfg.moe.dropless  # the dispatcher's buffer, or the slots
+            else all_to_all_bytes(cfg, w.mesh, Bm)["slots"])
+    return {"recomputed_layer": _saved(w, "none", Bm)[1] - moe,
+            "expert_hidden_grads": w.precision.compute * rows * cfg.moe.expert_d_ff * (cfg.mlp_matrices - 1)
+            / w.mesh["tensor"]}
 
 
 def _staged_memory(w: Workload, sh: dict) -> dict:
@@ -1076,39 +1097,27 @@ def _staged_memory(w: Workload, sh: dict) -> dict:
     iteration's, p["layers"]·M) or per kept chunk (1F1B: the ring's in-flight chunks and one more,
     scaling.step.pipeline.microbatches_in_flight), the re-laid FP32 copy (R > 1), and the recomputed layer's
     residuals and its experts' hidden gradients as without stages."""
-    cfg, p = w.model, w.precision
-    X, Y, M, pp = sh["X"], sh["Y"], sh["M"], sh["passes"]
-    train, again = w.step == Step.TRAIN, moe_recomputed(w)
+    p, X, M, pp = w.precision, sh["X"], sh["M"], sh["passes"]
     Bm = w.batch_tokens / M
-    tm = tokens_per_device(cfg, w.mesh, Bm)
     base = tf.memory_per_device(_folded(w))
-    terms = {"master": p.master * sh["shard"]}
-    if train:
-        terms["optimizer"] = p.adam_moments * p.adam_moment * sh["shard"]
-        terms["grads"] = p.grad * ((sh["ne"] + sh["ex"]) / (X * Y) + sh["router"])
+    terms = _state_terms(w, sh)
     terms["inputs"] = base["inputs"]
-    Wl = p.compute * sh["layer"]
-    terms["transient_weights"] = ((1 if again else 2) if train else 1 if spans(X) else 0) * Wl
     terms["attention_working_set"] = base["attention_working_set"]
-    if train:  # the chunk's FP32 weight gradients, made at once (1F1B: jax.vjp of the chunk; GPipe and circular: the
+    _, moe = _saved(w, w.remat, Bm)
+    if w.step == Step.TRAIN:
+        # the chunk's FP32 weight gradients, made at once (1F1B: jax.vjp of the chunk; GPipe and circular: the
         # transposed scan's stacked gradient of an iteration), held sharded over fsdp as the accumulators they join,
         # under every policy (compiled on v5p)
-        terms["layer_grads"] = pp["chunk"] * p.grad * Wl / (p.compute * X)
-    if train:
-        _, moe = _saved(w, w.remat, Bm)
+        terms["layer_grads"] = pp["chunk"] * p.grad * sh["layer"] / X
         if pp["again"]:
             in_flight = pipeline.microbatches_in_flight(w.schedule, sh["S"], w.remat)
             terms["activations"] = (in_flight + 1) * pp["chunk"] * moe
         else:
             terms["activations"] = pp["layers"] * M * moe
     if w.schedule.repeats > 1:
-        terms["relaid"] = p.master * ((sh["ne"] + sh["ex"]) / (X * Y) + sh["router"])
+        terms["relaid"] = p.master * ((sh["ne"] + sh["ex"]) / (X * sh["Y"]) + sh["router"])
     terms["pipeline_buffers"] = base["pipeline_buffers"]
-    if again:
-        _, moe_none = _saved(w, "none", Bm)
-        terms["recomputed_layer"] = moe_none - _saved(w, w.remat, Bm)[1]
-        rows = w.mesh["expert"] * tm * cfg.moe.top_k if cfg.moe.dropless else all_to_all_bytes(cfg, w.mesh, Bm)["slots"]
-        terms["expert_hidden_grads"] = p.compute * rows * cfg.moe.expert_d_ff * (cfg.mlp_matrices - 1) / Y
+    terms.update(_recomputed_terms(w, Bm, moe))
     if "loss_phase" in base:
         terms["loss_phase"] = base["loss_phase"]
     terms["total"] = sum(terms.values())
