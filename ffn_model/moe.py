@@ -55,6 +55,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from ffn_model import transformer as tf
 from ffn_model.sharded import (COMPUTE_DTYPE, constrain, gather_bf16, init_normal, loop_checkpoint, param,
                                traced_platform)
+from ffn_model.pipeline import live_slots, pad_stack, uneven_stages
 from ffn_model.state import module_state_shardings
 from ffn_model.task import mse
 from ffn_model.transformer import rms_norm
@@ -512,9 +513,13 @@ class MoETransformer(nnx.Module):
             if not base.tied_embeddings:
                 shapes["unembedding"] = ((base.vocab, D), D, tf.VOCAB_AXES)
         self.names = tuple(n for n in shapes if gated or not n.endswith("_gate"))
+        # uneven stages (every layer MoE): the stage's stacks padded to S·Lmax slots, zeros in the padding
+        # (ffn_model.pipeline.pad_stack), the real layers drawn as without stages
+        counts, staged = uneven_stages(w), stage_axes(cfg)
         for n in self.names:
             shape, fan_in, axes = shapes[n]
-            setattr(self, n, param(init_normal(rngs.params(), shape, fan_in), axes))
+            a = init_normal(rngs.params(), shape, fan_in)
+            setattr(self, n, param(pad_stack(a, counts) if counts and n in staged else a, axes))
 
     def _stacks(self):
         """(attention [L], dense MLP [L_dense] under the transformer's names, MoE [L_moe]) weight dicts."""
@@ -602,20 +607,27 @@ def stage_axes(cfg) -> dict:
             **{n: a for n, a in moe.items() if gated or not n.endswith("_gate")}}
 
 
-def moe_chunk(x_BxTxD, ws: dict, select, *, schedule, remat: str, spec: MoESpec, kind: str):
+def moe_chunk(x_BxTxD, ws: dict, select, *, schedule, remat: str, spec: MoESpec, kind: str, counts=None):
     """A pipeline stage's chunk of MoE layers (every layer MoE): one lax.scan over its stacked weights, each layer
     moe_block under jax.checkpoint with the family's policy (MoETransformer's), ``select`` (the chunk of the
     iteration: ffn_model.pipeline.pipeline_outputs) applied to each weight inside it. The aux loss is dropped: stages
-    are built with aux_loss_weight 0 (pipeline_loss_fn)."""
+    are built with aux_loss_weight 0 (pipeline_loss_fn). ``counts``: uneven chunks' layers (ffn_model.pipeline.
+    uneven_stages): a padding slot's layer runs and its output is dropped, x = where(j < live, layer(x), x), as the
+    transformer's stack_forward (its FLOPs and all-to-alls executed: every stage runs Cmax slots in lock-step)."""
     policy = (jax.checkpoint_policies.save_only_these_names(*MOE_SAVED) if remat == Remat.NONE
               else tf.remat_policy(remat, schedule))
     trips = next(iter(ws.values())).shape[0]
+    live = None if counts is None else live_slots(counts, schedule.repeats, select)
 
     def one(x, w):
         return moe_block(x, {n: select(a) for n, a in w.items()}, schedule, spec, kind)[0]
 
     block = loop_checkpoint(one, policy, trips)
-    return jax.lax.scan(lambda x, w: (block(x, w), None), constrain(x_BxTxD, tf.X_AXES), ws)[0]
+    x = constrain(x_BxTxD, tf.X_AXES)
+    if live is None:
+        return jax.lax.scan(lambda x, w: (block(x, w), None), x, ws)[0]
+    return jax.lax.scan(lambda x, wj: (jnp.where(wj[1] < live, block(x, wj[0]), x), None), x,
+                        (ws, jnp.arange(trips)))[0]
 
 
 def pipeline_loss_fn(w: Workload, mesh, for_grad: bool = True):
@@ -630,5 +642,6 @@ def pipeline_loss_fn(w: Workload, mesh, for_grad: bool = True):
     if spec.aux_loss_weight:
         raise ValueError(f"pipeline stages are built without the load-balancing loss: aux_loss_weight 0, not "
                          f"{spec.aux_loss_weight:g} (--aux-loss-weight 0)")
-    chunk = functools.partial(moe_chunk, schedule=w.schedule, remat=w.remat, spec=spec, kind=w.model.base.mlp)
+    chunk = functools.partial(moe_chunk, schedule=w.schedule, remat=w.remat, spec=spec, kind=w.model.base.mlp,
+                              counts=uneven_stages(w))
     return functools.partial(tf.transformer_pipeline_loss, w=w, mesh=mesh, axes=stage_axes(w.model), chunk=chunk)

@@ -719,6 +719,13 @@ def cross_entropy(logits_BxTxV, labels_BxT):
 
 
 def transformer_pipeline_loss(params, batch, *, w: Workload, mesh, axes: dict | None = None, chunk=None):
+    """_pipeline_loss traced under qk_norm_on(the model's QK-norm): the pipeline runs its layers without the model's
+    __call__, which sets it elsewhere."""
+    with qk_norm_on(w.model.qk_norm):
+        return _pipeline_loss(params, batch, w=w, mesh=mesh, axes=axes, chunk=chunk)
+
+
+def _pipeline_loss(params, batch, *, w: Workload, mesh, axes: dict | None, chunk):
     """The transformer's loss with its layers run as a pipeline over ``stage`` (ffn_model.pipeline): the
     embedding looked up for the whole batch before it (replicated over stage: a gather and one reduction
     over tensor, no matmul), then the M microbatches. GPipe and circular: through pipeline_outputs, whose

@@ -122,7 +122,6 @@ def test_memory_parameter_terms():
      "stage=2: pipeline stages are built for an MoE transformer whose every layer is MoE"),
     (TINY, {"expert": 3}, "experts=8 is not divisible by the expert shard count 3"),
     (TINY, {"stage": 2, "expert": 2}, "microbatches=1 must be a multiple of stage=2"),  # the base's pipeline rules
-    (TINY.replace(blocks=5), {"stage": 2, "expert": 2}, "takes an even split of its 5 layers, not 3,2"),
     (TINY, {"stage": 2, "context": 2}, "stage=2 with context=2: the MoE transformer's pipeline is built without"),
     (TINY.replace(kv_lora_rank=32, qk_rope_head_dim=8), {"stage": 2, "expert": 2},  # MLA: the base's rule
      "multi-head latent attention .kv_lora_rank. is built without stage=2")])

@@ -9,6 +9,7 @@ import jax
 import numpy as np
 import pytest
 
+from ffn_model.pipeline import padded_slots, real_blocks, uneven_stages
 from ffn_model.train import train
 from mesh import make_mesh, mesh_shape
 from scaling.core.mesh_shape import parse_mesh_spec
@@ -218,21 +219,33 @@ STAGE_CASES = [  # (model, mesh, schedule, remat, vocab)
     (STAGED, "stage=2,fsdp=2,expert=2", Schedule(attention="materialized", microbatches=2, pipeline="1f1b"), "full",
      512),
     (STAGED.replace(capacity_factor="dropless"), "stage=2,expert=2,tensor=2",
-     Schedule(attention="materialized", microbatches=4, pipeline="1f1b", repeats=2), "none", None)]
+     Schedule(attention="materialized", microbatches=4, pipeline="1f1b", repeats=2), "none", None),
+    # uneven stages, 3 layers over 2 stages (2 + 1, a padding slot in stage 1's stacks), with QK-norm (Qwen3's)
+    (STAGED.replace(blocks=3, qk_norm=True), "stage=2,fsdp=2,expert=2", Schedule(attention="materialized", microbatches=2,
+                                                                   pipeline="1f1b"), "none", None)]
 
 
 @pytest.mark.numerics
 @pytest.mark.parametrize("cfg, spec, schedule, remat, vocab", STAGE_CASES,
-                         ids=["gpipe-data-expert", "1f1b-fsdp-expert-full-V512", "interleaved-dropless-tensor"])
+                         ids=["gpipe-data-expert", "1f1b-fsdp-expert-full-V512", "interleaved-dropless-tensor",
+                              "1f1b-uneven-2-1-qk-norm"])
 def test_moe_stages_match_one_device(cfg, spec, schedule, remat, vocab):
     """The MoE transformer's layers as a pipeline (the transformer's GPipe and 1F1B loops with MoE chunks) train as
-    one device does: 3 AdamW steps within rounding (tests/helpers.assert_matches)."""
+    one device does: 3 AdamW steps within rounding (tests/helpers.assert_matches); uneven stages' padded stacks
+    mapped back to their layers (real_blocks), their padding slots still exactly zero."""
     cfg = cfg.replace(vocab=vocab) if vocab else cfg
     want = _one_device(cfg, B, MATERIALIZED)
     mesh = make_mesh(spec, jax.devices()[: parse_mesh_spec(spec).devices])
-    losses, state = train(Workload(cfg, mesh_shape(mesh), B, remat=remat, schedule=schedule), mesh, STEPS, lr=LR,
-                          return_state=True)
-    assert_matches(losses, jax.tree.map(np.asarray, state["params"]), want)
+    w = Workload(cfg, mesh_shape(mesh), B, remat=remat, schedule=schedule)
+    losses, state = train(w, mesh, STEPS, lr=LR, return_state=True)
+    params = jax.tree.map(np.asarray, state["params"])
+    if counts := uneven_stages(w):
+        slots = len(counts) * max(counts)
+        pad = sorted(set(range(slots)) - set(padded_slots(counts).tolist()))
+        stacked = {n for n, p in params.items() if p.shape[0] == slots and p.shape[0] != want[1][n].shape[0]}
+        assert stacked and pad and all(np.all(params[n][pad] == 0) for n in stacked)
+        params = {n: real_blocks(p, counts) if n in stacked else p for n, p in params.items()}
+    assert_matches(losses, params, want)
 
 
 def _staged_check(cfg, spec, devices, batch_tokens, remat, **schedule):
@@ -254,7 +267,12 @@ STAGE_CHECKS = [(_moe(**{"capacity_factor": 1.25, "aux_loss_weight": 0, **model}
     ({}, "stage=2,data=2,expert=2", "none", {"repeats": 2}),
     ({"vocab": 512}, "stage=2,data=2,expert=2", "full", {"pipeline": "1f1b", "microbatches": 8,
                                                          "warmup_phases": True}),
-    ({"capacity_factor": "dropless"}, "stage=2,data=2,expert=2", "full", {})]]
+    ({"capacity_factor": "dropless"}, "stage=2,data=2,expert=2", "full", {}),
+    # uneven stages and chunks (a padding slot's MoE layer runs, its output dropped): 3 layers as 2 + 1, 5 as
+    # chunks 2, 1, 1, 1 (circular R 2) and as 2 + 1 + 1 + 1 on 4 stages
+    ({"blocks": 3}, "stage=2,fsdp=2,expert=2", "full", {"pipeline": "1f1b"}),
+    ({"blocks": 5}, "stage=2,data=2,expert=2", "none", {"repeats": 2}),
+    ({"blocks": 5, "vocab": 512}, "stage=4,expert=2", "full", {"pipeline": "1f1b"})]]
 
 
 @pytest.mark.grid

@@ -304,6 +304,7 @@ class MoEConfig(FamilyDefaults):
     embedding_matrices = property(lambda self: self.base.embedding_matrices, doc="0, 1 tied or 2 untied")
     embedding_params = property(lambda self: self.base.embedding_params, doc="the base's V·D per matrix")
     layer_windows = property(lambda self: self.base.layer_windows, doc="the base's windows (all global)")
+    qk_norm = property(lambda self: self.base.qk_norm, doc="q and k normalized over H (the base's)")
     block: ClassVar[str] = "serial"  # attention then the MoE layer, each with its residual (ffn_model.moe)
 
     @property
@@ -353,9 +354,6 @@ class MoEConfig(FamilyDefaults):
         if S > 1 and spans(mesh.get("context", 1)):
             raise ValueError(f"stage={S} with context={mesh['context']}: the MoE transformer's pipeline is built "
                              "without a context axis")
-        if S > 1 and len(set(counts := pipeline.chunk_counts(self, schedule, S))) > 1:
-            raise ValueError(f"stage={S}: the MoE transformer's pipeline takes an even split of its {self.blocks} "
-                             f"layers, not {pipeline.layout_text(counts)} (uneven stages are the transformer's)")
         if spans(mesh.get("context", 1)) and schedule.context != ContextStrategy.ULYSSES:
             raise ValueError(f"context={mesh['context']} with context_strategy {schedule.context}: the MoE "
                              "transformer's context parallelism is Ulysses' (--context-strategy ulysses)")

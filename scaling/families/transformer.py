@@ -505,8 +505,6 @@ def _check_transformer(cfg: TransformerConfig, mesh: Mapping, schedule: Schedule
                 raise ValueError(f"multi-head latent attention (kv_lora_rank) is built without {what}: its closed "
                                  "forms and program cover serial layers of global attention on data, fsdp, tensor "
                                  "and expert")
-    if cfg.qk_norm and mesh.get("stage", 1) > 1:  # the pipeline's 1F1B backward is traced outside the model's call
-        raise ValueError(f"qk_norm runs without pipeline stages, not stage={mesh['stage']}")
     if (schedule.attention in (Attention.SPLASH, Attention.CUDNN) and spans(C)
             and schedule.context == ContextStrategy.RING):
         raise ValueError(f"attention {schedule.attention} runs with context ulysses, not ring: the ring's merge needs "
