@@ -93,9 +93,8 @@ def test_mla_refuses_what_it_is_not_built_for():
         TINY.replace(kv_heads=4)
     with pytest.raises(ValueError, match="q_lora_rank is multi-head latent attention's"):
         TransformerConfig(d_model=64, heads=8, d_ff=256, blocks=2, seq_len=64, q_lora_rank=16)
-    for mesh in ("context=2,fsdp=4", "stage=2,fsdp=4"):
-        with pytest.raises(ValueError, match="multi-head latent attention .* is built without"):
-            Workload(TINY, parse_mesh_spec(mesh), 1024, schedule=Schedule(microbatches=2))
+    with pytest.raises(ValueError, match="multi-head latent attention .* is built without context=2"):
+        Workload(TINY, parse_mesh_spec("context=2,fsdp=4"), 1024, schedule=Schedule(microbatches=2))
 
 
 @pytest.mark.compiles
@@ -109,6 +108,38 @@ def test_mla_checks_are_the_compilers(mesh, remat):
     assert rep.memory.arguments.ratio == pytest.approx(1.0, abs=1e-4)
     for axis, row in rep.collectives.by_axis.items():
         assert row.ratio == pytest.approx(1.0, abs=1e-4), axis
+
+
+# MLA in pipeline stages (DeepSeek's runs on Megatron: PP 16): the transformer's GPipe and 1F1B, and the MoE
+# transformer's (every layer MoE, 3 layers as 2 + 1), 2,048 tokens in 4 microbatches
+STAGED = [(TINY, "stage=2,data=2,tensor=2", "none", "gpipe"), (TINY, "stage=2,fsdp=2,tensor=2", "full", "1f1b"),
+          (get_preset("moe-tiny").replace(kv_lora_rank=32, qk_rope_head_dim=8, v_head_dim=16, blocks=3,
+                                          capacity_factor=1.25, aux_loss_weight=0), "stage=2,expert=2,tensor=2",
+           "none", "1f1b")]
+
+
+@pytest.mark.compiles
+@pytest.mark.parametrize("cfg, mesh, remat, pipeline", STAGED, ids=["tf-gpipe", "tf-1f1b-full", "moe-1f1b-uneven"])
+def test_mla_with_stages_checks_are_the_compilers(cfg, mesh, remat, pipeline):
+    """With stages the same (cpu:8): FLOPs, arguments and every axis' bytes, the stage axis' permutes among them."""
+    from verify.check import check
+
+    schedule = Schedule(attention="flash", microbatches=4, pipeline=pipeline)
+    rep = check(Workload(cfg, parse_mesh_spec(mesh), 2048, remat=remat, schedule=schedule), "cpu:8")
+    assert rep.flops.matmul.ratio == pytest.approx(1.0, abs=1e-4)
+    assert rep.memory.arguments.ratio == pytest.approx(1.0, abs=1e-4)
+    assert "stage" in rep.collectives.by_axis
+    for axis, row in rep.collectives.by_axis.items():
+        assert row.ratio == pytest.approx(1.0, abs=1e-4), axis
+
+
+@pytest.mark.numerics
+def test_mla_with_1f1b_stages_trains_as_one_device():
+    """MLA (with a q rank) on 1F1B stages, stage 2 × fsdp 2 × tensor 2, within rounding of one device."""
+    tokens = 8 * TINY.seq_len
+    staged = Schedule(attention="flash", microbatches=2, pipeline="1f1b")
+    assert_matches(*run_steps(TINY, "stage=2,fsdp=2,tensor=2", tokens, staged, remat="full"),
+                   one_device(TINY, tokens, Schedule(attention="flash")))
 
 
 @pytest.mark.numerics

@@ -123,8 +123,8 @@ def test_memory_parameter_terms():
     (TINY, {"expert": 3}, "experts=8 is not divisible by the expert shard count 3"),
     (TINY, {"stage": 2, "expert": 2}, "microbatches=1 must be a multiple of stage=2"),  # the base's pipeline rules
     (TINY, {"stage": 2, "context": 2}, "stage=2 with context=2: the MoE transformer's pipeline is built without"),
-    (TINY.replace(kv_lora_rank=32, qk_rope_head_dim=8), {"stage": 2, "expert": 2},  # MLA: the base's rule
-     "multi-head latent attention .kv_lora_rank. is built without stage=2")])
+    (TINY.replace(kv_lora_rank=32, qk_rope_head_dim=8), {"context": 2, "expert": 2},  # MLA: the base's rule
+     "multi-head latent attention .kv_lora_rank. is built without context=2")])
 def test_refusals_of_the_mesh(cfg, mesh, match):
     with pytest.raises(ValueError, match=match):
         Workload(cfg, mesh, 768)

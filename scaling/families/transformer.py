@@ -496,8 +496,7 @@ def _check_transformer(cfg: TransformerConfig, mesh: Mapping, schedule: Schedule
     if any(cfg.layer_windows) and mesh.get("stage", 1) > 1:
         raise ValueError(f"window (local attention) runs without pipeline stages, not stage={mesh['stage']}")
     if cfg.mla:  # multi-head latent attention: built and checked for what DeepSeek's runs use
-        C_, S_ = spans(C), mesh.get("stage", 1) > 1
-        for bad, what in ((C_, f"context={C}"), (S_, f"stage={mesh.get('stage', 1)}"),
+        for bad, what in ((spans(C), f"context={C}"),
                           (cfg.block == Block.PARALLEL, "a parallel block"),
                           (schedule.sequence_parallel, "sequence parallelism"), (any(cfg.layer_windows), "a window"),
                           (cfg.qk_norm, "qk_norm")):
