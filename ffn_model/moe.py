@@ -500,14 +500,18 @@ class MoETransformer(nnx.Module):
         self.schedule, self.remat, self.spec, self.kind, self.vocab = w.schedule, w.remat, spec, base.mlp, base.vocab
         self.tied, self.qk_norm = base.tied_embeddings, base.qk_norm
         shapes = {n: (shape, fan_in, tf.LAYER_AXES[n]) for n, (shape, fan_in) in tf.attention_shapes(base).items()}
+        # with stages the dense layers first run outside the pipeline (outer_layers): their attention a stack of its
+        # own, "outer_" + name [L_dense, ...], their stacks' layer axis whole (not over stage)
+        self.outer = outer = Ld if w.mesh.get("stage", 1) > 1 else 0
         shapes |= {"router": ((Lm, D, E), D, ROUTER_AXES), "expert_in": ((Lm, E, Fe, D), D, EXPERT_AXES),
                   "expert_gate": ((Lm, E, Fe, D), D, EXPERT_AXES), "expert_out": ((Lm, E, Fe, D), Fe, EXPERT_AXES)}
         if Fs:
             shapes |= {"shared_in": ((Lm, Fs, D), D, SHARED_AXES), "shared_gate": ((Lm, Fs, D), D, SHARED_AXES),
                        "shared_out": ((Lm, Fs, D), Fs, SHARED_AXES)}
         if Ld:
-            shapes |= {"dense_in": ((Ld, F, D), D, tf.W_MLP_AXES), "dense_gate": ((Ld, F, D), D, tf.W_MLP_AXES),
-                       "dense_out": ((Ld, F, D), F, tf.W_MLP_AXES)}
+            mlp_axes = (None, *tf.W_MLP_AXES[1:]) if outer else tf.W_MLP_AXES
+            shapes |= {"dense_in": ((Ld, F, D), D, mlp_axes), "dense_gate": ((Ld, F, D), D, mlp_axes),
+                       "dense_out": ((Ld, F, D), F, mlp_axes)}
         if base.vocab is not None:  # E, U ~ N(0, 1/D) as the transformer's
             shapes["embedding"] = ((base.vocab, D), D, tf.VOCAB_AXES)
             if not base.tied_embeddings:
@@ -518,8 +522,13 @@ class MoETransformer(nnx.Module):
         counts, staged = uneven_stages(w), stage_axes(cfg)
         for n in self.names:
             shape, fan_in, axes = shapes[n]
-            a = init_normal(rngs.params(), shape, fan_in)
+            a = init_normal(rngs.params(), shape, fan_in)  # drawn whole, as without stages
+            if outer and n in tf.ATTENTION_WEIGHTS:
+                setattr(self, f"outer_{n}", param(a[:outer], (None, *axes[1:])))
+                a = a[outer:]
             setattr(self, n, param(pad_stack(a, counts) if counts and n in staged else a, axes))
+        if outer:
+            self.names += tuple(f"outer_{n}" for n in self.names if n in tf.ATTENTION_WEIGHTS)
 
     def _stacks(self):
         """(attention [L], dense MLP [L_dense] under the transformer's names, MoE [L_moe]) weight dicts."""
@@ -630,18 +639,35 @@ def moe_chunk(x_BxTxD, ws: dict, select, *, schedule, remat: str, spec: MoESpec,
                         (ws, jnp.arange(trips)))[0]
 
 
+def outer_layers(params: dict, x_BxTxD, *, w: Workload):
+    """The dense layers first (DeepSeek's three), run before the pipeline and outside it, as MaxText runs them
+    (its decoders.py: the stage axis "acts like data parallelism" for them): the transformer's stack_forward over the
+    stacks "outer_" + attention's names and dense_in, dense_gate, dense_out [L_dense, ...], the tokens split over
+    stage too ("moe_batch_stage": a slice of each device's shard), the output gathered back over stage for the
+    pipeline's input (an all-gather; its transpose a reduce-scatter of the input's gradient)."""
+    ws = {n[len("outer_"):]: a for n, a in params.items() if n.startswith("outer_")}
+    ws |= {n.replace("dense", "w"): a for n, a in params.items() if n.startswith("dense_")}
+    with tokens_over("moe_batch_stage"):
+        x = tf.stack_forward(constrain(x_BxTxD, tf.X_AXES), ws, w.schedule, w.remat, w.model.base.mlp)
+        x = constrain(x, tf.X_AXES)
+    return constrain(x, tf.X_AXES)
+
+
 def pipeline_loss_fn(w: Workload, mesh, for_grad: bool = True):
     """(params, batch) -> loss with the layers run as a pipeline over ``stage``: the transformer's
     (ffn_model.transformer.transformer_pipeline_loss: GPipe, circular, 1F1B; the embedding and the output layer as
-    there) with moe_chunk's layers. Built where every layer is MoE and without the load-balancing loss (a loss term
-    of every layer, which the pipeline's chunks do not carry): a ValueError naming what to change otherwise."""
+    there) with moe_chunk's layers, the dense layers first before it (outer_layers). Built where every layer after
+    them is MoE and without the load-balancing loss (a loss term of every layer, which the pipeline's chunks do not
+    carry): a ValueError naming what to change otherwise."""
     spec = w.model.moe
-    if spec.first_dense or spec.moe_every != 1:
-        raise ValueError(f"pipeline stages are built for an MoE transformer whose every layer is MoE, not "
-                         f"first_dense={spec.first_dense}, moe_every={spec.moe_every}")
+    if spec.moe_every != 1:
+        raise ValueError(f"pipeline stages are built for an MoE transformer whose every layer after the dense ones "
+                         f"first is MoE, not moe_every={spec.moe_every}")
     if spec.aux_loss_weight:
         raise ValueError(f"pipeline stages are built without the load-balancing loss: aux_loss_weight 0, not "
                          f"{spec.aux_loss_weight:g} (--aux-loss-weight 0)")
     chunk = functools.partial(moe_chunk, schedule=w.schedule, remat=w.remat, spec=spec, kind=w.model.base.mlp,
                               counts=uneven_stages(w))
-    return functools.partial(tf.transformer_pipeline_loss, w=w, mesh=mesh, axes=stage_axes(w.model), chunk=chunk)
+    pre = functools.partial(outer_layers, w=w) if spec.first_dense else None
+    return functools.partial(tf.transformer_pipeline_loss, w=w, mesh=mesh, axes=stage_axes(w.model), chunk=chunk,
+                             pre=pre)

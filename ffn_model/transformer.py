@@ -718,14 +718,15 @@ def cross_entropy(logits_BxTxV, labels_BxT):
     return token_mean(jnp.sum, (token_cross_entropy(logits_BxTxV, labels_BxT),), IDS_AXES)
 
 
-def transformer_pipeline_loss(params, batch, *, w: Workload, mesh, axes: dict | None = None, chunk=None):
+def transformer_pipeline_loss(params, batch, *, w: Workload, mesh, axes: dict | None = None, chunk=None, pre=None):
     """_pipeline_loss traced under qk_norm_on(the model's QK-norm): the pipeline runs its layers without the model's
     __call__, which sets it elsewhere."""
     with qk_norm_on(w.model.qk_norm):
-        return _pipeline_loss(params, batch, w=w, mesh=mesh, axes=axes, chunk=chunk)
+        return _pipeline_loss(params, batch, w=w, mesh=mesh, axes=axes, chunk=chunk, pre=pre)
 
 
-def _pipeline_loss(params, batch, *, w: Workload, mesh, axes: dict | None, chunk):
+# one function: the inputs, the head, GPipe's loss and 1F1B's custom_vjp share its closures
+def _pipeline_loss(params, batch, *, w: Workload, mesh, axes: dict | None, chunk, pre):
     """The transformer's loss with its layers run as a pipeline over ``stage`` (ffn_model.pipeline): the
     embedding looked up for the whole batch before it (replicated over stage: a gather and one reduction
     over tensor, no matmul), then the M microbatches. GPipe and circular: through pipeline_outputs, whose
@@ -737,7 +738,9 @@ def _pipeline_loss(params, batch, *, w: Workload, mesh, axes: dict | None, chunk
     (the token ids go in; E and U gathered once in BF16, their gradients accumulated in the loop). The mean over
     microbatches is the mean over every token. ``axes`` ({name: logical axes} of the stacked layers) and ``chunk``
     (x, weights, select) -> y: another family's layers (ffn_model.moe.pipeline_loss_fn); default the transformer's
-    (stack_forward), its tokens over the family's batch axis (ModelFamily.batch_axis)."""
+    (stack_forward), its tokens over the family's batch axis (ModelFamily.batch_axis). ``pre`` (params, x) -> x:
+    layers run before the pipeline, outside it, on the stack's input (ffn_model.moe.outer_layers); 1F1B then takes
+    their output as its input (no lookup in the loop), the head's matrices in the loop as without them."""
     cfg, schedule, remat, batch_shards = w.model, w.schedule, w.remat, shards(w.mesh, w.model.batch_axis)
     M, R = schedule.microbatches, schedule.repeats
     axes = axes or {n: LAYER_AXES[n] for n in layer_names(cfg)}
@@ -746,9 +749,11 @@ def _pipeline_loss(params, batch, *, w: Workload, mesh, axes: dict | None, chunk
 
     def inputs(params):  # the stack's input [B, T, D] and the head's parameters: U, or tied the gathered E
         if not vocab:
-            return batch["x"].astype(COMPUTE_DTYPE), {}
-        x, e = embed(batch["x"], params["embedding"], schedule, tied)
-        return x, {"u": e if tied else params["unembedding"]}
+            x, hp = batch["x"].astype(COMPUTE_DTYPE), {}
+        else:
+            x, e = embed(batch["x"], params["embedding"], schedule, tied)
+            hp = {"u": e if tied else params["unembedding"]}
+        return (x if pre is None else pre(params, x)), hp
 
     counts = uneven_stages(w)
 
@@ -785,7 +790,7 @@ def _pipeline_loss(params, batch, *, w: Workload, mesh, axes: dict | None, chunk
         weights, relay_vjp = jax.vjp(lambda ws: circular_layout(ws, axes, mesh, R), {n: params[n] for n in axes})
         run = functools.partial(one_f_one_b, weights=weights, mesh=mesh, chunk=chunk, head=head, x_axes=x_axes,
                                 repeats=R, phases=schedule.warmup_phases, ids_axes=IDS_AXES)
-        if vocab:  # token ids in: stage 0 looks each microbatch up in the loop, E's gradient accumulated there
+        if vocab and pre is None:  # token ids in: stage 0 looks each microbatch up in the loop, E's gradient there
             hp, hp_vjp = jax.vjp(matrices, params)
             key = "u" if tied else "e"
             lookup = (lambda ids, h: loop_lookup(ids, h[key], sp),
@@ -794,10 +799,14 @@ def _pipeline_loss(params, batch, *, w: Workload, mesh, axes: dict | None, chunk
             loss, dw, dhp, _ = run(split_microbatches(batch["x"], M, batch_shards), labels, head_params=hp,
                                    head_grad_axes={n: grad_axes(VOCAB_AXES) for n in hp}, lookup=lookup)
             d_inputs = hp_vjp(dhp)[0]
-        else:
+        else:  # the stack's input made before the loop (the lookup and ``pre``); the head's matrix in the loop
             x, inputs_vjp = jax.vjp(lambda p: inputs(p)[0], params)
-            loss, dw, _, dx = run(split_microbatches(x, M, batch_shards), labels, head_params={}, head_grad_axes={})
+            hp, hp_vjp = jax.vjp(lambda p: {"u": matrices(p)["u"]}, params) if vocab else ({}, None)
+            loss, dw, dhp, dx = run(split_microbatches(x, M, batch_shards), labels, head_params=hp,
+                                    head_grad_axes={n: grad_axes(VOCAB_AXES) for n in hp})
             d_inputs = inputs_vjp(merge_microbatches(dx, batch_shards))[0]
+            if vocab:
+                d_inputs = jax.tree.map(jnp.add, d_inputs, hp_vjp(dhp)[0])
         grads = jax.tree.map(jnp.add, d_inputs, {**jax.tree.map(jnp.zeros_like, params), **relay_vjp(dw)[0]})
         return loss, grads
 

@@ -9,6 +9,7 @@ import jax
 import numpy as np
 import pytest
 
+from ffn_model.moe import stage_axes
 from ffn_model.pipeline import padded_slots, real_blocks, uneven_stages
 from ffn_model.train import train
 from mesh import make_mesh, mesh_shape
@@ -220,6 +221,11 @@ STAGE_CASES = [  # (model, mesh, schedule, remat, vocab)
      512),
     (STAGED.replace(capacity_factor="dropless"), "stage=2,expert=2,tensor=2",
      Schedule(attention="materialized", microbatches=4, pipeline="1f1b", repeats=2), "none", None),
+    # a dense layer first (DeepSeek's three), outside the pipeline: GPipe, and 1F1B with a vocabulary
+    (STAGED.replace(first_dense=1, blocks=5), "stage=2,data=2,expert=2", Schedule(attention="materialized",
+                                                                               microbatches=2), "none", None),
+    (STAGED.replace(first_dense=1, blocks=5), "stage=2,fsdp=2,expert=2", Schedule(
+        attention="materialized", microbatches=2, pipeline="1f1b"), "full", 512),
     # uneven stages, 3 layers over 2 stages (2 + 1, a padding slot in stage 1's stacks), with QK-norm (Qwen3's)
     (STAGED.replace(blocks=3, qk_norm=True), "stage=2,fsdp=2,expert=2", Schedule(attention="materialized", microbatches=2,
                                                                    pipeline="1f1b"), "none", None)]
@@ -228,7 +234,7 @@ STAGE_CASES = [  # (model, mesh, schedule, remat, vocab)
 @pytest.mark.numerics
 @pytest.mark.parametrize("cfg, spec, schedule, remat, vocab", STAGE_CASES,
                          ids=["gpipe-data-expert", "1f1b-fsdp-expert-full-V512", "interleaved-dropless-tensor",
-                              "1f1b-uneven-2-1-qk-norm"])
+                              "gpipe-dense-first", "1f1b-dense-first-full-V512", "1f1b-uneven-2-1-qk-norm"])
 def test_moe_stages_match_one_device(cfg, spec, schedule, remat, vocab):
     """The MoE transformer's layers as a pipeline (the transformer's GPipe and 1F1B loops with MoE chunks) train as
     one device does: 3 AdamW steps within rounding (tests/helpers.assert_matches); uneven stages' padded stacks
@@ -242,9 +248,13 @@ def test_moe_stages_match_one_device(cfg, spec, schedule, remat, vocab):
     if counts := uneven_stages(w):
         slots = len(counts) * max(counts)
         pad = sorted(set(range(slots)) - set(padded_slots(counts).tolist()))
-        stacked = {n for n, p in params.items() if p.shape[0] == slots and p.shape[0] != want[1][n].shape[0]}
+        stacked = {n for n, p in params.items() if p.shape[0] == slots and n in stage_axes(cfg)}
         assert stacked and pad and all(np.all(params[n][pad] == 0) for n in stacked)
         params = {n: real_blocks(p, counts) if n in stacked else p for n, p in params.items()}
+    # the dense layers first run outside the pipeline: their attention stacks "outer_" + name, before the MoE layers'
+    outer = [n for n in params if n.startswith("outer_")]
+    assert bool(outer) == bool(cfg.moe.first_dense)
+    params |= {n[len("outer_"):]: np.concatenate([params.pop(n), params[n[len("outer_"):]]]) for n in outer}
     assert_matches(losses, params, want)
 
 

@@ -95,6 +95,11 @@ class FamilyDefaults:
         """No note: the program runs on every chip the hardware table has."""
         return []
 
+    @property
+    def pipeline_blocks(self) -> int:
+        """The blocks a pipeline over ``stage`` splits into its stages: every block (L)."""
+        return self.blocks
+
     def uncompared_flops(self, platform: str) -> str | None:
         """None: the matmuls compile as the dots the closed form counts."""
         return None

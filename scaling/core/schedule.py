@@ -190,7 +190,7 @@ class Schedule:
         pipeline needs at least as many microbatches as stages, B must split into M microbatches over data·fsdp;
         ``cfg``'s family adds its own (cfg.check_schedule before these, cfg.check_batch_split after them;
         scaling.core.family)."""
-        S, M, R, L = mesh.get("stage", 1), self.microbatches, self.repeats, cfg.blocks
+        S, M, R, L = mesh.get("stage", 1), self.microbatches, self.repeats, cfg.pipeline_blocks
         cfg.check_schedule(self, mesh, batch_tokens)  # the family's own rules, before the shared ones
         if self.stage_blocks is not None:
             given = ",".join(map(str, self.stage_blocks))

@@ -53,6 +53,9 @@ LOGICAL_RULES: dict[str, tuple[str, ...]] = {
     # the batch outside the experts, as data does), and the experts E over expert
     "moe_batch": ("data", "fsdp", "expert"),
     "moe_batch_fsdp": ("fsdp", "expert"),  # its batch_fsdp: a data shard's part of the tokens (1F1B's loop)
+    # the layers a pipeline runs outside its stages (an MoE model's dense layers first, ffn_model.moe.outer_layers):
+    # the stage axis a data axis for them, minor, so that each stage's tokens are a slice of its whole-batch shard
+    "moe_batch_stage": ("data", "fsdp", "expert", "stage"),
     # the MoE layer's tokens (and its routing groups), context-major [C·B·T/C] (ffn_model.moe.moe_layer): the
     # sequence's split over context and the batch's, expert minor so that the dispatch trades it alone
     "moe_tokens": ("context", "data", "fsdp", "expert"),

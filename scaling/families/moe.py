@@ -308,6 +308,12 @@ class MoEConfig(FamilyDefaults):
     block: ClassVar[str] = "serial"  # attention then the MoE layer, each with its residual (ffn_model.moe)
 
     @property
+    def pipeline_blocks(self) -> int:
+        """L − L_first: the dense layers first run before the pipeline, outside it (ffn_model.moe.outer_layers, as
+        MaxText runs DeepSeek's); the MoE layers after them are split into the stages."""
+        return self.blocks - self.moe.first_dense
+
+    @property
     def expert_layer_params(self) -> int:
         """L_moe·E·m·D·F_e: the routed experts' parameters (split over expert), all layers."""
         return self.moe_layers * self.moe.experts * self.expert_params
@@ -342,15 +348,15 @@ class MoEConfig(FamilyDefaults):
                              + ", ".join(MOE_REMATS))
 
     def check_schedule(self, schedule: Schedule, mesh: Mapping, batch_tokens: int | None = None) -> None:
-        """Before the shared rules (Schedule.check): stages with every layer MoE (ffn_model.moe.pipeline_loss_fn),
-        an even split of the layers and no context axis beside them; context parallelism as Ulysses only, no sequence
+        """Before the shared rules (Schedule.check): stages with every layer MoE after the dense ones first
+        (ffn_model.moe.pipeline_loss_fn: those run outside the pipeline) and no context axis beside them; context parallelism as Ulysses only, no sequence
         parallelism or ZeRO-1 (not built); the base's rules on the folded mesh (tensor, context and stage: the heads
         over context·tensor, T over context, the microbatches over the stages, what runs without stages); B whole
         sequences, their number divisible by microbatches·data·fsdp·expert."""
         S = mesh.get("stage", 1)
-        if S > 1 and (self.moe.first_dense or self.moe.moe_every != 1):
-            raise ValueError(f"stage={S}: pipeline stages are built for an MoE transformer whose every layer is MoE, "
-                             f"not first_dense={self.moe.first_dense}, moe_every={self.moe.moe_every}")
+        if S > 1 and self.moe.moe_every != 1:
+            raise ValueError(f"stage={S}: pipeline stages are built for an MoE transformer whose every layer after the "
+                             f"dense ones first is MoE, not moe_every={self.moe.moe_every}")
         if S > 1 and spans(mesh.get("context", 1)):
             raise ValueError(f"stage={S} with context={mesh['context']}: the MoE transformer's pipeline is built "
                              "without a context axis")

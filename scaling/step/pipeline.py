@@ -73,13 +73,13 @@ def bubble(schedule: Schedule, stages: int) -> dict[str, float]:
 def stage_blocks(cfg: ModelFamily, schedule: Schedule, stages: int) -> tuple[int, ...]:
     """L_s, the blocks of each stage (Schedule.blocks_per_stage: the explicit list, or the default rule
     scaling.core.schedule.default_stage_blocks; R > 1: the sums of its chunks'); (L,) without stages."""
-    return schedule.blocks_per_stage(cfg.blocks, stages, cfg)
+    return schedule.blocks_per_stage(cfg.pipeline_blocks, stages, cfg)
 
 
 def chunk_counts(cfg: ModelFamily, schedule: Schedule, stages: int) -> tuple[int, ...]:
     """n_c, the blocks of each chunk c = r·S + s (stage s's r-th) in the order the blocks run
     (Schedule.blocks_per_chunk); R = 1: stage_blocks; (L,) without stages."""
-    return schedule.blocks_per_chunk(cfg.blocks, stages, cfg)
+    return schedule.blocks_per_chunk(cfg.pipeline_blocks, stages, cfg)
 
 
 def layout_text(counts: tuple[int, ...]) -> str:
@@ -112,7 +112,8 @@ def padded_bubble(cfg: ModelFamily, schedule: Schedule, stages: int) -> dict[str
         return {"overhead": 0.0, "idle_share": 0.0, "padding": 0.0}
     M = schedule.microbatches
     run = slots(schedule, stages) * chunk_blocks(cfg, schedule, stages) * stages  # block-passes, all stages
-    return {"overhead": run / (M * cfg.blocks) - 1, "idle_share": 1 - M * cfg.blocks / run,
+    L = cfg.pipeline_blocks
+    return {"overhead": run / (M * L) - 1, "idle_share": 1 - M * L / run,
             "padding": padding(cfg, schedule, stages) - 1}
 
 
@@ -131,7 +132,7 @@ def stage_loads(cfg: ModelFamily, schedule: Schedule, stages: int) -> tuple[int,
 def padding(cfg: ModelFamily, schedule: Schedule, stages: int) -> float:
     """S·Lmax/L: the stacks' slots over the real blocks (1 for an even split or without stages): the stage-sharded
     parameters, gradients and optimizer state a device holds are a 1/S share of S·Lmax slots (largest_stage)."""
-    return stages * largest_stage(cfg, schedule, stages) / cfg.blocks if stages > 1 else 1.0
+    return stages * largest_stage(cfg, schedule, stages) / cfg.pipeline_blocks if stages > 1 else 1.0
 
 
 def chunk_blocks(cfg: ModelFamily, schedule: Schedule, stages: int) -> int:
