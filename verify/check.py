@@ -14,6 +14,8 @@ from __future__ import annotations
 import dataclasses
 import sys
 
+import numpy as np
+
 from ffn_model.attention import has_cudnn
 from ffn_model.compile import abstract_compile
 from mesh import ici_layout, make_mesh, mesh_shape
@@ -22,7 +24,7 @@ from scaling.step import program
 from scaling.planner import plan as planner
 from scaling.reports.answers import Answers, model_name
 from scaling.families.ffn import FFNConfig
-from scaling.core.mesh_shape import MeshShape, parse_mesh_spec
+from scaling.core.mesh_shape import MESH_AXES, MeshShape, parse_mesh_spec
 from scaling.core.schedule import Schedule, runs_attention
 from scaling.hardware.chips import CHIPS, DEFAULT_CHIP, Chip, get_chip, slice_topology
 from scaling.step.kernels import kernel_census
@@ -152,8 +154,17 @@ def _program_facts(w: Workload, got, chip_: Chip, layout: dict, platform: str) -
                    and c.count == 1)
         relays = round(once / (2 * relay_moves(w.mesh["stage"], schedule.repeats)))
     # And whether the pipeline's output-layer gradient is summed over stage and data (an MoE model's data and
-    # expert) in one all-reduce (XLA:TPU).
-    joint = reduced_over({"data", "stage"}) or reduced_over({"data", "stage", "expert"})
+    # expert) in one all-reduce (XLA:TPU): all-reduces over both, past the loss, beyond what the closed form without
+    # the fact names there (an MoE model's dense layers first reduce their own gradients over data, stage and expert:
+    # ffn_model.moe.outer_layers).
+    named = w.model.forms.collective_volumes(w.with_facts(min_comm_bytes=4 if platform == Platform.CPU else 0,
+                                                          joint_head_reduce=False))
+    joint = False
+    for axes in ({"data", "stage"}, {"data", "stage", "expert"}):
+        over = sum(c.volume * c.count for c in got.collectives if c.kind == Collective.ALL_REDUCE
+                   and set(c.axes) == axes and c.volume > 4)
+        known = named.get("+".join(a for a in MESH_AXES if a in axes), {}).get("all-reduce", 0.0)
+        joint |= step == Step.TRAIN and over > 1.001 * known + 4
     return windowed, rule, merged, relays, joint
 
 

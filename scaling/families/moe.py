@@ -357,6 +357,9 @@ class MoEConfig(FamilyDefaults):
         if S > 1 and self.moe.moe_every != 1:
             raise ValueError(f"stage={S}: pipeline stages are built for an MoE transformer whose every layer after the "
                              f"dense ones first is MoE, not moe_every={self.moe.moe_every}")
+        if S > 1 and self.moe.first_dense == 1 and self.vocab:  # its closed form: _outer's layer 0 takes no dx
+            raise ValueError(f"stage={S} with one dense layer first and a vocabulary is not built (its input "
+                             "gradient's closed form): first_dense=0 or at least 2")
         if S > 1 and spans(mesh.get("context", 1)):
             raise ValueError(f"stage={S} with context={mesh['context']}: the MoE transformer's pipeline is built "
                              "without a context axis")
@@ -651,6 +654,97 @@ def _folded(w: Workload, batch_tokens=None) -> Workload:
                     remat=w.remat, schedule=schedule, precision=w.precision, compiler=w.compiler, flags=w.flags)
 
 
+# With stages, the dense layers first (DeepSeek's three) run before the pipeline, outside it (ffn_model.moe.
+# outer_layers), on the whole batch with the stage axis a data axis for them: the step's terms are the pipeline's,
+# the MoE model of its L − L_first MoE layers (_pipelined), plus those of the base transformer's L_first layers on
+# the mesh {data: d·Ex·S, fsdp: X, tensor: Y} (_outer), plus the stage axis' gather of their output.
+
+def has_outer_layers(w: Workload) -> bool:
+    """Whether the step runs layers outside its pipeline: stages, and dense layers first (MoEConfig.pipeline_blocks)."""
+    return w.mesh.get("stage", 1) > 1 and w.model.moe.first_dense > 0
+
+
+def _pipelined(w: Workload) -> Workload:
+    """The Workload of the pipeline's part: the MoE model of the L − L_first MoE layers (first_dense 0)."""
+    cfg = w.model
+    return dataclasses.replace(w, model=cfg.replace(blocks=cfg.pipeline_blocks, first_dense=0))
+
+
+def _outer(w: Workload) -> Workload:
+    """The Workload of the dense layers first: the base transformer of L_first layers, no vocabulary (its input the
+    lookup's output, its output the pipeline's input), on {data: d·Ex·S, fsdp: X, tensor: Y}, the whole batch at once
+    (no microbatches: the program runs them before the pipeline's)."""
+    mesh, cfg = w.mesh, w.model
+    folded = {"data": mesh["data"] * mesh["expert"] * mesh["stage"], "fsdp": mesh["fsdp"], "tensor": mesh["tensor"]}
+    schedule = dataclasses.replace(w.schedule, microbatches=1, repeats=1, pipeline=Pipeline.GPIPE,
+                                   warmup_phases=False, stage_blocks=None)
+    base = dataclasses.replace(cfg.base, blocks=cfg.moe.first_dense, vocab=None, tied_embeddings=False)
+    return Workload(base, folded, w.batch_tokens, step=w.step,
+                    remat=w.remat, schedule=schedule, precision=w.precision, compiler=w.compiler, flags=w.flags)
+
+
+def _outer_axes(w: Workload, key: str) -> str:
+    """An outer-layers volume's axis key (_outer's mesh) as the step's: its data the spanned ones of data, stage and
+    expert, in the mesh's order."""
+    folded = [a for a in ("data", "stage", "expert") if spans(w.mesh.get(a, 1))]
+    axes = {b for a in key.split("+") for b in (folded if a == "data" else [a])}
+    return "+".join(a for a in MESH_AXES if a in axes)
+
+
+def _outer_volumes(w: Workload) -> dict[str, dict[str, float]]:
+    """The outer layers' collectives (scaling.families.transformer.collective_volumes of _outer, less its loss'
+    4-byte mean, which the step's own loss is), their axes named as the step's (_outer_axes), and the stage axis'
+    all-gather of their output, c·t·D (t = B/(d·X·Ex): a data shard's tokens, the pipeline's input on every stage),
+    and in a train step the reduce-scatter of its gradient, the same."""
+    out: dict[str, dict[str, float]] = {}
+    for key, kinds in tf.collective_volumes(_outer(w)).items():
+        for kind, v in kinds.items():
+            tgt = out.setdefault(_outer_axes(w, key), {})
+            tgt[kind] = tgt.get(kind, 0.0) + v
+    loss = _outer_axes(w, "+".join(a for a in ("data", "fsdp", "tensor") if spans(_outer(w).mesh.get(a, 1))))
+    if loss and "all-reduce" in out.get(loss, {}):
+        out[loss]["all-reduce"] -= 4.0
+    c = max(w.precision.compute, w.compiler.min_comm_bytes)
+    t = tokens_per_device(w.model, w.mesh, w.batch_tokens)
+    gathered = out.setdefault("stage", {})
+    gathered["all-gather"] = gathered.get("all-gather", 0.0) + c * t * w.model.d_model
+    if w.step == Step.TRAIN:
+        gathered["reduce-scatter"] = gathered.get("reduce-scatter", 0.0) + c * t * w.model.d_model
+    return {k: {kind: v for kind, v in kinds.items() if v} for k, kinds in out.items() if any(kinds.values())}
+
+
+def _lookup_before_loop(w: Workload) -> dict[str, dict[str, float]]:
+    """What 1F1B's volumes (a vocabulary, a train step) change where the lookup runs before the outer layers, outside
+    the loop (ffn_model.transformer.transformer_pipeline_loss with ``pre``), against the pipeline's own (_pipelined:
+    the lookup on stage 0 in every forward slot), m1 = c·V·D/(X·Y) one matrix's gradient on the device: the lookup
+    once (its partial sums over tensor, c·t·D, once, not T/M times; E's gradient reduce-scattered over fsdp once, not
+    T times), no accumulator of E in the loop (expert: −T·m1; stage: −m1), E's gradient reduced once over the token axes as
+    without stages (data and expert: out of 1F1B's data-after-the-loop), and the pipeline input's gradient summed over
+    stage, c·t·D (t = B/(d·X·Ex): stage 0's, for the outer layers' backward). Read from the compiled programs (cpu:8)."""
+    cfg, mesh = w.model, w.mesh
+    if not (w.step == Step.TRAIN and cfg.vocab and w.schedule.pipeline == Pipeline.ONE_F_ONE_B):
+        return {}
+    p = tf.passes(_folded(_pipelined(w)))
+    d, X, Ex, Y = (mesh[a] for a in ("data", "fsdp", "expert", "tensor"))
+    c = max(w.precision.compute, w.compiler.min_comm_bytes)
+    t, D, V = tokens_per_device(cfg, mesh, w.batch_tokens), cfg.d_model, cfg.vocab
+    m1 = c * V * D / (X * Y)
+    out: dict[str, dict[str, float]] = {"stage": {"all-reduce": c * t * D - m1}}
+    if spans(X):
+        out["fsdp"] = {"reduce-scatter": -(p["lookup_iterations"] - 1) * m1 * X}
+    if spans(Y):
+        out["tensor"] = {"all-reduce": -(p["lookup"] - 1) * c * t * D}
+    if spans(Ex):
+        out["expert"] = {"all-reduce": -p["lookup_iterations"] * m1}
+    if spans(d):
+        out["data"] = {"all-reduce": -m1}
+    tokens = "+".join(a for a in ("data", "expert") if spans(mesh[a]))
+    if tokens:
+        out.setdefault(tokens, {})
+        out[tokens]["all-reduce"] = out[tokens].get("all-reduce", 0.0) + m1
+    return out
+
+
 def moe_recomputed(w: Workload) -> bool:
     """Whether a train step's backward recomputes the MoE layers' MLP (router, dispatch, experts, combine): under
     every policy but none (MOE_REMATS: none keeps it whole, the others nothing of it)."""
@@ -707,6 +801,9 @@ def step_flops(w: Workload) -> dict:
     all), whole on every tensor device: 2 forward, 3 backward (the dispatched x's gradient; the combine's y and
     gates), the dispatch again under remat full. model: the step's matmuls with k slots a token (no padding, no
     dispatch) and the causal half of attention, x3 for train (Kaplan et al. 2020's 6N per token)."""
+    if has_outer_layers(w):  # the pipeline's and the dense layers' first outside it
+        pipe, outer = step_flops(_pipelined(w)), tf.step_flops(_outer(w))
+        return {k: v + outer.get(k, 0.0) for k, v in pipe.items()}
     cfg, m = w.model, w.model.moe
     base = tf.step_flops(_folded(w))
     sh = _shapes(w)
@@ -769,7 +866,15 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
               means over every token), 2·E FP32 values forward, f_e again under remat full; and the routers' FP32
               gradients (replicated weights), 4·L_moe·D·E a train step
     "Under remat full" above: under every policy that recomputes the MoE MLP (moe_recomputed); the attention's terms
-    are the base's under the policy. Not modelled: windowed reduce-scatters, XLA's merged reductions."""
+    are the base's under the policy. Not modelled: windowed reduce-scatters, XLA's merged reductions. With dense
+    layers first outside the pipeline, the pipeline's and theirs (_outer_volumes)."""
+    if has_outer_layers(w):
+        out = collective_volumes(_pipelined(w))
+        for part in (_outer_volumes(w), _lookup_before_loop(w)):
+            for key, kinds in part.items():
+                for kind, v in kinds.items():
+                    out.setdefault(key, {})[kind] = out.get(key, {}).get(kind, 0.0) + v
+        return {k: kinds for k, kinds in out.items() if any(np.any(v) for v in kinds.values())}
     cfg = w.model
     sh = _shapes(w)
     X, Y, Ex, d, M = sh["X"], sh["Y"], sh["Ex"], sh["d"], sh["M"]
@@ -1027,6 +1132,8 @@ def memory_per_device(w: Workload) -> dict:
     findings.md, "Dropless on TPUs"); with a
     vocabulary the loss's phase where above a layer's (c·(t·D + t·V/Y + V·D/Y), t of a microbatch); on XLA:GPU the
     FP32 copies of fp32_copies."""
+    if has_outer_layers(w):
+        return _outer_memory(w)
     cfg, p = w.model, w.precision
     sh = _shapes(w)
     Y, M = sh["Y"], sh["M"]
@@ -1058,6 +1165,24 @@ def memory_per_device(w: Workload) -> dict:
                                                  "recomputed_layer"))
         terms["loss_phase"] = np.maximum(0.0, c * (tm * D + tm * V / Y + V * D / Y) - layer)
     terms.update(fp32_copies(w))  # XLA:GPU's (CompilerFacts.gpu_layouts)
+    terms["total"] = sum(terms.values())
+    return terms
+
+
+def _outer_memory(w: Workload) -> dict:
+    """memory_per_device with dense layers first outside the pipeline: the pipeline's terms (_pipelined), plus the
+    outer layers' FP32 state and gradients and their saved activations on the whole batch (the base transformer's
+    of _outer: held through the pipeline), their output gathered over stage, c·t·D (t = B/(d·X·Ex): the pipeline's
+    input, held through it), and of the transients (gathered weights, working sets) the larger of the two phases'."""
+    pipe = memory_per_device(_pipelined(w))
+    outer = tf.memory_per_device(_outer(w))
+    terms = {k: v for k, v in pipe.items() if k != "total"}
+    for k in ("master", "optimizer", "grads", "activations"):
+        terms[k] = terms.get(k, 0.0) + outer.get(k, 0.0)
+    for k in ("transient_weights", "attention_working_set", "layer_grads", "recomputed_layer"):
+        if k in outer:
+            terms[k] = np.maximum(terms.get(k, 0.0), outer[k])
+    terms["outer_output"] = w.precision.compute * tokens_per_device(w.model, w.mesh, w.batch_tokens) * w.model.d_model
     terms["total"] = sum(terms.values())
     return terms
 
