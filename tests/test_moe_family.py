@@ -119,7 +119,9 @@ def test_memory_parameter_terms():
 
 @pytest.mark.parametrize("cfg, mesh, match", [
     (TINY.replace(first_dense=1, moe_every=2, blocks=5), {"stage": 2, "fsdp": 2},
-     "stage=2: pipeline stages are built for an MoE transformer whose every layer is MoE"),
+     "stage=2: pipeline stages are built for an MoE transformer whose every layer after the dense ones first is MoE"),
+    (TINY.replace(first_dense=1, blocks=5, vocab=512), {"stage": 2, "fsdp": 2},
+     "stage=2 with one dense layer first and a vocabulary is not built"),
     (TINY, {"expert": 3}, "experts=8 is not divisible by the expert shard count 3"),
     (TINY, {"stage": 2, "expert": 2}, "microbatches=1 must be a multiple of stage=2"),  # the base's pipeline rules
     (TINY, {"stage": 2, "context": 2}, "stage=2 with context=2: the MoE transformer's pipeline is built without"),

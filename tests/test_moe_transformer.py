@@ -282,12 +282,23 @@ STAGE_CHECKS = [(_moe(**{"capacity_factor": 1.25, "aux_loss_weight": 0, **model}
     # chunks 2, 1, 1, 1 (circular R 2) and as 2 + 1 + 1 + 1 on 4 stages
     ({"blocks": 3}, "stage=2,fsdp=2,expert=2", "full", {"pipeline": "1f1b"}),
     ({"blocks": 5}, "stage=2,data=2,expert=2", "none", {"repeats": 2}),
-    ({"blocks": 5, "vocab": 512}, "stage=4,expert=2", "full", {"pipeline": "1f1b"})]]
+    ({"blocks": 5, "vocab": 512}, "stage=4,expert=2", "full", {"pipeline": "1f1b"}),
+    # dense layers first, outside the pipeline (stage a data axis for them; the pipeline's input gathered over it):
+    # GPipe; 1F1B with a vocabulary, its lookup before the loop; interleaved without an expert axis; dropless
+    ({"first_dense": 1}, "stage=2,data=2,expert=2", "none", {}),
+    ({"first_dense": 2, "blocks": 6, "vocab": 512}, "stage=2,data=2,expert=2", "none", {"pipeline": "1f1b"}),
+    ({"first_dense": 2, "blocks": 5, "vocab": 512}, "stage=2,expert=2,tensor=2", "full", {"pipeline": "1f1b"}),
+    ({"first_dense": 2, "blocks": 6, "vocab": 512}, "stage=2,data=2,fsdp=2", "none", {"pipeline": "1f1b",
+                                                                                    "repeats": 2}),
+    ({"first_dense": 2, "blocks": 6, "vocab": 512, "capacity_factor": "dropless"}, "stage=2,data=2,expert=2",
+     "full", {})]]
 
 
 @pytest.mark.grid
 @pytest.mark.parametrize("cfg, mesh, remat, schedule", rows(STAGE_CHECKS, quick=(1,)),
-                         ids=[f"{m}-{r}-" + "-".join(f"{k}{v}" for k, v in s.items()) for _, m, r, s in STAGE_CHECKS])
+                         ids=[f"{m}-{r}-L{c.blocks}" + f"-first{c.moe.first_dense}" * bool(c.moe.first_dense)
+                              + f"-V{c.vocab}" * bool(c.vocab) + "-dropless" * c.moe.dropless
+                              + "".join(f"-{k}{v}" for k, v in s.items()) for c, m, r, s in STAGE_CHECKS])
 def test_stages_check_on_cpu_holds_flops_and_every_axis(cfg, mesh, remat, schedule):
     """FLOPs (but dropless's, not comparable on CPU), the arguments and every axis' bytes within 0.1%: the stage
     axis' permutes, the all-to-alls per layer-pass (bubble iterations included), the gradients' reductions (1F1B: the

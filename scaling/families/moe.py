@@ -1172,8 +1172,12 @@ def memory_per_device(w: Workload) -> dict:
 def _outer_memory(w: Workload) -> dict:
     """memory_per_device with dense layers first outside the pipeline: the pipeline's terms (_pipelined), plus the
     outer layers' FP32 state and gradients and their saved activations on the whole batch (the base transformer's
-    of _outer: held through the pipeline), their output gathered over stage, c·t·D (t = B/(d·X·Ex): the pipeline's
-    input, held through it), and of the transients (gathered weights, working sets) the larger of the two phases'."""
+    of _outer: held through the pipeline), and of the transients (gathered weights, working sets) the larger of the
+    two phases'. The pipeline's buffers hold the outer layers' output, its input (the base's embedded batch); with a
+    vocabulary 1F1B's lookup runs before the loop (_lookup_before_loop): the output layer's FP32 accumulator alone,
+    4·V·D/(X·Y), and the input with its gradient, 2·c·t·D (t = B/(d·X·Ex)), in place of the base's lookup in the loop
+    (compiled on v5p: docs/findings.md)."""
+    cfg, mesh = w.model, w.mesh
     pipe = memory_per_device(_pipelined(w))
     outer = tf.memory_per_device(_outer(w))
     terms = {k: v for k, v in pipe.items() if k != "total"}
@@ -1182,7 +1186,10 @@ def _outer_memory(w: Workload) -> dict:
     for k in ("transient_weights", "attention_working_set", "layer_grads", "recomputed_layer"):
         if k in outer:
             terms[k] = np.maximum(terms.get(k, 0.0), outer[k])
-    terms["outer_output"] = w.precision.compute * tokens_per_device(w.model, w.mesh, w.batch_tokens) * w.model.d_model
+    if w.step == Step.TRAIN and cfg.vocab and w.schedule.pipeline == Pipeline.ONE_F_ONE_B:
+        t = tokens_per_device(cfg, mesh, w.batch_tokens)
+        terms["pipeline_buffers"] = (4 * cfg.vocab * cfg.d_model / (mesh["fsdp"] * mesh["tensor"])
+                                     + 2 * w.precision.compute * t * cfg.d_model)
     terms["total"] = sum(terms.values())
     return terms
 
@@ -1258,7 +1265,10 @@ def hbm_traffic_bytes(w: Workload):
     parameter shard (Precision.adam_update_bytes_per_param), the gathered weights read by the forward, dX and dW
     matmuls, 3·M·c·(ne + ex)/Y (with stages a stage's layers, read every weight pass: 3·T/R·c·(ne + ex)/Y), and
     every microbatch's saved activations (remat none's; with stages every layer-pass's) written and read once;
-    forward: the master weights once, the gathered weights once, the activations written and read."""
+    forward: the master weights once, the gathered weights once, the activations written and read. With dense layers
+    first outside the pipeline, the pipeline's and theirs (the base transformer's of _outer)."""
+    if has_outer_layers(w):  # the pipeline's and the dense layers' first outside it (_outer)
+        return hbm_traffic_bytes(_pipelined(w)) + tf.hbm_traffic_bytes(_outer(w))
     cfg, p = w.model, w.precision
     sh = _shapes(w)
     M, Y = sh["M"], sh["Y"]
@@ -1301,7 +1311,10 @@ def step_kernels(w: Workload) -> list[Kernel]:
     m: step_flops), the
     shared experts' input matrices' and the dispatch again. Dropless, the routed rows' permutations (permute_kernels).
     With S stages each MoE kernel on a microbatch's rows (t/M), per layer-pass of a microbatch (bubble included).
-    Approximate: the other pointwise passes are the base's (an MLP of F a layer)."""
+    Approximate: the other pointwise passes are the base's (an MLP of F a layer). With dense layers first outside the
+    pipeline, the pipeline's and theirs (the base transformer's of _outer)."""
+    if has_outer_layers(w):
+        return step_kernels(_pipelined(w)) + tf.step_kernels(_outer(w))
     cfg, m = w.model, w.model.moe
     sh = _shapes(w)
     c, D, mm, Fe, Y, Lm, L = w.precision.compute, cfg.d_model, cfg.mlp_matrices, m.expert_d_ff, sh["Y"], \
