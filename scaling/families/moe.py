@@ -718,7 +718,8 @@ def _lookup_before_loop(w: Workload) -> dict[str, dict[str, float]]:
     the loop (ffn_model.transformer.transformer_pipeline_loss with ``pre``), against the pipeline's own (_pipelined:
     the lookup on stage 0 in every forward slot), m1 = c·V·D/(X·Y) one matrix's gradient on the device: the lookup
     once (its partial sums over tensor, c·t·D, once, not T/M times; E's gradient reduce-scattered over fsdp once, not
-    T times), no accumulator of E in the loop (expert: −T·m1; stage: −m1), E's gradient reduced once over the token axes as
+    T times), no accumulator of E in the loop (expert: −T·m1; data and stage: −m1 each, or −m1 from their joint
+    reduction), E's gradient reduced once over the token axes as
     without stages (data and expert: out of 1F1B's data-after-the-loop), and the pipeline input's gradient summed over
     stage, c·t·D (t = B/(d·X·Ex): stage 0's, for the outer layers' backward). Read from the compiled programs (cpu:8)."""
     cfg, mesh = w.model, w.mesh
@@ -729,14 +730,19 @@ def _lookup_before_loop(w: Workload) -> dict[str, dict[str, float]]:
     c = max(w.precision.compute, w.compiler.min_comm_bytes)
     t, D, V = tokens_per_device(cfg, mesh, w.batch_tokens), cfg.d_model, cfg.vocab
     m1 = c * V * D / (X * Y)
-    out: dict[str, dict[str, float]] = {"stage": {"all-reduce": c * t * D - m1}}
+    # the lookup's accumulator, out of the pipeline's reductions over data and stage (or, where XLA sums the
+    # matrices' accumulators over both in one, out of that: joint_head_reduce)
+    joint = w.compiler.joint_head_reduce and spans(d)
+    out: dict[str, dict[str, float]] = {"stage": {"all-reduce": c * t * D - (0 if joint else m1)}}
+    if joint:
+        out["data+stage"] = {"all-reduce": -m1}
     if spans(X):
         out["fsdp"] = {"reduce-scatter": -(p["lookup_iterations"] - 1) * m1 * X}
     if spans(Y):
         out["tensor"] = {"all-reduce": -(p["lookup"] - 1) * c * t * D}
     if spans(Ex):
         out["expert"] = {"all-reduce": -p["lookup_iterations"] * m1}
-    if spans(d):
+    if spans(d) and not joint:
         out["data"] = {"all-reduce": -m1}
     tokens = "+".join(a for a in ("data", "expert") if spans(mesh[a]))
     if tokens:
