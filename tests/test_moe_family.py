@@ -213,3 +213,25 @@ def test_dropless_on_a_tpu_has_no_note():
     assert MIXTRAL.replace(capacity_factor=1.25).program_notes(get_chip("v5p")) == []
     assert PRESETS["llama-8b"].program_notes(get_chip("v5p")) == [] and PRESETS["xxl"].program_notes(
         get_chip("v5p")) == []
+
+
+def test_deepseek_v3_on_16_stages_predicts():
+    """Megatron-Bridge's DeepSeek-V3 layout on 1,024 H100s, PP 16 × EP 64 (1F1B, 128 microbatches of one sequence a
+    device, 33,554,432 tokens): described, not refused. By hand: the 3 dense layers run outside the pipeline, the
+    58 MoE layers split over 16 stages, at most 4 a stage (Megatron's default, the embedding and the loss counted as a
+    layer each: 60 items over 16);
+    over stage the outer layers' output gathered, c·t·D = 2·(33,554,432/64)·7,168 = 7,516,192,768 B, and its gradient
+    reduce-scattered, the same; their gradients all-reduced over stage and expert once, 3 layers of
+    A + 3·D·F = 187,105,280 + 3·7,168·18,432 = 583,467,008 parameters at 2 B: 3,500,802,048 B."""
+    from scaling.step.pipeline import stage_blocks
+
+    cfg = MOE_PRESETS["deepseek-v3"].replace(aux_loss_weight=0, capacity_factor=1.0)
+    w = Workload(cfg, {"stage": 16, "expert": 64}, 33_554_432, remat="full",
+                 schedule=Schedule(microbatches=128, pipeline="1f1b"))
+    counts = stage_blocks(cfg, w.schedule, 16)
+    assert sum(counts) == 58 and max(counts) == 4 and len(counts) == 16
+    p = predict(w, get_chip("H100"))
+    stage = p.collectives["stage"]
+    assert stage["all-gather"] == 7_516_192_768 and stage["reduce-scatter"] == 7_516_192_768
+    assert p.collectives["stage+expert"] == {"all-reduce": 3_500_802_048}
+    assert p.times.step["sum"] > 0
