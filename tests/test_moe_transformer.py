@@ -305,14 +305,19 @@ STAGE_CHECKS = [(_moe(**{"capacity_factor": 1.25, "aux_loss_weight": 0, **model}
     ({"blocks": 5}, "stage=2,data=2,expert=2", "none", {"repeats": 2}),
     ({"blocks": 5, "vocab": 512}, "stage=4,expert=2", "full", {"pipeline": "1f1b"}),
     # dense layers first, outside the pipeline (stage a data axis for them; the pipeline's input gathered over it):
-    # GPipe; 1F1B with a vocabulary, its lookup before the loop; interleaved without an expert axis; dropless
+    # GPipe; 1F1B with a vocabulary (tied too, and with warm-up phases), its lookup before the loop; interleaved
+    # without an expert axis; dropless
     ({"first_dense": 1}, "stage=2,data=2,expert=2", "none", {}),
     ({"first_dense": 2, "blocks": 6, "vocab": 512}, "stage=2,data=2,expert=2", "none", {"pipeline": "1f1b"}),
     ({"first_dense": 2, "blocks": 5, "vocab": 512}, "stage=2,expert=2,tensor=2", "full", {"pipeline": "1f1b"}),
     ({"first_dense": 2, "blocks": 6, "vocab": 512}, "stage=2,data=2,fsdp=2", "none", {"pipeline": "1f1b",
                                                                                     "repeats": 2}),
     ({"first_dense": 2, "blocks": 6, "vocab": 512, "capacity_factor": "dropless"}, "stage=2,data=2,expert=2",
-     "full", {})]]
+     "full", {}),
+    ({"first_dense": 2, "blocks": 6, "vocab": 512, "tied_embeddings": True}, "stage=2,data=2,expert=2", "none",
+     {"pipeline": "1f1b"}),
+    ({"first_dense": 2, "blocks": 6, "vocab": 512}, "stage=2,data=2,expert=2", "full",
+     {"pipeline": "1f1b", "microbatches": 8, "warmup_phases": True})]]
 
 
 @pytest.mark.grid

@@ -718,8 +718,8 @@ def _lookup_before_loop(w: Workload) -> dict[str, dict[str, float]]:
     the loop (ffn_model.transformer.transformer_pipeline_loss with ``pre``), against the pipeline's own (_pipelined:
     the lookup on stage 0 in every forward slot), m1 = c·V·D/(X·Y) one matrix's gradient on the device: the lookup
     once (its partial sums over tensor, c·t·D, once, not T/M times; E's gradient reduce-scattered over fsdp once, not
-    T times), no accumulator of E in the loop (expert: −T·m1; data and stage: −m1 each, or −m1 from their joint
-    reduction), E's gradient reduced once over the token axes as
+    T times), no accumulator of E in the loop (expert: −T·m1; untied, data and stage: −m1 each, or −m1 from their
+    joint reduction; tied, the one matrix's accumulator stays for the output layer), E's gradient reduced once over the token axes as
     without stages (data and expert: out of 1F1B's data-after-the-loop), and the pipeline input's gradient summed over
     stage, c·t·D (t = B/(d·X·Ex): stage 0's, for the outer layers' backward). Read from the compiled programs (cpu:8)."""
     cfg, mesh = w.model, w.mesh
@@ -733,9 +733,10 @@ def _lookup_before_loop(w: Workload) -> dict[str, dict[str, float]]:
     # the lookup's accumulator, out of the pipeline's reductions over data and stage (or, where XLA sums the
     # matrices' accumulators over both in one, out of that: joint_head_reduce)
     joint = w.compiler.joint_head_reduce and spans(d)
-    out: dict[str, dict[str, float]] = {"stage": {"all-reduce": c * t * D - (0 if joint else m1)}}
+    lookup = (cfg.embedding_matrices - 1) * m1  # untied: E's own accumulator (tied: the one matrix's stays, U's)
+    out: dict[str, dict[str, float]] = {"stage": {"all-reduce": c * t * D - (0 if joint else lookup)}}
     if joint:
-        out["data+stage"] = {"all-reduce": -m1}
+        out["data+stage"] = {"all-reduce": -lookup}
     if spans(X):
         out["fsdp"] = {"reduce-scatter": -(p["lookup_iterations"] - 1) * m1 * X}
     if spans(Y):
@@ -743,7 +744,7 @@ def _lookup_before_loop(w: Workload) -> dict[str, dict[str, float]]:
     if spans(Ex):
         out["expert"] = {"all-reduce": -p["lookup_iterations"] * m1}
     if spans(d) and not joint:
-        out["data"] = {"all-reduce": -m1}
+        out["data"] = {"all-reduce": -lookup}
     tokens = "+".join(a for a in ("data", "expert") if spans(mesh[a]))
     if tokens:
         out.setdefault(tokens, {})
