@@ -647,7 +647,7 @@ def outer_layers(params: dict, x_BxTxD, *, w: Workload):
     pipeline's input (an all-gather; its transpose a reduce-scatter of the input's gradient)."""
     ws = {n[len("outer_"):]: a for n, a in params.items() if n.startswith("outer_")}
     ws |= {n.replace("dense", "w"): a for n, a in params.items() if n.startswith("dense_")}
-    with tokens_over("moe_batch_stage"):
+    with tokens_over("moe_batch_stage"):  # the layers and their output split over stage too, then gathered
         x = tf.stack_forward(constrain(x_BxTxD, tf.X_AXES), ws, w.schedule, w.remat, w.model.base.mlp)
         x = constrain(x, tf.X_AXES)
     return constrain(x, tf.X_AXES)

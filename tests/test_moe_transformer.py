@@ -197,11 +197,12 @@ def test_deepseek_shaped_stages_with_dense_layers_first_on_v5p():
     PP 16), on stage 2 × data 2 × expert 2 under remat full, aux loss 0: the dense layers outside the pipeline (stage a
     data axis for them), the lookup before the loop. FLOPs and every axis within 2% (each within 0.1% measured: the
     head's accumulator summed over data and stage in one, E's gradient over data and expert once), the peak within
-    the family's 10% (0.9545 measured)."""
+    the family's 10% (0.9545 measured) under MaxText's flags, the commands' default (libtpu's own: 0.8977, XLA holding
+    0.36 GB less; docs/findings.md)."""
     from verify.check import check
 
     cfg = DEEPSEEK_4.replace(first_dense=2, aux_loss_weight=0)
-    w = Workload(cfg, parse_mesh_spec("stage=2,data=2,expert=2"), 16 * 2048, remat="full",
+    w = Workload(cfg, parse_mesh_spec("stage=2,data=2,expert=2"), 16 * 2048, remat="full", flags="maxtext",
                  schedule=Schedule(attention="splash", microbatches=4, pipeline="1f1b"))
     rep = check(w, "tpu:v5p:2x2x2")
     assert rep.flops.matmul.ratio == pytest.approx(1, abs=0.02)
