@@ -249,8 +249,8 @@ STAGE_CASES = [  # (model, mesh, schedule, remat, vocab)
     (STAGED.replace(first_dense=2, blocks=6), "stage=2,fsdp=2,expert=2", Schedule(
         attention="materialized", microbatches=2, pipeline="1f1b"), "full", 512),
     # uneven stages, 3 layers over 2 stages (2 + 1, a padding slot in stage 1's stacks), with QK-norm (Qwen3's)
-    (STAGED.replace(blocks=3, qk_norm=True), "stage=2,fsdp=2,expert=2", Schedule(attention="materialized", microbatches=2,
-                                                                   pipeline="1f1b"), "none", None)]
+    (STAGED.replace(blocks=3, qk_norm=True), "stage=2,fsdp=2,expert=2",
+     Schedule(attention="materialized", microbatches=2, pipeline="1f1b"), "none", None)]
 
 
 @pytest.mark.numerics

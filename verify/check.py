@@ -14,8 +14,6 @@ from __future__ import annotations
 import dataclasses
 import sys
 
-import numpy as np
-
 from ffn_model.attention import has_cudnn
 from ffn_model.compile import abstract_compile
 from mesh import ici_layout, make_mesh, mesh_shape

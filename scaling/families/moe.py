@@ -349,10 +349,11 @@ class MoEConfig(FamilyDefaults):
 
     def check_schedule(self, schedule: Schedule, mesh: Mapping, batch_tokens: int | None = None) -> None:
         """Before the shared rules (Schedule.check): stages with every layer MoE after the dense ones first
-        (ffn_model.moe.pipeline_loss_fn: those run outside the pipeline) and no context axis beside them; context parallelism as Ulysses only, no sequence
-        parallelism or ZeRO-1 (not built); the base's rules on the folded mesh (tensor, context and stage: the heads
-        over context·tensor, T over context, the microbatches over the stages, what runs without stages); B whole
-        sequences, their number divisible by microbatches·data·fsdp·expert."""
+        (ffn_model.moe.pipeline_loss_fn: those run outside the pipeline; not one of them with a vocabulary) and no
+        context axis beside them; context parallelism as Ulysses only, no sequence parallelism or ZeRO-1 (not built);
+        the base's rules on the folded mesh (tensor, context and stage: the heads over context·tensor, T over context,
+        the microbatches over the stages, what runs without stages); B whole sequences, their number divisible by
+        microbatches·data·fsdp·expert."""
         S = mesh.get("stage", 1)
         if S > 1 and self.moe.moe_every != 1:
             raise ValueError(f"stage={S}: pipeline stages are built for an MoE transformer whose every layer after the "
@@ -719,9 +720,10 @@ def _lookup_before_loop(w: Workload) -> dict[str, dict[str, float]]:
     the lookup on stage 0 in every forward slot), m1 = c·V·D/(X·Y) one matrix's gradient on the device: the lookup
     once (its partial sums over tensor, c·t·D, once, not T/M times; E's gradient reduce-scattered over fsdp once, not
     T times), no accumulator of E in the loop (expert: −T·m1; untied, data and stage: −m1 each, or −m1 from their
-    joint reduction; tied, the one matrix's accumulator stays for the output layer), E's gradient reduced once over the token axes as
-    without stages (data and expert: out of 1F1B's data-after-the-loop), and the pipeline input's gradient summed over
-    stage, c·t·D (t = B/(d·X·Ex): stage 0's, for the outer layers' backward). Read from the compiled programs (cpu:8)."""
+    joint reduction; tied, the one matrix's accumulator stays for the output layer), E's gradient reduced once over
+    the token axes as without stages (data and expert: out of 1F1B's data-after-the-loop), and the pipeline input's
+    gradient summed over stage, c·t·D (t = B/(d·X·Ex): stage 0's, for the outer layers' backward). Read from the
+    compiled programs (cpu:8; v5p with a data axis: the joint reduction)."""
     cfg, mesh = w.model, w.mesh
     if not (w.step == Step.TRAIN and cfg.vocab and w.schedule.pipeline == Pipeline.ONE_F_ONE_B):
         return {}
