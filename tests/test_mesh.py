@@ -23,6 +23,7 @@ def test_rules_table_and_specs():
                              "head_dim": (), "tensor_split": ("tensor",), "vocab": ("tensor",),
                              "embed_zero1": ("fsdp", "data"), "data_shards": ("data",), "batch_fsdp": ("fsdp",),
                              "moe_batch": ("data", "fsdp", "expert"), "moe_batch_fsdp": ("fsdp", "expert"),
+                             "moe_batch_stage": ("data", "fsdp", "expert", "stage"),
                              "exp": ("expert",),
                              "moe_tokens": ("context", "data", "fsdp", "expert"),
                              "expert_groups": ("context", "data", "fsdp"), "latent": (),

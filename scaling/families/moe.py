@@ -42,7 +42,7 @@ import numpy as np
 
 from scaling.families import transformer as tf
 from scaling.core.family import FamilyDefaults, PlanPolicy
-from scaling.core.kinds import Family, KernelKind, Platform
+from scaling.core.kinds import Collective, Family, KernelKind, Platform
 from scaling.core.inputs import positive_float, positive_int
 from scaling.core.policies import ContextStrategy, OptimizerSharding, Pipeline, Remat, Step
 from scaling.step.kernels import Kernel, accumulate_kernel, adamw_kernel, matmul_kernel, pass_kernels
@@ -703,8 +703,8 @@ def _outer_volumes(w: Workload) -> dict[str, dict[str, float]]:
             tgt = out.setdefault(_outer_axes(w, key), {})
             tgt[kind] = tgt.get(kind, 0.0) + v
     loss = _outer_axes(w, "+".join(a for a in ("data", "fsdp", "tensor") if spans(_outer(w).mesh.get(a, 1))))
-    if loss and "all-reduce" in out.get(loss, {}):
-        out[loss]["all-reduce"] -= 4.0
+    if loss and Collective.ALL_REDUCE in out.get(loss, {}):
+        out[loss][Collective.ALL_REDUCE] -= 4.0
     c = max(w.precision.compute, w.compiler.min_comm_bytes)
     t = tokens_per_device(w.model, w.mesh, w.batch_tokens)
     gathered = out.setdefault("stage", {})
