@@ -35,7 +35,8 @@ import numpy as np
 from jax._src.interpreters import partial_eval as pe  # dce_jaxpr: which residuals depend on the chunk's input
 from jax.sharding import PartitionSpec
 
-from ffn_model.sharded import COMPUTE_DTYPE, constrain
+from ffn_model.sharded import COMPUTE_DTYPE, constrain, traced_platform
+from scaling.core.kinds import Platform
 from scaling.step.pipeline import chunk_counts, relay_rounds
 
 
@@ -301,15 +302,20 @@ def one_f_one_b(x_MxbxD, labels_Mxbx, weights: dict, head_params: dict, mesh, ch
         return _run_loop(loop, x, labels, ws, hp)
 
     loss, dws, dhp, *dx = run(x_SxMxDxbxD, labels_MxDxbx, weights, head_params)
+    # the data shards' partial gradients reduced once (BF16 on the wire, the precision policy's gradient
+    # communication); the head's and the input's are on the last stage and on stage 0: summed over stage too. A BF16
+    # sum (lax.reduce) but on XLA:CPU: jnp.sum computes a BF16 sum in FP32, which XLA:GPU then all-reduces in FP32 (2x
+    # the bytes; XLA:TPU narrows it); XLA:CPU aborts on some BF16 all-reduces (its all-reduce promotion) and widens
+    # every one to FP32 anyway
+    zero = jnp.zeros((), COMPUTE_DTYPE)
+    reduce = (lambda g, axes: jnp.sum(g.astype(COMPUTE_DTYPE), axis=axes)) if traced_platform() == Platform.CPU else (
+        lambda g, axes: jax.lax.reduce(g.astype(COMPUTE_DTYPE), zero, jax.lax.add, axes))
     if dx:  # stage 0's input gradients, [M, b, ...]
-        dx = jnp.sum(dx[0], axis=0)
+        dx = reduce(dx[0], (0,))
         dx = dx.reshape(dx.shape[0], dx.shape[1] * dx.shape[2], *dx.shape[3:])
     else:
         dx = None
-    # the data shards' partial gradients reduced once (BF16 on the wire, the precision policy's gradient
-    # communication); the head's and the input's are on the last stage and on stage 0: summed over stage too
-    reduce = lambda g, axes: jnp.sum(g.astype(COMPUTE_DTYPE), axis=axes)  # noqa: E731
-    return (jnp.sum(loss), jax.tree.map(lambda w, g: reduce(g, 0).astype(w.dtype), weights, dws),
+    return (jnp.sum(loss), jax.tree.map(lambda w, g: reduce(g, (0,)).astype(w.dtype), weights, dws),
             jax.tree.map(lambda p, g: reduce(g, (0, 1)).astype(p.dtype), head_params, dhp), dx)
 
 
