@@ -86,3 +86,15 @@ def test_one_f_one_b_reduces_its_gradients_in_bf16_on_gpu():
     for axis, row in rep.collectives.by_axis.items():
         if row.closed_form:
             assert row.ratio == pytest.approx(1, abs=1e-3), axis
+
+
+@pytest.mark.compiles
+@pytest.mark.skipif(not has_cuda_plugin(), reason="needs jax's CUDA plugin (the cuda-aot extra)")
+def test_moe_one_f_one_b_on_gpu_reduces_the_lookup_once():
+    """moe-tiny with V 512 on 1F1B stages, stage=2,data=2,expert=2 on gpu:H100:8: XLA:GPU reduces the lookup's FP32
+    accumulator over expert once after the loop, with the output layer's (one BF16 all-reduce of both, 131,072 B =
+    2·2·512·64), where XLA:CPU and XLA:TPU reduce it every iteration (CompilerFacts.lookup_reduce_in_loop); expert
+    read 0.8847 before. Every axis within the check bands."""
+    cfg = get_preset("moe-tiny").replace(vocab=512, capacity_factor=1.25, aux_loss_weight=0)
+    _assert_bands(check(grid_workload(cfg, "stage=2,data=2,expert=2", 2048, "none", "train",
+                                      Schedule(4, pipeline="1f1b")), "gpu:H100:8"))

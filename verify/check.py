@@ -75,6 +75,7 @@ def compare(w: Workload, devices: str, chip: str | None = None, verbose: bool = 
                      circular_relays=relays, joint_head_reduce=joint)
     w = w.with_facts(host_offload=platform != Platform.CPU,  # XLA:CPU keeps offloaded residuals in device memory
                      head_reduce_in_loop=platform == Platform.CPU,  # XLA:CPU reduces 1F1B's head accumulator per use
+                     lookup_reduce_in_loop=platform != Platform.GPU,  # XLA:GPU its lookup's once, after the loop
                      gpu_layouts=platform == Platform.GPU)  # XLA:GPU's gathered-dimension-major layouts
     pred = program.predict(w, chip_, layout)
 

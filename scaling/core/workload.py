@@ -51,6 +51,9 @@ class CompilerFacts:
     head_reduce_in_loop    1F1B: the output layer's FP32 gradient accumulator reduced over the loop's automatic
                            token axes (an MoE model's expert) every head iteration (XLA:CPU), not once after the loop
                            (XLA:TPU)
+    lookup_reduce_in_loop  1F1B: the lookup's FP32 gradient accumulator reduced over the loop's automatic token axes
+                           (an MoE model's expert) every iteration (XLA:CPU, XLA:TPU), not once after the loop
+                           (XLA:GPU, with the output layer's)
     host_offload           an offloading remat policy's residuals live in pinned host memory (XLA:TPU, XLA:GPU),
                            not in device memory (XLA:CPU, whose host and device memory are one: it ignores the
                            placement, jax 0.10.2)
@@ -65,6 +68,7 @@ class CompilerFacts:
     min_comm_bytes: int = 0
     joint_head_reduce: bool = False
     head_reduce_in_loop: bool = False
+    lookup_reduce_in_loop: bool = True
     host_offload: bool = True
     gpu_layouts: bool = False
 

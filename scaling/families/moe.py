@@ -743,8 +743,8 @@ def _lookup_before_loop(w: Workload) -> dict[str, dict[str, float]]:
         out["fsdp"] = {"reduce-scatter": -(p["lookup_iterations"] - 1) * m1 * X}
     if spans(Y):
         out["tensor"] = {"all-reduce": -(p["lookup"] - 1) * c * t * D}
-    if spans(Ex):
-        out["expert"] = {"all-reduce": -p["lookup_iterations"] * m1}
+    if spans(Ex):  # the pipeline's own lookup accumulator, as often as it reduces it
+        out["expert"] = {"all-reduce": -(p["lookup_iterations"] if w.compiler.lookup_reduce_in_loop else 1) * m1}
     if spans(d) and not joint:
         out["data"] = {"all-reduce": -lookup}
     tokens = "+".join(a for a in ("data", "expert") if spans(mesh[a]))
@@ -994,9 +994,11 @@ def _staged_volumes(w: Workload, sh: dict, c: float) -> dict[str, dict[str, floa
     V = cfg.vocab or 0
     if train and V and one_f and spans(Ex):  # the matrices' FP32 accumulators over expert (automatic in the loop),
         # as each iteration adds to them: the lookup's every iteration, the output layer's every head iteration
-        # (tied: the one matrix's, both), or where the compiler sums it after the loop once (head_reduce_in_loop)
+        # (tied: the one matrix's, both), or where the compiler sums it after the loop once (head_reduce_in_loop,
+        # lookup_reduce_in_loop)
         head = p["head_iterations"] if w.compiler.head_reduce_in_loop else 1
-        add("expert", "all-reduce", c * V * D / (X * Y) * (p["lookup_iterations"] + head))
+        lookup = p["lookup_iterations"] if w.compiler.lookup_reduce_in_loop else 1
+        add("expert", "all-reduce", c * V * D / (X * Y) * (lookup + head))
     if train and V and not one_f and spans(X) and spans(Ex) and not spans(d):  # GPipe, circular: the output
         # matrix's gradient reduced over stage and expert in one (its base terms: c·V·D/(X·Y) over each)
         merged = c * V * D / (X * Y)
