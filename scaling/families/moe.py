@@ -697,11 +697,7 @@ def _outer_volumes(w: Workload) -> dict[str, dict[str, float]]:
     4-byte mean, which the step's own loss is), their axes named as the step's (_outer_axes), and the stage axis'
     all-gather of their output, c·t·D (t = B/(d·X·Ex): a data shard's tokens, the pipeline's input on every stage),
     and in a train step the reduce-scatter of its gradient, the same."""
-    out: dict[str, dict[str, float]] = {}
-    for key, kinds in tf.collective_volumes(_outer(w)).items():
-        for kind, v in kinds.items():
-            tgt = out.setdefault(_outer_axes(w, key), {})
-            tgt[kind] = tgt.get(kind, 0.0) + v
+    out = _added({}, tf.collective_volumes(_outer(w)), lambda key: _outer_axes(w, key))
     loss = _outer_axes(w, "+".join(a for a in ("data", "fsdp", "tensor") if spans(_outer(w).mesh.get(a, 1))))
     if loss and Collective.ALL_REDUCE in out.get(loss, {}):
         out[loss][Collective.ALL_REDUCE] -= 4.0
@@ -712,6 +708,15 @@ def _outer_volumes(w: Workload) -> dict[str, dict[str, float]]:
     if w.step == Step.TRAIN:
         gathered["reduce-scatter"] = gathered.get("reduce-scatter", 0.0) + c * t * w.model.d_model
     return {k: {kind: v for kind, v in kinds.items() if v} for k, kinds in out.items() if any(kinds.values())}
+
+
+def _added(out: dict, part: dict, axes=lambda key: key) -> dict:
+    """``out`` with the volumes ``part`` ({axis: {kind: V}}) added, each under the key ``axes`` names for its own."""
+    for key, kinds in part.items():
+        for kind, v in kinds.items():
+            tgt = out.setdefault(axes(key), {})
+            tgt[kind] = tgt.get(kind, 0.0) + v
+    return out
 
 
 def _lookup_before_loop(w: Workload) -> dict[str, dict[str, float]]:
@@ -878,11 +883,7 @@ def collective_volumes(w: Workload) -> dict[str, dict[str, float]]:
     are the base's under the policy. Not modelled: windowed reduce-scatters, XLA's merged reductions. With dense
     layers first outside the pipeline, the pipeline's and theirs (_outer_volumes)."""
     if has_outer_layers(w):
-        out = collective_volumes(_pipelined(w))
-        for part in (_outer_volumes(w), _lookup_before_loop(w)):
-            for key, kinds in part.items():
-                for kind, v in kinds.items():
-                    out.setdefault(key, {})[kind] = out.get(key, {}).get(kind, 0.0) + v
+        out = _added(_added(collective_volumes(_pipelined(w)), _outer_volumes(w)), _lookup_before_loop(w))
         return {k: kinds for k, kinds in out.items() if any(np.any(v) for v in kinds.values())}
     cfg = w.model
     sh = _shapes(w)
