@@ -70,7 +70,8 @@ def compare(w: Workload, devices: str, chip: str | None = None, verbose: bool = 
     w = w.replace(flags=w.flags.on(platform))  # XLA:CPU gets none of libtpu's flags: synchronous collectives
     res = abstract_compile(w, mesh)
     got = read_compiled(res.compiled, dict(shape))
-    windowed, rule, merged, relays, joint = _program_facts(w, got, chip_, layout, platform)
+    windowed, rule, merged, relays, joint = _program_facts(w.with_facts(min_comm_bytes=widen), got, chip_, layout,
+                                                           platform)
     w = w.with_facts(min_comm_bytes=widen, windowed_grad_rs=windowed, merged_grad_allreduce=merged,
                      circular_relays=relays, joint_head_reduce=joint)
     w = w.with_facts(host_offload=platform != Platform.CPU,  # XLA:CPU keeps offloaded residuals in device memory
@@ -156,8 +157,7 @@ def _program_facts(w: Workload, got, chip_: Chip, layout: dict, platform: str) -
     # expert) in one all-reduce (XLA:TPU): all-reduces over both, past the loss, beyond what the closed form without
     # the fact names there (an MoE model's dense layers first reduce their own gradients over data, stage and expert:
     # ffn_model.moe.outer_layers).
-    named = w.model.forms.collective_volumes(w.with_facts(min_comm_bytes=4 if platform == Platform.CPU else 0,
-                                                          joint_head_reduce=False))
+    named = w.model.forms.collective_volumes(w.with_facts(joint_head_reduce=False))  # (w's min_comm_bytes: compare's)
     joint = False
     for axes in ({"data", "stage"}, {"data", "stage", "expert"}):
         over = sum(c.volume * c.count for c in got.collectives if c.kind == Collective.ALL_REDUCE
