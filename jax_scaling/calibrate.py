@@ -3,8 +3,9 @@ table (TOML, the format scaling.hardware.kernel_tables reads; ``--kernel-table F
 kernels).
 
 What is measured and how: verify.calibrate. The jobs run in order of use (the launch time, bf16 squares,
-pointwise, attention, the other dtypes' squares, the transformer-shape grid, collectives), the table is rewritten
-after every section, so a run cut short by ``--budget`` (seconds) keeps what it measured and says what it skipped.
+pointwise, attention, the other dtypes' squares, the transformer-shape grid, collectives, decode), the table is
+rewritten after every section, so a run cut short by ``--budget`` (seconds) keeps what it measured and says what it
+skipped.
 Without an accelerator: one line, exit 2 (``--allow-cpu`` measures the CPU, for tests of the command itself).
 """
 
@@ -18,7 +19,7 @@ from scaling.hardware.kernel_tables import table_text
 from scaling.core.kinds import Dtype, Platform
 from scaling.core.limits import number
 
-SECTIONS = ("launch", "gemm", "pointwise", "attention", "collectives")
+SECTIONS = ("launch", "gemm", "pointwise", "attention", "collectives", "decode")
 
 
 def add_parser(sub) -> None:
@@ -57,7 +58,17 @@ def _jobs(grid, sections, dtypes):
     if "collectives" in sections:
         from verify.calibrate import COLLECTIVES
         jobs += [("collectives", kind, b) for kind in COLLECTIVES for b in grid.collectives]
+    if "decode" in sections:
+        jobs += [("gemm", "bf16", s) for s in grid.decode_gemm]
+        jobs += [("decode", impl, a) for a in grid.decode_attention for impl in _decode_impls()]
     return jobs
+
+
+def _decode_impls() -> tuple[str, ...]:
+    """The decode attention implementations timed: "xla", and "cudnn" where jax runs on an NVIDIA GPU."""
+    import jax
+
+    return ("xla", "cudnn") if jax.default_backend() == "gpu" else ("xla",)
 
 
 def calibrate_command(args) -> int:
@@ -149,6 +160,8 @@ def _run(cal, rows, section, key, p) -> None:
     elif section == "attention":
         fwd, both, impl = cal.attention_seconds(*p)
         rows.setdefault("attention", {}).setdefault(impl, []).append([*p[:4], bool(p[4]), fwd, both])
+    elif section == "decode":
+        rows.setdefault("decode_attention", {}).setdefault(key, []).append([*p, cal.decode_attention_seconds(*p, key)])
     elif section == "collectives":
         import jax
         rows.setdefault("collectives", {}).setdefault(key, []).append(
@@ -162,7 +175,8 @@ def _quick_grid():
     return Grid(gemm={"bf16": sq + [(4096, 8192, 2048)], "tf32": sq[:2], "fp32": sq[:2], "fp8": sq[:2],
                       "int8": sq[:2]},
                 pointwise=[2**e for e in range(12, 25, 4)],
-                attention=[(4, 1024, 8, 64, True)], collectives=[2**16, 2**20])
+                attention=[(4, 1024, 8, 64, True)], collectives=[2**16, 2**20],
+                decode_gemm=[(1, 4096, 4096), (32, 14336, 4096)], decode_attention=[(8, 4096, 32, 8, 128)])
 
 
 def render_summary(rows, chip, skipped, out, seconds) -> str:
@@ -190,6 +204,10 @@ def render_summary(rows, chip, skipped, out, seconds) -> str:
         lines.append(f"  attention ({impl}): {len(rs)} cases")
     for kind, rs in rows.get("collectives", {}).items():
         lines.append(f"  {kind}: {len(rs)} sizes")
+    for impl, rs in rows.get("decode_attention", {}).items():
+        b, t, _, kv, h, s = max(rs, key=lambda r: r[0] * r[1] * r[3] * r[4] / r[5])
+        lines.append(f"  decode attention ({impl}): {len(rs)} cases; best {4 * b * t * kv * h / s / 1e9:.0f} GB/s "
+                     f"(batch {b}, context {t})")
     if skipped:
         lines.append(f"  not measured: {len(skipped)} (listed in the table)")
     return "\n".join(lines)

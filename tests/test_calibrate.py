@@ -36,14 +36,15 @@ def test_cpu_table_round_trips(tmp_path, capsys, monkeypatch):
     """A tiny grid on the 8 emulated CPU devices: every section is written, and the parser reads the same rows (the
     GEMM shapes asked for, pointwise bytes = 4 B an element, attention's causal flag, collectives over 8 devices)."""
     grid = cal.Grid(gemm={"bf16": [(64, 64, 64), (64, 128, 32)], "fp32": [(64, 64, 64)]}, pointwise=[4096],
-                    attention=[(1, 64, 2, 16, True)], collectives=[4096])
+                    attention=[(1, 64, 2, 16, True)], collectives=[4096], decode_gemm=[(2, 64, 32)],
+                    decode_attention=[(2, 64, 4, 2, 16)])
     monkeypatch.setattr(command, "_quick_grid", lambda: grid)
     out = tmp_path / "cpu.toml"
     assert main(["calibrate", "--out", str(out), "--allow-cpu", "--quick", "--dtypes", "bf16,fp32"]) == 0
     text = capsys.readouterr().out
-    assert "table written" in text and "gemm bf16: 2 shapes" in text
+    assert "table written" in text and "gemm bf16: 3 shapes" in text and "decode attention (xla): 1 cases" in text
     t = load_kernel_table(out)
-    assert [tuple(int(v) for v in r[:3]) for r in t.gemm["bf16"].rows] == [(64, 64, 64), (64, 128, 32)]
+    assert [tuple(int(v) for v in r[:3]) for r in t.gemm["bf16"].rows] == [(64, 64, 64), (64, 128, 32), (2, 64, 32)]
     assert all(r[3] > 0 for r in t.gemm["bf16"].rows) and len(t.gemm["fp32"].rows) == 1
     assert [r[0] for r in t.pointwise.rows] == [4 * 4096]
     (row,) = t.attention["xla"].rows
@@ -52,6 +53,8 @@ def test_cpu_table_round_trips(tmp_path, capsys, monkeypatch):
     assert set(t.collectives) == set(cal.COLLECTIVES)
     assert all(r[0] == 8 and r[1] == 4096 for rows in t.collectives.values() for r in rows.rows)
     assert t.launch_seconds > 0
+    (row,) = t.decode_attention["xla"].rows
+    assert tuple(row[:5]) == (2, 64, 4, 2, 16) and row[5] > 0
 
 
 def test_time_copies_divides_by_the_copies(monkeypatch):

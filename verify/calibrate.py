@@ -20,6 +20,10 @@ instance = the executable's time / copies.
               of q, k, v
   collectives with D >= 2 devices, over a mesh of all of them (shard_map): all-gather, reduce-scatter, all-reduce,
               all-to-all and a ring permute of a bf16 buffer of ``bytes`` per device
+  decode      a decode step's kernels: the bf16 GEMMs of a few tokens against a layer's weights ([m, k]·[k, n], m
+              1..256: weight-streaming, HBM-bound; written as gemm.bf16 rows), and attention of one query token a
+              sequence against a bf16 KV cache [batch, context, kv_heads, head_dim] with q_heads query heads (grouped
+              queries): "xla" (two einsums and a softmax) and, on NVIDIA GPUs, "cudnn" (jax.nn.dot_product_attention)
 
 Sources: jax.jit / jax.block_until_ready timing as jax's own benchmarks do (jax docs, "Benchmarking JAX code");
 XLA's DotAlgorithmPreset names (jax.lax.DotAlgorithmPreset).
@@ -51,6 +55,8 @@ class Grid:
     attention: list[tuple[int, int, int, int, bool]] = field(default_factory=list)
     collectives: list[int] = field(default_factory=list)
     launch: bool = True
+    decode_gemm: list[tuple[int, int, int]] = field(default_factory=list)
+    decode_attention: list[tuple[int, int, int, int, int]] = field(default_factory=list)
 
 
 def default_grid() -> Grid:
@@ -70,7 +76,23 @@ def default_grid() -> Grid:
     attention = [(max(1, 32768 // t), t, 16, h, c) for t in (512, 1024, 2048, 4096, 8192, 16384)
                  for h in (64, 128) for c in (True, False)]
     collectives = [2**e for e in range(16, 31, 2)]
-    return Grid(gemm, pointwise, attention, collectives)
+    return Grid(gemm, pointwise, attention, collectives, decode_gemm=decode_gemms(),
+                decode_attention=decode_attentions())
+
+
+def decode_gemms() -> list[tuple[int, int, int]]:
+    """The decode section's GEMMs: m (tokens a step) 1, 8, 32, 128, 256 against the (n, k) of LLaMA 3's 8B and 70B
+    layers (q/o 4096², gate/up 14,336×4096, down 4096×14,336; 8192², 28,672×8192, 8192×28,672; the 70B's fused kv
+    2048×8192): weights of 32-470 MB, several times the L2, so each reads its weights from HBM."""
+    nk = [(4096, 4096), (14336, 4096), (4096, 14336), (8192, 8192), (28672, 8192), (8192, 28672), (2048, 8192)]
+    return [(m, n, k) for m in (1, 8, 32, 128, 256) for n, k in nk]
+
+
+def decode_attentions() -> list[tuple[int, int, int, int, int]]:
+    """The decode section's attention cases (batch, context, q_heads, kv_heads, head_dim): LLaMA 3's grouped heads
+    (64 or 32 query heads over 8 KV heads of 128), caches of 16 MB to 4 GB."""
+    return [(b, t, n, 8, 128) for n in (64, 32) for b, t in ((1, 8192), (8, 8192), (32, 8192), (64, 4096),
+                                                              (16, 32768), (128, 2048))]
 
 
 def _operands(dtype: str, shapes, key):
@@ -186,6 +208,29 @@ def attention_seconds(batch: int, seq: int, heads: int, head_dim: int, causal: b
     fwd = time_call(jax.jit(attn), (q, k, v))
     both = time_call(jax.jit(jax.grad(loss, argnums=(0, 1, 2))), (q, k, v))
     return fwd, both, impl
+
+
+def decode_attention_seconds(batch: int, context: int, q_heads: int, kv_heads: int, head_dim: int,
+                             impl: str = "xla", small: float = 2e-4, budget_bytes: float = 2e9) -> float:
+    """Seconds of one query token a sequence attending to a bf16 KV cache [batch, context, kv_heads, head_dim] (the
+    module docstring's decode attention): ``impl`` "xla" (q·K^T over each group of q_heads/kv_heads, softmax in FP32,
+    ·V) or "cudnn" (jax.nn.dot_product_attention, q of length 1). Bytes read: 2·batch·context·kv_heads·head_dim·2."""
+    g = q_heads // kv_heads
+
+    def one(q, k, v):
+        if impl == "cudnn":
+            return jax.nn.dot_product_attention(q[:, None], k, v, implementation="cudnn")[:, 0]
+        q = q.reshape(batch, kv_heads, g, head_dim)
+        s = jnp.einsum("bkgh,btkh->bkgt", q, k, preferred_element_type=jnp.float32) / math.sqrt(head_dim)
+        p = jax.nn.softmax(s, axis=-1).astype(jnp.bfloat16)
+        return jnp.einsum("bkgt,btkh->bkgh", p, v).reshape(batch, q_heads, head_dim)
+
+    def make(c):
+        shapes = [(batch, q_heads, head_dim), *[(batch, context, kv_heads, head_dim)] * 2] * c
+        ops = _operands("bf16", shapes, jax.random.key(batch * 31 + context))
+        return jax.jit(lambda *xs: [one(*xs[3 * i:3 * i + 3]) for i in range(c)]), ops
+
+    return time_copies(make, small, budget_bytes, 4 * batch * context * kv_heads * head_dim)
 
 
 def collective_seconds(kind: str, nbytes: int, devices=None) -> float:

@@ -16,6 +16,8 @@ The format (every figure in seconds, bytes, counts):
   rows = [[batch, seq, heads, head_dim, causal, fwd_seconds, fwd_bwd_seconds], ...]
   [collectives.<all_gather | reduce_scatter | all_reduce | all_to_all | permute>]
   rows = [[devices, bytes, seconds], ...]
+  [decode_attention.<implementation>]
+  rows = [[batch, context, q_heads, kv_heads, head_dim, seconds], ...]  # one query token a sequence, bf16 KV cache
 Pure Python (tomllib): no jax, no numpy.
 """
 
@@ -31,7 +33,8 @@ COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "perm
 _DIR = "data/kernels"  # the shipped tables (pyproject.toml [tool.setuptools.package-data])
 # a section's row: its length, and which of its columns are seconds (> 0) — the others are sizes (> 0 too, but
 # attention's causal flag, a boolean)
-_ROWS = {"gemm": (4, (3,)), "pointwise": (2, (1,)), "attention": (7, (5, 6)), "collectives": (3, (2,))}
+_ROWS = {"gemm": (4, (3,)), "pointwise": (2, (1,)), "attention": (7, (5, 6)), "collectives": (3, (2,)),
+         "decode_attention": (6, (5,))}
 
 
 @dataclass(frozen=True, eq=False)
@@ -57,6 +60,7 @@ class KernelTable:
     pointwise: Section | None = None
     attention: dict = field(default_factory=dict)  # implementation -> Section
     collectives: dict = field(default_factory=dict)  # kind -> Section
+    decode_attention: dict = field(default_factory=dict)  # implementation -> Section
 
     def to_json(self) -> dict:
         """The table as the file gives it (rows as lists), with its path."""
@@ -66,7 +70,8 @@ class KernelTable:
                 "gemm": {d: sec(s) for d, s in self.gemm.items()},
                 "pointwise": None if self.pointwise is None else sec(self.pointwise),
                 "attention": {a: sec(s) for a, s in self.attention.items()},
-                "collectives": {c: sec(s) for c, s in self.collectives.items()}}
+                "collectives": {c: sec(s) for c, s in self.collectives.items()},
+                "decode_attention": {a: sec(s) for a, s in self.decode_attention.items()}}
 
     def render(self) -> str:
         """One line per section: its rows and source."""
@@ -74,7 +79,8 @@ class KernelTable:
         for name, s in [*(("gemm." + d, s) for d, s in self.gemm.items()),
                         *([("pointwise", self.pointwise)] if self.pointwise else []),
                         *(("attention." + a, s) for a, s in self.attention.items()),
-                        *(("collectives." + c, s) for c, s in self.collectives.items())]:
+                        *(("collectives." + c, s) for c, s in self.collectives.items()),
+                        *(("decode_attention." + a, s) for a, s in self.decode_attention.items())]:
             lines.append(f"  {name}: {len(s.rows)} rows ({s.source})")
         return "\n".join(lines)
 
@@ -122,10 +128,11 @@ def parse_kernel_table(data: dict, path: str) -> KernelTable:
         raise _bad(path, 'missing chip = "<name>" (the hardware table\'s chip)')
     if not isinstance(data.get("source"), str):
         raise _bad(path, 'missing source = "..." (where the figures come from)')
-    unknown = set(data) - {"chip", "source", "launch_seconds", "gemm", "pointwise", "attention", "collectives"}
+    unknown = set(data) - {"chip", "source", "launch_seconds", "gemm", "pointwise", "attention", "collectives",
+                           "decode_attention"}
     if unknown:
         raise _bad(path, f"unknown keys {sorted(unknown)}; valid: chip, source, launch_seconds, gemm, pointwise, "
-                         "attention, collectives")
+                         "attention, collectives, decode_attention")
     launch = data.get("launch_seconds")
     if launch is not None and (isinstance(launch, bool) or not isinstance(launch, (int, float)) or not launch > 0):
         raise _bad(path, f"launch_seconds must be a positive number, got {launch!r}")
@@ -142,9 +149,11 @@ def parse_kernel_table(data: dict, path: str) -> KernelTable:
         if c not in COLLECTIVES:
             raise _bad(path, f"[collectives.{c}]: unknown collective {c!r}; valid: {', '.join(COLLECTIVES)}")
         collectives[c] = _section(path, f"collectives.{c}", "collectives", sec, src)
+    decode = {a: _section(path, f"decode_attention.{a}", "decode_attention", sec, src)
+              for a, sec in _table(path, "decode_attention", data.get("decode_attention", {})).items()}
     pointwise = _section(path, "pointwise", "pointwise", data["pointwise"], src) if "pointwise" in data else None
     return KernelTable(data["chip"], src, path, None if launch is None else float(launch), gemm, pointwise,
-                       attention, collectives)
+                       attention, collectives, decode)
 
 
 def _table(path: str, name: str, value) -> dict:
@@ -215,6 +224,8 @@ def table_text(chip: str, source: str, rows: dict, skipped: list[str]) -> str:
         section(f"attention.{impl}", rs, "batch, seq, heads, head_dim, causal, fwd_seconds, fwd_bwd_seconds")
     for kind, rs in rows.get("collectives", {}).items():
         section(f"collectives.{kind}", rs, "devices, bytes per device, seconds")
+    for impl, rs in rows.get("decode_attention", {}).items():
+        section(f"decode_attention.{impl}", rs, "batch, context, q_heads, kv_heads, head_dim, seconds")
     return "\n".join(lines) + "\n"
 
 
