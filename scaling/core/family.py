@@ -122,6 +122,21 @@ class FamilyDefaults:
     def check_axes(self, mesh: Mapping) -> None:
         """The mesh axes the family does not build (ValueError naming the axis): none refused."""
 
+    # serving (scaling.step.serving): what a prefill or decode step holds, reads and computes; a family without
+    # sequences (the FFN stack) has none
+    def kv_cache_elements(self, context):
+        """KV-cache elements one sequence of ``context`` tokens holds, all layers: ValueError (no sequences)."""
+        raise ValueError(f"the {self.noun} has no sequences, so no KV cache: serving (prefill, decode) is the "
+                         "transformer's and the MoE transformer's")
+
+    def decode_read_params(self, tokens):
+        """Parameters a decode step of ``tokens`` tokens reads from HBM: ValueError (no sequences)."""
+        return self.kv_cache_elements(1)
+
+    def decode_flops(self, tokens, context):
+        """Matmul FLOPs of a decode step of ``tokens`` tokens at ``context``: ValueError (no sequences)."""
+        return self.kv_cache_elements(1)
+
     def extents(self, batch_tokens) -> dict[str, float]:
         """{array: elements} of the step's largest global arrays (scaling.core.limits.check_size): the activations
         B·max(D, F) and a weight stack L·D·F."""

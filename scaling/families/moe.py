@@ -285,6 +285,31 @@ class MoEConfig(FamilyDefaults):
         return (self.blocks * b.attention_params_per_block + self.dense_layers * dense_mlp
                 + self.moe_layers * routed + b.embedding_params)
 
+    def kv_cache_elements(self, context):
+        """The base's KV cache (attention is the base's in every layer)."""
+        return self.base.kv_cache_elements(context)
+
+    def experts_touched(self, tokens):
+        """The routed experts a step of t tokens runs in one MoE layer, each token choosing k of E uniformly:
+        E·(1 − (1 − k/E)^t) in expectation (balanced routing, the load-balancing loss' aim; Switch sec. 2.2)."""
+        E, k = self.moe.experts, self.moe.top_k
+        return E * (1 - (1 - k / E) ** tokens)
+
+    def decode_read_params(self, tokens):
+        """The base's weights less its MLPs, the dense layers' MLPs, and per MoE layer the router, the shared
+        experts and the routed experts the step's t tokens touch (experts_touched): what a decode step streams."""
+        b = self.base
+        untouched = (self.moe.experts - self.experts_touched(tokens)) * self.expert_params * self.moe_layers
+        return self.params - untouched - (b.vocab * b.d_model if b.embedding_matrices == 2 else 0)
+
+    def decode_flops(self, tokens, context):
+        """2·t·(active parameters less an untied lookup) + the base's attention over the cached keys: each token
+        runs its k routed experts and the shared ones (base.decode_flops' attention term)."""
+        b = self.base
+        active = self.active_params - (b.vocab * b.d_model if b.embedding_matrices == 2 else 0)
+        attention = b.decode_flops(tokens, context) - 2 * tokens * b.decode_read_params(tokens)
+        return 2 * tokens * active + attention
+
     @property
     def norm_params(self) -> int:
         """The base's RMSNorm scales, which a published count includes and this package's model leaves out:

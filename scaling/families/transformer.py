@@ -383,6 +383,39 @@ class TransformerConfig(FamilyDefaults):
         """P: a dense model runs every parameter for every token."""
         return self.params
 
+    # serving: the KV cache, the weights a decode step reads and its FLOPs (scaling.step.serving)
+    @property
+    def kv_width(self) -> int:
+        """Elements one token's KV cache holds in one layer: K·(qk + v), 2·K·H standard (Scaling Book, inference
+        page: KV cache size = 2·bytes·H·K·L·T); MLA's latent r_kv + H_r (DeepSeek-V2 sec. 2.1.3: the cache of the
+        absorbed form, c_kv and the shared k_rope)."""
+        return self.kv_lora_rank + self.rope_dim if self.mla else self.kv_heads * (self.qk_dim + self.v_dim)
+
+    def cached_keys(self, context) -> list:
+        """Each layer's cached keys a sequence of ``context`` tokens holds: context, or a local layer's window W
+        when shorter (it keeps the last W keys; the layout of layer_windows, here for any context)."""
+        g, W = self.global_every, self.window
+        return [context if W is None or (g and (i + 1) % g == 0) else min(context, W) for i in range(self.blocks)]
+
+    def kv_cache_elements(self, context):
+        """Σ_l kv_width·min(context, W_l): one sequence's KV cache (2·K·H·L·T standard, Scaling Book inference page)."""
+        return self.kv_width * sum(self.cached_keys(context))
+
+    def decode_read_params(self, tokens):
+        """The weights a decode step of any ``tokens`` streams from HBM: P less the lookup table when untied (the
+        step reads t of its V rows; tied, the one matrix is the output layer, read whole)."""
+        return self.params - (self.vocab * self.d_model if self.embedding_matrices == 2 else 0)
+
+    def decode_flops(self, tokens, context):
+        """Matmul FLOPs of a decode step, t = ``tokens`` new tokens (one a sequence) each at ``context`` cached keys:
+        2·t·decode_read_params (every weight once a token; the output layer's 2·t·V·D in it) + the attention,
+        t·Σ_l 4·N·attn_dim·ctx_l (q·kᵀ and p·v over the cached keys, Scaling Book inference page); MLA in the
+        absorbed form, t·Σ_l 2·N·(2·r_kv + H_r)·ctx_l (scores over the latent and rope dims, the output over the
+        latent: DeepSeek-V2 sec. 2.1.3)."""
+        N = self.heads
+        per_key = 2 * N * (2 * self.kv_lora_rank + self.rope_dim) if self.mla else 4 * N * self.attn_dim
+        return 2 * tokens * self.decode_read_params(tokens) + tokens * per_key * sum(self.cached_keys(context))
+
     @property
     def norm_params(self) -> int:
         """The RMSNorm scales a published count includes and this package's model leaves out (its norms carry none):

@@ -1,0 +1,346 @@
+"""Serving: the closed forms of a prefill and a decode step of a transformer (or an MoE transformer) on a mesh of
+``data`` replicas of ``tensor`` × ``expert`` devices each, as the Scaling Book derives them ("All About Transformer
+Inference", "Serving LLaMA 3-70B on TPUs": jax-ml.github.io/scaling-book/inference, /applied-inference).
+
+Per replica of m = tensor·expert devices serving b = B/data sequences, each with ``context`` cached keys:
+  KV cache       kv_bytes · model.kv_cache_elements(context) a sequence (2·K·H·L·T standard)
+  decode step    T = max(b·KV / (m·W_hbm), attention FLOPs / (m·C))                     (attention: bandwidth-bound)
+                   + max(2·b·P_read / (m·C), P_read·w_bytes / (m·W_hbm))             (weights: either)
+                   + the tensor all-reduces (2 a layer of b·D·2 B, latency-floored) and the expert all-to-alls
+                 (the Book's "theoretical step time (general)"; P_read = model.decode_read_params(b): an MoE layer's
+                 experts the batch touches)
+  critical batch B* = C_compute · w_bytes / (2·W_hbm): decode's weight matmuls are compute-bound above it
+                 (240 on v5e in bf16, 120 with int8 weights and bf16 FLOPs)
+  largest batch  (m·HBM − P·w_bytes) / (m-sharded KV of one sequence), per replica
+  prefill        FLOPs = model.decode_flops(b·P, P/2) (each prompt token attends to P/2 keys on average, causal),
+                 time max(FLOPs / (m·C·eta), weights / (m·W_hbm)) + the tensor all-reduces of b·P·D·2 B a layer
+  per request    time to first token = prefill of one prompt + one decode step; time per output token = the
+                 decode step at the mean context P + G/2; throughput = B / step per chip
+
+C is the matmul rate of ``compute`` (bf16, or int8/fp8 where the weights' 8-bit type is computed in: the hardware
+table's dtype_flops), W_hbm the chip's HBM bandwidth. Pure Python; no jax.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+
+from scaling.core.inputs import positive_int
+from scaling.core.kinds import Collective, Platform
+from scaling.hardware.chips import Chip
+from scaling.hardware.collectives import allgather_time, gpu_time
+from scaling.step.kernels import peak_flops
+
+# bytes of one stored element of each serving type (weights and the KV cache): int4 two to a byte
+SERVING_BYTES = {"bf16": 2, "fp8": 1, "int8": 1, "int4": 0.5}
+SERVING_AXES = ("data", "expert", "tensor")  # replicas, and the model-parallel axes of one replica
+
+
+def _choice(name: str, value: str, valid) -> str:
+    if value not in valid:
+        raise ValueError(f"{name}={value!r}: valid: {', '.join(valid)}")
+    return value
+
+
+@dataclass(frozen=True)
+class Serving:
+    """What is served and how (module docstring): ``model`` a transformer or MoE config, ``chip`` the hardware
+    table's row, ``mesh`` {data: replicas, tensor: Y, expert: Ex} (others refused), ``batch`` B sequences decoded
+    together over all replicas, ``prompt`` P and ``output`` G tokens a request, ``weights`` and ``kv`` the stored
+    types (SERVING_BYTES), ``compute`` the matmuls' rate (bf16, or the weights' 8-bit type), ``prefill_efficiency``
+    the fraction of C a prefill's matmuls reach (None: the chip's fitted matmul_efficiency, 1 on GPUs)."""
+
+    model: object
+    chip: Chip
+    mesh: Mapping
+    batch: int
+    prompt: int
+    output: int
+    weights: str = "bf16"
+    kv: str = "bf16"
+    compute: str = "bf16"
+    prefill_efficiency: float | None = None
+
+    def __post_init__(self):
+        for a, n in self.mesh.items():
+            if a not in SERVING_AXES and n > 1:
+                raise ValueError(f"mesh axis {a}={n}: serving shards over {', '.join(SERVING_AXES)} (data: replicas; "
+                                 "tensor and expert: one replica's model parallelism)")
+        positive_int("batch", self.batch)
+        positive_int("prompt", self.prompt)
+        positive_int("output", self.output)
+        _choice("weights", self.weights, SERVING_BYTES)
+        _choice("kv", self.kv, SERVING_BYTES)
+        _choice("compute", self.compute, ("bf16", "int8", "fp8"))
+        if self.batch % self.replicas:
+            raise ValueError(f"batch={self.batch} is not divisible by data={self.replicas} (the replicas)")
+        self.model.kv_cache_elements(1)  # ValueError for a family without sequences
+        peak_flops(self.chip, self.compute)  # ValueError where the table has no rate for it
+
+    @property
+    def replicas(self) -> int:
+        return int(self.mesh.get("data", 1))
+
+    @property
+    def model_parallel(self) -> int:
+        """m = tensor · expert: the devices one replica's weights and KV caches are split over."""
+        return int(self.mesh.get("tensor", 1)) * int(self.mesh.get("expert", 1))
+
+    @property
+    def devices(self) -> int:
+        return self.replicas * self.model_parallel
+
+    @property
+    def per_replica(self) -> int:
+        """b = B / data: the sequences one replica decodes."""
+        return self.batch // self.replicas
+
+
+# ---- the Book's forms in its own inputs (numbers: a parameter count, bytes, chips, C, W_hbm) ----
+
+def general_step_seconds(batch: float, kv_bytes_per_sequence: float, params: float, param_bytes: float,
+                         chips: int, C: float, W_hbm: float) -> float:
+    """The Book's "theoretical step time (general)" of a decode step (applied-inference): B·KV / (N·W_hbm) (attention,
+    always bandwidth-bound) + max(2·B·P / (N·C), P·bytes / (N·W_hbm)) (the weight matmuls: LLaMA 3-70B at batch 32,
+    8k context, int8 on a v5e 4x2: (41.9e9 + 70e9) / (8·8.1e11) = 17 ms)."""
+    return (batch * kv_bytes_per_sequence / (chips * W_hbm)
+            + max(2 * batch * params / (chips * C), params * param_bytes / (chips * W_hbm)))
+
+
+def prefill_seconds(params: float, tokens: float, chips: int, C: float, efficiency: float = 1.0) -> float:
+    """2·P·T / (N·C·eta): a compute-bound prefill of T tokens (applied-inference: 2·70e9·8192 / (16·1.97e14·0.4) =
+    0.91 s); the attention's FLOPs are not in it (prefill_step's model-based form has them)."""
+    return 2 * params * tokens / (chips * C * efficiency)
+
+
+def sequences_that_fit(free_bytes: float, kv_bytes_per_token: float, context: int) -> int:
+    """floor(free HBM / (KV a token · context)): the KV caches the HBM left after the weights holds (applied-inference:
+    116 GB over 324 kB · 8192 = 43 on a v5e 4x4 in bf16)."""
+    return max(0, math.floor(free_bytes / (kv_bytes_per_token * context)))
+
+
+def prefill_servers_per_decode_server(prefill_s: float, decode_s: float, batch: int, output: int) -> float:
+    """P/G = b·t_prefill / (t_decode·G_len): disaggregated serving's prefill servers per decode server that keep both
+    saturated (applied-inference: 32·0.91 / (0.019·512) = 3)."""
+    return batch * prefill_s / (decode_s * output)
+
+
+def kv_cache_bytes(model, context: int, kv: str = "bf16") -> float:
+    """One sequence's KV cache at ``context`` tokens: bytes(kv)·model.kv_cache_elements(context) (Scaling Book
+    inference page: 2·bytes·H·K·L·T; LLaMA 3-70B in int8 2·8·128·80 = 163,840 B a token, the Book's "160kB")."""
+    return SERVING_BYTES[_choice("kv", kv, SERVING_BYTES)] * model.kv_cache_elements(context)
+
+
+def critical_decode_batch(chip: Chip, weights: str = "bf16", compute: str = "bf16") -> float:
+    """B* = C_compute · bytes(weights) / (2·W_hbm): the tokens a decode step needs for its weight matmuls (2·B·D·F
+    FLOPs on D·F weights) to be compute-bound (Scaling Book, applied-inference: 1.97e14/8.2e11 = 240 on v5e in bf16,
+    120 with int8 weights and bf16 FLOPs, 240 again with int8 FLOPs)."""
+    return peak_flops(chip, compute) * SERVING_BYTES[_choice("weights", weights, SERVING_BYTES)] / (2 * chip.hbm_bw)
+
+
+def _all_reduce_seconds(s: Serving, V: float, calls: float) -> float:
+    """``calls`` all-reduces of V bytes each over the tensor axis: ICI's 2·max(T_hop·Y/2, V/W_ici) (a ring with
+    wraparound: scaling.hardware.collectives), NVLink's at the bus bandwidth a message of V reaches (nccl-tests rows:
+    its latency in it)."""
+    Y = int(s.mesh.get("tensor", 1))
+    if Y <= 1 or calls == 0:
+        return 0.0
+    if s.chip.kind == Platform.GPU:
+        return float(gpu_time(Collective.ALL_REDUCE, V * calls, Y, V, s.chip))
+    return calls * 2 * allgather_time(V, [Y], s.chip.ici_bidi)
+
+
+def _all_to_all_seconds(s: Serving, V: float, calls: float) -> float:
+    """``calls`` all-to-alls of V bytes each (the array over the axis) over expert: ICI's AG(V)/4, NVLink's at the
+    bus bandwidth of V."""
+    Ex = int(s.mesh.get("expert", 1))
+    if Ex <= 1 or calls == 0:
+        return 0.0
+    if s.chip.kind == Platform.GPU:
+        return float(gpu_time(Collective.ALL_TO_ALL, V * calls, Ex, V, s.chip))
+    return calls * allgather_time(V, [Ex], s.chip.ici_bidi) / 4
+
+
+def _moe_layers(model) -> int:
+    return getattr(model, "moe_layers", 0)
+
+
+def _comm_seconds(s: Serving, tokens: int) -> float:
+    """A step's collectives on one replica, ``tokens`` tokens in it: two all-reduces a layer over tensor (attention's
+    and the MLP's outputs, tokens·D·2 B; Megatron's layer, Shoeybi et al. 2019 sec. 3) and, for an MoE layer split
+    over expert, the dispatch and combine all-to-alls of tokens·k·D·2 B."""
+    D = s.model.d_model
+    ar = _all_reduce_seconds(s, tokens * D * 2, 2 * s.model.blocks)
+    k = getattr(getattr(s.model, "moe", None), "top_k", 0)
+    return ar + _all_to_all_seconds(s, tokens * k * D * 2, 2 * _moe_layers(s.model))
+
+
+@dataclass(frozen=True)
+class DecodeStep:
+    """One decode step per device (module docstring's terms), seconds and bytes: the weights' and the KV cache's HBM
+    reads, their FLOPs, and the step's time as the Book sums it."""
+
+    batch: int  # b, the sequences on one replica
+    context: float
+    weight_bytes: float  # per device
+    kv_bytes: float  # per device
+    weight_flops: float
+    attention_flops: float
+    t_weights: float  # max(weight FLOPs / C, weight bytes / W_hbm)
+    t_attention: float  # max(attention FLOPs / C, KV bytes / W_hbm)
+    t_comms: float
+    weights_bound: str  # "HBM" or "compute"
+
+    @property
+    def seconds(self) -> float:
+        return self.t_weights + self.t_attention + self.t_comms
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "seconds": self.seconds}
+
+
+def decode_step(s: Serving, context: float) -> DecodeStep:
+    """The decode step of s.per_replica sequences at ``context`` cached keys on one device (module docstring):
+    weights P_read·w_bytes/m and 2·b·P_read/m FLOPs, KV b·kv_cache_bytes/m and the attention's FLOPs/m, each
+    pair priced at max(bytes/W_hbm, FLOPs/C), plus the collectives."""
+    m, b, model = s.model_parallel, s.per_replica, s.model
+    C, W = peak_flops(s.chip, s.compute), s.chip.device_hbm_bw
+    read = model.decode_read_params(b)
+    w_bytes = read * SERVING_BYTES[s.weights] / m
+    w_flops = model.decode_flops(b, 0) / m  # 2·b·P_read (an MoE layer: each token's k experts)
+    kv = b * kv_cache_bytes(model, context, s.kv) / m
+    a_flops = model.decode_flops(b, context) / m - w_flops
+    t_w = max(w_flops / C, w_bytes / W)
+    return DecodeStep(b, context, w_bytes, kv, w_flops, a_flops, t_w, max(a_flops / C, kv / W),
+                      _comm_seconds(s, b), "compute" if w_flops / C > w_bytes / W else "HBM")
+
+
+def max_batch(s: Serving, context: float) -> int:
+    """The most sequences of ``context`` tokens all replicas hold: per replica floor((m·HBM − P·w_bytes) / KV of one
+    sequence), the chip's usable HBM (Scaling Book, applied-inference: LLaMA 3-70B in bf16 on 16 v5e, 116 GB left,
+    43 caches of 8k); 0 where the weights do not fit."""
+    m = s.model_parallel
+    free = m * s.chip.hbm_budget - s.model.params * SERVING_BYTES[s.weights]
+    return s.replicas * max(0, math.floor(free / kv_cache_bytes(s.model, context, s.kv)))
+
+
+def min_chips(model, chip: Chip, weights: str = "bf16") -> float:
+    """P·w_bytes / HBM: the chips whose HBM the weights alone fill (Scaling Book, applied-inference: 70e9 int8
+    bytes over v5e's 16 GB = 4.38)."""
+    return model.params * SERVING_BYTES[_choice("weights", weights, SERVING_BYTES)] / chip.hbm_budget
+
+
+@dataclass(frozen=True)
+class PrefillStep:
+    """One prefill of b prompts of P tokens on one replica, per device: FLOPs, weight bytes, the all-reduces, and the
+    time at the efficiency it assumes."""
+
+    prompts: int
+    prompt: int
+    flops: float
+    weight_bytes: float
+    efficiency: float
+    t_math: float
+    t_weights: float
+    t_comms: float
+
+    @property
+    def seconds(self) -> float:
+        return max(self.t_math, self.t_weights) + self.t_comms
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "seconds": self.seconds}
+
+
+def prefill_step(s: Serving, prompts: int | None = None) -> PrefillStep:
+    """A prefill of ``prompts`` prompts (default b) of P tokens on one replica (module docstring): FLOPs
+    model.decode_flops(b·P, P/2)/m at eta·C, the weights once, the tensor all-reduces of b·P·D·2 B a layer."""
+    b = s.per_replica if prompts is None else positive_int("prompts", prompts)
+    m, P = s.model_parallel, s.prompt
+    eta = s.prefill_efficiency
+    if eta is None:
+        eta = s.chip.matmul_efficiency
+    flops = s.model.decode_flops(b * P, P / 2) / m
+    w_bytes = s.model.decode_read_params(b * P) * SERVING_BYTES[s.weights] / m
+    C, W = peak_flops(s.chip, s.compute), s.chip.device_hbm_bw
+    return PrefillStep(b, P, flops, w_bytes, eta, flops / (C * eta), w_bytes / W, _comm_seconds(s, b * P))
+
+
+@dataclass(frozen=True)
+class ServingReport:
+    """A request's figures (module docstring): the prefill of one prompt, the decode step at the mean context P + G/2,
+    time to first token, time per output token, throughput, the KV cache, the largest batch, the critical batch."""
+
+    serving: Serving
+    prefill: PrefillStep
+    decode: DecodeStep
+    kv_bytes_per_sequence: float
+    memory_per_device: float
+    largest_batch: int
+    critical_batch: float
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ttft(self) -> float:
+        return self.prefill.seconds + self.decode.seconds
+
+    @property
+    def tpot(self) -> float:
+        return self.decode.seconds
+
+    @property
+    def tokens_per_second_per_chip(self) -> float:
+        return self.serving.batch / self.tpot / self.serving.devices
+
+    def to_json(self) -> dict:
+        s = self.serving
+        return {"model": str(s.model), "chip": s.chip.name, "mesh": dict(s.mesh), "batch": s.batch,
+                "prompt": s.prompt, "output": s.output, "weights": s.weights, "kv": s.kv, "compute": s.compute,
+                "prefill": self.prefill.to_json(), "decode": self.decode.to_json(),
+                "kv_bytes_per_sequence": self.kv_bytes_per_sequence, "memory_per_device": self.memory_per_device,
+                "largest_batch": self.largest_batch, "critical_batch": self.critical_batch,
+                "ttft_seconds": self.ttft, "tpot_seconds": self.tpot,
+                "tokens_per_second_per_chip": self.tokens_per_second_per_chip, "notes": self.notes}
+
+    def render(self) -> str:
+        s, d, p = self.serving, self.decode, self.prefill
+        ms = lambda t: f"{t * 1e3:.3g} ms"  # noqa: E731
+        mesh = ",".join(f"{a}={n}" for a, n in s.mesh.items() if n > 1) or "1 device"
+        fits = "fits" if self.memory_per_device <= s.chip.hbm_budget else "DOES NOT FIT"
+        lines = [
+            f"serving {s.model} on {s.devices} {s.chip.name} ({mesh}): batch {s.batch}, prompt {s.prompt}, output "
+            f"{s.output}; weights {s.weights}, KV cache {s.kv}, matmuls at the {s.compute} rate",
+            f"  {s.chip.describe()}",
+            f"  KV cache: {self.kv_bytes_per_sequence / 1e9:.4g} GB a sequence at {d.context:.0f} tokens "
+            f"({kv_cache_bytes(s.model, 1, s.kv):,.0f} B a token); memory per device "
+            f"{self.memory_per_device / 1e9:.4g} GB of {s.chip.hbm_budget / 1e9:.4g} ({fits}); largest batch at this "
+            f"context {self.largest_batch}",
+            f"  critical batch B* = C·w_bytes/(2·W_hbm) = {self.critical_batch:.0f} tokens a replica: decode's weight "
+            f"matmuls are {d.weights_bound}-bound at b = {d.batch}",
+            f"  decode step at context {d.context:.0f}: {ms(d.seconds)} = weights {ms(d.t_weights)} "
+            f"({d.weight_bytes / 1e9:.4g} GB, {d.weight_flops:.3g} FLOPs a device) + KV {ms(d.t_attention)} "
+            f"({d.kv_bytes / 1e9:.4g} GB) + collectives {ms(d.t_comms)}",
+            f"  prefill of one prompt: {ms(p.seconds)} ({p.flops:.3g} FLOPs a device at {p.efficiency:.3g} of C; "
+            f"collectives {ms(p.t_comms)})",
+            f"  time to first token {ms(self.ttft)}; time per output token {ms(self.tpot)}; "
+            f"{self.tokens_per_second_per_chip:,.0f} tokens/s a chip; a request's {s.output} tokens in "
+            f"{self.ttft + (s.output - 1) * self.tpot:.3g} s",
+        ]
+        return "\n".join(lines + [f"  note: {n}" for n in self.notes])
+
+
+def serving_report(s: Serving) -> ServingReport:
+    """The ServingReport of ``s``: prefill of one prompt a replica, decode at the mean context P + G/2, the memory of
+    the weights and the batch's caches at the full context P + G per device."""
+    mean = s.prompt + s.output / 2
+    full = s.prompt + s.output
+    kv = kv_cache_bytes(s.model, full, s.kv)
+    memory = (s.model.params * SERVING_BYTES[s.weights] + s.per_replica * kv) / s.model_parallel
+    notes = []
+    if s.model.kv_heads < s.mesh.get("tensor", 1):
+        notes.append(f"tensor={s.mesh['tensor']} is more than the K={s.model.kv_heads} KV heads: the caches are "
+                     "taken as split over the batch too (Scaling Book, inference: sharding the KVs along the batch)")
+    return ServingReport(s, prefill_step(s, 1), decode_step(s, mean), kv, memory, max_batch(s, full),
+                         critical_decode_batch(s.chip, s.weights, s.compute), notes)

@@ -1,0 +1,154 @@
+"""Serving closed forms (scaling.step.serving) against the Scaling Book's worked inference numbers ("All About
+Transformer Inference" and "Serving LLaMA 3-70B on TPUs", jax-ml/scaling-book inference.md and applied-inference.md at
+commit 0819a7d), each with the Book's value and precision, and against hand calculations where the Book's inputs are
+rounded (its 70e9 parameters, 16 GB and 8.1e11 B/s of a v5e, "160kB" for 163,840 B)."""
+
+import math
+
+import pytest
+
+from scaling.families.presets import PRESETS
+from scaling.families.transformer import TransformerConfig
+from scaling.hardware.chips import get_chip
+from scaling.step import serving as sv
+
+V5E = get_chip("v5e")
+L70 = PRESETS["llama3.1-70b"]
+BOOK_W, BOOK_C, BOOK_HBM = 8.1e11, 1.97e14, 16e9  # the Book's v5e figures in these answers
+
+
+def rounds_to(x, book, digits):
+    """x shown to the Book's ``digits`` decimals is the Book's figure (its "17ms" is 16.5-17.5 ms)."""
+    return round(x, digits) == book
+
+
+def test_kv_cache_per_token_of_llama3_70b():
+    """applied-inference: 2·K·H·L = 2·8·128·80 = 160kB in int8 (163,840 B = 160 KiB); bf16 twice that."""
+    assert sv.kv_cache_bytes(L70, 1, "int8") == 2 * 8 * 128 * 80 == 160 * 1024
+    assert sv.kv_cache_bytes(L70, 1, "bf16") == 2 * 163_840
+    assert sv.kv_cache_bytes(L70, 1, "int4") == 163_840 / 2
+
+
+def test_kv_cache_of_a_13b_model():
+    """inference: 8192 (T) · 40 (K) · 128 (H) · 40 (L) · 2 bytes · 2 = 6.7 GB for LLaMA-2 13B in bf16; its
+    parameters 8.5e9 + 4.2e9 + 0.3e9 = 13e9 (the Book's sum)."""
+    m = TransformerConfig(d_model=5120, heads=40, head_dim=128, d_ff=13824, blocks=40, seq_len=4096, mlp="swiglu",
+                          vocab=32000)
+    assert rounds_to(sv.kv_cache_bytes(m, 8192, "bf16") / 1e9, 6.7, 1)
+    assert rounds_to(m.params / 1e9, 13, 0)
+
+
+def test_parameter_count_of_the_worked_problem_model():
+    """inference, question 4: L·D·(3F + 2H·(N + K)) + D·V = 64·4096·(3·16384 + 2·256·(32 + 8)) + 4096·32128 =
+    18.4e9 (one embedding matrix)."""
+    m = TransformerConfig(d_model=4096, heads=32, kv_heads=8, head_dim=256, d_ff=16384, blocks=64, seq_len=4096,
+                          mlp="swiglu", vocab=32128, tied_embeddings=True)
+    assert rounds_to(m.params / 1e9, 18.4, 1)
+
+
+def test_critical_decode_batch_on_v5e():
+    """applied-inference: bf16 1.97e14 / 8.2e11 = 240; int8 weights with bf16 FLOPs 120; int8 weights and FLOPs
+    (3.94e14) 240 again."""
+    assert round(sv.critical_decode_batch(V5E)) == 240
+    assert round(sv.critical_decode_batch(V5E, "int8")) == 120
+    assert round(sv.critical_decode_batch(V5E, "int8", "int8")) == 240
+
+
+def test_pop_quiz_30b_on_a_v5e_4x4():
+    """inference pop quiz: 30e9 parameters in int8, bf16 FLOPs, 8192 context, 100 kB a token, 16 chips: batch 4 at
+    least (4·819e6 + 30e9)/(16·8.1e11) = 2.5 ms (the Book's figure truncates 2.57); batch 256 21 ms (the KV term
+    plus the compute-bound weights: 256·819e6/(16·8.1e11) + 2·256·30e9/(16·1.97e14))."""
+    kv = 100e3 * 8192
+    t4 = sv.general_step_seconds(4, kv, 30e9, 1, 16, BOOK_C, BOOK_W)
+    assert 2.5e-3 <= t4 < 2.6e-3
+    assert rounds_to(sv.general_step_seconds(256, kv, 30e9, 1, 16, BOOK_C, BOOK_W) * 1e3, 21, 0)
+
+
+def test_llama3_70b_batch_32_on_v5e():
+    """applied-inference: batch 32, 8192 context, int8 weights and KV: 160e3·8192·32 = 41.9e9 B of caches, 112 GB
+    with the 70e9 B of weights, 7 chips (112e9/16e9: a 4x2); a step (112e9)/(8·8.1e11) = 17 ms, 8.5 ms on a 4x4
+    (half). The preset (70.55e9 parameters, 163,840 B a token) by hand: 70.55e9 + 42.95e9 = 113.5 GB."""
+    book_kv = 160e3 * 8192
+    assert rounds_to(32 * book_kv / 1e9, 41.9, 1)
+    assert rounds_to((32 * book_kv + 70e9) / 1e9, 112, 0)
+    assert math.ceil((32 * book_kv + 70e9) / BOOK_HBM) == 7  # "7 TPUs, or (rounding to an even size) 4x2"
+    t8 = sv.general_step_seconds(32, book_kv, 70e9, 1, 8, BOOK_C, BOOK_W)
+    assert rounds_to(t8 * 1e3, 17, 0)
+    assert sv.general_step_seconds(32, book_kv, 70e9, 1, 16, BOOK_C, BOOK_W) == pytest.approx(t8 / 2)
+    s = sv.Serving(L70, V5E, {"tensor": 8}, 32, 8192, 1, weights="int8", kv="int8")
+    d = sv.decode_step(s, 8192)
+    by_hand = (32 * 163_840 * 8192 + L70.decode_read_params(32)) / (8 * 8.2e11)  # the table's 8.2e11
+    assert d.t_weights + d.t_attention == pytest.approx(by_hand)
+    assert rounds_to(by_hand * 1e3, 17, 0)
+    assert d.weights_bound == "HBM"
+
+
+def test_smallest_v5e_slices_and_their_caches():
+    """applied-inference: parameters 140 GB in bf16 over 16 GB = 8.75 chips, 70 GB in int8 4.38; on a 4x4 in bf16
+    256 − 140 = 116 GB left, 116e9 / (324e3 · 8192) = 43 caches of 8k. (The Book's int8 and int4 rows do not follow
+    from its own inputs: 128 − 70 = 58 GB, not 68, on a 4x2; int4 weights are 35 GB, not 45: docs/serving.md.)"""
+    assert 70e9 * 2 / BOOK_HBM == 8.75
+    assert rounds_to(70e9 * 1 / BOOK_HBM, 4.38, 2)
+    assert sv.sequences_that_fit(16 * BOOK_HBM - 140e9, 324e3, 8192) == 43
+
+
+def test_latency_at_full_hbm_and_queries_per_chip():
+    """applied-inference: a step that reads a whole v5e's HBM takes 16e9 / 8.2e11 = 19 ms (19.5, truncated); at 43
+    sequences and 512 tokens each, 43 / (0.019·512·16) = 0.27 queries a second a chip in bf16."""
+    assert math.floor(16e9 / V5E.hbm_bw * 1e3) == 19
+    assert math.floor(43 / (0.019 * 512 * 16) * 100) / 100 == 0.27
+
+
+def test_prefill_and_disaggregation():
+    """applied-inference: 8192 tokens on 16 v5e at 40% of C take 2·70e9·8192/(16·1.97e14·0.4) = 0.91 s; prefill
+    servers per decode server at batch 32, 19 ms a step and 512 output tokens: 32·0.91/(0.019·512) = 3."""
+    t = sv.prefill_seconds(70e9, 8192, 16, BOOK_C, 0.4)
+    assert rounds_to(t, 0.91, 2)
+    assert round(sv.prefill_servers_per_decode_server(0.91, 0.019, 32, 512)) == 3
+
+
+def test_prefill_step_of_the_preset_by_hand():
+    """The model-based prefill of one 8192-token prompt of LLaMA 3.1 70B on 16 v5e at 0.4 of C: 2·T·P_read (P less
+    the untied lookup, 69,501,714,432) + the causal attention 4·N·H·L·T·T/2, by hand."""
+    s = sv.Serving(L70, V5E, {"tensor": 16}, 1, 8192, 1, prefill_efficiency=0.4)
+    p = sv.prefill_step(s)
+    T = 8192
+    flops = 2 * T * 69_501_714_432 + 4 * 64 * 128 * 80 * T * T / 2
+    assert p.flops == pytest.approx(flops / 16)
+    assert p.t_math == pytest.approx(flops / (16 * 1.97e14 * 0.4))
+
+
+def test_mla_cache_is_the_latent():
+    """DeepSeek-V3's cache (its absorbed form): (r_kv + H_r) = 512 + 64 elements a layer a token, 61 layers: 70,272
+    elements, 140,544 B in bf16 (DeepSeek-V2 sec. 2.1.3: (d_c + d_h^R)·l)."""
+    m = PRESETS["deepseek-v3"]
+    assert sv.kv_cache_bytes(m, 1, "bf16") == 2 * (512 + 64) * 61
+
+
+def test_local_layers_cache_their_window():
+    """Gemma 3 12B (5 local layers of window 1024 to one global, 48 layers, K 8, H 256): at 32k tokens the 40 local
+    layers keep 1024 keys, the 8 global 32,768: 2·8·256·(40·1024 + 8·32768) elements."""
+    m = PRESETS["gemma3-12b"]
+    assert m.kv_cache_elements(32768) == 2 * 8 * 256 * (40 * 1024 + 8 * 32768)
+
+
+def test_moe_decode_reads_the_experts_the_batch_touches():
+    """Mixtral 8x7B, top 2 of 8: one token touches 2 experts a layer, 8 tokens 8·(1 − (6/8)^8) = 7.20 in expectation;
+    a decode step reads the attention, the router and those experts (the untied lookup's rows only)."""
+    m = PRESETS["mixtral-8x7b"]
+    assert m.experts_touched(1) == pytest.approx(2)
+    assert m.experts_touched(8) == pytest.approx(8 * (1 - 0.75**8))
+    lookup = m.vocab * m.d_model
+    assert m.decode_read_params(1) == m.active_params - lookup
+    assert m.decode_read_params(10**6) == pytest.approx(m.params - lookup)
+
+
+def test_ffn_stack_and_bad_input_refused():
+    with pytest.raises(ValueError, match="no sequences"):
+        sv.Serving(PRESETS["xxl"], V5E, {"tensor": 8}, 8, 128, 16)
+    with pytest.raises(ValueError, match="fsdp"):
+        sv.Serving(L70, V5E, {"fsdp": 8}, 8, 128, 16)
+    with pytest.raises(ValueError, match="weights"):
+        sv.Serving(L70, V5E, {"tensor": 8}, 8, 128, 16, weights="int3")
+    with pytest.raises(ValueError, match="divisible"):
+        sv.Serving(L70, V5E, {"data": 2, "tensor": 8}, 3, 128, 16)
