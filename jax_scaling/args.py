@@ -351,11 +351,52 @@ def add_config_args(r, mesh_required: bool, preset: str | None = "xxl") -> None:
                         "collective exposed) or max (every term overlapped); plan ranks by it (default %(default)s)")
 
 
+def add_serving_args(r, plan: bool = False) -> None:
+    """The serving flags of --step prefill|decode (scaling.step.serving): the request's lengths, the stored types and
+    the matmuls' rate; plan's latency target. --global-batch is the sequences decoded together."""
+    g = r.add_argument_group("serving (--step prefill or decode; --global-batch: sequences decoded together)")
+    g.add_argument("--prompt", type=integer, help=f"prompt tokens a request (default {SERVING_DEFAULTS['prompt']})")
+    g.add_argument("--output", type=integer, help=f"output tokens a request (default {SERVING_DEFAULTS['output']})")
+    g.add_argument("--weights", choices=["bf16", "fp8", "int8", "int4"], help="the weights' stored type (default bf16)")
+    g.add_argument("--kv-cache", choices=["bf16", "fp8", "int8", "int4"],
+                   help="the KV cache's stored type (default bf16)")
+    g.add_argument("--compute", choices=["bf16", "int8", "fp8"],
+                   help="the matmuls' rate: bf16, or the 8-bit weights computed in their type (default bf16)")
+    g.add_argument("--prefill-efficiency", type=number, metavar="ETA",
+                   help="the fraction of C a prefill's matmuls reach (default: the chip's fitted matmul efficiency, "
+                        "1 on GPUs)")
+    if plan:
+        g.add_argument("--latency-ms", type=number, help="plan: the most milliseconds per output token (default: "
+                                                          "none, the highest throughput)")
+
+
+SERVING_DEFAULTS = {"prompt": 2048, "output": 512, "weights": "bf16", "kv_cache": "bf16", "compute": "bf16",
+                    "prefill_efficiency": None}
+
+
+def check_no_serving_flags(args) -> None:
+    """ValueError where a serving flag is given to a training step (it would change nothing)."""
+    for k in (*SERVING_DEFAULTS, "latency_ms"):
+        if getattr(args, k, None) is not None:
+            raise ValueError(f"--{k.replace('_', '-')} is a serving flag: give it with --step decode (or prefill)")
+
+
+def serving_fields(args) -> dict:
+    """The serving setup's fields (scaling.reports.serving.serving_setup) of a command's flags."""
+    return {"preset": preset_of(args), "mesh": getattr(args, "mesh", None), "chip": args.chip, "chips": args.chips,
+            "slice": args.slice, "slices": args.slices, "global_batch": args.global_batch,
+            **{k: given_or(args, k, v) for k, v in SERVING_DEFAULTS.items()},
+            **{k: getattr(args, k, None) for k in MODEL_FLAGS}}
+
+
 def add_predict_args(r, mesh_required: bool, preset: str | None = "xxl") -> None:
     """The flags that describe one configuration (add_config_args, and --step and --kernel-model: predict's;
     kernels takes them for a model's report, with no preset by default so that a model flag alone is seen)."""
     add_config_args(r, mesh_required, preset)
-    r.add_argument("--step", default="train", choices=["train", "forward"], help="(default %(default)s)")
+    r.add_argument("--step", default="train", choices=["train", "forward", "prefill", "decode"],
+                   help="train or forward (a training step), or prefill or decode (serving: the serving flags; "
+                        "scaling.step.serving) (default %(default)s)")
+    add_serving_args(r)
     r.add_argument("--kernel-model", default="efficiency", choices=kernels.KERNEL_MODELS,
                    help="the matmuls' time: efficiency (eta times the tile and wave quantization of their shapes) or "
                         "hierarchical (DeepFlow's: their HBM bytes from tiles through the chip's L2 or VMEM, seed "

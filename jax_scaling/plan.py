@@ -11,8 +11,8 @@ import re
 import sys
 import time
 
-from jax_scaling.args import (add_config_args, chip_attention, chip_of, defaults_note, flags_of, model_config, needs,
-                              say)
+from jax_scaling.args import (add_config_args, add_serving_args, chip_attention, chip_of, defaults_note, flags_of,
+                              model_config, needs, say, serving_fields, check_no_serving_flags)
 from jax_scaling.plots import add_plot_arg
 from scaling.planner import plan as planner
 from scaling.step.kernels import peak_flops
@@ -55,6 +55,10 @@ def add_parser(sub) -> None:
                         "whether it fits")
     g.add_argument("--verbose", action="store_true", help="with --verify-top: let libtpu's start-up lines through")
     g.add_argument("--json", action="store_true")
+    g.add_argument("--step", default="train", choices=["train", "decode"],
+                   help="train (the training step's meshes) or decode (serving: meshes and batches ranked by "
+                        "throughput under --latency-ms, the frontier printed; the serving flags) (default %(default)s)")
+    add_serving_args(p, plan=True)
     add_plot_arg(g, "every plan listed (not only the --top shown) as its predicted step time against its memory per "
                     "device, the HBM budget, the Pareto frontier, the top plans labelled by their mesh")
     p.set_defaults(func=plan_command)
@@ -183,10 +187,37 @@ def keep_fixed(plans: list, tests: dict) -> list:
     return out
 
 
+def serving_plan_command(args) -> int:
+    """plan --step decode: every mesh and batch of the chips (scaling.reports.serving.serving_plan), the frontier and
+    the best under --latency-ms, as text or --json; --plot FILE draws the frontier (jax_scaling.plots)."""
+    from scaling.reports.serving import serving_plan, serving_setup
+
+    t0 = time.perf_counter()
+    fields = serving_fields(args)
+    if args.mesh is not None:
+        raise ValueError("plan --step decode tries every mesh of the chips; give the chips (--slice, or --chip and "
+                         "--chips), not --mesh")
+    from scaling.reports.predict import target_of
+    hw, dims, n = target_of(args.chip, args.chips, args.slice, args.slices)
+    fields["mesh"] = f"tensor={math.prod(dims) * n * hw.devices_per_chip}"
+    fields["global_batch"] = 1
+    latency = None if args.latency_ms is None else number(args.latency_ms) / 1e3
+    plan = serving_plan(serving_setup(**fields), latency)
+    print(json.dumps(plan.to_json(), indent=2) if args.json else plan.render())
+    if args.plot is not None:
+        from jax_scaling.plots import draw_serving_plan, save
+        save(draw_serving_plan(plan), args.plot)
+    print(f"({time.perf_counter() - t0:.2f} s)", file=sys.stderr)
+    return 0
+
+
 def plan_command(args) -> int:
     """Rank the plans and print them; with --verify-top K, verify.check.verify_plans (imported here: it imports jax)
     adds the compiled peak of the first K. Each choice given fixes what it names in every plan listed (fixed_by):
     where no plan that fits has them, ValueError saying which."""
+    if args.step == "decode":
+        return serving_plan_command(args)
+    check_no_serving_flags(args)
     flags = check_modelled(flags_of(args), "plan")  # an unknown set or flag: refused before anything is enumerated
     needs(args, "verbose", "verify_top")
     if args.verify_top < 0:

@@ -413,6 +413,29 @@ def draw_plan(result: dict, plans: list[dict], labelled: int = 5):
     return fig
 
 
+def draw_serving_plan(plan):
+    """plan --step decode --plot: every candidate (scaling.reports.serving.ServingPlan) as its time per output token
+    (ms) against its tokens a second a chip, the frontier as a line labelled by mesh and batch, the latency target as a
+    dashed line (the Scaling Book's latency-throughput frontier, applied-inference)."""
+    fig, ax = _figure(8.0, 5.6, left=0.11, right=0.97, top=0.9, bottom=0.09)
+    ax.scatter([r.tpot * 1e3 for r in plan.rows], [r.tokens_per_second_per_chip for r in plan.rows], s=14,
+               color="tab:blue", alpha=0.5, label=f"{len(plan.rows)} meshes × batches")
+    front = plan.frontier
+    ax.plot([r.tpot * 1e3 for r in front], [r.tokens_per_second_per_chip for r in front], color="tab:red", marker="o",
+            ms=4, lw=1.2, label=f"frontier ({len(front)})")
+    if plan.latency is not None:
+        ax.axvline(plan.latency * 1e3, color="black", ls="--", lw=1, label=f"target {plan.latency * 1e3:.3g} ms")
+    ax.set(xscale="log", yscale="log", xlabel="time per output token (ms)", ylabel="tokens/s a chip")
+    ax.grid(alpha=0.3)
+    legend = ax.legend(fontsize=7, loc="lower right")
+    items = [(r.tpot * 1e3, r.tokens_per_second_per_chip, f"{_mesh_text(r.mesh)} b={r.batch}") for r in front[:8]]
+    place_labels(ax, items, [legend.get_window_extent(fig.canvas.get_renderer())])
+    s = plan.serving
+    ax.set_title(fit_title(fig, f"decode of {s.model} on {s.devices} {s.chip.name}: prompt {s.prompt}, output "
+                           f"{s.output}, weights {s.weights}, KV {s.kv}", 9, ax=ax), fontsize=9)
+    return fig
+
+
 def draw_validate(v: dict):
     """validate --plot: each measured run's predicted step against its measured step (rows: measured_seconds,
     predicted_seconds; log axes), one scatter per group (TPU: circles, GPU: triangles, the package's bench:

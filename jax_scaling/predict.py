@@ -38,6 +38,10 @@ def predict_command(args) -> int:
     the report (with its kernels: the bar's compute classes, which --json then carries) drawn into FILE
     (jax_scaling.plots.draw_predict; the text lists the kernels only with --kernels). A model of flags alone: the
     defaults it took, one note line on stderr (args.defaults_note)."""
+    if args.step in ("prefill", "decode"):
+        return serving_command(args)
+    from jax_scaling.args import check_no_serving_flags
+    check_no_serving_flags(args)
     report = report_of(args, args.kernels or args.plot is not None)
     if note := defaults_note(args):
         print(note, file=sys.stderr)
@@ -47,4 +51,17 @@ def predict_command(args) -> int:
         from jax_scaling.plots import draw_predict, save
 
         save(draw_predict(report), args.plot)
+    return 0
+
+
+def serving_command(args) -> int:
+    """predict --step prefill|decode: the serving report (scaling.reports.serving) as text or --json."""
+    from jax_scaling.args import serving_fields
+    from scaling.reports.serving import predict_serving, serving_setup
+
+    if args.plot is not None or args.kernels:
+        raise ValueError("--plot and --kernels are a training step's; a serving step prints its terms (use plan "
+                         "--step decode --plot for the latency-throughput frontier)")
+    report = predict_serving(serving_setup(**serving_fields(args)))
+    print(json.dumps(report.to_json(), indent=2) if args.json else report.render())
     return 0

@@ -99,6 +99,7 @@ class Chip:
     # GPU: the kernel table (scaling.hardware.kernel_tables.KernelTable) the GEMM coefficients are fitted on: the
     # shipped scaling/data/kernels/<name or kernels_as>.toml, or the user's (--kernel-table); None where none ships
     kernels_as: str | None = None  # a GPU without a table of its own takes this chip's (named in chips.toml)
+    decode_kernels_as: str | None = None  # a chip without a decode table of its own borrows this one's fractions
     kernel_table: object = None
     efficiency_as: str | None = None  # a chip without measured runs takes the efficiency of this one (same unit)
     onchip_bytes: float | None = None  # the memory a matmul tiles through (GPU L2, TPU VMEM): the hierarchical model

@@ -197,6 +197,22 @@ def kernel_table(chip_name: str) -> KernelTable | None:
     return _SHIPPED[chip_name]
 
 
+_DECODE: dict[str, KernelTable | None] = {}
+
+
+def decode_table(chip_name: str) -> KernelTable | None:
+    """The shipped decode table scaling/data/kernels/decode/<chip_name>.toml (calibrate's decode section: weight-
+    streaming GEMMs and decode attention), or None where none ships (read once)."""
+    if chip_name not in _DECODE:
+        f = resources.files("scaling").joinpath(_DIR, "decode", f"{chip_name}.toml")
+        if not f.is_file():
+            _DECODE[chip_name] = None
+        else:
+            with f.open("rb") as fh:
+                _DECODE[chip_name] = parse_kernel_table(tomllib.load(fh), f"scaling/{_DIR}/decode/{chip_name}.toml")
+    return _DECODE[chip_name]
+
+
 def table_text(chip: str, source: str, rows: dict, skipped: list[str]) -> str:
     """A kernel table's TOML text, the format parse_kernel_table reads (what ``jax-scaling calibrate`` writes):
     ``rows`` {"launch": s, "gemm": {dtype: [[m, n, k, s]]}, "pointwise": [[bytes, s]], "attention": {impl: [[batch,

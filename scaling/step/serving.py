@@ -29,7 +29,8 @@ from dataclasses import asdict, dataclass, field
 
 from scaling.core.inputs import positive_int
 from scaling.core.kinds import Collective, Platform
-from scaling.hardware.chips import Chip
+from scaling.hardware.chips import Chip, get_chip
+from scaling.hardware.kernel_tables import decode_table
 from scaling.hardware.collectives import allgather_time, gpu_time
 from scaling.step.kernels import peak_flops
 
@@ -62,6 +63,7 @@ class Serving:
     kv: str = "bf16"
     compute: str = "bf16"
     prefill_efficiency: float | None = None
+    topology: tuple = ()  # a TPU slice's dims (its ICI axes: the tensor axis' rings), () a ring of Y
 
     def __post_init__(self):
         for a, n in self.mesh.items():
@@ -140,16 +142,34 @@ def critical_decode_batch(chip: Chip, weights: str = "bf16", compute: str = "bf1
     return peak_flops(chip, compute) * SERVING_BYTES[_choice("weights", weights, SERVING_BYTES)] / (2 * chip.hbm_bw)
 
 
+def tensor_rings(s: Serving) -> tuple[list[int], list[bool]]:
+    """The ICI axes the tensor axis of Y chips spans and whether each wraps around: Y factored over the slice's dims
+    from the innermost (the mesh's minor axis is tensor), each whole side a ring that wraps where the chip's rule says
+    (Chip.has_wraparound); without a topology one ring of Y."""
+    Y = int(s.mesh.get("tensor", 1))
+    if not s.topology:
+        return [Y], [True]
+    lens, wraps, left = [], [], Y
+    for d in reversed(s.topology):
+        take = math.gcd(left, d)
+        if take > 1:
+            lens.append(take)
+            wraps.append(s.chip.has_wraparound(take, d, tuple(s.topology)))
+            left //= take
+    return (lens, wraps) if left == 1 else ([Y], [True])
+
+
 def _all_reduce_seconds(s: Serving, V: float, calls: float) -> float:
-    """``calls`` all-reduces of V bytes each over the tensor axis: ICI's 2·max(T_hop·Y/2, V/W_ici) (a ring with
-    wraparound: scaling.hardware.collectives), NVLink's at the bus bandwidth a message of V reaches (nccl-tests rows:
-    its latency in it)."""
+    """``calls`` all-reduces of V bytes each over the tensor axis: ICI's 2·max(T_hop·hops, V/Σbw) over its rings
+    (tensor_rings; scaling.hardware.collectives.allgather_time: 1 us a hop, the Scaling Book's), NVLink's at the bus
+    bandwidth a message of V reaches (nccl-tests rows: its latency in it)."""
     Y = int(s.mesh.get("tensor", 1))
     if Y <= 1 or calls == 0:
         return 0.0
     if s.chip.kind == Platform.GPU:
         return float(gpu_time(Collective.ALL_REDUCE, V * calls, Y, V, s.chip))
-    return calls * 2 * allgather_time(V, [Y], s.chip.ici_bidi)
+    lens, wraps = tensor_rings(s)
+    return calls * 2 * allgather_time(V, lens, s.chip.ici_bidi, wraps)
 
 
 def _all_to_all_seconds(s: Serving, V: float, calls: float) -> float:
@@ -177,6 +197,65 @@ def _comm_seconds(s: Serving, tokens: int) -> float:
     return ar + _all_to_all_seconds(s, tokens * k * D * 2, 2 * _moe_layers(s.model))
 
 
+# ---- kernel data: the fraction of W_hbm a decode step's kernels reach (calibrate's decode section) ----
+
+def _interp_log(x: float, xs: list[float], ys: list[float]) -> float:
+    """ys at x, linear in log x between the points (clamped to the ends)."""
+    pts = sorted(zip(xs, ys))
+    lx = math.log(x)
+    if lx <= math.log(pts[0][0]):
+        return pts[0][1]
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+        if lx <= math.log(x1):
+            return y0 + (y1 - y0) * (lx - math.log(x0)) / (math.log(x1) - math.log(x0))
+    return pts[-1][1]
+
+
+def decode_kernels_of(chip: Chip):
+    """(the decode table, its chip) a chip's decode step is priced from: its own (scaling/data/kernels/decode), or
+    the one it borrows (chips.toml decode_kernels_as: the H100 the H200's, the same die); (None, None) elsewhere
+    (TPUs: no decode data; the step is the Book's roofline, every byte at W_hbm)."""
+    for name in (chip.name, chip.decode_kernels_as):
+        if name and (t := decode_table(name)) is not None:
+            return t, get_chip(t.chip)
+    return None, None
+
+
+def stream_efficiency(chip: Chip, weight_bytes: float, tokens: float) -> float:
+    """The fraction of W_hbm a decode GEMM reading ``weight_bytes`` of bf16 weights for ``tokens`` rows reaches: the
+    decode table's rows (2·k·n bytes / (t·W_hbm) of its chip), interpolated in log bytes at each measured m, then in
+    log m (H200: 0.55 at 32 MB, 0.92 at 470 MB, m <= 128; lower at m 256, where the GEMM turns compute-bound);
+    1 where the chip has no decode table."""
+    table, owner = decode_kernels_of(chip)
+    if table is None or "bf16" not in table.gemm:
+        return 1.0
+    by_m: dict = {}
+    for m, n, k, t in table.gemm["bf16"].rows:
+        by_m.setdefault(m, []).append((2 * n * k, 2 * n * k / t / owner.hbm_bw))
+    ms = sorted(by_m)
+    at = [_interp_log(max(weight_bytes, 1.0), [b for b, _ in by_m[m]], [e for _, e in by_m[m]]) for m in ms]
+    return _interp_log(max(tokens, 1.0), ms, at)
+
+
+def kv_efficiency(chip: Chip, kv_bytes: float) -> float:
+    """The fraction of W_hbm one layer's decode attention reading ``kv_bytes`` of bf16 cache reaches: the decode
+    table's cudnn rows (else its xla rows), 4·b·T·K·H / (t·W_hbm), interpolated in log bytes (H200, cudnn: 0.22 at
+    16 MB, 0.83-0.95 from 134 MB); 1 where the chip has none."""
+    table, owner = decode_kernels_of(chip)
+    if table is None or not table.decode_attention:
+        return 1.0
+    rows = (table.decode_attention.get("cudnn") or next(iter(table.decode_attention.values()))).rows
+    pts = [(4 * b * t * kv * h, 4 * b * t * kv * h / s / owner.hbm_bw) for b, t, _, kv, h, s in rows]
+    return _interp_log(max(kv_bytes, 1.0), [p for p, _ in pts], [e for _, e in pts])
+
+
+def gemms_per_layer(model) -> int:
+    """The weight GEMMs of a layer a decode step runs one after another: q, k, v, o and the MLP's m matrices (7 for
+    SwiGLU): the decode GEMM's weights are a layer's over these (stream_efficiency's size)."""
+    base = getattr(model, "base", model)
+    return 4 + base.mlp_matrices
+
+
 @dataclass(frozen=True)
 class DecodeStep:
     """One decode step per device (module docstring's terms), seconds and bytes: the weights' and the KV cache's HBM
@@ -192,6 +271,8 @@ class DecodeStep:
     t_attention: float  # max(attention FLOPs / C, KV bytes / W_hbm)
     t_comms: float
     weights_bound: str  # "HBM" or "compute"
+    stream_efficiency: float = 1.0  # the fraction of W_hbm the weights' GEMMs reach (kernel data; 1: the roofline)
+    kv_efficiency: float = 1.0  # the fraction of W_hbm the attention's reads reach
 
     @property
     def seconds(self) -> float:
@@ -204,7 +285,8 @@ class DecodeStep:
 def decode_step(s: Serving, context: float) -> DecodeStep:
     """The decode step of s.per_replica sequences at ``context`` cached keys on one device (module docstring):
     weights P_read·w_bytes/m and 2·b·P_read/m FLOPs, KV b·kv_cache_bytes/m and the attention's FLOPs/m, each
-    pair priced at max(bytes/W_hbm, FLOPs/C), plus the collectives."""
+    pair priced at max(bytes/(W_hbm·e), FLOPs/C), plus the collectives; e the fraction of W_hbm the chip's decode
+    kernels reach at these sizes (stream_efficiency, kv_efficiency: kernel data, 1 without)."""
     m, b, model = s.model_parallel, s.per_replica, s.model
     C, W = peak_flops(s.chip, s.compute), s.chip.device_hbm_bw
     read = model.decode_read_params(b)
@@ -212,9 +294,11 @@ def decode_step(s: Serving, context: float) -> DecodeStep:
     w_flops = model.decode_flops(b, 0) / m  # 2·b·P_read (an MoE layer: each token's k experts)
     kv = b * kv_cache_bytes(model, context, s.kv) / m
     a_flops = model.decode_flops(b, context) / m - w_flops
-    t_w = max(w_flops / C, w_bytes / W)
-    return DecodeStep(b, context, w_bytes, kv, w_flops, a_flops, t_w, max(a_flops / C, kv / W),
-                      _comm_seconds(s, b), "compute" if w_flops / C > w_bytes / W else "HBM")
+    e_w = stream_efficiency(s.chip, w_bytes / (model.blocks * gemms_per_layer(model)), b)
+    e_kv = kv_efficiency(s.chip, kv / model.blocks)
+    t_w = max(w_flops / C, w_bytes / (W * e_w))
+    return DecodeStep(b, context, w_bytes, kv, w_flops, a_flops, t_w, max(a_flops / C, kv / (W * e_kv)),
+                      _comm_seconds(s, b), "compute" if w_flops / C > w_bytes / (W * e_w) else "HBM", e_w, e_kv)
 
 
 def max_batch(s: Serving, context: float) -> int:

@@ -1,0 +1,145 @@
+"""Serving reports: ``predict --step prefill|decode`` (one configuration: scaling.step.serving.serving_report) and
+``plan --step decode`` (every mesh of the chips and every batch that fits, ranked by throughput under a latency
+target, with the latency-throughput frontier), built from the commands' fields.
+
+The plan's candidates: tensor × expert over each divisor of the chips (data the rest: replicas), and batches of
+powers of two a replica up to the largest whose caches fit at the full context (scaling.step.serving.max_batch). A
+candidate's latency is the time per output token (the decode step at the mean context P + G/2), its throughput the
+tokens a second a chip; the frontier is the candidates no other beats on both (Scaling Book, applied-inference:
+"Visualizing the latency throughput tradeoff").
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from scaling.core.inputs import positive_float
+from scaling.core.mesh_shape import parse_mesh_spec
+from scaling.families.presets import model_of
+from scaling.step.serving import (SERVING_BYTES, Serving, decode_step, kv_cache_bytes, max_batch, serving_report,
+                                  ServingReport)
+
+SERVING_STEPS = ("prefill", "decode")
+
+
+def serving_setup(preset: str | None, *, mesh: str, chip=None, chips=None, slice=None, slices=None,
+                  global_batch: int | None = None, prompt: int = 2048, output: int = 512, weights: str = "bf16",
+                  kv_cache: str = "bf16", compute: str = "bf16", prefill_efficiency: float | None = None,
+                  **model) -> Serving:
+    """The Serving of the commands' fields: the model (model_of), the hardware (target_of: its chip; the mesh's
+    product must be its chips), the mesh, the batch in sequences (default: one a replica)."""
+    from scaling.reports.predict import target_of
+
+    cfg = model_of(preset, **{k: v for k, v in model.items() if v is not None})
+    hw, dims, n_slices = target_of(chip, chips, slice, slices)
+    shape = parse_mesh_spec(mesh)
+    devices = math.prod(dims) * n_slices * hw.devices_per_chip
+    if math.prod(shape.values()) != devices:
+        raise ValueError(f"--mesh {mesh} has {math.prod(shape.values())} devices; the hardware has {devices}")
+    batch = global_batch if global_batch is not None else shape.get("data", 1)
+    if prefill_efficiency is not None:
+        positive_float("--prefill-efficiency", prefill_efficiency)
+    return Serving(cfg, hw, dict(shape.items()), batch, prompt, output, weights, kv_cache, compute,
+                   prefill_efficiency, tuple(dims) if hw.kind == "tpu" and n_slices == 1 else ())
+
+
+def predict_serving(s: Serving) -> ServingReport:
+    """predict --step prefill|decode: the ServingReport."""
+    return serving_report(s)
+
+
+@dataclass(frozen=True)
+class ServingPlanRow:
+    mesh: dict
+    batch: int
+    tpot: float  # seconds per output token
+    tokens_per_second_per_chip: float
+    memory_per_device: float
+    frontier: bool
+
+    def to_json(self) -> dict:
+        return {"mesh": self.mesh, "batch": self.batch, "tpot_seconds": self.tpot,
+                "tokens_per_second_per_chip": self.tokens_per_second_per_chip,
+                "memory_per_device": self.memory_per_device, "frontier": self.frontier}
+
+
+@dataclass(frozen=True)
+class ServingPlan:
+    """Every candidate (module docstring), the frontier marked, the best under the latency target (None: none meets
+    it, or no target)."""
+
+    serving: Serving
+    latency: float | None
+    rows: list[ServingPlanRow] = field(default_factory=list)
+
+    @property
+    def frontier(self) -> list[ServingPlanRow]:
+        return sorted((r for r in self.rows if r.frontier), key=lambda r: r.tpot)
+
+    @property
+    def best(self) -> ServingPlanRow | None:
+        ok = [r for r in self.rows if self.latency is None or r.tpot <= self.latency]
+        return max(ok, key=lambda r: r.tokens_per_second_per_chip) if ok else None
+
+    def to_json(self) -> dict:
+        s = self.serving
+        return {"model": str(s.model), "chip": s.chip.name, "devices": s.devices, "prompt": s.prompt,
+                "output": s.output, "weights": s.weights, "kv": s.kv, "latency_seconds": self.latency,
+                "best": None if self.best is None else self.best.to_json(),
+                "frontier": [r.to_json() for r in self.frontier], "candidates": len(self.rows)}
+
+    def render(self) -> str:
+        s = self.serving
+        mesh = lambda m: ",".join(f"{a}={n}" for a, n in m.items() if n > 1) or "1 device"  # noqa: E731
+        lines = [f"serving plan: {s.model} on {s.devices} {s.chip.name}, prompt {s.prompt}, output {s.output}, "
+                 f"weights {s.weights}, KV cache {s.kv}; {len(self.rows)} candidates (mesh × batch that fit)",
+                 f"  {s.chip.describe()}",
+                 "  the frontier (time per output token against tokens/s a chip; none beats a row on both):",
+                 f"    {'mesh':<22}{'batch':>7}{'ms/token':>10}{'tok/s/chip':>12}{'GB/device':>11}"]
+        for r in self.frontier:
+            lines.append(f"    {mesh(r.mesh):<22}{r.batch:>7}{r.tpot * 1e3:>10.3g}"
+                         f"{r.tokens_per_second_per_chip:>12,.0f}{r.memory_per_device / 1e9:>11.4g}")
+        target = "" if self.latency is None else f" within {self.latency * 1e3:.3g} ms a token"
+        b = self.best
+        lines.append(f"  best{target}: " + ("none" if b is None else
+                     f"{mesh(b.mesh)}, batch {b.batch}: {b.tpot * 1e3:.3g} ms a token, "
+                     f"{b.tokens_per_second_per_chip:,.0f} tokens/s a chip"))
+        return "\n".join(lines)
+
+
+def _model_parallel_meshes(devices: int, expert: bool) -> list[dict]:
+    """{data, expert, tensor} over every divisor split of ``devices`` (expert only for an MoE model)."""
+    out = []
+    for mp in (d for d in range(1, devices + 1) if devices % d == 0):
+        for ex in ((e for e in range(1, mp + 1) if mp % e == 0) if expert else (1,)):
+            out.append({"data": devices // mp, "expert": ex, "tensor": mp // ex})
+    return out
+
+
+def serving_plan(s: Serving, latency: float | None = None) -> ServingPlan:
+    """Every mesh and batch (module docstring) of ``s``'s devices, model and request shape; a mesh the model's
+    divisions refuse (the experts over expert) is left out."""
+    rows = []
+    expert = hasattr(s.model, "moe")
+    full, mean = s.prompt + s.output, s.prompt + s.output / 2
+    for mesh in _model_parallel_meshes(s.devices, expert):
+        if expert and s.model.moe.experts % mesh["expert"]:
+            continue
+        base = Serving(s.model, s.chip, mesh, mesh["data"], s.prompt, s.output, s.weights, s.kv, s.compute,
+                       s.prefill_efficiency, s.topology)
+        most = max_batch(base, full) // mesh["data"]
+        b = 1
+        while b <= most:
+            c = Serving(s.model, s.chip, mesh, b * mesh["data"], s.prompt, s.output, s.weights, s.kv, s.compute,
+                        s.prefill_efficiency, s.topology)
+            t = decode_step(c, mean).seconds
+            memory = (s.model.params * SERVING_BYTES[s.weights] + b * kv_cache_bytes(s.model, full, s.kv)) / (
+                c.model_parallel)
+            rows.append((mesh, c.batch, t, c.batch / t / c.devices, memory))
+            b *= 2
+    marked = []
+    for r in rows:
+        beaten = any(o[2] <= r[2] and o[3] >= r[3] and (o[2] < r[2] or o[3] > r[3]) for o in rows)
+        marked.append(ServingPlanRow(r[0], r[1], r[2], r[3], r[4], not beaten))
+    return ServingPlan(s, latency, marked)
