@@ -152,3 +152,67 @@ def test_ffn_stack_and_bad_input_refused():
         sv.Serving(L70, V5E, {"tensor": 8}, 8, 128, 16, weights="int3")
     with pytest.raises(ValueError, match="divisible"):
         sv.Serving(L70, V5E, {"data": 2, "tensor": 8}, 3, 128, 16)
+
+
+def test_predict_decode_command(capsys):
+    """predict --step decode prints the Book's terms: LLaMA 3.1 70B, batch 32, 8k prompt, int8 on a v5e 4x2 (the
+    weights and cache terms sum to the 17 ms above; the all-reduces beside them)."""
+    from jax_scaling.cli import main
+
+    assert main(["predict", "--step", "decode", "--preset", "llama3.1-70b", "--slice", "v5e-8", "--mesh", "tensor=8",
+                 "--global-batch", "32", "--prompt", "8192", "--output", "1", "--weights", "int8", "--kv-cache",
+                 "int8", "--json"]) == 0
+    import json
+    out = json.loads(capsys.readouterr().out)
+    d = out["decode"]
+    assert rounds_to((d["t_weights"] + d["t_attention"]) * 1e3, 17, 0)
+    assert out["critical_batch"] == pytest.approx(1.97e14 / (2 * 8.2e11))
+
+
+@pytest.mark.parametrize("target", [["--slice", "v5e-16"], ["--slice", "v6e-8"], ["--chip", "H100", "--chips", "8"]])
+def test_serving_plan_under_two_seconds(target, capsys):
+    """plan --step decode for LLaMA 3.1 70B on v5e-16, v6e-8 and 8 H100s prints the frontier in under 2 s (the
+    issue's bound), its rows ordered (latency up, throughput up) and the best within the latency target."""
+    import time
+
+    from jax_scaling.cli import main
+
+    t0 = time.perf_counter()
+    assert main(["plan", "--step", "decode", "--preset", "llama3.1-70b", *target, "--prompt", "2048", "--output",
+                 "512", "--weights", "int8", "--kv-cache", "int8", "--latency-ms", "50", "--json"]) == 0
+    assert time.perf_counter() - t0 < 2.0
+    import json
+    out = json.loads(capsys.readouterr().out)
+    front = out["frontier"]
+    assert front and all(a["tpot_seconds"] < b["tpot_seconds"] and a["tokens_per_second_per_chip"] <
+                         b["tokens_per_second_per_chip"] for a, b in zip(front, front[1:]))
+    assert out["best"]["tpot_seconds"] <= 0.05
+
+
+@pytest.mark.parametrize("flags, word", [(["--step", "train", "--prompt", "128"], "serving flag"),
+                                         (["--step", "decode", "--mesh", "fsdp=8"], "serving shards"),
+                                         (["--step", "decode", "--global-batch", "3", "--mesh", "data=2,tensor=4"],
+                                          "divisible")])
+def test_predict_serving_bad_input_one_line(flags, word, capsys):
+    from jax_scaling.cli import main
+
+    args = ["predict", "--preset", "llama3.1-70b", "--slice", "v5e-8", *flags]
+    if "--mesh" not in args:
+        args += ["--mesh", "tensor=8"]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert word in err[-1]
+
+
+def test_serving_plan_tries_expert_meshes_for_moe():
+    """An MoE model's plan splits each replica over expert × tensor (every divisor pair whose expert count divides
+    E = 8), and its frontier is the candidates no other beats on both latency and throughput."""
+    from scaling.reports.serving import serving_plan, serving_setup
+
+    s = serving_setup("mixtral-8x7b", mesh="tensor=8", chip="H100", chips=8, prompt=1024, output=256)
+    plan = serving_plan(s)
+    meshes = {tuple(sorted(r.mesh.items())) for r in plan.rows}
+    assert (("data", 1), ("expert", 8), ("tensor", 1)) in meshes and (("data", 1), ("expert", 2), ("tensor", 4)) in meshes
+    for r in plan.frontier:
+        assert not any(o.tpot <= r.tpot and o.tokens_per_second_per_chip > r.tokens_per_second_per_chip
+                       for o in plan.rows)

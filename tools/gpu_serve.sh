@@ -3,4 +3,4 @@
 # depth on the lent H200, beside scaling.step.serving's closed form (verify.serve_bench), to $OUT/serve.json.
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD XLA_PYTHON_CLIENT_MEM_FRACTION=0.95
 OUT=${OUT:-/tmp/out}; mkdir -p $OUT
-timeout ${T:-360} python3 -m verify.serve_bench --out $OUT/serve.json --chip H200 --budget ${B:-280} 2>&1 | grep -v '^\s*$' | tail -30
+timeout ${T:-360} python3 -c "from verify.serve_bench import run; run('$OUT/serve.json', 'H200', ${B:-280})" 2>&1 | grep -v '^\s*$' | tail -30

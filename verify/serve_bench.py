@@ -7,13 +7,12 @@ layer. The cache is read, not written: the new token's k and v (b·2·K·H·2 B 
 so the step reads what the closed form counts (every weight but the lookup's rows, the whole cache) and nothing is
 copied. Timed as verify.calibrate.time_call times a kernel: calls queued back to back, the least of 3 batches.
 
-``python -m verify.serve_bench --out FILE`` writes one JSON row per (model, batch, context) with the measured and
-predicted seconds (tools/gpu_decode.sh runs it on the device machine).
+``run(out)`` writes one JSON row per (model, batch, context) with the measured and predicted seconds
+(tools/gpu_serve.sh runs it on the device machine).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 
@@ -102,27 +101,20 @@ def predicted(name: str, batch: int, context: int, chip: str) -> dict:
             "stream_efficiency": d.stream_efficiency, "kv_efficiency": d.kv_efficiency}
 
 
-def main(argv=None) -> int:
-    a = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    a.add_argument("--out", required=True)
-    a.add_argument("--chip", default="H200")
-    a.add_argument("--budget", type=float, default=240.0)
-    args = a.parse_args(argv)
+def run(out: str, chip: str = "H200", budget: float = 240.0) -> list[dict]:
+    """Measure CASES within ``budget`` seconds, each row beside ``chip``'s prediction, rewritten to ``out`` (JSON)
+    after each."""
     rows, t0 = [], time.perf_counter()
     for name, cases in CASES.items():
         for b, t in cases:
-            if time.perf_counter() - t0 > args.budget:
+            if time.perf_counter() - t0 > budget:
                 break
             s = measure(name, b, t)
-            row = {"model": name, "batch": b, "context": t, "measured_s": s, **predicted(name, b, t, args.chip),
+            row = {"model": name, "batch": b, "context": t, "measured_s": s, **predicted(name, b, t, chip),
                    "device": jax.devices()[0].device_kind, "jax": jax.__version__}
             rows.append(row)
             print(f"{name} b={b} T={t}: measured {s * 1e3:.3f} ms, predicted {row['predicted_s'] * 1e3:.3f} ms "
                   f"({row['predicted_s'] / s - 1:+.1%})", flush=True)
-            with open(args.out, "w") as f:
+            with open(out, "w") as f:
                 json.dump(rows, f, indent=1)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    return rows

@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass, field
 
 from scaling.core.inputs import positive_float
+from scaling.core.kinds import Platform
 from scaling.core.mesh_shape import parse_mesh_spec
 from scaling.families.presets import model_of
 from scaling.step.serving import (SERVING_BYTES, Serving, decode_step, kv_cache_bytes, max_batch, serving_report,
@@ -41,7 +42,7 @@ def serving_setup(preset: str | None, *, mesh: str, chip=None, chips=None, slice
     if prefill_efficiency is not None:
         positive_float("--prefill-efficiency", prefill_efficiency)
     return Serving(cfg, hw, dict(shape.items()), batch, prompt, output, weights, kv_cache, compute,
-                   prefill_efficiency, tuple(dims) if hw.kind == "tpu" and n_slices == 1 else ())
+                   prefill_efficiency, tuple(dims) if hw.kind == Platform.TPU and n_slices == 1 else ())
 
 
 def predict_serving(s: Serving) -> ServingReport:
