@@ -212,7 +212,8 @@ def test_serving_plan_tries_expert_meshes_for_moe():
     s = serving_setup("mixtral-8x7b", mesh="tensor=8", chip="H100", chips=8, prompt=1024, output=256)
     plan = serving_plan(s)
     meshes = {tuple(sorted(r.mesh.items())) for r in plan.rows}
-    assert (("data", 1), ("expert", 8), ("tensor", 1)) in meshes and (("data", 1), ("expert", 2), ("tensor", 4)) in meshes
+    assert (("data", 1), ("expert", 8), ("tensor", 1)) in meshes
+    assert (("data", 1), ("expert", 2), ("tensor", 4)) in meshes
     for r in plan.frontier:
         assert not any(o.tpot <= r.tpot and o.tokens_per_second_per_chip > r.tokens_per_second_per_chip
                        for o in plan.rows)
