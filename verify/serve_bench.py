@@ -45,8 +45,11 @@ def _rms(x, g):
     return (x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, -1, keepdims=True) + 1e-6)).astype(x.dtype) * g
 
 
-def decode_step(p, x_BxD, k_LxBxTxKxH, v_LxBxTxKxH, N, K, H, impl):
-    """One decode step (module docstring): the logits [B, V] of b new tokens' embeddings x."""
+def decode_step(p, x_BxD, k_LxBxTxKxH, v_LxBxTxKxH, N, K, H, impl, unrolled: bool = True):
+    """One decode step (module docstring): the logits [B, V] of b new tokens' embeddings x. ``unrolled``: the layers
+    one after another, each its own weight and cache buffers (``p``'s stacks and the caches as lists of L arrays);
+    else a lax.scan over the [L, ...] stacks (XLA:GPU copies each layer's slice of a stack before its GEMMs read it:
+    docs/serving.md)."""
     B = x_BxD.shape[0]
 
     def layer(x, w):
@@ -61,30 +64,44 @@ def decode_step(p, x_BxD, k_LxBxTxKxH, v_LxBxTxKxH, N, K, H, impl):
         x = x + g @ w["wd"]
         return x + 0 * kv.astype(x.dtype), None
 
-    stack = {k: p[k] for k in ("wq", "wk", "wv", "wo", "wg", "wu", "wd", "n1", "n2")}
-    x, _ = jax.lax.scan(layer, x_BxD, {**stack, "k": k_LxBxTxKxH, "v": v_LxBxTxKxH})
+    names = ("wq", "wk", "wv", "wo", "wg", "wu", "wd", "n1", "n2")
+    if unrolled:
+        x = x_BxD
+        for i in range(len(k_LxBxTxKxH)):
+            x, _ = layer(x, {**{k: p[k][i] for k in names}, "k": k_LxBxTxKxH[i], "v": v_LxBxTxKxH[i]})
+    else:
+        x, _ = jax.lax.scan(layer, x_BxD, {**{k: p[k] for k in names}, "k": k_LxBxTxKxH, "v": v_LxBxTxKxH})
     return _rms(x, p["nf"]) @ p["out"]
 
 
 _WEIGHTS: dict = {}  # the last model's weights (one model's at a time: the 70B half is 70 GB)
 
 
-def measure(name: str, batch: int, context: int) -> float:
-    """Seconds of one decode step of ``name`` (MODELS) at ``batch`` sequences of ``context`` cached keys."""
+def measure(name: str, batch: int, context: int, unrolled: bool = True) -> tuple[float, float]:
+    """(seconds, the compiled program's "bytes accessed") of one decode step of ``name`` (MODELS) at ``batch`` sequences of ``context`` cached keys (decode_step:
+    ``unrolled`` or scanned)."""
     D, N, K, H, F, L, V = MODELS[name]
     impl = "cudnn" if jax.default_backend() == Platform.GPU else "xla"
     key = jax.random.key(0)
-    if name not in _WEIGHTS:
+    if (name, unrolled) not in _WEIGHTS:
         _WEIGHTS.clear()
-        _WEIGHTS[name] = _params(D, N, K, H, F, L, V, key)
-    p = _WEIGHTS[name]
-    kc = jax.random.normal(key, (L, batch, context, K, H), jnp.bfloat16)
-    vc = jax.random.normal(jax.random.fold_in(key, 1), (L, batch, context, K, H), jnp.bfloat16)
+        p = _params(D, N, K, H, F, L, V, key)
+        if unrolled:  # each layer's weights their own buffers
+            p = {k: [a[i] for i in range(L)] if a.ndim and a.shape[0] == L and k != "nf" else a for k, a in p.items()}
+            p = jax.block_until_ready(p)
+        _WEIGHTS[(name, unrolled)] = p
+    p = _WEIGHTS[(name, unrolled)]
+    cache = lambda k: jax.random.normal(k, (L, batch, context, K, H), jnp.bfloat16)  # noqa: E731
+    kc, vc = cache(key), cache(jax.random.fold_in(key, 1))
+    if unrolled:
+        kc, vc = [kc[i] for i in range(L)], [vc[i] for i in range(L)]
     x = jax.random.normal(key, (batch, D), jnp.bfloat16)
-    fn = jax.jit(lambda p, x, k, v: decode_step(p, x, k, v, N, K, H, impl))
+    fn = jax.jit(lambda p, x, k, v: decode_step(p, x, k, v, N, K, H, impl, unrolled))
     t = time_call(fn, (p, x, kc, vc), target=0.3)
+    cost = fn.lower(p, x, kc, vc).compile().cost_analysis() or {}
+    cost = cost[0] if isinstance(cost, list) else cost
     del kc, vc
-    return t
+    return t, float(cost.get("bytes accessed", 0.0))
 
 
 def predicted(name: str, batch: int, context: int, chip: str) -> dict:
@@ -106,15 +123,18 @@ def run(out: str, chip: str = "H200", budget: float = 240.0) -> list[dict]:
     after each."""
     rows, t0 = [], time.perf_counter()
     for name, cases in CASES.items():
-        for b, t in cases:
-            if time.perf_counter() - t0 > budget:
-                break
-            s = measure(name, b, t)
-            row = {"model": name, "batch": b, "context": t, "measured_s": s, **predicted(name, b, t, chip),
-                   "device": jax.devices()[0].device_kind, "jax": jax.__version__}
-            rows.append(row)
-            print(f"{name} b={b} T={t}: measured {s * 1e3:.3f} ms, predicted {row['predicted_s'] * 1e3:.3f} ms "
-                  f"({row['predicted_s'] / s - 1:+.1%})", flush=True)
+        for unrolled, some in ((True, cases), (False, cases[:1])):
+            for b, t in some:
+                if time.perf_counter() - t0 > budget:
+                    break
+                s, nbytes = measure(name, b, t, unrolled)
+                row = {"model": name, "batch": b, "context": t, "layers": "unrolled" if unrolled else "scan",
+                       "measured_s": s, "compiled_bytes_accessed": nbytes, **predicted(name, b, t, chip), "device": jax.devices()[0].device_kind,
+                       "jax": jax.__version__}
+                rows.append(row)
+                print(f"{name} {row['layers']} b={b} T={t}: measured {s * 1e3:.3f} ms, predicted "
+                      f"{row['predicted_s'] * 1e3:.3f} ms ({row['predicted_s'] / s - 1:+.1%}); compiled bytes "
+                      f"{nbytes / 1e9:.3f} GB", flush=True)
             with open(out, "w") as f:
                 json.dump(rows, f, indent=1)
     return rows

@@ -1,0 +1,146 @@
+"""Serving programs of the transformer: a prefill and a decode step with a KV cache, and greedy generation, on the
+training model's weights (ffn_model.transformer.TransformerStack) cast to BF16 (what serving holds: 2 B a parameter),
+sharded as serving shards them: heads, KV heads, d_ff and the vocabulary over ``tensor``, the sequences over ``data``
+(replicas), through the same logical-axis table as training (mesh.rules; fsdp, stage and context are 1 here).
+
+The layer is the training layer's arithmetic (ffn_model.transformer: rms_norm, qkv_projection, attention_materialized's
+softmax, the output projection, mlp, output_logits), so a decode step's logits are the training forward's at the same
+position (tests/test_serve.py). The cache: k and v [L, B, T_max, K, H] BF16, logical axes (layers, batch, -, kv_heads,
+head_dim); a decode step writes its token's k and v at ``pos`` (one dynamic_update_slice a layer, in place in the
+scan's carry) and attends to the keys 0..pos (attention_materialized's causal mask by position). Built for global
+attention of a standard (not latent) transformer without QK-norm's absence mattering (QK-norm is applied as training
+applies it); the closed forms (scaling.step.serving) cover MLA, local layers and MoE, the programs do not yet.
+
+Sources: the KV cache as the Scaling Book's inference chapter describes it; the layer as ffn_model.transformer's.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from ffn_model.attention import attention_materialized
+from ffn_model.sharded import COMPUTE_DTYPE, constrain
+from ffn_model.transformer import (LOGITS_AXES, X_AXES, Q_AXES, attention, embed, mlp, output_logits, qk_norm_on,
+                                   qkv_projection, rms_norm, _gather, WQ_AXES)
+from scaling.core.schedule import Schedule
+
+CACHE_AXES = ("layers", "batch", None, "kv_heads", "head_dim")  # k, v caches [L, B, T_max, K, H]
+LAYER_WEIGHTS = ("wq", "wk", "wv", "wo", "w_in", "w_gate", "w_out")
+
+
+def check_servable(cfg) -> None:
+    """ValueError naming what the serving programs do not build: a model without a vocabulary (no tokens to
+    generate), multi-head latent attention, local layers, a parallel block, an MoE model."""
+    if getattr(cfg, "family", None) != "transformer":
+        raise ValueError(f"the serving programs are built for the transformer; the {cfg.noun}'s closed forms only "
+                         "(scaling.step.serving)")
+    for bad, what in ((cfg.vocab is None, "a vocabulary (--vocab)"), (cfg.mla, "standard attention, not MLA"),
+                      (any(cfg.layer_windows), "global attention in every layer"),
+                      (cfg.block != "serial", "serial blocks")):
+        if bad:
+            raise ValueError(f"the serving programs need {what}; its closed forms cover the rest "
+                             "(scaling.step.serving)")
+
+
+def serving_weights(model) -> dict:
+    """The model's weights as serving holds them: BF16 (the FP32 masters cast, their shardings kept): the stacked
+    layer weights, E, and U (untied) — {name: array}."""
+    out = {n: getattr(model, n)[...].astype(COMPUTE_DTYPE) for n in model.names}
+    out["embedding"] = model.embedding[...].astype(COMPUTE_DTYPE)
+    if not model.tied:
+        out["unembedding"] = model.unembedding[...].astype(COMPUTE_DTYPE)
+    return out
+
+
+def _layers(w: dict) -> dict:
+    return {n: w[n] for n in LAYER_WEIGHTS if n in w}
+
+
+def _head(w: dict):
+    return w["embedding"] if "unembedding" not in w else w["unembedding"]
+
+
+def empty_cache(cfg, batch: int, t_max: int):
+    """Zero k and v caches [L, B, T_max, K, H] BF16 on the mesh's layout (CACHE_AXES)."""
+    shape = (cfg.blocks, batch, t_max, cfg.kv_heads, cfg.head_dim)
+    z = jnp.zeros(shape, COMPUTE_DTYPE)
+    return constrain(z, CACHE_AXES), constrain(z, CACHE_AXES)
+
+
+def _mlp_out(x, lw, mlp_kind):
+    return x + constrain(mlp(rms_norm(x), lw, mlp_kind), X_AXES)
+
+
+def prefill(w: dict, ids_BxP, t_max: int, *, mlp_kind: str, qk_norm: bool = False, schedule: Schedule = Schedule()):
+    """The prompts' forward: (logits of the last prompt token [B, V] FP32, k and v caches [L, B, T_max, K, H] with
+    the P prompt positions filled). Causal attention over the prompt (ffn_model.transformer.attention, the
+    schedule's kernel; materialized by default)."""
+    B, P = ids_BxP.shape
+
+    def layer(x, lw):
+        h = rms_norm(x)
+        q, k, v = qkv_projection(h, lw["wq"], lw["wk"], lw["wv"])
+        with qk_norm_on(qk_norm):
+            o = constrain(attention(q, k, v, schedule), Q_AXES)
+            if qk_norm:  # the cache holds k as attention took it: normalized
+                k = rms_norm(k)
+        x = x + constrain(jnp.einsum("btnh,nhd->btd", o, _gather(lw["wo"], WQ_AXES)), X_AXES)
+        return _mlp_out(x, lw, mlp_kind), (k, v)
+
+    x, _ = embed(ids_BxP, w["embedding"], schedule)
+    x, (k, v) = jax.lax.scan(layer, x, _layers(w))  # k, v [L, B, P, K, H]
+    pad = ((0, 0), (0, 0), (0, t_max - P), (0, 0), (0, 0))
+    ck, cv = constrain(jnp.pad(k, pad), CACHE_AXES), constrain(jnp.pad(v, pad), CACHE_AXES)
+    logits = output_logits(x[:, -1:], _head(w), schedule)
+    return logits[:, 0], ck, cv
+
+
+def decode_step(w: dict, ck, cv, ids_B, pos, *, mlp_kind: str, qk_norm: bool = False):
+    """One token a sequence at position ``pos`` (a traced int32): (logits [B, V] FP32, the caches with its k and v
+    written at pos). Each layer: its k, v written into the carry's caches (in place), then attention of the one
+    query over keys 0..pos (attention_materialized's mask by position)."""
+    schedule = Schedule()
+    T = ck.shape[2]
+    x, _ = embed(ids_B[:, None], w["embedding"], schedule)  # [B, 1, D]
+    k_pos = jnp.arange(T, dtype=jnp.int32)
+    q_pos = jnp.reshape(pos, (1,)).astype(jnp.int32)
+
+    def layer(carry, lw):
+        x, ck, cv, i = carry
+        h = rms_norm(x)
+        q, k, v = qkv_projection(h, lw["wq"], lw["wk"], lw["wv"])
+        if qk_norm:
+            q, k = rms_norm(q), rms_norm(k)
+        at = (i, 0, pos, 0, 0)
+        ck = jax.lax.dynamic_update_slice(ck, k[None].astype(ck.dtype), at)
+        cv = jax.lax.dynamic_update_slice(cv, v[None].astype(cv.dtype), at)
+        kl = jax.lax.dynamic_index_in_dim(ck, i, keepdims=False)
+        vl = jax.lax.dynamic_index_in_dim(cv, i, keepdims=False)
+        o = constrain(attention_materialized(q, kl, vl, q_pos, k_pos), Q_AXES)
+        x = x + constrain(jnp.einsum("btnh,nhd->btd", o, _gather(lw["wo"], WQ_AXES)), X_AXES)
+        return (_mlp_out(x, lw, mlp_kind), constrain(ck, CACHE_AXES), constrain(cv, CACHE_AXES), i + 1), None
+
+    (x, ck, cv, _), _ = jax.lax.scan(layer, (x, ck, cv, jnp.int32(0)), _layers(w))
+    logits = constrain(output_logits(x, _head(w), schedule), LOGITS_AXES)
+    return logits[:, 0], ck, cv
+
+
+def generate(w: dict, ids_BxP, steps: int, *, mlp_kind: str, qk_norm: bool = False):
+    """Greedy generation: prefill the prompts, then ``steps`` decode steps, each taking the argmax token; the
+    generated ids [B, steps] (int32). Each phase one jitted program (the decode step compiled once, its position
+    traced)."""
+    B, P = ids_BxP.shape
+    t_max = P + steps
+    pre = jax.jit(lambda w, ids: prefill(w, ids, t_max, mlp_kind=mlp_kind, qk_norm=qk_norm))
+    step = jax.jit(lambda w, ck, cv, ids, pos: decode_step(w, ck, cv, ids, pos, mlp_kind=mlp_kind, qk_norm=qk_norm),
+                   donate_argnums=(1, 2))
+    logits, ck, cv = pre(w, ids_BxP)
+    out = []
+    tok = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    for t in range(steps):
+        out.append(tok)
+        if t + 1 < steps:
+            logits, ck, cv = step(w, ck, cv, tok, jnp.int32(P + t))
+            tok = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    return jnp.stack(out, axis=1)
