@@ -78,8 +78,8 @@ _WEIGHTS: dict = {}  # the last model's weights (one model's at a time: the 70B 
 
 
 def measure(name: str, batch: int, context: int, unrolled: bool = True) -> tuple[float, float]:
-    """(seconds, the compiled program's "bytes accessed") of one decode step of ``name`` (MODELS) at ``batch`` sequences of ``context`` cached keys (decode_step:
-    ``unrolled`` or scanned)."""
+    """(seconds, the compiled program's "bytes accessed") of one decode step of ``name`` (MODELS) at ``batch``
+    sequences of ``context`` cached keys (decode_step: ``unrolled`` or scanned)."""
     D, N, K, H, F, L, V = MODELS[name]
     impl = "cudnn" if jax.default_backend() == Platform.GPU else "xla"
     key = jax.random.key(0)
@@ -129,8 +129,8 @@ def run(out: str, chip: str = "H200", budget: float = 240.0) -> list[dict]:
                     break
                 s, nbytes = measure(name, b, t, unrolled)
                 row = {"model": name, "batch": b, "context": t, "layers": "unrolled" if unrolled else "scan",
-                       "measured_s": s, "compiled_bytes_accessed": nbytes, **predicted(name, b, t, chip), "device": jax.devices()[0].device_kind,
-                       "jax": jax.__version__}
+                       "measured_s": s, "compiled_bytes_accessed": nbytes, **predicted(name, b, t, chip),
+                       "device": jax.devices()[0].device_kind, "jax": jax.__version__}
                 rows.append(row)
                 print(f"{name} {row['layers']} b={b} T={t}: measured {s * 1e3:.3f} ms, predicted "
                       f"{row['predicted_s'] * 1e3:.3f} ms ({row['predicted_s'] / s - 1:+.1%}); compiled bytes "
