@@ -69,7 +69,16 @@ def empty_cache(cfg, batch: int, t_max: int):
 
 
 def _mlp_out(x, lw, mlp_kind):
-    return x + constrain(mlp(rms_norm(x), lw, mlp_kind), X_AXES)
+    """x + the MLP's output, its partial sums over tensor made and reduced in FP32 (_project_out)."""
+    return x + constrain(mlp(rms_norm(x), lw, mlp_kind, jnp.float32), X_AXES).astype(COMPUTE_DTYPE)
+
+
+def _project_out(o_BxTxNxH, wo):
+    """o·W_o, the partial sums over tensor in FP32, reduced in FP32, then BF16: one device's matmul accumulates in FP32
+    and rounds once, so the sharded step rounds the same sum once too (BF16 partial sums added in another order
+    flipped near-tied argmaxes: greedy tokens differed from one device's). The all-reduce moves 4 B an element."""
+    y = jnp.einsum("btnh,nhd->btd", o_BxTxNxH, _gather(wo, WQ_AXES), preferred_element_type=jnp.float32)
+    return constrain(y, X_AXES).astype(COMPUTE_DTYPE)
 
 
 def prefill(w: dict, ids_BxP, t_max: int, *, mlp_kind: str, qk_norm: bool = False, schedule: Schedule = Schedule()):
@@ -85,8 +94,7 @@ def prefill(w: dict, ids_BxP, t_max: int, *, mlp_kind: str, qk_norm: bool = Fals
             o = constrain(attention(q, k, v, schedule), Q_AXES)
             if qk_norm:  # the cache holds k as attention took it: normalized
                 k = rms_norm(k)
-        x = x + constrain(jnp.einsum("btnh,nhd->btd", o, _gather(lw["wo"], WQ_AXES)), X_AXES)
-        return _mlp_out(x, lw, mlp_kind), (k, v)
+        return _mlp_out(x + _project_out(o, lw["wo"]), lw, mlp_kind), (k, v)
 
     x, _ = embed(ids_BxP, w["embedding"], schedule)
     x, (k, v) = jax.lax.scan(layer, x, _layers(w))  # k, v [L, B, P, K, H]
@@ -118,8 +126,8 @@ def decode_step(w: dict, ck, cv, ids_B, pos, *, mlp_kind: str, qk_norm: bool = F
         kl = jax.lax.dynamic_index_in_dim(ck, i, keepdims=False)
         vl = jax.lax.dynamic_index_in_dim(cv, i, keepdims=False)
         o = constrain(attention_materialized(q, kl, vl, q_pos, k_pos), Q_AXES)
-        x = x + constrain(jnp.einsum("btnh,nhd->btd", o, _gather(lw["wo"], WQ_AXES)), X_AXES)
-        return (_mlp_out(x, lw, mlp_kind), constrain(ck, CACHE_AXES), constrain(cv, CACHE_AXES), i + 1), None
+        x = _mlp_out(x + _project_out(o, lw["wo"]), lw, mlp_kind)
+        return (x, constrain(ck, CACHE_AXES), constrain(cv, CACHE_AXES), i + 1), None
 
     (x, ck, cv, _), _ = jax.lax.scan(layer, (x, ck, cv, jnp.int32(0)), _layers(w))
     logits = constrain(output_logits(x, _head(w), schedule), LOGITS_AXES)

@@ -295,10 +295,10 @@ def parallel_branches(h_BxTxD, w: dict, schedule: Schedule, kind: str, window=No
     return fused_out([o.reshape(B, T, N * H), a], [w["wo"], w["w_out"]])
 
 
-def mlp(h_BxTxD, w: dict, kind: str):
+def mlp(h_BxTxD, w: dict, kind: str, out_type=None):
     """act(h·W_in)·W_out (relu, gelu), or SwiGLU silu(h·W_gate)·(h·W_in)·W_out with W_in and W_gate as one
     [2, F, D] matmul (one partial sum, and all-reduce, for the input gradient); the output is a partial sum
-    over tensor."""
+    over tensor, in ``out_type`` (None: the inputs' BF16; the serving programs take FP32, ffn_model.serve)."""
     if kind == Mlp.SWIGLU:
         w_in_gate = jnp.stack([_gather(w["w_in"], W_MLP_AXES), _gather(w["w_gate"], W_MLP_AXES)])
         ug = jnp.einsum("btd,gfd->gbtf", h_BxTxD, w_in_gate)
@@ -308,7 +308,7 @@ def mlp(h_BxTxD, w: dict, kind: str):
     else:
         u = checkpoint_name(constrain(h_BxTxD @ _gather(w["w_in"], W_MLP_AXES).T, H_AXES), "mlp_in")
         a = ACTIVATIONS[kind](u)
-    return a @ _gather(w["w_out"], W_MLP_AXES)
+    return jnp.matmul(a, _gather(w["w_out"], W_MLP_AXES), preferred_element_type=out_type)
 
 
 def layer(x_BxTxD, w: dict, schedule: Schedule, mlp_kind: str = "gelu", block: str = "serial", select=None,

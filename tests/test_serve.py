@@ -40,17 +40,20 @@ def test_decode_logits_are_the_training_forward():
     from scaling.core.workload import Workload
 
     ids = _ids()
+    mesh = mesh_of("fsdp=1")
     w = Workload(CFG, {}, BATCH * CFG.seq_len)
-    model = TransformerStack(w, rngs=nnx.Rngs(0))
-    full = np.asarray(model(ids))  # [B, T, V]
-    params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
-    sw = {k: v.astype(jnp.bfloat16) for k, v in params.items()}
     t_max = PROMPT + STEPS
-    logits, ck, cv = serve.prefill(sw, ids[:, :PROMPT], t_max, mlp_kind=CFG.mlp)
-    got = [np.asarray(logits)]
-    for t in range(PROMPT, t_max - 1):
-        logits, ck, cv = serve.decode_step(sw, ck, cv, ids[:, t], jnp.int32(t), mlp_kind=CFG.mlp)
-        got.append(np.asarray(logits))
+    with jax.set_mesh(mesh):
+        model = TransformerStack(w, rngs=nnx.Rngs(0))
+        full = np.asarray(jax.jit(lambda ids: model(ids))(ids))  # [B, T, V]
+        params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+        sw = {k: v.astype(jnp.bfloat16) for k, v in params.items()}
+        logits, ck, cv = jax.jit(lambda sw, ids: serve.prefill(sw, ids, t_max, mlp_kind=CFG.mlp))(sw, ids[:, :PROMPT])
+        got = [np.asarray(logits)]
+        step = jax.jit(lambda sw, ck, cv, tok, pos: serve.decode_step(sw, ck, cv, tok, pos, mlp_kind=CFG.mlp))
+        for t in range(PROMPT, t_max - 1):
+            logits, ck, cv = step(sw, ck, cv, ids[:, t], jnp.int32(t))
+            got.append(np.asarray(logits))
     want = full[:, PROMPT - 1:t_max - 1]
     np.testing.assert_allclose(np.stack(got, axis=1), want, atol=3e-2, rtol=0)
     assert np.mean(np.argmax(np.stack(got, axis=1), -1) == np.argmax(want, -1)) > 0.95
