@@ -5,11 +5,13 @@ sharded as serving shards them: heads, KV heads, d_ff and the vocabulary over ``
 
 The layer is the training layer's arithmetic (ffn_model.transformer: rms_norm, qkv_projection, attention_materialized's
 softmax, the output projection, mlp, output_logits), so a decode step's logits are the training forward's at the same
-position (tests/test_serve.py). The cache: k and v [L, B, T_max, K, H] BF16, logical axes (layers, batch, -, kv_heads,
-head_dim); a decode step writes its token's k and v at ``pos`` (one dynamic_update_slice a layer, in place in the
-scan's carry) and attends to the keys 0..pos (attention_materialized's causal mask by position). Built for global
-attention of a standard (not latent) transformer without QK-norm's absence mattering (QK-norm is applied as training
-applies it); the closed forms (scaling.step.serving) cover MLA, local layers and MoE, the programs do not yet.
+position (tests/test_serve.py). The layers run one after another (unrolled), each with its own weight and cache
+buffers: a lax.scan over the [L, ...] stacks made XLA:GPU copy each layer's slice of the stacks before its GEMMs read
+it, 2.9x the step's time on an H200 (docs/serving.md). The cache: per layer k and v [B, T_max, K, H] BF16, logical axes
+(batch, -, kv_heads, head_dim); a decode step writes its token's k and v at ``pos`` (a dynamic_update_slice, in place
+in the donated buffer) and attends to the keys 0..pos (attention_materialized's causal mask by position). Built for
+global attention of a standard (not latent) transformer, QK-norm applied as training applies it; the closed forms
+(scaling.step.serving) cover MLA, local layers and MoE, the programs do not yet (check_servable says so).
 
 Sources: the KV cache as the Scaling Book's inference chapter describes it; the layer as ffn_model.transformer's.
 """
@@ -19,13 +21,13 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ffn_model.attention import attention_materialized
-from ffn_model.sharded import COMPUTE_DTYPE, constrain
+from ffn_model.attention import attention_materialized, has_cudnn
+from ffn_model.sharded import COMPUTE_DTYPE, constrain, traced_platform
 from ffn_model.transformer import (LOGITS_AXES, X_AXES, Q_AXES, attention, embed, mlp, output_logits, qk_norm_on,
                                    qkv_projection, rms_norm, _gather, WQ_AXES)
 from scaling.core.schedule import Schedule
 
-CACHE_AXES = ("layers", "batch", None, "kv_heads", "head_dim")  # k, v caches [L, B, T_max, K, H]
+CACHE_AXES = ("batch", None, "kv_heads", "head_dim")  # a layer's k and v caches [B, T_max, K, H]
 LAYER_WEIGHTS = ("wq", "wk", "wv", "wo", "w_in", "w_gate", "w_out")
 
 
@@ -43,29 +45,40 @@ def check_servable(cfg) -> None:
                              "(scaling.step.serving)")
 
 
-def serving_weights(model) -> dict:
-    """The model's weights as serving holds them: BF16 (the FP32 masters cast, their shardings kept): the stacked
-    layer weights, E, and U (untied) — {name: array}."""
-    out = {n: getattr(model, n)[...].astype(COMPUTE_DTYPE) for n in model.names}
-    out["embedding"] = model.embedding[...].astype(COMPUTE_DTYPE)
-    if not model.tied:
-        out["unembedding"] = model.unembedding[...].astype(COMPUTE_DTYPE)
+def serving_weights(params: dict) -> dict:
+    """The model's parameters (a TransformerStack's pure dict: [L, ...] stacks, E, U) as serving holds them: BF16,
+    each layer's weights their own arrays ({"layers": [{name: array}] * L, "embedding", "unembedding"}); call it
+    under jit to keep the shardings."""
+    names = [n for n in LAYER_WEIGHTS if n in params]
+    L = params[names[0]].shape[0]
+    out = {"layers": [{n: params[n][i].astype(COMPUTE_DTYPE) for n in names} for i in range(L)]}
+    for n in ("embedding", "unembedding"):
+        if n in params:
+            out[n] = params[n].astype(COMPUTE_DTYPE)
     return out
 
 
-def _layers(w: dict) -> dict:
-    return {n: w[n] for n in LAYER_WEIGHTS if n in w}
 
 
 def _head(w: dict):
     return w["embedding"] if "unembedding" not in w else w["unembedding"]
 
 
-def empty_cache(cfg, batch: int, t_max: int):
-    """Zero k and v caches [L, B, T_max, K, H] BF16 on the mesh's layout (CACHE_AXES)."""
-    shape = (cfg.blocks, batch, t_max, cfg.kv_heads, cfg.head_dim)
-    z = jnp.zeros(shape, COMPUTE_DTYPE)
-    return constrain(z, CACHE_AXES), constrain(z, CACHE_AXES)
+
+
+def decode_attention(q_Bx1xNxH, k_BxTxKxH, v_BxTxKxH, pos):
+    """One query token a sequence against the cache's keys 0..pos: on a GPU cuDNN's fused attention
+    (jax.nn.dot_product_attention, implementation "cudnn", the cache's valid length pos + 1 a sequence: the kernel
+    the decode section of calibrate measured at 0.83-0.95 of the H200's HBM bandwidth, where XLA's own einsums reached
+    0.25); elsewhere (and on a GPU compiled ahead of time where cuDNN is absent) attention_materialized with the
+    keys' positions (the training attention's arithmetic)."""
+    B, T = k_BxTxKxH.shape[:2]
+    if traced_platform() == "gpu" and has_cudnn():
+        lengths = jnp.full((B,), pos + 1, jnp.int32)
+        return jax.nn.dot_product_attention(q_Bx1xNxH, k_BxTxKxH, v_BxTxKxH, key_value_seq_lengths=lengths,
+                                            implementation="cudnn").astype(COMPUTE_DTYPE)
+    q_pos = jnp.reshape(pos, (1,)).astype(jnp.int32)
+    return attention_materialized(q_Bx1xNxH, k_BxTxKxH, v_BxTxKxH, q_pos, jnp.arange(T, dtype=jnp.int32))
 
 
 def _mlp_out(x, lw, mlp_kind):
@@ -86,6 +99,7 @@ def prefill(w: dict, ids_BxP, t_max: int, *, mlp_kind: str, qk_norm: bool = Fals
     the P prompt positions filled). Causal attention over the prompt (ffn_model.transformer.attention, the
     schedule's kernel; materialized by default)."""
     B, P = ids_BxP.shape
+    pad = ((0, 0), (0, t_max - P), (0, 0), (0, 0))
 
     def layer(x, lw):
         h = rms_norm(x)
@@ -94,42 +108,35 @@ def prefill(w: dict, ids_BxP, t_max: int, *, mlp_kind: str, qk_norm: bool = Fals
             o = constrain(attention(q, k, v, schedule), Q_AXES)
             if qk_norm:  # the cache holds k as attention took it: normalized
                 k = rms_norm(k)
-        return _mlp_out(x + _project_out(o, lw["wo"]), lw, mlp_kind), (k, v)
+        cache = lambda a: constrain(jnp.pad(a, pad), CACHE_AXES)  # noqa: E731
+        return _mlp_out(x + _project_out(o, lw["wo"]), lw, mlp_kind), (cache(k), cache(v))
 
     x, _ = embed(ids_BxP, w["embedding"], schedule)
-    x, (k, v) = jax.lax.scan(layer, x, _layers(w))  # k, v [L, B, P, K, H]
-    pad = ((0, 0), (0, 0), (0, t_max - P), (0, 0), (0, 0))
-    ck, cv = constrain(jnp.pad(k, pad), CACHE_AXES), constrain(jnp.pad(v, pad), CACHE_AXES)
+    ck, cv = [], []
+    for lw in w["layers"]:
+        x, (k, v) = layer(x, lw)
+        ck.append(k)
+        cv.append(v)
     logits = output_logits(x[:, -1:], _head(w), schedule)
     return logits[:, 0], ck, cv
 
 
 def decode_step(w: dict, ck, cv, ids_B, pos, *, mlp_kind: str, qk_norm: bool = False):
     """One token a sequence at position ``pos`` (a traced int32): (logits [B, V] FP32, the caches with its k and v
-    written at pos). Each layer: its k, v written into the carry's caches (in place), then attention of the one
-    query over keys 0..pos (attention_materialized's mask by position)."""
+    written at pos). Each layer: its k, v written into its caches (in place, the buffers donated), then attention of
+    the one query over keys 0..pos (decode_attention)."""
     schedule = Schedule()
-    T = ck.shape[2]
     x, _ = embed(ids_B[:, None], w["embedding"], schedule)  # [B, 1, D]
-    k_pos = jnp.arange(T, dtype=jnp.int32)
-    q_pos = jnp.reshape(pos, (1,)).astype(jnp.int32)
-
-    def layer(carry, lw):
-        x, ck, cv, i = carry
+    ck, cv = list(ck), list(cv)
+    for i, lw in enumerate(w["layers"]):
         h = rms_norm(x)
         q, k, v = qkv_projection(h, lw["wq"], lw["wk"], lw["wv"])
         if qk_norm:
             q, k = rms_norm(q), rms_norm(k)
-        at = (i, 0, pos, 0, 0)
-        ck = jax.lax.dynamic_update_slice(ck, k[None].astype(ck.dtype), at)
-        cv = jax.lax.dynamic_update_slice(cv, v[None].astype(cv.dtype), at)
-        kl = jax.lax.dynamic_index_in_dim(ck, i, keepdims=False)
-        vl = jax.lax.dynamic_index_in_dim(cv, i, keepdims=False)
-        o = constrain(attention_materialized(q, kl, vl, q_pos, k_pos), Q_AXES)
+        ck[i] = constrain(jax.lax.dynamic_update_slice(ck[i], k.astype(ck[i].dtype), (0, pos, 0, 0)), CACHE_AXES)
+        cv[i] = constrain(jax.lax.dynamic_update_slice(cv[i], v.astype(cv[i].dtype), (0, pos, 0, 0)), CACHE_AXES)
+        o = constrain(decode_attention(q, ck[i], cv[i], pos), Q_AXES)
         x = _mlp_out(x + _project_out(o, lw["wo"]), lw, mlp_kind)
-        return (x, constrain(ck, CACHE_AXES), constrain(cv, CACHE_AXES), i + 1), None
-
-    (x, ck, cv, _), _ = jax.lax.scan(layer, (x, ck, cv, jnp.int32(0)), _layers(w))
     logits = constrain(output_logits(x, _head(w), schedule), LOGITS_AXES)
     return logits[:, 0], ck, cv
 

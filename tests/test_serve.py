@@ -47,7 +47,7 @@ def test_decode_logits_are_the_training_forward():
         model = TransformerStack(w, rngs=nnx.Rngs(0))
         full = np.asarray(jax.jit(lambda ids: model(ids))(ids))  # [B, T, V]
         params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
-        sw = {k: v.astype(jnp.bfloat16) for k, v in params.items()}
+        sw = jax.jit(serve.serving_weights)(params)
         logits, ck, cv = jax.jit(lambda sw, ids: serve.prefill(sw, ids, t_max, mlp_kind=CFG.mlp))(sw, ids[:, :PROMPT])
         got = [np.asarray(logits)]
         step = jax.jit(lambda sw, ck, cv, tok, pos: serve.decode_step(sw, ck, cv, tok, pos, mlp_kind=CFG.mlp))
@@ -69,7 +69,7 @@ def test_generation_on_8_devices_is_one_devices():
     ids = _ids()[:, :PROMPT]
     mesh, params = _params("data=2,tensor=4")
     with jax.set_mesh(mesh):
-        sw = jax.jit(lambda p: {k: v.astype(jnp.bfloat16) for k, v in p.items()})(params)
+        sw = jax.jit(serve.serving_weights)(params)
         many = np.asarray(serve.generate(sw, jax.device_put(ids), STEPS, mlp_kind=CFG.mlp))
     host = jax.tree.map(np.asarray, sw)
     one_dev = jax.devices()[0]

@@ -64,6 +64,11 @@ class Serving:
     compute: str = "bf16"
     prefill_efficiency: float | None = None
     topology: tuple = ()  # a TPU slice's dims (its ICI axes: the tensor axis' rings), () a ring of Y
+    reduce_bytes: tuple = (2, 2)  # an element of the tensor all-reduces of (attention's output, the MLP's): BF16 as
+    # serving runtimes run them; this package's program reduces FP32 partial sums (4, 4: ffn_model.serve._project_out),
+    # which XLA:TPU narrows to BF16 for attention's (2, 4: verify.serve_check)
+    min_comm_bytes: int = 0  # the narrowest element a collective moves (XLA:CPU widens BF16 to FP32: 4; the
+    # training step's CompilerFacts.min_comm_bytes)
 
     def __post_init__(self):
         for a, n in self.mesh.items():
@@ -187,14 +192,29 @@ def _moe_layers(model) -> int:
     return getattr(model, "moe_layers", 0)
 
 
-def _comm_seconds(s: Serving, tokens: int) -> float:
-    """A step's collectives on one replica, ``tokens`` tokens in it: two all-reduces a layer over tensor (attention's
-    and the MLP's outputs, tokens·D·2 B; Megatron's layer, Shoeybi et al. 2019 sec. 3) and, for an MoE layer split
-    over expert, the dispatch and combine all-to-alls of tokens·k·D·2 B."""
-    D = s.model.d_model
-    ar = _all_reduce_seconds(s, tokens * D * 2, 2 * s.model.blocks)
+def step_collectives(s: Serving, tokens: int) -> list[tuple[str, str, float, float]]:
+    """A step's collectives on one replica, ``tokens`` tokens in it, as (axis, kind, bytes of one, how many): over
+    tensor two all-reduces a layer (attention's and the MLP's outputs, tokens·D·reduce_bytes each; Megatron's layer,
+    Shoeybi et al. 2019 sec. 3) and the vocabulary-parallel lookup's (tokens·D·2, BF16; each element at least
+    min_comm_bytes); over expert, an MoE layer's
+    dispatch and combine all-to-alls (tokens·k·D·2)."""
+    D, out = s.model.d_model, []
+    if s.mesh.get("tensor", 1) > 1:
+        wide = lambda n: max(n, s.min_comm_bytes)  # noqa: E731
+        for r in s.reduce_bytes:
+            out.append(("tensor", Collective.ALL_REDUCE, tokens * D * wide(r), s.model.blocks))
+        if s.model.vocab:
+            out.append(("tensor", Collective.ALL_REDUCE, tokens * D * wide(2), 1))
     k = getattr(getattr(s.model, "moe", None), "top_k", 0)
-    return ar + _all_to_all_seconds(s, tokens * k * D * 2, 2 * _moe_layers(s.model))
+    if s.mesh.get("expert", 1) > 1 and k:
+        out.append(("expert", Collective.ALL_TO_ALL, tokens * k * D * 2, 2 * _moe_layers(s.model)))
+    return out
+
+
+def _comm_seconds(s: Serving, tokens: int) -> float:
+    """The time of step_collectives, each priced on its axis (_all_reduce_seconds, _all_to_all_seconds)."""
+    return sum(_all_reduce_seconds(s, V, n) if axis == "tensor" else _all_to_all_seconds(s, V, n)
+               for axis, _, V, n in step_collectives(s, tokens))
 
 
 # ---- kernel data: the fraction of W_hbm a decode step's kernels reach (calibrate's decode section) ----

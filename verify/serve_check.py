@@ -1,0 +1,127 @@
+"""``check --step decode``: the serving program's decode step (ffn_model.serve.decode_step) compiled for a mesh of
+data replicas × tensor, from abstract shapes, read back (verify.hlo.read_compiled), beside scaling.step.serving's
+closed forms, term by term, per device:
+
+  FLOPs        model.decode_flops(b, T_max) / m (the program attends over the whole cache, masked: context T_max)
+  collectives  step_collectives by mesh axis (the package's program reduces FP32 partial sums: reduce_bytes 4)
+  arguments    the weights a device holds (P·2/m, BF16: its share of every weight, the lookup table's too) and the
+               caches (2·b·T_max·K·H·L·2/m)
+  bytes read   the weights a step reads (decode_read_params·2/m) + the caches, beside XLA's "bytes accessed" (its
+               cost model's count, read and written, every operand of every op; reported, not banded)
+
+b = B/data, m = tensor. Works for any device spec mesh.devices takes (cpu:N, tpu:<chip>:<topology>, gpu:<chip>:N).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
+
+from scaling.step.serving import SERVING_BYTES, Serving, kv_cache_bytes, step_collectives
+
+
+@dataclass(frozen=True)
+class DecodeCheck:
+    """The closed form beside the compiled decode step, per device (module docstring): {term: (closed, compiled)}."""
+
+    model: str
+    devices: str
+    mesh: dict
+    batch: int
+    t_max: int
+    terms: dict = field(default_factory=dict)
+    bytes_accessed: float = 0.0
+    bytes_read_closed: float = 0.0
+    peak: float | None = None  # the compiler's peak where it reports one (TPU): reported, not compared (not located)
+
+    def ratio(self, term: str) -> float:
+        closed, compiled = self.terms[term]
+        return compiled / closed if closed else (1.0 if compiled == 0 else math.inf)
+
+    def to_json(self) -> dict:
+        return {"model": self.model, "devices": self.devices, "mesh": self.mesh, "batch": self.batch,
+                "t_max": self.t_max, "terms": {k: {"closed": c, "compiled": p, "ratio": self.ratio(k)}
+                                               for k, (c, p) in self.terms.items()},
+                "bytes_accessed": self.bytes_accessed, "bytes_read_closed": self.bytes_read_closed, "peak": self.peak}
+
+    def render(self) -> str:
+        mesh = ",".join(f"{a}={n}" for a, n in self.mesh.items() if n > 1) or "1 device"
+        lines = [f"check --step decode: {self.model}, batch {self.batch}, cache of {self.t_max} tokens, on "
+                 f"{self.devices} ({mesh}); per device, closed form beside the compiled program",
+                 f"  {'term':<28}{'closed':>16}{'compiled':>16}{'ratio':>9}"]
+        for k, (c, p) in self.terms.items():
+            lines.append(f"  {k:<28}{c:>16,.0f}{p:>16,.0f}{self.ratio(k):>9.4f}")
+        lines.append(f"  bytes a step reads (weights + caches): {self.bytes_read_closed / 1e9:.4g} GB closed; XLA's "
+                     f"cost model counts {self.bytes_accessed / 1e9:.4g} GB accessed (read and written, every op)")
+        if self.peak:
+            args = self.terms["arguments (weights+caches)"][0]
+            lines.append(f"  peak {self.peak / 1e9:.4g} GB: {self.peak / args:.4f} of the arguments (the rest not "
+                         "located: docs/serving.md)")
+        return "\n".join(lines)
+
+
+def _structs(tree_shapes: dict, mesh, axes: dict):
+    from mesh.rules import logical_to_spec
+
+    return {n: jax.ShapeDtypeStruct(s, jnp.bfloat16, sharding=NamedSharding(mesh, logical_to_spec(axes[n])))
+            for n, s in tree_shapes.items()}
+
+
+def check_decode(cfg, devices: str, mesh_spec: str, batch: int, t_max: int) -> DecodeCheck:
+    """Compile the decode step of ``cfg`` (ffn_model.serve.check_servable) for ``batch`` sequences and a cache of
+    ``t_max`` tokens on ``mesh_spec`` over ``devices``, and set it beside the closed forms (module docstring)."""
+    from ffn_model import serve
+    from ffn_model.transformer import LAYER_AXES, VOCAB_AXES, attention_shapes, layer_names
+    from mesh import make_mesh, mesh_shape
+    from mesh.devices import get_devices
+    from mesh.rules import logical_to_spec
+    from verify.hlo import read_compiled
+
+    serve.check_servable(cfg)
+    mesh = make_mesh(mesh_spec, get_devices(devices))
+    shape = {a: n for a, n in mesh_shape(mesh).items()}
+    D, F, L = cfg.d_model, cfg.d_ff, cfg.blocks
+    # one layer's weights (a stack's shape without L, its logical axes without "layers"), each layer its own arrays
+    shapes = {n: s[1:] for n, (s, _) in attention_shapes(cfg).items()}
+    shapes |= {n: (F, D) for n in ("w_in", "w_gate", "w_out") if n in layer_names(cfg)}
+    layer = _structs(shapes, mesh, {n: LAYER_AXES[n][1:] for n in shapes})
+    heads = {"embedding": (cfg.vocab, D)} | ({} if cfg.tied_embeddings else {"unembedding": (cfg.vocab, D)})
+    cache = (batch, t_max, cfg.kv_heads, cfg.head_dim)
+    with jax.set_mesh(mesh):
+        w = {"layers": [dict(layer) for _ in range(L)], **_structs(heads, mesh, {n: VOCAB_AXES for n in heads})}
+        c = [jax.ShapeDtypeStruct(cache, jnp.bfloat16, sharding=NamedSharding(mesh, logical_to_spec(serve.CACHE_AXES)))
+             for _ in range(L)]
+        ids = jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=NamedSharding(mesh, logical_to_spec(("batch",))))
+        pos = jax.ShapeDtypeStruct((), jnp.int32)
+        fn = jax.jit(lambda w, ck, cv, ids, pos: serve.decode_step(w, ck, cv, ids, pos, mlp_kind=cfg.mlp,
+                                                                   qk_norm=cfg.qk_norm), donate_argnums=(1, 2))
+        compiled = fn.lower(w, c, c, ids, pos).compile()
+    prog = read_compiled(compiled, shape)
+    d, m = shape.get("data", 1), shape.get("tensor", 1)
+    b = batch // d
+    # the program reduces FP32 partial sums (ffn_model.serve._project_out); XLA:CPU widens the lookup's BF16 one
+    s = Serving(cfg, _chip_of(devices), {a: n for a, n in shape.items() if n > 1}, batch, t_max, 1,
+                reduce_bytes=(4, 4), min_comm_bytes=4 if devices.startswith("cpu") else 0)
+    caches = b * kv_cache_bytes(cfg, t_max, "bf16") / m  # k and v (kv_cache_bytes counts both)
+    terms = {"matmul FLOPs": (cfg.decode_flops(b, t_max) / m, prog.dot_flops),
+             "arguments (weights+caches)": (cfg.params * SERVING_BYTES["bf16"] / m + caches,
+                                            float(prog.memory["argument_bytes"] or 0) - 4 * b - 4)}
+    by_axis = prog.collective_bytes["by_axis"]
+    for axis in sorted({a for a, *_ in step_collectives(s, b)} | {a for a in by_axis if a != "none"}):
+        closed = sum(V * n for a, _, V, n in step_collectives(s, b) if a == axis)
+        terms[f"collectives {axis}"] = (closed, by_axis.get(axis, 0.0))
+    read = cfg.decode_read_params(b) * SERVING_BYTES["bf16"] / m + caches
+    return DecodeCheck(str(cfg), devices, shape, batch, t_max, terms, float(prog.cost.get("bytes accessed", 0.0)),
+                       read, prog.memory.get("peak_bytes"))
+
+
+def _chip_of(devices: str):
+    """The hardware table's chip of a device spec (the CPU: v5p, whose figures no compared term reads)."""
+    from scaling.hardware.chips import get_chip
+
+    kind, _, rest = devices.partition(":")
+    return get_chip(rest.split(":")[0]) if kind in ("tpu", "gpu") else get_chip("v5p")
