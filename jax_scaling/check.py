@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 import sys
 
-from jax_scaling.args import (MESH_HELP, add_model_args, add_schedule_args, defaults_note, flags_of, model_config,
-                              schedule_of)
+from jax_scaling.args import (MESH_HELP, SERVING_DEFAULTS, add_model_args, add_schedule_args, add_serving_args,
+                              check_no_serving_flags, defaults_note, flags_of, given_or, model_config, schedule_of)
 from mesh.devices import chip_of_devices, device_count, use_cpu_platform_for
 from scaling.core.mesh_shape import parse_mesh_spec
 from scaling.core.policies import REMAT_POLICIES, Attention
@@ -26,7 +26,11 @@ def add_parser(sub) -> None:
     add_model_args(c, "small")
     c.add_argument("--batch-tokens", type=integer, default=4096, help="global batch in tokens (default %(default)s)")
     c.add_argument("--remat", default="none", choices=REMAT_POLICIES, help="remat policy (default %(default)s)")
-    c.add_argument("--step", default="train", choices=["train", "forward"], help="(default %(default)s)")
+    c.add_argument("--step", default="train", choices=["train", "forward", "decode"],
+                   help="train, forward, or decode (the serving program's decode step, verify.serve_check: "
+                        "--global-batch sequences, a cache of --prompt + --output tokens; default %(default)s)")
+    c.add_argument("--global-batch", type=integer, help="--step decode: sequences decoded together (default 8)")
+    add_serving_args(c)
     add_schedule_args(c)
     c.add_argument("--chip", help="chip for the time estimates, of the devices' kind (default: the TPU topology's or "
                    f"the GPUs', else {DEFAULT_CHIP})")
@@ -60,10 +64,39 @@ def timing_chip(args) -> Chip:
     return chip
 
 
+def check_decode_command(args) -> int:
+    """check --step decode: the serving program's decode step compiled for --devices on --mesh, beside the closed
+    forms (verify.serve_check.check_decode), as its table or --json."""
+    from ffn_model.serve import check_servable
+
+    cfg = model_config(args)
+    check_servable(cfg)
+    shape = parse_mesh_spec(args.mesh, device_count(args.devices))
+    bad = [a for a, n in shape.items() if n > 1 and a not in ("data", "tensor")]
+    if bad:
+        raise ValueError(f"--mesh {args.mesh}: the serving program shards over data and tensor, not {', '.join(bad)}")
+    batch = given_or(args, "global_batch", 8)
+    if batch % shape.get("data", 1):
+        raise ValueError(f"--global-batch {batch} is not divisible by data={shape.get('data', 1)}")
+    t_max = given_or(args, "prompt", SERVING_DEFAULTS["prompt"]) + given_or(args, "output", SERVING_DEFAULTS["output"])
+    use_cpu_platform_for(args.devices)
+    from verify.serve_check import check_decode
+
+    print(f"compiling the decode step for {args.devices} ...", file=sys.stderr, flush=True)
+    rep = check_decode(cfg, args.devices, args.mesh, batch, t_max)
+    print(json.dumps(rep.to_json(), indent=2) if args.json else rep.render())
+    return 0
+
+
 def check_command(args) -> int:
     """``check`` on the command line: the workload of its flags (check_workload: every one checked before jax
     starts), compiled and read by verify.check.check, printed as its table (CheckReport.render) or --json
     (CheckReport.to_json)."""
+    if args.step == "decode":
+        return check_decode_command(args)
+    check_no_serving_flags(args)
+    if args.global_batch is not None:
+        raise ValueError("--global-batch is --step decode's (sequences); a training step takes --batch-tokens")
     w = check_workload(args)
     if note := defaults_note(args):  # a model of flags alone: the defaults it took, on stderr
         print(note, file=sys.stderr, flush=True)

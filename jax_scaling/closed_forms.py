@@ -79,6 +79,9 @@ def add_validate_parser(sub) -> None:
     v.add_argument("--kernel-model", default="efficiency", choices=kernels.KERNEL_MODELS,
                    help="predict's matmul term (default %(default)s); hierarchical refits each chip's eta under it")
     add_kernel_table_arg(v)
+    v.add_argument("--step", default="train", choices=["train", "decode"],
+                   help="train (the published training runs) or decode (the decode steps measured on the H200 lent to "
+                        "this project, scaling/data/serving_measured.toml) (default %(default)s)")
     v.add_argument("--json", action="store_true", help="one JSON object")
     add_plot_arg(v, "every run's predicted step against its measured step (log axes, TPU and GPU marked) with y = x "
                     "and the ±10%% band")
@@ -171,6 +174,15 @@ def validate_command(args) -> int:
     per group the median and largest |error|; per comparison Spearman's rank correlation."""
     from scaling.hardware.chips import CHIPS
     from scaling.reports.validate import fit_efficiency, refitted, validate
+
+    if args.step == "decode":
+        if args.fit or args.kernel_table is not None or args.plot is not None:
+            raise ValueError("--step decode validates the serving closed form as it stands: no --fit, --kernel-table "
+                             "or --plot")
+        from scaling.reports.serving import validate_serving
+        v = validate_serving()
+        print(json.dumps(v.to_json(), indent=2) if args.json else v.render())
+        return 0
 
     if args.fit and args.kernel_table is not None:
         raise ValueError("--fit fits the TPUs' matmul_efficiency on their named runs; --kernel-table prices GPU GEMMs "

@@ -88,3 +88,36 @@ def test_refusals():
     with pytest.raises(ValueError, match="transformer"):
         serve.check_servable(PRESETS["mixtral-8x7b"])
     serve.check_servable(CFG)
+
+
+@pytest.mark.compiles
+@pytest.mark.quick
+def test_check_decode_on_cpu8():
+    """check --step decode on cpu:8 (data=2, tensor=4): the decode step's matmul FLOPs, its arguments (BF16 weights and
+    caches a device holds) and its tensor all-reduces (2 a layer of b·D FP32 partial sums, the lookup's b·D, widened
+    to FP32 by XLA:CPU) are the closed form's (scaling.step.serving)."""
+    from verify.serve_check import check_decode
+
+    r = check_decode(CFG, "cpu:8", "data=2,tensor=4", 8, 64)
+    for term in ("matmul FLOPs", "arguments (weights+caches)", "collectives tensor"):
+        assert r.ratio(term) == pytest.approx(1.0, abs=1e-4), (term, r.terms[term])
+    # by hand: b = 4, D = 64, L = 2: 2·L all-reduces of 4·64·4 B and the lookup's 4·64·4 B
+    assert r.terms["collectives tensor"][0] == 2 * 2 * 4 * 64 * 4 + 4 * 64 * 4
+
+
+@pytest.mark.tpu
+@pytest.mark.parametrize("devices, spec, batch", [("tpu:v5e:2x4", "tensor=8", 32),
+                                                  ("tpu:v6e:2x4", "data=2,tensor=4", 32),
+                                                  ("tpu:v5p:2x2x2", "tensor=8", 16)])
+def test_check_decode_on_tpus(devices, spec, batch):
+    """The decode step of a LLaMA-shaped stack (D 2048, 16 query and 8 KV heads of 128, SwiGLU 7168, 4 layers, V 32768,
+    a 2048-token cache) compiled for v5e, v6e and v5p topologies: FLOPs, arguments and tensor collectives within 0.1%
+    of the closed form (the arguments' few hundred bytes over: the token ids' tile padding)."""
+    from scaling.families.transformer import TransformerConfig
+    from verify.serve_check import check_decode
+
+    cfg = TransformerConfig(d_model=2048, heads=16, kv_heads=8, head_dim=128, d_ff=7168, blocks=4, seq_len=4096,
+                            mlp="swiglu", vocab=32768)
+    r = check_decode(cfg, devices, spec, batch, 2048)
+    for term in ("matmul FLOPs", "arguments (weights+caches)", "collectives tensor"):
+        assert r.ratio(term) == pytest.approx(1.0, abs=1e-3), (term, r.terms[term])

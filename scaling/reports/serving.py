@@ -12,7 +12,10 @@ tokens a second a chip; the frontier is the candidates no other beats on both (S
 from __future__ import annotations
 
 import math
+import statistics
+import tomllib
 from dataclasses import dataclass, field
+from importlib import resources
 
 from scaling.core.inputs import positive_float
 from scaling.core.kinds import Platform
@@ -144,3 +147,53 @@ def serving_plan(s: Serving, latency: float | None = None) -> ServingPlan:
         beaten = any(o[2] <= r[2] and o[3] >= r[3] and (o[2] < r[2] or o[3] > r[3]) for o in rows)
         marked.append(ServingPlanRow(r[0], r[1], r[2], r[3], r[4], not beaten))
     return ServingPlan(s, latency, marked)
+
+
+_RUNS = "data/serving_measured.toml"
+
+
+@dataclass(frozen=True)
+class ServingValidation:
+    """Each measured decode step (scaling/data/serving_measured.toml) beside the closed form's (decode_step at its
+    context, one device): rows (preset, blocks, layers, batch, context, measured s, predicted s, error), the median
+    and largest |error| of the runs whose layers are laid out as the package's program lays them (unrolled)."""
+
+    source: str
+    rows: list = field(default_factory=list)
+
+    @property
+    def errors(self) -> list[float]:
+        return [r["error"] for r in self.rows if r["layers"] == "unrolled"]
+
+    def to_json(self) -> dict:
+        e = [abs(x) for x in self.errors]
+        return {"source": self.source, "rows": self.rows, "median_abs_error": statistics.median(e),
+                "max_abs_error": max(e)}
+
+    def render(self) -> str:
+        lines = [f"decode steps measured ({self.source}) beside scaling.step.serving's closed form",
+                 f"  {'run':<42}{'measured ms':>12}{'predicted ms':>13}{'error':>8}"]
+        for r in self.rows:
+            name = f"{r['preset']} L{r['blocks']} {r['layers']} b={r['batch']} T={r['context']}"
+            lines.append(f"  {name:<42}{r['measured'] * 1e3:>12.3f}{r['predicted'] * 1e3:>13.3f}{r['error']:>+8.1%}")
+        j = self.to_json()
+        lines.append(f"  layers unrolled (the package's layout): {len(self.errors)} runs, median |error| "
+                     f"{j['median_abs_error']:.1%}, max {j['max_abs_error']:.1%}; a scan over stacked layers is "
+                     "XLA:GPU's copy of each layer's weights (docs/serving.md), not a closed-form term")
+        return "\n".join(lines)
+
+
+def validate_serving() -> ServingValidation:
+    """Every measured decode step predicted by decode_step on its chip (one device, BF16 weights and cache, its context
+    the cache's length); error = predicted/measured − 1. No coefficient is fitted on them."""
+    from scaling.hardware.chips import get_chip
+
+    with resources.files("scaling").joinpath(_RUNS).open("rb") as f:
+        data = tomllib.load(f)
+    rows = []
+    for r in data["run"]:
+        cfg = model_of(r["preset"], blocks=r["blocks"])
+        s = Serving(cfg, get_chip(r["chip"]), {}, r["batch"], r["context"], 1)
+        t = decode_step(s, r["context"]).seconds
+        rows.append({**r, "measured": r["seconds"], "predicted": t, "error": t / r["seconds"] - 1})
+    return ServingValidation(data["source"], rows)
