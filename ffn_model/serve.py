@@ -7,11 +7,11 @@ The layer is the training layer's arithmetic (ffn_model.transformer: rms_norm, q
 softmax, the output projection, mlp, output_logits), so a decode step's logits are the training forward's at the same
 position (tests/test_serve.py). The layers run one after another (unrolled), each with its own weight and cache
 buffers: a lax.scan over the [L, ...] stacks made XLA:GPU copy each layer's slice of the stacks before its GEMMs read
-it, 2.3x (8B) and 2.9x (70B's layers) the step's time on an H200 (docs/serving.md). The cache: per layer k and v [B, T_max, K, H] BF16, logical axes
-(batch, -, kv_heads, head_dim); a decode step writes its token's k and v at ``pos`` (a dynamic_update_slice, in place
-in the donated buffer) and attends to the keys 0..pos (attention_materialized's causal mask by position). Built for
-global attention of a standard (not latent) transformer, QK-norm applied as training applies it; the closed forms
-(scaling.step.serving) cover MLA, local layers and MoE, the programs do not yet (check_servable says so).
+it, 2.3x (8B) and 2.9x (70B's layers) the step's time on an H200 (docs/serving.md). The cache: per layer k and v
+[B, T_max, K, H] BF16, logical axes (batch, -, kv_heads, head_dim); a decode step writes its token's k and v at
+``pos`` (a dynamic_update_slice, in place in the donated buffer) and attends to the keys 0..pos (decode_attention).
+Built for global attention of a standard (not latent) transformer, QK-norm applied as training applies it; the
+closed forms (scaling.step.serving) cover MLA, local layers and MoE, the programs do not yet (check_servable).
 
 Sources: the KV cache as the Scaling Book's inference chapter describes it; the layer as ffn_model.transformer's.
 """

@@ -224,7 +224,8 @@ def test_decode_steps_measured_on_the_h200():
     the closed form, its GPU kernels priced from the H200's decode table (kernel data, not these rows), within 15% of
     each but the 8B's batch of one, where each of the 32 layers' small kernels (norms, residual adds, SwiGLU's
     product) run at their launch floor, which the form leaves out: too fast there, within 20%; median |error| <= 5%.
-    The scanned layouts, 2.3x and 2.9x the unrolled ones' time (XLA:GPU's copies of each layer's slice), are not held."""
+    The scanned layouts, 2.3x and 2.9x the unrolled ones' time (XLA:GPU's copies of each layer's slice), are not
+    held."""
     from scaling.reports.serving import validate_serving
 
     v = validate_serving()
