@@ -391,6 +391,18 @@ class TransformerConfig(FamilyDefaults):
         absorbed form, c_kv and the shared k_rope)."""
         return self.kv_lora_rank + self.rope_dim if self.mla else self.kv_heads * (self.qk_dim + self.v_dim)
 
+    @property
+    def layer_matrices(self) -> tuple[int, ...]:
+        """The elements of each weight matrix one layer's GEMMs read, one GEMM each: W_q D·N·qk, W_k D·K·qk, W_v
+        D·K·v, W_o N·v·D and the MLP's m of D·F; MLA's W_d D·(r_q + r_kv + H_r), W_uq r_q·N·qk (or W_q D·N·qk),
+        W_ukv r_kv·N·(H + H_v), W_o (scaling.step.serving prices a decode step's GEMMs one by one)."""
+        D, N, K, F = self.d_model, self.heads, self.kv_heads, self.d_ff
+        mlp = (D * F,) * self.mlp_matrices
+        if not self.mla:
+            return (D * N * self.qk_dim, D * K * self.qk_dim, D * K * self.v_dim, self.o_width * D, *mlp)
+        q = self.q_lora_rank * N * self.qk_dim if self.q_lora_rank else D * N * self.qk_dim
+        return (D * self.latent_width, q, self.kv_lora_rank * N * (self.head_dim + self.v_dim), self.o_width * D, *mlp)
+
     def cached_keys(self, context) -> list:
         """Each layer's cached keys a sequence of ``context`` tokens holds: context, or a local layer's window W
         when shorter (it keeps the last W keys; the layout of layer_windows, here for any context)."""

@@ -269,11 +269,25 @@ def kv_efficiency(chip: Chip, kv_bytes: float) -> float:
     return _interp_log(max(kv_bytes, 1.0), [p for p, _ in pts], [e for _, e in pts])
 
 
-def gemms_per_layer(model) -> int:
-    """The weight GEMMs of a layer a decode step runs one after another: q, k, v, o and the MLP's m matrices (7 for
-    SwiGLU): the decode GEMM's weights are a layer's over these (stream_efficiency's size)."""
-    base = getattr(model, "base", model)
-    return 4 + base.mlp_matrices
+def weight_stream_seconds(s: Serving, tokens: int, w_bytes: float) -> float:
+    """Seconds the decode step's weight GEMMs take to stream ``w_bytes`` a device at the fractions of W_hbm the chip's
+    decode kernels reach (stream_efficiency): each of a layer's matrices (model.layer_matrices, split over the m
+    model-parallel devices) and the output layer priced at its own size, L layers; a model without per-matrix sizes
+    (an MoE model's experts) at the mean matrix of its layers; no GEMM under the table's launch time (its smallest
+    kernel's). Roofline (every byte at W_hbm) without kernel data."""
+    m, model, W = s.model_parallel, s.model, s.chip.device_hbm_bw
+    wb = SERVING_BYTES[s.weights]
+    table, _ = decode_kernels_of(s.chip)
+    floor = (table.launch_seconds or 0.0) if table is not None else 0.0
+
+    def gemm(nbytes):  # one GEMM: its bytes at the fraction its size reaches, never under one launch (the table's)
+        return max(nbytes / (W * stream_efficiency(s.chip, nbytes, tokens)), floor)
+
+    mats = getattr(model, "layer_matrices", None)
+    vocab = (model.vocab or 0) * model.d_model * wb / m
+    if mats is None or model.blocks * sum(mats) * wb / m + vocab > 1.001 * w_bytes:
+        return w_bytes / (W * stream_efficiency(s.chip, w_bytes / (model.blocks * 7), tokens))
+    return model.blocks * sum(gemm(e * wb / m) for e in mats) + (gemm(vocab) if vocab else 0.0)
 
 
 @dataclass(frozen=True)
@@ -314,11 +328,12 @@ def decode_step(s: Serving, context: float) -> DecodeStep:
     w_flops = model.decode_flops(b, 0) / m  # 2·b·P_read (an MoE layer: each token's k experts)
     kv = b * kv_cache_bytes(model, context, s.kv) / m
     a_flops = model.decode_flops(b, context) / m - w_flops
-    e_w = stream_efficiency(s.chip, w_bytes / (model.blocks * gemms_per_layer(model)), b)
+    t_stream = weight_stream_seconds(s, b, w_bytes)
+    e_w = w_bytes / (W * t_stream)  # the weights' mean fraction of W_hbm
     e_kv = kv_efficiency(s.chip, kv / model.blocks)
-    t_w = max(w_flops / C, w_bytes / (W * e_w))
+    t_w = max(w_flops / C, t_stream)
     return DecodeStep(b, context, w_bytes, kv, w_flops, a_flops, t_w, max(a_flops / C, kv / (W * e_kv)),
-                      _comm_seconds(s, b), "compute" if w_flops / C > w_bytes / (W * e_w) else "HBM", e_w, e_kv)
+                      _comm_seconds(s, b), "compute" if w_flops / C > t_stream else "HBM", e_w, e_kv)
 
 
 def max_batch(s: Serving, context: float) -> int:
