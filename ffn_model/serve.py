@@ -25,6 +25,7 @@ from ffn_model.attention import attention_materialized, has_cudnn
 from ffn_model.sharded import COMPUTE_DTYPE, constrain, traced_platform
 from ffn_model.transformer import (LOGITS_AXES, X_AXES, Q_AXES, attention, embed, mlp, output_logits, qk_norm_on,
                                    qkv_projection, rms_norm, _gather, WQ_AXES)
+from scaling.core.kinds import Block, Family, Platform
 from scaling.core.schedule import Schedule
 
 CACHE_AXES = ("batch", None, "kv_heads", "head_dim")  # a layer's k and v caches [B, T_max, K, H]
@@ -34,12 +35,12 @@ LAYER_WEIGHTS = ("wq", "wk", "wv", "wo", "w_in", "w_gate", "w_out")
 def check_servable(cfg) -> None:
     """ValueError naming what the serving programs do not build: a model without a vocabulary (no tokens to
     generate), multi-head latent attention, local layers, a parallel block, an MoE model."""
-    if getattr(cfg, "family", None) != "transformer":
+    if getattr(cfg, "family", None) != Family.TRANSFORMER:
         raise ValueError(f"the serving programs are built for the transformer; the {cfg.noun}'s closed forms only "
                          "(scaling.step.serving)")
     for bad, what in ((cfg.vocab is None, "a vocabulary (--vocab)"), (cfg.mla, "standard attention, not MLA"),
                       (any(cfg.layer_windows), "global attention in every layer"),
-                      (cfg.block != "serial", "serial blocks")):
+                      (cfg.block != Block.SERIAL, "serial blocks")):
         if bad:
             raise ValueError(f"the serving programs need {what}; its closed forms cover the rest "
                              "(scaling.step.serving)")
@@ -73,7 +74,7 @@ def decode_attention(q_Bx1xNxH, k_BxTxKxH, v_BxTxKxH, pos):
     0.25); elsewhere (and on a GPU compiled ahead of time where cuDNN is absent) attention_materialized with the
     keys' positions (the training attention's arithmetic)."""
     B, T = k_BxTxKxH.shape[:2]
-    if traced_platform() == "gpu" and has_cudnn():
+    if traced_platform() == Platform.GPU and has_cudnn():
         lengths = jnp.full((B,), pos + 1, jnp.int32)
         return jax.nn.dot_product_attention(q_Bx1xNxH, k_BxTxKxH, v_BxTxKxH, key_value_seq_lengths=lengths,
                                             implementation="cudnn").astype(COMPUTE_DTYPE)

@@ -68,7 +68,7 @@ def _decode_impls() -> tuple[str, ...]:
     """The decode attention implementations timed: "xla", and "cudnn" where jax runs on an NVIDIA GPU."""
     import jax
 
-    return ("xla", "cudnn") if jax.default_backend() == "gpu" else ("xla",)
+    return ("xla", "cudnn") if jax.default_backend() == Platform.GPU else ("xla",)
 
 
 def calibrate_command(args) -> int:

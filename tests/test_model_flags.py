@@ -102,6 +102,8 @@ SHARED = {"--preset", "--d-model", "--d-ff", "--blocks", "--layers", "--seq-len"
           "--splash-fused-backward",
           # multi-head latent attention's (TransformerConfig.kv_lora_rank and the rest)
           "--kv-lora-rank", "--q-lora-rank", "--qk-rope-head-dim", "--v-head-dim",
+          # serving's (--step decode: scaling.step.serving)
+          "--prompt", "--output", "--weights", "--kv-cache", "--compute", "--prefill-efficiency",
           "--chip", "--chips", "--slice", "--slices", "--inter-node-bandwidth", "--global-batch", "--batch-tokens",
           "--microbatch", "--microbatches", "--mesh", "--dcn-mesh", "--remat", "--dtype", "--grad-accumulation",
           "--repeats", "--schedule", "--warmup-phases", "--fsdp-gather", "--optimizer-sharding", "--sequence-parallel",
@@ -110,7 +112,8 @@ SHARED = {"--preset", "--d-model", "--d-ff", "--blocks", "--layers", "--seq-len"
           "--experts", "--top-k", "--expert-d-ff", "--shared-experts", "--moe-every", "--first-dense",
           "--capacity-factor", "--keep-tokens", "--aux-loss-weight"}
 PREDICT_ONLY = {"--step", "--kernel-model", "--kernels", "--json", "--plot", "-h", "--help"}
-PLAN_ONLY = {"--hbm", "--top", "--max-microbatches", "--max-repeats", "--verify-top", "--verbose", "--json", "--plot",
+PLAN_ONLY = {"--step", "--latency-ms", "--hbm", "--top", "--max-microbatches", "--max-repeats", "--verify-top",
+             "--verbose", "--json", "--plot",
              "-h", "--help"}
 
 

@@ -40,6 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from scaling.core.kinds import Dtype, Platform
+from scaling.core.policies import Attention
 
 GEMM_DTYPES = ("bf16", "fp32", "tf32", "fp8", "int8")
 COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "permute")
@@ -218,7 +219,7 @@ def decode_attention_seconds(batch: int, context: int, q_heads: int, kv_heads: i
     g = q_heads // kv_heads
 
     def one(q, k, v):
-        if impl == "cudnn":
+        if impl == Attention.CUDNN:
             return jax.nn.dot_product_attention(q[:, None], k, v, implementation="cudnn")[:, 0]
         q = q.reshape(batch, kv_heads, g, head_dim)
         s = jnp.einsum("bkgh,btkh->bkgt", q, k, preferred_element_type=jnp.float32) / math.sqrt(head_dim)

@@ -21,7 +21,10 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding
 
+from scaling.core.kinds import Platform
 from scaling.step.serving import SERVING_BYTES, Serving, kv_cache_bytes, step_collectives
+
+NO_AXIS = "none"  # verify.hlo.collective_bytes' key of a collective over a group of one device
 
 
 @dataclass(frozen=True)
@@ -111,7 +114,7 @@ def check_decode(cfg, devices: str, mesh_spec: str, batch: int, t_max: int) -> D
              "arguments (weights+caches)": (cfg.params * SERVING_BYTES["bf16"] / m + caches,
                                             float(prog.memory["argument_bytes"] or 0) - 4 * b - 4)}
     by_axis = prog.collective_bytes["by_axis"]
-    for axis in sorted({a for a, *_ in step_collectives(s, b)} | {a for a in by_axis if a != "none"}):
+    for axis in sorted({a for a, *_ in step_collectives(s, b)} | set(by_axis) - {NO_AXIS}):
         closed = sum(V * n for a, _, V, n in step_collectives(s, b) if a == axis)
         terms[f"collectives {axis}"] = (closed, by_axis.get(axis, 0.0))
     read = cfg.decode_read_params(b) * SERVING_BYTES["bf16"] / m + caches
@@ -124,4 +127,4 @@ def _chip_of(devices: str):
     from scaling.hardware.chips import get_chip
 
     kind, _, rest = devices.partition(":")
-    return get_chip(rest.split(":")[0]) if kind in ("tpu", "gpu") else get_chip("v5p")
+    return get_chip("v5p") if kind == Platform.CPU else get_chip(rest.split(":")[0])

@@ -27,6 +27,7 @@ from scaling.step.serving import (SERVING_BYTES, Serving, decode_step, kv_cache_
 SERVING_STEPS = ("prefill", "decode")
 
 
+# keyword fields, one per flag of the serving commands: more than 8 parameters by design (predict_setup's too)
 def serving_setup(preset: str | None, *, mesh: str, chip=None, chips=None, slice=None, slices=None,
                   global_batch: int | None = None, prompt: int = 2048, output: int = 512, weights: str = "bf16",
                   kv_cache: str = "bf16", compute: str = "bf16", prefill_efficiency: float | None = None,

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
 from scaling.core.inputs import positive_int
-from scaling.core.kinds import Collective, Platform
+from scaling.core.kinds import Collective, Dtype, Platform
 from scaling.hardware.chips import Chip, get_chip
 from scaling.hardware.kernel_tables import decode_table
 from scaling.hardware.collectives import allgather_time, gpu_time
@@ -247,7 +247,7 @@ def stream_efficiency(chip: Chip, weight_bytes: float, tokens: float) -> float:
     log m (H200: 0.55 at 32 MB, 0.92 at 470 MB, m <= 128; lower at m 256, where the GEMM turns compute-bound);
     1 where the chip has no decode table."""
     table, owner = decode_kernels_of(chip)
-    if table is None or "bf16" not in table.gemm:
+    if table is None or Dtype.BF16 not in table.gemm:
         return 1.0
     by_m: dict = {}
     for m, n, k, t in table.gemm["bf16"].rows:
