@@ -26,9 +26,10 @@ def add_parser(sub) -> None:
     add_model_args(c, "small")
     c.add_argument("--batch-tokens", type=integer, default=4096, help="global batch in tokens (default %(default)s)")
     c.add_argument("--remat", default="none", choices=REMAT_POLICIES, help="remat policy (default %(default)s)")
-    c.add_argument("--step", default="train", choices=["train", "forward", "decode"],
-                   help="train, forward, or decode (the serving program's decode step, verify.serve_check: "
-                        "--global-batch sequences, a cache of --prompt + --output tokens; default %(default)s)")
+    c.add_argument("--step", default="train", choices=["train", "forward", "prefill", "decode"],
+                   help="train, forward, or the serving program's prefill (--global-batch prompts of --prompt tokens) "
+                        "or decode step (--global-batch sequences, a cache of --prompt + --output tokens): "
+                        "verify.serve_check (default %(default)s)")
     c.add_argument("--global-batch", type=integer, help="--step decode: sequences decoded together (default 8)")
     add_serving_args(c)
     add_schedule_args(c)
@@ -65,8 +66,8 @@ def timing_chip(args) -> Chip:
 
 
 def check_decode_command(args) -> int:
-    """check --step decode: the serving program's decode step compiled for --devices on --mesh, beside the closed
-    forms (verify.serve_check.check_decode), as its table or --json."""
+    """check --step decode|prefill: the serving program's decode step or prefill compiled for --devices on --mesh,
+    beside the closed forms (verify.serve_check.check_decode), as its table or --json."""
     from ffn_model.serve import check_servable
 
     cfg = model_config(args)
@@ -78,12 +79,14 @@ def check_decode_command(args) -> int:
     batch = given_or(args, "global_batch", 8)
     if batch % shape.get("data", 1):
         raise ValueError(f"--global-batch {batch} is not divisible by data={shape.get('data', 1)}")
-    t_max = given_or(args, "prompt", SERVING_DEFAULTS["prompt"]) + given_or(args, "output", SERVING_DEFAULTS["output"])
+    t_max = given_or(args, "prompt", SERVING_DEFAULTS["prompt"])
+    if args.step == "decode":
+        t_max += given_or(args, "output", SERVING_DEFAULTS["output"])
     use_cpu_platform_for(args.devices)
     from verify.serve_check import check_decode
 
-    print(f"compiling the decode step for {args.devices} ...", file=sys.stderr, flush=True)
-    rep = check_decode(cfg, args.devices, args.mesh, batch, t_max)
+    print(f"compiling the {args.step} step for {args.devices} ...", file=sys.stderr, flush=True)
+    rep = check_decode(cfg, args.devices, args.mesh, batch, t_max, args.step)
     print(json.dumps(rep.to_json(), indent=2) if args.json else rep.render())
     return 0
 
@@ -92,7 +95,7 @@ def check_command(args) -> int:
     """``check`` on the command line: the workload of its flags (check_workload: every one checked before jax
     starts), compiled and read by verify.check.check, printed as its table (CheckReport.render) or --json
     (CheckReport.to_json)."""
-    if args.step == "decode":
+    if args.step in ("prefill", "decode"):
         return check_decode_command(args)
     check_no_serving_flags(args)
     if args.global_batch is not None:

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from mesh.devices import has_cuda_plugin
 from tests.helpers import TINY_TF, mesh_of
 
 CFG = TINY_TF.replace(vocab=512)  # D 64, 8 query heads, 4 KV heads, F 256, 2 layers, V 512
@@ -105,19 +106,58 @@ def test_check_decode_on_cpu8():
     assert r.terms["collectives tensor"][0] == 2 * 2 * 4 * 64 * 4 + 4 * 64 * 4
 
 
+@pytest.mark.compiles
+def test_check_prefill_on_cpu8(capsys):
+    """check --step prefill on cpu:8 (data=2, tensor=4), from the command line: 8 prompts of 64 tokens, the FLOPs of
+    the materialized attention's whole square and the output layer for each prompt's last token, the weights, the
+    tensor all-reduces of b·P tokens: the closed form's."""
+    import json
+
+    from jax_scaling.cli import main
+
+    assert main(["check", "--step", "prefill", "--devices", "cpu:8", "--mesh", "data=2,tensor=4", "--preset", "tiny-tf",
+                 "--kv-heads", "4", "--vocab", "512", "--prompt", "64", "--global-batch", "8", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["step"] == "prefill"
+    for term, t in out["terms"].items():
+        assert t["ratio"] == pytest.approx(1.0, abs=1e-4), (term, t)
+    # by hand: b = 4 prompts of 64 tokens, D 64, L 2: 2·L all-reduces of 4·64·64·4 B, the lookup's 4·64·64·4 B
+    assert out["terms"]["collectives tensor"]["closed"] == (2 * 2 + 1) * 4 * 64 * 64 * 4
+
+
+LLAMA_SHAPED = dict(d_model=2048, heads=16, kv_heads=8, head_dim=128, d_ff=7168, blocks=4, seq_len=4096, mlp="swiglu",
+                    vocab=32768)
+
+
 @pytest.mark.tpu
-@pytest.mark.parametrize("devices, spec, batch", [("tpu:v5e:2x4", "tensor=8", 32),
-                                                  ("tpu:v6e:2x4", "data=2,tensor=4", 32),
-                                                  ("tpu:v5p:2x2x2", "tensor=8", 16)])
-def test_check_decode_on_tpus(devices, spec, batch):
-    """The decode step of a LLaMA-shaped stack (D 2048, 16 query and 8 KV heads of 128, SwiGLU 7168, 4 layers, V 32768,
-    a 2048-token cache) compiled for v5e, v6e and v5p topologies: FLOPs, arguments and tensor collectives within 0.1%
-    of the closed form (the arguments' few hundred bytes over: the token ids' tile padding)."""
+@pytest.mark.parametrize("step, devices, spec, batch", [("decode", "tpu:v5e:2x4", "tensor=8", 32),
+                                                        ("decode", "tpu:v6e:2x4", "data=2,tensor=4", 32),
+                                                        ("decode", "tpu:v5p:2x2x2", "tensor=8", 16),
+                                                        ("prefill", "tpu:v5e:2x4", "tensor=8", 8),
+                                                        ("prefill", "tpu:v6e:2x4", "data=2,tensor=4", 8)])
+def test_check_serving_on_tpus(step, devices, spec, batch):
+    """The decode step (a 2048-token cache) and the prefill (prompts of 2048) of a LLaMA-shaped stack (D 2048, 16 query
+    and 8 KV heads of 128, SwiGLU 7168, 4 layers, V 32768) compiled for v5e, v6e and v5p topologies: FLOPs, arguments
+    and tensor collectives within 0.1% of the closed form (the arguments' few hundred bytes over: the token ids' tile
+    padding)."""
     from scaling.families.transformer import TransformerConfig
     from verify.serve_check import check_decode
 
-    cfg = TransformerConfig(d_model=2048, heads=16, kv_heads=8, head_dim=128, d_ff=7168, blocks=4, seq_len=4096,
-                            mlp="swiglu", vocab=32768)
-    r = check_decode(cfg, devices, spec, batch, 2048)
-    for term in ("matmul FLOPs", "arguments (weights+caches)", "collectives tensor"):
+    r = check_decode(TransformerConfig(**LLAMA_SHAPED), devices, spec, batch, 2048, step)
+    assert len(r.terms) == 3
+    for term in r.terms:
+        assert r.ratio(term) == pytest.approx(1.0, abs=1e-3), (term, r.terms[term])
+
+
+@pytest.mark.compiles
+@pytest.mark.skipif(not has_cuda_plugin(), reason="needs jax's CUDA plugin (the cuda-aot extra)")
+@pytest.mark.parametrize("step, batch", [("decode", 32), ("prefill", 8)])
+def test_check_serving_on_h100(step, batch):
+    """The same on gpu:H100:8 (tensor=8), XLA's GPU compiler through the CUDA plugin (no GPU here: the attention
+    materialized, cuDNN's needs one): every term within 0.1%."""
+    from scaling.families.transformer import TransformerConfig
+    from verify.serve_check import check_decode
+
+    r = check_decode(TransformerConfig(**LLAMA_SHAPED), "gpu:H100:8", "tensor=8", batch, 2048, step)
+    for term in r.terms:
         assert r.ratio(term) == pytest.approx(1.0, abs=1e-3), (term, r.terms[term])

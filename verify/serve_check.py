@@ -1,6 +1,7 @@
-"""``check --step decode``: the serving program's decode step (ffn_model.serve.decode_step) compiled for a mesh of
-data replicas × tensor, from abstract shapes, read back (verify.hlo.read_compiled), beside scaling.step.serving's
-closed forms, term by term, per device:
+"""``check --step decode|prefill``: the serving program's decode step (ffn_model.serve.decode_step) or prefill
+(ffn_model.serve.prefill, its attention materialized) compiled for a mesh of data replicas × tensor, from abstract
+shapes, read back (verify.hlo.read_compiled), beside scaling.step.serving's closed forms, term by term, per device.
+The decode step:
 
   FLOPs        model.decode_flops(b, T_max) / m (the program attends over the whole cache, masked: context T_max)
   collectives  step_collectives by mesh axis (the package's program reduces FP32 partial sums: reduce_bytes 4)
@@ -8,6 +9,10 @@ closed forms, term by term, per device:
                caches (2·b·T_max·K·H·L·2/m)
   bytes read   the weights a step reads (decode_read_params·2/m) + the caches, beside XLA's "bytes accessed" (its
                cost model's count, read and written, every operand of every op; reported, not banded)
+
+The prefill of b prompts of P = T_max tokens: FLOPs prefill_flops(b, P, square) / m (the materialized attention's
+whole P×P square; the output layer for each prompt's last token); the collectives of b·P tokens; its arguments the
+weights and the prompts' ids.
 
 b = B/data, m = tensor. Works for any device spec mesh.devices takes (cpu:N, tpu:<chip>:<topology>, gpu:<chip>:N).
 """
@@ -22,7 +27,9 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 
 from scaling.core.kinds import Platform
-from scaling.step.serving import SERVING_BYTES, Serving, kv_cache_bytes, step_collectives
+from scaling.core.policies import Attention
+from scaling.core.schedule import Schedule
+from scaling.step.serving import SERVING_BYTES, Serving, kv_cache_bytes, prefill_flops, step_collectives
 
 NO_AXIS = "none"  # verify.hlo.collective_bytes' key of a collective over a group of one device
 
@@ -32,6 +39,7 @@ class DecodeCheck:
     """The closed form beside the compiled decode step, per device (module docstring): {term: (closed, compiled)}."""
 
     model: str
+    step: str  # "decode" or "prefill"
     devices: str
     mesh: dict
     batch: int
@@ -46,24 +54,30 @@ class DecodeCheck:
         return compiled / closed if closed else (1.0 if compiled == 0 else math.inf)
 
     def to_json(self) -> dict:
-        return {"model": self.model, "devices": self.devices, "mesh": self.mesh, "batch": self.batch,
+        return {"model": self.model, "step": self.step, "devices": self.devices, "mesh": self.mesh, "batch": self.batch,
                 "t_max": self.t_max, "terms": {k: {"closed": c, "compiled": p, "ratio": self.ratio(k)}
                                                for k, (c, p) in self.terms.items()},
                 "bytes_accessed": self.bytes_accessed, "bytes_read_closed": self.bytes_read_closed, "peak": self.peak}
 
     def render(self) -> str:
         mesh = ",".join(f"{a}={n}" for a, n in self.mesh.items() if n > 1) or "1 device"
-        lines = [f"check --step decode: {self.model}, batch {self.batch}, cache of {self.t_max} tokens, on "
+        what = "cache" if self.step == "decode" else "prompts"
+        lines = [f"check --step {self.step}: {self.model}, batch {self.batch}, {what} of {self.t_max} tokens, on "
                  f"{self.devices} ({mesh}); per device, closed form beside the compiled program",
-                 f"  {'term':<28}{'closed':>16}{'compiled':>16}{'ratio':>9}"]
+                 f"  {'term':<28}{'closed':>18}{'compiled':>18}{'ratio':>9}"]
         for k, (c, p) in self.terms.items():
-            lines.append(f"  {k:<28}{c:>16,.0f}{p:>16,.0f}{self.ratio(k):>9.4f}")
-        lines.append(f"  bytes a step reads (weights + caches): {self.bytes_read_closed / 1e9:.4g} GB closed; XLA's "
-                     f"cost model counts {self.bytes_accessed / 1e9:.4g} GB accessed (read and written, every op)")
-        if self.peak:
+            lines.append(f"  {k:<28}{c:>18,.0f}{p:>18,.0f}{self.ratio(k):>9.4f}")
+        if self.step == "decode":
+            lines.append(f"  bytes a step reads (weights + caches): {self.bytes_read_closed / 1e9:.4g} GB closed; "
+                         f"XLA's cost model counts {self.bytes_accessed / 1e9:.4g} GB accessed (read and written, "
+                         "every op)")
+        if self.peak and self.step == "decode":
             args = self.terms["arguments (weights+caches)"][0]
             lines.append(f"  peak {self.peak / 1e9:.4g} GB: {self.peak / args:.4f} of the arguments (the rest not "
                          "located: docs/serving.md)")
+        elif self.peak:
+            lines.append(f"  peak {self.peak / 1e9:.4g} GB: the weights, the caches it makes and its activations (not "
+                         "modelled)")
         return "\n".join(lines)
 
 
@@ -74,9 +88,10 @@ def _structs(tree_shapes: dict, mesh, axes: dict):
             for n, s in tree_shapes.items()}
 
 
-def check_decode(cfg, devices: str, mesh_spec: str, batch: int, t_max: int) -> DecodeCheck:
-    """Compile the decode step of ``cfg`` (ffn_model.serve.check_servable) for ``batch`` sequences and a cache of
-    ``t_max`` tokens on ``mesh_spec`` over ``devices``, and set it beside the closed forms (module docstring)."""
+def check_decode(cfg, devices: str, mesh_spec: str, batch: int, t_max: int, step: str = "decode") -> DecodeCheck:
+    """Compile the decode step (or with ``step`` "prefill" the prefill) of ``cfg`` (ffn_model.serve.check_servable)
+    for ``batch`` sequences and a cache (prompts) of ``t_max`` tokens on ``mesh_spec`` over ``devices``, and set it
+    beside the closed forms (module docstring)."""
     from ffn_model import serve
     from ffn_model.transformer import LAYER_AXES, VOCAB_AXES, attention_shapes, layer_names
     from mesh import make_mesh, mesh_shape
@@ -98,11 +113,19 @@ def check_decode(cfg, devices: str, mesh_spec: str, batch: int, t_max: int) -> D
         w = {"layers": [dict(layer) for _ in range(L)], **_structs(heads, mesh, {n: VOCAB_AXES for n in heads})}
         c = [jax.ShapeDtypeStruct(cache, jnp.bfloat16, sharding=NamedSharding(mesh, logical_to_spec(serve.CACHE_AXES)))
              for _ in range(L)]
-        ids = jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=NamedSharding(mesh, logical_to_spec(("batch",))))
-        pos = jax.ShapeDtypeStruct((), jnp.int32)
-        fn = jax.jit(lambda w, ck, cv, ids, pos: serve.decode_step(w, ck, cv, ids, pos, mlp_kind=cfg.mlp,
-                                                                   qk_norm=cfg.qk_norm), donate_argnums=(1, 2))
-        compiled = fn.lower(w, c, c, ids, pos).compile()
+        if step == "prefill":
+            ids = jax.ShapeDtypeStruct((batch, t_max), jnp.int32,
+                                       sharding=NamedSharding(mesh, logical_to_spec(("batch", None))))
+            sched = Schedule(attention=Attention.MATERIALIZED)
+            fn = jax.jit(lambda w, ids: serve.prefill(w, ids, t_max, mlp_kind=cfg.mlp, qk_norm=cfg.qk_norm,
+                                                      schedule=sched))
+            compiled = fn.lower(w, ids).compile()
+        else:
+            ids = jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=NamedSharding(mesh, logical_to_spec(("batch",))))
+            pos = jax.ShapeDtypeStruct((), jnp.int32)
+            fn = jax.jit(lambda w, ck, cv, ids, pos: serve.decode_step(w, ck, cv, ids, pos, mlp_kind=cfg.mlp,
+                                                                       qk_norm=cfg.qk_norm), donate_argnums=(1, 2))
+            compiled = fn.lower(w, c, c, ids, pos).compile()
     prog = read_compiled(compiled, shape)
     d, m = shape.get("data", 1), shape.get("tensor", 1)
     b = batch // d
@@ -110,15 +133,22 @@ def check_decode(cfg, devices: str, mesh_spec: str, batch: int, t_max: int) -> D
     s = Serving(cfg, _chip_of(devices), {a: n for a, n in shape.items() if n > 1}, batch, t_max, 1,
                 reduce_bytes=(4, 4), min_comm_bytes=4 if devices.startswith("cpu") else 0)
     caches = b * kv_cache_bytes(cfg, t_max, "bf16") / m  # k and v (kv_cache_bytes counts both)
-    terms = {"matmul FLOPs": (cfg.decode_flops(b, t_max) / m, prog.dot_flops),
-             "arguments (weights+caches)": (cfg.params * SERVING_BYTES["bf16"] / m + caches,
-                                            float(prog.memory["argument_bytes"] or 0) - 4 * b - 4)}
+    weights = cfg.params * SERVING_BYTES["bf16"] / m
+    got_args = float(prog.memory["argument_bytes"] or 0)
+    if step == "prefill":
+        tokens = b * t_max
+        terms = {"matmul FLOPs": (prefill_flops(cfg, b, t_max, square=True) / m, prog.dot_flops),
+                 "arguments (weights)": (weights, got_args - 4 * tokens)}
+    else:
+        tokens = b
+        terms = {"matmul FLOPs": (cfg.decode_flops(b, t_max) / m, prog.dot_flops),
+                 "arguments (weights+caches)": (weights + caches, got_args - 4 * b - 4)}
     by_axis = prog.collective_bytes["by_axis"]
-    for axis in sorted({a for a, *_ in step_collectives(s, b)} | set(by_axis) - {NO_AXIS}):
-        closed = sum(V * n for a, _, V, n in step_collectives(s, b) if a == axis)
+    for axis in sorted({a for a, *_ in step_collectives(s, tokens)} | set(by_axis) - {NO_AXIS}):
+        closed = sum(V * n for a, _, V, n in step_collectives(s, tokens) if a == axis)
         terms[f"collectives {axis}"] = (closed, by_axis.get(axis, 0.0))
     read = cfg.decode_read_params(b) * SERVING_BYTES["bf16"] / m + caches
-    return DecodeCheck(str(cfg), devices, shape, batch, t_max, terms, float(prog.cost.get("bytes accessed", 0.0)),
+    return DecodeCheck(str(cfg), step, devices, shape, batch, t_max, terms, float(prog.cost.get("bytes accessed", 0.0)),
                        read, prog.memory.get("peak_bytes"))
 
 

@@ -373,15 +373,24 @@ class PrefillStep:
         return {**asdict(self), "seconds": self.seconds}
 
 
+def prefill_flops(model, prompts: int, P: int, square: bool = False) -> float:
+    """Matmul FLOPs of a prefill of ``prompts`` prompts of P tokens, all devices: every token through every weight
+    but the output layer, which only the last token of each prompt reaches (its logits sample the first new token), and
+    causal attention over P/2 keys a token on average: model.decode_flops(b·P, P/2) − 2·b·(P − 1)·V·D. ``square``: an
+    attention kernel that computes the whole P×P score square, masked (materialized), P keys a token."""
+    V = (model.vocab or 0) * model.d_model
+    return model.decode_flops(prompts * P, P if square else P / 2) - 2 * prompts * (P - 1) * V
+
+
 def prefill_step(s: Serving, prompts: int | None = None) -> PrefillStep:
     """A prefill of ``prompts`` prompts (default b) of P tokens on one replica (module docstring): FLOPs
-    model.decode_flops(b·P, P/2)/m at eta·C, the weights once, the tensor all-reduces of b·P·D·2 B a layer."""
+    prefill_flops/m at eta·C, the weights once, the tensor all-reduces of b·P·D a layer (step_collectives)."""
     b = s.per_replica if prompts is None else positive_int("prompts", prompts)
     m, P = s.model_parallel, s.prompt
     eta = s.prefill_efficiency
     if eta is None:
         eta = s.chip.matmul_efficiency
-    flops = s.model.decode_flops(b * P, P / 2) / m
+    flops = prefill_flops(s.model, b, P) / m
     w_bytes = s.model.decode_read_params(b * P) * SERVING_BYTES[s.weights] / m
     C, W = peak_flops(s.chip, s.compute), s.chip.device_hbm_bw
     return PrefillStep(b, P, flops, w_bytes, eta, flops / (C * eta), w_bytes / W, _comm_seconds(s, b * P))
