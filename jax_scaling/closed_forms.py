@@ -71,6 +71,17 @@ def add_answer_parser(sub) -> None:
 
 def add_validate_parser(sub) -> None:
     """validate's subcommand and flags."""
+    s = sub.add_parser("answer-serving", help="the Scaling Book's serving questions on LLaMA 3-70B, derived",
+                       description="The Scaling Book's questions of 'Serving LLaMA 3-70B on TPUs' (the KV cache, the "
+                                   "memory and smallest slice, the decode step, the critical batches, the prefill), "
+                                   "each derived with its numbers beside the Book's figure (scaling.reports.serving).")
+    s.add_argument("--preset", default="llama3.1-70b", help="the model (default %(default)s)")
+    s.add_argument("--chip", default="v5e", help="the chip (default %(default)s)")
+    s.add_argument("--book-inputs", action="store_true",
+                   help="the Book's rounded inputs: 70e9 parameters, 16e9 B of HBM at 8.1e11 B/s (else the preset's "
+                        "count and the hardware table's figures)")
+    s.add_argument("--json", action="store_true", help="one JSON object")
+    s.set_defaults(func=answer_serving_command)
     v = sub.add_parser("validate", help="every published measured run predicted, against its measured step")
     v.add_argument("--fit", action="store_true",
                    help="fit each TPU's matmul_efficiency on the run its hardware-table row names (fitted_on) and "
@@ -166,6 +177,16 @@ def answer_command(args) -> int:
 
         print()
         print(render_pipeline(ans))
+    return 0
+
+
+def answer_serving_command(args) -> int:
+    """The Book's serving derivations (scaling.reports.serving.serving_answers) as text or --json."""
+    from scaling.reports.serving import serving_answers
+
+    book = dict(params=70e9, hbm=16e9, hbm_bw=8.1e11) if args.book_inputs else {}
+    a = serving_answers(args.preset, args.chip, **book)
+    print(json.dumps(a.to_json(), indent=2) if args.json else a.render())
     return 0
 
 

@@ -239,3 +239,20 @@ def test_decode_steps_measured_on_the_h200():
     scans = [r for r in v.rows if r["layers"] == "scan"]
     assert all(r["measured"] > 2 * u["measured"] for r in scans for u in rows
                if (u["preset"], u["batch"], u["context"]) == (r["preset"], r["batch"], r["context"]))
+
+
+def test_answer_serving_with_the_books_inputs(capsys):
+    """answer-serving --book-inputs (70e9 parameters, 16e9 B at 8.1e11 B/s): the Book's figures where its own
+    arithmetic gives them: 4x2 step 17 ms, bf16's 8.75 chips and 43 caches on a 4x4, the prefill 0.91 s, 3 prefill
+    servers a decode server; the KV cache 163,840 B (its "160kB")."""
+    import json
+
+    from jax_scaling.cli import main
+
+    assert main(["answer-serving", "--book-inputs", "--json"]) == 0
+    a = {r["question"]: r["value"] for r in json.loads(capsys.readouterr().out)["answers"]}
+    assert a["KV cache a token, int8"] == "163,840 B"
+    assert a["its decode step on 8 chips"].startswith("17.")
+    assert a["smallest slice in bf16, caches of 8k it holds"] == "8.75 chips; on 16: 43"
+    assert a["prefill of 8192 tokens on 16 chips at 40% of C"] == "0.91 s"
+    assert round(float(a["prefill servers per decode server (batch 32, 512 out)"])) == 3

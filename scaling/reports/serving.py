@@ -198,3 +198,74 @@ def validate_serving() -> ServingValidation:
         t = decode_step(s, r["context"]).seconds
         rows.append({**r, "measured": r["seconds"], "predicted": t, "error": t / r["seconds"] - 1})
     return ServingValidation(data["source"], rows)
+
+
+@dataclass(frozen=True)
+class ServingAnswers:
+    """The Scaling Book's serving questions on LLaMA 3-70B ("Serving LLaMA 3-70B on TPUs"), each as (question, the
+    derivation with its numbers, the value, the Book's figure), from the model's and the chip's figures (or the Book's
+    rounded inputs where given: ``inputs``)."""
+
+    inputs: dict
+    rows: list = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {"inputs": self.inputs, "answers": [dict(zip(("question", "derivation", "value", "book"), r))
+                                                   for r in self.rows]}
+
+    def render(self) -> str:
+        i = self.inputs
+        lines = [f"The Scaling Book's serving questions (applied-inference), derived: {i['model']}, P = "
+                 f"{i['params']:.4g} parameters, on {i['chip']}: HBM {i['hbm']:.3g} B at W_hbm {i['hbm_bw']:.3g} B/s, "
+                 f"C {i['flops']:.3g} bf16 FLOP/s ({i['int8_flops']:.3g} int8)"]
+        for q, how, value, book in self.rows:
+            lines += [f"  {q}", f"      {how} = {value}   (the Book: {book})"]
+        return "\n".join(lines)
+
+
+def serving_answers(preset: str = "llama3.1-70b", chip: str = "v5e", params: float | None = None,
+                    hbm: float | None = None, hbm_bw: float | None = None,
+                    flops: float | None = None) -> ServingAnswers:
+    """The derivations of ServingAnswers: the KV cache a token (kv_cache_bytes), the memory and smallest slice at batch
+    32 and 8k in int8, its step on 8 and 16 chips (general_step_seconds), the critical batches
+    (critical_decode_batch's form), the smallest slice per type, the latency at full HBM, queries a chip, the prefill
+    (prefill_seconds at 40%), prefill servers per decode server. ``params``, ``hbm``, ``hbm_bw``, ``flops``: the
+    Book's rounded inputs (70e9, 16e9, 8.1e11, 1.97e14) in place of the preset's count and the hardware table's."""
+    from scaling.hardware.chips import get_chip
+    from scaling.step.serving import (critical_decode_batch, general_step_seconds, prefill_seconds,
+                                      prefill_servers_per_decode_server, sequences_that_fit)
+
+    cfg, hw = model_of(preset), get_chip(chip)
+    P = params or cfg.params
+    H, W, C = hbm or hw.hbm_budget, hbm_bw or hw.hbm_bw, flops or hw.bf16_flops
+    C8 = dict(hw.dtype_flops).get("int8", 2 * C)
+    kv8 = kv_cache_bytes(cfg, 1, "int8")
+    rows = [("KV cache a token, int8", f"2·K·H·L = 2·{cfg.kv_heads}·{cfg.head_dim}·{cfg.blocks}", f"{kv8:,.0f} B",
+             "160kB")]
+    mem = P + 32 * 8192 * kv8
+    rows.append(("memory at batch 32, 8192 tokens, int8", f"P + 32·8192·{kv8:,.0f}", f"{mem / 1e9:.1f} GB", "112GB"))
+    rows.append(("the fewest chips", f"{mem / 1e9:.1f} GB / {H / 1e9:.3g} GB", f"{mem / H:.2f}", "7 (a 4x2)"))
+    for n, book in ((8, "17ms"), (16, "8.5ms")):
+        t = general_step_seconds(32, 8192 * kv8, P, 1, n, C, W)
+        rows.append((f"its decode step on {n} chips", f"(32·8192·KV + P) / ({n}·W_hbm)", f"{t * 1e3:.2f} ms", book))
+    t8 = general_step_seconds(32, 8192 * kv8, P, 1, 8, C, W)
+    rows.append(("its throughput a chip on 8", "32 / (step · 8)", f"{32 / t8 / 8:.0f} tokens/s", "235"))
+    for w, c, book in (("bf16", C, "240"), ("int8 weights, bf16 FLOPs", C, "120"), ("int8 both", C8, "240")):
+        wb = 2 if w == "bf16" else 1
+        rows.append((f"critical batch, {w}", f"C·bytes/(2·W_hbm) = {c:.3g}·{wb}/(2·{W:.3g})",
+                     f"{c * wb / (2 * W):.0f}", book))
+    for w, wb, n, book in (("bf16", 2, 16, "8.75 chips, a 4x4, 43 caches"), ("int8", 1, 8, "4.38, a 4x2, 52"),
+                           ("int4", 0.5, 4, "2.81, a 2x2, 67")):
+        fit = sequences_that_fit(n * H - P * wb, 2 * kv8 * wb / 2, 8192)
+        rows.append((f"smallest slice in {w}, caches of 8k it holds", f"P·{wb}/HBM; ({n}·HBM − P·{wb})/(KV·8192)",
+                     f"{P * wb / H:.2f} chips; on {n}: {fit}", book))
+    rows.append(("decode latency reading a full chip's HBM", f"{H / 1e9:.3g} GB / {W:.3g} B/s", f"{H / W * 1e3:.1f} ms",
+                 "19ms"))
+    pre = prefill_seconds(P, 8192, 16, C, 0.4)
+    rows.append(("prefill of 8192 tokens on 16 chips at 40% of C", "2·P·T / (16·C·0.4)", f"{pre:.2f} s", "0.91s"))
+    ratio = prefill_servers_per_decode_server(pre, H / W, 32, 512)
+    rows.append(("prefill servers per decode server (batch 32, 512 out)", "32·t_prefill / (t_decode·512)",
+                 f"{ratio:.1f}", "3"))
+    critical_decode_batch(hw)  # the table's chip has a rate for the forms above (ValueError otherwise)
+    return ServingAnswers({"model": preset, "params": P, "chip": hw.name, "hbm": H, "hbm_bw": W, "flops": C,
+                           "int8_flops": C8}, rows)
