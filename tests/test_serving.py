@@ -256,3 +256,18 @@ def test_answer_serving_with_the_books_inputs(capsys):
     assert a["smallest slice in bf16, caches of 8k it holds"] == "8.75 chips; on 16: 43"
     assert a["prefill of 8192 tokens on 16 chips at 40% of C"] == "0.91 s"
     assert round(float(a["prefill servers per decode server (batch 32, 512 out)"])) == 3
+
+
+def test_published_serving_runs_are_predicted_held_out():
+    """TensorRT-LLM's published H100 FP8 throughput (static batches) and first-token latencies (H100 FP8, A100 FP16)
+    are predicted as `predict --step decode` predicts them, nothing fitted on them (the forms' only coefficients are the
+    kernel tables' and the hardware table's): 8 throughput rows and 8 first-token rows, each with a finite error. The
+    issue's 15% bound is not met on them (docs/serving.md gives the errors and what the form lacks)."""
+    import math
+
+    from scaling.reports.serving import validate_serving
+
+    pub = validate_serving().published
+    assert sum("out_tokens_per_second_per_gpu" in r for r in pub) == 8
+    assert sum("first_token_ms" in r for r in pub) == 8
+    assert all(r["predicted"] > 0 and math.isfinite(r["error"]) for r in pub)

@@ -392,16 +392,20 @@ class TransformerConfig(FamilyDefaults):
         return self.kv_lora_rank + self.rope_dim if self.mla else self.kv_heads * (self.qk_dim + self.v_dim)
 
     @property
-    def layer_matrices(self) -> tuple[int, ...]:
-        """The elements of each weight matrix one layer's GEMMs read, one GEMM each: W_q D·N·qk, W_k D·K·qk, W_v
-        D·K·v, W_o N·v·D and the MLP's m of D·F; MLA's W_d D·(r_q + r_kv + H_r), W_uq r_q·N·qk (or W_q D·N·qk),
-        W_ukv r_kv·N·(H + H_v), W_o (scaling.step.serving prices a decode step's GEMMs one by one)."""
+    def layer_matrices(self) -> tuple[tuple[int, int, bool], ...]:
+        """One layer's weight GEMMs, each (k, n, split): the contracted and the output dimension of its [k, n] weight
+        and whether tensor parallelism splits n (column-parallel; else k, row-parallel: W_o and the MLP's output,
+        Megatron's layer): W_q (D, N·qk), W_k (D, K·qk), W_v (D, K·v), W_o (N·v, D), the MLP's m − 1 inputs (D, F) and
+        its output (F, D); MLA's W_d (D, r_q + r_kv + H_r) whole over tensor, W_uq (r_q, N·qk) or W_q (D, N·qk),
+        W_ukv (r_kv, N·(H + H_v)), W_o (scaling.step.serving prices a step's GEMMs one by one)."""
         D, N, K, F = self.d_model, self.heads, self.kv_heads, self.d_ff
-        mlp = (D * F,) * self.mlp_matrices
+        mlp = ((D, F, True),) * (self.mlp_matrices - 1) + ((F, D, False),)
         if not self.mla:
-            return (D * N * self.qk_dim, D * K * self.qk_dim, D * K * self.v_dim, self.o_width * D, *mlp)
-        q = self.q_lora_rank * N * self.qk_dim if self.q_lora_rank else D * N * self.qk_dim
-        return (D * self.latent_width, q, self.kv_lora_rank * N * (self.head_dim + self.v_dim), self.o_width * D, *mlp)
+            return ((D, N * self.qk_dim, True), (D, K * self.qk_dim, True), (D, K * self.v_dim, True),
+                    (self.o_width, D, False), *mlp)
+        q = (self.q_lora_rank, N * self.qk_dim, True) if self.q_lora_rank else (D, N * self.qk_dim, True)
+        return ((D, self.latent_width, None), q, (self.kv_lora_rank, N * (self.head_dim + self.v_dim), True),
+                (self.o_width, D, False), *mlp)
 
     def cached_keys(self, context) -> list:
         """Each layer's cached keys a sequence of ``context`` tokens holds: context, or a local layer's window W

@@ -14,8 +14,9 @@ Per replica of m = tensor·expert devices serving b = B/data sequences, each wit
   largest batch  (m·HBM − P·w_bytes) / (m-sharded KV of one sequence), per replica
   prefill        FLOPs = model.decode_flops(b·P, P/2) (each prompt token attends to P/2 keys on average, causal),
                  time max(FLOPs / (m·C·eta), weights / (m·W_hbm)) + the tensor all-reduces of b·P·D·2 B a layer
-  per request    time to first token = prefill of one prompt + one decode step; time per output token = the
-                 decode step at the mean context P + G/2; throughput = B / step per chip
+  per request    time to first token = the prefill of one prompt (its last logits give the token); time per output
+                 token = the decode step at the mean context P + G/2; throughput = B / step per chip; a static
+                 batch: b prompts prefilled at once, then G − 1 steps
 
 C is the matmul rate of ``compute`` (bf16, or int8/fp8 where the weights' 8-bit type is computed in: the hardware
 table's dtype_flops), W_hbm the chip's HBM bandwidth. Pure Python; no jax.
@@ -32,7 +33,7 @@ from scaling.core.kinds import Collective, Dtype, Platform
 from scaling.hardware.chips import Chip, get_chip
 from scaling.hardware.kernel_tables import decode_table
 from scaling.hardware.collectives import allgather_time, gpu_time
-from scaling.step.kernels import peak_flops
+from scaling.step.kernels import fixed_seconds, large_gemm_efficiency, peak_flops, shape_efficiency
 
 # bytes of one stored element of each serving type (weights and the KV cache): int4 two to a byte
 SERVING_BYTES = {"bf16": 2, "fp8": 1, "int8": 1, "int4": 0.5}
@@ -269,25 +270,42 @@ def kv_efficiency(chip: Chip, kv_bytes: float) -> float:
     return _interp_log(max(kv_bytes, 1.0), [p for p, _ in pts], [e for _, e in pts])
 
 
-def weight_stream_seconds(s: Serving, tokens: int, w_bytes: float) -> float:
-    """Seconds the decode step's weight GEMMs take to stream ``w_bytes`` a device at the fractions of W_hbm the chip's
-    decode kernels reach (stream_efficiency): each of a layer's matrices (model.layer_matrices, split over the m
-    model-parallel devices) and the output layer priced at its own size, L layers; a model without per-matrix sizes
-    (an MoE model's experts) at the mean matrix of its layers; no GEMM under the table's launch time (its smallest
-    kernel's). Roofline (every byte at W_hbm) without kernel data."""
+def weight_gemm_seconds(s: Serving, tokens: int, w_bytes: float, w_flops: float, out_tokens: int | None = None):
+    """(seconds, of which streaming) of a step's weight GEMMs on one device, ``tokens`` rows each (the output layer
+    ``out_tokens``, default the same): each of a layer's matrices (model.layer_matrices, split over the m
+    model-parallel devices as tensor parallelism splits it) and the output layer priced one by one, the larger of
+    - streaming its weights at the fraction of W_hbm the chip's decode GEMMs reach at that size and token count
+      (stream_efficiency: kernel data; W_hbm without), never under the decode table's launch time, and
+    - the GEMM model's math time in the ``compute`` type (scaling.step.kernels: t_fixed + 2·rows·n·k/(C·
+      shape_efficiency), a GPU's kernel-table fit, a TPU's fitted matmul_efficiency; its memory side is the stream
+      above, in the weights' own type), what a GEMM of many tokens is bound by; for no more rows than the decode
+      table timed (256 on the H200) the table's time alone (it measured those GEMMs, the fit's rows start there);
+    L layers of them. A model without per-matrix shapes (an MoE model's experts) takes its mean matrix's stream and
+    2·t·P FLOPs at the large-GEMM efficiency."""
     m, model, W = s.model_parallel, s.model, s.chip.device_hbm_bw
     wb = SERVING_BYTES[s.weights]
     table, _ = decode_kernels_of(s.chip)
     floor = (table.launch_seconds or 0.0) if table is not None else 0.0
+    measured = max((r[0] for r in table.gemm[Dtype.BF16].rows), default=0) if table is not None else 0
+    out_tokens = tokens if out_tokens is None else out_tokens
 
-    def gemm(nbytes):  # one GEMM: its bytes at the fraction its size reaches, never under one launch (the table's)
-        return max(nbytes / (W * stream_efficiency(s.chip, nbytes, tokens)), floor)
+    def gemm(k, n, rows):  # (time, streaming time) of one GEMM [rows, k]·[k, n]
+        stream = max(k * n * wb / (W * stream_efficiency(s.chip, k * n * wb, rows)), floor)
+        if rows <= measured:  # the decode table timed GEMMs of this many rows: its figure is the time
+            return stream, stream
+        math = fixed_seconds(s.chip, s.compute) + 2 * rows * n * k / (
+            peak_flops(s.chip, s.compute) * float(shape_efficiency(s.chip, rows, n, k, 1, s.compute)))
+        return max(stream, math), stream
 
     mats = getattr(model, "layer_matrices", None)
-    vocab = (model.vocab or 0) * model.d_model * wb / m
-    if mats is None or model.blocks * sum(mats) * wb / m + vocab > 1.001 * w_bytes:
-        return w_bytes / (W * stream_efficiency(s.chip, w_bytes / (model.blocks * 7), tokens))
-    return model.blocks * sum(gemm(e * wb / m) for e in mats) + (gemm(vocab) if vocab else 0.0)
+    V = model.vocab or 0
+    if mats is None:
+        stream = w_bytes / (W * stream_efficiency(s.chip, w_bytes / (model.blocks * 7), tokens))
+        return max(stream, w_flops / (peak_flops(s.chip, s.compute) * large_gemm_efficiency(s.chip, s.compute))), stream
+    local = [(k, n // m if split else n) if split or split is None else (k // m, n) for k, n, split in mats]
+    layer = [gemm(k, n, tokens) for k, n in local]
+    head = gemm(model.d_model, V // m, out_tokens) if V else (0.0, 0.0)
+    return (model.blocks * sum(t for t, _ in layer) + head[0], model.blocks * sum(x for _, x in layer) + head[1])
 
 
 @dataclass(frozen=True)
@@ -318,9 +336,9 @@ class DecodeStep:
 
 def decode_step(s: Serving, context: float) -> DecodeStep:
     """The decode step of s.per_replica sequences at ``context`` cached keys on one device (module docstring):
-    weights P_read·w_bytes/m and 2·b·P_read/m FLOPs, KV b·kv_cache_bytes/m and the attention's FLOPs/m, each
-    pair priced at max(bytes/(W_hbm·e), FLOPs/C), plus the collectives; e the fraction of W_hbm the chip's decode
-    kernels reach at these sizes (stream_efficiency, kv_efficiency: kernel data, 1 without)."""
+    weights P_read·w_bytes/m and 2·b·P_read/m FLOPs (weight_gemm_seconds: each GEMM the larger of its stream and
+    its GEMM-model time), KV b·kv_cache_bytes/m at the fraction of W_hbm the chip's decode attention reaches
+    (kv_efficiency) or the attention's FLOPs/m at C, plus the collectives."""
     m, b, model = s.model_parallel, s.per_replica, s.model
     C, W = peak_flops(s.chip, s.compute), s.chip.device_hbm_bw
     read = model.decode_read_params(b)
@@ -328,12 +346,11 @@ def decode_step(s: Serving, context: float) -> DecodeStep:
     w_flops = model.decode_flops(b, 0) / m  # 2·b·P_read (an MoE layer: each token's k experts)
     kv = b * kv_cache_bytes(model, context, s.kv) / m
     a_flops = model.decode_flops(b, context) / m - w_flops
-    t_stream = weight_stream_seconds(s, b, w_bytes)
+    t_w, t_stream = weight_gemm_seconds(s, b, w_bytes, w_flops)
     e_w = w_bytes / (W * t_stream)  # the weights' mean fraction of W_hbm
     e_kv = kv_efficiency(s.chip, kv / model.blocks)
-    t_w = max(w_flops / C, t_stream)
     return DecodeStep(b, context, w_bytes, kv, w_flops, a_flops, t_w, max(a_flops / C, kv / (W * e_kv)),
-                      _comm_seconds(s, b), "compute" if w_flops / C > t_stream else "HBM", e_w, e_kv)
+                      _comm_seconds(s, b), "compute" if t_w > 1.0001 * t_stream else "HBM", e_w, e_kv)
 
 
 def max_batch(s: Serving, context: float) -> int:
@@ -383,17 +400,23 @@ def prefill_flops(model, prompts: int, P: int, square: bool = False) -> float:
 
 
 def prefill_step(s: Serving, prompts: int | None = None) -> PrefillStep:
-    """A prefill of ``prompts`` prompts (default b) of P tokens on one replica (module docstring): FLOPs
-    prefill_flops/m at eta·C, the weights once, the tensor all-reduces of b·P·D a layer (step_collectives)."""
+    """A prefill of ``prompts`` prompts (default b) of P tokens on one replica (module docstring), per device: its
+    weight GEMMs of b·P rows (the output layer's b: weight_gemm_seconds, the GEMM model in the compute type) and its
+    causal attention's FLOPs at the bf16 peak times the chip's large-GEMM efficiency; with prefill_efficiency eta
+    given, every FLOP at eta·C instead (the Book's form); the tensor all-reduces of b·P·D a layer."""
     b = s.per_replica if prompts is None else positive_int("prompts", prompts)
-    m, P = s.model_parallel, s.prompt
-    eta = s.prefill_efficiency
-    if eta is None:
-        eta = s.chip.matmul_efficiency
-    flops = prefill_flops(s.model, b, P) / m
-    w_bytes = s.model.decode_read_params(b * P) * SERVING_BYTES[s.weights] / m
+    m, P, model = s.model_parallel, s.prompt, s.model
+    flops = prefill_flops(model, b, P) / m
+    V = (model.vocab or 0) * model.d_model
+    w_flops = (2 * b * P * (model.decode_read_params(b * P) - V) + 2 * b * V) / m
+    w_bytes = model.decode_read_params(b * P) * SERVING_BYTES[s.weights] / m
     C, W = peak_flops(s.chip, s.compute), s.chip.device_hbm_bw
-    return PrefillStep(b, P, flops, w_bytes, eta, flops / (C * eta), w_bytes / W, _comm_seconds(s, b * P))
+    if s.prefill_efficiency is not None:
+        t_math = flops / (C * s.prefill_efficiency)
+    else:
+        t_w, _ = weight_gemm_seconds(s, b * P, w_bytes, w_flops, out_tokens=b)
+        t_math = t_w + (flops - w_flops) / (peak_flops(s.chip) * large_gemm_efficiency(s.chip))
+    return PrefillStep(b, P, flops, w_bytes, flops / (C * t_math), t_math, w_bytes / W, _comm_seconds(s, b * P))
 
 
 @dataclass(frozen=True)
@@ -404,6 +427,7 @@ class ServingReport:
     serving: Serving
     prefill: PrefillStep
     decode: DecodeStep
+    batch_prefill: PrefillStep  # the replica's b prompts at once (a static batch's first phase)
     kv_bytes_per_sequence: float
     memory_per_device: float
     largest_batch: int
@@ -412,7 +436,8 @@ class ServingReport:
 
     @property
     def ttft(self) -> float:
-        return self.prefill.seconds + self.decode.seconds
+        """Time to the first token: the prefill of one prompt, whose last position's logits give it."""
+        return self.prefill.seconds
 
     @property
     def tpot(self) -> float:
@@ -420,7 +445,20 @@ class ServingReport:
 
     @property
     def tokens_per_second_per_chip(self) -> float:
+        """B / t_decode / devices: the decode phase's throughput (a continuous batch kept full)."""
         return self.serving.batch / self.tpot / self.serving.devices
+
+    @property
+    def batch_seconds(self) -> float:
+        """A static batch from start to end: its b prompts prefilled at once (the first token each), then G − 1
+        decode steps at the mean context (the step is linear in the context)."""
+        return self.batch_prefill.seconds + (self.serving.output - 1) * self.tpot
+
+    @property
+    def batch_tokens_per_second_per_chip(self) -> float:
+        """B·G / batch_seconds / devices: a static batch's output throughput, its prefill included."""
+        s = self.serving
+        return s.batch * s.output / self.batch_seconds / s.devices
 
     def to_json(self) -> dict:
         s = self.serving
@@ -430,7 +468,9 @@ class ServingReport:
                 "kv_bytes_per_sequence": self.kv_bytes_per_sequence, "memory_per_device": self.memory_per_device,
                 "largest_batch": self.largest_batch, "critical_batch": self.critical_batch,
                 "ttft_seconds": self.ttft, "tpot_seconds": self.tpot,
-                "tokens_per_second_per_chip": self.tokens_per_second_per_chip, "notes": self.notes}
+                "tokens_per_second_per_chip": self.tokens_per_second_per_chip,
+                "batch_prefill": self.batch_prefill.to_json(), "batch_seconds": self.batch_seconds,
+                "batch_tokens_per_second_per_chip": self.batch_tokens_per_second_per_chip, "notes": self.notes}
 
     def render(self) -> str:
         s, d, p = self.serving, self.decode, self.prefill
@@ -453,8 +493,11 @@ class ServingReport:
             f"  prefill of one prompt: {ms(p.seconds)} ({p.flops:.3g} FLOPs a device at {p.efficiency:.3g} of C; "
             f"collectives {ms(p.t_comms)})",
             f"  time to first token {ms(self.ttft)}; time per output token {ms(self.tpot)}; "
-            f"{self.tokens_per_second_per_chip:,.0f} tokens/s a chip; a request's {s.output} tokens in "
+            f"{self.tokens_per_second_per_chip:,.0f} tokens/s a chip decoding; a request's {s.output} tokens in "
             f"{self.ttft + (s.output - 1) * self.tpot:.3g} s",
+            f"  a static batch (its {s.per_replica} prompts a replica prefilled at once, "
+            f"{ms(self.batch_prefill.seconds)}, then {s.output - 1} decode steps): {self.batch_seconds:.3g} s, "
+            f"{self.batch_tokens_per_second_per_chip:,.0f} output tokens/s a chip",
         ]
         return "\n".join(lines + [f"  note: {n}" for n in self.notes])
 
@@ -470,5 +513,5 @@ def serving_report(s: Serving) -> ServingReport:
     if s.model.kv_heads < s.mesh.get("tensor", 1):
         notes.append(f"tensor={s.mesh['tensor']} is more than the K={s.model.kv_heads} KV heads: the caches are "
                      "taken as split over the batch too (Scaling Book, inference: sharding the KVs along the batch)")
-    return ServingReport(s, prefill_step(s, 1), decode_step(s, mean), kv, memory, max_batch(s, full),
-                         critical_decode_batch(s.chip, s.weights, s.compute), notes)
+    return ServingReport(s, prefill_step(s, 1), decode_step(s, mean), prefill_step(s), kv, memory,
+                         max_batch(s, full), critical_decode_batch(s.chip, s.weights, s.compute), notes)
