@@ -278,7 +278,8 @@ def serving_answers(preset: str = "llama3.1-70b", chip: str = "v5e", params: flo
         rows.append((f"its decode step on {n} chips", f"(32·8192·KV + P) / ({n}·W_hbm)", f"{t * 1e3:.2f} ms", book))
     t8 = general_step_seconds(32, 8192 * kv8, P, 1, 8, C, W)
     rows.append(("its throughput a chip on 8", "32 / (step · 8)", f"{32 / t8 / 8:.0f} tokens/s", "235"))
-    for w, c, wb, book in (("bf16", C, 2, "240"), ("int8 weights, bf16 FLOPs", C, 1, "120"), ("int8 both", C8, 1, "240")):
+    for w, c, wb, book in (("bf16", C, 2, "240"), ("int8 weights, bf16 FLOPs", C, 1, "120"),
+                           ("int8 both", C8, 1, "240")):
         rows.append((f"critical batch, {w}", f"C·bytes/(2·W_hbm) = {c:.3g}·{wb}/(2·{W:.3g})",
                      f"{c * wb / (2 * W):.0f}", book))
     for w, wb, n, book in (("bf16", 2, 16, "8.75 chips, a 4x4, 43 caches"), ("int8", 1, 8, "4.38, a 4x2, 52"),
