@@ -57,11 +57,12 @@ def predict_command(args) -> int:
 def serving_command(args) -> int:
     """predict --step prefill|decode: the serving report (scaling.reports.serving) as text or --json."""
     from jax_scaling.args import serving_fields
-    from scaling.reports.serving import predict_serving, serving_setup
+    from scaling.reports.serving import serving_setup
+    from scaling.step.serving import serving_report
 
     if args.plot is not None or args.kernels:
         raise ValueError("--plot and --kernels are a training step's; a serving step prints its terms (use plan "
                          "--step decode --plot for the latency-throughput frontier)")
-    report = predict_serving(serving_setup(**serving_fields(args)))
+    report = serving_report(serving_setup(**serving_fields(args)))
     print(json.dumps(report.to_json(), indent=2) if args.json else report.render())
     return 0

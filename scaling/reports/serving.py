@@ -21,8 +21,7 @@ from scaling.core.inputs import positive_float
 from scaling.core.kinds import Platform
 from scaling.core.mesh_shape import parse_mesh_spec
 from scaling.families.presets import model_of
-from scaling.step.serving import (SERVING_BYTES, Serving, decode_step, kv_cache_bytes, max_batch, serving_report,
-                                  ServingReport)
+from scaling.step.serving import SERVING_BYTES, Serving, decode_step, kv_cache_bytes, max_batch, serving_report
 
 SERVING_STEPS = ("prefill", "decode")
 
@@ -47,11 +46,6 @@ def serving_setup(preset: str | None, *, mesh: str, chip=None, chips=None, slice
         positive_float("--prefill-efficiency", prefill_efficiency)
     return Serving(cfg, hw, dict(shape.items()), batch, prompt, output, weights, kv_cache, compute,
                    prefill_efficiency, tuple(dims) if hw.kind == Platform.TPU and n_slices == 1 else ())
-
-
-def predict_serving(s: Serving) -> ServingReport:
-    """predict --step prefill|decode: the ServingReport."""
-    return serving_report(s)
 
 
 @dataclass(frozen=True)

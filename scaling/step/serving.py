@@ -362,12 +362,6 @@ def max_batch(s: Serving, context: float) -> int:
     return s.replicas * max(0, math.floor(free / kv_cache_bytes(s.model, context, s.kv)))
 
 
-def min_chips(model, chip: Chip, weights: str = "bf16") -> float:
-    """P·w_bytes / HBM: the chips whose HBM the weights alone fill (Scaling Book, applied-inference: 70e9 int8
-    bytes over v5e's 16 GB = 4.38)."""
-    return model.params * SERVING_BYTES[_choice("weights", weights, SERVING_BYTES)] / chip.hbm_budget
-
-
 @dataclass(frozen=True)
 class PrefillStep:
     """One prefill of b prompts of P tokens on one replica, per device: FLOPs, weight bytes, the all-reduces, and the
