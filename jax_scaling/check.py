@@ -65,9 +65,9 @@ def timing_chip(args) -> Chip:
     return chip
 
 
-def check_decode_command(args) -> int:
+def check_serving_command(args) -> int:
     """check --step decode|prefill: the serving program's decode step or prefill compiled for --devices on --mesh,
-    beside the closed forms (verify.serve_check.check_decode), as its table or --json."""
+    beside the closed forms (verify.serve_check.check_serving), as its table or --json."""
     from ffn_model.serve import check_servable
 
     cfg = model_config(args)
@@ -83,10 +83,10 @@ def check_decode_command(args) -> int:
     if args.step == "decode":
         t_max += given_or(args, "output", SERVING_DEFAULTS["output"])
     use_cpu_platform_for(args.devices)
-    from verify.serve_check import check_decode
+    from verify.serve_check import check_serving
 
     print(f"compiling the {args.step} step for {args.devices} ...", file=sys.stderr, flush=True)
-    rep = check_decode(cfg, args.devices, args.mesh, batch, t_max, args.step)
+    rep = check_serving(cfg, args.devices, args.mesh, batch, t_max, args.step)
     print(json.dumps(rep.to_json(), indent=2) if args.json else rep.render())
     return 0
 
@@ -96,7 +96,7 @@ def check_command(args) -> int:
     starts), compiled and read by verify.check.check, printed as its table (CheckReport.render) or --json
     (CheckReport.to_json)."""
     if args.step in ("prefill", "decode"):
-        return check_decode_command(args)
+        return check_serving_command(args)
     check_no_serving_flags(args)
     if args.global_batch is not None:
         raise ValueError("--global-batch is --step decode's (sequences); a training step takes --batch-tokens")

@@ -93,13 +93,13 @@ def test_refusals():
 
 @pytest.mark.compiles
 @pytest.mark.quick
-def test_check_decode_on_cpu8():
+def test_check_serving_on_cpu8():
     """check --step decode on cpu:8 (data=2, tensor=4): the decode step's matmul FLOPs, its arguments (BF16 weights and
     caches a device holds) and its tensor all-reduces (2 a layer of b·D FP32 partial sums, the lookup's b·D, widened
     to FP32 by XLA:CPU) are the closed form's (scaling.step.serving)."""
-    from verify.serve_check import check_decode
+    from verify.serve_check import check_serving
 
-    r = check_decode(CFG, "cpu:8", "data=2,tensor=4", 8, 64)
+    r = check_serving(CFG, "cpu:8", "data=2,tensor=4", 8, 64)
     for term in ("matmul FLOPs", "arguments (weights+caches)", "collectives tensor"):
         assert r.ratio(term) == pytest.approx(1.0, abs=1e-4), (term, r.terms[term])
     # by hand: b = 4, D = 64, L = 2: 2·L all-reduces of 4·64·4 B and the lookup's 4·64·4 B
@@ -141,9 +141,9 @@ def test_check_serving_on_tpus(step, devices, spec, batch):
     and tensor collectives within 0.1% of the closed form (the arguments' few hundred bytes over: the token ids' tile
     padding)."""
     from scaling.families.transformer import TransformerConfig
-    from verify.serve_check import check_decode
+    from verify.serve_check import check_serving
 
-    r = check_decode(TransformerConfig(**LLAMA_SHAPED), devices, spec, batch, 2048, step)
+    r = check_serving(TransformerConfig(**LLAMA_SHAPED), devices, spec, batch, 2048, step)
     assert len(r.terms) == 3
     for term in r.terms:
         assert r.ratio(term) == pytest.approx(1.0, abs=1e-3), (term, r.terms[term])
@@ -156,8 +156,8 @@ def test_check_serving_on_h100(step, batch):
     """The same on gpu:H100:8 (tensor=8), XLA's GPU compiler through the CUDA plugin (no GPU here: the attention
     materialized, cuDNN's needs one): every term within 0.1%."""
     from scaling.families.transformer import TransformerConfig
-    from verify.serve_check import check_decode
+    from verify.serve_check import check_serving
 
-    r = check_decode(TransformerConfig(**LLAMA_SHAPED), "gpu:H100:8", "tensor=8", batch, 2048, step)
+    r = check_serving(TransformerConfig(**LLAMA_SHAPED), "gpu:H100:8", "tensor=8", batch, 2048, step)
     for term in r.terms:
         assert r.ratio(term) == pytest.approx(1.0, abs=1e-3), (term, r.terms[term])

@@ -35,8 +35,9 @@ NO_AXIS = "none"  # verify.hlo.collective_bytes' key of a collective over a grou
 
 
 @dataclass(frozen=True)
-class DecodeCheck:
-    """The closed form beside the compiled decode step, per device (module docstring): {term: (closed, compiled)}."""
+class ServingCheck:
+    """The closed form beside the compiled decode step or prefill, per device (module docstring): {term: (closed,
+    compiled)}."""
 
     model: str
     step: str  # "decode" or "prefill"
@@ -88,7 +89,7 @@ def _structs(tree_shapes: dict, mesh, axes: dict):
             for n, s in tree_shapes.items()}
 
 
-def check_decode(cfg, devices: str, mesh_spec: str, batch: int, t_max: int, step: str = "decode") -> DecodeCheck:
+def check_serving(cfg, devices: str, mesh_spec: str, batch: int, t_max: int, step: str = "decode") -> ServingCheck:
     """Compile the decode step (or with ``step`` "prefill" the prefill) of ``cfg`` (ffn_model.serve.check_servable)
     for ``batch`` sequences and a cache (prompts) of ``t_max`` tokens on ``mesh_spec`` over ``devices``, and set it
     beside the closed forms (module docstring)."""
@@ -148,8 +149,8 @@ def check_decode(cfg, devices: str, mesh_spec: str, batch: int, t_max: int, step
         closed = sum(V * n for a, _, V, n in step_collectives(s, tokens) if a == axis)
         terms[f"collectives {axis}"] = (closed, by_axis.get(axis, 0.0))
     read = cfg.decode_read_params(b) * SERVING_BYTES["bf16"] / m + caches
-    return DecodeCheck(str(cfg), step, devices, shape, batch, t_max, terms, float(prog.cost.get("bytes accessed", 0.0)),
-                       read, prog.memory.get("peak_bytes"))
+    return ServingCheck(str(cfg), step, devices, shape, batch, t_max, terms,
+                        float(prog.cost.get("bytes accessed", 0.0)), read, prog.memory.get("peak_bytes"))
 
 
 def _chip_of(devices: str):

@@ -28,6 +28,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
+import numpy as np
+
 from scaling.core.inputs import positive_int
 from scaling.core.kinds import Collective, Dtype, Platform
 from scaling.hardware.chips import Chip, get_chip
@@ -66,8 +68,7 @@ class Serving:
     prefill_efficiency: float | None = None
     topology: tuple = ()  # a TPU slice's dims (its ICI axes: the tensor axis' rings), () a ring of Y
     reduce_bytes: tuple = (2, 2)  # an element of the tensor all-reduces of (attention's output, the MLP's): BF16 as
-    # serving runtimes run them; this package's program reduces FP32 partial sums (4, 4: ffn_model.serve._project_out),
-    # which XLA:TPU narrows to BF16 for attention's (2, 4: verify.serve_check)
+    # serving runtimes run them; this package's program reduces FP32 partial sums (4, 4: ffn_model.serve._project_out)
     min_comm_bytes: int = 0  # the narrowest element a collective moves (XLA:CPU widens BF16 to FP32: 4; the
     # training step's CompilerFacts.min_comm_bytes)
 
@@ -197,8 +198,7 @@ def step_collectives(s: Serving, tokens: int) -> list[tuple[str, str, float, flo
     """A step's collectives on one replica, ``tokens`` tokens in it, as (axis, kind, bytes of one, how many): over
     tensor two all-reduces a layer (attention's and the MLP's outputs, tokens·D·reduce_bytes each; Megatron's layer,
     Shoeybi et al. 2019 sec. 3) and the vocabulary-parallel lookup's (tokens·D·2, BF16; each element at least
-    min_comm_bytes); over expert, an MoE layer's
-    dispatch and combine all-to-alls (tokens·k·D·2)."""
+    min_comm_bytes); over expert, an MoE layer's dispatch and combine all-to-alls (tokens·k·D·2)."""
     D, out = s.model.d_model, []
     if s.mesh.get("tensor", 1) > 1:
         wide = lambda n: max(n, s.min_comm_bytes)  # noqa: E731
@@ -221,15 +221,12 @@ def _comm_seconds(s: Serving, tokens: int) -> float:
 # ---- kernel data: the fraction of W_hbm a decode step's kernels reach (calibrate's decode section) ----
 
 def _interp_log(x: float, xs: list[float], ys: list[float]) -> float:
-    """ys at x, linear in log x between the points (clamped to the ends)."""
-    pts = sorted(zip(xs, ys))
-    lx = math.log(x)
-    if lx <= math.log(pts[0][0]):
-        return pts[0][1]
-    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
-        if lx <= math.log(x1):
-            return y0 + (y1 - y0) * (lx - math.log(x0)) / (math.log(x1) - math.log(x0))
-    return pts[-1][1]
+    """ys at x, linear in log x between the points, clamped to the ends (np.interp in log x, as
+    scaling.hardware.collectives.nvlink_efficiency reads its rows); points of one x (a [k, n] and its [n, k] read the
+    same bytes) by their mean."""
+    at = np.unique(np.asarray(xs, float))
+    mean = [float(np.mean([y for x_, y in zip(xs, ys) if x_ == a])) for a in at]
+    return float(np.interp(np.log(x), np.log(at), mean))
 
 
 def decode_kernels_of(chip: Chip):
@@ -299,11 +296,15 @@ def weight_gemm_seconds(s: Serving, tokens: int, w_bytes: float, w_flops: float,
 
     mats = getattr(model, "layer_matrices", None)
     V = model.vocab or 0
-    if mats is None:
-        stream = w_bytes / (W * stream_efficiency(s.chip, w_bytes / (model.blocks * 7), tokens))
+    if mats is None:  # an MoE model: its mean matrix, over as many as its base's layer has
+        mean = w_bytes / (model.blocks * len(model.base.layer_matrices))
+        stream = w_bytes / (W * stream_efficiency(s.chip, mean, tokens))
         return max(stream, w_flops / (peak_flops(s.chip, s.compute) * large_gemm_efficiency(s.chip, s.compute))), stream
-    local = [(k, n // m if split else n) if split or split is None else (k // m, n) for k, n, split in mats]
-    layer = [gemm(k, n, tokens) for k, n in local]
+
+    def local(k, n, split):  # one device's part: n split (column-parallel), k split (row-parallel), or whole (None)
+        return (k, n) if split is None else (k, n // m) if split else (k // m, n)
+
+    layer = [gemm(*local(*mat), tokens) for mat in mats]
     head = gemm(model.d_model, V // m, out_tokens) if V else (0.0, 0.0)
     return (model.blocks * sum(t for t, _ in layer) + head[0], model.blocks * sum(x for _, x in layer) + head[1])
 
@@ -319,10 +320,10 @@ class DecodeStep:
     kv_bytes: float  # per device
     weight_flops: float
     attention_flops: float
-    t_weights: float  # max(weight FLOPs / C, weight bytes / W_hbm)
-    t_attention: float  # max(attention FLOPs / C, KV bytes / W_hbm)
+    t_weights: float  # the weight GEMMs (weight_gemm_seconds)
+    t_attention: float  # max(attention FLOPs / C, KV bytes / (W_hbm · kv_efficiency))
     t_comms: float
-    weights_bound: str  # "HBM" or "compute"
+    weights_bound: str  # "HBM" (the GEMMs' streams) or "compute" (a GEMM's math over its stream)
     stream_efficiency: float = 1.0  # the fraction of W_hbm the weights' GEMMs reach (kernel data; 1: the roofline)
     kv_efficiency: float = 1.0  # the fraction of W_hbm the attention's reads reach
 
