@@ -91,14 +91,18 @@ def _grads_from_p(p, ds, q5, k, do5):
 # ---------------------------------------------------------------------------------------------------
 # Materialized: the whole [T, S] score matrix, p saved in BF16.
 
-def _materialized_fwd(q, k, v, q_pos, k_pos, window=None):
-    q_pos, k_pos = _tied(q_pos, k_pos, q, window)
-    q5 = _split_heads(q, k.shape[2])
-    s = _scores(q5, k, q_pos, k_pos, window)
+def probabilities(q_BxTxNxH, k_BxSxKxH, q_pos_T, k_pos_S, window=None):
+    """The BF16 probabilities p = softmax(q.k^T * H**-0.5 + mask) [B, K, G, T, S] of attention_materialized (a row
+    with no visible key: p = 0)."""
+    s = _scores(_split_heads(q_BxTxNxH, k_BxSxKxH.shape[2]), k_BxSxKxH, q_pos_T, k_pos_S, window)
     e = jnp.exp(s - _safe(jnp.max(s, axis=-1, keepdims=True)))
     row_sum = jnp.sum(e, axis=-1, keepdims=True)
-    p = (e / jnp.where(row_sum > 0, row_sum, 1.0)).astype(COMPUTE_DTYPE)  # a row with no visible key: p = 0, o = 0
-    p = checkpoint_name(p, "attn_probs")
+    return (e / jnp.where(row_sum > 0, row_sum, 1.0)).astype(COMPUTE_DTYPE)
+
+
+def _materialized_fwd(q, k, v, q_pos, k_pos, window=None):
+    q_pos, k_pos = _tied(q_pos, k_pos, q, window)
+    p = checkpoint_name(probabilities(q, k, q_pos, k_pos, window), "attn_probs")
     o = _pv(p, v).reshape(*q.shape[:-1], v.shape[-1]).astype(COMPUTE_DTYPE)  # v's head dim (MLA: H_v)
     return o, (q, k, v, p)
 

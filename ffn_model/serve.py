@@ -21,7 +21,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ffn_model.attention import attention_materialized, has_cudnn
+from ffn_model.attention import has_cudnn, probabilities
 from ffn_model.sharded import COMPUTE_DTYPE, constrain, traced_platform
 from ffn_model.transformer import (LOGITS_AXES, X_AXES, Q_AXES, attention, embed, mlp, output_logits, qk_norm_on,
                                    qkv_projection, rms_norm, _gather, WQ_AXES)
@@ -71,15 +71,18 @@ def decode_attention(q_Bx1xNxH, k_BxTxKxH, v_BxTxKxH, pos):
     """One query token a sequence against the cache's keys 0..pos: on a GPU cuDNN's fused attention
     (jax.nn.dot_product_attention, implementation "cudnn", the cache's valid length pos + 1 a sequence: the kernel
     the decode section of calibrate measured at 0.83-0.95 of the H200's HBM bandwidth, where XLA's own einsums reached
-    0.25); elsewhere (and on a GPU compiled ahead of time where cuDNN is absent) attention_materialized with the
-    keys' positions (the training attention's arithmetic)."""
+    0.25); elsewhere (and on a GPU compiled ahead of time where cuDNN is absent) attention_materialized's
+    arithmetic with the keys' positions (its probabilities, p·v in FP32), p·v written with the cache v as the dot's
+    first operand: with p first, XLA:GPU laid each layer's v cache out [B, K, H, T] for the dot, a transposed copy
+    written, updated and transposed back every step (the peak 1.32 of the arguments on gpu:H100:8, 1.05 without)."""
     B, T = k_BxTxKxH.shape[:2]
     if traced_platform() == Platform.GPU and has_cudnn():
         lengths = jnp.full((B,), pos + 1, jnp.int32)
         return jax.nn.dot_product_attention(q_Bx1xNxH, k_BxTxKxH, v_BxTxKxH, key_value_seq_lengths=lengths,
                                             implementation="cudnn").astype(COMPUTE_DTYPE)
-    q_pos = jnp.reshape(pos, (1,)).astype(jnp.int32)
-    return attention_materialized(q_Bx1xNxH, k_BxTxKxH, v_BxTxKxH, q_pos, jnp.arange(T, dtype=jnp.int32))
+    p = probabilities(q_Bx1xNxH, k_BxTxKxH, jnp.reshape(pos, (1,)).astype(jnp.int32), jnp.arange(T, dtype=jnp.int32))
+    o = jnp.einsum("bskh,bkgts->btkgh", v_BxTxKxH, p, preferred_element_type=jnp.float32)
+    return o.reshape(q_Bx1xNxH.shape).astype(COMPUTE_DTYPE)
 
 
 def _mlp_out(x, lw, mlp_kind):

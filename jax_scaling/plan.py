@@ -330,16 +330,21 @@ def no_plan(args, cfg, chip, chips, budget, where, flags, choices, precision, di
     """Why no plan fits: the nearest miss and what it needs (scaling.planner.plan.nearest_miss), or where no mesh runs
     the model at all with the batch but some would with another, the batch (wrong_batch), or else the rules that refuse
     them (unsplittable), or a batch that splits no way."""
-    miss = planner.nearest_miss(cfg, chip, chips, args.batch_tokens, form=args.form,
-                                max_microbatches=args.max_microbatches, max_repeats=args.max_repeats,
-                                flags=flags, choices=choices, precision=precision, dims=dims)
+    near = planner.nearest_batches(cfg, chip, chips, args.batch_tokens, dims, args.max_microbatches, args.max_repeats,
+                                   choices)
+    # the batches some mesh runs whatever the memory, nearest first: without the batch itself no mesh runs it, and
+    # nearest_miss (a plan over every mesh) would find none
+    miss = None if args.batch_tokens not in near else planner.nearest_miss(
+        cfg, chip, chips, args.batch_tokens, form=args.form, max_microbatches=args.max_microbatches,
+        max_repeats=args.max_repeats, flags=flags, choices=choices, precision=precision, dims=dims)
     why = "" if miss is None else (
         f"; nearest miss: {miss.mesh_text()}{miss.schedule_text()} "
         f"needs {miss.memory_bytes / 1e9:.1f} GB per device ("
         + ", ".join(f"{k} {v / 1e9:.1f}" for k, v in miss.memory_terms.items() if k != "total" and v >= 5e7)
         + " GB): " + f"{(miss.memory_bytes - budget) / 1e9:.1f} GB over")
     B, most = args.batch_tokens, chips * args.max_microbatches
-    if miss is None and (batch := wrong_batch(args, cfg, (chip, chips, dims, budget), flags, choices, precision)):
+    if miss is None and (batch := wrong_batch(args, cfg, (chip, chips, dims, budget), near, flags, choices,
+                                              precision)):
         return ValueError(f"no mesh of {where} can run {cfg} with B = {B:,} tokens, whatever the memory: {batch}")
     if miss is None:  # no mesh runs it at all, whatever the memory: say which rules fail
         return ValueError(f"no mesh of {where} can run {cfg} with B = {B:,} tokens, whatever the memory: "
@@ -351,26 +356,26 @@ def no_plan(args, cfg, chip, chips, budget, where, flags, choices, precision, di
                      f"(--hbm {budget:.4g} bytes){why}")
 
 
-def wrong_batch(args, cfg, target: tuple, flags, choices, precision) -> str | None:
+def wrong_batch(args, cfg, target: tuple, near: list[int], flags, choices, precision) -> str | None:
     """Where no mesh runs ``cfg`` with the batch but some would with another: the batch as the cause, and the nearest
     batches below and above that some mesh runs (scaling.planner.plan.nearest_batches: B a multiple of
     microbatches·data·fsdp·unit, the 16 nearest) where plans fit the budget (scaling.planner.plan.plan, the nearest on
     each side first, then a few at once), each as the flag that gives it with how many plans fit there and the best
     one's step; where none of those fits, the nearest that run. None where no batch would do (the model's rules refuse
-    every mesh). ``target``: (chip, chips, slice dims or None, HBM budget per device)."""
+    every mesh). ``target``: (chip, chips, slice dims or None, HBM budget per device); ``near``: nearest_batches'."""
     chip, chips, dims, budget = target
     B, unit = args.batch_tokens, cfg.seq_len or 1
-    near = planner.nearest_batches(cfg, chip, chips, B, dims, args.max_microbatches, args.max_repeats, choices)
     if not near:
         return None
     fit = {}  # batch -> its plans that fit, best first
-    for side in ([b for b in near if b < B], [b for b in near if b > B]):  # each nearest first
-        for chunk in (side[:1], side[1:4], side[4:]):  # planned a few at once, until one fits
-            if chunk and not any(b in fit for b in side):
-                for p in planner.plan(cfg, chip, chips, chunk, hbm=budget, form=args.form, dims=dims,
-                                      max_microbatches=args.max_microbatches, max_repeats=args.max_repeats,
-                                      flags=flags, choices=choices, precision=precision):
-                    fit.setdefault(p.batch_tokens, []).append(p)
+    sides = ([b for b in near if b < B], [b for b in near if b > B])  # each nearest first
+    for lo, hi in ((0, 1), (1, 4), (4, None)):  # both sides planned at once, a few batches each, until one fits
+        chunk = [b for side in sides if not any(b in fit for b in side) for b in side[lo:hi]]
+        if chunk:
+            for p in planner.plan(cfg, chip, chips, chunk, hbm=budget, form=args.form, dims=dims,
+                                  max_microbatches=args.max_microbatches, max_repeats=args.max_repeats,
+                                  flags=flags, choices=choices, precision=precision):
+                fit.setdefault(p.batch_tokens, []).append(p)
     pool = [b for b in near if b in fit] or near
     picked = [b for b in (max((b for b in pool if b < B), default=None), min((b for b in pool if b > B), default=None))
               if b is not None]

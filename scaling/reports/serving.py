@@ -21,7 +21,7 @@ from scaling.core.inputs import positive_float
 from scaling.core.kinds import Platform
 from scaling.core.mesh_shape import parse_mesh_spec
 from scaling.families.presets import model_of
-from scaling.step.serving import SERVING_BYTES, Serving, decode_step, kv_cache_bytes, max_batch, serving_report
+from scaling.step.serving import Serving, decode_memory, decode_step, kv_cache_bytes, max_batch, serving_report
 
 SERVING_STEPS = ("prefill", "decode")
 
@@ -133,8 +133,7 @@ def serving_plan(s: Serving, latency: float | None = None) -> ServingPlan:
             c = Serving(s.model, s.chip, mesh, b * mesh["data"], s.prompt, s.output, s.weights, s.kv, s.compute,
                         s.prefill_efficiency, s.topology)
             t = decode_step(c, mean).seconds
-            memory = (s.model.params * SERVING_BYTES[s.weights] + b * kv_cache_bytes(s.model, full, s.kv)) / (
-                c.model_parallel)
+            memory = decode_memory(c, full)
             rows.append((mesh, c.batch, t, c.batch / t / c.devices, memory))
             b *= 2
     marked = []

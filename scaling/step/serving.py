@@ -354,6 +354,17 @@ def decode_step(s: Serving, context: float) -> DecodeStep:
                       _comm_seconds(s, b), "compute" if t_w > 1.0001 * t_stream else "HBM", e_w, e_kv)
 
 
+def decode_memory(s: Serving, context: float) -> float:
+    """Bytes a device holds in a decode step at a cache of ``context`` tokens: its share of the weights and of its
+    replica's caches, (P·w_bytes + b·kv_cache_bytes(context))/m (Scaling Book, inference: the weights and the KV cache
+    are what a decode holds), plus the step's FP32 logits b·V·4/tensor, its one output not written into an input's
+    buffer (the caches are updated in place); the activations, a few b·D vectors, are left out (under 1e-4 of it)."""
+    b, model = s.per_replica, s.model
+    logits = b * (model.vocab or 0) * 4 / s.mesh.get("tensor", 1)
+    return (model.params * SERVING_BYTES[s.weights] + b * kv_cache_bytes(model, context, s.kv)) / s.model_parallel \
+        + logits
+
+
 def max_batch(s: Serving, context: float) -> int:
     """The most sequences of ``context`` tokens all replicas hold: per replica floor((m·HBM − P·w_bytes) / KV of one
     sequence), the chip's usable HBM (Scaling Book, applied-inference: LLaMA 3-70B in bf16 on 16 v5e, 116 GB left,
@@ -498,12 +509,12 @@ class ServingReport:
 
 
 def serving_report(s: Serving) -> ServingReport:
-    """The ServingReport of ``s``: prefill of one prompt a replica, decode at the mean context P + G/2, the memory of
-    the weights and the batch's caches at the full context P + G per device."""
+    """The ServingReport of ``s``: prefill of one prompt a replica, decode at the mean context P + G/2, what a device
+    holds at the full context P + G (decode_memory)."""
     mean = s.prompt + s.output / 2
     full = s.prompt + s.output
     kv = kv_cache_bytes(s.model, full, s.kv)
-    memory = (s.model.params * SERVING_BYTES[s.weights] + s.per_replica * kv) / s.model_parallel
+    memory = decode_memory(s, full)
     notes = []
     if s.model.kv_heads < s.mesh.get("tensor", 1):
         notes.append(f"tensor={s.mesh['tensor']} is more than the K={s.model.kv_heads} KV heads: the caches are "
