@@ -1,11 +1,12 @@
 """Serving programs of the transformer: a prefill and a decode step with a KV cache, and greedy generation, on the
-training model's weights (ffn_model.transformer.TransformerStack) cast to BF16 (what serving holds: 2 B a parameter),
+training model's weights (ffn_model.transformer.TransformerStack) cast to BF16 (what serving holds: 2 B a parameter)
+or quantized to int8 per output channel (quantize: 1 B a parameter and a BF16 scale a channel, _project's (x·q)·s),
 sharded as serving shards them: heads, KV heads, d_ff and the vocabulary over ``tensor``, the sequences over ``data``
 (replicas), through the same logical-axis table as training (mesh.rules; fsdp, stage and context are 1 here).
 
-The layer is the training layer's arithmetic (ffn_model.transformer: rms_norm, qkv_projection, attention_materialized's
-softmax, the output projection, mlp, output_logits), so a decode step's logits are the training forward's at the same
-position (tests/test_serve.py). The layers run one after another (unrolled), each with its own weight and cache
+The layer is the training layer's arithmetic (ffn_model.transformer: rms_norm, q, k and v, attention_materialized's
+softmax, the output projection, the MLP, the logits), each weight its own matmul (_project), so a decode step's logits
+are the training forward's at the same position (tests/test_serve.py). The layers run one after another (unrolled), each with its own weight and cache
 buffers: a lax.scan over the [L, ...] stacks made XLA:GPU copy each layer's slice of the stacks before its GEMMs read
 it, 2.3x (8B) and 2.9x (70B's layers) the step's time on an H200 (docs/serving.md). The cache: per layer k and v
 [B, T_max, K, H] BF16, logical axes (batch, -, kv_heads, head_dim); a decode step writes its token's k and v at
@@ -23,13 +24,19 @@ import jax.numpy as jnp
 
 from ffn_model.attention import has_cudnn, probabilities
 from ffn_model.sharded import COMPUTE_DTYPE, constrain, traced_platform
-from ffn_model.transformer import (LOGITS_AXES, X_AXES, Q_AXES, attention, embed, mlp, output_logits, qk_norm_on,
-                                   qkv_projection, rms_norm, _gather, WQ_AXES)
-from scaling.core.kinds import Block, Family, Platform
+from ffn_model.transformer import (ACTIVATIONS, H_AXES, IDS_AXES, KV_AXES, LOGITS_AXES, Q_AXES, X_AXES, attention,
+                                   embed, qk_norm_on, rms_norm, _rows)
+from mesh.rules import logical_to_spec
+from scaling.core.kinds import Block, Family, Mlp, Platform
 from scaling.core.schedule import Schedule
 
 CACHE_AXES = ("batch", None, "kv_heads", "head_dim")  # a layer's k and v caches [B, T_max, K, H]
 LAYER_WEIGHTS = ("wq", "wk", "wv", "wo", "w_in", "w_gate", "w_out")
+WEIGHT_TYPES = ("bf16", "int8")  # what the programs store the weights in (scaling.step.serving.SERVING_BYTES' names)
+# each stored weight's contracted axes (the rest are its output channels, one int8 scale each): W_q, W_k, W_v, the MLP's
+# inputs and the vocabulary tables [.., D] contract D; W_o [N, H, D] contracts N·H; W_out [F, D] contracts F
+CONTRACTED = {"wq": (-1,), "wk": (-1,), "wv": (-1,), "w_in": (-1,), "w_gate": (-1,), "wo": (0, 1), "w_out": (0,),
+              "embedding": (-1,), "unembedding": (-1,)}
 
 
 def check_servable(cfg) -> None:
@@ -46,23 +53,105 @@ def check_servable(cfg) -> None:
                              "(scaling.step.serving)")
 
 
-def serving_weights(params: dict) -> dict:
-    """The model's parameters (a TransformerStack's pure dict: [L, ...] stacks, E, U) as serving holds them: BF16,
-    each layer's weights their own arrays ({"layers": [{name: array}] * L, "embedding", "unembedding"}); call it
-    under jit to keep the shardings."""
+def quantize(w, name: str) -> dict:
+    """Symmetric int8 weight-only quantization per output channel (the W8A16 form of serving runtimes: TensorRT-LLM's
+    weight-only int8, AQT's in MaxText/JetStream): s = max|w| over the weight's contracted axes (CONTRACTED) / 127,
+    stored BF16, and q = round(w / s) in [-127, 127] (int8), so that q·s is the weight; {"q", "scale"}, the scale's
+    shape the weight's output channels (the contracted axes dropped)."""
+    amax = jnp.max(jnp.abs(w.astype(jnp.float32)), axis=CONTRACTED[name], keepdims=True)
+    scale = jnp.where(amax > 0, amax / 127, 1.0).astype(COMPUTE_DTYPE)
+    q = jnp.clip(jnp.round(w.astype(jnp.float32) / scale.astype(jnp.float32)), -127, 127).astype(jnp.int8)
+    return {"q": q, "scale": jnp.squeeze(scale, CONTRACTED[name])}
+
+
+def dequantize(w, name: str):
+    """The BF16 weight q·scale of a quantized one (quantize), or the array itself."""
+    if not isinstance(w, dict):
+        return w
+    return w["q"].astype(COMPUTE_DTYPE) * jnp.expand_dims(w["scale"], CONTRACTED[name])
+
+
+def _project(x, w, spec: str, axes, out_type=COMPUTE_DTYPE):
+    """x·W of one stored weight as an einsum ``spec`` whose output ends with the weight's output channels, FP32 sums
+    rounded to ``out_type``: a BF16 W as stored; an int8 one (quantize) converted to BF16 as the matmul's operand and
+    its per-channel scale applied to the output, (x·q)·s = x·(q·s) (the weight-only int8 matmul's form: the weight
+    read as int8, the scale on the small output). One matmul a weight, not training's side-by-side W_q|W_k|W_v and
+    W_in|W_gate (ffn_model.transformer.qkv_projection, mlp: one partial sum for the backward's input gradient),
+    whose concatenation XLA:GPU wrote out as a copy of the weights every step."""
+    if isinstance(w, dict):
+        y = jnp.einsum(spec, x, w["q"].astype(COMPUTE_DTYPE), preferred_element_type=jnp.float32) * w["scale"]
+    else:
+        y = jnp.einsum(spec, x, w, preferred_element_type=jnp.float32)
+    return constrain(y.astype(out_type), axes)
+
+
+def _qkv(h, lw):
+    return (_project(h, lw["wq"], "btd,nhd->btnh", Q_AXES), _project(h, lw["wk"], "btd,khd->btkh", KV_AXES),
+            _project(h, lw["wv"], "btd,khd->btkh", KV_AXES))
+
+
+def _mlp_out(x, lw, mlp_kind):
+    """x + the MLP's output (ffn_model.transformer.mlp's arithmetic), its partial sums over tensor made and reduced in
+    FP32 (_project_out)."""
+    h = rms_norm(x)
+    u = _project(h, lw["w_in"], "btd,fd->btf", H_AXES)
+    a = jax.nn.silu(_project(h, lw["w_gate"], "btd,fd->btf", H_AXES)) * u if mlp_kind == Mlp.SWIGLU else \
+        ACTIVATIONS[mlp_kind](u)
+    return x + _project(a, lw["w_out"], "btf,fd->btd", X_AXES, jnp.float32).astype(COMPUTE_DTYPE)
+
+
+def _project_out(o_BxTxNxH, wo):
+    """o·W_o, the partial sums over tensor in FP32, reduced in FP32, then BF16: one device's matmul accumulates in FP32
+    and rounds once, so the sharded step rounds the same sum once too (BF16 partial sums added in another order
+    flipped near-tied argmaxes: greedy tokens differed from one device's). The all-reduce moves 4 B an element."""
+    return _project(o_BxTxNxH, wo, "btnh,nhd->btd", X_AXES, jnp.float32).astype(COMPUTE_DTYPE)
+
+
+def _logits(x, w: dict):
+    """logits = RMSNorm(x)·Uᵀ, BF16 widened to FP32 (ffn_model.transformer.output_logits), V split over tensor."""
+    head = w["embedding"] if "unembedding" not in w else w["unembedding"]
+    return _project(rms_norm(x), head, "btd,vd->btv", LOGITS_AXES).astype(jnp.float32)
+
+
+def serving_weights(params: dict, weights: str = "bf16") -> dict:
+    """The model's parameters (a TransformerStack's pure dict: [L, ...] stacks, E, U) as serving holds them, each
+    layer's weights their own arrays ({"layers": [{name: array}] * L, "embedding", "unembedding"}): BF16, or with
+    ``weights`` "int8" each quantized (quantize: {"q", "scale"}); call it under jit to keep the shardings."""
+    if weights not in WEIGHT_TYPES:
+        raise ValueError(f"the serving programs store the weights as {' or '.join(WEIGHT_TYPES)}, not {weights}; the "
+                         "closed forms take fp8 and int4 too (scaling.step.serving)")
+    cast = (lambda a, n: quantize(a, n)) if weights == "int8" else (lambda a, n: a.astype(COMPUTE_DTYPE))  # noqa: E731
     names = [n for n in LAYER_WEIGHTS if n in params]
     L = params[names[0]].shape[0]
-    out = {"layers": [{n: params[n][i].astype(COMPUTE_DTYPE) for n in names} for i in range(L)]}
+    out = {"layers": [{n: cast(params[n][i], n) for n in names} for i in range(L)]}
     for n in ("embedding", "unembedding"):
         if n in params:
-            out[n] = params[n].astype(COMPUTE_DTYPE)
+            out[n] = cast(params[n], n)
     return out
 
 
 
 
-def _head(w: dict):
-    return w["embedding"] if "unembedding" not in w else w["unembedding"]
+def _embed(ids_BxT, table):
+    """x = E[ids] [B, T, D] BF16 (ffn_model.transformer.embed); a quantized table's int8 rows and their scales looked up
+    (each device its V/Y rows, zeros for the others, summed over tensor), not the whole table dequantized."""
+    if not isinstance(table, dict):
+        return embed(ids_BxT, table, Schedule())[0]
+    q, s = table["q"], table["scale"]
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return jnp.take(q, ids_BxT, axis=0).astype(COMPUTE_DTYPE) * jnp.take(s, ids_BxT, axis=0)[..., None]
+
+    def rows(q, s, ids):
+        idx, hit = _rows(ids, q.shape[0])
+        x = jnp.take(q, idx, axis=0).astype(COMPUTE_DTYPE) * jnp.take(s, idx, axis=0)[..., None]
+        return jax.lax.psum(jnp.where(hit[..., None], x, 0).astype(COMPUTE_DTYPE), "tensor")
+
+    P = jax.sharding.PartitionSpec
+    x = jax.shard_map(rows, mesh=mesh, in_specs=(P("tensor", None), P("tensor"), logical_to_spec(IDS_AXES)),
+                      out_specs=logical_to_spec(X_AXES), axis_names=set(mesh.axis_names),
+                      check_vma=False)(q, s, ids_BxT)
+    return constrain(x, X_AXES)
 
 
 
@@ -85,19 +174,6 @@ def decode_attention(q_Bx1xNxH, k_BxTxKxH, v_BxTxKxH, pos):
     return o.reshape(q_Bx1xNxH.shape).astype(COMPUTE_DTYPE)
 
 
-def _mlp_out(x, lw, mlp_kind):
-    """x + the MLP's output, its partial sums over tensor made and reduced in FP32 (_project_out)."""
-    return x + constrain(mlp(rms_norm(x), lw, mlp_kind, jnp.float32), X_AXES).astype(COMPUTE_DTYPE)
-
-
-def _project_out(o_BxTxNxH, wo):
-    """o·W_o, the partial sums over tensor in FP32, reduced in FP32, then BF16: one device's matmul accumulates in FP32
-    and rounds once, so the sharded step rounds the same sum once too (BF16 partial sums added in another order
-    flipped near-tied argmaxes: greedy tokens differed from one device's). The all-reduce moves 4 B an element."""
-    y = jnp.einsum("btnh,nhd->btd", o_BxTxNxH, _gather(wo, WQ_AXES), preferred_element_type=jnp.float32)
-    return constrain(y, X_AXES).astype(COMPUTE_DTYPE)
-
-
 def prefill(w: dict, ids_BxP, t_max: int, *, mlp_kind: str, qk_norm: bool = False, schedule: Schedule = Schedule()):
     """The prompts' forward: (logits of the last prompt token [B, V] FP32, k and v caches [L, B, T_max, K, H] with
     the P prompt positions filled). Causal attention over the prompt (ffn_model.transformer.attention, the
@@ -106,8 +182,7 @@ def prefill(w: dict, ids_BxP, t_max: int, *, mlp_kind: str, qk_norm: bool = Fals
     pad = ((0, 0), (0, t_max - P), (0, 0), (0, 0))
 
     def layer(x, lw):
-        h = rms_norm(x)
-        q, k, v = qkv_projection(h, lw["wq"], lw["wk"], lw["wv"])
+        q, k, v = _qkv(rms_norm(x), lw)
         with qk_norm_on(qk_norm):
             o = constrain(attention(q, k, v, schedule), Q_AXES)
             if qk_norm:  # the cache holds k as attention took it: normalized
@@ -115,34 +190,30 @@ def prefill(w: dict, ids_BxP, t_max: int, *, mlp_kind: str, qk_norm: bool = Fals
         cache = lambda a: constrain(jnp.pad(a, pad), CACHE_AXES)  # noqa: E731
         return _mlp_out(x + _project_out(o, lw["wo"]), lw, mlp_kind), (cache(k), cache(v))
 
-    x, _ = embed(ids_BxP, w["embedding"], schedule)
+    x = _embed(ids_BxP, w["embedding"])
     ck, cv = [], []
     for lw in w["layers"]:
         x, (k, v) = layer(x, lw)
         ck.append(k)
         cv.append(v)
-    logits = output_logits(x[:, -1:], _head(w), schedule)
-    return logits[:, 0], ck, cv
+    return _logits(x[:, -1:], w)[:, 0], ck, cv
 
 
 def decode_step(w: dict, ck, cv, ids_B, pos, *, mlp_kind: str, qk_norm: bool = False):
     """One token a sequence at position ``pos`` (a traced int32): (logits [B, V] FP32, the caches with its k and v
     written at pos). Each layer: its k, v written into its caches (in place, the buffers donated), then attention of
     the one query over keys 0..pos (decode_attention)."""
-    schedule = Schedule()
-    x, _ = embed(ids_B[:, None], w["embedding"], schedule)  # [B, 1, D]
+    x = _embed(ids_B[:, None], w["embedding"])  # [B, 1, D]
     ck, cv = list(ck), list(cv)
     for i, lw in enumerate(w["layers"]):
-        h = rms_norm(x)
-        q, k, v = qkv_projection(h, lw["wq"], lw["wk"], lw["wv"])
+        q, k, v = _qkv(rms_norm(x), lw)
         if qk_norm:
             q, k = rms_norm(q), rms_norm(k)
         ck[i] = constrain(jax.lax.dynamic_update_slice(ck[i], k.astype(ck[i].dtype), (0, pos, 0, 0)), CACHE_AXES)
         cv[i] = constrain(jax.lax.dynamic_update_slice(cv[i], v.astype(cv[i].dtype), (0, pos, 0, 0)), CACHE_AXES)
         o = constrain(decode_attention(q, ck[i], cv[i], pos), Q_AXES)
         x = _mlp_out(x + _project_out(o, lw["wo"]), lw, mlp_kind)
-    logits = constrain(output_logits(x, _head(w), schedule), LOGITS_AXES)
-    return logits[:, 0], ck, cv
+    return _logits(x, w)[:, 0], ck, cv
 
 
 def generate(w: dict, ids_BxP, steps: int, *, mlp_kind: str, qk_norm: bool = False):

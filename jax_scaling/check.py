@@ -68,10 +68,15 @@ def timing_chip(args) -> Chip:
 def check_serving_command(args) -> int:
     """check --step decode|prefill: the serving program's decode step or prefill compiled for --devices on --mesh,
     beside the closed forms (verify.serve_check.check_serving), as its table or --json."""
-    from ffn_model.serve import check_servable
+    from ffn_model.serve import WEIGHT_TYPES, check_servable
 
     cfg = model_config(args)
     check_servable(cfg)
+    weights = given_or(args, "weights", "bf16")
+    if weights not in WEIGHT_TYPES or given_or(args, "kv_cache", "bf16") != "bf16":
+        raise ValueError(f"--weights {weights} --kv-cache {given_or(args, 'kv_cache', 'bf16')}: the serving program "
+                         f"stores the weights as {' or '.join(WEIGHT_TYPES)} and the caches as bf16 (the closed forms, "
+                         "predict and plan, take every type)")
     shape = parse_mesh_spec(args.mesh, device_count(args.devices))
     bad = [a for a, n in shape.items() if n > 1 and a not in ("data", "tensor")]
     if bad:
@@ -86,7 +91,7 @@ def check_serving_command(args) -> int:
     from verify.serve_check import check_serving
 
     print(f"compiling the {args.step} step for {args.devices} ...", file=sys.stderr, flush=True)
-    rep = check_serving(cfg, args.devices, args.mesh, batch, t_max, args.step)
+    rep = check_serving(cfg, args.devices, args.mesh, batch, t_max, args.step, weights)
     print(json.dumps(rep.to_json(), indent=2) if args.json else rep.render())
     return 0
 

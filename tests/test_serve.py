@@ -61,16 +61,17 @@ def test_decode_logits_are_the_training_forward():
 
 
 @pytest.mark.compiles
-def test_generation_on_8_devices_is_one_devices():
+@pytest.mark.parametrize("weights", ["bf16", "int8"])
+def test_generation_on_8_devices_is_one_devices(weights):
     """Greedy generation of 6 tokens after a 12-token prompt on data=2,tensor=4 (heads, KV heads, d_ff and the
     vocabulary over tensor, the sequences over data) equals the same weights' generation on one device, token for
-    token."""
+    token, BF16 weights or int8 (their scales split as their output channels)."""
     from ffn_model import serve
 
     ids = _ids()[:, :PROMPT]
     mesh, params = _params("data=2,tensor=4")
     with jax.set_mesh(mesh):
-        sw = jax.jit(serve.serving_weights)(params)
+        sw = jax.jit(lambda p: serve.serving_weights(p, weights))(params)
         many = np.asarray(serve.generate(sw, jax.device_put(ids), STEPS, mlp_kind=CFG.mlp))
     host = jax.tree.map(np.asarray, sw)
     one_dev = jax.devices()[0]
@@ -78,6 +79,53 @@ def test_generation_on_8_devices_is_one_devices():
                                     mlp_kind=CFG.mlp))
     assert many.shape == (BATCH, STEPS)
     np.testing.assert_array_equal(many, one)
+
+
+@pytest.mark.compiles
+@pytest.mark.quick
+def test_int8_weights():
+    """ffn_model.serve.quantize, by its definition: every int8 value in [-127, 127], each output channel's largest
+    |w| at ±127, and |q·s − w| at most half a step s/2 (rounding; s itself rounded to BF16, 2^-8 relative: a 1%
+    margin). Then the int8 program's (x·q)·s is the BF16 program's x·W on weights W = q·s that BF16 holds exactly (s
+    a power of two): the prefill's and two decode steps' logits equal, on one device."""
+    from ffn_model import serve
+    from ffn_model.transformer import TransformerStack
+    from scaling.core.workload import Workload
+
+    with jax.set_mesh(mesh_of("fsdp=1")):
+        model = TransformerStack(Workload(CFG, {}, BATCH * CFG.seq_len), rngs=nnx.Rngs(0))
+        params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    for name in ("wq", "wo", "w_out", "embedding"):
+        w = np.asarray(params[name][0] if name != "embedding" else params[name], np.float32)
+        qs = jax.tree.map(np.asarray, serve.quantize(jnp.asarray(w), name))
+        q, scale = qs["q"].astype(np.float32), np.expand_dims(qs["scale"].astype(np.float32), serve.CONTRACTED[name])
+        assert q.min() >= -127 and q.max() <= 127
+        np.testing.assert_array_equal(np.max(np.abs(q), axis=serve.CONTRACTED[name]), 127)
+        assert np.all(np.abs(q * scale - w) <= 0.5 * scale * 1.01), name
+    # weights whose int8 form is exact: each channel's q times a power of two s (quantize then finds that s, and q·s
+    # is a BF16 number: 8 bits of q), so the BF16 program takes the same weights as the int8 one
+    def exact(a, name):
+        qs = serve.quantize(a, name)
+        s2 = jnp.exp2(jnp.round(jnp.log2(qs["scale"].astype(jnp.float32))))
+        return qs["q"].astype(jnp.float32) * jnp.expand_dims(s2, serve.CONTRACTED[name])
+
+    layer_names = [n for n in serve.LAYER_WEIGHTS if n in params]
+    ws = {n: (jnp.stack([exact(a[i], n) for i in range(len(a))]) if n in layer_names else exact(a, n))
+          for n, a in params.items()}
+    ids, t_max = _ids(), PROMPT + 2
+
+    def run(weights):
+        sw = jax.jit(lambda p: serve.serving_weights(p, weights))(ws)
+        logits, ck, cv = jax.jit(lambda sw, ids: serve.prefill(sw, ids, t_max, mlp_kind=CFG.mlp))(sw, ids[:, :PROMPT])
+        out = [logits]
+        for t in range(PROMPT, t_max):
+            logits, ck, cv = jax.jit(lambda sw, ck, cv, tok, pos: serve.decode_step(
+                sw, ck, cv, tok, pos, mlp_kind=CFG.mlp))(sw, ck, cv, ids[:, t], jnp.int32(t))
+            out.append(logits)
+        return np.stack([np.asarray(o) for o in out])
+
+    # (x·q)·2^e = x·(q·2^e) exactly in floating point: the same sums, scaled after
+    np.testing.assert_allclose(run("int8"), run("bf16"), atol=1e-6, rtol=0)
 
 
 def test_refusals():
@@ -89,6 +137,8 @@ def test_refusals():
     with pytest.raises(ValueError, match="transformer"):
         serve.check_servable(PRESETS["mixtral-8x7b"])
     serve.check_servable(CFG)
+    with pytest.raises(ValueError, match="int8"):
+        serve.serving_weights({}, "fp8")
 
 
 @pytest.mark.compiles
@@ -104,6 +154,14 @@ def test_check_serving_on_cpu8():
         assert r.ratio(term) == pytest.approx(1.0, abs=1e-4), (term, r.terms[term])
     # by hand: b = 4, D = 64, L = 2: 2·L all-reduces of 4·64·4 B and the lookup's 4·64·4 B
     assert r.terms["collectives tensor"][0] == 2 * 2 * 4 * 64 * 4 + 4 * 64 * 4
+    q8 = check_serving(CFG, "cpu:8", "data=2,tensor=4", 8, 64, weights="int8")
+    # by hand, int8: 1 B a parameter, so the arguments drop by P/4 = 155,648/4 B (D 64: W_q 64·64, W_k, W_v 64·32,
+    # W_o 64·64, W_in, W_out 256·64, a layer 45,056, 2 layers and the two 512·64 tables) and gain the BF16 scales: a
+    # layer's 64/4 + 32/4 + 32/4 (q, k, v: split) + 64 (W_o: whole) + 256/4 + 64 (W_in split, W_out whole), the
+    # tables' 512/4 rows each
+    scales = 2 * (2 * (16 + 8 + 8 + 64 + 64 + 64) + 2 * 128)
+    assert q8.terms["arguments (weights+caches)"][1] == r.terms["arguments (weights+caches)"][1] - 155_648 / 4 + scales
+    assert q8.ratio("matmul FLOPs") == 1.0 and q8.ratio("collectives tensor") == 1.0
 
 
 @pytest.mark.compiles
@@ -130,22 +188,25 @@ LLAMA_SHAPED = dict(d_model=2048, heads=16, kv_heads=8, head_dim=128, d_ff=7168,
 
 
 @pytest.mark.tpu
-@pytest.mark.parametrize("step, devices, spec, batch, t_max", [("decode", "tpu:v5e:2x4", "tensor=8", 64, 8192),
-                                                               ("decode", "tpu:v6e:2x4", "data=2,tensor=4", 64, 8192),
-                                                               ("decode", "tpu:v5p:2x2x2", "tensor=8", 64, 8192),
-                                                               ("prefill", "tpu:v5e:2x4", "tensor=8", 8, 2048),
-                                                               ("prefill", "tpu:v6e:2x4", "data=2,tensor=4", 8, 2048)])
-def test_check_serving_on_tpus(step, devices, spec, batch, t_max):
+@pytest.mark.parametrize("step, devices, spec, batch, t_max, weights", [
+    ("decode", "tpu:v5e:2x4", "tensor=8", 64, 8192, "bf16"),
+    ("decode", "tpu:v5e:2x4", "tensor=8", 64, 8192, "int8"),
+    ("decode", "tpu:v6e:2x4", "data=2,tensor=4", 64, 8192, "bf16"),
+    ("decode", "tpu:v5p:2x2x2", "tensor=8", 64, 8192, "bf16"),
+    ("prefill", "tpu:v5e:2x4", "tensor=8", 8, 2048, "bf16"),
+    ("prefill", "tpu:v6e:2x4", "data=2,tensor=4", 8, 2048, "bf16")])
+def test_check_serving_on_tpus(step, devices, spec, batch, t_max, weights):
     """The decode step (64 sequences, a cache of 8192 tokens: 1.07 GB of caches a device at tensor=8) and the prefill
     (prompts of 2048) of a LLaMA-shaped stack (D 2048, 16 query and 8 KV heads of 128, SwiGLU 7168, 4 layers, V 32768)
     compiled for v5e, v6e and v5p topologies: FLOPs, arguments and tensor collectives within 0.1% of the closed form
     (the arguments' few hundred bytes over: the token ids' tile padding); the decode's peak within training's TPU band
     (10%) of decode_memory, the weights, the caches and the FP32 logits (XLA:TPU's peak counts on-chip VMEM too:
-    37-73 MB here, 1.29 of a 2048-token cache's arguments at batch 32)."""
+    tens of MB here, 1.3-1.4 of a 2048-token cache's arguments at batch 32). int8 weights: the arguments 1 B a
+    parameter and the scales (weight_scale_bytes), and no BF16 copy of a weight in the peak."""
     from scaling.families.transformer import TransformerConfig
     from verify.serve_check import check_serving
 
-    r = check_serving(TransformerConfig(**LLAMA_SHAPED), devices, spec, batch, t_max, step)
+    r = check_serving(TransformerConfig(**LLAMA_SHAPED), devices, spec, batch, t_max, step, weights)
     assert len(r.terms) == 3
     for term in r.terms:
         assert r.ratio(term) == pytest.approx(1.0, abs=1e-3), (term, r.terms[term])
@@ -155,15 +216,18 @@ def test_check_serving_on_tpus(step, devices, spec, batch, t_max):
 
 @pytest.mark.compiles
 @pytest.mark.skipif(not has_cuda_plugin(), reason="needs jax's CUDA plugin (the cuda-aot extra)")
-@pytest.mark.parametrize("step, batch", [("decode", 32), ("prefill", 8)])
-def test_check_serving_on_h100(step, batch):
+@pytest.mark.parametrize("step, batch, weights", [("decode", 32, "bf16"), ("decode", 32, "int8"),
+                                                  ("prefill", 8, "bf16")])
+def test_check_serving_on_h100(step, batch, weights):
     """The same on gpu:H100:8 (tensor=8), XLA's GPU compiler through the CUDA plugin (no GPU here: the attention
     materialized, cuDNN's needs one): every term within 0.1%; the decode's peak within 10% of decode_memory (with p·v
-    written p first, XLA:GPU transposed every layer's v cache to [B, K, H, T] and back each step: 1.32)."""
+    written p first, XLA:GPU transposed every layer's v cache to [B, K, H, T] and back each step: 1.32; with W_q|W_k|W_v
+    and W_in|W_gate concatenated as training does, it wrote them out each step, and a dequantized q·s weight before
+    its GEMM: int8 1.106)."""
     from scaling.families.transformer import TransformerConfig
     from verify.serve_check import check_serving
 
-    r = check_serving(TransformerConfig(**LLAMA_SHAPED), "gpu:H100:8", "tensor=8", batch, 2048, step)
+    r = check_serving(TransformerConfig(**LLAMA_SHAPED), "gpu:H100:8", "tensor=8", batch, 2048, step, weights)
     for term in r.terms:
         assert r.ratio(term) == pytest.approx(1.0, abs=1e-3), (term, r.terms[term])
     if step == "decode":

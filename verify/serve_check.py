@@ -5,7 +5,8 @@ The decode step:
 
   FLOPs        model.decode_flops(b, T_max) / m (the program attends over the whole cache, masked: context T_max)
   collectives  step_collectives by mesh axis (the package's program reduces FP32 partial sums: reduce_bytes 4)
-  arguments    the weights a device holds (P·2/m, BF16: its share of every weight, the lookup table's too) and the
+  arguments    the weights a device holds (P·2/m in BF16, P·1/m in int8 and its scales, weight_scale_bytes: its share
+               of every weight, the lookup table's too) and the
                caches (2·b·T_max·K·H·L·2/m)
   bytes read   the weights a step reads (decode_read_params·2/m) + the caches, beside XLA's "bytes accessed" (its
                cost model's count, read and written, every operand of every op; reported, not banded)
@@ -32,7 +33,7 @@ from scaling.core.kinds import Platform
 from scaling.core.policies import Attention
 from scaling.core.schedule import Schedule
 from scaling.step.serving import (SERVING_BYTES, Serving, decode_memory, kv_cache_bytes, prefill_flops,
-                                  step_collectives)
+                                  step_collectives, weight_scale_bytes)
 
 NO_AXIS = "none"  # verify.hlo.collective_bytes' key of a collective over a group of one device
 
@@ -53,6 +54,7 @@ class ServingCheck:
     bytes_read_closed: float = 0.0
     peak: float | None = None  # the compiler's peak where it reports one (TPU, GPU)
     peak_closed: float = 0.0  # decode: decode_memory (the weights, the caches, the FP32 logits); prefill: not modelled
+    weights: str = "bf16"
 
     def ratio(self, term: str) -> float:
         closed, compiled = self.terms[term]
@@ -63,13 +65,14 @@ class ServingCheck:
                 "t_max": self.t_max, "terms": {k: {"closed": c, "compiled": p, "ratio": self.ratio(k)}
                                                for k, (c, p) in self.terms.items()},
                 "bytes_accessed": self.bytes_accessed, "bytes_read_closed": self.bytes_read_closed, "peak": self.peak,
-                "peak_closed": self.peak_closed or None}
+                "peak_closed": self.peak_closed or None, "weights": self.weights}
 
     def render(self) -> str:
         mesh = ",".join(f"{a}={n}" for a, n in self.mesh.items() if n > 1) or "1 device"
         what = "cache" if self.step == "decode" else "prompts"
-        lines = [f"check --step {self.step}: {self.model}, batch {self.batch}, {what} of {self.t_max} tokens, on "
-                 f"{self.devices} ({mesh}); per device, closed form beside the compiled program",
+        lines = [f"check --step {self.step}: {self.model}, batch {self.batch}, {what} of {self.t_max} tokens, "
+                 f"weights {self.weights}, on {self.devices} ({mesh}); per device, closed form beside the compiled "
+                 "program",
                  f"  {'term':<28}{'closed':>18}{'compiled':>18}{'ratio':>9}"]
         for k, (c, p) in self.terms.items():
             lines.append(f"  {k:<28}{c:>18,.0f}{p:>18,.0f}{self.ratio(k):>9.4f}")
@@ -88,17 +91,33 @@ class ServingCheck:
         return "\n".join(lines)
 
 
-def _structs(tree_shapes: dict, mesh, axes: dict):
+def _structs(tree_shapes: dict, mesh, axes: dict, weights: str = "bf16"):
+    """Abstract weights {name: struct} of ``tree_shapes`` laid out as their logical ``axes``: BF16, or int8 with
+    their BF16 scales (ffn_model.serve.quantize's {"q", "scale"}: the output channels, laid out as in the weight)."""
+    from ffn_model.serve import CONTRACTED
     from mesh.rules import logical_to_spec
 
-    return {n: jax.ShapeDtypeStruct(s, jnp.bfloat16, sharding=NamedSharding(mesh, logical_to_spec(axes[n])))
-            for n, s in tree_shapes.items()}
+    def one(n, shape, dtype, ax):
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, logical_to_spec(ax)))
+
+    if weights == "bf16":
+        return {n: one(n, s, jnp.bfloat16, axes[n]) for n, s in tree_shapes.items()}
+    out = {}
+    for n, s in tree_shapes.items():
+        cut = {i % len(s) for i in CONTRACTED[n]}
+        out[n] = {"q": one(n, s, jnp.int8, axes[n]),
+                  "scale": one(n, tuple(d for i, d in enumerate(s) if i not in cut), jnp.bfloat16,
+                               tuple(a for i, a in enumerate(axes[n]) if i not in cut))}
+    return out
 
 
-def check_serving(cfg, devices: str, mesh_spec: str, batch: int, t_max: int, step: str = "decode") -> ServingCheck:
+# the command's inputs, passed through
+def check_serving(cfg, devices: str, mesh_spec: str, batch: int, t_max: int, step: str = "decode",
+                  weights: str = "bf16") -> ServingCheck:
     """Compile the decode step (or with ``step`` "prefill" the prefill) of ``cfg`` (ffn_model.serve.check_servable)
-    for ``batch`` sequences and a cache (prompts) of ``t_max`` tokens on ``mesh_spec`` over ``devices``, and set it
-    beside the closed forms (module docstring)."""
+    for ``batch`` sequences and a cache (prompts) of ``t_max`` tokens on ``mesh_spec`` over ``devices``, its weights
+    stored as ``weights`` (ffn_model.serve.WEIGHT_TYPES: int8 with per-channel scales), and set it beside the closed
+    forms (module docstring)."""
     from ffn_model import serve
     from ffn_model.transformer import LAYER_AXES, VOCAB_AXES, attention_shapes, layer_names
     from mesh import make_mesh, mesh_shape
@@ -113,11 +132,12 @@ def check_serving(cfg, devices: str, mesh_spec: str, batch: int, t_max: int, ste
     # one layer's weights (a stack's shape without L, its logical axes without "layers"), each layer its own arrays
     shapes = {n: s[1:] for n, (s, _) in attention_shapes(cfg).items()}
     shapes |= {n: (F, D) for n in ("w_in", "w_gate", "w_out") if n in layer_names(cfg)}
-    layer = _structs(shapes, mesh, {n: LAYER_AXES[n][1:] for n in shapes})
+    layer = _structs(shapes, mesh, {n: LAYER_AXES[n][1:] for n in shapes}, weights)
     heads = {"embedding": (cfg.vocab, D)} | ({} if cfg.tied_embeddings else {"unembedding": (cfg.vocab, D)})
     cache = (batch, t_max, cfg.kv_heads, cfg.head_dim)
     with jax.set_mesh(mesh):
-        w = {"layers": [dict(layer) for _ in range(L)], **_structs(heads, mesh, {n: VOCAB_AXES for n in heads})}
+        w = {"layers": [dict(layer) for _ in range(L)],
+             **_structs(heads, mesh, {n: VOCAB_AXES for n in heads}, weights)}
         c = [jax.ShapeDtypeStruct(cache, jnp.bfloat16, sharding=NamedSharding(mesh, logical_to_spec(serve.CACHE_AXES)))
              for _ in range(L)]
         if step == "prefill":
@@ -137,27 +157,27 @@ def check_serving(cfg, devices: str, mesh_spec: str, batch: int, t_max: int, ste
     d, m = shape.get("data", 1), shape.get("tensor", 1)
     b = batch // d
     # the program reduces FP32 partial sums (ffn_model.serve._project_out); XLA:CPU widens the lookup's BF16 one
-    s = Serving(cfg, _chip_of(devices), {a: n for a, n in shape.items() if n > 1}, batch, t_max, 1,
+    s = Serving(cfg, _chip_of(devices), {a: n for a, n in shape.items() if n > 1}, batch, t_max, 1, weights,
                 reduce_bytes=(4, 4), min_comm_bytes=4 if devices.startswith("cpu") else 0)
     caches = b * kv_cache_bytes(cfg, t_max, "bf16") / m  # k and v (kv_cache_bytes counts both)
-    weights = cfg.params * SERVING_BYTES["bf16"] / m
+    w_bytes = cfg.params * SERVING_BYTES[weights] / m + (weight_scale_bytes(cfg, m) if weights != "bf16" else 0.0)
     got_args = float(prog.memory["argument_bytes"] or 0)
     if step == "prefill":
         tokens = b * t_max
         terms = {"matmul FLOPs": (prefill_flops(cfg, b, t_max, square=True) / m, prog.dot_flops),
-                 "arguments (weights)": (weights, got_args - 4 * tokens)}
+                 "arguments (weights)": (w_bytes, got_args - 4 * tokens)}
     else:
         tokens = b
         terms = {"matmul FLOPs": (cfg.decode_flops(b, t_max) / m, prog.dot_flops),
-                 "arguments (weights+caches)": (weights + caches, got_args - 4 * b - 4)}
+                 "arguments (weights+caches)": (w_bytes + caches, got_args - 4 * b - 4)}
     by_axis = prog.collective_bytes["by_axis"]
     for axis in sorted({a for a, *_ in step_collectives(s, tokens)} | set(by_axis) - {NO_AXIS}):
         closed = sum(V * n for a, _, V, n in step_collectives(s, tokens) if a == axis)
         terms[f"collectives {axis}"] = (closed, by_axis.get(axis, 0.0))
-    read = cfg.decode_read_params(b) * SERVING_BYTES["bf16"] / m + caches
+    read = cfg.decode_read_params(b) * SERVING_BYTES[weights] / m + caches
     return ServingCheck(str(cfg), step, devices, shape, batch, t_max, terms,
                         float(prog.cost.get("bytes accessed", 0.0)), read, prog.memory.get("peak_bytes"),
-                        decode_memory(s, t_max) if step == "decode" else 0.0)
+                        decode_memory(s, t_max) if step == "decode" else 0.0, weights)
 
 
 def _chip_of(devices: str):

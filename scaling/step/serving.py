@@ -354,15 +354,31 @@ def decode_step(s: Serving, context: float) -> DecodeStep:
                       _comm_seconds(s, b), "compute" if t_w > 1.0001 * t_stream else "HBM", e_w, e_kv)
 
 
+def weight_scale_bytes(model, tensor: int) -> float:
+    """The BF16 scales of weights quantized per output channel (ffn_model.serve.quantize) one device holds: each
+    layer's matrices' n output channels (model.layer_matrices), split over tensor where tensor parallelism splits n
+    (column-parallel), whole where it splits k (W_o, the MLP's output); the vocabulary tables' V rows over tensor.
+    LLaMA 3-70B on one device: 80·(8192 + 2·1024 + 8192 + 2·28,672 + 8192) + 2·128,256 = 6,973,952 scales, 13.9 MB
+    beside its 70.6 GB of int8.
+    0 for a model without layer_matrices (the MoE's experts' scales are not modelled)."""
+    mats = getattr(model, "layer_matrices", None)
+    if mats is None:
+        return 0.0
+    per_layer = sum(n / (tensor if split else 1) for _, n, split in mats)
+    return 2 * (model.blocks * per_layer + model.embedding_matrices * (model.vocab or 0) / tensor)
+
+
 def decode_memory(s: Serving, context: float) -> float:
     """Bytes a device holds in a decode step at a cache of ``context`` tokens: its share of the weights and of its
     replica's caches, (P·w_bytes + b·kv_cache_bytes(context))/m (Scaling Book, inference: the weights and the KV cache
-    are what a decode holds), plus the step's FP32 logits b·V·4/tensor, its one output not written into an input's
-    buffer (the caches are updated in place); the activations, a few b·D vectors, are left out (under 1e-4 of it)."""
-    b, model = s.per_replica, s.model
-    logits = b * (model.vocab or 0) * 4 / s.mesh.get("tensor", 1)
+    are what a decode holds), quantized weights' scales (weight_scale_bytes), plus the step's FP32 logits
+    b·V·4/tensor, its one output not written into an input's buffer (the caches are updated in place); the
+    activations, a few b·D vectors, are left out (under 1e-4 of it)."""
+    b, model, tensor = s.per_replica, s.model, s.mesh.get("tensor", 1)
+    logits = b * (model.vocab or 0) * 4 / tensor
+    scales = weight_scale_bytes(model, tensor) if s.weights != "bf16" else 0.0
     return (model.params * SERVING_BYTES[s.weights] + b * kv_cache_bytes(model, context, s.kv)) / s.model_parallel \
-        + logits
+        + scales + logits
 
 
 def max_batch(s: Serving, context: float) -> int:
