@@ -6,11 +6,12 @@ sharded as serving shards them: heads, KV heads, d_ff and the vocabulary over ``
 
 The layer is the training layer's arithmetic (ffn_model.transformer: rms_norm, q, k and v, attention_materialized's
 softmax, the output projection, the MLP, the logits), each weight its own matmul (_project), so a decode step's logits
-are the training forward's at the same position (tests/test_serve.py). The layers run one after another (unrolled), each with its own weight and cache
-buffers: a lax.scan over the [L, ...] stacks made XLA:GPU copy each layer's slice of the stacks before its GEMMs read
-it, 2.3x (8B) and 2.9x (70B's layers) the step's time on an H200 (docs/serving.md). The cache: per layer k and v
-[B, T_max, K, H] BF16, logical axes (batch, -, kv_heads, head_dim); a decode step writes its token's k and v at
-``pos`` (a dynamic_update_slice, in place in the donated buffer) and attends to the keys 0..pos (decode_attention).
+are the training forward's at the same position (tests/test_serve.py). The layers run one after another (unrolled),
+each with its own weight and cache buffers: a lax.scan over the [L, ...] stacks made XLA:GPU copy each layer's slice
+of the stacks before its GEMMs read it, 2.3x (8B) and 2.9x (70B's layers) the step's time on an H200
+(docs/serving.md). The cache: per layer k and v [B, T_max, K, H] BF16, logical axes (batch, -, kv_heads, head_dim); a
+decode step writes its token's k and v at ``pos`` (a dynamic_update_slice, in place in the donated buffer) and attends
+to the keys 0..pos (decode_attention).
 Built for global attention of a standard (not latent) transformer, QK-norm applied as training applies it; the
 closed forms (scaling.step.serving) cover MLA, local layers and MoE, the programs do not yet (check_servable).
 
