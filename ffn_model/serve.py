@@ -28,7 +28,7 @@ from ffn_model.sharded import COMPUTE_DTYPE, constrain, traced_platform
 from ffn_model.transformer import (ACTIVATIONS, H_AXES, IDS_AXES, KV_AXES, LOGITS_AXES, Q_AXES, X_AXES, attention,
                                    embed, qk_norm_on, rms_norm, _rows)
 from mesh.rules import logical_to_spec
-from scaling.core.kinds import Block, Family, Mlp, Platform
+from scaling.core.kinds import Block, Dtype, Family, Mlp, Platform
 from scaling.core.schedule import Schedule
 
 CACHE_AXES = ("batch", None, "kv_heads", "head_dim")  # a layer's k and v caches [B, T_max, K, H]
@@ -121,7 +121,7 @@ def serving_weights(params: dict, weights: str = "bf16") -> dict:
     if weights not in WEIGHT_TYPES:
         raise ValueError(f"the serving programs store the weights as {' or '.join(WEIGHT_TYPES)}, not {weights}; the "
                          "closed forms take fp8 and int4 too (scaling.step.serving)")
-    cast = (lambda a, n: quantize(a, n)) if weights == "int8" else (lambda a, n: a.astype(COMPUTE_DTYPE))  # noqa: E731
+    cast = (lambda a, n: quantize(a, n)) if weights == Dtype.INT8 else (lambda a, n: a.astype(COMPUTE_DTYPE))  # noqa: E731
     names = [n for n in LAYER_WEIGHTS if n in params]
     L = params[names[0]].shape[0]
     out = {"layers": [{n: cast(params[n][i], n) for n in names} for i in range(L)]}

@@ -9,6 +9,7 @@ import sys
 from jax_scaling.args import (MESH_HELP, SERVING_DEFAULTS, add_model_args, add_schedule_args, add_serving_args,
                               check_no_serving_flags, defaults_note, flags_of, given_or, model_config, schedule_of)
 from mesh.devices import chip_of_devices, device_count, use_cpu_platform_for
+from scaling.core.kinds import Dtype
 from scaling.core.mesh_shape import parse_mesh_spec
 from scaling.core.policies import REMAT_POLICIES, Attention
 from scaling.hardware.chips import DEFAULT_CHIP, Chip, get_chip
@@ -73,7 +74,7 @@ def check_serving_command(args) -> int:
     cfg = model_config(args)
     check_servable(cfg)
     weights = given_or(args, "weights", "bf16")
-    if weights not in WEIGHT_TYPES or given_or(args, "kv_cache", "bf16") != "bf16":
+    if weights not in WEIGHT_TYPES or given_or(args, "kv_cache", "bf16") != Dtype.BF16:
         raise ValueError(f"--weights {weights} --kv-cache {given_or(args, 'kv_cache', 'bf16')}: the serving program "
                          f"stores the weights as {' or '.join(WEIGHT_TYPES)} and the caches as bf16 (the closed forms, "
                          "predict and plan, take every type)")

@@ -232,3 +232,20 @@ def test_check_serving_on_h100(step, batch, weights):
         assert r.ratio(term) == pytest.approx(1.0, abs=1e-3), (term, r.terms[term])
     if step == "decode":
         assert r.peak / r.peak_closed == pytest.approx(1.0, abs=0.1), (r.peak, r.peak_closed)
+
+
+@pytest.mark.compiles
+def test_serve_bench_runs_bf16_and_int8(tmp_path, monkeypatch):
+    """verify.serve_bench (tools/gpu_serve.sh's device script) on this machine's CPU with a 2-layer model: a row for
+    each case, BF16 and int8 weights, each measured and beside the closed form's prediction."""
+    import json
+
+    from verify import serve_bench
+
+    monkeypatch.setattr(serve_bench, "MODELS", {"tiny": (64, 8, 4, 8, 256, 2, 512)})
+    monkeypatch.setattr(serve_bench, "CASES", {"tiny": [(2, 16)]})
+    monkeypatch.setattr(serve_bench, "INT8_CASES", {"tiny": [(2, 16)]})
+    rows = serve_bench.run(str(tmp_path / "serve.json"), "H200")
+    assert [r["weights"] for r in rows] == ["bf16", "int8"]
+    assert all(r["measured_s"] > 0 and r["predicted_s"] > 0 for r in rows)
+    assert json.loads((tmp_path / "serve.json").read_text()) == rows

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding
 
-from scaling.core.kinds import Platform
+from scaling.core.kinds import Dtype, Platform
 from scaling.core.policies import Attention
 from scaling.core.schedule import Schedule
 from scaling.step.serving import (SERVING_BYTES, Serving, decode_memory, kv_cache_bytes, prefill_flops,
@@ -100,7 +100,7 @@ def _structs(tree_shapes: dict, mesh, axes: dict, weights: str = "bf16"):
     def one(n, shape, dtype, ax):
         return jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, logical_to_spec(ax)))
 
-    if weights == "bf16":
+    if weights == Dtype.BF16:
         return {n: one(n, s, jnp.bfloat16, axes[n]) for n, s in tree_shapes.items()}
     out = {}
     for n, s in tree_shapes.items():
@@ -160,7 +160,7 @@ def check_serving(cfg, devices: str, mesh_spec: str, batch: int, t_max: int, ste
     s = Serving(cfg, _chip_of(devices), {a: n for a, n in shape.items() if n > 1}, batch, t_max, 1, weights,
                 reduce_bytes=(4, 4), min_comm_bytes=4 if devices.startswith("cpu") else 0)
     caches = b * kv_cache_bytes(cfg, t_max, "bf16") / m  # k and v (kv_cache_bytes counts both)
-    w_bytes = cfg.params * SERVING_BYTES[weights] / m + (weight_scale_bytes(cfg, m) if weights != "bf16" else 0.0)
+    w_bytes = cfg.params * SERVING_BYTES[weights] / m + (weight_scale_bytes(cfg, m) if weights != Dtype.BF16 else 0.0)
     got_args = float(prog.memory["argument_bytes"] or 0)
     if step == "prefill":
         tokens = b * t_max

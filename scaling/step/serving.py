@@ -376,7 +376,7 @@ def decode_memory(s: Serving, context: float) -> float:
     activations, a few b·D vectors, are left out (under 1e-4 of it)."""
     b, model, tensor = s.per_replica, s.model, s.mesh.get("tensor", 1)
     logits = b * (model.vocab or 0) * 4 / tensor
-    scales = weight_scale_bytes(model, tensor) if s.weights != "bf16" else 0.0
+    scales = weight_scale_bytes(model, tensor) if s.weights != Dtype.BF16 else 0.0
     return (model.params * SERVING_BYTES[s.weights] + b * kv_cache_bytes(model, context, s.kv)) / s.model_parallel \
         + scales + logits
 
