@@ -121,7 +121,7 @@ def serving_weights(params: dict, weights: str = "bf16") -> dict:
     if weights not in WEIGHT_TYPES:
         raise ValueError(f"the serving programs store the weights as {' or '.join(WEIGHT_TYPES)}, not {weights}; the "
                          "closed forms take fp8 and int4 too (scaling.step.serving)")
-    cast = (lambda a, n: quantize(a, n)) if weights == Dtype.INT8 else (lambda a, n: a.astype(COMPUTE_DTYPE))  # noqa: E731
+    cast = quantize if weights == Dtype.INT8 else (lambda a, n: a.astype(COMPUTE_DTYPE))
     names = [n for n in LAYER_WEIGHTS if n in params]
     L = params[names[0]].shape[0]
     out = {"layers": [{n: cast(params[n][i], n) for n in names} for i in range(L)]}
