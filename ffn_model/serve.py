@@ -65,13 +65,6 @@ def quantize(w, name: str) -> dict:
     return {"q": q, "scale": jnp.squeeze(scale, CONTRACTED[name])}
 
 
-def dequantize(w, name: str):
-    """The BF16 weight q·scale of a quantized one (quantize), or the array itself."""
-    if not isinstance(w, dict):
-        return w
-    return w["q"].astype(COMPUTE_DTYPE) * jnp.expand_dims(w["scale"], CONTRACTED[name])
-
-
 def _project(x, w, spec: str, axes, out_type=COMPUTE_DTYPE):
     """x·W of one stored weight as an einsum ``spec`` whose output ends with the weight's output channels, FP32 sums
     rounded to ``out_type``: a BF16 W as stored; an int8 one (quantize) converted to BF16 as the matmul's operand and
@@ -114,21 +107,24 @@ def _logits(x, w: dict):
     return _project(rms_norm(x), head, "btd,vd->btv", LOGITS_AXES).astype(jnp.float32)
 
 
-def serving_weights(params: dict, weights: str = "bf16") -> dict:
-    """The model's parameters (a TransformerStack's pure dict: [L, ...] stacks, E, U) as serving holds them, each
-    layer's weights their own arrays ({"layers": [{name: array}] * L, "embedding", "unembedding"}): BF16, or with
-    ``weights`` "int8" each quantized (quantize: {"q", "scale"}); call it under jit to keep the shardings."""
+def store(w: dict, weights: str = "bf16") -> dict:
+    """Weights in serving's layout ({"layers": [{name: array}] * L, "embedding", "unembedding"}, any float type) stored
+    as ``weights``: BF16, or int8 (quantize: {"q", "scale"} each); call it under jit to keep the shardings."""
     if weights not in WEIGHT_TYPES:
         raise ValueError(f"the serving programs store the weights as {' or '.join(WEIGHT_TYPES)}, not {weights}; the "
                          "closed forms take fp8 and int4 too (scaling.step.serving)")
     cast = quantize if weights == Dtype.INT8 else (lambda a, n: a.astype(COMPUTE_DTYPE))
+    return {"layers": [{n: cast(a, n) for n, a in lw.items()} for lw in w["layers"]],
+            **{n: cast(w[n], n) for n in ("embedding", "unembedding") if n in w}}
+
+
+def serving_weights(params: dict, weights: str = "bf16") -> dict:
+    """The model's parameters (a TransformerStack's pure dict: [L, ...] stacks, E, U) as serving holds them: each
+    layer's weights their own arrays, stored as ``weights`` (store: BF16, or int8 quantized from the FP32 masters);
+    call it under jit to keep the shardings."""
     names = [n for n in LAYER_WEIGHTS if n in params]
-    L = params[names[0]].shape[0]
-    out = {"layers": [{n: cast(params[n][i], n) for n in names} for i in range(L)]}
-    for n in ("embedding", "unembedding"):
-        if n in params:
-            out[n] = cast(params[n], n)
-    return out
+    layers = [{n: params[n][i] for n in names} for i in range(params[names[0]].shape[0])]
+    return store({"layers": layers, **{n: params[n] for n in ("embedding", "unembedding") if n in params}}, weights)
 
 
 
@@ -139,14 +135,14 @@ def _embed(ids_BxT, table):
     if not isinstance(table, dict):
         return embed(ids_BxT, table, Schedule())[0]
     q, s = table["q"], table["scale"]
+    look = lambda q, s, idx: jnp.take(q, idx, axis=0).astype(COMPUTE_DTYPE) * jnp.take(s, idx, axis=0)[..., None]  # noqa: E731
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty:
-        return jnp.take(q, ids_BxT, axis=0).astype(COMPUTE_DTYPE) * jnp.take(s, ids_BxT, axis=0)[..., None]
+        return look(q, s, ids_BxT)
 
     def rows(q, s, ids):
         idx, hit = _rows(ids, q.shape[0])
-        x = jnp.take(q, idx, axis=0).astype(COMPUTE_DTYPE) * jnp.take(s, idx, axis=0)[..., None]
-        return jax.lax.psum(jnp.where(hit[..., None], x, 0).astype(COMPUTE_DTYPE), "tensor")
+        return jax.lax.psum(jnp.where(hit[..., None], look(q, s, idx), 0).astype(COMPUTE_DTYPE), "tensor")
 
     P = jax.sharding.PartitionSpec
     x = jax.shard_map(rows, mesh=mesh, in_specs=(P("tensor", None), P("tensor"), logical_to_spec(IDS_AXES)),

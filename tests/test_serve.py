@@ -138,7 +138,7 @@ def test_refusals():
         serve.check_servable(PRESETS["mixtral-8x7b"])
     serve.check_servable(CFG)
     with pytest.raises(ValueError, match="int8"):
-        serve.serving_weights({}, "fp8")
+        serve.store({"layers": []}, "fp8")
 
 
 @pytest.mark.compiles

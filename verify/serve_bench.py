@@ -3,7 +3,7 @@ scaling.step.serving's closed form.
 
 The step: ffn_model.serve.decode_step (the transformer's layers one after another, each its own weight and cache
 buffers; the attention cuDNN's on an NVIDIA GPU) for a LLaMA-shaped model (SwiGLU, grouped KV heads, an untied
-vocabulary), BF16 weights drawn at random (and, for INT8_CASES, their int8 form: ffn_model.serve.quantize), b
+vocabulary), BF16 weights drawn at random (and, for INT8_CASES, their int8 form: ffn_model.serve.store), b
 sequences of one new token each, every cache full (``context`` keys a layer, the new token's written at context - 1),
 the caches donated and handed back each call as generation runs them. Timed as verify.calibrate.time_call times a
 kernel: calls queued back to back, the least of 3 batches.
@@ -60,15 +60,14 @@ _WEIGHTS: dict = {}  # the last model's weights (one model's at a time: the 70B 
 
 def _weights(name: str, weights: str) -> dict:
     """MODELS[name]'s random weights (random_weights) as ``weights`` stores them: BF16, or int8
-    (ffn_model.serve.quantize of the BF16 ones, which are then let go)."""
+    (ffn_model.serve.store of the BF16 ones, which are then let go)."""
     from ffn_model import serve
 
     if (name, weights) not in _WEIGHTS:
         bf16 = _WEIGHTS.get((name, "bf16")) or random_weights(model_of(name), jax.random.key(0))
         _WEIGHTS.clear()
-        _WEIGHTS[name, weights] = jax.block_until_ready(bf16 if weights == Dtype.BF16 else jax.jit(
-            lambda w: {"layers": [{n: serve.quantize(a, n) for n, a in lw.items()} for lw in w["layers"]],
-                       **{n: serve.quantize(w[n], n) for n in ("embedding", "unembedding")}})(bf16))
+        _WEIGHTS[name, weights] = jax.block_until_ready(
+            bf16 if weights == Dtype.BF16 else jax.jit(lambda w: serve.store(w, weights))(bf16))
     return _WEIGHTS[name, weights]
 
 

@@ -5,9 +5,8 @@ The decode step:
 
   FLOPs        model.decode_flops(b, T_max) / m (the program attends over the whole cache, masked: context T_max)
   collectives  step_collectives by mesh axis (the package's program reduces FP32 partial sums: reduce_bytes 4)
-  arguments    the weights a device holds (P·2/m in BF16, P·1/m in int8 and its scales, weight_scale_bytes: its share
-               of every weight, the lookup table's too) and the
-               caches (2·b·T_max·K·H·L·2/m)
+  arguments    the weights a device holds (weight_bytes: P·2/m in BF16, P·1/m in int8 and its scales; its share of
+               every weight, the lookup table's too) and the caches (2·b·T_max·K·H·L·2/m)
   bytes read   the weights a step reads (decode_read_params·2/m) + the caches, beside XLA's "bytes accessed" (its
                cost model's count, read and written, every operand of every op; reported, not banded)
   peak         decode_memory (the arguments and the FP32 logits) beside the compiler's peak, where it reports one
@@ -33,7 +32,7 @@ from scaling.core.kinds import Dtype, Platform
 from scaling.core.policies import Attention
 from scaling.core.schedule import Schedule
 from scaling.step.serving import (SERVING_BYTES, Serving, decode_memory, kv_cache_bytes, prefill_flops,
-                                  step_collectives, weight_scale_bytes)
+                                  step_collectives, weight_bytes)
 
 NO_AXIS = "none"  # verify.hlo.collective_bytes' key of a collective over a group of one device
 
@@ -97,16 +96,16 @@ def _structs(tree_shapes: dict, mesh, axes: dict, weights: str = "bf16"):
     from ffn_model.serve import CONTRACTED
     from mesh.rules import logical_to_spec
 
-    def one(n, shape, dtype, ax):
+    def one(shape, dtype, ax):
         return jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, logical_to_spec(ax)))
 
     if weights == Dtype.BF16:
-        return {n: one(n, s, jnp.bfloat16, axes[n]) for n, s in tree_shapes.items()}
+        return {n: one(s, jnp.bfloat16, axes[n]) for n, s in tree_shapes.items()}
     out = {}
     for n, s in tree_shapes.items():
         cut = {i % len(s) for i in CONTRACTED[n]}
-        out[n] = {"q": one(n, s, jnp.int8, axes[n]),
-                  "scale": one(n, tuple(d for i, d in enumerate(s) if i not in cut), jnp.bfloat16,
+        out[n] = {"q": one(s, jnp.int8, axes[n]),
+                  "scale": one(tuple(d for i, d in enumerate(s) if i not in cut), jnp.bfloat16,
                                tuple(a for i, a in enumerate(axes[n]) if i not in cut))}
     return out
 
@@ -160,7 +159,7 @@ def check_serving(cfg, devices: str, mesh_spec: str, batch: int, t_max: int, ste
     s = Serving(cfg, _chip_of(devices), {a: n for a, n in shape.items() if n > 1}, batch, t_max, 1, weights,
                 reduce_bytes=(4, 4), min_comm_bytes=4 if devices.startswith("cpu") else 0)
     caches = b * kv_cache_bytes(cfg, t_max, "bf16") / m  # k and v (kv_cache_bytes counts both)
-    w_bytes = cfg.params * SERVING_BYTES[weights] / m + (weight_scale_bytes(cfg, m) if weights != Dtype.BF16 else 0.0)
+    w_bytes = weight_bytes(s)
     got_args = float(prog.memory["argument_bytes"] or 0)
     if step == "prefill":
         tokens = b * t_max

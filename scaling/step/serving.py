@@ -368,17 +368,21 @@ def weight_scale_bytes(model, tensor: int) -> float:
     return 2 * (model.blocks * per_layer + model.embedding_matrices * (model.vocab or 0) / tensor)
 
 
+def weight_bytes(s: Serving) -> float:
+    """The weights one device holds: P·w_bytes/m, and quantized weights' scales (weight_scale_bytes)."""
+    scales = weight_scale_bytes(s.model, s.mesh.get("tensor", 1)) if s.weights != Dtype.BF16 else 0.0
+    return s.model.params * SERVING_BYTES[s.weights] / s.model_parallel + scales
+
+
 def decode_memory(s: Serving, context: float) -> float:
     """Bytes a device holds in a decode step at a cache of ``context`` tokens: its share of the weights and of its
-    replica's caches, (P·w_bytes + b·kv_cache_bytes(context))/m (Scaling Book, inference: the weights and the KV cache
-    are what a decode holds), quantized weights' scales (weight_scale_bytes), plus the step's FP32 logits
-    b·V·4/tensor, its one output not written into an input's buffer (the caches are updated in place); the
-    activations, a few b·D vectors, are left out (under 1e-4 of it)."""
-    b, model, tensor = s.per_replica, s.model, s.mesh.get("tensor", 1)
-    logits = b * (model.vocab or 0) * 4 / tensor
-    scales = weight_scale_bytes(model, tensor) if s.weights != Dtype.BF16 else 0.0
-    return (model.params * SERVING_BYTES[s.weights] + b * kv_cache_bytes(model, context, s.kv)) / s.model_parallel \
-        + scales + logits
+    replica's caches, weight_bytes + b·kv_cache_bytes(context)/m (Scaling Book, inference: the weights and the KV
+    cache are what a decode holds), plus the step's FP32 logits b·V·4/tensor, its one output not written into an
+    input's buffer (the caches are updated in place); the activations, a few b·D vectors, are left out (under 1e-4 of
+    it)."""
+    b, model = s.per_replica, s.model
+    logits = b * (model.vocab or 0) * 4 / s.mesh.get("tensor", 1)
+    return weight_bytes(s) + b * kv_cache_bytes(model, context, s.kv) / s.model_parallel + logits
 
 
 def max_batch(s: Serving, context: float) -> int:
