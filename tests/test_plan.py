@@ -13,6 +13,7 @@ from scaling.core.schedule import Schedule
 from scaling.hardware.chips import get_chip
 from scaling.planner.plan import plan
 from scaling.core.workload import Workload
+from tests.helpers import cpu_bound
 
 XXL, V5P = PRESETS["xxl"], get_chip("v5p")
 
@@ -152,13 +153,14 @@ def test_top_plans_with_and_without_stages():
 def test_8960_chips_plan_in_under_a_second():
     """The XXL's plan on 8,960 v5p chips (the previous test's last command) in under 1 s: CPU seconds of the same plan
     in this process (the command's enumerate_seconds is wall-clock, which other jobs on the machine stretch), the
-    faster of two runs after a first (its caches warm); a timing test, run alone after the rest (make test)."""
+    faster of two runs after a first (its caches warm); a timing test, run alone after the rest (make test); 1 s on the
+    machine the bound was set on (tests.helpers.cpu_bound)."""
     seconds = []
     for _ in range(3):
         t0 = time.process_time()
         plan(PRESETS["xxl"], get_chip("v5p"), 8960, 1146880, remat="full")
         seconds.append(time.process_time() - t0)
-    assert min(seconds[1:]) < 1.0, seconds
+    assert min(seconds[1:]) < cpu_bound(1.0), (seconds, cpu_bound(1.0))
 
 
 def test_slice_names():

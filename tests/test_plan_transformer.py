@@ -16,6 +16,7 @@ from scaling.hardware.chips import get_chip
 from scaling.planner.plan import Choices, Plan, plan, workload_of
 from scaling.families.transformer import POLICY_KEEPS
 from scaling.core.workload import Workload
+from tests.helpers import cpu_bound
 
 V5P, V5E, H100 = get_chip("v5p"), get_chip("v5e"), get_chip("H100")
 LLAMA2_7B, LLAMA3_70B = PRESETS["llama2-7b"], PRESETS["llama3.1-70b"]
@@ -125,10 +126,11 @@ def test_plan_of_a_full_v5p_pod_in_a_second():
     (imports and caches warm), run alone after the rest (marked timing). It took 2.1-3.7 s on the machines of
     2026-11-27 and 0.87-0.89 s here before each schedule's remat policies were sized in one evaluation
     (scaling.core.workload.RematCells); 0.44-0.47 s after (docs/findings.md, "The planner's timing tests beside a second
-    worker")."""
+    worker")); 1.00-1.08 s on the slower machine of 2026-11-30, so the bound is 1 s on the machine it was set on
+    (tests.helpers.cpu_bound)."""
     out = _pod_plan(3)
     assert out["plans"] > 0 and out["same"]
-    assert min(out["seconds"]) < 1.0, out["seconds"]
+    assert min(out["seconds"]) < cpu_bound(1.0), (out["seconds"], cpu_bound(1.0))
 
 
 def _pod_plan(repeats: int) -> dict:
