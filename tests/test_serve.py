@@ -194,6 +194,7 @@ LLAMA_SHAPED = dict(d_model=2048, heads=16, kv_heads=8, head_dim=128, d_ff=7168,
     ("decode", "tpu:v6e:2x4", "data=2,tensor=4", 64, 8192, "bf16"),
     ("decode", "tpu:v5p:2x2x2", "tensor=8", 64, 8192, "bf16"),
     ("prefill", "tpu:v5e:2x4", "tensor=8", 8, 2048, "bf16"),
+    ("prefill", "tpu:v5e:2x4", "tensor=8", 8, 4096, "bf16"),
     ("prefill", "tpu:v6e:2x4", "data=2,tensor=4", 8, 2048, "bf16")])
 def test_check_serving_on_tpus(step, devices, spec, batch, t_max, weights):
     """The decode step (64 sequences, a cache of 8192 tokens: 1.07 GB of caches a device at tensor=8) and the prefill
@@ -202,7 +203,11 @@ def test_check_serving_on_tpus(step, devices, spec, batch, t_max, weights):
     (the arguments' few hundred bytes over: the token ids' tile padding); the decode's peak within training's TPU band
     (10%) of decode_memory, the weights, the caches and the FP32 logits (XLA:TPU's peak counts on-chip VMEM too:
     tens of MB here, 1.3-1.4 of a 2048-token cache's arguments at batch 32). int8 weights: the arguments 1 B a
-    parameter and the scales (weight_scale_bytes), and no BF16 copy of a weight in the peak."""
+    parameter and the scales (weight_scale_bytes), and no BF16 copy of a weight in the peak. The prefill's peak within
+    3% of prefill_memory in one of its two XLA:TPU forms, each a set of buffers read from XLA's buffer assignment: the
+    softmax and p·v fused into W_o's matmul (its FP32 partial sums live beside the scores: 1.0072 at prompts of 2048
+    on v5e, 1.2781 of the other form), or p·v written out first (1.0001 at 4096 on v5e, 0.8460 of the fused form;
+    0.9921 on v6e's 4 heads a device)."""
     from scaling.families.transformer import TransformerConfig
     from verify.serve_check import check_serving
 
@@ -212,6 +217,9 @@ def test_check_serving_on_tpus(step, devices, spec, batch, t_max, weights):
         assert r.ratio(term) == pytest.approx(1.0, abs=1e-3), (term, r.terms[term])
     if step == "decode":
         assert r.peak / r.peak_closed == pytest.approx(1.0, abs=0.1), (r.peak, r.peak_closed)
+    else:
+        assert min(abs(r.peak / r.peak_closed - 1), abs(r.peak / r.peak_unfused - 1)) < 0.03, \
+            (r.peak, r.peak_closed, r.peak_unfused)
 
 
 @pytest.mark.compiles
@@ -223,15 +231,15 @@ def test_check_serving_on_h100(step, batch, weights):
     materialized, cuDNN's needs one): every term within 0.1%; the decode's peak within 10% of decode_memory (with p·v
     written p first, XLA:GPU transposed every layer's v cache to [B, K, H, T] and back each step: 1.32; with W_q|W_k|W_v
     and W_in|W_gate concatenated as training does, it wrote them out each step, and a dequantized q·s weight before
-    its GEMM: int8 1.106)."""
+    its GEMM: int8 1.106). The prefill's peak within 10% of prefill_memory's XLA:GPU form (the BF16 probabilities
+    beside the FP32 scores, the all-reduce out of place; 1.0001 at 8 prompts of 2048)."""
     from scaling.families.transformer import TransformerConfig
     from verify.serve_check import check_serving
 
     r = check_serving(TransformerConfig(**LLAMA_SHAPED), "gpu:H100:8", "tensor=8", batch, 2048, step, weights)
     for term in r.terms:
         assert r.ratio(term) == pytest.approx(1.0, abs=1e-3), (term, r.terms[term])
-    if step == "decode":
-        assert r.peak / r.peak_closed == pytest.approx(1.0, abs=0.1), (r.peak, r.peak_closed)
+    assert r.peak / r.peak_closed == pytest.approx(1.0, abs=0.1), (r.peak, r.peak_closed)
 
 
 @pytest.mark.compiles

@@ -128,6 +128,23 @@ def test_prefill_step_of_the_preset_by_hand():
     assert p.t_math == pytest.approx(flops / (16 * 1.97e14 * 0.4))
 
 
+def test_prefill_memory_by_hand():
+    """prefill_memory of 8 prompts of 2048 tokens of the LLaMA-shaped stack the check compiles (D 2048, 16 query and 8
+    KV heads of 128, SwiGLU 7168, 4 layers, V 32,768) at tensor=8, by hand: the weights 4·(2·2048² + 2·2048·1024 +
+    3·2048·7168) + 2·32768·2048 = 360,710,144 parameters, 2 B each over 8; the caches 8·2·1024·4·2048·2 B over 8; the
+    logits 8·32768·4 over 8; S = 8·2·2048² scores, X = 8·2048·2048."""
+    cfg = TransformerConfig(d_model=2048, heads=16, kv_heads=8, head_dim=128, d_ff=7168, blocks=4, seq_len=4096,
+                            mlp="swiglu", vocab=32768)
+    base = 360_710_144 * 2 / 8 + 8 * 2 * 1024 * 4 * 2048 * 2 / 8 + 8 * 32768 * 4 / 8
+    S, X = 8 * 2 * 2048**2, 8 * 2048 * 2048
+    s = sv.Serving(cfg, V5E, {"tensor": 8}, 8, 2048, 1)
+    assert sv.prefill_memory(s) == base + 4 * S + 6 * X  # 593,625,088 B: the scores, the residual, W_o's FP32 sums
+    assert sv.prefill_memory(s, fused=False) == base + 4 * S + 2 * X + 2 * 8 * 2048 * 256  # p·v written out
+    gpu = sv.Serving(cfg, get_chip("H100"), {"tensor": 8}, 8, 2048, 1)
+    assert sv.prefill_memory(gpu) == base + 6 * S + 4 * X  # the BF16 probabilities too
+    assert sv.prefill_memory(gpu, prompts=32) > sv.prefill_memory(gpu)
+
+
 def test_mla_cache_is_the_latent():
     """DeepSeek-V3's cache (its absorbed form): (r_kv + H_r) = 512 + 64 elements a layer a token, 61 layers: 70,272
     elements, 140,544 B in bf16 (DeepSeek-V2 sec. 2.1.3: (d_c + d_h^R)·l)."""

@@ -32,7 +32,7 @@ from scaling.core.kinds import Dtype, Platform
 from scaling.core.policies import Attention
 from scaling.core.schedule import Schedule
 from scaling.step.serving import (SERVING_BYTES, Serving, decode_memory, kv_cache_bytes, prefill_flops,
-                                  step_collectives, weight_bytes)
+                                  prefill_memory, step_collectives, weight_bytes)
 
 NO_AXIS = "none"  # verify.hlo.collective_bytes' key of a collective over a group of one device
 
@@ -52,8 +52,9 @@ class ServingCheck:
     bytes_accessed: float = 0.0
     bytes_read_closed: float = 0.0
     peak: float | None = None  # the compiler's peak where it reports one (TPU, GPU)
-    peak_closed: float = 0.0  # decode: decode_memory (the weights, the caches, the FP32 logits); prefill: not modelled
+    peak_closed: float = 0.0  # decode: decode_memory (weights, caches, FP32 logits); prefill: prefill_memory
     weights: str = "bf16"
+    peak_unfused: float = 0.0  # a TPU prefill's prefill_memory with p·v written out (fused=False)
 
     def ratio(self, term: str) -> float:
         closed, compiled = self.terms[term]
@@ -64,7 +65,8 @@ class ServingCheck:
                 "t_max": self.t_max, "terms": {k: {"closed": c, "compiled": p, "ratio": self.ratio(k)}
                                                for k, (c, p) in self.terms.items()},
                 "bytes_accessed": self.bytes_accessed, "bytes_read_closed": self.bytes_read_closed, "peak": self.peak,
-                "peak_closed": self.peak_closed or None, "weights": self.weights}
+                "peak_closed": self.peak_closed or None, "weights": self.weights,
+                "peak_unfused": self.peak_unfused or None}
 
     def render(self) -> str:
         mesh = ",".join(f"{a}={n}" for a, n in self.mesh.items() if n > 1) or "1 device"
@@ -80,13 +82,14 @@ class ServingCheck:
                          f"XLA's cost model counts {self.bytes_accessed / 1e9:.4g} GB accessed (read and written, "
                          "every op)")
         if self.peak and self.peak_closed:
-            lines.append(f"  peak {self.peak / 1e9:.4g} GB compiled, {self.peak_closed / 1e9:.4g} GB closed (the "
-                         f"weights, the caches, the FP32 logits): {self.peak / self.peak_closed:.4f}"
+            named = ("the weights, the caches, the FP32 logits" if self.step == "decode" else
+                     "the weights, the caches it makes, a layer's FP32 scores, residual and W_o partial sums")
+            lines.append(f"  peak {self.peak / 1e9:.4g} GB compiled, {self.peak_closed / 1e9:.4g} GB closed ({named}): "
+                         f"{self.peak / self.peak_closed:.4f}"
+                         + (f"; with p·v written out {self.peak_unfused / 1e9:.4g} GB: "
+                            f"{self.peak / self.peak_unfused:.4f}" if self.peak_unfused else "")
                          + ("; XLA:TPU's peak counts on-chip VMEM too (docs/serving.md)"
                             if self.devices.startswith("tpu") else ""))
-        elif self.peak:
-            lines.append(f"  peak {self.peak / 1e9:.4g} GB: the weights, the caches it makes and its activations (not "
-                         "modelled)")
         return "\n".join(lines)
 
 
@@ -176,7 +179,8 @@ def check_serving(cfg, devices: str, mesh_spec: str, batch: int, t_max: int, ste
     read = cfg.decode_read_params(b) * SERVING_BYTES[weights] / m + caches
     return ServingCheck(str(cfg), step, devices, shape, batch, t_max, terms,
                         float(prog.cost.get("bytes accessed", 0.0)), read, prog.memory.get("peak_bytes"),
-                        decode_memory(s, t_max) if step == "decode" else 0.0, weights)
+                        decode_memory(s, t_max) if step == "decode" else prefill_memory(s), weights,
+                        prefill_memory(s, fused=False) if step == "prefill" and s.chip.kind != Platform.GPU else 0.0)
 
 
 def _chip_of(devices: str):

@@ -385,6 +385,28 @@ def decode_memory(s: Serving, context: float) -> float:
     return weight_bytes(s) + b * kv_cache_bytes(model, context, s.kv) / s.model_parallel + logits
 
 
+def prefill_memory(s: Serving, prompts: int | None = None, fused: bool = True) -> float:
+    """Bytes a device holds at the peak of the package's prefill of ``prompts`` (default b) prompts of P tokens
+    (ffn_model.serve.prefill, its attention materialized): weight_bytes, the caches it makes b·kv_cache_bytes(P)/m,
+    the FP32 logits of each prompt's last token b·V·4/tensor, and one layer at its largest, with S = b·(N/tensor)·P²
+    scores and X = b·P·D (XLA's buffer assignments, docs/serving.md):
+      XLA:TPU  max(4S + 2X + 4X, 8X): the FP32 scores beside the BF16 residual and W_o's FP32 partial sums, into whose
+               matmul the softmax and p·v are fused; ``fused`` False: 4S + 2X + 2·b·P·(N/tensor)·H, p·v written out
+               and the partial sums made after the scores (XLA fuses or not by size: both are reported);
+      XLA:GPU  max(6S + 4X, 12X): the BF16 probabilities written beside the scores; the all-reduce out of place (its
+               FP32 input and output, two BF16 residuals).
+    8 prompts of 2048 (D 2048, 16 heads of 128, tensor=8): S = 67.1 M, X = 33.6 M."""
+    b = s.per_replica if prompts is None else positive_int("prompts", prompts)
+    model, P, t = s.model, s.prompt, s.mesh.get("tensor", 1)
+    S, X = b * (model.heads / t) * P * P, b * P * model.d_model
+    if s.chip.kind == Platform.GPU:
+        layer = max(6 * S + 4 * X, 12 * X)
+    else:
+        layer = max(4 * S + 2 * X + (4 * X if fused else 2 * b * P * (model.heads / t) * model.head_dim), 8 * X)
+    logits = b * (model.vocab or 0) * 4 / t
+    return weight_bytes(s) + b * kv_cache_bytes(model, P, s.kv) / s.model_parallel + logits + layer
+
+
 def max_batch(s: Serving, context: float) -> int:
     """The most sequences of ``context`` tokens all replicas hold: per replica floor((m·HBM − P·w_bytes) / KV of one
     sequence), the chip's usable HBM (Scaling Book, applied-inference: LLaMA 3-70B in bf16 on 16 v5e, 116 GB left,
