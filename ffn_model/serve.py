@@ -12,17 +12,23 @@ of the stacks before its GEMMs read it, 2.3x (8B) and 2.9x (70B's layers) the st
 (docs/serving.md). The cache: per layer k and v [B, T_max, K, H] BF16, logical axes (batch, -, kv_heads, head_dim); a
 decode step writes its token's k and v at ``pos`` (a dynamic_update_slice, in place in the donated buffer) and attends
 to the keys 0..pos (decode_attention).
-Built for global attention of a standard (not latent) transformer, QK-norm applied as training applies it; the
-closed forms (scaling.step.serving) cover MLA, local layers and MoE, the programs do not yet (check_servable).
+Built for global attention of a standard (not latent) transformer, QK-norm applied as training applies it, and for
+the MoE transformer (ffn_model.moe's weights) in GShard's capacity form, one routing group a sequence's tokens of the
+step (its P prompt tokens in the prefill, its one token in a decode step: C = ceil(cf·k·S/E) slots an expert), so the
+drops do not depend on the mesh (_moe_out); the closed forms (scaling.step.serving) cover MLA, local layers, the
+dropless MoE and expert parallelism, the programs do not yet (check_servable).
 
 Sources: the KV cache as the Scaling Book's inference chapter describes it; the layer as ffn_model.transformer's.
 """
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
+from ffn_model import moe
 from ffn_model.attention import has_cudnn, probabilities
 from ffn_model.sharded import COMPUTE_DTYPE, constrain, traced_platform
 from ffn_model.transformer import (ACTIVATIONS, H_AXES, IDS_AXES, KV_AXES, LOGITS_AXES, Q_AXES, X_AXES, attention,
@@ -33,6 +39,7 @@ from scaling.core.schedule import Schedule
 
 CACHE_AXES = ("batch", None, "kv_heads", "head_dim")  # a layer's k and v caches [B, T_max, K, H]
 LAYER_WEIGHTS = ("wq", "wk", "wv", "wo", "w_in", "w_gate", "w_out")
+ATTENTION = ("wq", "wk", "wv", "wo")  # a layer's attention weights; the rest its MLP (or MoE: router and experts)
 WEIGHT_TYPES = ("bf16", "int8")  # what the programs store the weights in (scaling.step.serving.SERVING_BYTES' names)
 # each stored weight's contracted axes (the rest are its output channels, one int8 scale each): W_q, W_k, W_v, the MLP's
 # inputs and the vocabulary tables [.., D] contract D; W_o [N, H, D] contracts N·H; W_out [F, D] contracts F
@@ -40,15 +47,23 @@ CONTRACTED = {"wq": (-1,), "wk": (-1,), "wv": (-1,), "w_in": (-1,), "w_gate": (-
               "embedding": (-1,), "unembedding": (-1,)}
 
 
-def check_servable(cfg) -> None:
+def check_servable(cfg, weights: str = "bf16") -> None:
     """ValueError naming what the serving programs do not build: a model without a vocabulary (no tokens to
-    generate), multi-head latent attention, local layers, a parallel block, an MoE model."""
-    if getattr(cfg, "family", None) != Family.TRANSFORMER:
-        raise ValueError(f"the serving programs are built for the transformer; the {cfg.noun}'s closed forms only "
-                         "(scaling.step.serving)")
-    for bad, what in ((cfg.vocab is None, "a vocabulary (--vocab)"), (cfg.mla, "standard attention, not MLA"),
-                      (any(cfg.layer_windows), "global attention in every layer"),
-                      (cfg.block != Block.SERIAL, "serial blocks")):
+    generate), multi-head latent attention, local layers, a parallel block; of an MoE model, the dropless form, shared
+    experts and int8 experts."""
+    family = getattr(cfg, "family", None)
+    if family not in (Family.TRANSFORMER, Family.MOE):
+        raise ValueError(f"the serving programs are built for the transformer and the MoE transformer; the "
+                         f"{cfg.noun}'s closed forms only (scaling.step.serving)")
+    base = cfg.base if family == Family.MOE else cfg
+    m = cfg.moe if family == Family.MOE else None
+    for bad, what in ((base.vocab is None, "a vocabulary (--vocab)"), (base.mla, "standard attention, not MLA"),
+                      (any(base.layer_windows), "global attention in every layer"),
+                      (base.block != Block.SERIAL, "serial blocks"),
+                      (m is not None and m.dropless, "an MoE layer with a capacity factor (--capacity-factor: "
+                                                     "GShard's dispatch, one group a sequence)"),
+                      (m is not None and m.shared_experts, "an MoE layer without shared experts"),
+                      (m is not None and weights != Dtype.BF16, "BF16 experts (--weights bf16)")):
         if bad:
             raise ValueError(f"the serving programs need {what}; its closed forms cover the rest "
                              "(scaling.step.serving)")
@@ -94,6 +109,44 @@ def _mlp_out(x, lw, mlp_kind):
     return x + _project(a, lw["w_out"], "btf,fd->btd", X_AXES, jnp.float32).astype(COMPUTE_DTYPE)
 
 
+def _moe_out(x, lw, spec, mlp_kind):
+    """x + the MoE layer's output (ffn_model.moe's capacity form, the serving layer's matmuls): the router in FP32
+    (moe.route), GShard's dispatch and combine in G = B groups, a sequence's T tokens each (C = moe.capacity(spec, T)
+    slots an expert: independent of the mesh, so 8 devices drop what one drops), the experts' W_in (W_gate) [E, F_e,
+    D] split F_e over tensor and W_out's partial sums made and reduced in FP32 (as _project_out), the combine summed
+    in FP32."""
+    B, T, D = x.shape
+    k = spec.top_k
+    h = rms_norm(x)
+    gates, ids, _ = moe.route(h.reshape(B * T, D), lw["router"], spec)
+    dispatch, combine = jax.vmap(functools.partial(moe.dispatch_combine, experts=spec.experts,
+                                                   C=moe.capacity(spec, T)))(gates.reshape(B, T, k),
+                                                                             ids.reshape(B, T, k))
+    # a decode step's groups hold one token: dispatch and combine contract nothing over tokens, written as the
+    # elementwise products they are (as einsums, XLA:TPU and XLA:GPU rewrote them so and XLA:CPU kept the combine a dot)
+    one = T == 1
+    xd = (dispatch[:, 0, :, :, None].astype(COMPUTE_DTYPE) * h[:, 0, None, None, :] if one else
+          jnp.einsum("gsec,gsd->gecd", dispatch.astype(COMPUTE_DTYPE), h))
+    xd = constrain(xd, moe.DISPATCHED_AXES)
+    u = _project(xd, lw["w_in"], "gecd,efd->gecf", moe.HIDDEN_AXES)
+    a = jax.nn.silu(_project(xd, lw["w_gate"], "gecd,efd->gecf", moe.HIDDEN_AXES)) * u if mlp_kind == Mlp.SWIGLU \
+        else ACTIVATIONS[mlp_kind](u)
+    w_out = lw["w_out"]
+    # XLA:CPU's DotThunk refused this batched BF16 x BF16 = FP32 dot ("Unsupported element type", jax 0.10.2): there
+    # the operands are widened, the same products summed in FP32
+    if traced_platform() == Platform.CPU:
+        a, w_out = a.astype(jnp.float32), w_out.astype(jnp.float32)
+    y = _project(a, w_out, "gecf,efd->gecd", moe.DISPATCHED_AXES, jnp.float32).astype(COMPUTE_DTYPE)
+    out = (jnp.sum(combine[:, 0, :, :, None] * y.astype(jnp.float32), axis=(1, 2))[:, None] if one else
+           jnp.einsum("gsec,gecd->gsd", combine.astype(COMPUTE_DTYPE), y, preferred_element_type=jnp.float32))
+    return x + constrain(out.astype(COMPUTE_DTYPE), X_AXES)
+
+
+def _ffn(x, lw, mlp_kind, spec=None):
+    """x + the layer's MLP: the MoE layer's where the layer holds a router (_moe_out), else the dense one's."""
+    return _moe_out(x, lw, spec, mlp_kind) if "router" in lw else _mlp_out(x, lw, mlp_kind)
+
+
 def _project_out(o_BxTxNxH, wo):
     """o·W_o, the partial sums over tensor in FP32, reduced in FP32, then BF16: one device's matmul accumulates in FP32
     and rounds once, so the sharded step rounds the same sum once too (BF16 partial sums added in another order
@@ -113,17 +166,31 @@ def store(w: dict, weights: str = "bf16") -> dict:
     if weights not in WEIGHT_TYPES:
         raise ValueError(f"the serving programs store the weights as {' or '.join(WEIGHT_TYPES)}, not {weights}; the "
                          "closed forms take fp8 and int4 too (scaling.step.serving)")
+    if weights == Dtype.INT8 and any("router" in lw for lw in w["layers"]):
+        raise ValueError("the serving programs store an MoE model's experts in BF16 (int8 experts are the closed "
+                         "forms' only)")
     cast = quantize if weights == Dtype.INT8 else (lambda a, n: a.astype(COMPUTE_DTYPE))
     return {"layers": [{n: cast(a, n) for n, a in lw.items()} for lw in w["layers"]],
             **{n: cast(w[n], n) for n in ("embedding", "unembedding") if n in w}}
 
 
-def serving_weights(params: dict, weights: str = "bf16") -> dict:
-    """The model's parameters (a TransformerStack's pure dict: [L, ...] stacks, E, U) as serving holds them: each
-    layer's weights their own arrays, stored as ``weights`` (store: BF16, or int8 quantized from the FP32 masters);
-    call it under jit to keep the shardings."""
-    names = [n for n in LAYER_WEIGHTS if n in params]
-    layers = [{n: params[n][i] for n in names} for i in range(params[names[0]].shape[0])]
+def serving_weights(params: dict, weights: str = "bf16", moe_spec=None) -> dict:
+    """The model's parameters (a TransformerStack's pure dict: [L, ...] stacks, E, U; an MoETransformer's with its
+    ``moe_spec``: attention [L, ...], the dense layers' dense_* [L_dense, ...], the MoE layers' router and expert_*
+    [L_moe, ...] in layer order, MoESpec.is_moe) as serving holds them: each layer's weights their own arrays (an
+    MoE layer's as ffn_model.moe names them: router, w_in, w_gate, w_out [E, F_e, D]), stored as ``weights`` (store:
+    BF16, or int8 quantized from the FP32 masters); call it under jit to keep the shardings."""
+    if moe_spec is None:
+        names = [n for n in LAYER_WEIGHTS if n in params]
+        layers = [{n: params[n][i] for n in names} for i in range(params[names[0]].shape[0])]
+    else:
+        layers, at = [], {True: 0, False: 0}  # the next MoE and dense layer's index in their stacks
+        for i in range(params["wo"].shape[0]):
+            is_moe = moe_spec.is_moe(i)
+            own = ({moe.MOE_NAMES[n]: a for n, a in params.items() if n in moe.MOE_NAMES} if is_moe else
+                   {n.replace("dense", "w"): a for n, a in params.items() if n.startswith("dense_")})
+            layers.append({**{n: params[n][i] for n in ATTENTION}, **{n: a[at[is_moe]] for n, a in own.items()}})
+            at[is_moe] += 1
     return store({"layers": layers, **{n: params[n] for n in ("embedding", "unembedding") if n in params}}, weights)
 
 
@@ -171,10 +238,12 @@ def decode_attention(q_Bx1xNxH, k_BxTxKxH, v_BxTxKxH, pos):
     return o.reshape(q_Bx1xNxH.shape).astype(COMPUTE_DTYPE)
 
 
-def prefill(w: dict, ids_BxP, t_max: int, *, mlp_kind: str, qk_norm: bool = False, schedule: Schedule = Schedule()):
+def prefill(w: dict, ids_BxP, t_max: int, *, mlp_kind: str, qk_norm: bool = False, schedule: Schedule = Schedule(),
+            moe_spec=None):
     """The prompts' forward: (logits of the last prompt token [B, V] FP32, k and v caches [L, B, T_max, K, H] with
     the P prompt positions filled). Causal attention over the prompt (ffn_model.transformer.attention, the
-    schedule's kernel; materialized by default)."""
+    schedule's kernel; materialized by default); an MoE model's MoE layers (``moe_spec``, its MoESpec) route each
+    prompt as one group (_moe_out)."""
     B, P = ids_BxP.shape
     pad = ((0, 0), (0, t_max - P), (0, 0), (0, 0))
 
@@ -185,7 +254,7 @@ def prefill(w: dict, ids_BxP, t_max: int, *, mlp_kind: str, qk_norm: bool = Fals
             if qk_norm:  # the cache holds k as attention took it: normalized
                 k = rms_norm(k)
         cache = lambda a: constrain(jnp.pad(a, pad), CACHE_AXES)  # noqa: E731
-        return _mlp_out(x + _project_out(o, lw["wo"]), lw, mlp_kind), (cache(k), cache(v))
+        return _ffn(x + _project_out(o, lw["wo"]), lw, mlp_kind, moe_spec), (cache(k), cache(v))
 
     x = _embed(ids_BxP, w["embedding"])
     ck, cv = [], []
@@ -196,10 +265,11 @@ def prefill(w: dict, ids_BxP, t_max: int, *, mlp_kind: str, qk_norm: bool = Fals
     return _logits(x[:, -1:], w)[:, 0], ck, cv
 
 
-def decode_step(w: dict, ck, cv, ids_B, pos, *, mlp_kind: str, qk_norm: bool = False):
+def decode_step(w: dict, ck, cv, ids_B, pos, *, mlp_kind: str, qk_norm: bool = False, moe_spec=None):
     """One token a sequence at position ``pos`` (a traced int32): (logits [B, V] FP32, the caches with its k and v
     written at pos). Each layer: its k, v written into its caches (in place, the buffers donated), then attention of
-    the one query over keys 0..pos (decode_attention)."""
+    the one query over keys 0..pos (decode_attention); an MoE layer routes each sequence's token as a group of one
+    (_moe_out)."""
     x = _embed(ids_B[:, None], w["embedding"])  # [B, 1, D]
     ck, cv = list(ck), list(cv)
     for i, lw in enumerate(w["layers"]):
@@ -209,19 +279,19 @@ def decode_step(w: dict, ck, cv, ids_B, pos, *, mlp_kind: str, qk_norm: bool = F
         ck[i] = constrain(jax.lax.dynamic_update_slice(ck[i], k.astype(ck[i].dtype), (0, pos, 0, 0)), CACHE_AXES)
         cv[i] = constrain(jax.lax.dynamic_update_slice(cv[i], v.astype(cv[i].dtype), (0, pos, 0, 0)), CACHE_AXES)
         o = constrain(decode_attention(q, ck[i], cv[i], pos), Q_AXES)
-        x = _mlp_out(x + _project_out(o, lw["wo"]), lw, mlp_kind)
+        x = _ffn(x + _project_out(o, lw["wo"]), lw, mlp_kind, moe_spec)
     return _logits(x, w)[:, 0], ck, cv
 
 
-def generate(w: dict, ids_BxP, steps: int, *, mlp_kind: str, qk_norm: bool = False):
+def generate(w: dict, ids_BxP, steps: int, *, mlp_kind: str, qk_norm: bool = False, moe_spec=None):
     """Greedy generation: prefill the prompts, then ``steps`` decode steps, each taking the argmax token; the
     generated ids [B, steps] (int32). Each phase one jitted program (the decode step compiled once, its position
     traced)."""
     B, P = ids_BxP.shape
     t_max = P + steps
-    pre = jax.jit(lambda w, ids: prefill(w, ids, t_max, mlp_kind=mlp_kind, qk_norm=qk_norm))
-    step = jax.jit(lambda w, ck, cv, ids, pos: decode_step(w, ck, cv, ids, pos, mlp_kind=mlp_kind, qk_norm=qk_norm),
-                   donate_argnums=(1, 2))
+    kw = dict(mlp_kind=mlp_kind, qk_norm=qk_norm, moe_spec=moe_spec)
+    pre = jax.jit(lambda w, ids: prefill(w, ids, t_max, **kw))
+    step = jax.jit(lambda w, ck, cv, ids, pos: decode_step(w, ck, cv, ids, pos, **kw), donate_argnums=(1, 2))
     logits, ck, cv = pre(w, ids_BxP)
     out = []
     tok = jnp.argmax(logits, axis=-1).astype(jnp.int32)

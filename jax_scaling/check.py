@@ -72,8 +72,8 @@ def check_serving_command(args) -> int:
     from ffn_model.serve import WEIGHT_TYPES, check_servable
 
     cfg = model_config(args)
-    check_servable(cfg)
     weights = given_or(args, "weights", "bf16")
+    check_servable(cfg, weights)
     if weights not in WEIGHT_TYPES or given_or(args, "kv_cache", "bf16") != Dtype.BF16:
         raise ValueError(f"--weights {weights} --kv-cache {given_or(args, 'kv_cache', 'bf16')}: the serving program "
                          f"stores the weights as {' or '.join(WEIGHT_TYPES)} and the caches as bf16 (the closed forms, "

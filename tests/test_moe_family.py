@@ -180,7 +180,7 @@ def test_flags_set_its_fields():
     cfg = model_of("moe-tiny", experts=4, top_k=1, expert_d_ff=256, capacity_factor="1.25")
     assert (cfg.moe.experts, cfg.moe.top_k, cfg.moe.expert_d_ff, cfg.moe.capacity_factor) == (4, 1, 256, 1.25)
     assert model_of("mixtral-8x7b", capacity_factor="dropless").moe.dropless
-    with pytest.raises(ValueError, match="--experts is a MoE transformer dimension"):
+    with pytest.raises(ValueError, match="--experts is an MoE transformer dimension"):
         model_of("llama-8b", experts=8)
     built = model_from_fields(d_model=64, heads=4, d_ff=128, blocks=2, seq_len=32, experts=4, top_k=2,
                               expert_d_ff=64, mlp="swiglu")

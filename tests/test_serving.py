@@ -145,6 +145,28 @@ def test_prefill_memory_by_hand():
     assert sv.prefill_memory(gpu, prompts=32) > sv.prefill_memory(gpu)
 
 
+def test_capacity_terms_of_mixtral_by_hand():
+    """capacity_terms for Mixtral 8x7B (D 4096, E 8, k 2, F_e 14,336, SwiGLU, 32 MoE layers) at cf 1.25 on tensor=8, by
+    hand. A decode step of 64 sequences: C = ceil(1.25·2·1/8) = 1, 8 slots a token for 2 routed, so each layer's
+    experts run 64·6 more slots of 2·3·4096·14,336 FLOPs over 8 devices, and the router's other 7/8 of 2·64·4096·8;
+    W_out's all-reduce carries 8 rows a sequence for 1. A prefill of one 2048-token prompt: C = ceil(1.25·2·2048/8) =
+    640, 5,120 slots for 4,096 pairs, plus the dispatch and combine einsums 2·2·2048·5120·4096 whole on each device.
+    Its routers whole on every device in weight_bytes: 32·4096·8 parameters not split."""
+    mix = PRESETS["mixtral-8x7b"].replace(capacity_factor=1.25)
+    expert = 2 * 3 * 4096 * 14_336
+    router = 2 * 4096 * 8
+    decode = sv.capacity_terms(mix, 64, 1, 8)
+    assert decode["flops"] == pytest.approx(32 * (expert * 64 * 6 / 8 + router * 64 * 7 / 8), rel=1e-12)
+    assert decode["all_reduce"] == 32 * 64 * 7 * 4096
+    prefill = sv.capacity_terms(mix, 1, 2048, 8)
+    assert prefill["flops"] == pytest.approx(32 * (expert * (5120 - 4096) / 8 + 2 * 2 * 2048 * 5120 * 4096
+                                                   + router * 2048 * 7 / 8), rel=1e-12)
+    assert sv.capacity_terms(PRESETS["mixtral-8x7b"], 64, 1, 8) == {"flops": 0.0, "all_reduce": 0.0}  # dropless
+    s = sv.Serving(mix, V5E, {"tensor": 8}, 64, 2048, 1)
+    routers = 32 * 4096 * 8
+    assert sv.weight_bytes(s) == pytest.approx(((mix.params - routers) / 8 + routers) * 2, rel=1e-12)
+
+
 def test_mla_cache_is_the_latent():
     """DeepSeek-V3's cache (its absorbed form): (r_kv + H_r) = 512 + 64 elements a layer a token, 61 layers: 70,272
     elements, 140,544 B in bf16 (DeepSeek-V2 sec. 2.1.3: (d_c + d_h^R)·l)."""

@@ -14,7 +14,13 @@ The decode step:
 
 The prefill of b prompts of P = T_max tokens: FLOPs prefill_flops(b, P, square) / m (the materialized attention's
 whole P×P square; the output layer for each prompt's last token); the collectives of b·P tokens; its arguments the
-weights and the prompts' ids.
+weights and the prompts' ids; its peak prefill_memory (TPU and GPU: the weights, the caches it makes, one layer's
+largest phase; XLA:TPU's two forms both printed).
+
+An MoE model (ffn_model.serve._moe_out, GShard's capacity form, a group a sequence): the routed form's FLOPs and
+all-reduces plus capacity_terms (every slot, the dispatch and combine einsums of a prefill, the routers whole on each
+device; W_out's partial sums over the slots); its routers whole in the arguments (weight_bytes). Its prefill's peak
+(the dispatch and combine tensors [b, P, E, C]) is not modelled.
 
 b = B/data, m = tensor. Works for any device spec mesh.devices takes (cpu:N, tpu:<chip>:<topology>, gpu:<chip>:N).
 """
@@ -31,8 +37,8 @@ from jax.sharding import NamedSharding
 from scaling.core.kinds import Dtype, Platform
 from scaling.core.policies import Attention
 from scaling.core.schedule import Schedule
-from scaling.step.serving import (SERVING_BYTES, Serving, decode_memory, kv_cache_bytes, prefill_flops,
-                                  prefill_memory, step_collectives, weight_bytes)
+from scaling.step.serving import (SERVING_BYTES, Serving, capacity_terms, decode_memory, kv_cache_bytes,
+                                  prefill_flops, prefill_memory, step_collectives, weight_bytes)
 
 NO_AXIS = "none"  # verify.hlo.collective_bytes' key of a collective over a group of one device
 
@@ -90,6 +96,9 @@ class ServingCheck:
                             f"{self.peak / self.peak_unfused:.4f}" if self.peak_unfused else "")
                          + ("; XLA:TPU's peak counts on-chip VMEM too (docs/serving.md)"
                             if self.devices.startswith("tpu") else ""))
+        elif self.peak and self.step == "prefill" and not self.devices.startswith("cpu"):
+            lines.append(f"  peak {self.peak / 1e9:.4g} GB compiled: an MoE layer's prefill holds its dispatch and "
+                         "combine tensors [b, P, E, C] (not modelled)")
         return "\n".join(lines)
 
 
@@ -120,25 +129,32 @@ def check_serving(cfg, devices: str, mesh_spec: str, batch: int, t_max: int, ste
     for ``batch`` sequences and a cache (prompts) of ``t_max`` tokens on ``mesh_spec`` over ``devices``, its weights
     stored as ``weights`` (ffn_model.serve.WEIGHT_TYPES: int8 with per-channel scales), and set it beside the closed
     forms (module docstring)."""
-    from ffn_model import serve
+    from ffn_model import moe, serve
     from ffn_model.transformer import LAYER_AXES, VOCAB_AXES, attention_shapes, layer_names
     from mesh import make_mesh, mesh_shape
     from mesh.devices import get_devices
     from mesh.rules import logical_to_spec
     from verify.hlo import read_compiled
 
-    serve.check_servable(cfg)
+    serve.check_servable(cfg, weights)
     mesh = make_mesh(mesh_spec, get_devices(devices))
     shape = {a: n for a, n in mesh_shape(mesh).items()}
+    spec, base = getattr(cfg, "moe", None), getattr(cfg, "base", cfg)  # an MoE model's MoESpec and transformer
     D, F, L = cfg.d_model, cfg.d_ff, cfg.blocks
     # one layer's weights (a stack's shape without L, its logical axes without "layers"), each layer its own arrays
-    shapes = {n: s[1:] for n, (s, _) in attention_shapes(cfg).items()}
-    shapes |= {n: (F, D) for n in ("w_in", "w_gate", "w_out") if n in layer_names(cfg)}
-    layer = _structs(shapes, mesh, {n: LAYER_AXES[n][1:] for n in shapes}, weights)
-    heads = {"embedding": (cfg.vocab, D)} | ({} if cfg.tied_embeddings else {"unembedding": (cfg.vocab, D)})
-    cache = (batch, t_max, cfg.kv_heads, cfg.head_dim)
+    shapes = {n: s[1:] for n, (s, _) in attention_shapes(base).items()}
+    axes = {n: LAYER_AXES[n][1:] for n in shapes}
+    mlp = {n: (F, D) for n in ("w_in", "w_gate", "w_out") if n in layer_names(base)}
+    dense = _structs(shapes | mlp, mesh, axes | {n: LAYER_AXES[n][1:] for n in mlp}, weights)
+    if spec is not None:  # an MoE layer's router [D, E] (whole on every device) and experts [E, F_e, D]
+        experts = {n: (spec.experts, spec.expert_d_ff, D) for n in mlp}
+        routed = _structs(shapes | experts | {"router": (D, spec.experts)}, mesh,
+                          axes | {n: moe.EXPERT_AXES[1:] for n in experts} | {"router": (None, None)}, weights)
+    heads = {"embedding": (base.vocab, D)} | ({} if base.tied_embeddings else {"unembedding": (base.vocab, D)})
+    cache = (batch, t_max, base.kv_heads, base.head_dim)
+    kw = dict(mlp_kind=base.mlp, qk_norm=base.qk_norm, moe_spec=spec)
     with jax.set_mesh(mesh):
-        w = {"layers": [dict(layer) for _ in range(L)],
+        w = {"layers": [dict(routed if spec is not None and spec.is_moe(i) else dense) for i in range(L)],
              **_structs(heads, mesh, {n: VOCAB_AXES for n in heads}, weights)}
         c = [jax.ShapeDtypeStruct(cache, jnp.bfloat16, sharding=NamedSharding(mesh, logical_to_spec(serve.CACHE_AXES)))
              for _ in range(L)]
@@ -146,14 +162,13 @@ def check_serving(cfg, devices: str, mesh_spec: str, batch: int, t_max: int, ste
             ids = jax.ShapeDtypeStruct((batch, t_max), jnp.int32,
                                        sharding=NamedSharding(mesh, logical_to_spec(("batch", None))))
             sched = Schedule(attention=Attention.MATERIALIZED)
-            fn = jax.jit(lambda w, ids: serve.prefill(w, ids, t_max, mlp_kind=cfg.mlp, qk_norm=cfg.qk_norm,
-                                                      schedule=sched))
+            fn = jax.jit(lambda w, ids: serve.prefill(w, ids, t_max, schedule=sched, **kw))
             compiled = fn.lower(w, ids).compile()
         else:
             ids = jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=NamedSharding(mesh, logical_to_spec(("batch",))))
             pos = jax.ShapeDtypeStruct((), jnp.int32)
-            fn = jax.jit(lambda w, ck, cv, ids, pos: serve.decode_step(w, ck, cv, ids, pos, mlp_kind=cfg.mlp,
-                                                                       qk_norm=cfg.qk_norm), donate_argnums=(1, 2))
+            fn = jax.jit(lambda w, ck, cv, ids, pos: serve.decode_step(w, ck, cv, ids, pos, **kw),
+                         donate_argnums=(1, 2))
             compiled = fn.lower(w, c, c, ids, pos).compile()
     prog = read_compiled(compiled, shape)
     d, m = shape.get("data", 1), shape.get("tensor", 1)
@@ -164,23 +179,29 @@ def check_serving(cfg, devices: str, mesh_spec: str, batch: int, t_max: int, ste
     caches = b * kv_cache_bytes(cfg, t_max, "bf16") / m  # k and v (kv_cache_bytes counts both)
     w_bytes = weight_bytes(s)
     got_args = float(prog.memory["argument_bytes"] or 0)
+    # an MoE model's capacity form: its slots, dispatch, combine and whole routers, its slots' all-reduce
+    extra = capacity_terms(cfg, b, t_max if step == "prefill" else 1, m)
     if step == "prefill":
         tokens = b * t_max
-        terms = {"matmul FLOPs": (prefill_flops(cfg, b, t_max, square=True) / m, prog.dot_flops),
+        terms = {"matmul FLOPs": (prefill_flops(cfg, b, t_max, square=True) / m + extra["flops"], prog.dot_flops),
                  "arguments (weights)": (w_bytes, got_args - 4 * tokens)}
     else:
         tokens = b
-        terms = {"matmul FLOPs": (cfg.decode_flops(b, t_max) / m, prog.dot_flops),
+        terms = {"matmul FLOPs": (cfg.decode_flops(b, t_max) / m + extra["flops"], prog.dot_flops),
                  "arguments (weights+caches)": (w_bytes + caches, got_args - 4 * b - 4)}
     by_axis = prog.collective_bytes["by_axis"]
     for axis in sorted({a for a, *_ in step_collectives(s, tokens)} | set(by_axis) - {NO_AXIS}):
         closed = sum(V * n for a, _, V, n in step_collectives(s, tokens) if a == axis)
+        closed += 4 * extra["all_reduce"] if axis == "tensor" else 0.0  # FP32 partial sums
         terms[f"collectives {axis}"] = (closed, by_axis.get(axis, 0.0))
     read = cfg.decode_read_params(b) * SERVING_BYTES[weights] / m + caches
+    # the prefill's peak modelled for the transformer on TPU and GPU (prefill_memory), XLA:TPU's both forms
+    modelled = step == "prefill" and spec is None and not devices.startswith("cpu")
+    peak = decode_memory(s, t_max) if step == "decode" else prefill_memory(s) if modelled else 0.0
+    unfused = prefill_memory(s, fused=False) if modelled and devices.startswith("tpu") else 0.0
     return ServingCheck(str(cfg), step, devices, shape, batch, t_max, terms,
-                        float(prog.cost.get("bytes accessed", 0.0)), read, prog.memory.get("peak_bytes"),
-                        decode_memory(s, t_max) if step == "decode" else prefill_memory(s), weights,
-                        prefill_memory(s, fused=False) if step == "prefill" and s.chip.kind != Platform.GPU else 0.0)
+                        float(prog.cost.get("bytes accessed", 0.0)), read, prog.memory.get("peak_bytes"), peak,
+                        weights, unfused)
 
 
 def _chip_of(devices: str):

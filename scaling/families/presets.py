@@ -152,7 +152,8 @@ def model_of(preset: str | None, **given):
     if extra:
         kind, owner = fields[extra[0]]
         what = "dimension" if kind == "dimensions" else "flag"
-        raise ValueError(f"--{extra[0].replace('_', '-')} is a {owner.noun} {what}; {preset!r} is an {cfg.noun} "
+        a = lambda noun: ("an " if noun[:1] in "aeiouFHLMNRSX" else "a ") + noun  # noqa: E731 (an FFN, an MoE)
+        raise ValueError(f"--{extra[0].replace('_', '-')} is {a(owner.noun)} {what}; {preset!r} is {a(cfg.noun)} "
                          f"({presets_of(owner)})")
     return cfg.replace(**{k: given.get(k) for k in (*cfg.dimensions, *cfg.kinds, *cfg.switches)})
 

@@ -369,9 +369,35 @@ def weight_scale_bytes(model, tensor: int) -> float:
 
 
 def weight_bytes(s: Serving) -> float:
-    """The weights one device holds: P·w_bytes/m, and quantized weights' scales (weight_scale_bytes)."""
+    """The weights one device holds: P·w_bytes/m, an MoE model's routers whole on every device (L_moe·D·E, not split:
+    each device routes its tokens), and quantized weights' scales (weight_scale_bytes)."""
     scales = weight_scale_bytes(s.model, s.mesh.get("tensor", 1)) if s.weights != Dtype.BF16 else 0.0
-    return s.model.params * SERVING_BYTES[s.weights] / s.model_parallel + scales
+    routers = _moe_layers(s.model) * getattr(s.model, "router_params", 0)
+    m = s.model_parallel
+    return ((s.model.params - routers) / m + routers) * SERVING_BYTES[s.weights] + scales
+
+
+def capacity_terms(model, sequences: int, tokens: int, tensor: int) -> dict[str, float]:
+    """What the package's MoE program (ffn_model.serve._moe_out: GShard's capacity form, one group a sequence of S =
+    ``tokens`` tokens, C = ceil(cf·k·S/E) slots an expert) adds per device to the routed form's closed forms
+    (model.decode_flops: k experts a token, every matmul split over tensor; step_collectives: an all-reduce of S·D a
+    sequence), over its L_moe layers and b = ``sequences`` groups (GShard section 3.2; scaling.families.moe.step_flops'
+    terms for training):
+      flops       the experts on every slot, 2·m·D·F_e·b·(E·C − k·S)/t; the dispatch and combine einsums
+                  2·2·b·S·E·C·D (at S = 1, a decode step, elementwise products: none) and the router's other
+                  (t − 1)/t of 2·b·S·D·E, whole on each tensor device
+      all_reduce  W_out's partial sums reduced over the E·C slots, not the S tokens: b·(E·C − S)·D elements
+    Mixtral-like E 8, k 2, cf 1.25 at a decode step (S = 1): C = 1, 8 slots a token for 2 routed. Zeros for a model
+    without a capacity-form MoE."""
+    m = getattr(model, "moe", None)
+    if m is None or m.dropless:
+        return {"flops": 0.0, "all_reduce": 0.0}
+    L, D, E = model.moe_layers, model.d_model, m.experts
+    EC = E * math.ceil(m.capacity_factor * m.top_k * tokens / E)
+    flops = (2 * model.mlp_matrices * D * m.expert_d_ff * sequences * (EC - m.top_k * tokens) / tensor
+             + (4 * sequences * tokens * EC * D if tokens > 1 else 0)
+             + 2 * sequences * tokens * D * E * (tensor - 1) / tensor)
+    return {"flops": L * flops, "all_reduce": L * sequences * (EC - tokens) * D}
 
 
 def decode_memory(s: Serving, context: float) -> float:
