@@ -230,13 +230,18 @@ def test_int8_weights():
 
 
 def test_refusals():
+    """check_servable: the FFN stack (no tokens), a model without a vocabulary, a dropless MoE model (Mixtral's preset)
+    refused; the MoE model with a capacity factor built."""
     from ffn_model import serve
     from scaling.families.presets import PRESETS
 
     with pytest.raises(ValueError, match="vocabulary"):
         serve.check_servable(TINY_TF)
-    with pytest.raises(ValueError, match="transformer"):
+    with pytest.raises(ValueError, match="built for the transformer and the MoE transformer"):
+        serve.check_servable(PRESETS["tiny"])
+    with pytest.raises(ValueError, match="capacity factor"):
         serve.check_servable(PRESETS["mixtral-8x7b"])
+    serve.check_servable(PRESETS["mixtral-8x7b"].replace(capacity_factor=1.25))
     serve.check_servable(CFG)
     with pytest.raises(ValueError, match="int8"):
         serve.store({"layers": []}, "fp8")
