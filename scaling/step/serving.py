@@ -421,7 +421,8 @@ def prefill_memory(s: Serving, prompts: int | None = None, fused: bool = True) -
                and the partial sums made after the scores (XLA fuses or not by size: both are reported);
       XLA:GPU  max(6S + 4X, 12X): the BF16 probabilities written beside the scores; the all-reduce out of place (its
                FP32 input and output, two BF16 residuals).
-    8 prompts of 2048 (D 2048, 16 heads of 128, tensor=8): S = 67.1 M, X = 33.6 M."""
+    8 prompts of 2048 (D 2048, 16 heads of 128, tensor=8): S = 67.1 M, X = 33.6 M. The transformer's layers: an MoE
+    layer's dispatch and combine tensors [b, P, E, C] are not in it."""
     b = s.per_replica if prompts is None else positive_int("prompts", prompts)
     model, P, t = s.model, s.prompt, s.mesh.get("tensor", 1)
     S, X = b * (model.heads / t) * P * P, b * P * model.d_model
