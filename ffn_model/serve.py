@@ -99,13 +99,19 @@ def _qkv(h, lw):
             _project(h, lw["wv"], "btd,khd->btkh", KV_AXES))
 
 
+def _hidden(h, lw, spec: str, axes, mlp_kind):
+    """The MLP's activated hidden act(h·W_in) or SwiGLU's silu(h·W_gate)·(h·W_in), each weight its own matmul
+    (_project, einsum ``spec``): the dense layer's and each expert's."""
+    u = _project(h, lw["w_in"], spec, axes)
+    if mlp_kind != Mlp.SWIGLU:
+        return ACTIVATIONS[mlp_kind](u)
+    return jax.nn.silu(_project(h, lw["w_gate"], spec, axes)) * u
+
+
 def _mlp_out(x, lw, mlp_kind):
     """x + the MLP's output (ffn_model.transformer.mlp's arithmetic), its partial sums over tensor made and reduced in
     FP32 (_project_out)."""
-    h = rms_norm(x)
-    u = _project(h, lw["w_in"], "btd,fd->btf", H_AXES)
-    a = jax.nn.silu(_project(h, lw["w_gate"], "btd,fd->btf", H_AXES)) * u if mlp_kind == Mlp.SWIGLU else \
-        ACTIVATIONS[mlp_kind](u)
+    a = _hidden(rms_norm(x), lw, "btd,fd->btf", H_AXES, mlp_kind)
     return x + _project(a, lw["w_out"], "btf,fd->btd", X_AXES, jnp.float32).astype(COMPUTE_DTYPE)
 
 
@@ -128,9 +134,7 @@ def _moe_out(x, lw, spec, mlp_kind):
     xd = (dispatch[:, 0, :, :, None].astype(COMPUTE_DTYPE) * h[:, 0, None, None, :] if one else
           jnp.einsum("gsec,gsd->gecd", dispatch.astype(COMPUTE_DTYPE), h))
     xd = constrain(xd, moe.DISPATCHED_AXES)
-    u = _project(xd, lw["w_in"], "gecd,efd->gecf", moe.HIDDEN_AXES)
-    a = jax.nn.silu(_project(xd, lw["w_gate"], "gecd,efd->gecf", moe.HIDDEN_AXES)) * u if mlp_kind == Mlp.SWIGLU \
-        else ACTIVATIONS[mlp_kind](u)
+    a = _hidden(xd, lw, "gecd,efd->gecf", moe.HIDDEN_AXES, mlp_kind)
     w_out = lw["w_out"]
     # XLA:CPU's DotThunk refused this batched BF16 x BF16 = FP32 dot ("Unsupported element type", jax 0.10.2): there
     # the operands are widened, the same products summed in FP32
