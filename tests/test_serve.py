@@ -355,13 +355,17 @@ MOE_SHAPED = dict(experts=8, top_k=2, expert_d_ff=2048, capacity_factor=1.25)  #
     pytest.param("decode", "tpu:v5e:2x4", "tensor=8", 64, 8192, marks=pytest.mark.tpu),
     pytest.param("decode", "tpu:v6e:2x4", "data=2,tensor=4", 64, 8192, marks=pytest.mark.tpu),
     pytest.param("prefill", "tpu:v5e:2x4", "tensor=8", 8, 2048, marks=pytest.mark.tpu),
+    pytest.param("prefill", "tpu:v6e:2x4", "data=2,tensor=4", 8, 2048, marks=pytest.mark.tpu),
     pytest.param("decode", "gpu:H100:8", "tensor=8", 64, 8192, marks=pytest.mark.compiles)])
 def test_check_moe_serving_compiled_ahead_of_time(step, devices, spec, batch, t_max):
     """The MoE transformer's decode step and prefill (LLAMA_SHAPED's attention, 4 MoE layers of 8 experts of F_e 2048,
     top-2, cf 1.25) compiled for v5e and v6e topologies and gpu:H100:8: FLOPs, arguments and tensor all-reduces
     within 0.1% of the closed forms with capacity_terms (a decode step: C = 1, 8 slots a token; its dispatch and
     combine elementwise), the decode's peak within 10% of decode_memory (1.0371 on v5e, 1.0632 on v6e, 1.0070 on the
-    H100; XLA:TPU's counts VMEM)."""
+    H100; XLA:TPU's counts VMEM). The prefill's peak within 3% of prefill_memory in one of its two XLA:TPU forms, read
+    from XLA's live ranges: the experts' phase, W_out's FP32 sums over the slots beside their BF16 all-reduced sum
+    (6Y), with the combine's FP32 one-hots still live (v5e: 1.0053) or freed before the all-reduce, where the
+    attention's scores with p·v written out are the larger (v6e: 0.9935, 0.9097 of the other form)."""
     if devices.startswith("gpu") and not has_cuda_plugin():
         pytest.skip("needs jax's CUDA plugin (the cuda-aot extra)")
     from scaling.families.moe import MoEConfig, MoESpec
@@ -375,7 +379,8 @@ def test_check_moe_serving_compiled_ahead_of_time(step, devices, spec, batch, t_
     if step == "decode":
         assert r.peak / r.peak_closed == pytest.approx(1.0, abs=0.1), (r.peak, r.peak_closed)
     else:
-        assert r.peak_closed == 0.0 and r.peak > 0  # reported, not modelled
+        assert min(abs(r.peak / r.peak_closed - 1), abs(r.peak / r.peak_unfused - 1)) < 0.03, \
+            (r.peak, r.peak_closed, r.peak_unfused)
 
 
 @pytest.mark.compiles

@@ -145,6 +145,23 @@ def test_prefill_memory_by_hand():
     assert sv.prefill_memory(gpu, prompts=32) > sv.prefill_memory(gpu)
 
 
+def test_moe_prefill_memory_by_hand():
+    """prefill_memory of one 2048-token prompt of Mixtral 8x7B (D 4096, 32 query heads, E 8, k 2, cf 1.25) on v5e at
+    tensor=8, by hand: C = ceil(1.25·2·2048/8) = 640, Y = 8·640·4096 slots' elements, X = 2048·4096. Its experts'
+    phase 2X + 6Y + 4·2·2048·640 = 153.1 MB (the residual, W_out's FP32 sums over the slots and their BF16 sum, the
+    combine's FP32 one-hots) outweighs its attention's fused 4S + 6X = 117.4 MB (S = 4·2048² scores a device);
+    the other form drops the one-hots, 2X + 6Y = 142.6 MB against 4S + 2X + 2·2048·4·128 = 86.0 MB. On a GPU it is
+    not modelled."""
+    mix = PRESETS["mixtral-8x7b"].replace(capacity_factor=1.25)
+    s = sv.Serving(mix, V5E, {"tensor": 8}, 1, 2048, 1)
+    base = sv.weight_bytes(s) + sv.kv_cache_bytes(mix, 2048, s.kv) / 8 + 32000 * 4 / 8
+    X, Y = 2048 * 4096, 8 * 640 * 4096
+    assert sv.prefill_memory(s) == pytest.approx(base + 2 * X + 6 * Y + 4 * 2 * 2048 * 640, rel=1e-12)
+    assert sv.prefill_memory(s, fused=False) == pytest.approx(base + 2 * X + 6 * Y, rel=1e-12)
+    with pytest.raises(ValueError, match="XLA:TPU only"):
+        sv.prefill_memory(sv.Serving(mix, get_chip("H100"), {"tensor": 8}, 1, 2048, 1))
+
+
 def test_capacity_terms_of_mixtral_by_hand():
     """capacity_terms for Mixtral 8x7B (D 4096, E 8, k 2, F_e 14,336, SwiGLU, 32 MoE layers) at cf 1.25 on tensor=8, by
     hand. A decode step of 64 sequences: C = ceil(1.25·2·1/8) = 1, 8 slots a token for 2 routed, so each layer's

@@ -20,7 +20,7 @@ largest phase; XLA:TPU's two forms both printed).
 An MoE model (ffn_model.serve._moe_out, GShard's capacity form, a group a sequence): the routed form's FLOPs and
 all-reduces plus capacity_terms (every slot, the dispatch and combine einsums of a prefill, the routers whole on each
 device; W_out's partial sums over the slots); its routers whole in the arguments (weight_bytes). Its prefill's peak
-(the dispatch and combine tensors [b, P, E, C]) is not modelled.
+is modelled on TPU (prefill_memory: the experts' FP32 partial sums over the slots and their BF16 sum), not on GPU.
 
 b = B/data, m = tensor. Works for any device spec mesh.devices takes (cpu:N, tpu:<chip>:<topology>, gpu:<chip>:N).
 """
@@ -89,16 +89,16 @@ class ServingCheck:
                          "every op)")
         if self.peak and self.peak_closed:
             named = ("the weights, the caches, the FP32 logits" if self.step == "decode" else
-                     "the weights, the caches it makes, a layer's FP32 scores, residual and W_o partial sums")
+                     "the weights, the caches it makes, a layer's largest phase")
             lines.append(f"  peak {self.peak / 1e9:.4g} GB compiled, {self.peak_closed / 1e9:.4g} GB closed ({named}): "
                          f"{self.peak / self.peak_closed:.4f}"
-                         + (f"; with p·v written out {self.peak_unfused / 1e9:.4g} GB: "
+                         + (f"; XLA:TPU's other form (p·v written out) {self.peak_unfused / 1e9:.4g} GB: "
                             f"{self.peak / self.peak_unfused:.4f}" if self.peak_unfused else "")
                          + ("; XLA:TPU's peak counts on-chip VMEM too (docs/serving.md)"
                             if self.devices.startswith("tpu") else ""))
         elif self.peak and self.step == "prefill" and not self.devices.startswith("cpu"):
-            lines.append(f"  peak {self.peak / 1e9:.4g} GB compiled: an MoE layer's prefill holds its dispatch and "
-                         "combine tensors [b, P, E, C] (not modelled)")
+            lines.append(f"  peak {self.peak / 1e9:.4g} GB compiled: an MoE prefill's peak on XLA:GPU is not "
+                         "modelled (docs/serving.md)")
         return "\n".join(lines)
 
 
@@ -195,8 +195,8 @@ def check_serving(cfg, devices: str, mesh_spec: str, batch: int, t_max: int, ste
         closed += 4 * extra["all_reduce"] if axis == "tensor" else 0.0  # FP32 partial sums
         terms[f"collectives {axis}"] = (closed, by_axis.get(axis, 0.0))
     read = cfg.decode_read_params(b) * SERVING_BYTES[weights] / m + caches
-    # the prefill's peak modelled for the transformer on TPU and GPU (prefill_memory), XLA:TPU's both forms
-    modelled = step == "prefill" and spec is None and not devices.startswith("cpu")
+    # the prefill's peak modelled on TPU (both of XLA:TPU's forms) and, for the transformer, on GPU (prefill_memory)
+    modelled = step == "prefill" and (devices.startswith("tpu") or spec is None and not devices.startswith("cpu"))
     peak = decode_memory(s, t_max) if step == "decode" else prefill_memory(s) if modelled else 0.0
     unfused = prefill_memory(s, fused=False) if modelled and devices.startswith("tpu") else 0.0
     return ServingCheck(str(cfg), step, devices, shape, batch, t_max, terms,

@@ -377,6 +377,11 @@ def weight_bytes(s: Serving) -> float:
     return ((s.model.params - routers) / m + routers) * SERVING_BYTES[s.weights] + scales
 
 
+def _slots(m, tokens: int) -> int:
+    """E·C, an MoE layer's slots for one group of S = ``tokens`` tokens: C = ceil(cf·k·S/E) an expert (GShard)."""
+    return m.experts * math.ceil(m.capacity_factor * m.top_k * tokens / m.experts)
+
+
 def capacity_terms(model, sequences: int, tokens: int, tensor: int) -> dict[str, float]:
     """What the package's MoE program (ffn_model.serve._moe_out: GShard's capacity form, one group a sequence of S =
     ``tokens`` tokens, C = ceil(cf·k·S/E) slots an expert) adds per device to the routed form's closed forms
@@ -393,7 +398,7 @@ def capacity_terms(model, sequences: int, tokens: int, tensor: int) -> dict[str,
     if m is None or m.dropless:
         return {"flops": 0.0, "all_reduce": 0.0}
     L, D, E = model.moe_layers, model.d_model, m.experts
-    EC = E * math.ceil(m.capacity_factor * m.top_k * tokens / E)
+    EC = _slots(m, tokens)
     flops = (2 * model.mlp_matrices * D * m.expert_d_ff * sequences * (EC - m.top_k * tokens) / tensor
              + (4 * sequences * tokens * EC * D if tokens > 1 else 0)
              + 2 * sequences * tokens * D * E * (tensor - 1) / tensor)
@@ -421,15 +426,26 @@ def prefill_memory(s: Serving, prompts: int | None = None, fused: bool = True) -
                and the partial sums made after the scores (XLA fuses or not by size: both are reported);
       XLA:GPU  max(6S + 4X, 12X): the BF16 probabilities written beside the scores; the all-reduce out of place (its
                FP32 input and output, two BF16 residuals).
-    8 prompts of 2048 (D 2048, 16 heads of 128, tensor=8): S = 67.1 M, X = 33.6 M. The transformer's layers: an MoE
-    layer's dispatch and combine tensors [b, P, E, C] are not in it."""
+    An MoE layer in the capacity form (ffn_model.serve._moe_out), Y = b·E·C·D slots, C from a group of P tokens, on
+    XLA:TPU: 2X + 6Y + 4·k·b·P·C, W_out's FP32 partial sums over the slots beside their all-reduced BF16 sum, the
+    residual and the combine's FP32 [b, P, k, C] one-hots (``fused`` False: those gone before the all-reduce); the
+    layer's peak the larger of its attention's and its experts'. Not modelled on XLA:GPU (ValueError).
+    8 prompts of 2048 (D 2048, 16 heads of 128, tensor=8): S = 67.1 M, X = 33.6 M; 8 experts, top-2, cf 1.25: C = 640,
+    Y = 83.9 M."""
     b = s.per_replica if prompts is None else positive_int("prompts", prompts)
     model, P, t = s.model, s.prompt, s.mesh.get("tensor", 1)
     S, X = b * (model.heads / t) * P * P, b * P * model.d_model
+    moe = getattr(model, "moe", None) if _moe_layers(model) else None
     if s.chip.kind == Platform.GPU:
+        if moe is not None:
+            raise ValueError("an MoE prefill's peak is modelled on XLA:TPU only (docs/serving.md)")
         layer = max(6 * S + 4 * X, 12 * X)
     else:
         layer = max(4 * S + 2 * X + (4 * X if fused else 2 * b * P * (model.heads / t) * model.head_dim), 8 * X)
+        if moe is not None and not moe.dropless:
+            slots = _slots(moe, P)
+            layer = max(layer, 2 * X + 6 * b * slots * model.d_model
+                        + (4 * moe.top_k * b * P * slots / moe.experts if fused else 0))
     logits = b * (model.vocab or 0) * 4 / t
     return weight_bytes(s) + b * kv_cache_bytes(model, P, s.kv) / s.model_parallel + logits + layer
 
