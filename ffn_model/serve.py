@@ -13,10 +13,10 @@ of the stacks before its GEMMs read it, 2.3x (8B) and 2.9x (70B's layers) the st
 decode step writes its token's k and v at ``pos`` (a dynamic_update_slice, in place in the donated buffer) and attends
 to the keys 0..pos (decode_attention).
 Built for global attention of a standard (not latent) transformer, QK-norm applied as training applies it, and for
-the MoE transformer (ffn_model.moe's weights) in GShard's capacity form, one routing group a sequence's tokens of the
-step (its P prompt tokens in the prefill, its one token in a decode step: C = ceil(cf·k·S/E) slots an expert), so the
-drops do not depend on the mesh (_moe_out); the closed forms (scaling.step.serving) cover MLA, local layers, the
-dropless MoE and expert parallelism, the programs do not yet (check_servable).
+the MoE transformer (ffn_model.moe's weights, shared experts too) in GShard's capacity form, one routing group a
+sequence's tokens of the step (its P prompt tokens in the prefill, its one token in a decode step: C = ceil(cf·k·S/E)
+slots an expert), so the drops do not depend on the mesh (_moe); the closed forms (scaling.step.serving) cover MLA,
+local layers, the dropless MoE and expert parallelism, the programs do not yet (check_servable).
 
 Sources: the KV cache as the Scaling Book's inference chapter describes it; the layer as ffn_model.transformer's.
 """
@@ -33,7 +33,7 @@ from ffn_model.attention import has_cudnn, probabilities
 from ffn_model.sharded import COMPUTE_DTYPE, constrain, traced_platform
 from ffn_model.transformer import (ACTIVATIONS, H_AXES, IDS_AXES, KV_AXES, LOGITS_AXES, Q_AXES, X_AXES, attention,
                                    embed, qk_norm_on, rms_norm, _rows)
-from mesh.rules import logical_to_spec
+from mesh.rules import logical_to_spec, mesh_axes
 from scaling.core.kinds import Block, Dtype, Family, Mlp, Platform
 from scaling.core.schedule import Schedule
 
@@ -49,8 +49,8 @@ CONTRACTED = {"wq": (-1,), "wk": (-1,), "wv": (-1,), "w_in": (-1,), "w_gate": (-
 
 def check_servable(cfg, weights: str = "bf16") -> None:
     """ValueError naming what the serving programs do not build: a model without a vocabulary (no tokens to
-    generate), multi-head latent attention, local layers, a parallel block; of an MoE model, the dropless form, shared
-    experts and int8 experts."""
+    generate), multi-head latent attention, local layers, a parallel block; of an MoE model, the dropless form and
+    int8 experts."""
     family = getattr(cfg, "family", None)
     if family not in (Family.TRANSFORMER, Family.MOE):
         raise ValueError(f"the serving programs are built for the transformer and the MoE transformer; the "
@@ -62,7 +62,6 @@ def check_servable(cfg, weights: str = "bf16") -> None:
                       (base.block != Block.SERIAL, "serial blocks"),
                       (m is not None and m.dropless, "an MoE layer with a capacity factor (--capacity-factor: "
                                                      "GShard's dispatch, one group a sequence)"),
-                      (m is not None and m.shared_experts, "an MoE layer without shared experts"),
                       (m is not None and weights != Dtype.BF16, "BF16 experts (--weights bf16)")):
         if bad:
             raise ValueError(f"the serving programs need {what}; its closed forms cover the rest "
@@ -116,34 +115,66 @@ def _mlp_out(x, lw, mlp_kind):
 
 
 def _moe_out(x, lw, spec, mlp_kind):
-    """x + the MoE layer's output (ffn_model.moe's capacity form, the serving layer's matmuls): the router in FP32
-    (moe.route), GShard's dispatch and combine in G = B groups, a sequence's T tokens each (C = moe.capacity(spec, T)
-    slots an expert: independent of the mesh, so 8 devices drop what one drops), the experts' W_in (W_gate) [E, F_e,
-    D] split F_e over tensor and W_out's partial sums made and reduced in FP32 (as _project_out), the combine summed
-    in FP32."""
-    B, T, D = x.shape
+    """x + the MoE layer's output on RMSNorm(x) (_moe), rounded to BF16 once."""
+    return x + constrain(_moe(rms_norm(x), lw, spec, mlp_kind).astype(COMPUTE_DTYPE), X_AXES)
+
+
+def _moe(h, lw, spec, mlp_kind):
+    """The MoE layer's output [B, T, D] in FP32 (ffn_model.moe's capacity form, the serving layer's matmuls): the
+    router in FP32 (moe.route), GShard's dispatch and combine in G = B groups, a sequence's T tokens each (C =
+    moe.capacity(spec, T) slots an expert: independent of the mesh, so 8 devices drop what one drops), the experts'
+    W_in (W_gate) [E, F_e, D] and the shared experts' (DeepSeekMoE: one MLP of F_e·S_sh every token runs, added) split
+    F_e over tensor, their output as _experts_out makes it: one FP32 all-reduce of the tokens' sums."""
+    B, T, D = h.shape
     k = spec.top_k
-    h = rms_norm(x)
     gates, ids, _ = moe.route(h.reshape(B * T, D), lw["router"], spec)
     dispatch, combine = jax.vmap(functools.partial(moe.dispatch_combine, experts=spec.experts,
                                                    C=moe.capacity(spec, T)))(gates.reshape(B, T, k),
                                                                              ids.reshape(B, T, k))
     # a decode step's groups hold one token: dispatch and combine contract nothing over tokens, written as the
     # elementwise products they are (as einsums, XLA:TPU and XLA:GPU rewrote them so and XLA:CPU kept the combine a dot)
-    one = T == 1
-    xd = (dispatch[:, 0, :, :, None].astype(COMPUTE_DTYPE) * h[:, 0, None, None, :] if one else
+    xd = (dispatch[:, 0, :, :, None].astype(COMPUTE_DTYPE) * h[:, 0, None, None, :] if T == 1 else
           jnp.einsum("gsec,gsd->gecd", dispatch.astype(COMPUTE_DTYPE), h))
     xd = constrain(xd, moe.DISPATCHED_AXES)
     a = _hidden(xd, lw, "gecd,efd->gecf", moe.HIDDEN_AXES, mlp_kind)
-    w_out = lw["w_out"]
-    # XLA:CPU's DotThunk refused this batched BF16 x BF16 = FP32 dot ("Unsupported element type", jax 0.10.2): there
-    # the operands are widened, the same products summed in FP32
-    if traced_platform() == Platform.CPU:
-        a, w_out = a.astype(jnp.float32), w_out.astype(jnp.float32)
-    y = _project(a, w_out, "gecf,efd->gecd", moe.DISPATCHED_AXES, jnp.float32).astype(COMPUTE_DTYPE)
-    out = (jnp.sum(combine[:, 0, :, :, None] * y.astype(jnp.float32), axis=(1, 2))[:, None] if one else
-           jnp.einsum("gsec,gecd->gsd", combine.astype(COMPUTE_DTYPE), y, preferred_element_type=jnp.float32))
-    return x + constrain(out.astype(COMPUTE_DTYPE), X_AXES)
+    shared = None
+    if "shared_in" in lw:
+        sh = {"w_in": lw["shared_in"], "w_gate": lw.get("shared_gate")}
+        shared = (_hidden(h, sh, "btd,fd->btf", H_AXES, mlp_kind), lw["shared_out"])
+    return _experts_out(a, lw["w_out"], combine, shared)
+
+
+def _experts_out(a, w_out, combine, shared=None):
+    """The MoE layer's output [G, S, D] in FP32: each device's partial sums over its share of F_e, a·W_out over the
+    E·C slots, combined to the tokens (Σ_ec combine·y; a decode step's as the elementwise product), plus the shared
+    experts' a_sh·W_sh over their share of F_s, then one all-reduce over tensor of the tokens' G·S·D FP32 sums (in a
+    jax.shard_map: GSPMD reduces a dot's partial sums at the dot, which all-reduced the G·E·C·D slots, E·C/S = cf·k
+    times the tokens: 2.5x for a prefill at cf 1.25, top-2, and E times for a decode step). The dense layer's one
+    all-reduce of the tokens' sums, what a runtime's fused MoE kernel then reduces (vLLM, TensorRT-LLM)."""
+    one = combine.shape[1] == 1
+    cpu = traced_platform() == Platform.CPU
+
+    def local(a, w_out, combine, *sh):
+        # XLA:CPU's DotThunk refused a batched BF16 x BF16 = FP32 dot ("Unsupported element type", jax 0.10.2): there
+        # the operands are widened, the same products summed in FP32
+        if cpu:
+            a, w_out = a.astype(jnp.float32), w_out.astype(jnp.float32)
+        y = jnp.einsum("gecf,efd->gecd", a, w_out, preferred_element_type=jnp.float32)
+        out = (jnp.sum(combine[:, 0, :, :, None] * y, axis=(1, 2))[:, None] if one else
+               jnp.einsum("gsec,gecd->gsd", combine.astype(jnp.float32), y))
+        if sh:
+            out = out + jnp.einsum("btf,fd->btd", *sh, preferred_element_type=jnp.float32)
+        return out if mesh.empty else jax.lax.psum(out, reduce)
+
+    mesh = jax.sharding.get_abstract_mesh()
+    args = (a, w_out, combine, *(shared or ()))
+    if mesh.empty:
+        return local(*args)
+    reduce = tuple(mesh_axes(("mlp",))[0]) + tuple(mesh_axes(("exp",))[0])  # F_e's split, and E's (expert: 1 here)
+    specs = [logical_to_spec(ax) for ax in (moe.HIDDEN_AXES, moe.EXPERT_AXES[1:], (moe.HIDDEN_AXES[0], None, None,
+                                                                                 None), H_AXES, moe.SHARED_AXES[1:])]
+    return jax.shard_map(local, mesh=mesh, in_specs=tuple(specs[:len(args)]),
+                         out_specs=logical_to_spec((moe.HIDDEN_AXES[0], None, None)))(*args)
 
 
 def _ffn(x, lw, mlp_kind, spec=None):

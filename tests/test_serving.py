@@ -147,38 +147,40 @@ def test_prefill_memory_by_hand():
 
 def test_moe_prefill_memory_by_hand():
     """prefill_memory of one 2048-token prompt of Mixtral 8x7B (D 4096, 32 query heads, E 8, k 2, cf 1.25) on v5e at
-    tensor=8, by hand: C = ceil(1.25·2·2048/8) = 640, Y = 8·640·4096 slots' elements, X = 2048·4096. Its experts'
-    phase 2X + 6Y + 4·2·2048·640 = 153.1 MB (the residual, W_out's FP32 sums over the slots and their BF16 sum, the
-    combine's FP32 one-hots) outweighs its attention's fused 4S + 6X = 117.4 MB (S = 4·2048² scores a device);
-    the other form drops the one-hots, 2X + 6Y = 142.6 MB against 4S + 2X + 2·2048·4·128 = 86.0 MB. On a GPU it is
-    not modelled."""
+    tensor=8, by hand: C = ceil(1.25·2·2048/8) = 640, Y = 8·640·4096 slots' elements, X = 2048·4096, S = 4·2048²
+    scores a device. Its experts' dispatch 4X + 2048·5120 + 2Y + 4·2·2048·640 = 96.5 MB (the residual and the normed
+    h, the mask, the BF16 slots, the combine's FP32 one-hots) outweighs their combine 6X + 2Y = 92.3 MB; the
+    attention's fused form 4S + 6X = 117.4 MB outweighs both, and with p·v written out (4S + 2X + 2·2048·4·128 =
+    86.0 MB) the experts' dispatch is the layer's peak. On an H100 the experts' combine 10X + 4Y + 4·2048·5120 =
+    209.7 MB (the slots' and the tokens' FP32 sums, the combine weights in FP32, the attention's all-reduce in flight,
+    the residual) outweighs the attention's 6S + 4X = 134.2 MB."""
     mix = PRESETS["mixtral-8x7b"].replace(capacity_factor=1.25)
     s = sv.Serving(mix, V5E, {"tensor": 8}, 1, 2048, 1)
     base = sv.weight_bytes(s) + sv.kv_cache_bytes(mix, 2048, s.kv) / 8 + 32000 * 4 / 8
-    X, Y = 2048 * 4096, 8 * 640 * 4096
-    assert sv.prefill_memory(s) == pytest.approx(base + 2 * X + 6 * Y + 4 * 2 * 2048 * 640, rel=1e-12)
-    assert sv.prefill_memory(s, fused=False) == pytest.approx(base + 2 * X + 6 * Y, rel=1e-12)
-    with pytest.raises(ValueError, match="XLA:TPU only"):
-        sv.prefill_memory(sv.Serving(mix, get_chip("H100"), {"tensor": 8}, 1, 2048, 1))
+    X, Y, S = 2048 * 4096, 8 * 640 * 4096, 4 * 2048**2
+    assert sv.prefill_memory(s) == pytest.approx(base + 4 * S + 6 * X, rel=1e-12)
+    assert sv.prefill_memory(s, fused=False) == pytest.approx(
+        base + 4 * X + 2048 * 5120 + 2 * Y + 4 * 2 * 2048 * 640, rel=1e-12)
+    gpu = sv.Serving(mix, get_chip("H100"), {"tensor": 8}, 1, 2048, 1)
+    assert sv.prefill_memory(gpu) == pytest.approx(base + 10 * X + 4 * Y + 4 * 2048 * 5120, rel=1e-12)
 
 
-def test_capacity_terms_of_mixtral_by_hand():
-    """capacity_terms for Mixtral 8x7B (D 4096, E 8, k 2, F_e 14,336, SwiGLU, 32 MoE layers) at cf 1.25 on tensor=8, by
+def test_capacity_flops_of_mixtral_by_hand():
+    """capacity_flops for Mixtral 8x7B (D 4096, E 8, k 2, F_e 14,336, SwiGLU, 32 MoE layers) at cf 1.25 on tensor=8, by
     hand. A decode step of 64 sequences: C = ceil(1.25·2·1/8) = 1, 8 slots a token for 2 routed, so each layer's
-    experts run 64·6 more slots of 2·3·4096·14,336 FLOPs over 8 devices, and the router's other 7/8 of 2·64·4096·8;
-    W_out's all-reduce carries 8 rows a sequence for 1. A prefill of one 2048-token prompt: C = ceil(1.25·2·2048/8) =
+    experts run 64·6 more slots of 2·3·4096·14,336 FLOPs over 8 devices, and the router's other 7/8 of 2·64·4096·8.
+    A prefill of one 2048-token prompt: C = ceil(1.25·2·2048/8) =
     640, 5,120 slots for 4,096 pairs, plus the dispatch and combine einsums 2·2·2048·5120·4096 whole on each device.
     Its routers whole on every device in weight_bytes: 32·4096·8 parameters not split."""
     mix = PRESETS["mixtral-8x7b"].replace(capacity_factor=1.25)
     expert = 2 * 3 * 4096 * 14_336
     router = 2 * 4096 * 8
-    decode = sv.capacity_terms(mix, 64, 1, 8)
-    assert decode["flops"] == pytest.approx(32 * (expert * 64 * 6 / 8 + router * 64 * 7 / 8), rel=1e-12)
-    assert decode["all_reduce"] == 32 * 64 * 7 * 4096
-    prefill = sv.capacity_terms(mix, 1, 2048, 8)
-    assert prefill["flops"] == pytest.approx(32 * (expert * (5120 - 4096) / 8 + 2 * 2 * 2048 * 5120 * 4096
+    decode = sv.capacity_flops(mix, 64, 1, 8)
+    assert decode == pytest.approx(32 * (expert * 64 * 6 / 8 + router * 64 * 7 / 8), rel=1e-12)
+    prefill = sv.capacity_flops(mix, 1, 2048, 8)
+    assert prefill == pytest.approx(32 * (expert * (5120 - 4096) / 8 + 2 * 2 * 2048 * 5120 * 4096
                                                    + router * 2048 * 7 / 8), rel=1e-12)
-    assert sv.capacity_terms(PRESETS["mixtral-8x7b"], 64, 1, 8) == {"flops": 0.0, "all_reduce": 0.0}  # dropless
+    assert sv.capacity_flops(PRESETS["mixtral-8x7b"], 64, 1, 8) == 0.0  # dropless
     s = sv.Serving(mix, V5E, {"tensor": 8}, 64, 2048, 1)
     routers = 32 * 4096 * 8
     assert sv.weight_bytes(s) == pytest.approx(((mix.params - routers) / 8 + routers) * 2, rel=1e-12)

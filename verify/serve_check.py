@@ -17,10 +17,10 @@ whole P×P square; the output layer for each prompt's last token); the collectiv
 weights and the prompts' ids; its peak prefill_memory (TPU and GPU: the weights, the caches it makes, one layer's
 largest phase; XLA:TPU's two forms both printed).
 
-An MoE model (ffn_model.serve._moe_out, GShard's capacity form, a group a sequence): the routed form's FLOPs and
-all-reduces plus capacity_terms (every slot, the dispatch and combine einsums of a prefill, the routers whole on each
-device; W_out's partial sums over the slots); its routers whole in the arguments (weight_bytes). Its prefill's peak
-is modelled on TPU (prefill_memory: the experts' FP32 partial sums over the slots and their BF16 sum), not on GPU.
+An MoE model (ffn_model.serve._moe, GShard's capacity form, a group a sequence; shared experts too): the routed
+form's FLOPs plus capacity_flops (every slot, the dispatch and combine einsums of a prefill, the routers whole on each
+device), the routed form's all-reduces (the slots combined to the tokens before the layer's one); its routers whole
+in the arguments (weight_bytes); its prefill's peak prefill_memory's, its experts' phases too.
 
 b = B/data, m = tensor. Works for any device spec mesh.devices takes (cpu:N, tpu:<chip>:<topology>, gpu:<chip>:N).
 """
@@ -37,7 +37,7 @@ from jax.sharding import NamedSharding
 from scaling.core.kinds import Dtype, Platform
 from scaling.core.policies import Attention
 from scaling.core.schedule import Schedule
-from scaling.step.serving import (SERVING_BYTES, Serving, capacity_terms, decode_memory, kv_cache_bytes,
+from scaling.step.serving import (SERVING_BYTES, Serving, capacity_flops, decode_memory, kv_cache_bytes,
                                   prefill_flops, prefill_memory, step_collectives, weight_bytes)
 
 NO_AXIS = "none"  # verify.hlo.collective_bytes' key of a collective over a group of one device
@@ -96,9 +96,6 @@ class ServingCheck:
                             f"{self.peak / self.peak_unfused:.4f}" if self.peak_unfused else "")
                          + ("; XLA:TPU's peak counts on-chip VMEM too (docs/serving.md)"
                             if self.devices.startswith("tpu") else ""))
-        elif self.peak and self.step == "prefill" and not self.devices.startswith("cpu"):
-            lines.append(f"  peak {self.peak / 1e9:.4g} GB compiled: an MoE prefill's peak on XLA:GPU is not "
-                         "modelled (docs/serving.md)")
         return "\n".join(lines)
 
 
@@ -146,10 +143,13 @@ def check_serving(cfg, devices: str, mesh_spec: str, batch: int, t_max: int, ste
     axes = {n: LAYER_AXES[n][1:] for n in shapes}
     mlp = {n: (F, D) for n in ("w_in", "w_gate", "w_out") if n in layer_names(base)}
     dense = _structs(shapes | mlp, mesh, axes | {n: LAYER_AXES[n][1:] for n in mlp}, weights)
-    if spec is not None:  # an MoE layer's router [D, E] (whole on every device) and experts [E, F_e, D]
+    if spec is not None:  # an MoE layer's router [D, E] (whole on every device), experts [E, F_e, D], shared [F_s, D]
         experts = {n: (spec.experts, spec.expert_d_ff, D) for n in mlp}
-        routed = _structs(shapes | experts | {"router": (D, spec.experts)}, mesh,
-                          axes | {n: moe.EXPERT_AXES[1:] for n in experts} | {"router": (None, None)}, weights)
+        shared = {n.replace("w_", "shared_"): (spec.expert_d_ff * spec.shared_experts, D)
+                  for n in (mlp if spec.shared_experts else ())}
+        routed = _structs(shapes | experts | shared | {"router": (D, spec.experts)}, mesh,
+                          axes | {n: moe.EXPERT_AXES[1:] for n in experts} | {n: moe.SHARED_AXES[1:] for n in shared}
+                          | {"router": (None, None)}, weights)
     heads = {"embedding": (base.vocab, D)} | ({} if base.tied_embeddings else {"unembedding": (base.vocab, D)})
     cache = (batch, t_max, base.kv_heads, base.head_dim)
     kw = dict(mlp_kind=base.mlp, qk_norm=base.qk_norm, moe_spec=spec)
@@ -179,24 +179,23 @@ def check_serving(cfg, devices: str, mesh_spec: str, batch: int, t_max: int, ste
     caches = b * kv_cache_bytes(cfg, t_max, "bf16") / m  # k and v (kv_cache_bytes counts both)
     w_bytes = weight_bytes(s)
     got_args = float(prog.memory["argument_bytes"] or 0)
-    # an MoE model's capacity form: its slots, dispatch, combine and whole routers, its slots' all-reduce
-    extra = capacity_terms(cfg, b, t_max if step == "prefill" else 1, m)
+    # an MoE model's capacity form: its slots, dispatch, combine and whole routers
+    extra = capacity_flops(cfg, b, t_max if step == "prefill" else 1, m)
     if step == "prefill":
         tokens = b * t_max
-        terms = {"matmul FLOPs": (prefill_flops(cfg, b, t_max, square=True) / m + extra["flops"], prog.dot_flops),
+        terms = {"matmul FLOPs": (prefill_flops(cfg, b, t_max, square=True) / m + extra, prog.dot_flops),
                  "arguments (weights)": (w_bytes, got_args - 4 * tokens)}
     else:
         tokens = b
-        terms = {"matmul FLOPs": (cfg.decode_flops(b, t_max) / m + extra["flops"], prog.dot_flops),
+        terms = {"matmul FLOPs": (cfg.decode_flops(b, t_max) / m + extra, prog.dot_flops),
                  "arguments (weights+caches)": (w_bytes + caches, got_args - 4 * b - 4)}
     by_axis = prog.collective_bytes["by_axis"]
     for axis in sorted({a for a, *_ in step_collectives(s, tokens)} | set(by_axis) - {NO_AXIS}):
         closed = sum(V * n for a, _, V, n in step_collectives(s, tokens) if a == axis)
-        closed += 4 * extra["all_reduce"] if axis == "tensor" else 0.0  # FP32 partial sums
         terms[f"collectives {axis}"] = (closed, by_axis.get(axis, 0.0))
     read = cfg.decode_read_params(b) * SERVING_BYTES[weights] / m + caches
-    # the prefill's peak modelled on TPU (both of XLA:TPU's forms) and, for the transformer, on GPU (prefill_memory)
-    modelled = step == "prefill" and (devices.startswith("tpu") or spec is None and not devices.startswith("cpu"))
+    # the prefill's peak modelled on TPU (both of XLA:TPU's forms) and GPU (prefill_memory)
+    modelled = step == "prefill" and not devices.startswith("cpu")
     peak = decode_memory(s, t_max) if step == "decode" else prefill_memory(s) if modelled else 0.0
     unfused = prefill_memory(s, fused=False) if modelled and devices.startswith("tpu") else 0.0
     return ServingCheck(str(cfg), step, devices, shape, batch, t_max, terms,

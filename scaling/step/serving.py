@@ -382,27 +382,23 @@ def _slots(m, tokens: int) -> int:
     return m.experts * math.ceil(m.capacity_factor * m.top_k * tokens / m.experts)
 
 
-def capacity_terms(model, sequences: int, tokens: int, tensor: int) -> dict[str, float]:
-    """What the package's MoE program (ffn_model.serve._moe_out: GShard's capacity form, one group a sequence of S =
-    ``tokens`` tokens, C = ceil(cf·k·S/E) slots an expert) adds per device to the routed form's closed forms
-    (model.decode_flops: k experts a token, every matmul split over tensor; step_collectives: an all-reduce of S·D a
-    sequence), over its L_moe layers and b = ``sequences`` groups (GShard section 3.2; scaling.families.moe.step_flops'
-    terms for training):
-      flops       the experts on every slot, 2·m·D·F_e·b·(E·C − k·S)/t; the dispatch and combine einsums
-                  2·2·b·S·E·C·D (at S = 1, a decode step, elementwise products: none) and the router's other
-                  (t − 1)/t of 2·b·S·D·E, whole on each tensor device
-      all_reduce  W_out's partial sums reduced over the E·C slots, not the S tokens: b·(E·C − S)·D elements
-    Mixtral-like E 8, k 2, cf 1.25 at a decode step (S = 1): C = 1, 8 slots a token for 2 routed. Zeros for a model
-    without a capacity-form MoE."""
+def capacity_flops(model, sequences: int, tokens: int, tensor: int) -> float:
+    """The FLOPs the package's MoE program (ffn_model.serve._moe: GShard's capacity form, one group a sequence of
+    S = ``tokens`` tokens, C = ceil(cf·k·S/E) slots an expert) adds per device to the routed form's
+    (model.decode_flops: k experts a token, every matmul split over tensor), over its L_moe layers and b =
+    ``sequences`` groups (GShard section 3.2; scaling.families.moe.step_flops' terms for training): the experts on
+    every slot, 2·m·D·F_e·b·(E·C − k·S)/t; the dispatch and combine einsums 2·2·b·S·E·C·D (at S = 1, a decode step,
+    elementwise products: none); the router's other (t − 1)/t of 2·b·S·D·E, whole on each tensor device. Its
+    collectives are the routed form's (step_collectives: the layer's one all-reduce of S·D a sequence, the slots
+    combined to the tokens before it). Mixtral-like E 8, k 2, cf 1.25 at a decode step (S = 1): C = 1, 8 slots a token
+    for 2 routed. 0 for a model without a capacity-form MoE."""
     m = getattr(model, "moe", None)
     if m is None or m.dropless:
-        return {"flops": 0.0, "all_reduce": 0.0}
-    L, D, E = model.moe_layers, model.d_model, m.experts
-    EC = _slots(m, tokens)
-    flops = (2 * model.mlp_matrices * D * m.expert_d_ff * sequences * (EC - m.top_k * tokens) / tensor
-             + (4 * sequences * tokens * EC * D if tokens > 1 else 0)
-             + 2 * sequences * tokens * D * E * (tensor - 1) / tensor)
-    return {"flops": L * flops, "all_reduce": L * sequences * (EC - tokens) * D}
+        return 0.0
+    D, EC = model.d_model, _slots(m, tokens)
+    return model.moe_layers * (2 * model.mlp_matrices * D * m.expert_d_ff * sequences * (EC - m.top_k * tokens) / tensor
+                               + (4 * sequences * tokens * EC * D if tokens > 1 else 0)
+                               + 2 * sequences * tokens * D * m.experts * (tensor - 1) / tensor)
 
 
 def decode_memory(s: Serving, context: float) -> float:
@@ -426,26 +422,27 @@ def prefill_memory(s: Serving, prompts: int | None = None, fused: bool = True) -
                and the partial sums made after the scores (XLA fuses or not by size: both are reported);
       XLA:GPU  max(6S + 4X, 12X): the BF16 probabilities written beside the scores; the all-reduce out of place (its
                FP32 input and output, two BF16 residuals).
-    An MoE layer in the capacity form (ffn_model.serve._moe_out), Y = b·E·C·D slots, C from a group of P tokens, on
-    XLA:TPU: 2X + 6Y + 4·k·b·P·C, W_out's FP32 partial sums over the slots beside their all-reduced BF16 sum, the
-    residual and the combine's FP32 [b, P, k, C] one-hots (``fused`` False: those gone before the all-reduce); the
-    layer's peak the larger of its attention's and its experts'. Not modelled on XLA:GPU (ValueError).
+    An MoE layer in the capacity form (ffn_model.serve._moe), Y = b·E·C·D slots' elements, C from a group of P tokens,
+    on XLA:TPU: the larger of its dispatch, 4X + b·P·E·C + 2Y + 4·k·b·P·C (the residual and the normed h, the
+    dispatch mask's bytes, the BF16 slots it makes, the combine's FP32 one-hots [b, P, k, C]), and its combine,
+    6X + 2Y (the slots beside the tokens' FP32 sums and the residual); on XLA:GPU the combine's, 10X + 4Y + 4·b·P·E·C
+    (the slots' FP32 partial sums, the combine weights in FP32, the tokens' FP32 sums, the attention's FP32 all-reduce
+    still in flight, the residual); the layer's peak the larger of its attention's and its experts'.
     8 prompts of 2048 (D 2048, 16 heads of 128, tensor=8): S = 67.1 M, X = 33.6 M; 8 experts, top-2, cf 1.25: C = 640,
     Y = 83.9 M."""
     b = s.per_replica if prompts is None else positive_int("prompts", prompts)
     model, P, t = s.model, s.prompt, s.mesh.get("tensor", 1)
     S, X = b * (model.heads / t) * P * P, b * P * model.d_model
     moe = getattr(model, "moe", None) if _moe_layers(model) else None
+    slots = _slots(moe, P) if moe is not None and not moe.dropless else 0
+    Y = b * slots * model.d_model
     if s.chip.kind == Platform.GPU:
-        if moe is not None:
-            raise ValueError("an MoE prefill's peak is modelled on XLA:TPU only (docs/serving.md)")
-        layer = max(6 * S + 4 * X, 12 * X)
+        layer = max(6 * S + 4 * X, 12 * X, (10 * X + 4 * Y + 4 * b * P * slots) if slots else 0)
     else:
         layer = max(4 * S + 2 * X + (4 * X if fused else 2 * b * P * (model.heads / t) * model.head_dim), 8 * X)
-        if moe is not None and not moe.dropless:
-            slots = _slots(moe, P)
-            layer = max(layer, 2 * X + 6 * b * slots * model.d_model
-                        + (4 * moe.top_k * b * P * slots / moe.experts if fused else 0))
+        if slots:
+            layer = max(layer, 4 * X + b * P * slots + 2 * Y + 4 * moe.top_k * b * P * slots / moe.experts,
+                        6 * X + 2 * Y)
     logits = b * (model.vocab or 0) * 4 / t
     return weight_bytes(s) + b * kv_cache_bytes(model, P, s.kv) / s.model_parallel + logits + layer
 
