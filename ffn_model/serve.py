@@ -151,8 +151,9 @@ def _experts_out(a, w_out, combine, shared=None):
     jax.shard_map: GSPMD reduces a dot's partial sums at the dot, which all-reduced the G·E·C·D slots, E·C/S = cf·k
     times the tokens: 2.5x for a prefill at cf 1.25, top-2, and E times for a decode step). The dense layer's one
     all-reduce of the tokens' sums, what a runtime's fused MoE kernel then reduces (vLLM, TensorRT-LLM)."""
-    one = combine.shape[1] == 1
-    cpu = traced_platform() == Platform.CPU
+    one, cpu = combine.shape[1] == 1, traced_platform() == Platform.CPU
+    mesh = jax.sharding.get_abstract_mesh()
+    reduce = () if mesh.empty else tuple(mesh_axes(("mlp",))[0]) + tuple(mesh_axes(("exp",))[0])  # F_e's, E's split
 
     def local(a, w_out, combine, *sh):
         # XLA:CPU's DotThunk refused a batched BF16 x BF16 = FP32 dot ("Unsupported element type", jax 0.10.2): there
@@ -164,16 +165,13 @@ def _experts_out(a, w_out, combine, shared=None):
                jnp.einsum("gsec,gecd->gsd", combine.astype(jnp.float32), y))
         if sh:
             out = out + jnp.einsum("btf,fd->btd", *sh, preferred_element_type=jnp.float32)
-        return out if mesh.empty else jax.lax.psum(out, reduce)
+        return jax.lax.psum(out, reduce) if reduce else out
 
-    mesh = jax.sharding.get_abstract_mesh()
     args = (a, w_out, combine, *(shared or ()))
     if mesh.empty:
         return local(*args)
-    reduce = tuple(mesh_axes(("mlp",))[0]) + tuple(mesh_axes(("exp",))[0])  # F_e's split, and E's (expert: 1 here)
-    specs = [logical_to_spec(ax) for ax in (moe.HIDDEN_AXES, moe.EXPERT_AXES[1:], (moe.HIDDEN_AXES[0], None, None,
-                                                                                 None), H_AXES, moe.SHARED_AXES[1:])]
-    return jax.shard_map(local, mesh=mesh, in_specs=tuple(specs[:len(args)]),
+    axes = (moe.HIDDEN_AXES, moe.EXPERT_AXES[1:], (moe.HIDDEN_AXES[0], None, None, None), H_AXES, moe.SHARED_AXES[1:])
+    return jax.shard_map(local, mesh=mesh, in_specs=tuple(logical_to_spec(ax) for ax in axes[:len(args)]),
                          out_specs=logical_to_spec((moe.HIDDEN_AXES[0], None, None)))(*args)
 
 
