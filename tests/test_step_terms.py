@@ -91,18 +91,33 @@ def test_nvlink_all_reduce_on_8_a100s():
     """nccl-tests all-reduce on 8 A100s (vTrain's table): 64 MiB in 580 us, 1 MiB in 92.8 us (bus bandwidth
     2·7/8·V/t). At 8 MiB, halfway in log bytes, the bus bandwidth is the mean of 1.75·1048576/92.8 us = 19.773 GB/s
     and 1.75·67108864/580 us = 202.48 GB/s, 111.13 GB/s: 1.75·8388608 / 111.13e9 = 132.10 us. An all-gather of the
-    same 64 MiB moves half an all-reduce's bytes: 290 us; over 4 GPUs (3/4 in place of 7/8) 580·(3/4)/(7/8) =
-    497.1 us."""
+    same 64 MiB moves half an all-reduce's bytes: 290 us. Over 4 GPUs the rows measured on 4 (vTrain's AR_GPU4 LUT):
+    64 MiB in 543.8 us, not the 8-GPU rows scaled by 3/4 over 7/8 (497.1 us); over 2, 404.7 us; over 3 the nearest
+    count in log, 4 (|ln 3/4| 0.29 < |ln 3/2| 0.41): 543.8 us · (2/3)/(3/4) = 483.4 us."""
     MiB = 2**20
     assert collectives.gpu_time("all-reduce", 64 * MiB, 8, 64 * MiB, A100) == pytest.approx(580e-6, rel=1e-9)
     assert collectives.gpu_time("all-reduce", MiB, 8, MiB, A100) == pytest.approx(92.8e-6, rel=1e-9)
     assert collectives.gpu_time("all-reduce", 8 * MiB, 8, 8 * MiB, A100) == pytest.approx(132.10e-6, rel=1e-4)
     assert collectives.gpu_time("all-gather", 64 * MiB, 8, 64 * MiB, A100) == pytest.approx(290e-6, rel=1e-9)
-    assert collectives.gpu_time("all-reduce", 64 * MiB, 4, 64 * MiB, A100) == pytest.approx(497.14e-6, rel=1e-4)
+    assert collectives.gpu_time("all-reduce", 64 * MiB, 4, 64 * MiB, A100) == pytest.approx(543.8e-6, rel=1e-9)
+    assert collectives.gpu_time("all-reduce", 64 * MiB, 2, 64 * MiB, A100) == pytest.approx(404.7e-6, rel=1e-9)
+    assert collectives.gpu_time("all-reduce", 64 * MiB, 3, 64 * MiB, A100) == pytest.approx(483.38e-6, rel=1e-4)
     assert collectives.gpu_time("all-reduce", 64 * MiB, 1, 64 * MiB, A100) == 0.0
     # 16 steps of 64 MiB messages take 16 of them, not one 1 GiB message's 8.19 ms / 1.0 (V adds, the size per call
     # sets the efficiency)
     assert collectives.gpu_time("all-reduce", 16 * 64 * MiB, 8, 64 * MiB, A100) == pytest.approx(16 * 580e-6, rel=1e-9)
+
+
+def test_nvlink_small_all_reduce_on_h100s():
+    """XLA's measured sm_90 collective table (openxla/xla default_collective_perf_table.txtpb, in H100.toml): an F32
+    all-reduce of 16 KiB (4096 elements) over 8 GPUs reaches 0.4718894 GB/s of bytes / time: 16384 / 0.4718894e9 =
+    34.72 us, a latency the link bandwidth alone (2·7/8·16384 / 450e9 = 0.064 us) misses; 1 MiB over 2 GPUs
+    50.027 GB/s: 20.96 us; over 4 24.130 GB/s: 43.46 us. Vectorized over device counts as the planner passes them."""
+    import numpy as np
+    H100, KiB = get_chip("H100"), 1024
+    assert collectives.gpu_time("all-reduce", 16 * KiB, 8, 16 * KiB, H100) == pytest.approx(34.72e-6, rel=1e-3)
+    got = collectives.gpu_time("all-reduce", 1024 * KiB, np.array([2, 4]), 1024 * KiB, H100)
+    assert got == pytest.approx([20.96e-6, 43.46e-6], rel=1e-3)
 
 
 def test_infiniband_part():

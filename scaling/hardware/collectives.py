@@ -113,28 +113,39 @@ def all_reduce_rows(chip):
     return None
 
 
-def nvlink_efficiency(chip, message_bytes):
-    """The fraction of a GPU's one-way NVLink bandwidth (ici_oneway) a collective of ``message_bytes`` per call
-    reaches: the all-reduce rows' bus bandwidth 2·(n−1)/n·b/t over the measuring chip's one-way link bandwidth,
-    interpolated linearly in log bytes between the rows (clamped to the end rows). Latency is in it: a small
-    message's bus bandwidth is mostly its latency (vTrain's 1 MiB: 92.8 us, 0.066 of 300 GB/s). 1 where no table has
-    rows (the link bandwidth alone)."""
+def nvlink_efficiency(chip, message_bytes, devices=None):
+    """The fraction of a GPU's one-way NVLink bandwidth (ici_oneway) a collective of ``message_bytes`` per call over
+    ``devices`` GPUs reaches: the all-reduce rows' bus bandwidth 2·(n−1)/n·b/t over the measuring chip's one-way link
+    bandwidth, interpolated linearly in log bytes between the rows (clamped to the end rows), from the rows measured
+    on the device count nearest ``devices`` in log (the larger on a tie; None: the largest count). Latency is in it:
+    a small message's bus bandwidth is mostly its latency (vTrain's 1 MiB on 8 A100s: 92.8 us, 0.066 of 300 GB/s;
+    XLA's H100 table: 16 KiB on 8 GPUs 34.7 us). 1 where no table has rows (the link bandwidth alone)."""
     got = all_reduce_rows(chip)
     if got is None:
         return np.ones_like(np.asarray(message_bytes, float))
     owner, rows = got
-    rows = sorted(rows, key=lambda r: r[1])
-    eff = [2 * (r[0] - 1) / r[0] * r[1] / r[2] / (owner.ici_bidi / 2) for r in rows]
-    return np.interp(np.log(np.maximum(np.asarray(message_bytes, float), 1.0)), np.log([r[1] for r in rows]), eff)
+    x = np.log(np.maximum(np.asarray(message_bytes, float), 1.0))
+    counts = sorted({int(r[0]) for r in rows})
+    effs = []
+    for c in counts:
+        rs = sorted((r for r in rows if r[0] == c), key=lambda r: r[1])
+        eff = [2 * (c - 1) / c * r[1] / r[2] / (owner.ici_bidi / 2) for r in rs]
+        effs.append(np.interp(x, np.log([r[1] for r in rs]), eff))
+    if devices is None or len(counts) == 1:
+        return effs[-1]
+    # the nearest count in log, the larger on a tie: the last count whose distance is the least
+    dist = np.abs(np.log(np.maximum(np.asarray(devices, float), 1.0))[..., None] - np.log(counts))
+    pick = len(counts) - 1 - np.argmin(dist[..., ::-1], axis=-1)
+    return np.choose(pick, np.broadcast_arrays(*effs, pick)[:-1])
 
 
 def gpu_time(kind: str, V, n, message_bytes, chip):
     """One step's collectives of ``kind``, V bytes in all, over n GPUs of one node (NVLink/NVSwitch), in calls of
-    ``message_bytes``: GPU_KIND_FACTOR·(n−1)/n·V / (W_oneway · nvlink_efficiency(message_bytes)) (a permute: V
+    ``message_bytes``: GPU_KIND_FACTOR·(n−1)/n·V / (W_oneway · nvlink_efficiency(message_bytes, n)) (a permute: V
     over one link, no (n−1)/n); 0 where n = 1."""
     n = np.asarray(n, float)
     share = 1.0 if kind == Collective.COLLECTIVE_PERMUTE else (n - 1) / np.maximum(n, 1.0)
-    t = GPU_KIND_FACTOR[kind] * share * V / (chip.ici_bidi / 2 * nvlink_efficiency(chip, message_bytes))
+    t = GPU_KIND_FACTOR[kind] * share * V / (chip.ici_bidi / 2 * nvlink_efficiency(chip, message_bytes, n))
     return np.where(n > 1, t, 0.0)
 
 

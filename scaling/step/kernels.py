@@ -696,8 +696,8 @@ def price_sources(w: Workload, chip: Chip, dtype: str = "bf16") -> dict[str, str
     if chip.kind == Platform.GPU:
         got = collectives.all_reduce_rows(chip)
         out["collectives"] = ("the link bandwidth alone" if got is None else
-                              f"nccl-tests all-reduce rows measured on the {got[0].name} (bus bandwidth by message "
-                              "size)")
+                              f"all-reduce rows measured on the {got[0].name}'s NVLink (bus bandwidth by message "
+                              "size, the rows of the nearest device count)")
         if launches.runs_launches(w):
             out["host"] = launches.HOST_SOURCE
     else:

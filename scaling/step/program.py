@@ -272,7 +272,7 @@ def axis_networks(chip: Chip, axis_links: Mapping | None = None, dcn: Mapping | 
         for a in axes:
             size, n = np.asarray(mesh.get(a, 1)), np.asarray(dcn.get(a, 1))
             m = size // n
-            eff = collectives.nvlink_efficiency(chip, (messages or {}).get(a, np.inf))
+            eff = collectives.nvlink_efficiency(chip, (messages or {}).get(a, np.inf), m)
             ici = np.where(m > 1, chip.ici_bidi * (m - 1) / np.maximum(m, 1) / (chip.ici_bidi / 2 * eff), 0.0)
             net = np.where(n > 1, chip.ici_bidi * (n - 1) / (np.maximum(n, 1) * m * chip.dcn_bw / chip.devices_per_chip
                                                             * collectives.IB_EFFICIENCY), 0.0)
