@@ -13,9 +13,10 @@ of the stacks before its GEMMs read it, 2.3x (8B) and 2.9x (70B's layers) the st
 decode step writes its token's k and v at ``pos`` (a dynamic_update_slice, in place in the donated buffer) and attends
 to the keys 0..pos (decode_attention).
 Built for global attention of a standard (not latent) transformer, QK-norm applied as training applies it, and for
-the MoE transformer (ffn_model.moe's weights, shared experts too) in GShard's capacity form, one routing group a
-sequence's tokens of the step (its P prompt tokens in the prefill, its one token in a decode step: C = ceil(cf·k·S/E)
-slots an expert), so the drops do not depend on the mesh (_moe); the closed forms (scaling.step.serving) cover MLA,
+the MoE transformer (ffn_model.moe's weights, shared experts too; int8 experts scaled per expert and output channel,
+the router BF16) in GShard's capacity form, one routing group a sequence's tokens of the step (its P prompt tokens in
+the prefill, its one token in a decode step: C = ceil(cf·k·S/E) slots an expert), so the drops do not depend on the
+mesh (_moe); the closed forms (scaling.step.serving) cover MLA,
 local layers, the dropless MoE and expert parallelism, the programs do not yet (check_servable).
 
 Sources: the KV cache as the Scaling Book's inference chapter describes it; the layer as ffn_model.transformer's.
@@ -40,17 +41,22 @@ from scaling.core.schedule import Schedule
 CACHE_AXES = ("batch", None, "kv_heads", "head_dim")  # a layer's k and v caches [B, T_max, K, H]
 LAYER_WEIGHTS = ("wq", "wk", "wv", "wo", "w_in", "w_gate", "w_out")
 ATTENTION = ("wq", "wk", "wv", "wo")  # a layer's attention weights; the rest its MLP (or MoE: router and experts)
+# generate's compiles keep every BF16 rounding the program writes: XLA's excess precision (xla_allow_excess_precision,
+# on by default) drops a BF16 round trip where its fusions allow, and they differ by mesh: an int8 program's prefill
+# logits were 0.031 apart between data=2,tensor=4 and one device (the looked-up rows' q·s, W_v's and W_o's outputs
+# kept in FP32 on one and not the other), and an int8 MoE model's greedy tokens 7 of 24; with it off, bit-equal
+EXACT_ROUNDING = {"xla_allow_excess_precision": False}
 WEIGHT_TYPES = ("bf16", "int8")  # what the programs store the weights in (scaling.step.serving.SERVING_BYTES' names)
 # each stored weight's contracted axes (the rest are its output channels, one int8 scale each): W_q, W_k, W_v, the MLP's
-# inputs and the vocabulary tables [.., D] contract D; W_o [N, H, D] contracts N·H; W_out [F, D] contracts F
-CONTRACTED = {"wq": (-1,), "wk": (-1,), "wv": (-1,), "w_in": (-1,), "w_gate": (-1,), "wo": (0, 1), "w_out": (0,),
-              "embedding": (-1,), "unembedding": (-1,)}
+# inputs and the vocabulary tables [.., D] contract D; W_o [N, H, D] contracts N·H; W_out [F, D] contracts F (an
+# expert's [E, F_e, D] too: E is a batch axis, each expert its own channels); an MoE layer's shared experts as the MLP
+CONTRACTED = {"wq": (-1,), "wk": (-1,), "wv": (-1,), "w_in": (-1,), "w_gate": (-1,), "wo": (0, 1), "w_out": (-2,),
+              "shared_in": (-1,), "shared_gate": (-1,), "shared_out": (-2,), "embedding": (-1,), "unembedding": (-1,)}
 
 
-def check_servable(cfg, weights: str = "bf16") -> None:
+def check_servable(cfg) -> None:
     """ValueError naming what the serving programs do not build: a model without a vocabulary (no tokens to
-    generate), multi-head latent attention, local layers, a parallel block; of an MoE model, the dropless form and
-    int8 experts."""
+    generate), multi-head latent attention, local layers, a parallel block; of an MoE model, the dropless form."""
     family = getattr(cfg, "family", None)
     if family not in (Family.TRANSFORMER, Family.MOE):
         raise ValueError(f"the serving programs are built for the transformer and the MoE transformer; the "
@@ -61,8 +67,7 @@ def check_servable(cfg, weights: str = "bf16") -> None:
                       (any(base.layer_windows), "global attention in every layer"),
                       (base.block != Block.SERIAL, "serial blocks"),
                       (m is not None and m.dropless, "an MoE layer with a capacity factor (--capacity-factor: "
-                                                     "GShard's dispatch, one group a sequence)"),
-                      (m is not None and weights != Dtype.BF16, "BF16 experts (--weights bf16)")):
+                                                     "GShard's dispatch, one group a sequence)")):
         if bad:
             raise ValueError(f"the serving programs need {what}; its closed forms cover the rest "
                              "(scaling.step.serving)")
@@ -87,10 +92,20 @@ def _project(x, w, spec: str, axes, out_type=COMPUTE_DTYPE):
     W_in|W_gate (ffn_model.transformer.qkv_projection, mlp: one partial sum for the backward's input gradient),
     whose concatenation XLA:GPU wrote out as a copy of the weights every step."""
     if isinstance(w, dict):
-        y = jnp.einsum(spec, x, w["q"].astype(COMPUTE_DTYPE), preferred_element_type=jnp.float32) * w["scale"]
+        y = _scaled(jnp.einsum(spec, x, w["q"].astype(COMPUTE_DTYPE), preferred_element_type=jnp.float32),
+                    w["scale"], spec)
     else:
         y = jnp.einsum(spec, x, w, preferred_element_type=jnp.float32)
     return constrain(y.astype(out_type), axes)
+
+
+def _scaled(y, scale, spec: str):
+    """y·s: an einsum ``spec``'s output times its int8 weight's per-channel scale, the scale's axes (the weight's
+    letters in the output) put where the output has them (an expert's [E, F_e] scale on [G, E, C, F_e])."""
+    ins, out = spec.split("->")
+    letters = [c for c in ins.split(",")[1] if c in out]
+    s = jnp.transpose(scale, sorted(range(len(letters)), key=lambda i: out.index(letters[i])))
+    return y * s.reshape([y.shape[i] if c in letters else 1 for i, c in enumerate(out)])
 
 
 def _qkv(h, lw):
@@ -151,28 +166,47 @@ def _experts_out(a, w_out, combine, shared=None):
     jax.shard_map: GSPMD reduces a dot's partial sums at the dot, which all-reduced the G·E·C·D slots, E·C/S = cf·k
     times the tokens: 2.5x for a prefill at cf 1.25, top-2, and E times for a decode step). The dense layer's one
     all-reduce of the tokens' sums, what a runtime's fused MoE kernel then reduces (vLLM, TensorRT-LLM)."""
-    one, cpu = combine.shape[1] == 1, traced_platform() == Platform.CPU
+    one = combine.shape[1] == 1
+    # XLA:CPU's DotThunk refused a batched BF16 x BF16 = FP32 dot ("Unsupported element type", jax 0.10.2): there the
+    # operands are widened, the same products summed in FP32
+    widen = traced_platform() == Platform.CPU
     mesh = jax.sharding.get_abstract_mesh()
     reduce = () if mesh.empty else tuple(mesh_axes(("mlp",))[0]) + tuple(mesh_axes(("exp",))[0])  # F_e's, E's split
 
     def local(a, w_out, combine, *sh):
-        # XLA:CPU's DotThunk refused a batched BF16 x BF16 = FP32 dot ("Unsupported element type", jax 0.10.2): there
-        # the operands are widened, the same products summed in FP32
-        if cpu:
-            a, w_out = a.astype(jnp.float32), w_out.astype(jnp.float32)
-        y = jnp.einsum("gecf,efd->gecd", a, w_out, preferred_element_type=jnp.float32)
+        y = _dot(a, w_out, "gecf,efd->gecd", widen)
         out = (jnp.sum(combine[:, 0, :, :, None] * y, axis=(1, 2))[:, None] if one else
                jnp.einsum("gsec,gecd->gsd", combine.astype(jnp.float32), y))
         if sh:
-            out = out + jnp.einsum("btf,fd->btd", *sh, preferred_element_type=jnp.float32)
+            out = out + _dot(*sh, "btf,fd->btd", widen)
         return jax.lax.psum(out, reduce) if reduce else out
 
     args = (a, w_out, combine, *(shared or ()))
     if mesh.empty:
         return local(*args)
-    axes = (moe.HIDDEN_AXES, moe.EXPERT_AXES[1:], (moe.HIDDEN_AXES[0], None, None, None), H_AXES, moe.SHARED_AXES[1:])
-    return jax.shard_map(local, mesh=mesh, in_specs=tuple(logical_to_spec(ax) for ax in axes[:len(args)]),
+    specs = (logical_to_spec(moe.HIDDEN_AXES), _weight_spec(w_out, "w_out", moe.EXPERT_AXES[1:]),
+             logical_to_spec((moe.HIDDEN_AXES[0], None, None, None)), logical_to_spec(H_AXES),
+             _weight_spec(shared[1], "shared_out", moe.SHARED_AXES[1:]) if shared else None)
+    return jax.shard_map(local, mesh=mesh, in_specs=specs[:len(args)],
                          out_specs=logical_to_spec((moe.HIDDEN_AXES[0], None, None)))(*args)
+
+
+def _dot(x, w, spec: str, widen: bool):
+    """x·W as einsum ``spec``, FP32 sums: a BF16 W, or an int8 one converted for the matmul and its scale on the
+    output (_scaled); ``widen``: both operands FP32."""
+    q = w["q"] if isinstance(w, dict) else w
+    dt = jnp.float32 if widen else COMPUTE_DTYPE
+    y = jnp.einsum(spec, x.astype(dt), q.astype(dt), preferred_element_type=jnp.float32)
+    return _scaled(y, w["scale"], spec) if isinstance(w, dict) else y
+
+
+def _weight_spec(w, name: str, axes):
+    """The PartitionSpec of a stored weight of logical ``axes``: a BF16 one's, or an int8 one's {"q", "scale"} (the
+    scale's axes the weight's less its CONTRACTED)."""
+    if not isinstance(w, dict):
+        return logical_to_spec(axes)
+    cut = {i % len(axes) for i in CONTRACTED[name]}
+    return {"q": logical_to_spec(axes), "scale": logical_to_spec(tuple(a for i, a in enumerate(axes) if i not in cut))}
 
 
 def _ffn(x, lw, mlp_kind, spec=None):
@@ -199,10 +233,9 @@ def store(w: dict, weights: str = "bf16") -> dict:
     if weights not in WEIGHT_TYPES:
         raise ValueError(f"the serving programs store the weights as {' or '.join(WEIGHT_TYPES)}, not {weights}; the "
                          "closed forms take fp8 and int4 too (scaling.step.serving)")
-    if weights == Dtype.INT8 and any("router" in lw for lw in w["layers"]):
-        raise ValueError("the serving programs store an MoE model's experts in BF16 (int8 experts are the closed "
-                         "forms' only)")
-    cast = quantize if weights == Dtype.INT8 else (lambda a, n: a.astype(COMPUTE_DTYPE))
+    bf16 = lambda a, n: a.astype(COMPUTE_DTYPE)  # noqa: E731
+    # an MoE layer's router stays BF16: it picks the experts (its D·E a layer, not worth quantizing)
+    cast = (lambda a, n: bf16(a, n) if n == "router" else quantize(a, n)) if weights == Dtype.INT8 else bf16
     return {"layers": [{n: cast(a, n) for n, a in lw.items()} for lw in w["layers"]],
             **{n: cast(w[n], n) for n in ("embedding", "unembedding") if n in w}}
 
@@ -319,12 +352,13 @@ def decode_step(w: dict, ck, cv, ids_B, pos, *, mlp_kind: str, qk_norm: bool = F
 def generate(w: dict, ids_BxP, steps: int, *, mlp_kind: str, qk_norm: bool = False, moe_spec=None):
     """Greedy generation: prefill the prompts, then ``steps`` decode steps, each taking the argmax token; the
     generated ids [B, steps] (int32). Each phase one jitted program (the decode step compiled once, its position
-    traced)."""
+    traced), compiled with EXACT_ROUNDING: the same tokens on any mesh."""
     B, P = ids_BxP.shape
     t_max = P + steps
     kw = dict(mlp_kind=mlp_kind, qk_norm=qk_norm, moe_spec=moe_spec)
-    pre = jax.jit(lambda w, ids: prefill(w, ids, t_max, **kw))
-    step = jax.jit(lambda w, ck, cv, ids, pos: decode_step(w, ck, cv, ids, pos, **kw), donate_argnums=(1, 2))
+    pre = jax.jit(lambda w, ids: prefill(w, ids, t_max, **kw), compiler_options=EXACT_ROUNDING)
+    step = jax.jit(lambda w, ck, cv, ids, pos: decode_step(w, ck, cv, ids, pos, **kw), donate_argnums=(1, 2),
+                   compiler_options=EXACT_ROUNDING)
     logits, ck, cv = pre(w, ids_BxP)
     out = []
     tok = jnp.argmax(logits, axis=-1).astype(jnp.int32)

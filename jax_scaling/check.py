@@ -73,7 +73,7 @@ def check_serving_command(args) -> int:
 
     cfg = model_config(args)
     weights = given_or(args, "weights", "bf16")
-    check_servable(cfg, weights)
+    check_servable(cfg)
     if weights not in WEIGHT_TYPES or given_or(args, "kv_cache", "bf16") != Dtype.BF16:
         raise ValueError(f"--weights {weights} --kv-cache {given_or(args, 'kv_cache', 'bf16')}: the serving program "
                          f"stores the weights as {' or '.join(WEIGHT_TYPES)} and the caches as bf16 (the closed forms, "

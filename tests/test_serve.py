@@ -147,11 +147,53 @@ def test_moe_shared_expert_adds_its_mlp():
 
 
 @pytest.mark.compiles
-def test_moe_generation_on_8_devices_is_one_devices():
+def test_moe_int8_experts_are_the_bf16_programs():
+    """The MoE program with int8 weights (each expert's W_in and W_gate [E, F_e, D] scaled per expert and output
+    channel F_e, its W_out per expert and D, the shared expert's as the MLP's; the router kept BF16) computes what the
+    BF16 program computes on W = q·s, every s a power of two (test_int8_weights' construction): the prefill's and two
+    decode steps' logits equal to 1e-6, on one device, with a shared expert."""
+    from ffn_model import serve
+    from ffn_model.train import init_state
+    from mesh import mesh_shape
+    from scaling.core.workload import Workload
+
+    cfg = _moe_cfg(1.25, shared=1)
+    mesh = mesh_of("fsdp=1")
+    params = init_state(Workload(cfg, mesh_shape(mesh), BATCH * CFG.seq_len), mesh)["params"]
+    with jax.set_mesh(mesh):
+        sw = jax.jit(lambda p: serve.serving_weights(p, moe_spec=cfg.moe))(params)
+
+    def exact(a, name):  # q times a power of two a channel: BF16 holds it, and quantize finds that s again
+        qs = serve.quantize(a, name)
+        s2 = jnp.exp2(jnp.round(jnp.log2(qs["scale"].astype(jnp.float32))))
+        return qs["q"].astype(jnp.float32) * jnp.expand_dims(s2, serve.CONTRACTED[name])
+
+    ws = {"layers": [{n: a if n == "router" else exact(a, n) for n, a in lw.items()} for lw in sw["layers"]],
+          **{n: exact(sw[n], n) for n in ("embedding", "unembedding") if n in sw}}
+    assert isinstance(serve.store(ws, "int8")["layers"][1]["w_out"], dict)
+    ids, t_max, kw = _ids(), PROMPT + 2, dict(mlp_kind=CFG.mlp, moe_spec=cfg.moe)
+
+    def run(weights):
+        with jax.set_mesh(mesh):
+            st = jax.jit(lambda w: serve.store(w, weights))(ws)
+            logits, ck, cv = jax.jit(lambda w, ids: serve.prefill(w, ids, t_max, **kw))(st, ids[:, :PROMPT])
+            out = [logits]
+            for t in range(PROMPT, t_max):
+                logits, ck, cv = jax.jit(lambda w, ck, cv, tok, pos: serve.decode_step(w, ck, cv, tok, pos, **kw))(
+                    st, ck, cv, ids[:, t], jnp.int32(t))
+                out.append(logits)
+        return np.stack([np.asarray(o) for o in out])
+
+    np.testing.assert_allclose(run("int8"), run("bf16"), atol=1e-6, rtol=0)
+
+
+@pytest.mark.compiles
+@pytest.mark.parametrize("weights", ["bf16", "int8"])
+def test_moe_generation_on_8_devices_is_one_devices(weights):
     """The MoE transformer's greedy generation on data=2,tensor=4 (the routed and the shared experts' F_e over tensor,
     their partial sums combined to the tokens and reduced in FP32) equals one device's token for token, at cf 1 (an
     expert takes ceil(2·S/4) of a group's 2·S pairs: pairs past it dropped, the same ones on any mesh, a group being a
-    sequence's tokens)."""
+    sequence's tokens), BF16 weights or int8 (the experts' scales split as their output channels)."""
     from ffn_model import serve
     from ffn_model.train import init_state
     from mesh import mesh_shape
@@ -162,7 +204,7 @@ def test_moe_generation_on_8_devices_is_one_devices():
     mesh = mesh_of("data=2,tensor=4")
     params = init_state(Workload(cfg, mesh_shape(mesh), BATCH * CFG.seq_len), mesh)["params"]
     with jax.set_mesh(mesh):
-        sw = jax.jit(lambda p: serve.serving_weights(p, moe_spec=cfg.moe))(params)
+        sw = jax.jit(lambda p: serve.serving_weights(p, weights, moe_spec=cfg.moe))(params)
         many = np.asarray(serve.generate(sw, jax.device_put(ids), STEPS, **kw))
     one_dev = jax.devices()[0]
     one = np.asarray(serve.generate(jax.device_put(jax.tree.map(np.asarray, sw), one_dev),
@@ -172,11 +214,13 @@ def test_moe_generation_on_8_devices_is_one_devices():
 
 @pytest.mark.compiles
 @pytest.mark.parametrize("step, shared", [("decode", []), ("decode", ["--shared-experts", "1"]),
-                                          ("prefill", ["--shared-experts", "2"])])
+                                          ("decode", ["--weights", "int8"]),
+                                          ("prefill", ["--shared-experts", "2", "--weights", "int8"])])
 def test_check_moe_serving_on_cpu8(step, shared, capsys):
     """check --step decode|prefill of the MoE transformer on cpu:8 (data=2, tensor=4), without and with shared
-    experts: FLOPs, arguments and tensor all-reduces the closed forms' exactly (capacity_flops: every slot, a
-    prefill's dispatch and combine, the routers whole on each device). By hand, the decode's all-reduces: b = 4
+    experts, BF16 and int8 weights: FLOPs, arguments and tensor all-reduces the closed forms' exactly (capacity_flops:
+    every slot, a prefill's dispatch and combine, the routers whole on each device, BF16; the int8 experts' scales,
+    MoEConfig.scale_channels). By hand, the decode's all-reduces: b = 4
     sequences, D 64, the two layers' attention and MLP outputs 4·64·4 B each (the MoE layer's E·C = 4 slots a sequence,
     cf 1.25: C = ceil(1.25·2·1/4) = 1, and its shared expert combined to the one token before it), the lookup 4·64·4
     (XLA:CPU's FP32)."""
@@ -201,14 +245,13 @@ MOE_FLAGS = ["--d-model", "64", "--heads", "8", "--kv-heads", "4", "--d-ff", "25
 
 @pytest.mark.parametrize("flags, words", [
     (MOE_FLAGS, ["capacity factor", "--capacity-factor"]),  # the MoE preset flags' default: dropless
-    (MOE_FLAGS + ["--capacity-factor", "1.25", "--weights", "int8"], ["BF16 experts"]),
     (["--preset", "tiny-tf", "--vocab", "512", "--weights", "fp8"], ["--weights fp8", "bf16 or int8"]),
     (["--preset", "tiny-tf", "--vocab", "512", "--kv-cache", "int8"], ["--kv-cache int8"]),
     (["--preset", "tiny-tf"], ["a vocabulary (--vocab)"]),
 ])
 def test_check_serving_refuses_what_the_programs_do_not_build(flags, words):
     """check --step decode refuses, in one line before anything compiles, what the serving programs do not build
-    (ffn_model.serve.check_servable): a dropless MoE layer, int8 experts, fp8 weights, an int8 cache,
+    (ffn_model.serve.check_servable): a dropless MoE layer, fp8 weights, an int8 cache,
     a model without a vocabulary."""
     refused(["check", "--step", "decode", "--devices", "cpu:8", "--mesh", "tensor=8", "--global-batch", "8",
              "--prompt", "64", *flags], *words)
@@ -383,14 +426,17 @@ def test_check_serving_on_h100(step, batch, weights):
 MOE_SHAPED = dict(experts=8, top_k=2, expert_d_ff=2048, capacity_factor=1.25)  # LLAMA_SHAPED's layers, every one MoE
 
 
-@pytest.mark.parametrize("step, devices, spec, batch, t_max, shared", [
-    pytest.param("decode", "tpu:v5e:2x4", "tensor=8", 64, 8192, 0, marks=pytest.mark.tpu),
-    pytest.param("decode", "tpu:v6e:2x4", "data=2,tensor=4", 64, 8192, 1, marks=pytest.mark.tpu),
-    pytest.param("prefill", "tpu:v5e:2x4", "tensor=8", 8, 2048, 1, marks=pytest.mark.tpu),
-    pytest.param("prefill", "tpu:v6e:2x4", "data=2,tensor=4", 8, 2048, 0, marks=pytest.mark.tpu),
-    pytest.param("decode", "gpu:H100:8", "tensor=8", 64, 8192, 0, marks=pytest.mark.compiles),
-    pytest.param("prefill", "gpu:H100:8", "tensor=8", 8, 2048, 0, marks=pytest.mark.compiles)])
-def test_check_moe_serving_compiled_ahead_of_time(step, devices, spec, batch, t_max, shared):
+@pytest.mark.parametrize("step, devices, spec, batch, t_max, shared, weights", [
+    pytest.param("decode", "tpu:v5e:2x4", "tensor=8", 64, 8192, 0, "bf16", marks=pytest.mark.tpu),
+    pytest.param("decode", "tpu:v6e:2x4", "data=2,tensor=4", 64, 8192, 1, "bf16", marks=pytest.mark.tpu),
+    pytest.param("prefill", "tpu:v5e:2x4", "tensor=8", 8, 2048, 1, "bf16", marks=pytest.mark.tpu),
+    pytest.param("prefill", "tpu:v6e:2x4", "data=2,tensor=4", 8, 2048, 0, "bf16", marks=pytest.mark.tpu),
+    pytest.param("decode", "tpu:v6e:2x4", "data=2,tensor=4", 64, 8192, 1, "int8", marks=pytest.mark.tpu),
+    pytest.param("prefill", "tpu:v5e:2x4", "tensor=8", 8, 2048, 1, "int8", marks=pytest.mark.tpu),
+    pytest.param("decode", "gpu:H100:8", "tensor=8", 64, 8192, 0, "bf16", marks=pytest.mark.compiles),
+    pytest.param("decode", "gpu:H100:8", "tensor=8", 64, 8192, 0, "int8", marks=pytest.mark.compiles),
+    pytest.param("prefill", "gpu:H100:8", "tensor=8", 8, 2048, 0, "bf16", marks=pytest.mark.compiles)])
+def test_check_moe_serving_compiled_ahead_of_time(step, devices, spec, batch, t_max, shared, weights):
     """The MoE transformer's decode step and prefill (LLAMA_SHAPED's attention, 4 MoE layers of 8 experts of F_e 2048,
     top-2, cf 1.25; some with a shared expert of 2048) compiled for v5e and v6e topologies and gpu:H100:8: FLOPs,
     arguments and tensor all-reduces within 0.1% of the closed forms (capacity_flops: a decode step's C = 1, 8 slots a
@@ -399,7 +445,9 @@ def test_check_moe_serving_compiled_ahead_of_time(step, devices, spec, batch, t_
     expert, 1.0084 on the H100; XLA:TPU's counts VMEM). The prefill's peak within 3% of prefill_memory in one of its
     forms, read from XLA's live ranges: on v5e the attention's fused form (1.0064 with the shared expert; the experts'
     dispatch as large), on v6e the attention with p·v written out (0.9935), on the H100 the experts' combine (1.0001:
-    the slots' and the tokens' FP32 sums, the combine weights in FP32, the attention's all-reduce still in flight)."""
+    the slots' and the tokens' FP32 sums, the combine weights in FP32, the attention's all-reduce still in flight).
+    int8 weights (the experts' too, the routers BF16): the same terms exact with the scales in the arguments
+    (MoEConfig.scale_channels); peaks 1.0321 (v6e decode), 1.0151 (v5e prefill), 1.0080 (H100 decode)."""
     if devices.startswith("gpu") and not has_cuda_plugin():
         pytest.skip("needs jax's CUDA plugin (the cuda-aot extra)")
     from scaling.families.moe import MoEConfig, MoESpec
@@ -407,7 +455,7 @@ def test_check_moe_serving_compiled_ahead_of_time(step, devices, spec, batch, t_
     from verify.serve_check import check_serving
 
     cfg = MoEConfig(TransformerConfig(**LLAMA_SHAPED), MoESpec(**MOE_SHAPED, shared_experts=shared))
-    r = check_serving(cfg, devices, spec, batch, t_max, step)
+    r = check_serving(cfg, devices, spec, batch, t_max, step, weights)
     for term in r.terms:
         assert r.ratio(term) == pytest.approx(1.0, abs=1e-3), (term, r.terms[term])
     if step == "decode":

@@ -165,6 +165,20 @@ def test_moe_prefill_memory_by_hand():
     assert sv.prefill_memory(gpu) == pytest.approx(base + 10 * X + 4 * Y + 4 * 2048 * 5120, rel=1e-12)
 
 
+def test_int8_mixtral_weights_by_hand():
+    """Mixtral 8x7B (D 4096, 32 query and 8 KV heads of 128, E 8 experts of F_e 14,336, SwiGLU, 32 layers, V 32,000
+    untied) stored int8 on tensor=8, by hand: a layer's scales W_q 4096/8, W_k and W_v 1024/8 each, W_o's 4096 whole,
+    and each expert's W_in and W_gate 14,336/8 each and W_out's 4096 whole: 4864 + 8·(2·1792 + 4096) = 66,304; the
+    vocabulary tables' 2·32,000/8. Its weights 1 B a parameter over 8 but the routers, 32·4096·8 BF16 on every
+    device."""
+    mix = PRESETS["mixtral-8x7b"].replace(capacity_factor=1.25)
+    scales = 32 * (512 + 128 + 128 + 4096 + 8 * (2 * 1792 + 4096)) + 2 * 32000 / 8
+    assert sv.weight_scale_bytes(mix, 8) == 2 * scales
+    routers = 32 * 4096 * 8
+    s = sv.Serving(mix, V5E, {"tensor": 8}, 64, 2048, 1, "int8")
+    assert sv.weight_bytes(s) == pytest.approx((mix.params - routers) / 8 + 2 * routers + 2 * scales, rel=1e-12)
+
+
 def test_capacity_flops_of_mixtral_by_hand():
     """capacity_flops for Mixtral 8x7B (D 4096, E 8, k 2, F_e 14,336, SwiGLU, 32 MoE layers) at cf 1.25 on tensor=8, by
     hand. A decode step of 64 sequences: C = ceil(1.25·2·1/8) = 1, 8 slots a token for 2 routed, so each layer's

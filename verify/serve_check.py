@@ -133,7 +133,7 @@ def check_serving(cfg, devices: str, mesh_spec: str, batch: int, t_max: int, ste
     from mesh.rules import logical_to_spec
     from verify.hlo import read_compiled
 
-    serve.check_servable(cfg, weights)
+    serve.check_servable(cfg)
     mesh = make_mesh(mesh_spec, get_devices(devices))
     shape = {a: n for a, n in mesh_shape(mesh).items()}
     spec, base = getattr(cfg, "moe", None), getattr(cfg, "base", cfg)  # an MoE model's MoESpec and transformer
@@ -147,9 +147,9 @@ def check_serving(cfg, devices: str, mesh_spec: str, batch: int, t_max: int, ste
         experts = {n: (spec.experts, spec.expert_d_ff, D) for n in mlp}
         shared = {n.replace("w_", "shared_"): (spec.expert_d_ff * spec.shared_experts, D)
                   for n in (mlp if spec.shared_experts else ())}
-        routed = _structs(shapes | experts | shared | {"router": (D, spec.experts)}, mesh,
-                          axes | {n: moe.EXPERT_AXES[1:] for n in experts} | {n: moe.SHARED_AXES[1:] for n in shared}
-                          | {"router": (None, None)}, weights)
+        routed = (_structs(shapes | experts | shared, mesh, axes | {n: moe.EXPERT_AXES[1:] for n in experts}
+                           | {n: moe.SHARED_AXES[1:] for n in shared}, weights)
+                  | _structs({"router": (D, spec.experts)}, mesh, {"router": (None, None)}))  # BF16 in every store
     heads = {"embedding": (base.vocab, D)} | ({} if base.tied_embeddings else {"unembedding": (base.vocab, D)})
     cache = (batch, t_max, base.kv_heads, base.head_dim)
     kw = dict(mlp_kind=base.mlp, qk_norm=base.qk_norm, moe_spec=spec)

@@ -289,6 +289,15 @@ class MoEConfig(FamilyDefaults):
         """The base's KV cache (attention is the base's in every layer)."""
         return self.base.kv_cache_elements(context)
 
+    def scale_channels(self, tensor: int) -> float:
+        """The base's scale_channels with each MoE layer's MLP replaced: the E routed experts' (m − 1) input matrices
+        of F_e channels split over tensor and their output's D whole, each expert its own; the S_sh shared experts'
+        one MLP of F_e·S_sh (ffn_model.moe's shared_*); the router not quantized."""
+        m, D, Fe, shared = self.mlp_matrices, self.d_model, self.moe.expert_d_ff, self.moe.shared_experts
+        mlp = lambda F: (m - 1) * F / tensor + D  # noqa: E731  one MLP's channels: its inputs' F, its output's D
+        experts = self.moe.experts * mlp(Fe) + (mlp(Fe * shared) if shared else 0)
+        return self.base.scale_channels(tensor) + self.moe_layers * (experts - mlp(self.base.d_ff))
+
     def experts_touched(self, tokens):
         """The routed experts a step of t tokens runs in one MoE layer, each token choosing k of E uniformly:
         E·(1 − (1 − k/E)^t) in expectation (balanced routing, the load-balancing loss' aim; Switch sec. 2.2)."""

@@ -407,6 +407,13 @@ class TransformerConfig(FamilyDefaults):
         return ((D, self.latent_width, None), q, (self.kv_lora_rank, N * (self.head_dim + self.v_dim), True),
                 (self.o_width, D, False), *mlp)
 
+    def scale_channels(self, tensor: int) -> float:
+        """The output channels of every quantized weight one device holds, one scale each (per-channel weight-only
+        quantization, ffn_model.serve.quantize): each layer's matrices' n (layer_matrices), split over tensor where
+        tensor parallelism splits n, whole where it splits k; the vocabulary tables' V rows over tensor."""
+        per_layer = sum(n / (tensor if split else 1) for _, n, split in self.layer_matrices)
+        return self.blocks * per_layer + self.embedding_matrices * (self.vocab or 0) / tensor
+
     def cached_keys(self, context) -> list:
         """Each layer's cached keys a sequence of ``context`` tokens holds: context, or a local layer's window W
         when shorter (it keeps the last W keys; the layout of layer_windows, here for any context)."""

@@ -355,26 +355,22 @@ def decode_step(s: Serving, context: float) -> DecodeStep:
 
 
 def weight_scale_bytes(model, tensor: int) -> float:
-    """The BF16 scales of weights quantized per output channel (ffn_model.serve.quantize) one device holds: each
-    layer's matrices' n output channels (model.layer_matrices), split over tensor where tensor parallelism splits n
-    (column-parallel), whole where it splits k (W_o, the MLP's output); the vocabulary tables' V rows over tensor.
-    LLaMA 3-70B on one device: 80·(8192 + 2·1024 + 8192 + 2·28,672 + 8192) + 2·128,256 = 6,973,952 scales, 13.9 MB
-    beside its 70.6 GB of int8.
-    0 for a model without layer_matrices (the MoE's experts' scales are not modelled)."""
-    mats = getattr(model, "layer_matrices", None)
-    if mats is None:
-        return 0.0
-    per_layer = sum(n / (tensor if split else 1) for _, n, split in mats)
-    return 2 * (model.blocks * per_layer + model.embedding_matrices * (model.vocab or 0) / tensor)
+    """The BF16 scales of weights quantized per output channel (ffn_model.serve.quantize) one device holds,
+    2·model.scale_channels(tensor): each layer's matrices' output channels, split over tensor where tensor parallelism
+    splits them (column-parallel), whole where it splits k (W_o, the MLP's output); an MoE layer's experts' each; the
+    vocabulary tables' V rows over tensor. LLaMA 3-70B on one device: 80·(8192 + 2·1024 + 8192 + 2·28,672 + 8192) +
+    2·128,256 = 6,973,952 scales, 13.9 MB beside its 70.6 GB of int8. 0 for a model without scale_channels."""
+    channels = getattr(model, "scale_channels", None)
+    return 2 * channels(tensor) if channels else 0.0
 
 
 def weight_bytes(s: Serving) -> float:
-    """The weights one device holds: P·w_bytes/m, an MoE model's routers whole on every device (L_moe·D·E, not split:
-    each device routes its tokens), and quantized weights' scales (weight_scale_bytes)."""
+    """The weights one device holds: P·w_bytes/m, an MoE model's routers whole on every device in BF16 (L_moe·D·E,
+    not split: each device routes its tokens; not quantized), and quantized weights' scales (weight_scale_bytes)."""
     scales = weight_scale_bytes(s.model, s.mesh.get("tensor", 1)) if s.weights != Dtype.BF16 else 0.0
     routers = _moe_layers(s.model) * getattr(s.model, "router_params", 0)
     m = s.model_parallel
-    return ((s.model.params - routers) / m + routers) * SERVING_BYTES[s.weights] + scales
+    return (s.model.params - routers) / m * SERVING_BYTES[s.weights] + routers * SERVING_BYTES[Dtype.BF16] + scales
 
 
 def _slots(m, tokens: int) -> int:
