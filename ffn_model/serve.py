@@ -16,8 +16,8 @@ Built for global attention of a standard (not latent) transformer, QK-norm appli
 the MoE transformer (ffn_model.moe's weights, shared experts too; int8 experts scaled per expert and output channel,
 the router BF16) in GShard's capacity form, one routing group a sequence's tokens of the step (its P prompt tokens in
 the prefill, its one token in a decode step: C = ceil(cf·k·S/E) slots an expert), so the drops do not depend on the
-mesh (_moe); the closed forms (scaling.step.serving) cover MLA,
-local layers, the dropless MoE and expert parallelism, the programs do not yet (check_servable).
+mesh (_moe); the closed forms (scaling.step.serving) cover MLA, local layers, the dropless MoE and expert parallelism,
+the programs do not yet (check_servable).
 
 Sources: the KV cache as the Scaling Book's inference chapter describes it; the layer as ffn_model.transformer's.
 """
@@ -91,12 +91,7 @@ def _project(x, w, spec: str, axes, out_type=COMPUTE_DTYPE):
     read as int8, the scale on the small output). One matmul a weight, not training's side-by-side W_q|W_k|W_v and
     W_in|W_gate (ffn_model.transformer.qkv_projection, mlp: one partial sum for the backward's input gradient),
     whose concatenation XLA:GPU wrote out as a copy of the weights every step."""
-    if isinstance(w, dict):
-        y = _scaled(jnp.einsum(spec, x, w["q"].astype(COMPUTE_DTYPE), preferred_element_type=jnp.float32),
-                    w["scale"], spec)
-    else:
-        y = jnp.einsum(spec, x, w, preferred_element_type=jnp.float32)
-    return constrain(y.astype(out_type), axes)
+    return constrain(_dot(x, w, spec).astype(out_type), axes)
 
 
 def _scaled(y, scale, spec: str):
@@ -191,12 +186,12 @@ def _experts_out(a, w_out, combine, shared=None):
                          out_specs=logical_to_spec((moe.HIDDEN_AXES[0], None, None)))(*args)
 
 
-def _dot(x, w, spec: str, widen: bool):
-    """x·W as einsum ``spec``, FP32 sums: a BF16 W, or an int8 one converted for the matmul and its scale on the
-    output (_scaled); ``widen``: both operands FP32."""
+def _dot(x, w, spec: str, widen: bool = False):
+    """x·W as einsum ``spec``, FP32 sums: a BF16 W as stored, or an int8 one converted to BF16 as the matmul's operand
+    and its scale on the output (_scaled); ``widen``: both operands FP32."""
     q = w["q"] if isinstance(w, dict) else w
-    dt = jnp.float32 if widen else COMPUTE_DTYPE
-    y = jnp.einsum(spec, x.astype(dt), q.astype(dt), preferred_element_type=jnp.float32)
+    x, q = (x.astype(jnp.float32), q.astype(jnp.float32)) if widen else (x, q.astype(COMPUTE_DTYPE))
+    y = jnp.einsum(spec, x, q, preferred_element_type=jnp.float32)
     return _scaled(y, w["scale"], spec) if isinstance(w, dict) else y
 
 
