@@ -195,13 +195,19 @@ def _dot(x, w, spec: str, widen: bool = False):
     return _scaled(y, w["scale"], spec) if isinstance(w, dict) else y
 
 
+def scale_dims(name: str, dims: tuple) -> tuple:
+    """The entries of a weight's ``dims`` (its shape, or its logical axes) that its per-channel int8 scale keeps
+    (quantize): all but its CONTRACTED axes."""
+    cut = {i % len(dims) for i in CONTRACTED[name]}
+    return tuple(d for i, d in enumerate(dims) if i not in cut)
+
+
 def _weight_spec(w, name: str, axes):
     """The PartitionSpec of a stored weight of logical ``axes``: a BF16 one's, or an int8 one's {"q", "scale"} (the
-    scale's axes the weight's less its CONTRACTED)."""
+    scale's axes scale_dims')."""
     if not isinstance(w, dict):
         return logical_to_spec(axes)
-    cut = {i % len(axes) for i in CONTRACTED[name]}
-    return {"q": logical_to_spec(axes), "scale": logical_to_spec(tuple(a for i, a in enumerate(axes) if i not in cut))}
+    return {"q": logical_to_spec(axes), "scale": logical_to_spec(scale_dims(name, axes))}
 
 
 def _ffn(x, lw, mlp_kind, spec=None):

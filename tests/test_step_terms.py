@@ -113,7 +113,6 @@ def test_nvlink_small_all_reduce_on_h100s():
     all-reduce of 16 KiB (4096 elements) over 8 GPUs reaches 0.4718894 GB/s of bytes / time: 16384 / 0.4718894e9 =
     34.72 us, a latency the link bandwidth alone (2·7/8·16384 / 450e9 = 0.064 us) misses; 1 MiB over 2 GPUs
     50.027 GB/s: 20.96 us; over 4 24.130 GB/s: 43.46 us. Vectorized over device counts as the planner passes them."""
-    import numpy as np
     H100, KiB = get_chip("H100"), 1024
     assert collectives.gpu_time("all-reduce", 16 * KiB, 8, 16 * KiB, H100) == pytest.approx(34.72e-6, rel=1e-3)
     got = collectives.gpu_time("all-reduce", 1024 * KiB, np.array([2, 4]), 1024 * KiB, H100)

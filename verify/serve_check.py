@@ -102,7 +102,7 @@ class ServingCheck:
 def _structs(tree_shapes: dict, mesh, axes: dict, weights: str = "bf16"):
     """Abstract weights {name: struct} of ``tree_shapes`` laid out as their logical ``axes``: BF16, or int8 with
     their BF16 scales (ffn_model.serve.quantize's {"q", "scale"}: the output channels, laid out as in the weight)."""
-    from ffn_model.serve import CONTRACTED
+    from ffn_model.serve import scale_dims
     from mesh.rules import logical_to_spec
 
     def one(shape, dtype, ax):
@@ -112,10 +112,8 @@ def _structs(tree_shapes: dict, mesh, axes: dict, weights: str = "bf16"):
         return {n: one(s, jnp.bfloat16, axes[n]) for n, s in tree_shapes.items()}
     out = {}
     for n, s in tree_shapes.items():
-        cut = {i % len(s) for i in CONTRACTED[n]}
         out[n] = {"q": one(s, jnp.int8, axes[n]),
-                  "scale": one(tuple(d for i, d in enumerate(s) if i not in cut), jnp.bfloat16,
-                               tuple(a for i, a in enumerate(axes[n]) if i not in cut))}
+                  "scale": one(scale_dims(n, s), jnp.bfloat16, scale_dims(n, axes[n]))}
     return out
 
 
