@@ -132,9 +132,20 @@ def pytest_ignore_collect(collection_path, config):
     return None
 
 
+def _cost_rank(item) -> int:
+    """0 for a test that compiles for a TPU topology (the suite's longest: 1-5 minutes on 2 cores), 1 for one that
+    compiles otherwise, 2 for the rest."""
+    if item.get_closest_marker("tpu"):
+        return 0
+    return 1 if any(item.get_closest_marker(m) for m in COMPILING) else 2
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     config.stash[ALL_ITEMS] = list(items)  # before -m and -k deselect: tests/test_tiers.py reads the tiers off them
+    # the longest first (stable within a rank): pytest-xdist hands tests out in this order, so the two workers end
+    # on short tests together rather than one on a 5-minute compile while the other waits
+    items.sort(key=_cost_rank)
     if _has_libtpu():
         return
     skip = pytest.mark.skip(reason="libtpu not installed (pip install -e '.[tpu]')")

@@ -15,6 +15,7 @@ from ffn_model.train import train
 from mesh import make_mesh, mesh_shape
 from scaling.core.mesh_shape import parse_mesh_spec
 from scaling.families.moe import MOE_PRESETS
+from scaling.core.flags import DEFAULT_FLAGS
 from scaling.core.schedule import Schedule
 from scaling.core.workload import Workload
 from tests.helpers import assert_matches, one_device as _one_device, rows
@@ -97,10 +98,10 @@ def test_layer_plan_orders_dense_and_moe_layers():
 # ------------------------------------------------------------------------------------------------ the check
 
 
-def _check(cfg, spec, devices, batch_tokens, remat="none"):
+def _check(cfg, spec, devices, batch_tokens, remat="none", **kw):
     from verify.check import check
 
-    return check(Workload(cfg, parse_mesh_spec(spec), batch_tokens, remat=remat), devices)
+    return check(Workload(cfg, parse_mesh_spec(spec), batch_tokens, remat=remat, **kw), devices)
 
 
 # cf 1.25, the acceptance's meshes and remat full: C = ceil(1.25·2·256/8) = 80 slots an expert from each device's 256
@@ -152,17 +153,19 @@ DEEPSEEK_4 = MOE_PRESETS["deepseek-v3"].replace(blocks=4, first_dense=1, d_model
 
 @pytest.mark.grid
 @pytest.mark.tpu
-@pytest.mark.parametrize("devices, cfg, mesh, batch, remat", rows([
+@pytest.mark.parametrize("devices, cfg, mesh, batch, remat, kw", rows([
     # Mixtral 8x7B's layer (D 4,096, 32 heads of 128, 8 kv heads, 8 experts of 14,336, top-2, V 32,000), 4 layers, on
-    # a v5p of 8 chips (2x2x2) as fsdp 2, expert 4: 8 sequences of 4,096, cf 1.25; and under the offloading policy of
-    # MaxText's v6e Mixtral recipes (the layer's input and q, k, v in pinned host memory)
-    ("tpu:v5p:2x2x2", MIXTRAL_4, "fsdp=2,expert=4", 8 * 4096, "none"),
-    ("tpu:v5p:2x2x2", MIXTRAL_4, "fsdp=2,expert=4", 8 * 4096, "input_qkv_offloaded"),
+    # a v5p of 8 chips (2x2x2) as fsdp 2, expert 4: 8 sequences of 4,096, cf 1.25, as the commands run it (splash
+    # attention, DEFAULT_FLAGS: docs/cli.md's check example, the same program, compiled once a session); and under
+    # the offloading policy of MaxText's v6e Mixtral recipes (the layer's input and q, k, v in pinned host memory)
+    ("tpu:v5p:2x2x2", MIXTRAL_4, "fsdp=2,expert=4", 8 * 4096, "none",
+     {"schedule": Schedule(attention="splash"), "flags": DEFAULT_FLAGS}),
+    ("tpu:v5p:2x2x2", MIXTRAL_4, "fsdp=2,expert=4", 8 * 4096, "input_qkv_offloaded", {}),
     # and with Ulysses over a context axis of 2 (each device routes its half of each sequence), remat full
-    ("tpu:v5p:2x2x2", MIXTRAL_4, "fsdp=2,context=2,expert=2", 8 * 4096, "full")],
+    ("tpu:v5p:2x2x2", MIXTRAL_4, "fsdp=2,context=2,expert=2", 8 * 4096, "full", {})],
     quick=(0,)), ids=["mixtral-4-layers", "mixtral-4-layers-offloaded", "mixtral-4-layers-ulysses"])
-def test_check_on_v5p_holds_flops_all_to_all_and_peak(devices, cfg, mesh, batch, remat):
-    rep = _check(cfg, mesh, devices, batch, remat)
+def test_check_on_v5p_holds_flops_all_to_all_and_peak(devices, cfg, mesh, batch, remat, kw):
+    rep = _check(cfg, mesh, devices, batch, remat, **kw)
     assert rep.flops.matmul.ratio == pytest.approx(1, abs=0.02)
     assert rep.collectives.by_axis["expert"].ratio == pytest.approx(1, abs=0.02)
     assert rep.memory.peak.ratio == pytest.approx(1, abs=0.10)

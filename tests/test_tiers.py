@@ -67,7 +67,8 @@ def required_terms() -> set[tuple[str, str]]:
 
 def quick_rows(items):
     """(node id, devices, workload) of every collected test marked quick whose parameters are a check row: cfg,
-    mesh, batch[, remat, step, schedule][, devices] (verify.check.grid_workload's)."""
+    mesh, batch[, remat, step, schedule][, devices] (verify.check.grid_workload's)[, kw: the Workload's other
+    fields]."""
     from verify.check import grid_workload
 
     for item in items:
@@ -75,8 +76,8 @@ def quick_rows(items):
         if item.get_closest_marker("quick") is None or not {"cfg", "mesh", "batch"} <= params.keys():
             continue
         kw = {k: params[k] for k in ("remat", "step", "schedule") if k in params}
-        yield item.nodeid, params.get("devices", "cpu:8"), grid_workload(params["cfg"], params["mesh"],
-                                                                        params["batch"], **kw)
+        w = grid_workload(params["cfg"], params["mesh"], params["batch"], **kw).replace(**params.get("kw", {}))
+        yield item.nodeid, params.get("devices", "cpu:8"), w
 
 
 def coverage(items) -> dict[tuple[str, str], str]:
