@@ -88,7 +88,7 @@ def test_tpu_mid_sized_models(devices, cfg, mesh, batch, remat, step):
 
 @pytest.mark.tpu
 @pytest.mark.grid
-@pytest.mark.parametrize("devices,cfg,mesh,batch,remat,step", rows(TPU_CHIP_GRID, quick=(0, 4, 5, 9)),
+@pytest.mark.parametrize("devices,cfg,mesh,batch,remat,step", rows(TPU_CHIP_GRID, quick=(0, 4, 5, 7)),
                          ids=[f"{d[4:]}-{i}"
                               for d, i in zip([g[0] for g in TPU_CHIP_GRID], _ids([g[1:] for g in TPU_CHIP_GRID]))])
 def test_tpu_other_generations(devices, cfg, mesh, batch, remat, step):

@@ -52,14 +52,13 @@ def _run(cfg, spec, remat="none", vocab=None):
 # and full, the capacity and dropless forms, a vocabulary, shared experts, dense layers among the MoE ones.
 CASES = [
     ("capacity", "data=2,expert=4", "none", None),
-    ("capacity", "fsdp=2,expert=4", "full", None),
     ("capacity", "data=2,expert=2,tensor=2", "none", 512),
     ("dropless", "data=2,expert=2,tensor=2", "full", None),
     ("shared", "fsdp=2,expert=2,tensor=2", "none", None),
     ("dense-first", "data=2,expert=4", "none", None),
-    # the named and offloading policies (MaxText's Mixtral recipes: layer input, q, k, v offloaded): the attention's
-    # q, k, v kept, the MoE MLP recomputed; XLA:CPU keeps the offloaded ones in its one memory
-    ("capacity", "fsdp=2,expert=4", "save_qkv_proj", None),
+    # the offloading policy of MaxText's Mixtral recipes (layer input, q, k, v offloaded; XLA:CPU keeps them in its
+    # one memory), the MoE MLP recomputed. (Full and save_qkv_proj on fsdp=2,expert=4 matched too and left the suite
+    # for its time: remat full is the dropless rows', a named policy's recompute the offloading one's.)
     ("shared", "data=2,expert=2,tensor=2", "input_qkv_offloaded", 512),
     # context parallelism (Ulysses): the tokens routed in groups of each device's T/C
     ("capacity", "data=2,context=2,expert=2", "none", None),
@@ -156,23 +155,19 @@ DEEPSEEK_4 = MOE_PRESETS["deepseek-v3"].replace(blocks=4, first_dense=1, d_model
 @pytest.mark.parametrize("devices, cfg, mesh, batch, remat, kw", rows([
     # Mixtral 8x7B's layer (D 4,096, 32 heads of 128, 8 kv heads, 8 experts of 14,336, top-2, V 32,000), 4 layers, on
     # a v5p of 8 chips (2x2x2) as fsdp 2, expert 4: 8 sequences of 4,096, cf 1.25, as the commands run it (splash
-    # attention, DEFAULT_FLAGS: docs/cli.md's check example, the same program, compiled once a session); and under
-    # the offloading policy of MaxText's v6e Mixtral recipes (the layer's input and q, k, v in pinned host memory)
+    # attention, DEFAULT_FLAGS: docs/cli.md's check example, the same program, compiled once a session). The same
+    # under MaxText's v6e offloading policy (host bytes 4·83,886,080 B, by hand) and with Ulysses over context 2
+    # under remat full held every band too, and left the suite for its time (2-3.5 minutes each on 2 cores): the
+    # offloaded tensors are the attention's, held on the transformer (tests/test_memory_runs.py,
+    # tests/test_residuals.py), and Ulysses' all-to-alls beside the experts' on cpu:8 (CHECKS above).
     ("tpu:v5p:2x2x2", MIXTRAL_4, "fsdp=2,expert=4", 8 * 4096, "none",
-     {"schedule": Schedule(attention="splash"), "flags": DEFAULT_FLAGS}),
-    ("tpu:v5p:2x2x2", MIXTRAL_4, "fsdp=2,expert=4", 8 * 4096, "input_qkv_offloaded", {}),
-    # and with Ulysses over a context axis of 2 (each device routes its half of each sequence), remat full
-    ("tpu:v5p:2x2x2", MIXTRAL_4, "fsdp=2,context=2,expert=2", 8 * 4096, "full", {})],
-    quick=(0,)), ids=["mixtral-4-layers", "mixtral-4-layers-offloaded", "mixtral-4-layers-ulysses"])
+     {"schedule": Schedule(attention="splash"), "flags": DEFAULT_FLAGS})],
+    quick=(0,)), ids=["mixtral-4-layers"])
 def test_check_on_v5p_holds_flops_all_to_all_and_peak(devices, cfg, mesh, batch, remat, kw):
     rep = _check(cfg, mesh, devices, batch, remat, **kw)
     assert rep.flops.matmul.ratio == pytest.approx(1, abs=0.02)
     assert rep.collectives.by_axis["expert"].ratio == pytest.approx(1, abs=0.02)
     assert rep.memory.peak.ratio == pytest.approx(1, abs=0.10)
-    if remat == "input_qkv_offloaded":
-        # in pinned host memory, by hand: 4 layers' x and q, k, v of the device's t = 32,768/8 = 4,096 tokens (expert
-        # folded into data), 2·4,096·4,096 + 2·4,096·128·(32 + 2·8) = 83,886,080 B a layer
-        assert rep.memory.host.compiled == 4 * 83_886_080
 
 
 @pytest.mark.grid
@@ -230,9 +225,8 @@ STAGE_CASES = [  # (model, mesh, schedule, remat, vocab)
      512),
     (STAGED.replace(capacity_factor="dropless"), "stage=2,expert=2,tensor=2",
      Schedule(attention="materialized", microbatches=4, pipeline="1f1b", repeats=2), "none", None),
-    # dense layers first (DeepSeek's three), outside the pipeline: one under GPipe, two under 1F1B with a vocabulary
-    (STAGED.replace(first_dense=1, blocks=5), "stage=2,data=2,expert=2", Schedule(attention="materialized",
-                                                                               microbatches=2), "none", None),
+    # dense layers first (DeepSeek's three), outside the pipeline: two under 1F1B with a vocabulary (one under GPipe
+    # matched too, and left the suite for its time: tests/test_moe_transformer.py's cpu:8 checks hold its program)
     (STAGED.replace(first_dense=2, blocks=6), "stage=2,fsdp=2,expert=2", Schedule(
         attention="materialized", microbatches=2, pipeline="1f1b"), "full", 512),
     # uneven stages, 3 layers over 2 stages (2 + 1, a padding slot in stage 1's stacks), with QK-norm (Qwen3's)
@@ -243,7 +237,7 @@ STAGE_CASES = [  # (model, mesh, schedule, remat, vocab)
 @pytest.mark.numerics
 @pytest.mark.parametrize("cfg, spec, schedule, remat, vocab", STAGE_CASES,
                          ids=["gpipe-data-expert", "1f1b-fsdp-expert-full-V512", "interleaved-dropless-tensor",
-                              "gpipe-dense-first", "1f1b-dense-first-full-V512", "1f1b-uneven-2-1-qk-norm"])
+                              "1f1b-dense-first-full-V512", "1f1b-uneven-2-1-qk-norm"])
 def test_moe_stages_match_one_device(cfg, spec, schedule, remat, vocab):
     """The MoE transformer's layers as a pipeline (the transformer's GPipe and 1F1B loops with MoE chunks) train as
     one device does: 3 AdamW steps within rounding (tests/helpers.assert_matches); uneven stages' padded stacks

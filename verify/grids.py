@@ -83,9 +83,10 @@ TPU_CHIP_GRID = [
     ("tpu:v5e:2x2", _BIG, "fsdp=4", 8192, "none", "forward"),
     ("tpu:v4:2x2x2", _BIG, "fsdp=4,tensor=2", 8192, "none", "train"),
     ("tpu:v4:2x2x2", _BIG, "data=8", 16384, "every-second", "train"),
-    ("tpu:TPU7x:2x2x1", _BIG, "fsdp=4,tensor=2", 8192, "none", "train"),
     ("tpu:TPU7x:2x2x1", _BIG, "data=8", 16384, "none", "train"),
-    ("tpu:TPU7x:2x2x2", _BIG, "data=2,fsdp=4,tensor=2", 16384, "every-second", "train"),
+    # (TPU7x's fsdp=4,tensor=2 and data=2,fsdp=4,tensor=2 under every-second held every band too, and left the suite
+    # for their time: TPU7x compiles the same FFN stack 3-8 times slower than v5p, 70 and 116 s on 2 cores; the
+    # TPU7x check example of docs/cli.md, data=2,fsdp=4,tensor=2, still runs in tests/test_doc_examples.py)
 ]
 # The full XXL train step of the question (tests/test_check.py::test_tpu_xxl_train_step).
 XXL_TRAIN = ("tpu:v5p:4x4x4", _XXL, "fsdp=16,tensor=4", 25600, "none", "train")
