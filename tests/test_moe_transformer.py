@@ -226,7 +226,7 @@ STAGE_CASES = [  # (model, mesh, schedule, remat, vocab)
     (STAGED.replace(capacity_factor="dropless"), "stage=2,expert=2,tensor=2",
      Schedule(attention="materialized", microbatches=4, pipeline="1f1b", repeats=2), "none", None),
     # dense layers first (DeepSeek's three), outside the pipeline: two under 1F1B with a vocabulary (one under GPipe
-    # matched too, and left the suite for its time: tests/test_moe_transformer.py's cpu:8 checks hold its program)
+    # matched too, and left the suite for its time; STAGE_CHECKS below still compiles it on cpu:8)
     (STAGED.replace(first_dense=2, blocks=6), "stage=2,fsdp=2,expert=2", Schedule(
         attention="materialized", microbatches=2, pipeline="1f1b"), "full", 512),
     # uneven stages, 3 layers over 2 stages (2 + 1, a padding slot in stage 1's stacks), with QK-norm (Qwen3's)
