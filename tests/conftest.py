@@ -133,7 +133,7 @@ def pytest_ignore_collect(collection_path, config):
 
 
 def _cost_rank(item) -> int:
-    """0 for a test that compiles for a TPU topology (the suite's longest: 1-5 minutes on 2 cores), 1 for one that
+    """0 for a test that compiles for a TPU topology (the suite's longest: up to 4 minutes on 2 cores), 1 for one that
     compiles otherwise, 2 for the rest."""
     if item.get_closest_marker("tpu"):
         return 0
